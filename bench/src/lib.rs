@@ -1,0 +1,1 @@
+//! Benchmarks are driven by `bench/run.sh`; see `bench/README.md`.

@@ -1,0 +1,216 @@
+//! Dense products on the CPU: `matrixmultiply`'s single-threaded SGEMM micro-kernels, parallelised here
+//! over fixed row blocks with rayon.
+//!
+//! GNN products are tall and narrow (a million rows times 128 or 256 columns). Splitting the tall side into
+//! fixed blocks keeps every thread busy, and because the blocks do not depend on the thread count, products
+//! whose reduction runs over the tall side (`A^T B`, the weight gradients) are summed in a fixed order: the
+//! same bits on 1 or 16 threads.
+
+use rayon::prelude::*;
+
+use crate::tensor::Matrix;
+
+/// Output rows per task for the row-parallel products.
+const ROW_BLOCK: usize = 2048;
+/// At most this many partial products are kept for `A^T B`; more rows mean taller blocks.
+const MAX_PARTIALS: usize = 64;
+const MIN_REDUCTION_BLOCK: usize = 8192;
+
+/// `C = A B` (`accumulate`: `C += A B`). A: m x k, B: k x n, C: m x n.
+pub fn matmul_into(a: &Matrix, b: &Matrix, c: &mut Matrix, accumulate: bool) {
+    let (m, k) = a.shape();
+    let (k2, n) = b.shape();
+    assert_eq!(k, k2, "matmul inner dimensions differ");
+    assert_eq!(c.shape(), (m, n), "matmul output shape");
+    if n == 0 || m == 0 {
+        return;
+    }
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    let bd = b.data();
+    c.data_mut()
+        .par_chunks_mut(ROW_BLOCK * n)
+        .zip(a.data().par_chunks(ROW_BLOCK * k.max(1)))
+        .for_each(|(cb, ab)| {
+            let rows = cb.len() / n;
+            // SAFETY: the pointers cover rows x k, k x n and rows x n row-major f32 buffers, checked above.
+            unsafe {
+                matrixmultiply::sgemm(
+                    rows,
+                    k,
+                    n,
+                    1.0,
+                    ab.as_ptr(),
+                    k as isize,
+                    1,
+                    bd.as_ptr(),
+                    n as isize,
+                    1,
+                    beta,
+                    cb.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+        });
+}
+
+pub fn matmul(a: &Matrix, b: &Matrix) -> Matrix {
+    let mut c = Matrix::zeros(a.rows(), b.cols());
+    matmul_into(a, b, &mut c, false);
+    c
+}
+
+/// `C = A B^T` (`accumulate`: `C += A B^T`). A: m x k, B: n x k, C: m x n.
+pub fn matmul_bt_into(a: &Matrix, b: &Matrix, c: &mut Matrix, accumulate: bool) {
+    let (m, k) = a.shape();
+    let (n, k2) = b.shape();
+    assert_eq!(k, k2, "matmul_bt inner dimensions differ");
+    assert_eq!(c.shape(), (m, n), "matmul_bt output shape");
+    if n == 0 || m == 0 {
+        return;
+    }
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    let bd = b.data();
+    c.data_mut()
+        .par_chunks_mut(ROW_BLOCK * n)
+        .zip(a.data().par_chunks(ROW_BLOCK * k.max(1)))
+        .for_each(|(cb, ab)| {
+            let rows = cb.len() / n;
+            // SAFETY: B is read transposed through its strides (row stride 1, column stride k).
+            unsafe {
+                matrixmultiply::sgemm(
+                    rows,
+                    k,
+                    n,
+                    1.0,
+                    ab.as_ptr(),
+                    k as isize,
+                    1,
+                    bd.as_ptr(),
+                    1,
+                    k as isize,
+                    beta,
+                    cb.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+        });
+}
+
+pub fn matmul_bt(a: &Matrix, b: &Matrix) -> Matrix {
+    let mut c = Matrix::zeros(a.rows(), b.rows());
+    matmul_bt_into(a, b, &mut c, false);
+    c
+}
+
+/// `C = A^T B`. A: r x m, B: r x n, C: m x n; the reduction runs over the r rows.
+pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
+    let (r, m) = a.shape();
+    let (r2, n) = b.shape();
+    assert_eq!(r, r2, "matmul_at row counts differ");
+    let mut c = Matrix::zeros(m, n);
+    if r == 0 || m == 0 || n == 0 {
+        return c;
+    }
+    let block = MIN_REDUCTION_BLOCK.max(r.div_ceil(MAX_PARTIALS));
+    let partials: Vec<Vec<f32>> = a
+        .data()
+        .par_chunks(block * m)
+        .zip(b.data().par_chunks(block * n))
+        .map(|(ab, bb)| {
+            let rows = ab.len() / m;
+            let mut p = vec![0f32; m * n];
+            // SAFETY: A's block is read transposed (row stride 1, column stride m).
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    rows,
+                    n,
+                    1.0,
+                    ab.as_ptr(),
+                    1,
+                    m as isize,
+                    bb.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    p.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+            p
+        })
+        .collect();
+    let out = c.data_mut();
+    for p in partials {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &Matrix, b: &Matrix) -> Matrix {
+        let mut c = Matrix::zeros(a.rows(), b.cols());
+        for i in 0..a.rows() {
+            for j in 0..b.cols() {
+                let mut s = 0f64;
+                for k in 0..a.cols() {
+                    s += a.row(i)[k] as f64 * b.row(k)[j] as f64;
+                }
+                c.row_mut(i)[j] = s as f32;
+            }
+        }
+        c
+    }
+
+    fn transpose(a: &Matrix) -> Matrix {
+        let mut t = Matrix::zeros(a.cols(), a.rows());
+        for i in 0..a.rows() {
+            for j in 0..a.cols() {
+                t.row_mut(j)[i] = a.row(i)[j];
+            }
+        }
+        t
+    }
+
+    fn random(rows: usize, cols: usize, seed: u64) -> Matrix {
+        let s = crate::rng::Stream::new(seed, &[]);
+        Matrix::from_vec(rows, cols, (0..rows * cols).map(|i| s.uniform(i as u64) - 0.5).collect())
+    }
+
+    #[test]
+    fn products_match_naive_across_block_boundaries() {
+        for &(m, k, n) in &[(1, 1, 1), (5, 3, 7), (ROW_BLOCK + 3, 17, 9), (20_000, 6, 5)] {
+            let a = random(m, k, 1);
+            let b = random(k, n, 2);
+            let want = naive(&a, &b);
+            assert!(matmul(&a, &b).max_abs_diff(&want) < 1e-4);
+            assert!(matmul_bt(&a, &transpose(&b)).max_abs_diff(&want) < 1e-4);
+            let at = transpose(&a);
+            assert!(matmul_at(&at, &b).max_abs_diff(&want) < 1e-4);
+            let mut acc = want.clone();
+            matmul_into(&a, &b, &mut acc, true);
+            let mut twice = want.clone();
+            twice.scale(2.0);
+            assert!(acc.max_abs_diff(&twice) < 1e-4);
+        }
+    }
+
+    #[test]
+    fn reduction_is_independent_of_thread_count() {
+        let a = random(50_000, 8, 3);
+        let b = random(50_000, 4, 4);
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let x = one.install(|| matmul_at(&a, &b));
+        let y = three.install(|| matmul_at(&a, &b));
+        assert_eq!(x, y);
+    }
+}

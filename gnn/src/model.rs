@@ -1,0 +1,831 @@
+//! Models: a stack of GCN, GraphSAGE or GAT layers with hand-derived backward passes.
+//!
+//! Each layer is split at its aggregation (see [`crate::exchange`]):
+//!
+//! * `pre`: a local transform of the owned rows into messages (identity, `H W`, or GAT's `[H W | scores]`);
+//! * the exchange appends the halo rows that peers own;
+//! * `aggregate + post`: the sparse aggregation over the sources, then the dense transform and bias.
+//!
+//! GCN and GraphSAGE choose per layer whether to aggregate the input (`A H` then `W`) or the transformed rows
+//! (`A (H W)`): the same function, but the aggregation and the exchange run at the narrower width. When the
+//! first layer aggregates the raw input and no dropout touches the input, `A X` is the same every epoch and
+//! is computed once ([`Model::forward`] keeps it).
+//!
+//! Dropout masks come from [`crate::rng::Stream`] keyed by (seed, epoch, layer) and indexed by the node's global
+//! id, so a partition computes the same mask for a node as a single worker, and backward regenerates masks
+//! instead of storing them.
+
+use rayon::prelude::*;
+
+use crate::config::{Activation, LayerKind, ModelConfig};
+use crate::dense::{matmul, matmul_at, matmul_bt, matmul_bt_into, matmul_into};
+use crate::exchange::Exchange;
+use crate::rng::{Stream, drop_threshold};
+use crate::sparse::{Norm, SparseOp};
+use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
+use crate::{Error, Result};
+
+/// Rows per task in the row-parallel GAT kernels.
+const GAT_ROWS: usize = 128;
+
+/// A learnable tensor and its name in saved models (`layers.0.weight`, ...).
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub name: String,
+    pub value: Matrix,
+}
+
+/// The part of the graph a worker computes on, with the sparse operators its layers need.
+///
+/// Destination rows are the owned nodes; sources are the owned nodes followed by the halo nodes.
+pub struct LocalGraph {
+    n_dst: usize,
+    n_src: usize,
+    sym: Option<SparseOp>,
+    mean: Option<SparseOp>,
+    loops: Option<SparseOp>,
+    global_ids: Option<Vec<u32>>,
+}
+
+impl LocalGraph {
+    /// The whole graph on one worker, from an in-neighbour CSR.
+    pub fn whole(kind: LayerKind, indptr: &[i64], indices: &[i32]) -> LocalGraph {
+        let n = indptr.len().saturating_sub(1);
+        LocalGraph::new(kind, n, n, indptr, indices, None, None)
+    }
+
+    /// A partition: `n_dst` owned rows, `n_src - n_dst` halo sources, the sources' global in-degrees (for GCN's
+    /// normalisation), and every source's global node id (for dropout masks).
+    pub fn new(
+        kind: LayerKind,
+        n_dst: usize,
+        n_src: usize,
+        indptr: &[i64],
+        indices: &[i32],
+        src_in_degree: Option<&[u32]>,
+        global_ids: Option<Vec<u32>>,
+    ) -> LocalGraph {
+        let build = |norm| SparseOp::build(n_dst, n_src, indptr, indices, norm, src_in_degree);
+        let (sym, mean, loops) = match kind {
+            LayerKind::Gcn => (Some(build(Norm::Symmetric)), None, None),
+            LayerKind::Sage => (None, Some(build(Norm::Mean)), None),
+            LayerKind::Gat => (None, None, Some(build(Norm::SelfLoopsOnly))),
+        };
+        if let Some(g) = &global_ids {
+            assert_eq!(g.len(), n_src, "one global id per source row");
+        }
+        LocalGraph { n_dst, n_src, sym, mean, loops, global_ids }
+    }
+
+    pub fn n_dst(&self) -> usize {
+        self.n_dst
+    }
+
+    pub fn n_src(&self) -> usize {
+        self.n_src
+    }
+
+    fn gid(&self, row: usize) -> u64 {
+        match &self.global_ids {
+            Some(g) => g[row] as u64,
+            None => row as u64,
+        }
+    }
+
+    fn op(&self, kind: LayerKind) -> &SparseOp {
+        let op = match kind {
+            LayerKind::Gcn => self.sym.as_ref(),
+            LayerKind::Sage => self.mean.as_ref(),
+            LayerKind::Gat => self.loops.as_ref(),
+        };
+        op.expect("LocalGraph is built for the model's layer kind")
+    }
+
+    /// Bytes held by the sparse operators.
+    pub fn memory_bytes(&self) -> usize {
+        [&self.sym, &self.mean, &self.loops].iter().filter_map(|o| o.as_ref()).map(|o| o.memory_bytes()).sum()
+    }
+}
+
+/// Whether the layer aggregates its input or its transformed rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    AggregateFirst,
+    TransformFirst,
+}
+
+#[derive(Clone, Debug)]
+struct Layer {
+    index: usize,
+    kind: LayerKind,
+    heads: usize,
+    head_dim: usize,
+    concat: bool,
+    order: Order,
+    w: usize,
+    w_root: Option<usize>,
+    att: Option<(usize, usize)>,
+    bias: usize,
+}
+
+impl Layer {
+    fn hc(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn d_out(&self) -> usize {
+        if self.concat { self.hc() } else { self.head_dim }
+    }
+}
+
+/// What backward needs from a layer's forward, besides the layer's input.
+enum Cache {
+    /// `A H` (None: the model's cached `A X`).
+    Aggregated(Option<Matrix>),
+    Transformed,
+    Gat { m_own: Matrix, m_halo: Option<Matrix>, s_dst: Vec<f32>, alpha: Vec<f32> },
+}
+
+/// Whether a forward pass trains (dropout on, keyed by epoch) or evaluates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Train { epoch: u64 },
+    Eval,
+}
+
+/// Activations kept between forward and backward.
+pub struct Forward<'x> {
+    /// The input of each layer (after activation and dropout of the previous one).
+    inputs: Vec<Input<'x>>,
+    caches: Vec<Cache>,
+    pub logits: Matrix,
+    pass: Pass,
+}
+
+enum Input<'x> {
+    Borrowed(&'x Matrix),
+    Owned(Matrix),
+}
+
+impl Input<'_> {
+    fn get(&self) -> &Matrix {
+        match self {
+            Input::Borrowed(m) => m,
+            Input::Owned(m) => m,
+        }
+    }
+}
+
+pub struct Model {
+    cfg: ModelConfig,
+    seed: u64,
+    layers: Vec<Layer>,
+    pub params: Vec<Param>,
+    /// `A X` of the first layer when it is constant across epochs.
+    input_agg: Option<Matrix>,
+}
+
+impl Model {
+    /// Builds a model with Glorot-initialised weights and zero biases, seeded.
+    pub fn new(cfg: &ModelConfig, seed: u64) -> Result<Model> {
+        validate(cfg)?;
+        let mut params = Vec::new();
+        let mut layers = Vec::new();
+        let mut d_in = cfg.in_dim;
+        for index in 0..cfg.layers {
+            let last = index + 1 == cfg.layers;
+            let (heads, head_dim, concat) = match cfg.kind {
+                LayerKind::Gat if last => (cfg.out_heads, cfg.out_dim, false),
+                LayerKind::Gat => (cfg.heads, cfg.hidden, true),
+                _ => (1, if last { cfg.out_dim } else { cfg.hidden }, true),
+            };
+            let hc = heads * head_dim;
+            let mut add = |name: &str, rows: usize, cols: usize, glorot: bool| {
+                let mut m = Matrix::zeros(rows, cols);
+                if glorot {
+                    let stream = Stream::new(seed, &[0x1A17, index as u64, params.len() as u64]);
+                    let a = (6.0 / (rows + cols) as f32).sqrt();
+                    for (i, v) in m.data_mut().iter_mut().enumerate() {
+                        *v = (2.0 * stream.uniform(i as u64) - 1.0) * a;
+                    }
+                }
+                params.push(Param { name: format!("layers.{index}.{name}"), value: m });
+                params.len() - 1
+            };
+            let w = add("weight", d_in, hc, true);
+            let w_root = (cfg.kind == LayerKind::Sage).then(|| add("root_weight", d_in, hc, true));
+            // PyG's glorot on a (1, heads, head_dim) tensor: bound sqrt(6 / (heads + head_dim))
+            let att = (cfg.kind == LayerKind::Gat)
+                .then(|| (add("att_src", heads, head_dim, true), add("att_dst", heads, head_dim, true)));
+            let d_out = if concat { hc } else { head_dim };
+            let bias = add("bias", 1, d_out, false);
+            let order = if cfg.kind != LayerKind::Gat && d_in <= hc {
+                Order::AggregateFirst
+            } else {
+                Order::TransformFirst
+            };
+            layers.push(Layer { index, kind: cfg.kind, heads, head_dim, concat, order, w, w_root, att, bias });
+            d_in = d_out;
+        }
+        Ok(Model { cfg: cfg.clone(), seed, layers, params, input_agg: None })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn num_parameters(&self) -> usize {
+        self.params.iter().map(|p| p.value.data().len()).sum()
+    }
+
+    /// Zero gradients shaped like the parameters.
+    pub fn zero_grads(&self) -> Vec<Matrix> {
+        self.params.iter().map(|p| Matrix::zeros(p.value.rows(), p.value.cols())).collect()
+    }
+
+    /// Forgets the cached `A X` (call when the graph or the features change).
+    pub fn clear_cache(&mut self) {
+        self.input_agg = None;
+    }
+
+    fn first_aggregation_is_constant(&self, pass: Pass) -> bool {
+        let l = &self.layers[0];
+        l.order == Order::AggregateFirst && (self.cfg.input_dropout == 0.0 || pass == Pass::Eval)
+    }
+
+    /// Runs the model on the owned rows `x` (`n_dst x in_dim`).
+    pub fn forward<'x>(
+        &mut self,
+        g: &LocalGraph,
+        x: &'x Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'x>> {
+        if x.shape() != (g.n_dst, self.cfg.in_dim) {
+            return Err(Error::Shape(format!(
+                "input features are {}x{}, the model expects {}x{}",
+                x.rows(),
+                x.cols(),
+                g.n_dst,
+                self.cfg.in_dim
+            )));
+        }
+        if self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
+            let halo = ex.forward(0, x).map_err(Error::Exchange)?;
+            let l = &self.layers[0];
+            self.input_agg = Some(g.op(l.kind).spmm_ext(x, halo.as_ref()));
+        }
+        let train_epoch = match pass {
+            Pass::Train { epoch } => Some(epoch),
+            Pass::Eval => None,
+        };
+        let input = match train_epoch {
+            Some(epoch) if self.cfg.input_dropout > 0.0 => {
+                let mut x = x.clone();
+                dropout_rows(&mut x, g, self.cfg.input_dropout, Stream::new(self.seed, &[0xD0, epoch, 0]));
+                Input::Owned(x)
+            }
+            _ => Input::Borrowed(x),
+        };
+        let mut inputs = vec![input];
+        let mut caches = Vec::with_capacity(self.layers.len());
+        for li in 0..self.layers.len() {
+            let layer = self.layers[li].clone();
+            let h = inputs[li].get();
+            let (mut out, cache) = self.layer_forward(&layer, g, h, pass, ex)?;
+            caches.push(cache);
+            if li + 1 == self.layers.len() {
+                return Ok(Forward { inputs, caches, logits: out, pass });
+            }
+            activate(&mut out, self.cfg.activation);
+            if let Some(epoch) = train_epoch
+                && self.cfg.dropout > 0.0
+            {
+                dropout_rows(&mut out, g, self.cfg.dropout, Stream::new(self.seed, &[0xD0, epoch, li as u64 + 1]));
+            }
+            inputs.push(Input::Owned(out));
+        }
+        unreachable!("a model has at least one layer")
+    }
+
+    fn layer_forward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<(Matrix, Cache)> {
+        let w = &self.params[l.w].value;
+        let bias = &self.params[l.bias].value;
+        let op = g.op(l.kind);
+        let (mut out, cache) = match (l.kind, l.order) {
+            (LayerKind::Gat, _) => return self.gat_forward(l, g, h, pass, ex),
+            (_, Order::AggregateFirst) => {
+                let agg = if l.index == 0 && self.first_aggregation_is_constant(pass) {
+                    None
+                } else {
+                    let halo = ex.forward(l.index, h).map_err(Error::Exchange)?;
+                    Some(op.spmm_ext(h, halo.as_ref()))
+                };
+                let a = match &agg {
+                    Some(a) => a,
+                    None => self.input_agg.as_ref().expect("input aggregation computed before layer 0"),
+                };
+                let mut out = matmul(a, w);
+                if let Some(r) = l.w_root {
+                    matmul_into(h, &self.params[r].value, &mut out, true);
+                }
+                (out, Cache::Aggregated(agg))
+            }
+            (_, Order::TransformFirst) => {
+                let m = matmul(h, w);
+                let halo = ex.forward(l.index, &m).map_err(Error::Exchange)?;
+                let mut out = op.spmm_ext(&m, halo.as_ref());
+                if let Some(r) = l.w_root {
+                    matmul_into(h, &self.params[r].value, &mut out, true);
+                }
+                (out, Cache::Transformed)
+            }
+        };
+        add_bias(&mut out, bias);
+        Ok((out, cache))
+    }
+
+    /// Backward from the gradient of the mean loss with respect to the logits. Returns parameter gradients,
+    /// all-reduced through the exchange.
+    pub fn backward(
+        &self,
+        g: &LocalGraph,
+        fwd: Forward<'_>,
+        d_logits: Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<Matrix>> {
+        let mut grads = self.zero_grads();
+        let Forward { inputs, caches, pass, .. } = fwd;
+        let epoch = match pass {
+            Pass::Train { epoch } => epoch,
+            Pass::Eval => 0,
+        };
+        let mut d_out = d_logits;
+        for (li, cache) in caches.into_iter().enumerate().rev() {
+            let layer = &self.layers[li];
+            let h = inputs[li].get();
+            let need_dx = li > 0;
+            let dx = self.layer_backward(layer, g, h, cache, d_out, need_dx, pass, &mut grads, ex)?;
+            let Some(mut dx) = dx else { break };
+            // through the previous layer's activation and dropout; `h` is their output
+            activation_backward(
+                &mut dx,
+                h,
+                g,
+                self.cfg.activation,
+                matches!(pass, Pass::Train { .. }).then_some(self.cfg.dropout).filter(|&p| p > 0.0),
+                Stream::new(self.seed, &[0xD0, epoch, li as u64]),
+            );
+            d_out = dx;
+        }
+        ex.all_reduce(&mut grads).map_err(Error::Exchange)?;
+        Ok(grads)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        cache: Cache,
+        d_out: Matrix,
+        need_dx: bool,
+        pass: Pass,
+        grads: &mut [Matrix],
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<Matrix>> {
+        grads[l.bias] = d_out.column_sums();
+        let w = &self.params[l.w].value;
+        let op = g.op(l.kind);
+        let mut dx = None;
+        if let Some(r) = l.w_root {
+            grads[r] = matmul_at(h, &d_out);
+            if need_dx {
+                dx = Some(matmul_bt(&d_out, &self.params[r].value));
+            }
+        }
+        match cache {
+            Cache::Gat { m_own, m_halo, s_dst, alpha } => {
+                return self.gat_backward(l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex);
+            }
+            Cache::Aggregated(agg) => {
+                let agg = agg.as_ref().or(self.input_agg.as_ref()).expect("aggregation cached in forward");
+                grads[l.w] = matmul_at(agg, &d_out);
+                if need_dx {
+                    let d_agg = matmul_bt(&d_out, w);
+                    let d_ext = op.spmm_t(&d_agg);
+                    let (mut d_own, halo) = split_rows(d_ext, g.n_dst);
+                    ex.backward(l.index, halo, &mut d_own).map_err(Error::Exchange)?;
+                    match &mut dx {
+                        Some(dx) => dx.add_assign(&d_own),
+                        None => dx = Some(d_own),
+                    }
+                }
+            }
+            Cache::Transformed => {
+                let d_ext = op.spmm_t(&d_out);
+                let (mut dm, halo) = split_rows(d_ext, g.n_dst);
+                ex.backward(l.index, halo, &mut dm).map_err(Error::Exchange)?;
+                grads[l.w] = matmul_at(h, &dm);
+                if need_dx {
+                    match &mut dx {
+                        Some(dx) => matmul_bt_into(&dm, w, dx, true),
+                        None => dx = Some(matmul_bt(&dm, w)),
+                    }
+                }
+            }
+        }
+        Ok(dx)
+    }
+
+    fn gat_forward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<(Matrix, Cache)> {
+        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let (ia, id) = l.att.expect("GAT layer has attention vectors");
+        let a_src = self.params[ia].value.data();
+        let a_dst = self.params[id].value.data();
+        let z = matmul(h, &self.params[l.w].value);
+        let width = hc + heads;
+        let n = g.n_dst;
+        // messages: [Z | s_src], plus s_dst for the owned rows
+        let mut m_own = Matrix::zeros(n, width);
+        let mut s_dst = vec![0f32; n * heads];
+        m_own
+            .data_mut()
+            .par_chunks_mut(width)
+            .zip(s_dst.par_chunks_mut(heads))
+            .zip(z.data().par_chunks(hc))
+            .for_each(|((m, sd), zr)| {
+                m[..hc].copy_from_slice(zr);
+                for k in 0..heads {
+                    let zh = &zr[k * c..(k + 1) * c];
+                    m[hc + k] = dot(zh, &a_src[k * c..(k + 1) * c]);
+                    sd[k] = dot(zh, &a_dst[k * c..(k + 1) * c]);
+                }
+            });
+        drop(z);
+        let m_halo = ex.forward(l.index, &m_own).map_err(Error::Exchange)?;
+        let op = g.op(LayerKind::Gat);
+        let src = crate::sparse::Src {
+            own: m_own.data(),
+            halo: m_halo.as_ref().map(|m| m.data()).unwrap_or(&[]),
+            n_own: n,
+            d: width,
+        };
+        let (indptr, indices) = (op.indptr(), op.indices());
+        let mut alpha = vec![0f32; op.nnz() * heads];
+        let d_out = l.d_out();
+        let mut out = Matrix::zeros(n, d_out);
+        let attn_drop = match pass {
+            Pass::Train { epoch } if self.cfg.attn_dropout > 0.0 => Some((
+                Stream::new(self.seed, &[0xA7D, epoch, l.index as u64]),
+                drop_threshold(self.cfg.attn_dropout),
+                1.0 / (1.0 - self.cfg.attn_dropout),
+            )),
+            _ => None,
+        };
+        let slope = self.cfg.negative_slope;
+        let alpha_chunks = split_by_rows(&mut alpha, indptr, GAT_ROWS, heads);
+        out.data_mut().par_chunks_mut(GAT_ROWS * d_out).zip(alpha_chunks).enumerate().for_each(
+            |(chunk, (out, alpha))| {
+                let first = chunk * GAT_ROWS;
+                let base = indptr[first];
+                let mut e = Vec::new();
+                for (r, orow) in out.chunks_exact_mut(d_out).enumerate() {
+                    let i = first + r;
+                    let (lo, hi) = (indptr[i], indptr[i + 1]);
+                    for k in 0..heads {
+                        let sd = s_dst[i * heads + k];
+                        e.clear();
+                        let mut max = f32::NEG_INFINITY;
+                        for &j in &indices[lo..hi] {
+                            let x = sd + src.row(j as usize)[hc + k];
+                            let x = if x > 0.0 { x } else { slope * x };
+                            max = max.max(x);
+                            e.push(x);
+                        }
+                        let mut sum = 0f32;
+                        for x in e.iter_mut() {
+                            *x = (*x - max).exp();
+                            sum += *x;
+                        }
+                        let o = if l.concat { &mut orow[k * c..(k + 1) * c] } else { &mut orow[..] };
+                        let head_scale = if l.concat { 1.0 } else { 1.0 / heads as f32 };
+                        for (t, &j) in indices[lo..hi].iter().enumerate() {
+                            let a = e[t] / sum;
+                            alpha[(lo - base + t) * heads + k] = a;
+                            let mut a_used = a * head_scale;
+                            if let Some((s, thr, scale)) = attn_drop {
+                                let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
+                                a_used = if s.keep(key, thr) { a_used * scale } else { 0.0 };
+                            }
+                            let zj = &src.row(j as usize)[k * c..(k + 1) * c];
+                            for (ov, &zv) in o.iter_mut().zip(zj) {
+                                *ov += a_used * zv;
+                            }
+                        }
+                    }
+                }
+            },
+        );
+        add_bias(&mut out, &self.params[l.bias].value);
+        Ok((out, Cache::Gat { m_own, m_halo, s_dst, alpha }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        m_own: Matrix,
+        m_halo: Option<Matrix>,
+        s_dst: Vec<f32>,
+        alpha: Vec<f32>,
+        d_out: Matrix,
+        need_dx: bool,
+        pass: Pass,
+        grads: &mut [Matrix],
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<Matrix>> {
+        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let width = hc + heads;
+        let n = g.n_dst;
+        let op = g.op(LayerKind::Gat);
+        let (indptr, indices) = (op.indptr(), op.indices());
+        let src = crate::sparse::Src {
+            own: m_own.data(),
+            halo: m_halo.as_ref().map(|m| m.data()).unwrap_or(&[]),
+            n_own: n,
+            d: width,
+        };
+        let attn_drop = match pass {
+            Pass::Train { epoch } if self.cfg.attn_dropout > 0.0 => Some((
+                Stream::new(self.seed, &[0xA7D, epoch, l.index as u64]),
+                drop_threshold(self.cfg.attn_dropout),
+                1.0 / (1.0 - self.cfg.attn_dropout),
+            )),
+            _ => None,
+        };
+        let slope = self.cfg.negative_slope;
+        let head_scale = if l.concat { 1.0 } else { 1.0 / heads as f32 };
+        // gradient of head k's output for destination i
+        let g_head = |i: usize, k: usize| -> &[f32] {
+            let row = d_out.row(i);
+            if l.concat { &row[k * c..(k + 1) * c] } else { &row[..c] }
+        };
+        // pass 1, per destination row: d(score sum) per edge and head, the used attention, and d s_dst
+        let nnz = op.nnz();
+        let mut d_score = vec![0f32; nnz * heads];
+        let mut a_used = vec![0f32; nnz * heads];
+        let mut ds_dst = vec![0f32; n * heads];
+        {
+            let ds_chunks = split_by_rows(&mut d_score, indptr, GAT_ROWS, heads);
+            let au_chunks = split_by_rows(&mut a_used, indptr, GAT_ROWS, heads);
+            ds_dst.par_chunks_mut(GAT_ROWS * heads).zip(ds_chunks).zip(au_chunks).enumerate().for_each(
+                |(chunk, ((sd_out, dsc), au))| {
+                    let first = chunk * GAT_ROWS;
+                    let base = indptr[first];
+                    let mut da = Vec::new();
+                    for r in 0..sd_out.len() / heads {
+                        let i = first + r;
+                        let (lo, hi) = (indptr[i], indptr[i + 1]);
+                        for k in 0..heads {
+                            let gi = g_head(i, k);
+                            da.clear();
+                            let mut sigma = 0f32;
+                            for (t, &j) in indices[lo..hi].iter().enumerate() {
+                                let pos = (lo - base + t) * heads + k;
+                                let a = alpha[pos];
+                                let mut m = head_scale;
+                                if let Some((s, thr, scale)) = attn_drop {
+                                    let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
+                                    m = if s.keep(key, thr) { m * scale } else { 0.0 };
+                                }
+                                au[pos] = a * m;
+                                let zj = &src.row(j as usize)[k * c..(k + 1) * c];
+                                let d_alpha = dot(gi, zj) * m;
+                                sigma += a * d_alpha;
+                                da.push(d_alpha);
+                            }
+                            let sd = s_dst[i * heads + k];
+                            let mut acc = 0f32;
+                            for (t, &j) in indices[lo..hi].iter().enumerate() {
+                                let pos = (lo - base + t) * heads + k;
+                                let de = alpha[pos] * (da[t] - sigma);
+                                let x = sd + src.row(j as usize)[hc + k];
+                                let dx = if x > 0.0 { de } else { de * slope };
+                                dsc[pos] = dx;
+                                acc += dx;
+                            }
+                            sd_out[r * heads + k] = acc;
+                        }
+                    }
+                },
+            );
+        }
+        // pass 2, per source row over the transpose: dZ_j and d s_src_j
+        let (t_indptr, t_indices, t_perm) = (op.t_indptr(), op.t_indices(), op.t_perm());
+        let mut dm_ext = Matrix::zeros(g.n_src, width);
+        dm_ext.data_mut().par_chunks_mut(width).enumerate().for_each(|(j, row)| {
+            for t in t_indptr[j]..t_indptr[j + 1] {
+                let i = t_indices[t] as usize;
+                let pos = t_perm[t] as usize * heads;
+                for k in 0..heads {
+                    let a = a_used[pos + k];
+                    if a != 0.0 {
+                        let gi = g_head(i, k);
+                        for (o, &v) in row[k * c..(k + 1) * c].iter_mut().zip(gi) {
+                            *o += a * v;
+                        }
+                    }
+                    row[hc + k] += d_score[pos + k];
+                }
+            }
+        });
+        drop(d_score);
+        drop(a_used);
+        let (mut dm, halo) = split_rows(dm_ext, n);
+        ex.backward(l.index, halo, &mut dm).map_err(Error::Exchange)?;
+        // through the scores s = Z . a into Z and the attention vectors
+        let (ia, id) = l.att.expect("GAT layer has attention vectors");
+        let a_src = self.params[ia].value.data();
+        let a_dst = self.params[id].value.data();
+        let mut dz = Matrix::zeros(n, hc);
+        dz.data_mut().par_chunks_mut(hc).enumerate().for_each(|(i, dzr)| {
+            let dmr = dm.row(i);
+            dzr.copy_from_slice(&dmr[..hc]);
+            for k in 0..heads {
+                let (gs, gd) = (dmr[hc + k], ds_dst[i * heads + k]);
+                for t in 0..c {
+                    dzr[k * c + t] += gs * a_src[k * c + t] + gd * a_dst[k * c + t];
+                }
+            }
+        });
+        let z_own = Matrix::from_vec(n, hc, m_own.data().chunks_exact(width).flat_map(|r| &r[..hc]).copied().collect());
+        let ds_src = Matrix::from_vec(n, heads, dm.data().chunks_exact(width).flat_map(|r| &r[hc..]).copied().collect());
+        let ds_dst = Matrix::from_vec(n, heads, ds_dst);
+        for (idx, s) in [(ia, &ds_src), (id, &ds_dst)] {
+            let full = matmul_at(s, &z_own); // heads x hc; head k's gradient is block (k, k)
+            let gm = &mut grads[idx];
+            for k in 0..heads {
+                gm.row_mut(k).copy_from_slice(&full.row(k)[k * c..(k + 1) * c]);
+            }
+        }
+        grads[l.w] = matmul_at(h, &dz);
+        Ok(need_dx.then(|| matmul_bt(&dz, &self.params[l.w].value)))
+    }
+}
+
+fn validate(cfg: &ModelConfig) -> Result<()> {
+    let bad = |m: String| Err(Error::Config(m));
+    if cfg.layers == 0 {
+        return bad("layers must be at least 1".into());
+    }
+    if cfg.in_dim == 0 || cfg.out_dim == 0 || cfg.hidden == 0 {
+        return bad(format!(
+            "in_dim, hidden and out_dim must be positive, got {}, {}, {}",
+            cfg.in_dim, cfg.hidden, cfg.out_dim
+        ));
+    }
+    if cfg.kind == LayerKind::Gat && (cfg.heads == 0 || cfg.out_heads == 0) {
+        return bad("heads and out_heads must be positive".into());
+    }
+    for (name, p) in [("dropout", cfg.dropout), ("input_dropout", cfg.input_dropout), ("attn_dropout", cfg.attn_dropout)] {
+        if !(0.0..1.0).contains(&p) {
+            return bad(format!("{name} must be in [0, 1), got {p}"));
+        }
+    }
+    Ok(())
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The dropout index of (destination, source, head) on an edge, from global ids.
+#[inline]
+fn edge_key(dst: u64, src: u64, heads: usize, k: usize) -> u64 {
+    ((dst << 32) | src).wrapping_mul(heads as u64).wrapping_add(k as u64)
+}
+
+/// Splits a per-edge array (`heads` values per edge) into the pieces owned by consecutive blocks of `rows`
+/// destination rows, so row blocks can write their edges in parallel.
+fn split_by_rows<'a>(mut data: &'a mut [f32], indptr: &[usize], rows: usize, heads: usize) -> Vec<&'a mut [f32]> {
+    let n = indptr.len() - 1;
+    let mut out = Vec::with_capacity(n.div_ceil(rows));
+    let mut start = 0;
+    while start < n {
+        let end = (start + rows).min(n);
+        let len = (indptr[end] - indptr[start]) * heads;
+        let (head, tail) = std::mem::take(&mut data).split_at_mut(len);
+        out.push(head);
+        data = tail;
+        start = end;
+    }
+    out
+}
+
+/// Splits an `n_src`-row matrix into its first `n_dst` rows and the rest.
+fn split_rows(m: Matrix, n_dst: usize) -> (Matrix, Matrix) {
+    let cols = m.cols();
+    let rows = m.rows();
+    let mut data = m.into_vec();
+    let halo = data.split_off(n_dst * cols);
+    (Matrix::from_vec(n_dst, cols, data), Matrix::from_vec(rows - n_dst, cols, halo))
+}
+
+fn add_bias(out: &mut Matrix, bias: &Matrix) {
+    let b = bias.data();
+    if b.is_empty() {
+        return;
+    }
+    out.data_mut().par_chunks_mut(b.len()).with_min_len(ELEMENTWISE_CHUNK / b.len().max(1)).for_each(|row| {
+        for (o, &v) in row.iter_mut().zip(b) {
+            *o += v;
+        }
+    });
+}
+
+fn activate(m: &mut Matrix, act: Activation) {
+    m.data_mut().par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|v| {
+        *v = match act {
+            Activation::Relu => v.max(0.0),
+            Activation::Elu => {
+                if *v > 0.0 {
+                    *v
+                } else {
+                    v.exp_m1()
+                }
+            }
+        }
+    });
+}
+
+/// Inverted dropout on rows keyed by the rows' global ids.
+fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
+    let cols = m.cols();
+    if cols == 0 {
+        return;
+    }
+    let thr = drop_threshold(p);
+    let scale = 1.0 / (1.0 - p);
+    m.data_mut().par_chunks_mut(cols).enumerate().with_min_len(64).for_each(|(i, row)| {
+        let base = g.gid(i) * cols as u64;
+        for (t, v) in row.iter_mut().enumerate() {
+            *v = if s.keep(base + t as u64, thr) { *v * scale } else { 0.0 };
+        }
+    });
+}
+
+/// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, using only `y` and the regenerated mask.
+fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activation, dropout: Option<f32>, s: Stream) {
+    let cols = dy.cols();
+    if cols == 0 {
+        return;
+    }
+    let (thr, scale) = match dropout {
+        Some(p) => (drop_threshold(p), 1.0 / (1.0 - p)),
+        None => (0, 1.0),
+    };
+    dy.data_mut().par_chunks_mut(cols).zip(y.data().par_chunks(cols)).enumerate().with_min_len(64).for_each(
+        |(i, (drow, yrow))| {
+            let base = g.gid(i) * cols as u64;
+            for (t, (d, &yv)) in drow.iter_mut().zip(yrow).enumerate() {
+                let kept = dropout.is_none() || s.keep(base + t as u64, thr);
+                if !kept {
+                    *d = 0.0;
+                    continue;
+                }
+                // the pre-dropout activation value
+                let a = yv / scale;
+                let deriv = match act {
+                    Activation::Relu => (a > 0.0) as u32 as f32,
+                    Activation::Elu => {
+                        if a > 0.0 {
+                            1.0
+                        } else {
+                            a + 1.0
+                        }
+                    }
+                };
+                *d *= deriv * scale;
+            }
+        },
+    );
+}

@@ -1,0 +1,316 @@
+//! Sparse aggregation operators: a rectangular CSR matrix from source nodes to destination nodes, with its
+//! transpose, and SpMM in both directions.
+//!
+//! Rows are destination nodes, columns source nodes. By convention the first `n_dst` source nodes are the
+//! destination nodes themselves (a single worker: all nodes; a partition: owned nodes first, halo nodes
+//! after), so a self-loop of destination `i` is source column `i`. Both directions are parallel over output
+//! rows and never scatter, so results are identical for any thread count; the transpose exists for that.
+
+use rayon::prelude::*;
+
+use crate::tensor::Matrix;
+
+/// Destination rows per rayon task in SpMM.
+const SPMM_ROWS: usize = 256;
+
+/// How edge weights are derived from the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norm {
+    /// GCN: self-loops added, weight `1 / sqrt(deg(i) deg(j))` with degrees counting the self-loop.
+    Symmetric,
+    /// GraphSAGE mean: no self-loops, weight `1 / deg(i)` (a node without neighbours aggregates zero).
+    Mean,
+    /// GAT's structure: self-loops added, weight 1 (attention supplies the weights).
+    SelfLoopsOnly,
+}
+
+#[derive(Clone, Debug)]
+pub struct SparseOp {
+    n_dst: usize,
+    n_src: usize,
+    indptr: Vec<usize>,
+    indices: Vec<u32>,
+    values: Vec<f32>,
+    t_indptr: Vec<usize>,
+    t_indices: Vec<u32>,
+    /// For each transposed entry, its position in the forward arrays (to read per-edge values, e.g. attention).
+    t_perm: Vec<u32>,
+    t_values: Vec<f32>,
+}
+
+impl SparseOp {
+    /// Builds the operator for `n_dst` destination rows of an in-neighbour CSR (`indptr[i]..indptr[i+1]` are the
+    /// sources of edges into `i`, as source indices below `n_src`). `src_in_degree` gives the in-degree (without
+    /// self-loop) of every source node when some sources are not destination rows here (halo nodes); `None`
+    /// takes it from the rows, which requires `n_src == n_dst`.
+    pub fn build(
+        n_dst: usize,
+        n_src: usize,
+        indptr: &[i64],
+        indices: &[i32],
+        norm: Norm,
+        src_in_degree: Option<&[u32]>,
+    ) -> SparseOp {
+        assert!(n_dst <= n_src, "destinations must be a prefix of the sources");
+        assert_eq!(indptr.len(), n_dst + 1, "indptr must have n_dst + 1 entries");
+        let self_loops = norm != Norm::Mean;
+        let mut out_indptr = Vec::with_capacity(n_dst + 1);
+        out_indptr.push(0usize);
+        let extra = if self_loops { n_dst } else { 0 };
+        let mut out_indices: Vec<u32> = Vec::with_capacity(indices.len() + extra);
+        for i in 0..n_dst {
+            let row = &indices[indptr[i] as usize..indptr[i + 1] as usize];
+            let mut placed = !self_loops;
+            for &j in row {
+                let j = j as u32;
+                if j as usize == i {
+                    // the graph format has no self-loops; tolerate one instead of doubling it
+                    if self_loops && !placed {
+                        out_indices.push(j);
+                        placed = true;
+                    }
+                    continue;
+                }
+                if !placed && j as usize > i {
+                    out_indices.push(i as u32);
+                    placed = true;
+                }
+                out_indices.push(j);
+            }
+            if !placed {
+                out_indices.push(i as u32);
+            }
+            out_indptr.push(out_indices.len());
+        }
+        let row_deg = |i: usize| (indptr[i + 1] - indptr[i]) as u32 - row_has_self(indptr, indices, i) as u32;
+        let values: Vec<f32> = match norm {
+            Norm::SelfLoopsOnly => vec![1.0; out_indices.len()],
+            Norm::Mean => {
+                let mut v = Vec::with_capacity(out_indices.len());
+                for i in 0..n_dst {
+                    let len = out_indptr[i + 1] - out_indptr[i];
+                    let w = if len == 0 { 0.0 } else { 1.0 / len as f32 };
+                    v.extend(std::iter::repeat_n(w, len));
+                }
+                v
+            }
+            Norm::Symmetric => {
+                let src_deg: Vec<f32> = (0..n_src)
+                    .map(|j| {
+                        let d = match src_in_degree {
+                            Some(d) => d[j],
+                            None => {
+                                assert_eq!(n_src, n_dst, "source degrees are needed when n_src > n_dst");
+                                row_deg(j)
+                            }
+                        };
+                        1.0 / ((d + 1) as f32).sqrt()
+                    })
+                    .collect();
+                let mut v = Vec::with_capacity(out_indices.len());
+                for i in 0..n_dst {
+                    let di = src_deg[i];
+                    for &j in &out_indices[out_indptr[i]..out_indptr[i + 1]] {
+                        v.push(di * src_deg[j as usize]);
+                    }
+                }
+                v
+            }
+        };
+        SparseOp::from_parts(n_dst, n_src, out_indptr, out_indices, values)
+    }
+
+    /// Builds from explicit CSR arrays (sorted rows) and computes the transpose.
+    pub fn from_parts(
+        n_dst: usize,
+        n_src: usize,
+        indptr: Vec<usize>,
+        indices: Vec<u32>,
+        values: Vec<f32>,
+    ) -> SparseOp {
+        assert_eq!(indptr.len(), n_dst + 1);
+        assert_eq!(indices.len(), values.len());
+        let nnz = indices.len();
+        let mut counts = vec![0usize; n_src + 1];
+        for &j in &indices {
+            counts[j as usize + 1] += 1;
+        }
+        for j in 0..n_src {
+            counts[j + 1] += counts[j];
+        }
+        let t_indptr = counts.clone();
+        let mut next = counts;
+        let mut t_indices = vec![0u32; nnz];
+        let mut t_perm = vec![0u32; nnz];
+        let mut t_values = vec![0f32; nnz];
+        for i in 0..n_dst {
+            for k in indptr[i]..indptr[i + 1] {
+                let j = indices[k] as usize;
+                let pos = next[j];
+                next[j] += 1;
+                t_indices[pos] = i as u32;
+                t_perm[pos] = k as u32;
+                t_values[pos] = values[k];
+            }
+        }
+        SparseOp { n_dst, n_src, indptr, indices, values, t_indptr, t_indices, t_perm, t_values }
+    }
+
+    pub fn n_dst(&self) -> usize {
+        self.n_dst
+    }
+    pub fn n_src(&self) -> usize {
+        self.n_src
+    }
+    pub fn nnz(&self) -> usize {
+        self.indices.len()
+    }
+    pub fn indptr(&self) -> &[usize] {
+        &self.indptr
+    }
+    pub fn indices(&self) -> &[u32] {
+        &self.indices
+    }
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+    pub fn t_indptr(&self) -> &[usize] {
+        &self.t_indptr
+    }
+    pub fn t_indices(&self) -> &[u32] {
+        &self.t_indices
+    }
+    pub fn t_perm(&self) -> &[u32] {
+        &self.t_perm
+    }
+
+    /// Bytes held, for memory accounting.
+    pub fn memory_bytes(&self) -> usize {
+        (self.indptr.len() + self.t_indptr.len()) * 8 + self.nnz() * 4 * 5
+    }
+
+    /// `Y = A X`: X has `n_src` rows, Y `n_dst` rows.
+    pub fn spmm(&self, x: &Matrix) -> Matrix {
+        assert_eq!(x.rows(), self.n_src, "spmm input rows must equal n_src");
+        self.spmm_ext(x, None)
+    }
+
+    /// `Y = A [own; halo]`: the sources are the owned rows followed by the halo rows, without copying them
+    /// into one matrix.
+    pub fn spmm_ext(&self, own: &Matrix, halo: Option<&Matrix>) -> Matrix {
+        let d = own.cols();
+        let halo_data: &[f32] = halo.map(|h| h.data()).unwrap_or(&[]);
+        assert_eq!(own.rows() + halo_data.len() / d.max(1), self.n_src, "spmm sources must be n_src rows");
+        if let Some(h) = halo {
+            assert_eq!(h.cols(), d, "halo rows must have the width of owned rows");
+        }
+        let mut y = Matrix::zeros(self.n_dst, d);
+        let src = Src { own: own.data(), halo: halo_data, n_own: own.rows(), d };
+        spmm_rows(&self.indptr, &self.indices, &self.values, &src, &mut y);
+        y
+    }
+
+    /// `Y = A^T X`: X has `n_dst` rows, Y `n_src` rows.
+    pub fn spmm_t(&self, x: &Matrix) -> Matrix {
+        assert_eq!(x.rows(), self.n_dst, "spmm_t input rows must equal n_dst");
+        let mut y = Matrix::zeros(self.n_src, x.cols());
+        let src = Src { own: x.data(), halo: &[], n_own: x.rows(), d: x.cols() };
+        spmm_rows(&self.t_indptr, &self.t_indices, &self.t_values, &src, &mut y);
+        y
+    }
+}
+
+fn row_has_self(indptr: &[i64], indices: &[i32], i: usize) -> bool {
+    indices[indptr[i] as usize..indptr[i + 1] as usize].binary_search(&(i as i32)).is_ok()
+}
+
+/// Source rows split into owned rows and halo rows.
+pub(crate) struct Src<'a> {
+    pub own: &'a [f32],
+    pub halo: &'a [f32],
+    pub n_own: usize,
+    pub d: usize,
+}
+
+impl Src<'_> {
+    #[inline]
+    pub fn row(&self, j: usize) -> &[f32] {
+        if j < self.n_own {
+            &self.own[j * self.d..(j + 1) * self.d]
+        } else {
+            let j = j - self.n_own;
+            &self.halo[j * self.d..(j + 1) * self.d]
+        }
+    }
+}
+
+fn spmm_rows(indptr: &[usize], indices: &[u32], values: &[f32], x: &Src<'_>, y: &mut Matrix) {
+    let d = x.d;
+    if d == 0 {
+        return;
+    }
+    y.data_mut().par_chunks_mut(SPMM_ROWS * d).enumerate().for_each(|(chunk, out)| {
+        let first = chunk * SPMM_ROWS;
+        for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+            let i = first + r;
+            for k in indptr[i]..indptr[i + 1] {
+                let w = values[k];
+                let j = indices[k] as usize;
+                let xr = x.row(j);
+                for (o, &v) in orow.iter_mut().zip(xr) {
+                    *o += w * v;
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Path 0-1-2 plus isolated node 3, as an in-neighbour CSR.
+    fn path() -> (Vec<i64>, Vec<i32>) {
+        (vec![0, 1, 3, 4, 4], vec![1, 0, 2, 1])
+    }
+
+    #[test]
+    fn symmetric_norm_matches_definition() {
+        let (p, i) = path();
+        let a = SparseOp::build(4, 4, &p, &i, Norm::Symmetric, None);
+        // degrees with self-loops: 2, 3, 2, 1
+        assert_eq!(a.indptr(), &[0, 2, 5, 7, 8]);
+        assert_eq!(a.indices(), &[0, 1, 0, 1, 2, 1, 2, 3]);
+        let want = [0.5, 1.0 / 6f32.sqrt(), 1.0 / 6f32.sqrt(), 1.0 / 3.0, 1.0 / 6f32.sqrt()];
+        for (got, want) in a.values().iter().zip(want) {
+            assert!((got - want).abs() < 1e-6);
+        }
+        assert_eq!(a.values()[7], 1.0);
+    }
+
+    #[test]
+    fn mean_norm_and_transpose() {
+        let (p, i) = path();
+        let a = SparseOp::build(4, 4, &p, &i, Norm::Mean, None);
+        assert_eq!(a.values(), &[1.0, 0.5, 0.5, 1.0]);
+        let x = Matrix::from_vec(4, 2, vec![1., 2., 3., 4., 5., 6., 7., 8.]);
+        let y = a.spmm(&x);
+        assert_eq!(y.data(), &[3., 4., 3., 4., 3., 4., 0., 0.]);
+        // <A x, z> == <x, A^T z>
+        let z = Matrix::from_vec(4, 2, vec![1., -1., 2., 0.5, -3., 1., 0.25, 2.]);
+        let lhs: f32 = y.data().iter().zip(z.data()).map(|(a, b)| a * b).sum();
+        let atz = a.spmm_t(&z);
+        let rhs: f32 = x.data().iter().zip(atz.data()).map(|(a, b)| a * b).sum();
+        assert!((lhs - rhs).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rectangular_with_halo_degrees() {
+        // two owned nodes 0,1; halo node 2 (global degree 5) feeds node 1
+        let a = SparseOp::build(2, 3, &[0, 1, 3], &[1, 0, 2], Norm::Symmetric, Some(&[1, 2, 5]));
+        assert_eq!(a.indices(), &[0, 1, 0, 1, 2]);
+        let w = a.values()[4];
+        assert!((w - 1.0 / (3f32 * 6.0).sqrt()).abs() < 1e-6);
+        assert_eq!(a.t_indptr(), &[0, 2, 4, 5]);
+    }
+}

@@ -1,0 +1,124 @@
+//! A dense row-major f32 matrix: the one tensor type the CPU engine needs.
+//!
+//! Node features, activations, weights and gradients are all 2-D; a bias is a `1 x n` matrix. Keeping one
+//! plain type (no strides, no views) keeps every kernel a loop over contiguous rows.
+
+use rayon::prelude::*;
+
+/// Rows processed per rayon task by the elementwise kernels: large enough to amortise scheduling,
+/// small enough to balance two to sixteen threads.
+pub(crate) const ELEMENTWISE_CHUNK: usize = 1 << 14;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matrix {
+    rows: usize,
+    cols: usize,
+    data: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn zeros(rows: usize, cols: usize) -> Matrix {
+        Matrix { rows, cols, data: vec![0.0; rows * cols] }
+    }
+
+    /// Wraps `data` (row-major). Panics if the length is not `rows * cols`: callers build it from the shape.
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
+        assert_eq!(data.len(), rows * cols, "matrix data length must equal rows * cols");
+        Matrix { rows, cols, data }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    pub fn row_mut(&mut self, i: usize) -> &mut [f32] {
+        &mut self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    pub fn fill(&mut self, v: f32) {
+        self.data.par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|x| *x = v);
+    }
+
+    /// `self += other`, elementwise.
+    pub fn add_assign(&mut self, other: &Matrix) {
+        assert_eq!(self.shape(), other.shape(), "add_assign shapes differ");
+        self.data
+            .par_iter_mut()
+            .with_min_len(ELEMENTWISE_CHUNK)
+            .zip(other.data.par_iter())
+            .for_each(|(a, b)| *a += *b);
+    }
+
+    /// `self *= s`, elementwise.
+    pub fn scale(&mut self, s: f32) {
+        self.data.par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|x| *x *= s);
+    }
+
+    /// Rows `0..n` as a new matrix.
+    pub fn top_rows(&self, n: usize) -> Matrix {
+        Matrix::from_vec(n, self.cols, self.data[..n * self.cols].to_vec())
+    }
+
+    /// Sum over rows: a `1 x cols` matrix. Summed in fixed row blocks so the result does not depend on
+    /// the number of threads.
+    pub fn column_sums(&self) -> Matrix {
+        let cols = self.cols;
+        if cols == 0 {
+            return Matrix::zeros(1, 0);
+        }
+        let partials: Vec<Vec<f64>> = self
+            .data
+            .par_chunks(ELEMENTWISE_CHUNK.max(cols) / cols * cols)
+            .map(|chunk| {
+                let mut acc = vec![0f64; cols];
+                for row in chunk.chunks_exact(cols) {
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += v as f64;
+                    }
+                }
+                acc
+            })
+            .collect();
+        let mut out = vec![0f64; cols];
+        for p in partials {
+            for (o, v) in out.iter_mut().zip(p) {
+                *o += v;
+            }
+        }
+        Matrix::from_vec(1, cols, out.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// Largest absolute elementwise difference, for tests and exactness checks.
+    pub fn max_abs_diff(&self, other: &Matrix) -> f32 {
+        assert_eq!(self.shape(), other.shape(), "max_abs_diff shapes differ");
+        self.data.iter().zip(&other.data).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
+    }
+
+    pub fn max_abs(&self) -> f32 {
+        self.data.iter().map(|a| a.abs()).fold(0.0, f32::max)
+    }
+}

@@ -1,0 +1,143 @@
+//! Full-graph training: forward, masked loss, backward, Adam, evaluation, per-epoch metrics.
+//!
+//! The same loop runs on a single worker (with [`LocalExchange`](crate::LocalExchange)) and on every worker
+//! of a partition-parallel job; losses and accuracy counts are summed through the exchange so every worker
+//! reports the global numbers.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exchange::Exchange;
+use crate::loss::{correct, cross_entropy};
+use crate::model::{LocalGraph, Model, Pass};
+use crate::optim::Adam;
+use crate::tensor::Matrix;
+use crate::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub epochs: usize,
+    pub lr: f32,
+    pub weight_decay: f32,
+    /// Evaluate every this many epochs (and always after the last).
+    pub eval_every: usize,
+    /// Stop when validation accuracy has not improved for this many evaluations.
+    pub patience: Option<usize>,
+}
+
+/// The labelled rows of the owned nodes, as local row indices.
+pub struct NodeSets {
+    pub labels: Vec<i64>,
+    pub train: Vec<u32>,
+    pub val: Vec<u32>,
+    pub test: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochMetrics {
+    /// 1-based.
+    pub epoch: usize,
+    pub loss: f64,
+    pub train_acc: Option<f64>,
+    pub val_acc: Option<f64>,
+    pub test_acc: Option<f64>,
+    /// Forward, backward and optimizer step.
+    pub train_s: f64,
+    pub eval_s: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    pub epochs: Vec<EpochMetrics>,
+    /// Epoch with the highest validation accuracy (the first such), with its validation and test accuracy.
+    pub best_epoch: Option<usize>,
+    pub best_val_acc: Option<f64>,
+    pub test_acc_at_best_val: Option<f64>,
+    pub stopped_early: bool,
+}
+
+/// Accuracy on train, val and test rows from an evaluation pass (no dropout), summed over workers.
+pub fn evaluate(
+    model: &mut Model,
+    g: &LocalGraph,
+    x: &Matrix,
+    sets: &NodeSets,
+    ex: &mut dyn Exchange,
+) -> Result<[Option<f64>; 3]> {
+    let fwd = model.forward(g, x, Pass::Eval, ex)?;
+    let mut counts = [0f64; 6];
+    for (k, rows) in [&sets.train, &sets.val, &sets.test].into_iter().enumerate() {
+        counts[2 * k] = correct(&fwd.logits, &sets.labels, rows) as f64;
+        counts[2 * k + 1] = rows.len() as f64;
+    }
+    ex.all_reduce_scalars(&mut counts).map_err(Error::Exchange)?;
+    Ok([0, 1, 2].map(|k| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1])))
+}
+
+/// Trains `model` for `cfg.epochs` epochs, calling `on_epoch` after each.
+pub fn train(
+    model: &mut Model,
+    g: &LocalGraph,
+    x: &Matrix,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<TrainSummary> {
+    if sets.labels.len() != g.n_dst() {
+        return Err(Error::Shape(format!("{} labels for {} nodes", sets.labels.len(), g.n_dst())));
+    }
+    let mut n_train = [sets.train.len() as f64];
+    ex.all_reduce_scalars(&mut n_train).map_err(Error::Exchange)?;
+    if n_train[0] == 0.0 {
+        return Err(Error::Config("the training split is empty".into()));
+    }
+    let mut opt = Adam::new(&model.params, cfg.lr, cfg.weight_decay);
+    let mut summary = TrainSummary {
+        epochs: Vec::with_capacity(cfg.epochs),
+        best_epoch: None,
+        best_val_acc: None,
+        test_acc_at_best_val: None,
+        stopped_early: false,
+    };
+    let mut since_best = 0usize;
+    for epoch in 1..=cfg.epochs {
+        let t0 = Instant::now();
+        let fwd = model.forward(g, x, Pass::Train { epoch: epoch as u64 }, ex)?;
+        let (loss_sum, d_logits) = cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
+        let grads = model.backward(g, fwd, d_logits, ex)?;
+        opt.step(&mut model.params, &grads);
+        let mut loss = [loss_sum];
+        ex.all_reduce_scalars(&mut loss).map_err(Error::Exchange)?;
+        let train_s = t0.elapsed().as_secs_f64();
+        let loss = loss[0] / n_train[0];
+        if !loss.is_finite() {
+            return Err(Error::Diverged { epoch, loss });
+        }
+        let mut m = EpochMetrics { epoch, loss, train_acc: None, val_acc: None, test_acc: None, train_s, eval_s: 0.0 };
+        if epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs {
+            let t1 = Instant::now();
+            let [tr, va, te] = evaluate(model, g, x, sets, ex)?;
+            m.eval_s = t1.elapsed().as_secs_f64();
+            (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
+            if let Some(v) = va {
+                if summary.best_val_acc.is_none_or(|b| v > b) {
+                    summary.best_epoch = Some(epoch);
+                    summary.best_val_acc = Some(v);
+                    summary.test_acc_at_best_val = te;
+                    since_best = 0;
+                } else {
+                    since_best += 1;
+                }
+            }
+        }
+        on_epoch(&m);
+        summary.epochs.push(m);
+        if cfg.patience.is_some_and(|p| since_best >= p) {
+            summary.stopped_early = true;
+            break;
+        }
+    }
+    Ok(summary)
+}

@@ -1,0 +1,1 @@
+//! End-to-end tests live in `tests/tests/`; this library holds helpers they share.
