@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use crate::config::{Activation, LayerKind, ModelConfig};
 use crate::dense::{matmul, matmul_at, matmul_bt, matmul_bt_into, matmul_into};
 use crate::exchange::Exchange;
-use crate::rng::{Stream, drop_threshold};
+use crate::rng::{Mask, Stream, drop_threshold};
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
 use crate::{Error, Result};
@@ -783,49 +783,50 @@ fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
     if cols == 0 {
         return;
     }
-    let thr = drop_threshold(p);
+    let mask = Mask::new(s, p);
     let scale = 1.0 / (1.0 - p);
-    m.data_mut().par_chunks_mut(cols).enumerate().with_min_len(64).for_each(|(i, row)| {
-        let base = g.gid(i) * cols as u64;
-        for (t, v) in row.iter_mut().enumerate() {
-            *v = if s.keep(base + t as u64, thr) { *v * scale } else { 0.0 };
-        }
-    });
+    m.data_mut().par_chunks_mut(cols).enumerate().with_min_len(64).for_each_init(
+        || vec![false; cols],
+        |keep, (i, row)| {
+            mask.fill(g.gid(i) * cols as u64, keep);
+            for (v, &k) in row.iter_mut().zip(keep.iter()) {
+                *v = if k { *v * scale } else { 0.0 };
+            }
+        },
+    );
 }
 
-/// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, using only `y` and the regenerated mask.
+/// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
+/// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
 fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activation, dropout: Option<f32>, s: Stream) {
     let cols = dy.cols();
     if cols == 0 {
         return;
     }
-    let (thr, scale) = match dropout {
-        Some(p) => (drop_threshold(p), 1.0 / (1.0 - p)),
-        None => (0, 1.0),
-    };
-    dy.data_mut().par_chunks_mut(cols).zip(y.data().par_chunks(cols)).enumerate().with_min_len(64).for_each(
-        |(i, (drow, yrow))| {
-            let base = g.gid(i) * cols as u64;
-            for (t, (d, &yv)) in drow.iter_mut().zip(yrow).enumerate() {
-                let kept = dropout.is_none() || s.keep(base + t as u64, thr);
-                if !kept {
-                    *d = 0.0;
-                    continue;
-                }
-                // the pre-dropout activation value
-                let a = yv / scale;
-                let deriv = match act {
-                    Activation::Relu => (a > 0.0) as u32 as f32,
-                    Activation::Elu => {
-                        if a > 0.0 {
-                            1.0
-                        } else {
-                            a + 1.0
-                        }
-                    }
-                };
-                *d *= deriv * scale;
+    let scale = dropout.map(|p| 1.0 / (1.0 - p)).unwrap_or(1.0);
+    let rows = dy.data_mut().par_chunks_mut(cols).zip(y.data().par_chunks(cols)).enumerate().with_min_len(64);
+    match act {
+        Activation::Relu => rows.for_each(|(_, (drow, yrow))| {
+            for (d, &yv) in drow.iter_mut().zip(yrow) {
+                *d = if yv > 0.0 { *d * scale } else { 0.0 };
             }
-        },
-    );
+        }),
+        Activation::Elu => {
+            let mask = dropout.map(|p| Mask::new(s, p));
+            rows.for_each_init(
+                || vec![true; cols],
+                |keep, (i, (drow, yrow))| {
+                    if let Some(m) = &mask {
+                        m.fill(g.gid(i) * cols as u64, keep);
+                    }
+                    for ((d, &yv), &k) in drow.iter_mut().zip(yrow).zip(keep.iter()) {
+                        // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0
+                        let a = yv / scale;
+                        let deriv = if a > 0.0 { 1.0 } else { a + 1.0 };
+                        *d = if k { *d * deriv * scale } else { 0.0 };
+                    }
+                },
+            );
+        }
+    }
 }

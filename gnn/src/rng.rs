@@ -29,9 +29,10 @@ impl Stream {
         Stream { key }
     }
 
+    /// SplitMix64: the key is the stream's seed, the index its position.
     #[inline]
     pub fn at(&self, index: u64) -> u64 {
-        mix64(self.key ^ mix64(index))
+        mix64(self.key.wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
     }
 
     /// Uniform in [0, 1) with 24 bits of resolution.
@@ -52,6 +53,44 @@ pub fn drop_threshold(p: f32) -> u32 {
     ((p as f64) * (u32::MAX as f64 + 1.0)).min(u32::MAX as f64) as u32
 }
 
+/// A dense dropout mask drawn four elements per hash (16 bits each, so rates resolve to 1/65536):
+/// element `i` of the mask is kept when its 16-bit lane is at or above the threshold. Used on activations,
+/// where one hash per element would cost as much as the layer's arithmetic.
+#[derive(Clone, Copy, Debug)]
+pub struct Mask {
+    stream: Stream,
+    threshold: u16,
+}
+
+impl Mask {
+    pub fn new(stream: Stream, p: f32) -> Mask {
+        Mask { stream, threshold: ((p as f64) * 65536.0).round().min(65535.0) as u16 }
+    }
+
+    /// Keep decisions for elements `start..start + out.len()`.
+    #[inline]
+    pub fn fill(&self, start: u64, out: &mut [bool]) {
+        let mut i = 0usize;
+        let mut idx = start;
+        while i < out.len() {
+            let h = self.stream.at(idx / 4);
+            let mut lane = (idx % 4) as u32;
+            while lane < 4 && i < out.len() {
+                out[i] = ((h >> (16 * lane)) & 0xFFFF) as u16 >= self.threshold;
+                lane += 1;
+                i += 1;
+                idx += 1;
+            }
+        }
+    }
+
+    #[inline]
+    pub fn keep(&self, idx: u64) -> bool {
+        let h = self.stream.at(idx / 4);
+        ((h >> (16 * (idx % 4))) & 0xFFFF) as u16 >= self.threshold
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +101,20 @@ mod tests {
         let t = drop_threshold(0.3);
         let kept = (0..100_000u64).filter(|&i| s.keep(i, t)).count();
         assert!((kept as f64 / 100_000.0 - 0.7).abs() < 0.01, "kept {kept}");
+    }
+
+    #[test]
+    fn mask_fill_matches_keep_and_rate() {
+        let m = Mask::new(Stream::new(3, &[9]), 0.25);
+        let mut out = vec![false; 1001];
+        m.fill(7, &mut out);
+        for (i, &k) in out.iter().enumerate() {
+            assert_eq!(k, m.keep(7 + i as u64));
+        }
+        let mut big = vec![false; 200_000];
+        m.fill(0, &mut big);
+        let kept = big.iter().filter(|&&k| k).count() as f64 / 200_000.0;
+        assert!((kept - 0.75).abs() < 0.01, "kept {kept}");
     }
 
     #[test]

@@ -1,0 +1,26 @@
+//! Physalia's graph data: the dataset file format, importers for common on-disk layouts, seeded synthetic
+//! generators, and the CSR view the training engine reads.
+//!
+//! Everything produces an [`OwnedDataset`]; [`OwnedDataset::write`] stores it as one safetensors file and
+//! [`Dataset::open`] maps it back, validated, so the rest of the system never parses text formats or
+//! re-checks indices at training time.
+//!
+//! Crate-wide conventions: node ids are `i32` in the CSR and `i64` in labels and splits (the dtypes
+//! PyTorch/NumPy users expect); CSR row `v` lists the in-neighbours of `v`; label `-1` means unlabelled.
+
+pub mod csr;
+pub mod error;
+pub mod format;
+pub mod import;
+mod npy;
+mod rng;
+pub mod synth;
+
+pub use csr::{Csr, csr_from_edge_pairs, csr_from_edges};
+pub use error::Error;
+pub use format::{
+    Dataset, FORMAT_VERSION, FeatureDtype, FeatureView, Features, GraphStats, Metadata,
+    OwnedDataset, Split, TENSOR_NAMES, checksum,
+};
+pub use import::ImportOptions;
+pub use synth::{RmatParams, SbmParams};

@@ -1,0 +1,131 @@
+//! Resolves a job's `dataset:` section into the arrays training needs, whatever the source: a dataset file
+//! (memory-mapped), a raw folder imported on the fly, or a synthetic graph generated from its seed.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use physalia_graph::{Dataset, GraphStats, ImportOptions, OwnedDataset, RmatParams, SbmParams, Split, import, synth};
+
+use crate::data::{ImportFormat, detect_format};
+use crate::spec::{DatasetFormat, DatasetSource, DatasetSpec, SynthKind};
+
+pub enum Source {
+    File(Dataset),
+    Memory(OwnedDataset),
+}
+
+impl Source {
+    pub fn stats(&self) -> GraphStats {
+        match self {
+            Source::File(d) => d.stats(),
+            Source::Memory(d) => d.stats(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Source::File(d) => &d.meta().name,
+            Source::Memory(d) => &d.meta.name,
+        }
+    }
+
+    pub fn indptr(&self) -> &[i64] {
+        match self {
+            Source::File(d) => d.csr().indptr,
+            Source::Memory(d) => &d.indptr,
+        }
+    }
+
+    pub fn indices(&self) -> &[i32] {
+        match self {
+            Source::File(d) => d.csr().indices,
+            Source::Memory(d) => &d.indices,
+        }
+    }
+
+    pub fn labels(&self) -> &[i64] {
+        match self {
+            Source::File(d) => d.labels(),
+            Source::Memory(d) => &d.labels,
+        }
+    }
+
+    pub fn split(&self, s: Split) -> &[i64] {
+        match self {
+            Source::File(d) => d.split(s),
+            Source::Memory(d) => d.split(s),
+        }
+    }
+
+    pub fn features_f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            Source::File(d) => d.features_f32(),
+            Source::Memory(d) => d.features.view().to_f32(),
+        }
+    }
+}
+
+pub fn load(spec: &DatasetSpec) -> Result<Source> {
+    match spec.source() {
+        Some(DatasetSource::Path(path)) => load_path(path, spec.format),
+        Some(DatasetSource::Synth(s)) => {
+            let ds = match s.kind {
+                SynthKind::Sbm => {
+                    let mut p = SbmParams {
+                        num_nodes: s.nodes.unwrap_or(10_000) as usize,
+                        num_classes: s.classes as usize,
+                        feat_dim: s.feat_dim as usize,
+                        seed: s.seed,
+                        ..SbmParams::default()
+                    };
+                    if let Some(d) = s.avg_degree {
+                        p.avg_degree = d;
+                    }
+                    if let Some(h) = s.homophily {
+                        p.homophily = h;
+                    }
+                    synth::sbm(&p).context("generating dataset.synth (sbm)")?
+                }
+                SynthKind::Rmat => {
+                    let mut p = RmatParams {
+                        num_classes: s.classes as usize,
+                        feat_dim: s.feat_dim as usize,
+                        seed: s.seed,
+                        ..RmatParams::default()
+                    };
+                    if let Some(sc) = s.scale {
+                        p.scale = sc;
+                    }
+                    if let Some(e) = s.edge_factor {
+                        p.edge_factor = e as usize;
+                    }
+                    synth::rmat(&p).context("generating dataset.synth (rmat)")?
+                }
+            };
+            Ok(Source::Memory(ds))
+        }
+        None => bail!("dataset: exactly one of `path` or `synth` must be set"),
+    }
+}
+
+fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
+    let format = match format {
+        DatasetFormat::Auto if path.is_file() => DatasetFormat::Safetensors,
+        DatasetFormat::Auto => match detect_format(path).context("dataset.path")? {
+            ImportFormat::Ogb => DatasetFormat::Ogb,
+            _ => DatasetFormat::Generic,
+        },
+        f => f,
+    };
+    let opts = ImportOptions::default();
+    Ok(match format {
+        DatasetFormat::Safetensors | DatasetFormat::Auto => Source::File(Dataset::open(path).context("dataset.path")?),
+        DatasetFormat::Generic => Source::Memory(
+            import::generic(path, &opts).with_context(|| format!("dataset.path: importing {}", path.display()))?,
+        ),
+        DatasetFormat::Ogb => Source::Memory(
+            import::ogb(path, &opts).with_context(|| format!("dataset.path: importing {}", path.display()))?,
+        ),
+    })
+}

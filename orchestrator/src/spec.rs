@@ -1,0 +1,1014 @@
+//! The job file: what `physalia submit job.yaml` reads.
+//!
+//! This module owns the schema of a job (the `JobSpec` tree, its defaults and its JSON Schema),
+//! reading it from YAML, applying `--set key.path=value` overrides and validating it. It does no
+//! other IO than reading the one file in [`load`]; nothing here touches datasets or starts
+//! training. Paths inside a job (`dataset.path`, `output.dir`) are kept exactly as written:
+//! a relative path is resolved against the *current working directory* of the process that
+//! opens it, not against the job file's directory.
+//!
+//! Errors are one line each and name where the problem is: `file:line:column` for anything the
+//! YAML parser or the schema rejects in the file itself, the offending `--set` text for
+//! overrides, and the dotted field path for validation (`cora.yaml: train.lr: must be > 0,
+//! got -0.01`).
+//!
+//! Overrides go through a generic value tree, which has no source locations. So the file is
+//! parsed on its own when the merged document fails, and an error that the file alone already
+//! produces (same field, same message) is reported with its line and column; anything else is
+//! blamed on the override that touches the failing field.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Default number of attention heads of a GAT hidden layer.
+pub const DEFAULT_GAT_HEADS: u32 = 8;
+/// Default number of attention heads of a GAT output layer (their outputs are averaged).
+pub const DEFAULT_GAT_OUT_HEADS: u32 = 1;
+/// Default slope of the leaky ReLU in GAT attention scores.
+pub const DEFAULT_NEGATIVE_SLOPE: f64 = 0.2;
+/// Largest R-MAT scale accepted (2^30 nodes).
+pub const MAX_RMAT_SCALE: u32 = 30;
+/// Longest job name accepted; job names become directory names.
+pub const MAX_NAME_LEN: usize = 64;
+
+// ---------------------------------------------------------------------------------------------
+// Schema
+// ---------------------------------------------------------------------------------------------
+
+/// A training job, as written in a job file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Name of the job; job directories are named `<name>-<suffix>`. Letters, digits, `.`, `_`
+    /// and `-` only. Default: the job file's stem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The graph to train on: a dataset on disk (`path`) or a generated one (`synth`).
+    pub dataset: DatasetSpec,
+    /// The graph neural network to train.
+    pub model: ModelSpec,
+    /// Optimisation settings.
+    #[serde(default)]
+    pub train: TrainSpec,
+    /// Number of workers the graph is partitioned over. Only 1 is supported today.
+    #[serde(default = "default_workers")]
+    pub workers: u32,
+    /// Where the job runs. Only `local` is supported today.
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Where job directories are written.
+    #[serde(default)]
+    pub output: OutputSpec,
+}
+
+/// The dataset of a job: exactly one of `path` or `synth`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    /// A `.safetensors` dataset file, or a directory in the generic (Cora-style) or OGB raw
+    /// layout. A relative path is resolved against the current working directory, not against
+    /// the job file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// How to read `path`; `auto` guesses from the file extension and directory contents.
+    #[serde(default)]
+    pub format: DatasetFormat,
+    /// Divide each feature row by its sum (the Kipf & Welling preprocessing).
+    #[serde(default)]
+    pub row_normalize: bool,
+    /// Generate a synthetic dataset instead of reading one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synth: Option<SynthSpec>,
+}
+
+/// On-disk layout of a dataset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetFormat {
+    /// Guess from the path.
+    #[default]
+    Auto,
+    /// A single `.safetensors` file.
+    Safetensors,
+    /// A directory in the generic (Cora-style) layout.
+    Generic,
+    /// A directory in the OGB raw layout.
+    Ogb,
+}
+
+/// Parameters of a generated dataset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SynthSpec {
+    /// Generator: a stochastic block model (`sbm`) or an R-MAT graph (`rmat`).
+    pub kind: SynthKind,
+    /// Number of nodes (sbm only, required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u64>,
+    /// The graph has 2^scale nodes (rmat only, required there; at most 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<u32>,
+    /// Edges per node (rmat only, required there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_factor: Option<u32>,
+    /// Number of node classes (at least 2).
+    pub classes: u32,
+    /// Mean node degree (sbm only, required there; > 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_degree: Option<f64>,
+    /// Fraction of edges that join nodes of the same class, in [0, 1] (sbm only, optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub homophily: Option<f64>,
+    /// Length of each node's feature vector (at least 1).
+    pub feat_dim: u32,
+    /// Seed of the generator.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// Synthetic graph generators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SynthKind {
+    /// Stochastic block model: one block per class.
+    Sbm,
+    /// Recursive matrix (R-MAT) power-law graph.
+    Rmat,
+}
+
+/// The model to train.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Architecture: graph convolution (`gcn`), GraphSAGE (`sage`) or graph attention (`gat`).
+    pub kind: ModelKind,
+    /// Number of message-passing layers (at least 1).
+    #[serde(default = "default_layers")]
+    pub layers: u32,
+    /// Width of each hidden layer (at least 1); per attention head for gat.
+    #[serde(default = "default_hidden")]
+    pub hidden: u32,
+    /// Attention heads of each hidden layer (gat only; default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u32>,
+    /// Attention heads of the output layer, averaged (gat only; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_heads: Option<u32>,
+    /// Dropout probability on hidden activations, in [0, 1).
+    #[serde(default = "default_dropout")]
+    pub dropout: f64,
+    /// Dropout probability on the input features before layer 1, in [0, 1). Default: `dropout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_dropout: Option<f64>,
+    /// Dropout probability on attention coefficients, in [0, 1) (gat only). Default: `dropout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_dropout: Option<f64>,
+    /// Activation between layers. `elu` is conventional for gat.
+    #[serde(default)]
+    pub activation: Activation,
+    /// Slope of the leaky ReLU in attention scores, >= 0 (gat only; default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negative_slope: Option<f64>,
+}
+
+/// GNN architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Graph convolutional network (Kipf & Welling).
+    Gcn,
+    /// GraphSAGE with mean aggregation.
+    Sage,
+    /// Graph attention network.
+    Gat,
+}
+
+/// Activation functions between layers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// max(0, x).
+    #[default]
+    Relu,
+    /// Exponential linear unit.
+    Elu,
+}
+
+/// Optimisation settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Number of training epochs (at least 1).
+    pub epochs: u32,
+    /// Adam learning rate (> 0, finite).
+    pub lr: f64,
+    /// L2 weight decay (>= 0, finite).
+    pub weight_decay: f64,
+    /// Seed of weight initialisation and dropout; run `i` uses `seed + i`.
+    pub seed: u64,
+    /// Number of repeated trainings whose accuracies are reported as mean and standard
+    /// deviation (at least 1).
+    pub runs: u32,
+    /// Number of compute threads (at least 1). Default: all cores.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// Evaluate on the validation and test sets every this many epochs (at least 1).
+    pub eval_every: u32,
+    /// Stop after this many evaluations without a better validation accuracy (at least 1).
+    /// Default: never stop early.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patience: Option<u32>,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        TrainSpec {
+            epochs: 200,
+            lr: 0.01,
+            weight_decay: 5e-4,
+            seed: 0,
+            runs: 1,
+            threads: None,
+            eval_every: 1,
+            patience: None,
+        }
+    }
+}
+
+/// Where a job runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// In this process, on this machine.
+    #[default]
+    Local,
+    /// Containers on the local Docker Engine (not built yet).
+    Docker,
+    /// Pods on a Kubernetes cluster (not built yet).
+    Kubernetes,
+    /// AWS Elastic Container Service tasks (not built yet).
+    Ecs,
+    /// Azure Container Instances (not built yet).
+    Aci,
+}
+
+impl BackendKind {
+    /// The name used in job files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Docker => "docker",
+            BackendKind::Kubernetes => "kubernetes",
+            BackendKind::Ecs => "ecs",
+            BackendKind::Aci => "aci",
+        }
+    }
+}
+
+/// Where job directories go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Job directories are created under this directory as `<dir>/<name>-<suffix>`. A relative
+    /// path is resolved against the current working directory.
+    pub dir: PathBuf,
+}
+
+impl Default for OutputSpec {
+    fn default() -> Self {
+        OutputSpec {
+            dir: PathBuf::from("jobs"),
+        }
+    }
+}
+
+fn default_workers() -> u32 {
+    1
+}
+fn default_layers() -> u32 {
+    2
+}
+fn default_hidden() -> u32 {
+    16
+}
+fn default_dropout() -> f64 {
+    0.5
+}
+
+/// Where a job's graph comes from, once validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DatasetSource<'a> {
+    /// Read from disk.
+    Path(&'a Path),
+    /// Generate.
+    Synth(&'a SynthSpec),
+}
+
+impl DatasetSpec {
+    /// The one source of the dataset; `None` unless exactly one of `path` and `synth` is set
+    /// (which [`JobSpec::validate`] guarantees).
+    pub fn source(&self) -> Option<DatasetSource<'_>> {
+        match (&self.path, &self.synth) {
+            (Some(path), None) => Some(DatasetSource::Path(path)),
+            (None, Some(synth)) => Some(DatasetSource::Synth(synth)),
+            _ => None,
+        }
+    }
+}
+
+impl ModelSpec {
+    /// Heads of each hidden GAT layer, default applied.
+    pub fn heads(&self) -> u32 {
+        self.heads.unwrap_or(DEFAULT_GAT_HEADS)
+    }
+    /// Heads of the GAT output layer, default applied.
+    pub fn out_heads(&self) -> u32 {
+        self.out_heads.unwrap_or(DEFAULT_GAT_OUT_HEADS)
+    }
+    /// Dropout on the input features, default applied.
+    pub fn input_dropout(&self) -> f64 {
+        self.input_dropout.unwrap_or(self.dropout)
+    }
+    /// Dropout on attention coefficients, default applied.
+    pub fn attn_dropout(&self) -> f64 {
+        self.attn_dropout.unwrap_or(self.dropout)
+    }
+    /// Leaky ReLU slope of attention scores, default applied.
+    pub fn negative_slope(&self) -> f64 {
+        self.negative_slope.unwrap_or(DEFAULT_NEGATIVE_SLOPE)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+/// Why a job file was rejected. Every message is a single line.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The job file could not be read.
+    #[error("{}: cannot read job file: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML or does not fit the schema (unknown field, wrong type, ...).
+    #[error("{}{}{message}", located(origin, *.location), field_prefix(field))]
+    Parse {
+        /// The file name given to [`parse_str`] or [`load`].
+        origin: String,
+        /// 1-based (line, column), when the parser knows it.
+        location: Option<(u64, u64)>,
+        /// Dotted path of the offending field; empty for the document root.
+        field: String,
+        message: String,
+    },
+    /// A `--set` override is malformed or makes the job invalid.
+    #[error("{origin}: --set {set}: {}{message}", field_prefix(field))]
+    Override {
+        origin: String,
+        /// The override as given, `key.path=value`.
+        set: String,
+        /// Dotted path of the offending field, when known.
+        field: String,
+        message: String,
+    },
+    /// The job parses but a value is out of range or unsupported.
+    #[error("{}{field}{}: {reason}", origin_prefix(origin), set_by(set))]
+    Invalid {
+        /// File name; `None` from [`JobSpec::validate`], filled in by [`load`] and [`parse_str`].
+        origin: Option<String>,
+        /// Dotted path of the field.
+        field: String,
+        reason: String,
+        /// The override that set this field, if one did.
+        set: Option<String>,
+    },
+}
+
+fn located(origin: &str, location: Option<(u64, u64)>) -> String {
+    match location {
+        Some((line, column)) => format!("{origin}:{line}:{column}: "),
+        None => format!("{origin}: "),
+    }
+}
+
+fn field_prefix(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("{field}: ")
+    }
+}
+
+fn origin_prefix(origin: &Option<String>) -> String {
+    origin
+        .as_ref()
+        .map(|o| format!("{o}: "))
+        .unwrap_or_default()
+}
+
+fn set_by(set: &Option<String>) -> String {
+    set.as_ref()
+        .map(|s| format!(" (from --set {s})"))
+        .unwrap_or_default()
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        origin: None,
+        field: field.to_string(),
+        reason: reason.into(),
+        set: None,
+    }
+}
+
+/// Escapes control characters so that text from the file or command line cannot break the
+/// one-line shape of a message.
+fn one_line(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            let _ = write!(out, "{}", c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing
+// ---------------------------------------------------------------------------------------------
+
+/// Reads the job file at `path`, applies the `--set key.path=value` `overrides` in order, and
+/// validates the result. Error messages name the file as `path` was written.
+pub fn load(path: &Path, overrides: &[String]) -> Result<JobSpec, SpecError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_str(&text, &path.display().to_string(), overrides)
+}
+
+/// Parses a job from YAML `text`, applies `overrides` (each `key.path=value`, the value read as
+/// YAML, so `train.lr=0.005` is a number and `model.kind=gat` a string; missing mapping keys
+/// are created) and validates the result. `origin` names the text in error messages.
+pub fn parse_str(text: &str, origin: &str, overrides: &[String]) -> Result<JobSpec, SpecError> {
+    let origin = one_line(origin);
+    let spec = if overrides.is_empty() {
+        parse_located::<JobSpec>(text).map_err(|e| e.in_file(&origin))?
+    } else {
+        parse_with_overrides(text, &origin, overrides)?
+    };
+    spec.validate().map_err(|e| match e {
+        SpecError::Invalid {
+            field, reason, set, ..
+        } => {
+            let set = set.or_else(|| blame(overrides, &field).map(one_line));
+            SpecError::Invalid {
+                origin: Some(origin.clone()),
+                field,
+                reason,
+                set,
+            }
+        }
+        other => other,
+    })?;
+    Ok(spec)
+}
+
+/// The JSON Schema (draft 2020-12) of a job file, with the field docs as descriptions.
+pub fn json_schema() -> Value {
+    schemars::schema_for!(JobSpec).to_value()
+}
+
+/// A deserialization failure, before it is tied to a file or an override.
+#[derive(Debug, Clone, PartialEq)]
+struct RawError {
+    location: Option<(u64, u64)>,
+    field: String,
+    message: String,
+}
+
+impl RawError {
+    fn in_file(self, origin: &str) -> SpecError {
+        SpecError::Parse {
+            origin: origin.to_string(),
+            location: self.location,
+            field: self.field,
+            message: self.message,
+        }
+    }
+
+    /// Same problem, wherever it was found.
+    fn same_problem(&self, other: &RawError) -> bool {
+        self.field == other.field && self.message == other.message
+    }
+}
+
+fn saphyr_options() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    options.with_snippet = false;
+    // `.inf` read into a generic value stays the text `.inf` (a JSON number cannot hold it), so
+    // that it reaches the float field, and then validation, the same way with overrides as
+    // without.
+    options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::AsString;
+    options
+}
+
+/// Deserializes `text` into `T`, keeping the parser's location and the failing field's path.
+fn parse_located<T: DeserializeOwned>(text: &str) -> Result<T, RawError> {
+    let mut field = String::new();
+    let result = serde_saphyr::with_deserializer_from_str_with_options(
+        text,
+        saphyr_options(),
+        |deserializer| {
+            serde_path_to_error::deserialize::<_, T>(deserializer).map_err(|e| {
+                field = path_string(e.path());
+                e.into_inner()
+            })
+        },
+    );
+    result.map_err(|e| RawError {
+        location: e
+            .location()
+            .filter(|l| l.line() > 0)
+            .map(|l| (l.line(), l.column())),
+        field: one_line(&field),
+        message: one_line(&saphyr_message(&e)),
+    })
+}
+
+fn path_string(path: &serde_path_to_error::Path) -> String {
+    let text = path.to_string();
+    if text == "." { String::new() } else { text }
+}
+
+/// The message of a saphyr error without its location suffix or snippet.
+fn saphyr_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::MessageFormatter as _;
+    let message: Cow<'_, str> =
+        serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet());
+    message.into_owned()
+}
+
+/// A parsed `--set key.path=value`.
+struct Override<'a> {
+    keys: Vec<&'a str>,
+    value: Value,
+}
+
+fn parse_override(text: &str) -> Result<Override<'_>, String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err("expected key.path=value".to_string());
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Err("expected key.path=value, the key is empty".to_string());
+    }
+    let keys: Vec<&str> = key.split('.').collect();
+    if keys.iter().any(|k| k.trim().is_empty()) {
+        return Err(format!("empty segment in key path `{key}`"));
+    }
+    let keys = keys.into_iter().map(str::trim).collect();
+    let value = value.trim();
+    // An empty value is YAML's empty scalar, null, as in `key:`.
+    let value = if value.is_empty() {
+        Value::Null
+    } else {
+        serde_saphyr::from_str_with_options::<Value>(value, saphyr_options())
+            .map_err(|e| format!("value is not valid YAML: {}", saphyr_message(&e)))?
+    };
+    Ok(Override { keys, value })
+}
+
+fn apply_override(root: &mut Value, over: &Override<'_>) -> Result<(), String> {
+    let Some((last, parents)) = over.keys.split_last() else {
+        return Err("expected key.path=value".to_string());
+    };
+    let mut node = root;
+    for (depth, key) in parents.iter().enumerate() {
+        let map = as_mapping(node, &over.keys[..depth])?;
+        let child = map.entry(key.to_string()).or_insert(Value::Null);
+        // A null (`key:` or absent) becomes the mapping the path asks for.
+        if child.is_null() {
+            *child = Value::Object(serde_json::Map::new());
+        }
+        node = child;
+    }
+    let map = as_mapping(node, parents)?;
+    map.insert(last.to_string(), over.value.clone());
+    Ok(())
+}
+
+fn as_mapping<'v>(
+    node: &'v mut Value,
+    keys: &[&str],
+) -> Result<&'v mut serde_json::Map<String, Value>, String> {
+    let kind = match node {
+        Value::Object(_) => "",
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a sequence",
+    };
+    match node {
+        Value::Object(map) => Ok(map),
+        _ if keys.is_empty() => Err(format!("the document is {kind}, not a mapping")),
+        _ => Err(format!("`{}` is {kind}, not a mapping", keys.join("."))),
+    }
+}
+
+/// The last override whose key is the field, inside it, or contains it.
+fn blame<'a>(overrides: &'a [String], field: &str) -> Option<&'a str> {
+    overrides.iter().rev().map(String::as_str).find(|text| {
+        let key = text.split_once('=').map_or(*text, |(k, _)| k).trim();
+        let key: String = key.split('.').map(str::trim).collect::<Vec<_>>().join(".");
+        related(&key, field)
+    })
+}
+
+fn related(a: &str, b: &str) -> bool {
+    let under = |inner: &str, outer: &str| {
+        inner == outer
+            || outer.is_empty()
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|r| r.starts_with('.'))
+    };
+    under(a, b) || under(b, a)
+}
+
+fn parse_with_overrides(
+    text: &str,
+    origin: &str,
+    overrides: &[String],
+) -> Result<JobSpec, SpecError> {
+    let file_error = || parse_located::<JobSpec>(text).err();
+    let mut root: Value = match parse_located::<Value>(text) {
+        Ok(root) => root,
+        // The schema-aware parse gives a better message where it fails too.
+        Err(e) => return Err(file_error().unwrap_or(e).in_file(origin)),
+    };
+    for text_set in overrides {
+        let over_err = |message: String| SpecError::Override {
+            origin: origin.to_string(),
+            set: one_line(text_set),
+            field: String::new(),
+            message: one_line(&message),
+        };
+        let over = parse_override(text_set).map_err(over_err)?;
+        if let Err(message) = apply_override(&mut root, &over) {
+            // A document that is not a mapping is the file's fault; say where.
+            if let Some(e) = file_error() {
+                return Err(e.in_file(origin));
+            }
+            return Err(over_err(message));
+        }
+    }
+    let merged = serde_saphyr::to_string(&root).map_err(|e| SpecError::Override {
+        origin: origin.to_string(),
+        set: one_line(&overrides.join(" --set ")),
+        field: String::new(),
+        message: one_line(&format!("cannot re-encode the overridden job: {e}")),
+    })?;
+    match parse_located::<JobSpec>(&merged) {
+        Ok(spec) => Ok(spec),
+        Err(merged_err) => {
+            if let Some(file_err) = file_error()
+                && file_err.same_problem(&merged_err)
+            {
+                return Err(file_err.in_file(origin));
+            }
+            let set = blame(overrides, &merged_err.field)
+                .map(one_line)
+                .unwrap_or_else(|| one_line(&overrides.join(" --set ")));
+            Err(SpecError::Override {
+                origin: origin.to_string(),
+                set,
+                field: merged_err.field,
+                message: merged_err.message,
+            })
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------------
+
+impl JobSpec {
+    /// Checks ranges and combinations the types cannot express; the first problem found, in
+    /// document order, is returned as [`SpecError::Invalid`].
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if let Some(name) = &self.name
+            && !is_valid_name(name)
+        {
+            return Err(invalid(
+                "name",
+                format!(
+                    "must be 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-', not \
+                     starting with '.' or '-', got {:?}",
+                    one_line(name)
+                ),
+            ));
+        }
+        self.dataset.validate()?;
+        self.model.validate()?;
+        self.train.validate()?;
+        if self.workers == 0 {
+            return Err(invalid("workers", "must be >= 1, got 0"));
+        }
+        if self.workers > 1 {
+            return Err(invalid(
+                "workers",
+                format!(
+                    "multi-worker training is not built yet, only 1 worker is supported, got {}",
+                    self.workers
+                ),
+            ));
+        }
+        if self.backend != BackendKind::Local {
+            return Err(invalid(
+                "backend",
+                format!(
+                    "the {} backend is not built yet, only `local` runs today",
+                    self.backend.as_str()
+                ),
+            ));
+        }
+        if self.output.dir.as_os_str().is_empty() {
+            return Err(invalid("output.dir", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// The job's name: `name` if set, otherwise the stem of the job file with characters that
+    /// are not allowed in names replaced by `-` (`job` if nothing is left).
+    pub fn job_name(&self, file: &Path) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        let stem = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let cleaned: String = stem
+            .chars()
+            .map(|c| if is_name_char(c) { c } else { '-' })
+            .collect();
+        let cleaned: String = cleaned
+            .trim_start_matches(['.', '-'])
+            .chars()
+            .take(MAX_NAME_LEN)
+            .collect();
+        if cleaned.is_empty() {
+            "job".to_string()
+        } else {
+            cleaned
+        }
+    }
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.chars().all(is_name_char)
+        && !name.starts_with(['.', '-'])
+}
+
+impl DatasetSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        match (&self.path, &self.synth) {
+            (Some(_), Some(_)) => Err(invalid(
+                "dataset",
+                "set exactly one of `path` or `synth`, both are set",
+            )),
+            (None, None) => Err(invalid(
+                "dataset",
+                "set exactly one of `path` or `synth`, neither is set",
+            )),
+            (Some(path), None) => {
+                if path.as_os_str().is_empty() {
+                    return Err(invalid("dataset.path", "must not be empty"));
+                }
+                Ok(())
+            }
+            (None, Some(synth)) => {
+                if self.format != DatasetFormat::Auto {
+                    return Err(invalid(
+                        "dataset.format",
+                        "applies only to `dataset.path`, not to `synth`",
+                    ));
+                }
+                synth.validate()
+            }
+        }
+    }
+}
+
+/// Field names and whether each is set.
+type FieldsSet<'a> = &'a [(&'a str, bool)];
+
+impl SynthSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        let (needed, foreign): (FieldsSet<'_>, FieldsSet<'_>) = match self.kind {
+            SynthKind::Sbm => (
+                &[
+                    ("nodes", self.nodes.is_some()),
+                    ("avg_degree", self.avg_degree.is_some()),
+                ],
+                &[
+                    ("scale", self.scale.is_some()),
+                    ("edge_factor", self.edge_factor.is_some()),
+                ],
+            ),
+            SynthKind::Rmat => (
+                &[
+                    ("scale", self.scale.is_some()),
+                    ("edge_factor", self.edge_factor.is_some()),
+                ],
+                &[
+                    ("nodes", self.nodes.is_some()),
+                    ("avg_degree", self.avg_degree.is_some()),
+                    ("homophily", self.homophily.is_some()),
+                ],
+            ),
+        };
+        let kind = match self.kind {
+            SynthKind::Sbm => "sbm",
+            SynthKind::Rmat => "rmat",
+        };
+        if let Some((field, _)) = needed.iter().find(|(_, set)| !set) {
+            return Err(invalid(
+                &format!("dataset.synth.{field}"),
+                format!("is required when kind is {kind}"),
+            ));
+        }
+        if let Some((field, _)) = foreign.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                &format!("dataset.synth.{field}"),
+                format!("does not apply when kind is {kind}"),
+            ));
+        }
+        if let Some(nodes) = self.nodes
+            && nodes < u64::from(self.classes.max(1))
+        {
+            return Err(invalid(
+                "dataset.synth.nodes",
+                format!(
+                    "must be at least the number of classes ({}), got {nodes}",
+                    self.classes
+                ),
+            ));
+        }
+        if let Some(scale) = self.scale
+            && !(1..=MAX_RMAT_SCALE).contains(&scale)
+        {
+            return Err(invalid(
+                "dataset.synth.scale",
+                format!("must be in 1..={MAX_RMAT_SCALE}, got {scale}"),
+            ));
+        }
+        if self.edge_factor == Some(0) {
+            return Err(invalid("dataset.synth.edge_factor", "must be >= 1, got 0"));
+        }
+        if self.classes < 2 {
+            return Err(invalid(
+                "dataset.synth.classes",
+                format!("must be >= 2, got {}", self.classes),
+            ));
+        }
+        if let Some(degree) = self.avg_degree
+            && !(degree.is_finite() && degree > 0.0)
+        {
+            return Err(invalid(
+                "dataset.synth.avg_degree",
+                format!("must be > 0 and finite, got {degree}"),
+            ));
+        }
+        if let Some(homophily) = self.homophily
+            && !(0.0..=1.0).contains(&homophily)
+        {
+            return Err(invalid(
+                "dataset.synth.homophily",
+                format!("must be in [0, 1], got {homophily}"),
+            ));
+        }
+        if self.feat_dim == 0 {
+            return Err(invalid("dataset.synth.feat_dim", "must be >= 1, got 0"));
+        }
+        Ok(())
+    }
+}
+
+fn check_probability(field: &str, p: f64) -> Result<(), SpecError> {
+    if (0.0..1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("must be in [0, 1), got {p}")))
+    }
+}
+
+impl ModelSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.layers == 0 {
+            return Err(invalid("model.layers", "must be >= 1, got 0"));
+        }
+        if self.hidden == 0 {
+            return Err(invalid("model.hidden", "must be >= 1, got 0"));
+        }
+        if self.kind != ModelKind::Gat {
+            let kind = match self.kind {
+                ModelKind::Gcn => "gcn",
+                ModelKind::Sage => "sage",
+                ModelKind::Gat => "gat",
+            };
+            let gat_only = [
+                ("heads", self.heads.is_some()),
+                ("out_heads", self.out_heads.is_some()),
+                ("attn_dropout", self.attn_dropout.is_some()),
+                ("negative_slope", self.negative_slope.is_some()),
+            ];
+            if let Some((field, _)) = gat_only.iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    &format!("model.{field}"),
+                    format!(
+                        "applies only to gat, but model.kind is {kind} (remove it or set it to null)"
+                    ),
+                ));
+            }
+        }
+        if self.heads == Some(0) {
+            return Err(invalid("model.heads", "must be >= 1, got 0"));
+        }
+        if self.out_heads == Some(0) {
+            return Err(invalid("model.out_heads", "must be >= 1, got 0"));
+        }
+        check_probability("model.dropout", self.dropout)?;
+        if let Some(p) = self.input_dropout {
+            check_probability("model.input_dropout", p)?;
+        }
+        if let Some(p) = self.attn_dropout {
+            check_probability("model.attn_dropout", p)?;
+        }
+        if let Some(slope) = self.negative_slope
+            && !(slope.is_finite() && slope >= 0.0)
+        {
+            return Err(invalid(
+                "model.negative_slope",
+                format!("must be >= 0 and finite, got {slope}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl TrainSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.epochs == 0 {
+            return Err(invalid("train.epochs", "must be >= 1, got 0"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(invalid(
+                "train.lr",
+                format!("must be > 0 and finite, got {}", self.lr),
+            ));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(invalid(
+                "train.weight_decay",
+                format!("must be >= 0 and finite, got {}", self.weight_decay),
+            ));
+        }
+        if self.runs == 0 {
+            return Err(invalid("train.runs", "must be >= 1, got 0"));
+        }
+        if self.threads == Some(0) {
+            return Err(invalid("train.threads", "must be >= 1, got 0"));
+        }
+        if self.eval_every == 0 {
+            return Err(invalid("train.eval_every", "must be >= 1, got 0"));
+        }
+        if self.patience == Some(0) {
+            return Err(invalid("train.patience", "must be >= 1, got 0"));
+        }
+        Ok(())
+    }
+}
