@@ -785,15 +785,11 @@ fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
     }
     let mask = Mask::new(s, p);
     let scale = 1.0 / (1.0 - p);
-    m.data_mut().par_chunks_mut(cols).enumerate().with_min_len(64).for_each_init(
-        || vec![false; cols],
-        |keep, (i, row)| {
-            mask.fill(g.gid(i) * cols as u64, keep);
-            for (v, &k) in row.iter_mut().zip(keep.iter()) {
-                *v = if k { *v * scale } else { 0.0 };
-            }
-        },
-    );
+    m.data_mut()
+        .par_chunks_mut(cols)
+        .enumerate()
+        .with_min_len(64)
+        .for_each(|(i, row)| mask.apply(g.gid(i) * cols as u64, row, scale));
 }
 
 /// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
@@ -830,3 +826,4 @@ fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activat
         }
     }
 }
+

@@ -70,17 +70,50 @@ impl Mask {
     /// Keep decisions for elements `start..start + out.len()`.
     #[inline]
     pub fn fill(&self, start: u64, out: &mut [bool]) {
-        let mut i = 0usize;
-        let mut idx = start;
-        while i < out.len() {
-            let h = self.stream.at(idx / 4);
-            let mut lane = (idx % 4) as u32;
-            while lane < 4 && i < out.len() {
-                out[i] = ((h >> (16 * lane)) & 0xFFFF) as u16 >= self.threshold;
-                lane += 1;
-                i += 1;
-                idx += 1;
-            }
+        let thr = self.threshold;
+        let head = (((4 - start % 4) % 4) as usize).min(out.len());
+        let (head_out, rest) = out.split_at_mut(head);
+        for (t, o) in head_out.iter_mut().enumerate() {
+            *o = self.keep(start + t as u64);
+        }
+        let mut group = (start + head as u64) / 4;
+        let mut chunks = rest.chunks_exact_mut(4);
+        for c in &mut chunks {
+            let h = self.stream.at(group);
+            c[0] = h as u16 >= thr;
+            c[1] = (h >> 16) as u16 >= thr;
+            c[2] = (h >> 32) as u16 >= thr;
+            c[3] = (h >> 48) as u16 >= thr;
+            group += 1;
+        }
+        for (t, o) in chunks.into_remainder().iter_mut().enumerate() {
+            *o = self.keep(group * 4 + t as u64);
+        }
+    }
+
+    /// Inverted dropout in place on elements `start..start + values.len()`: kept values are scaled by
+    /// `scale`, dropped ones zeroed. Same decisions as [`Mask::fill`].
+    #[inline]
+    pub fn apply(&self, start: u64, values: &mut [f32], scale: f32) {
+        let thr = self.threshold;
+        let pick = |keep: bool, v: f32| if keep { v * scale } else { 0.0 };
+        let head = (((4 - start % 4) % 4) as usize).min(values.len());
+        let (head_vals, rest) = values.split_at_mut(head);
+        for (t, v) in head_vals.iter_mut().enumerate() {
+            *v = pick(self.keep(start + t as u64), *v);
+        }
+        let mut group = (start + head as u64) / 4;
+        let mut chunks = rest.chunks_exact_mut(4);
+        for c in &mut chunks {
+            let h = self.stream.at(group);
+            c[0] = pick(h as u16 >= thr, c[0]);
+            c[1] = pick((h >> 16) as u16 >= thr, c[1]);
+            c[2] = pick((h >> 32) as u16 >= thr, c[2]);
+            c[3] = pick((h >> 48) as u16 >= thr, c[3]);
+            group += 1;
+        }
+        for (t, v) in chunks.into_remainder().iter_mut().enumerate() {
+            *v = pick(self.keep(group * 4 + t as u64), *v);
         }
     }
 
@@ -110,6 +143,11 @@ mod tests {
         m.fill(7, &mut out);
         for (i, &k) in out.iter().enumerate() {
             assert_eq!(k, m.keep(7 + i as u64));
+        }
+        let mut v = vec![1.0f32; 1001];
+        m.apply(7, &mut v, 2.0);
+        for (i, &x) in v.iter().enumerate() {
+            assert_eq!(x, if out[i] { 2.0 } else { 0.0 });
         }
         let mut big = vec![false; 200_000];
         m.fill(0, &mut big);

@@ -1,5 +1,5 @@
 //! Trained models as safetensors files: one tensor per parameter (`layers.0.weight`, `layers.0.bias`, ...),
-//! the model configuration as JSON metadata. Loadable from PyTorch with `safetensors.torch.load_file`.
+//! the model configuration and run settings as JSON under the `physalia` metadata key. Loadable from PyTorch with `safetensors.torch.load_file`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -27,14 +27,13 @@ pub fn save_model(model: &Model, path: &Path, extra_metadata: &[(&str, String)])
         .map(|(n, s, b)| Ok((n.clone(), TensorView::new(Dtype::F32, s.clone(), b)?)))
         .collect::<std::result::Result<_, safetensors::SafeTensorError>>()
         .map_err(|e| Error::Format(format!("{}: {e}", path.display())))?;
-    let mut meta = HashMap::new();
-    meta.insert(
-        "physalia.model".to_string(),
-        serde_json::to_string(model.config()).expect("model config serialises"),
-    );
+    // one metadata key holding a JSON object (sorted keys): the header is byte-identical for the same model
+    let mut info = serde_json::Map::new();
+    info.insert("model".into(), serde_json::to_value(model.config()).expect("model config serialises"));
     for (k, v) in extra_metadata {
-        meta.insert((*k).to_string(), v.clone());
+        info.insert((*k).to_string(), serde_json::Value::String(v.clone()));
     }
+    let meta = HashMap::from([("physalia".to_string(), serde_json::Value::Object(info).to_string())]);
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| Error::Format(format!("{}: {e}", path.display())))?;
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("model")));

@@ -508,6 +508,12 @@ fn write_safetensors(
         }
         w.flush().map_err(io_err)?;
     }
+    // a temporary file is created 0600; a dataset is meant to be shared like any other output
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)).map_err(io_err)?;
+    }
     tmp.as_file().sync_all().map_err(io_err)?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())

@@ -111,7 +111,7 @@ fn train_runs(
             return Err(e);
         }
         let file = if runs == 1 { "model.safetensors".to_string() } else { format!("model-run{run}.safetensors") };
-        physalia_gnn::save::save_model(&model, &dir.path().join(&file), &[("physalia.seed", seed.to_string())])?;
+        physalia_gnn::save::save_model(&model, &dir.path().join(&file), &[("seed", seed.to_string())])?;
         if runs > 1 && !quiet {
             eprintln!(
                 "run {run}: test accuracy at best val {} (epoch {})",

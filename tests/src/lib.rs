@@ -1,1 +1,242 @@
 //! End-to-end tests live in `tests/tests/`; this library holds helpers they share.
+//!
+//! The `physalia` binary belongs to another package, so Cargo does not hand its path to these tests
+//! (`CARGO_BIN_EXE_physalia` is only set for a package's own binaries, and a dev-dependency on a
+//! binary-only package is ignored). [`physalia_bin`] therefore builds it once per test process with the
+//! same Cargo and profile, and takes the executable's path from Cargo's JSON messages. Set
+//! `PHYSALIA_BIN` to test a prebuilt binary instead.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+/// The workspace root (`/work/main`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The shared raw Cora folder, if this checkout has it.
+pub fn cora_dir() -> Option<PathBuf> {
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/cora"));
+    if p.join("edges.csv").is_file() {
+        Some(p)
+    } else {
+        eprintln!("note: {} is absent; skipping the Cora test", p.display());
+        None
+    }
+}
+
+/// Path of an up-to-date `physalia` binary (built on first use).
+pub fn physalia_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("PHYSALIA_BIN") {
+            return PathBuf::from(p);
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo_root())
+            .args(["build", "--quiet", "-p", "physalia", "--bin", "physalia", "--message-format=json"])
+            .stderr(Stdio::inherit());
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().expect("running cargo build -p physalia");
+        assert!(out.status.success(), "cargo build -p physalia failed");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        lines
+            .into_iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "physalia")
+            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .next_back()
+            .expect("cargo reported no physalia executable")
+    })
+}
+
+/// What one run of the CLI did.
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Panics unless the run succeeded.
+    #[track_caller]
+    pub fn ok(self) -> Self {
+        assert!(self.success(), "physalia failed ({:?}):\nstdout:\n{}\nstderr:\n{}", self.code, self.stdout, self.stderr);
+        self
+    }
+
+    /// The last non-empty stdout line, parsed as JSON.
+    #[track_caller]
+    pub fn last_json(&self) -> Value {
+        let line = self.stdout.lines().rev().find(|l| !l.trim().is_empty()).expect("stdout is empty");
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {line}"))
+    }
+
+    /// Asserts the failure shape every error must have: exit code 1 and exactly one stderr line,
+    /// starting with `error: `, containing every needle. Returns that line.
+    #[track_caller]
+    pub fn one_line_error(&self, needles: &[&str]) -> String {
+        assert_eq!(self.code, Some(1), "expected exit code 1\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "expected exactly one stderr line, got:\n{}", self.stderr);
+        let line = lines[0];
+        assert!(line.starts_with("error: "), "stderr does not start with `error: `: {line}");
+        for n in needles {
+            assert!(line.contains(n), "error line does not mention {n:?}: {line}");
+        }
+        line.to_string()
+    }
+}
+
+/// Runs `physalia args...` in `cwd`.
+pub fn physalia<I, S>(cwd: &Path, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = Command::new(physalia_bin())
+        .current_dir(cwd)
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawning physalia");
+    Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Every file and directory under `dir` (recursively, hidden ones included) with its bytes
+/// (`None` for directories), for "nothing changed" assertions.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
+        let Ok(entries) = fs::read_dir(dir) else { return };
+        for e in entries {
+            let p = e.expect("read_dir entry").path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if p.is_dir() {
+                out.insert(rel, None);
+                walk(root, &p, out);
+            } else {
+                out.insert(rel, Some(fs::read(&p).expect("reading a file")));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Writes a small, valid generic-layout dataset folder: 8 nodes in two classes (a cycle plus chords),
+/// 3 features as `features.json` + `features.bin` (float32), labels, and a 4/2/2 split.
+pub fn write_tiny_generic(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    let n = 8;
+    let f = 3;
+    let mut edges = String::from("src,dst\n");
+    for i in 0..n {
+        edges.push_str(&format!("{},{}\n", i, (i + 1) % n));
+    }
+    edges.push_str("0,2\n1,3\n4,6\n5,7\n");
+    fs::write(dir.join("edges.csv"), edges).unwrap();
+    let mut bin = Vec::new();
+    for i in 0..n {
+        for j in 0..f {
+            let v: f32 = if (i % 2) == (j % 2) { 1.0 } else { 0.25 * j as f32 };
+            bin.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    fs::write(dir.join("features.bin"), bin).unwrap();
+    fs::write(
+        dir.join("features.json"),
+        format!(r#"{{"file": "features.bin", "num_nodes": {n}, "feat_dim": {f}, "dtype": "float32", "byte_order": "little"}}"#),
+    )
+    .unwrap();
+    let mut labels = String::from("node,label\n");
+    for i in 0..n {
+        labels.push_str(&format!("{},{}\n", i, i % 2));
+    }
+    fs::write(dir.join("labels.csv"), labels).unwrap();
+    fs::write(dir.join("train_idx.txt"), "0\n1\n2\n3\n").unwrap();
+    fs::write(dir.join("val_idx.txt"), "4\n5\n").unwrap();
+    fs::write(dir.join("test_idx.txt"), "6\n7\n").unwrap();
+}
+
+/// A parsed safetensors header: its length field and JSON.
+pub struct Header {
+    /// Value of the leading 8-byte little-endian length field.
+    pub len: usize,
+    pub json: Value,
+}
+
+impl Header {
+    /// Byte range of tensor `name`'s data within the whole file.
+    pub fn tensor_range(&self, name: &str) -> std::ops::Range<usize> {
+        let t = &self.json[name];
+        let off = t["data_offsets"].as_array().unwrap_or_else(|| panic!("no tensor {name} in header"));
+        let (a, b) = (off[0].as_u64().unwrap() as usize, off[1].as_u64().unwrap() as usize);
+        8 + self.len + a..8 + self.len + b
+    }
+
+    /// Tensor names, sorted, without `__metadata__`.
+    pub fn tensor_names(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            self.json.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+/// Parses the header of the safetensors file `bytes`.
+pub fn safetensors_header(bytes: &[u8]) -> Header {
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let json = serde_json::from_slice(&bytes[8..8 + len]).expect("safetensors header is JSON");
+    Header { len, json }
+}
+
+/// Writes `text` as a job file `name` in `dir` and returns its path.
+pub fn write_job(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, text).unwrap();
+    p
+}
+
+/// The job directories directly under `root` (empty when `root` does not exist).
+pub fn job_dirs(root: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(root) else { return Vec::new() };
+    let mut v: Vec<PathBuf> = rd.map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    v.sort();
+    v
+}
+
+/// Lines of a job directory's `metrics.jsonl`, parsed.
+pub fn metrics(job_dir: &Path) -> Vec<Value> {
+    fs::read_to_string(job_dir.join("metrics.jsonl"))
+        .expect("reading metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line is JSON"))
+        .collect()
+}
+
+/// Reads a JSON file.
+pub fn read_json(path: &Path) -> Value {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
