@@ -104,6 +104,73 @@ pub fn matmul_bt(a: &Matrix, b: &Matrix) -> Matrix {
     c
 }
 
+/// Rows per block when a reduction runs over `rows` rows: a function of the row count only, so sums are the
+/// same for any number of threads.
+pub fn reduction_block(rows: usize) -> usize {
+    MIN_REDUCTION_BLOCK.max(rows.div_ceil(MAX_PARTIALS))
+}
+
+/// `C (+)= A B^T` on the calling thread. A: m x k, B: n x k, C: m x n.
+pub fn matmul_bt_serial(a: &Matrix, b: &Matrix, c: &mut Matrix, accumulate: bool) {
+    let (m, k) = a.shape();
+    let (n, k2) = b.shape();
+    assert_eq!(k, k2, "matmul_bt inner dimensions differ");
+    assert_eq!(c.shape(), (m, n), "matmul_bt output shape");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: shapes checked above; B is read transposed through its strides.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data().as_ptr(),
+            k as isize,
+            1,
+            b.data().as_ptr(),
+            1,
+            k as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            c.data_mut().as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// `C = A^T B` on the calling thread. A: r x m, B: r x n.
+pub fn matmul_at_serial(a: &Matrix, b: &Matrix) -> Matrix {
+    let (r, m) = a.shape();
+    let (r2, n) = b.shape();
+    assert_eq!(r, r2, "matmul_at row counts differ");
+    let mut c = Matrix::zeros(m, n);
+    if r == 0 || m == 0 || n == 0 {
+        return c;
+    }
+    // SAFETY: shapes checked above; A is read transposed through its strides.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            r,
+            n,
+            1.0,
+            a.data().as_ptr(),
+            1,
+            m as isize,
+            b.data().as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            c.data_mut().as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    c
+}
+
 /// `C = A^T B`. A: r x m, B: r x n, C: m x n; the reduction runs over the r rows.
 pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
     let (r, m) = a.shape();
@@ -113,7 +180,7 @@ pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
     if r == 0 || m == 0 || n == 0 {
         return c;
     }
-    let block = MIN_REDUCTION_BLOCK.max(r.div_ceil(MAX_PARTIALS));
+    let block = reduction_block(r);
     let partials: Vec<Vec<f32>> = a
         .data()
         .par_chunks(block * m)
@@ -182,7 +249,13 @@ mod tests {
 
     fn random(rows: usize, cols: usize, seed: u64) -> Matrix {
         let s = crate::rng::Stream::new(seed, &[]);
-        Matrix::from_vec(rows, cols, (0..rows * cols).map(|i| s.uniform(i as u64) - 0.5).collect())
+        Matrix::from_vec(
+            rows,
+            cols,
+            (0..rows * cols)
+                .map(|i| s.uniform(i as u64) - 0.5)
+                .collect(),
+        )
     }
 
     #[test]
@@ -207,8 +280,14 @@ mod tests {
     fn reduction_is_independent_of_thread_count() {
         let a = random(50_000, 8, 3);
         let b = random(50_000, 4, 4);
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
         let x = one.install(|| matmul_at(&a, &b));
         let y = three.install(|| matmul_at(&a, &b));
         assert_eq!(x, y);

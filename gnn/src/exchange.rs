@@ -19,7 +19,12 @@ pub trait Exchange {
 
     /// Sends `halo_grad` (gradients of the halo rows) to their owners and adds the gradients peers computed
     /// for our owned rows into `own_grad`.
-    fn backward(&mut self, layer: usize, halo_grad: Matrix, own_grad: &mut Matrix) -> Result<(), ExchangeError>;
+    fn backward(
+        &mut self,
+        layer: usize,
+        halo_grad: Matrix,
+        own_grad: &mut Matrix,
+    ) -> Result<(), ExchangeError>;
 
     /// Sums the weight gradients over all workers, in place.
     fn all_reduce(&mut self, grads: &mut [Matrix]) -> Result<(), ExchangeError>;
@@ -37,7 +42,12 @@ impl Exchange for LocalExchange {
         Ok(None)
     }
 
-    fn backward(&mut self, _layer: usize, halo_grad: Matrix, _own: &mut Matrix) -> Result<(), ExchangeError> {
+    fn backward(
+        &mut self,
+        _layer: usize,
+        halo_grad: Matrix,
+        _own: &mut Matrix,
+    ) -> Result<(), ExchangeError> {
         debug_assert_eq!(halo_grad.rows(), 0, "a single worker has no halo");
         Ok(())
     }

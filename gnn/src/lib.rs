@@ -38,7 +38,10 @@ pub enum Error {
     #[error("training diverged at epoch {epoch}: loss is {loss}")]
     Diverged { epoch: usize, loss: f64 },
     #[error("{path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Format(String),
 }

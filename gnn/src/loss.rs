@@ -8,7 +8,12 @@ use crate::tensor::Matrix;
 ///
 /// `normalizer` is the number of training nodes over all workers, so that partition-parallel gradients add up
 /// to the single-worker mean. Rows outside `rows` get zero gradient.
-pub fn cross_entropy(logits: &Matrix, labels: &[i64], rows: &[u32], normalizer: f64) -> (f64, Matrix) {
+pub fn cross_entropy(
+    logits: &Matrix,
+    labels: &[i64],
+    rows: &[u32],
+    normalizer: f64,
+) -> (f64, Matrix) {
     let c = logits.cols();
     let mut grad = Matrix::zeros(logits.rows(), c);
     let scale = (1.0 / normalizer) as f32;

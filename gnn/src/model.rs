@@ -74,7 +74,14 @@ impl LocalGraph {
         if let Some(g) = &global_ids {
             assert_eq!(g.len(), n_src, "one global id per source row");
         }
-        LocalGraph { n_dst, n_src, sym, mean, loops, global_ids }
+        LocalGraph {
+            n_dst,
+            n_src,
+            sym,
+            mean,
+            loops,
+            global_ids,
+        }
     }
 
     pub fn n_dst(&self) -> usize {
@@ -103,7 +110,11 @@ impl LocalGraph {
 
     /// Bytes held by the sparse operators.
     pub fn memory_bytes(&self) -> usize {
-        [&self.sym, &self.mean, &self.loops].iter().filter_map(|o| o.as_ref()).map(|o| o.memory_bytes()).sum()
+        [&self.sym, &self.mean, &self.loops]
+            .iter()
+            .filter_map(|o| o.as_ref())
+            .map(|o| o.memory_bytes())
+            .sum()
     }
 }
 
@@ -134,7 +145,11 @@ impl Layer {
     }
 
     fn d_out(&self) -> usize {
-        if self.concat { self.hc() } else { self.head_dim }
+        if self.concat {
+            self.hc()
+        } else {
+            self.head_dim
+        }
     }
 }
 
@@ -143,7 +158,12 @@ enum Cache {
     /// `A H` (None: the model's cached `A X`).
     Aggregated(Option<Matrix>),
     Transformed,
-    Gat { m_own: Matrix, m_halo: Option<Matrix>, s_dst: Vec<f32>, alpha: Vec<f32> },
+    Gat {
+        m_own: Matrix,
+        m_halo: Option<Matrix>,
+        s_dst: Vec<f32>,
+        alpha: Vec<f32>,
+    },
 }
 
 /// Whether a forward pass trains (dropout on, keyed by epoch) or evaluates.
@@ -151,6 +171,12 @@ enum Cache {
 pub enum Pass {
     Train { epoch: u64 },
     Eval,
+}
+
+/// A layer's input gradient: dense, or as `sum_t A_t W_t^T` (a row block at a time is enough to use it).
+enum Dx {
+    Dense(Matrix),
+    Factored(Vec<(Matrix, usize)>),
 }
 
 /// Activations kept between forward and backward.
@@ -209,14 +235,21 @@ impl Model {
                         *v = (2.0 * stream.uniform(i as u64) - 1.0) * a;
                     }
                 }
-                params.push(Param { name: format!("layers.{index}.{name}"), value: m });
+                params.push(Param {
+                    name: format!("layers.{index}.{name}"),
+                    value: m,
+                });
                 params.len() - 1
             };
             let w = add("weight", d_in, hc, true);
             let w_root = (cfg.kind == LayerKind::Sage).then(|| add("root_weight", d_in, hc, true));
             // PyG's glorot on a (1, heads, head_dim) tensor: bound sqrt(6 / (heads + head_dim))
-            let att = (cfg.kind == LayerKind::Gat)
-                .then(|| (add("att_src", heads, head_dim, true), add("att_dst", heads, head_dim, true)));
+            let att = (cfg.kind == LayerKind::Gat).then(|| {
+                (
+                    add("att_src", heads, head_dim, true),
+                    add("att_dst", heads, head_dim, true),
+                )
+            });
             let d_out = if concat { hc } else { head_dim };
             let bias = add("bias", 1, d_out, false);
             let order = if cfg.kind != LayerKind::Gat && d_in <= hc {
@@ -224,10 +257,27 @@ impl Model {
             } else {
                 Order::TransformFirst
             };
-            layers.push(Layer { index, kind: cfg.kind, heads, head_dim, concat, order, w, w_root, att, bias });
+            layers.push(Layer {
+                index,
+                kind: cfg.kind,
+                heads,
+                head_dim,
+                concat,
+                order,
+                w,
+                w_root,
+                att,
+                bias,
+            });
             d_in = d_out;
         }
-        Ok(Model { cfg: cfg.clone(), seed, layers, params, input_agg: None })
+        Ok(Model {
+            cfg: cfg.clone(),
+            seed,
+            layers,
+            params,
+            input_agg: None,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -240,7 +290,10 @@ impl Model {
 
     /// Zero gradients shaped like the parameters.
     pub fn zero_grads(&self) -> Vec<Matrix> {
-        self.params.iter().map(|p| Matrix::zeros(p.value.rows(), p.value.cols())).collect()
+        self.params
+            .iter()
+            .map(|p| Matrix::zeros(p.value.rows(), p.value.cols()))
+            .collect()
     }
 
     /// Forgets the cached `A X` (call when the graph or the features change).
@@ -282,7 +335,12 @@ impl Model {
         let input = match train_epoch {
             Some(epoch) if self.cfg.input_dropout > 0.0 => {
                 let mut x = x.clone();
-                dropout_rows(&mut x, g, self.cfg.input_dropout, Stream::new(self.seed, &[0xD0, epoch, 0]));
+                dropout_rows(
+                    &mut x,
+                    g,
+                    self.cfg.input_dropout,
+                    Stream::new(self.seed, &[0xD0, epoch, 0]),
+                );
                 Input::Owned(x)
             }
             _ => Input::Borrowed(x),
@@ -295,13 +353,23 @@ impl Model {
             let (mut out, cache) = self.layer_forward(&layer, g, h, pass, ex)?;
             caches.push(cache);
             if li + 1 == self.layers.len() {
-                return Ok(Forward { inputs, caches, logits: out, pass });
+                return Ok(Forward {
+                    inputs,
+                    caches,
+                    logits: out,
+                    pass,
+                });
             }
             activate(&mut out, self.cfg.activation);
             if let Some(epoch) = train_epoch
                 && self.cfg.dropout > 0.0
             {
-                dropout_rows(&mut out, g, self.cfg.dropout, Stream::new(self.seed, &[0xD0, epoch, li as u64 + 1]));
+                dropout_rows(
+                    &mut out,
+                    g,
+                    self.cfg.dropout,
+                    Stream::new(self.seed, &[0xD0, epoch, li as u64 + 1]),
+                );
             }
             inputs.push(Input::Owned(out));
         }
@@ -330,7 +398,10 @@ impl Model {
                 };
                 let a = match &agg {
                     Some(a) => a,
-                    None => self.input_agg.as_ref().expect("input aggregation computed before layer 0"),
+                    None => self
+                        .input_agg
+                        .as_ref()
+                        .expect("input aggregation computed before layer 0"),
                 };
                 let mut out = matmul(a, w);
                 if let Some(r) = l.w_root {
@@ -362,31 +433,128 @@ impl Model {
         ex: &mut dyn Exchange,
     ) -> Result<Vec<Matrix>> {
         let mut grads = self.zero_grads();
-        let Forward { inputs, caches, pass, .. } = fwd;
+        let Forward {
+            inputs,
+            mut caches,
+            pass,
+            ..
+        } = fwd;
         let epoch = match pass {
             Pass::Train { epoch } => epoch,
             Pass::Eval => 0,
         };
+        let dropout = matches!(pass, Pass::Train { .. })
+            .then_some(self.cfg.dropout)
+            .filter(|&p| p > 0.0);
+        // The first layer never needs its input's gradient. When it aggregated its input, its weight gradients
+        // are row-block sums, so the second layer's input gradient (as wide as the hidden layer) can be formed
+        // block by block and consumed at once instead of held whole.
+        let fuse_first = self.layers[0].order == Order::AggregateFirst && self.layers.len() > 1;
         let mut d_out = d_logits;
-        for (li, cache) in caches.into_iter().enumerate().rev() {
+        while let Some(cache) = caches.pop() {
+            let li = caches.len();
             let layer = &self.layers[li];
             let h = inputs[li].get();
-            let need_dx = li > 0;
-            let dx = self.layer_backward(layer, g, h, cache, d_out, need_dx, pass, &mut grads, ex)?;
-            let Some(mut dx) = dx else { break };
-            // through the previous layer's activation and dropout; `h` is their output
-            activation_backward(
-                &mut dx,
-                h,
+            let factored_ok = li == 1 && fuse_first;
+            let dx = self.layer_backward(
+                layer,
                 g,
-                self.cfg.activation,
-                matches!(pass, Pass::Train { .. }).then_some(self.cfg.dropout).filter(|&p| p > 0.0),
-                Stream::new(self.seed, &[0xD0, epoch, li as u64]),
-            );
-            d_out = dx;
+                h,
+                cache,
+                d_out,
+                li > 0,
+                factored_ok,
+                pass,
+                &mut grads,
+                ex,
+            )?;
+            let mask = Stream::new(self.seed, &[0xD0, epoch, li as u64]);
+            match dx {
+                None => break,
+                Some(Dx::Factored(terms)) => {
+                    let first = caches.pop().expect("layer 0 is below layer 1");
+                    let Cache::Aggregated(agg) = first else {
+                        unreachable!("fused only after aggregate-first")
+                    };
+                    let agg = agg
+                        .as_ref()
+                        .or(self.input_agg.as_ref())
+                        .expect("aggregation cached in forward");
+                    self.fused_first_backward(
+                        g,
+                        inputs[0].get(),
+                        agg,
+                        h,
+                        &terms,
+                        dropout,
+                        mask,
+                        &mut grads,
+                    );
+                    break;
+                }
+                Some(Dx::Dense(mut dx)) => {
+                    // through the previous layer's activation and dropout; `h` is their output
+                    activation_backward(&mut dx, h, 0, g, self.cfg.activation, dropout, mask);
+                    d_out = dx;
+                }
+            }
         }
         ex.all_reduce(&mut grads).map_err(Error::Exchange)?;
         Ok(grads)
+    }
+
+    /// Weight gradients of the first layer (aggregate-first) from its output gradient given as
+    /// `sum_t A_t W_t^T` (the second layer's factors), through the activation, one fixed row block at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_first_backward(
+        &self,
+        g: &LocalGraph,
+        x: &Matrix,
+        agg: &Matrix,
+        h1: &Matrix,
+        terms: &[(Matrix, usize)],
+        dropout: Option<f32>,
+        mask: Stream,
+        grads: &mut [Matrix],
+    ) {
+        let l = &self.layers[0];
+        let n = h1.rows();
+        let width = h1.cols();
+        let block = crate::dense::reduction_block(n);
+        let n_blocks = n.div_ceil(block.max(1));
+        let partials: Vec<(Matrix, Option<Matrix>, Matrix)> = (0..n_blocks)
+            .into_par_iter()
+            .map(|b| {
+                let (r0, r1) = (b * block, ((b + 1) * block).min(n));
+                let mut dz = Matrix::zeros(r1 - r0, width);
+                for (a, w) in terms {
+                    let a_blk = a.row_block(r0, r1);
+                    crate::dense::matmul_bt_serial(&a_blk, &self.params[*w].value, &mut dz, true);
+                }
+                let h_blk = h1.row_block(r0, r1);
+                activation_backward(&mut dz, &h_blk, r0, g, self.cfg.activation, dropout, mask);
+                let gw = crate::dense::matmul_at_serial(&agg.row_block(r0, r1), &dz);
+                let gr = l
+                    .w_root
+                    .map(|_| crate::dense::matmul_at_serial(&x.row_block(r0, r1), &dz));
+                (gw, gr, dz.column_sums_serial())
+            })
+            .collect();
+        let mut gw = Matrix::zeros(agg.cols(), width);
+        let mut gr = l.w_root.map(|_| Matrix::zeros(x.cols(), width));
+        let mut gb = Matrix::zeros(1, width);
+        for (pw, pr, pb) in partials {
+            gw.add_assign_serial(&pw);
+            if let (Some(gr), Some(pr)) = (&mut gr, &pr) {
+                gr.add_assign_serial(pr);
+            }
+            gb.add_assign_serial(&pb);
+        }
+        grads[l.w] = gw;
+        if let (Some(r), Some(gr)) = (l.w_root, gr) {
+            grads[r] = gr;
+        }
+        grads[l.bias] = gb;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -398,13 +566,40 @@ impl Model {
         cache: Cache,
         d_out: Matrix,
         need_dx: bool,
+        factored_ok: bool,
         pass: Pass,
         grads: &mut [Matrix],
         ex: &mut dyn Exchange,
-    ) -> Result<Option<Matrix>> {
+    ) -> Result<Option<Dx>> {
+        if let Cache::Gat {
+            m_own,
+            m_halo,
+            s_dst,
+            alpha,
+        } = cache
+        {
+            let dx = self.gat_backward(
+                l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
+            )?;
+            return Ok(dx.map(Dx::Dense));
+        }
         grads[l.bias] = d_out.column_sums();
         let w = &self.params[l.w].value;
         let op = g.op(l.kind);
+        if let (true, Cache::Transformed) = (need_dx && factored_ok, &cache) {
+            let d_ext = op.spmm_t(&d_out);
+            let (mut dm, halo) = split_rows(d_ext, g.n_dst);
+            ex.backward(l.index, halo, &mut dm)
+                .map_err(Error::Exchange)?;
+            grads[l.w] = matmul_at(h, &dm);
+            let mut terms = vec![];
+            if let Some(r) = l.w_root {
+                grads[r] = matmul_at(h, &d_out);
+                terms.push((d_out, r));
+            }
+            terms.push((dm, l.w));
+            return Ok(Some(Dx::Factored(terms)));
+        }
         let mut dx = None;
         if let Some(r) = l.w_root {
             grads[r] = matmul_at(h, &d_out);
@@ -413,17 +608,19 @@ impl Model {
             }
         }
         match cache {
-            Cache::Gat { m_own, m_halo, s_dst, alpha } => {
-                return self.gat_backward(l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex);
-            }
+            Cache::Gat { .. } => unreachable!("handled above"),
             Cache::Aggregated(agg) => {
-                let agg = agg.as_ref().or(self.input_agg.as_ref()).expect("aggregation cached in forward");
+                let agg = agg
+                    .as_ref()
+                    .or(self.input_agg.as_ref())
+                    .expect("aggregation cached in forward");
                 grads[l.w] = matmul_at(agg, &d_out);
                 if need_dx {
                     let d_agg = matmul_bt(&d_out, w);
                     let d_ext = op.spmm_t(&d_agg);
                     let (mut d_own, halo) = split_rows(d_ext, g.n_dst);
-                    ex.backward(l.index, halo, &mut d_own).map_err(Error::Exchange)?;
+                    ex.backward(l.index, halo, &mut d_own)
+                        .map_err(Error::Exchange)?;
                     match &mut dx {
                         Some(dx) => dx.add_assign(&d_own),
                         None => dx = Some(d_own),
@@ -433,7 +630,8 @@ impl Model {
             Cache::Transformed => {
                 let d_ext = op.spmm_t(&d_out);
                 let (mut dm, halo) = split_rows(d_ext, g.n_dst);
-                ex.backward(l.index, halo, &mut dm).map_err(Error::Exchange)?;
+                ex.backward(l.index, halo, &mut dm)
+                    .map_err(Error::Exchange)?;
                 grads[l.w] = matmul_at(h, &dm);
                 if need_dx {
                     match &mut dx {
@@ -443,7 +641,7 @@ impl Model {
                 }
             }
         }
-        Ok(dx)
+        Ok(dx.map(Dx::Dense))
     }
 
     fn gat_forward(
@@ -500,8 +698,11 @@ impl Model {
         };
         let slope = self.cfg.negative_slope;
         let alpha_chunks = split_by_rows(&mut alpha, indptr, GAT_ROWS, heads);
-        out.data_mut().par_chunks_mut(GAT_ROWS * d_out).zip(alpha_chunks).enumerate().for_each(
-            |(chunk, (out, alpha))| {
+        out.data_mut()
+            .par_chunks_mut(GAT_ROWS * d_out)
+            .zip(alpha_chunks)
+            .enumerate()
+            .for_each(|(chunk, (out, alpha))| {
                 let first = chunk * GAT_ROWS;
                 let base = indptr[first];
                 let mut e = Vec::new();
@@ -523,7 +724,11 @@ impl Model {
                             *x = (*x - max).exp();
                             sum += *x;
                         }
-                        let o = if l.concat { &mut orow[k * c..(k + 1) * c] } else { &mut orow[..] };
+                        let o = if l.concat {
+                            &mut orow[k * c..(k + 1) * c]
+                        } else {
+                            &mut orow[..]
+                        };
                         let head_scale = if l.concat { 1.0 } else { 1.0 / heads as f32 };
                         for (t, &j) in indices[lo..hi].iter().enumerate() {
                             let a = e[t] / sum;
@@ -531,7 +736,11 @@ impl Model {
                             let mut a_used = a * head_scale;
                             if let Some((s, thr, scale)) = attn_drop {
                                 let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
-                                a_used = if s.keep(key, thr) { a_used * scale } else { 0.0 };
+                                a_used = if s.keep(key, thr) {
+                                    a_used * scale
+                                } else {
+                                    0.0
+                                };
                             }
                             let zj = &src.row(j as usize)[k * c..(k + 1) * c];
                             for (ov, &zv) in o.iter_mut().zip(zj) {
@@ -540,10 +749,17 @@ impl Model {
                         }
                     }
                 }
-            },
-        );
+            });
         add_bias(&mut out, &self.params[l.bias].value);
-        Ok((out, Cache::Gat { m_own, m_halo, s_dst, alpha }))
+        Ok((
+            out,
+            Cache::Gat {
+                m_own,
+                m_halo,
+                s_dst,
+                alpha,
+            },
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -562,6 +778,7 @@ impl Model {
         grads: &mut [Matrix],
         ex: &mut dyn Exchange,
     ) -> Result<Option<Matrix>> {
+        grads[l.bias] = d_out.column_sums();
         let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let width = hc + heads;
         let n = g.n_dst;
@@ -586,7 +803,11 @@ impl Model {
         // gradient of head k's output for destination i
         let g_head = |i: usize, k: usize| -> &[f32] {
             let row = d_out.row(i);
-            if l.concat { &row[k * c..(k + 1) * c] } else { &row[..c] }
+            if l.concat {
+                &row[k * c..(k + 1) * c]
+            } else {
+                &row[..c]
+            }
         };
         // pass 1, per destination row: d(score sum) per edge and head, the used attention, and d s_dst
         let nnz = op.nnz();
@@ -596,8 +817,12 @@ impl Model {
         {
             let ds_chunks = split_by_rows(&mut d_score, indptr, GAT_ROWS, heads);
             let au_chunks = split_by_rows(&mut a_used, indptr, GAT_ROWS, heads);
-            ds_dst.par_chunks_mut(GAT_ROWS * heads).zip(ds_chunks).zip(au_chunks).enumerate().for_each(
-                |(chunk, ((sd_out, dsc), au))| {
+            ds_dst
+                .par_chunks_mut(GAT_ROWS * heads)
+                .zip(ds_chunks)
+                .zip(au_chunks)
+                .enumerate()
+                .for_each(|(chunk, ((sd_out, dsc), au))| {
                     let first = chunk * GAT_ROWS;
                     let base = indptr[first];
                     let mut da = Vec::new();
@@ -609,8 +834,9 @@ impl Model {
                             da.clear();
                             let mut sigma = 0f32;
                             for (t, &j) in indices[lo..hi].iter().enumerate() {
+                                // `pos` indexes this block's slices, `alpha` is the whole array
                                 let pos = (lo - base + t) * heads + k;
-                                let a = alpha[pos];
+                                let a = alpha[(lo + t) * heads + k];
                                 let mut m = head_scale;
                                 if let Some((s, thr, scale)) = attn_drop {
                                     let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
@@ -626,7 +852,7 @@ impl Model {
                             let mut acc = 0f32;
                             for (t, &j) in indices[lo..hi].iter().enumerate() {
                                 let pos = (lo - base + t) * heads + k;
-                                let de = alpha[pos] * (da[t] - sigma);
+                                let de = alpha[(lo + t) * heads + k] * (da[t] - sigma);
                                 let x = sd + src.row(j as usize)[hc + k];
                                 let dx = if x > 0.0 { de } else { de * slope };
                                 dsc[pos] = dx;
@@ -635,55 +861,80 @@ impl Model {
                             sd_out[r * heads + k] = acc;
                         }
                     }
-                },
-            );
+                });
         }
         // pass 2, per source row over the transpose: dZ_j and d s_src_j
         let (t_indptr, t_indices, t_perm) = (op.t_indptr(), op.t_indices(), op.t_perm());
         let mut dm_ext = Matrix::zeros(g.n_src, width);
-        dm_ext.data_mut().par_chunks_mut(width).enumerate().for_each(|(j, row)| {
-            for t in t_indptr[j]..t_indptr[j + 1] {
-                let i = t_indices[t] as usize;
-                let pos = t_perm[t] as usize * heads;
-                for k in 0..heads {
-                    let a = a_used[pos + k];
-                    if a != 0.0 {
-                        let gi = g_head(i, k);
-                        for (o, &v) in row[k * c..(k + 1) * c].iter_mut().zip(gi) {
-                            *o += a * v;
+        dm_ext
+            .data_mut()
+            .par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(j, row)| {
+                for t in t_indptr[j]..t_indptr[j + 1] {
+                    let i = t_indices[t] as usize;
+                    let pos = t_perm[t] as usize * heads;
+                    for k in 0..heads {
+                        let a = a_used[pos + k];
+                        if a != 0.0 {
+                            let gi = g_head(i, k);
+                            for (o, &v) in row[k * c..(k + 1) * c].iter_mut().zip(gi) {
+                                *o += a * v;
+                            }
                         }
+                        row[hc + k] += d_score[pos + k];
                     }
-                    row[hc + k] += d_score[pos + k];
                 }
-            }
-        });
+            });
         drop(d_score);
         drop(a_used);
         let (mut dm, halo) = split_rows(dm_ext, n);
-        ex.backward(l.index, halo, &mut dm).map_err(Error::Exchange)?;
+        ex.backward(l.index, halo, &mut dm)
+            .map_err(Error::Exchange)?;
         // through the scores s = Z . a into Z and the attention vectors
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let a_src = self.params[ia].value.data();
         let a_dst = self.params[id].value.data();
         let mut dz = Matrix::zeros(n, hc);
-        dz.data_mut().par_chunks_mut(hc).enumerate().for_each(|(i, dzr)| {
-            let dmr = dm.row(i);
-            dzr.copy_from_slice(&dmr[..hc]);
-            for k in 0..heads {
-                let (gs, gd) = (dmr[hc + k], ds_dst[i * heads + k]);
-                for t in 0..c {
-                    dzr[k * c + t] += gs * a_src[k * c + t] + gd * a_dst[k * c + t];
+        dz.data_mut()
+            .par_chunks_mut(hc)
+            .enumerate()
+            .for_each(|(i, dzr)| {
+                let dmr = dm.row(i);
+                dzr.copy_from_slice(&dmr[..hc]);
+                for k in 0..heads {
+                    let (gs, gd) = (dmr[hc + k], ds_dst[i * heads + k]);
+                    for t in 0..c {
+                        dzr[k * c + t] += gs * a_src[k * c + t] + gd * a_dst[k * c + t];
+                    }
                 }
-            }
-        });
-        let z_own = Matrix::from_vec(n, hc, m_own.data().chunks_exact(width).flat_map(|r| &r[..hc]).copied().collect());
-        let ds_src = Matrix::from_vec(n, heads, dm.data().chunks_exact(width).flat_map(|r| &r[hc..]).copied().collect());
+            });
+        let z_own = Matrix::from_vec(
+            n,
+            hc,
+            m_own
+                .data()
+                .chunks_exact(width)
+                .flat_map(|r| &r[..hc])
+                .copied()
+                .collect(),
+        );
+        let ds_src = Matrix::from_vec(
+            n,
+            heads,
+            dm.data()
+                .chunks_exact(width)
+                .flat_map(|r| &r[hc..])
+                .copied()
+                .collect(),
+        );
         let ds_dst = Matrix::from_vec(n, heads, ds_dst);
         for (idx, s) in [(ia, &ds_src), (id, &ds_dst)] {
             let full = matmul_at(s, &z_own); // heads x hc; head k's gradient is block (k, k)
             let gm = &mut grads[idx];
             for k in 0..heads {
-                gm.row_mut(k).copy_from_slice(&full.row(k)[k * c..(k + 1) * c]);
+                gm.row_mut(k)
+                    .copy_from_slice(&full.row(k)[k * c..(k + 1) * c]);
             }
         }
         grads[l.w] = matmul_at(h, &dz);
@@ -705,7 +956,11 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
     if cfg.kind == LayerKind::Gat && (cfg.heads == 0 || cfg.out_heads == 0) {
         return bad("heads and out_heads must be positive".into());
     }
-    for (name, p) in [("dropout", cfg.dropout), ("input_dropout", cfg.input_dropout), ("attn_dropout", cfg.attn_dropout)] {
+    for (name, p) in [
+        ("dropout", cfg.dropout),
+        ("input_dropout", cfg.input_dropout),
+        ("attn_dropout", cfg.attn_dropout),
+    ] {
         if !(0.0..1.0).contains(&p) {
             return bad(format!("{name} must be in [0, 1), got {p}"));
         }
@@ -721,12 +976,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The dropout index of (destination, source, head) on an edge, from global ids.
 #[inline]
 fn edge_key(dst: u64, src: u64, heads: usize, k: usize) -> u64 {
-    ((dst << 32) | src).wrapping_mul(heads as u64).wrapping_add(k as u64)
+    ((dst << 32) | src)
+        .wrapping_mul(heads as u64)
+        .wrapping_add(k as u64)
 }
 
 /// Splits a per-edge array (`heads` values per edge) into the pieces owned by consecutive blocks of `rows`
 /// destination rows, so row blocks can write their edges in parallel.
-fn split_by_rows<'a>(mut data: &'a mut [f32], indptr: &[usize], rows: usize, heads: usize) -> Vec<&'a mut [f32]> {
+fn split_by_rows<'a>(
+    mut data: &'a mut [f32],
+    indptr: &[usize],
+    rows: usize,
+    heads: usize,
+) -> Vec<&'a mut [f32]> {
     let n = indptr.len() - 1;
     let mut out = Vec::with_capacity(n.div_ceil(rows));
     let mut start = 0;
@@ -747,7 +1009,10 @@ fn split_rows(m: Matrix, n_dst: usize) -> (Matrix, Matrix) {
     let rows = m.rows();
     let mut data = m.into_vec();
     let halo = data.split_off(n_dst * cols);
-    (Matrix::from_vec(n_dst, cols, data), Matrix::from_vec(rows - n_dst, cols, halo))
+    (
+        Matrix::from_vec(n_dst, cols, data),
+        Matrix::from_vec(rows - n_dst, cols, halo),
+    )
 }
 
 fn add_bias(out: &mut Matrix, bias: &Matrix) {
@@ -755,26 +1020,32 @@ fn add_bias(out: &mut Matrix, bias: &Matrix) {
     if b.is_empty() {
         return;
     }
-    out.data_mut().par_chunks_mut(b.len()).with_min_len(ELEMENTWISE_CHUNK / b.len().max(1)).for_each(|row| {
-        for (o, &v) in row.iter_mut().zip(b) {
-            *o += v;
-        }
-    });
+    out.data_mut()
+        .par_chunks_mut(b.len())
+        .with_min_len(ELEMENTWISE_CHUNK / b.len().max(1))
+        .for_each(|row| {
+            for (o, &v) in row.iter_mut().zip(b) {
+                *o += v;
+            }
+        });
 }
 
 fn activate(m: &mut Matrix, act: Activation) {
-    m.data_mut().par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|v| {
-        *v = match act {
-            Activation::Relu => v.max(0.0),
-            Activation::Elu => {
-                if *v > 0.0 {
-                    *v
-                } else {
-                    v.exp_m1()
+    m.data_mut()
+        .par_iter_mut()
+        .with_min_len(ELEMENTWISE_CHUNK)
+        .for_each(|v| {
+            *v = match act {
+                Activation::Relu => v.max(0.0),
+                Activation::Elu => {
+                    if *v > 0.0 {
+                        *v
+                    } else {
+                        v.exp_m1()
+                    }
                 }
             }
-        }
-    });
+        });
 }
 
 /// Inverted dropout on rows keyed by the rows' global ids.
@@ -794,13 +1065,26 @@ fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
 
 /// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
 /// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
-fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activation, dropout: Option<f32>, s: Stream) {
+fn activation_backward(
+    dy: &mut Matrix,
+    y: &Matrix,
+    row0: usize,
+    g: &LocalGraph,
+    act: Activation,
+    dropout: Option<f32>,
+    s: Stream,
+) {
     let cols = dy.cols();
     if cols == 0 {
         return;
     }
     let scale = dropout.map(|p| 1.0 / (1.0 - p)).unwrap_or(1.0);
-    let rows = dy.data_mut().par_chunks_mut(cols).zip(y.data().par_chunks(cols)).enumerate().with_min_len(64);
+    let rows = dy
+        .data_mut()
+        .par_chunks_mut(cols)
+        .zip(y.data().par_chunks(cols))
+        .enumerate()
+        .with_min_len(64);
     match act {
         Activation::Relu => rows.for_each(|(_, (drow, yrow))| {
             for (d, &yv) in drow.iter_mut().zip(yrow) {
@@ -813,7 +1097,7 @@ fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activat
                 || vec![true; cols],
                 |keep, (i, (drow, yrow))| {
                     if let Some(m) = &mask {
-                        m.fill(g.gid(i) * cols as u64, keep);
+                        m.fill(g.gid(row0 + i) * cols as u64, keep);
                     }
                     for ((d, &yv), &k) in drow.iter_mut().zip(yrow).zip(keep.iter()) {
                         // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0
@@ -826,4 +1110,3 @@ fn activation_backward(dy: &mut Matrix, y: &Matrix, g: &LocalGraph, act: Activat
         }
     }
 }
-

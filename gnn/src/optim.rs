@@ -20,8 +20,22 @@ pub struct Adam {
 
 impl Adam {
     pub fn new(params: &[Param], lr: f32, weight_decay: f32) -> Adam {
-        let zeros = || params.iter().map(|p| vec![0f32; p.value.data().len()]).collect::<Vec<_>>();
-        Adam { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay, step: 0, m: zeros(), v: zeros() }
+        let zeros = || {
+            params
+                .iter()
+                .map(|p| vec![0f32; p.value.data().len()])
+                .collect::<Vec<_>>()
+        };
+        Adam {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            step: 0,
+            m: zeros(),
+            v: zeros(),
+        }
     }
 
     pub fn steps(&self) -> u64 {
@@ -36,8 +50,20 @@ impl Adam {
         let bc2 = 1.0 - self.beta2.powi(t);
         let step_size = self.lr / bc1;
         let bc2_sqrt = bc2.sqrt();
-        for (((p, g), m), v) in params.iter_mut().zip(grads).zip(&mut self.m).zip(&mut self.v) {
-            for (((w, &g), m), v) in p.value.data_mut().iter_mut().zip(g.data()).zip(m.iter_mut()).zip(v.iter_mut()) {
+        for (((p, g), m), v) in params
+            .iter_mut()
+            .zip(grads)
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+        {
+            for (((w, &g), m), v) in p
+                .value
+                .data_mut()
+                .iter_mut()
+                .zip(g.data())
+                .zip(m.iter_mut())
+                .zip(v.iter_mut())
+            {
                 let g = g + self.weight_decay * *w;
                 *m = self.beta1 * *m + (1.0 - self.beta1) * g;
                 *v = self.beta2 * *v + (1.0 - self.beta2) * g * g;

@@ -32,7 +32,10 @@ impl Stream {
     /// SplitMix64: the key is the stream's seed, the index its position.
     #[inline]
     pub fn at(&self, index: u64) -> u64 {
-        mix64(self.key.wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        mix64(
+            self.key
+                .wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        )
     }
 
     /// Uniform in [0, 1) with 24 bits of resolution.
@@ -64,7 +67,10 @@ pub struct Mask {
 
 impl Mask {
     pub fn new(stream: Stream, p: f32) -> Mask {
-        Mask { stream, threshold: ((p as f64) * 65536.0).round().min(65535.0) as u16 }
+        Mask {
+            stream,
+            threshold: ((p as f64) * 65536.0).round().min(65535.0) as u16,
+        }
     }
 
     /// Keep decisions for elements `start..start + out.len()`.

@@ -51,8 +51,15 @@ impl SparseOp {
         norm: Norm,
         src_in_degree: Option<&[u32]>,
     ) -> SparseOp {
-        assert!(n_dst <= n_src, "destinations must be a prefix of the sources");
-        assert_eq!(indptr.len(), n_dst + 1, "indptr must have n_dst + 1 entries");
+        assert!(
+            n_dst <= n_src,
+            "destinations must be a prefix of the sources"
+        );
+        assert_eq!(
+            indptr.len(),
+            n_dst + 1,
+            "indptr must have n_dst + 1 entries"
+        );
         let self_loops = norm != Norm::Mean;
         let mut out_indptr = Vec::with_capacity(n_dst + 1);
         out_indptr.push(0usize);
@@ -82,7 +89,8 @@ impl SparseOp {
             }
             out_indptr.push(out_indices.len());
         }
-        let row_deg = |i: usize| (indptr[i + 1] - indptr[i]) as u32 - row_has_self(indptr, indices, i) as u32;
+        let row_deg =
+            |i: usize| (indptr[i + 1] - indptr[i]) as u32 - row_has_self(indptr, indices, i) as u32;
         let values: Vec<f32> = match norm {
             Norm::SelfLoopsOnly => vec![1.0; out_indices.len()],
             Norm::Mean => {
@@ -100,7 +108,10 @@ impl SparseOp {
                         let d = match src_in_degree {
                             Some(d) => d[j],
                             None => {
-                                assert_eq!(n_src, n_dst, "source degrees are needed when n_src > n_dst");
+                                assert_eq!(
+                                    n_src, n_dst,
+                                    "source degrees are needed when n_src > n_dst"
+                                );
                                 row_deg(j)
                             }
                         };
@@ -153,7 +164,17 @@ impl SparseOp {
                 t_values[pos] = values[k];
             }
         }
-        SparseOp { n_dst, n_src, indptr, indices, values, t_indptr, t_indices, t_perm, t_values }
+        SparseOp {
+            n_dst,
+            n_src,
+            indptr,
+            indices,
+            values,
+            t_indptr,
+            t_indices,
+            t_perm,
+            t_values,
+        }
     }
 
     pub fn n_dst(&self) -> usize {
@@ -200,12 +221,21 @@ impl SparseOp {
     pub fn spmm_ext(&self, own: &Matrix, halo: Option<&Matrix>) -> Matrix {
         let d = own.cols();
         let halo_data: &[f32] = halo.map(|h| h.data()).unwrap_or(&[]);
-        assert_eq!(own.rows() + halo_data.len() / d.max(1), self.n_src, "spmm sources must be n_src rows");
+        assert_eq!(
+            own.rows() + halo_data.len() / d.max(1),
+            self.n_src,
+            "spmm sources must be n_src rows"
+        );
         if let Some(h) = halo {
             assert_eq!(h.cols(), d, "halo rows must have the width of owned rows");
         }
         let mut y = Matrix::zeros(self.n_dst, d);
-        let src = Src { own: own.data(), halo: halo_data, n_own: own.rows(), d };
+        let src = Src {
+            own: own.data(),
+            halo: halo_data,
+            n_own: own.rows(),
+            d,
+        };
         spmm_rows(&self.indptr, &self.indices, &self.values, &src, &mut y);
         y
     }
@@ -214,14 +244,27 @@ impl SparseOp {
     pub fn spmm_t(&self, x: &Matrix) -> Matrix {
         assert_eq!(x.rows(), self.n_dst, "spmm_t input rows must equal n_dst");
         let mut y = Matrix::zeros(self.n_src, x.cols());
-        let src = Src { own: x.data(), halo: &[], n_own: x.rows(), d: x.cols() };
-        spmm_rows(&self.t_indptr, &self.t_indices, &self.t_values, &src, &mut y);
+        let src = Src {
+            own: x.data(),
+            halo: &[],
+            n_own: x.rows(),
+            d: x.cols(),
+        };
+        spmm_rows(
+            &self.t_indptr,
+            &self.t_indices,
+            &self.t_values,
+            &src,
+            &mut y,
+        );
         y
     }
 }
 
 fn row_has_self(indptr: &[i64], indices: &[i32], i: usize) -> bool {
-    indices[indptr[i] as usize..indptr[i + 1] as usize].binary_search(&(i as i32)).is_ok()
+    indices[indptr[i] as usize..indptr[i + 1] as usize]
+        .binary_search(&(i as i32))
+        .is_ok()
 }
 
 /// Source rows split into owned rows and halo rows.
@@ -249,20 +292,23 @@ fn spmm_rows(indptr: &[usize], indices: &[u32], values: &[f32], x: &Src<'_>, y: 
     if d == 0 {
         return;
     }
-    y.data_mut().par_chunks_mut(SPMM_ROWS * d).enumerate().for_each(|(chunk, out)| {
-        let first = chunk * SPMM_ROWS;
-        for (r, orow) in out.chunks_exact_mut(d).enumerate() {
-            let i = first + r;
-            for k in indptr[i]..indptr[i + 1] {
-                let w = values[k];
-                let j = indices[k] as usize;
-                let xr = x.row(j);
-                for (o, &v) in orow.iter_mut().zip(xr) {
-                    *o += w * v;
+    y.data_mut()
+        .par_chunks_mut(SPMM_ROWS * d)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let first = chunk * SPMM_ROWS;
+            for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+                let i = first + r;
+                for k in indptr[i]..indptr[i + 1] {
+                    let w = values[k];
+                    let j = indices[k] as usize;
+                    let xr = x.row(j);
+                    for (o, &v) in orow.iter_mut().zip(xr) {
+                        *o += w * v;
+                    }
                 }
             }
-        }
-    });
+        });
 }
 
 #[cfg(test)]
@@ -281,7 +327,13 @@ mod tests {
         // degrees with self-loops: 2, 3, 2, 1
         assert_eq!(a.indptr(), &[0, 2, 5, 7, 8]);
         assert_eq!(a.indices(), &[0, 1, 0, 1, 2, 1, 2, 3]);
-        let want = [0.5, 1.0 / 6f32.sqrt(), 1.0 / 6f32.sqrt(), 1.0 / 3.0, 1.0 / 6f32.sqrt()];
+        let want = [
+            0.5,
+            1.0 / 6f32.sqrt(),
+            1.0 / 6f32.sqrt(),
+            1.0 / 3.0,
+            1.0 / 6f32.sqrt(),
+        ];
         for (got, want) in a.values().iter().zip(want) {
             assert!((got - want).abs() < 1e-6);
         }
@@ -307,7 +359,14 @@ mod tests {
     #[test]
     fn rectangular_with_halo_degrees() {
         // two owned nodes 0,1; halo node 2 (global degree 5) feeds node 1
-        let a = SparseOp::build(2, 3, &[0, 1, 3], &[1, 0, 2], Norm::Symmetric, Some(&[1, 2, 5]));
+        let a = SparseOp::build(
+            2,
+            3,
+            &[0, 1, 3],
+            &[1, 0, 2],
+            Norm::Symmetric,
+            Some(&[1, 2, 5]),
+        );
         assert_eq!(a.indices(), &[0, 1, 0, 1, 2]);
         let w = a.values()[4];
         assert!((w - 1.0 / (3f32 * 6.0).sqrt()).abs() < 1e-6);

@@ -18,12 +18,20 @@ pub struct Matrix {
 
 impl Matrix {
     pub fn zeros(rows: usize, cols: usize) -> Matrix {
-        Matrix { rows, cols, data: vec![0.0; rows * cols] }
+        Matrix {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
     }
 
     /// Wraps `data` (row-major). Panics if the length is not `rows * cols`: callers build it from the shape.
     pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Matrix {
-        assert_eq!(data.len(), rows * cols, "matrix data length must equal rows * cols");
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matrix data length must equal rows * cols"
+        );
         Matrix { rows, cols, data }
     }
 
@@ -60,7 +68,10 @@ impl Matrix {
     }
 
     pub fn fill(&mut self, v: f32) {
-        self.data.par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|x| *x = v);
+        self.data
+            .par_iter_mut()
+            .with_min_len(ELEMENTWISE_CHUNK)
+            .for_each(|x| *x = v);
     }
 
     /// `self += other`, elementwise.
@@ -75,7 +86,38 @@ impl Matrix {
 
     /// `self *= s`, elementwise.
     pub fn scale(&mut self, s: f32) {
-        self.data.par_iter_mut().with_min_len(ELEMENTWISE_CHUNK).for_each(|x| *x *= s);
+        self.data
+            .par_iter_mut()
+            .with_min_len(ELEMENTWISE_CHUNK)
+            .for_each(|x| *x *= s);
+    }
+
+    /// Rows `r0..r1` as a new matrix.
+    pub fn row_block(&self, r0: usize, r1: usize) -> Matrix {
+        Matrix::from_vec(
+            r1 - r0,
+            self.cols,
+            self.data[r0 * self.cols..r1 * self.cols].to_vec(),
+        )
+    }
+
+    /// `self += other` on the calling thread (for small matrices inside parallel tasks).
+    pub fn add_assign_serial(&mut self, other: &Matrix) {
+        assert_eq!(self.shape(), other.shape(), "add_assign shapes differ");
+        for (a, b) in self.data.iter_mut().zip(&other.data) {
+            *a += *b;
+        }
+    }
+
+    /// Column sums on the calling thread.
+    pub fn column_sums_serial(&self) -> Matrix {
+        let mut acc = vec![0f64; self.cols];
+        for row in self.data.chunks_exact(self.cols.max(1)) {
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += v as f64;
+            }
+        }
+        Matrix::from_vec(1, self.cols, acc.into_iter().map(|v| v as f32).collect())
     }
 
     /// Rows `0..n` as a new matrix.
@@ -115,7 +157,11 @@ impl Matrix {
     /// Largest absolute elementwise difference, for tests and exactness checks.
     pub fn max_abs_diff(&self, other: &Matrix) -> f32 {
         assert_eq!(self.shape(), other.shape(), "max_abs_diff shapes differ");
-        self.data.iter().zip(&other.data).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
+        self.data
+            .iter()
+            .zip(&other.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
     }
 
     pub fn max_abs(&self) -> f32 {

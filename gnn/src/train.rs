@@ -71,7 +71,8 @@ pub fn evaluate(
         counts[2 * k] = correct(&fwd.logits, &sets.labels, rows) as f64;
         counts[2 * k + 1] = rows.len() as f64;
     }
-    ex.all_reduce_scalars(&mut counts).map_err(Error::Exchange)?;
+    ex.all_reduce_scalars(&mut counts)
+        .map_err(Error::Exchange)?;
     Ok([0, 1, 2].map(|k| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1])))
 }
 
@@ -86,10 +87,15 @@ pub fn train(
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<TrainSummary> {
     if sets.labels.len() != g.n_dst() {
-        return Err(Error::Shape(format!("{} labels for {} nodes", sets.labels.len(), g.n_dst())));
+        return Err(Error::Shape(format!(
+            "{} labels for {} nodes",
+            sets.labels.len(),
+            g.n_dst()
+        )));
     }
     let mut n_train = [sets.train.len() as f64];
-    ex.all_reduce_scalars(&mut n_train).map_err(Error::Exchange)?;
+    ex.all_reduce_scalars(&mut n_train)
+        .map_err(Error::Exchange)?;
     if n_train[0] == 0.0 {
         return Err(Error::Config("the training split is empty".into()));
     }
@@ -104,8 +110,16 @@ pub fn train(
     let mut since_best = 0usize;
     for epoch in 1..=cfg.epochs {
         let t0 = Instant::now();
-        let fwd = model.forward(g, x, Pass::Train { epoch: epoch as u64 }, ex)?;
-        let (loss_sum, d_logits) = cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
+        let fwd = model.forward(
+            g,
+            x,
+            Pass::Train {
+                epoch: epoch as u64,
+            },
+            ex,
+        )?;
+        let (loss_sum, d_logits) =
+            cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
         let grads = model.backward(g, fwd, d_logits, ex)?;
         opt.step(&mut model.params, &grads);
         let mut loss = [loss_sum];
@@ -115,7 +129,15 @@ pub fn train(
         if !loss.is_finite() {
             return Err(Error::Diverged { epoch, loss });
         }
-        let mut m = EpochMetrics { epoch, loss, train_acc: None, val_acc: None, test_acc: None, train_s, eval_s: 0.0 };
+        let mut m = EpochMetrics {
+            epoch,
+            loss,
+            train_acc: None,
+            val_acc: None,
+            test_acc: None,
+            train_s,
+            eval_s: 0.0,
+        };
         if epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, g, x, sets, ex)?;

@@ -512,7 +512,8 @@ fn write_safetensors(
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)).map_err(io_err)?;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
+            .map_err(io_err)?;
     }
     tmp.as_file().sync_all().map_err(io_err)?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use physalia_graph::{Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, import, synth};
+use physalia_graph::{
+    Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, import, synth,
+};
 
 use crate::OutputFormat;
 
@@ -168,7 +170,10 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
                 seed: a.seed,
                 ..RmatParams::default()
             };
-            write(&synth::rmat(&p).context("generating the R-MAT graph")?, &a.out)
+            write(
+                &synth::rmat(&p).context("generating the R-MAT graph")?,
+                &a.out,
+            )
         }
     }
 }
@@ -201,15 +206,36 @@ pub fn inspect(a: &InspectArgs) -> Result<()> {
         }
         OutputFormat::Text => {
             let m = ds.meta();
-            println!("file           {} ({} bytes, checksums verified)", a.file.display(), stats.file_bytes);
+            println!(
+                "file           {} ({} bytes, checksums verified)",
+                a.file.display(),
+                stats.file_bytes
+            );
             println!("name           {}", m.name);
             println!("source         {}", m.source);
             println!("nodes          {}", stats.num_nodes);
-            println!("edges          {} directed CSR entries ({})", stats.num_edges, if m.directed { "directed" } else { "undirected, both directions stored" });
-            println!("features       {} x {:?}", stats.feat_dim, stats.feature_dtype);
+            println!(
+                "edges          {} directed CSR entries ({})",
+                stats.num_edges,
+                if m.directed {
+                    "directed"
+                } else {
+                    "undirected, both directions stored"
+                }
+            );
+            println!(
+                "features       {} x {:?}",
+                stats.feat_dim, stats.feature_dtype
+            );
             println!("classes        {}", stats.num_classes);
-            println!("degree         min {} mean {:.2} max {}, {} isolated", stats.degree_min, stats.degree_mean, stats.degree_max, stats.isolated_nodes);
-            println!("split          train {} / val {} / test {}", stats.train_size, stats.val_size, stats.test_size);
+            println!(
+                "degree         min {} mean {:.2} max {}, {} isolated",
+                stats.degree_min, stats.degree_mean, stats.degree_max, stats.isolated_nodes
+            );
+            println!(
+                "split          train {} / val {} / test {}",
+                stats.train_size, stats.val_size, stats.test_size
+            );
         }
     }
     Ok(())

@@ -5,7 +5,9 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use physalia_graph::{Dataset, GraphStats, ImportOptions, OwnedDataset, RmatParams, SbmParams, Split, import, synth};
+use physalia_graph::{
+    Dataset, GraphStats, ImportOptions, OwnedDataset, RmatParams, SbmParams, Split, import, synth,
+};
 
 use crate::data::{ImportFormat, detect_format};
 use crate::spec::{DatasetFormat, DatasetSource, DatasetSpec, SynthKind};
@@ -120,12 +122,16 @@ fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
     };
     let opts = ImportOptions::default();
     Ok(match format {
-        DatasetFormat::Safetensors | DatasetFormat::Auto => Source::File(Dataset::open(path).context("dataset.path")?),
+        DatasetFormat::Safetensors | DatasetFormat::Auto => {
+            Source::File(Dataset::open(path).context("dataset.path")?)
+        }
         DatasetFormat::Generic => Source::Memory(
-            import::generic(path, &opts).with_context(|| format!("dataset.path: importing {}", path.display()))?,
+            import::generic(path, &opts)
+                .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
         DatasetFormat::Ogb => Source::Memory(
-            import::ogb(path, &opts).with_context(|| format!("dataset.path: importing {}", path.display()))?,
+            import::ogb(path, &opts)
+                .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
     })
 }

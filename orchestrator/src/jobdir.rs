@@ -21,17 +21,36 @@ pub struct JobDir {
 impl JobDir {
     /// Creates `<root>/<name>-<unix seconds>[-k]`, never reusing an existing directory.
     pub fn create(root: &Path, name: &str) -> Result<JobDir> {
-        fs::create_dir_all(root).with_context(|| format!("output.dir: creating {}", root.display()))?;
-        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let safe: String =
-            name.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+        fs::create_dir_all(root)
+            .with_context(|| format!("output.dir: creating {}", root.display()))?;
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         let mut k = 0;
         let path = loop {
-            let p = if k == 0 { root.join(format!("{safe}-{secs}")) } else { root.join(format!("{safe}-{secs}-{k}")) };
+            let p = if k == 0 {
+                root.join(format!("{safe}-{secs}"))
+            } else {
+                root.join(format!("{safe}-{secs}-{k}"))
+            };
             match fs::create_dir(&p) {
                 Ok(()) => break p,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => k += 1,
-                Err(e) => return Err(e).with_context(|| format!("creating job directory {}", p.display())),
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("creating job directory {}", p.display()));
+                }
             }
         };
         let metrics_path = path.join("metrics.jsonl");
@@ -50,7 +69,9 @@ impl JobDir {
     pub fn append_metrics(&mut self, line: &impl Serialize) -> Result<()> {
         let mut s = serde_json::to_string(line)?;
         s.push('\n');
-        self.metrics.write_all(s.as_bytes()).context("appending to metrics.jsonl")?;
+        self.metrics
+            .write_all(s.as_bytes())
+            .context("appending to metrics.jsonl")?;
         self.metrics.flush()?;
         Ok(())
     }
@@ -66,8 +87,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = path.with_file_name(format!(".{name}.tmp"));
     let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     f.sync_all()?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }

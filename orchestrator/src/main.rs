@@ -17,7 +17,11 @@ mod spec;
 mod submit;
 
 #[derive(Parser)]
-#[command(name = "physalia", version, about = "Train graph neural networks on serverless GPU containers")]
+#[command(
+    name = "physalia",
+    version,
+    about = "Train graph neural networks on serverless GPU containers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -80,7 +84,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Submit(a) => submit::run(&a.job, &a.overrides, a.output, a.quiet),
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
-            println!("{}: ok ({} {} layers, {} epochs)", a.job.display(), kind_name(&spec), spec.model.layers, spec.train.epochs);
+            println!(
+                "{}: ok ({} {} layers, {} epochs)",
+                a.job.display(),
+                kind_name(&spec),
+                spec.model.layers,
+                spec.train.epochs
+            );
             Ok(())
         }
         Command::Schema => {

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use physalia_gnn::{
-    Activation, EpochMetrics, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets,
-    TrainConfig, TrainSummary,
+    Activation, EpochMetrics, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig,
+    NodeSets, TrainConfig, TrainSummary,
 };
 use physalia_graph::Split;
 use serde::Serialize;
@@ -34,13 +34,23 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
     let source = dataset::load(&spec.dataset)?;
     let stats = source.stats();
     let data_name = source.name().to_string();
-    let mut x = Matrix::from_vec(stats.num_nodes, stats.feat_dim, source.features_f32().into_owned());
+    let mut x = Matrix::from_vec(
+        stats.num_nodes,
+        stats.feat_dim,
+        source.features_f32().into_owned(),
+    );
     if spec.dataset.row_normalize {
         row_normalize(&mut x);
     }
     let cfg = model_config(&spec, stats.feat_dim, stats.num_classes)?;
     let graph = LocalGraph::whole(cfg.kind, source.indptr(), source.indices());
-    let rows = |s: Split| source.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
+    let rows = |s: Split| {
+        source
+            .split(s)
+            .iter()
+            .map(|&i| i as u32)
+            .collect::<Vec<u32>>()
+    };
     let sets = NodeSets {
         labels: source.labels().to_vec(),
         train: rows(Split::Train),
@@ -59,10 +69,23 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         Err(e) => {
             let msg = format!("{e:#}");
             dir.write_json("status.json", &json!({ "state": "failed", "error": msg }))?;
-            Err(e.context(format!("job {} failed; its record is in {}", name, dir.path().display())))
+            Err(e.context(format!(
+                "job {} failed; its record is in {}",
+                name,
+                dir.path().display()
+            )))
         }
         Ok(runs) => {
-            let summary = summarize(&name, &data_name, &stats, &cfg, &spec, &runs, dir.path(), load_s);
+            let summary = summarize(
+                &name,
+                &data_name,
+                &stats,
+                &cfg,
+                &spec,
+                &runs,
+                dir.path(),
+                load_s,
+            );
             dir.write_json("summary.json", &summary)?;
             dir.write_json("status.json", &json!({ "state": "succeeded" }))?;
             print_summary(&summary, output)?;
@@ -98,25 +121,46 @@ fn train_runs(
         let seed = spec.train.seed + run;
         let mut model = Model::new(cfg, seed)?;
         let mut io_err = None;
-        let summary = physalia_gnn::train(&mut model, graph, x, sets, &tc, &mut LocalExchange, &mut |m| {
-            if !quiet {
-                eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
-            }
-            if let Err(e) = dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m })) {
-                io_err.get_or_insert(e);
-            }
-        })
+        let summary = physalia_gnn::train(
+            &mut model,
+            graph,
+            x,
+            sets,
+            &tc,
+            &mut LocalExchange,
+            &mut |m| {
+                if !quiet {
+                    eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
+                }
+                if let Err(e) =
+                    dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m }))
+                {
+                    io_err.get_or_insert(e);
+                }
+            },
+        )
         .with_context(|| format!("training run {run} (seed {seed})"))?;
         if let Some(e) = io_err {
             return Err(e);
         }
-        let file = if runs == 1 { "model.safetensors".to_string() } else { format!("model-run{run}.safetensors") };
-        physalia_gnn::save::save_model(&model, &dir.path().join(&file), &[("seed", seed.to_string())])?;
+        let file = if runs == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-run{run}.safetensors")
+        };
+        physalia_gnn::save::save_model(
+            &model,
+            &dir.path().join(&file),
+            &[("seed", seed.to_string())],
+        )?;
         if runs > 1 && !quiet {
             eprintln!(
                 "run {run}: test accuracy at best val {} (epoch {})",
                 fmt_acc(summary.test_acc_at_best_val),
-                summary.best_epoch.map(|e| e.to_string()).unwrap_or("-".into())
+                summary
+                    .best_epoch
+                    .map(|e| e.to_string())
+                    .unwrap_or("-".into())
             );
         }
         out.push(RunResult { seed, summary });
@@ -125,7 +169,11 @@ fn train_runs(
 }
 
 fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
-    let prefix = if runs > 1 { format!("run {run} ") } else { String::new() };
+    let prefix = if runs > 1 {
+        format!("run {run} ")
+    } else {
+        String::new()
+    };
     let w = epochs.to_string().len();
     format!(
         "{prefix}epoch {:>w$}/{epochs}  loss {:.4}  train {}  val {}  test {}  {:.3}s",
@@ -139,7 +187,8 @@ fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
 }
 
 fn fmt_acc(a: Option<f64>) -> String {
-    a.map(|a| format!("{:.4}", a)).unwrap_or_else(|| "  -   ".into())
+    a.map(|a| format!("{:.4}", a))
+        .unwrap_or_else(|| "  -   ".into())
 }
 
 pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<ModelConfig> {
@@ -162,7 +211,11 @@ pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<Mod
         out_heads: m.out_heads() as usize,
         dropout: m.dropout as f32,
         input_dropout: m.input_dropout() as f32,
-        attn_dropout: if kind == LayerKind::Gat { m.attn_dropout() as f32 } else { 0.0 },
+        attn_dropout: if kind == LayerKind::Gat {
+            m.attn_dropout() as f32
+        } else {
+            0.0
+        },
         activation: match m.activation {
             spec::Activation::Relu => Activation::Relu,
             spec::Activation::Elu => Activation::Elu,
@@ -234,7 +287,11 @@ fn summarize(
     let run_summaries: Vec<RunSummary> = runs
         .iter()
         .map(|r| {
-            let last = r.summary.epochs.last().expect("a run trains at least one epoch");
+            let last = r
+                .summary
+                .epochs
+                .last()
+                .expect("a run trains at least one epoch");
             RunSummary {
                 seed: r.seed,
                 final_epoch: last.epoch,
@@ -250,9 +307,22 @@ fn summarize(
             }
         })
         .collect();
-    let (mean, std) = mean_std(run_summaries.iter().filter_map(|r| r.test_acc_at_best_val).collect());
-    let (mean_final, _) = mean_std(run_summaries.iter().filter_map(|r| r.final_test_acc).collect());
-    let all_times: Vec<f64> = runs.iter().flat_map(|r| r.summary.epochs.iter().map(|e| e.train_s)).collect();
+    let (mean, std) = mean_std(
+        run_summaries
+            .iter()
+            .filter_map(|r| r.test_acc_at_best_val)
+            .collect(),
+    );
+    let (mean_final, _) = mean_std(
+        run_summaries
+            .iter()
+            .filter_map(|r| r.final_test_acc)
+            .collect(),
+    );
+    let all_times: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.summary.epochs.iter().map(|e| e.train_s))
+        .collect();
     Summary {
         job: name.to_string(),
         job_dir: dir.display().to_string(),
@@ -300,7 +370,9 @@ fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
             println!(
                 "median epoch {:.4}s, peak memory {}",
                 s.median_epoch_s,
-                s.peak_rss_bytes.map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64)).unwrap_or("unknown".into())
+                s.peak_rss_bytes
+                    .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
+                    .unwrap_or("unknown".into())
             );
         }
     }
@@ -313,7 +385,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn mean_std(v: Vec<f64>) -> (Option<f64>, Option<f64>) {

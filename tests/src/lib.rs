@@ -17,12 +17,18 @@ use serde_json::Value;
 
 /// The workspace root (`/work/main`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// The shared raw Cora folder, if this checkout has it.
 pub fn cora_dir() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/cora"));
+    let p = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/data/cora"
+    ));
     if p.join("edges.csv").is_file() {
         Some(p)
     } else {
@@ -41,7 +47,15 @@ pub fn physalia_bin() -> &'static Path {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(repo_root())
-            .args(["build", "--quiet", "-p", "physalia", "--bin", "physalia", "--message-format=json"])
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "physalia",
+                "--bin",
+                "physalia",
+                "--message-format=json",
+            ])
             .stderr(Stdio::inherit());
         if !cfg!(debug_assertions) {
             cmd.arg("--release");
@@ -76,28 +90,57 @@ impl Output {
     /// Panics unless the run succeeded.
     #[track_caller]
     pub fn ok(self) -> Self {
-        assert!(self.success(), "physalia failed ({:?}):\nstdout:\n{}\nstderr:\n{}", self.code, self.stdout, self.stderr);
+        assert!(
+            self.success(),
+            "physalia failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
+            self.code,
+            self.stdout,
+            self.stderr
+        );
         self
     }
 
     /// The last non-empty stdout line, parsed as JSON.
     #[track_caller]
     pub fn last_json(&self) -> Value {
-        let line = self.stdout.lines().rev().find(|l| !l.trim().is_empty()).expect("stdout is empty");
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {line}"))
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .expect("stdout is empty");
+        serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {line}"))
     }
 
     /// Asserts the failure shape every error must have: exit code 1 and exactly one stderr line,
     /// starting with `error: `, containing every needle. Returns that line.
     #[track_caller]
     pub fn one_line_error(&self, needles: &[&str]) -> String {
-        assert_eq!(self.code, Some(1), "expected exit code 1\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code,
+            Some(1),
+            "expected exit code 1\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
         let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "expected exactly one stderr line, got:\n{}", self.stderr);
+        assert_eq!(
+            lines.len(),
+            1,
+            "expected exactly one stderr line, got:\n{}",
+            self.stderr
+        );
         let line = lines[0];
-        assert!(line.starts_with("error: "), "stderr does not start with `error: `: {line}");
+        assert!(
+            line.starts_with("error: "),
+            "stderr does not start with `error: `: {line}"
+        );
         for n in needles {
-            assert!(line.contains(n), "error line does not mention {n:?}: {line}");
+            assert!(
+                line.contains(n),
+                "error line does not mention {n:?}: {line}"
+            );
         }
         line.to_string()
     }
@@ -127,7 +170,9 @@ where
 /// (`None` for directories), for "nothing changed" assertions.
 pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Option<Vec<u8>>>) {
-        let Ok(entries) = fs::read_dir(dir) else { return };
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
         for e in entries {
             let p = e.expect("read_dir entry").path();
             let rel = p.strip_prefix(root).unwrap().to_path_buf();
@@ -159,7 +204,11 @@ pub fn write_tiny_generic(dir: &Path) {
     let mut bin = Vec::new();
     for i in 0..n {
         for j in 0..f {
-            let v: f32 = if (i % 2) == (j % 2) { 1.0 } else { 0.25 * j as f32 };
+            let v: f32 = if (i % 2) == (j % 2) {
+                1.0
+            } else {
+                0.25 * j as f32
+            };
             bin.extend_from_slice(&v.to_le_bytes());
         }
     }
@@ -190,15 +239,26 @@ impl Header {
     /// Byte range of tensor `name`'s data within the whole file.
     pub fn tensor_range(&self, name: &str) -> std::ops::Range<usize> {
         let t = &self.json[name];
-        let off = t["data_offsets"].as_array().unwrap_or_else(|| panic!("no tensor {name} in header"));
-        let (a, b) = (off[0].as_u64().unwrap() as usize, off[1].as_u64().unwrap() as usize);
+        let off = t["data_offsets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tensor {name} in header"));
+        let (a, b) = (
+            off[0].as_u64().unwrap() as usize,
+            off[1].as_u64().unwrap() as usize,
+        );
         8 + self.len + a..8 + self.len + b
     }
 
     /// Tensor names, sorted, without `__metadata__`.
     pub fn tensor_names(&self) -> Vec<String> {
-        let mut v: Vec<String> =
-            self.json.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect();
+        let mut v: Vec<String> = self
+            .json
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "__metadata__")
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -220,8 +280,13 @@ pub fn write_job(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// The job directories directly under `root` (empty when `root` does not exist).
 pub fn job_dirs(root: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = fs::read_dir(root) else { return Vec::new() };
-    let mut v: Vec<PathBuf> = rd.map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    let Ok(rd) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
     v.sort();
     v
 }
@@ -237,6 +302,7 @@ pub fn metrics(job_dir: &Path) -> Vec<Value> {
 
 /// Reads a JSON file.
 pub fn read_json(path: &Path) -> Value {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }

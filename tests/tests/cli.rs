@@ -15,7 +15,11 @@ use tempfile::TempDir;
 fn tiny_imported() -> TempDir {
     let t = TempDir::new().unwrap();
     write_tiny_generic(&t.path().join("raw"));
-    physalia(t.path(), ["data", "import", "raw", "--out", "tiny.safetensors"]).ok();
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "tiny.safetensors"],
+    )
+    .ok();
     t
 }
 
@@ -31,26 +35,54 @@ fn job_on(dataset: &str) -> String {
 #[test]
 fn import_then_inspect_tiny_folder() {
     let t = tiny_imported();
-    let out = physalia(t.path(), ["data", "inspect", "tiny.safetensors", "--output", "json"]).ok();
+    let out = physalia(
+        t.path(),
+        ["data", "inspect", "tiny.safetensors", "--output", "json"],
+    )
+    .ok();
     let v = out.last_json();
     assert_eq!(v["stats"]["num_nodes"], 8);
-    assert_eq!(v["stats"]["num_edges"], 24, "12 undirected edges stored both ways");
+    assert_eq!(
+        v["stats"]["num_edges"], 24,
+        "12 undirected edges stored both ways"
+    );
     assert_eq!(v["stats"]["feat_dim"], 3);
     assert_eq!(v["stats"]["num_classes"], 2);
     assert_eq!(v["stats"]["train_size"], 4);
     assert_eq!(v["metadata"]["num_nodes"], 8);
     let text = physalia(t.path(), ["data", "inspect", "tiny.safetensors"]).ok();
-    assert!(text.stdout.lines().any(|l| l.starts_with("nodes") && l.trim_end().ends_with(" 8")), "{}", text.stdout);
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.starts_with("nodes") && l.trim_end().ends_with(" 8")),
+        "{}",
+        text.stdout
+    );
     // the header parses as plain safetensors and holds the seven tensors
     let bytes = fs::read(t.path().join("tiny.safetensors")).unwrap();
     let h = safetensors_header(&bytes);
     assert_eq!(
         h.tensor_names(),
-        ["features", "indices", "indptr", "labels", "test_idx", "train_idx", "val_idx"]
+        [
+            "features",
+            "indices",
+            "indptr",
+            "labels",
+            "test_idx",
+            "train_idx",
+            "val_idx"
+        ]
     );
     // and no temporary file is left beside it
-    let names: Vec<_> = fs::read_dir(t.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names.len(), 2, "expected only raw/ and tiny.safetensors, got {names:?}");
+    let names: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "expected only raw/ and tiny.safetensors, got {names:?}"
+    );
 }
 
 #[test]
@@ -58,10 +90,29 @@ fn synth_then_inspect_json() {
     let t = TempDir::new().unwrap();
     physalia(
         t.path(),
-        ["data", "synth", "sbm", "--nodes", "2000", "--classes", "4", "--feat-dim", "16", "--seed", "1", "--out", "x.safetensors"],
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "2000",
+            "--classes",
+            "4",
+            "--feat-dim",
+            "16",
+            "--seed",
+            "1",
+            "--out",
+            "x.safetensors",
+        ],
     )
     .ok();
-    let v = physalia(t.path(), ["data", "inspect", "x.safetensors", "--output", "json"]).ok().last_json();
+    let v = physalia(
+        t.path(),
+        ["data", "inspect", "x.safetensors", "--output", "json"],
+    )
+    .ok()
+    .last_json();
     assert_eq!(v["stats"]["num_nodes"], 2000);
     assert_eq!(v["stats"]["feat_dim"], 16);
     assert_eq!(v["stats"]["num_classes"], 4);
@@ -69,22 +120,54 @@ fn synth_then_inspect_json() {
     // same seed, same file
     physalia(
         t.path(),
-        ["data", "synth", "sbm", "--nodes", "2000", "--classes", "4", "--feat-dim", "16", "--seed", "1", "--out", "y.safetensors"],
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "2000",
+            "--classes",
+            "4",
+            "--feat-dim",
+            "16",
+            "--seed",
+            "1",
+            "--out",
+            "y.safetensors",
+        ],
     )
     .ok();
     assert!(
-        fs::read(t.path().join("x.safetensors")).unwrap() == fs::read(t.path().join("y.safetensors")).unwrap(),
+        fs::read(t.path().join("x.safetensors")).unwrap()
+            == fs::read(t.path().join("y.safetensors")).unwrap(),
         "data synth with the same seed wrote different files"
     );
 }
 
 #[test]
 fn cora_import_and_inspect() {
-    let Some(cora) = physalia_tests::cora_dir() else { return };
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
     let t = TempDir::new().unwrap();
     let out = t.path().join("cora.safetensors");
-    physalia(t.path(), ["data".as_ref(), "import".as_ref(), cora.as_os_str(), "--out".as_ref(), out.as_os_str()]).ok();
-    let v = physalia(t.path(), ["data", "inspect", "cora.safetensors", "--output", "json"]).ok().last_json();
+    physalia(
+        t.path(),
+        [
+            "data".as_ref(),
+            "import".as_ref(),
+            cora.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
+    )
+    .ok();
+    let v = physalia(
+        t.path(),
+        ["data", "inspect", "cora.safetensors", "--output", "json"],
+    )
+    .ok()
+    .last_json();
     assert_eq!(v["stats"]["num_nodes"], 2708);
     assert_eq!(v["stats"]["num_edges"], 10556);
     assert_eq!(v["stats"]["feat_dim"], 1433);
@@ -102,7 +185,10 @@ fn schema_has_model_property() {
     let t = TempDir::new().unwrap();
     let out = physalia(t.path(), ["schema"]).ok();
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("schema is JSON");
-    assert!(v["properties"]["model"].is_object(), "no properties.model in {v}");
+    assert!(
+        v["properties"]["model"].is_object(),
+        "no properties.model in {v}"
+    );
     assert!(v["properties"]["dataset"].is_object());
     assert!(v["properties"]["train"].is_object());
 }
@@ -113,7 +199,10 @@ fn validate_accepts_a_good_job() {
     let job = write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
     let out = physalia(t.path(), ["validate".as_ref(), job.as_os_str()]).ok();
     assert!(out.stdout.contains("ok"), "{}", out.stdout);
-    assert!(job_dirs(&t.path().join("jobs")).is_empty(), "validate must not create job directories");
+    assert!(
+        job_dirs(&t.path().join("jobs")).is_empty(),
+        "validate must not create job directories"
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -126,21 +215,29 @@ fn truncated_dataset_file_is_named_by_inspect_and_submit() {
     let bytes = fs::read(&path).unwrap();
     fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
 
-    physalia(t.path(), ["data", "inspect", "tiny.safetensors"]).one_line_error(&["tiny.safetensors", "truncated"]);
-    physalia(t.path(), ["data", "inspect", "tiny.safetensors", "--output", "json"])
-        .one_line_error(&["tiny.safetensors"]);
+    physalia(t.path(), ["data", "inspect", "tiny.safetensors"])
+        .one_line_error(&["tiny.safetensors", "truncated"]);
+    physalia(
+        t.path(),
+        ["data", "inspect", "tiny.safetensors", "--output", "json"],
+    )
+    .one_line_error(&["tiny.safetensors"]);
 
     let job = write_job(t.path(), "job.yaml", &job_on("tiny.safetensors"));
     let before = snapshot(t.path());
     let out = physalia(t.path(), ["submit".as_ref(), job.as_os_str()]);
     out.one_line_error(&["tiny.safetensors", "dataset.path"]);
     assert!(out.stdout.is_empty(), "stdout: {}", out.stdout);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
     assert_eq!(before, snapshot(t.path()), "a failed submit changed files");
 
     // a file shorter than the 8-byte length field
     fs::write(&path, [1u8, 2, 3]).unwrap();
-    physalia(t.path(), ["data", "inspect", "tiny.safetensors"]).one_line_error(&["tiny.safetensors"]);
+    physalia(t.path(), ["data", "inspect", "tiny.safetensors"])
+        .one_line_error(&["tiny.safetensors"]);
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -158,28 +255,54 @@ fn edge_node_out_of_range_names_edges_csv_and_line() {
 
     // no output file is created
     let before = snapshot(t.path());
-    let out = physalia(t.path(), ["data", "import", "raw", "--out", "x.safetensors"]);
+    let out = physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "x.safetensors"],
+    );
     out.one_line_error(&["edges.csv:14", "8", "out of range"]);
-    assert_eq!(before, snapshot(t.path()), "a failed import left files behind");
+    assert_eq!(
+        before,
+        snapshot(t.path()),
+        "a failed import left files behind"
+    );
 
     // a pre-existing output file is left untouched, byte for byte
     fs::write(t.path().join("x.safetensors"), b"precious bytes").unwrap();
     let before = snapshot(t.path());
-    physalia(t.path(), ["data", "import", "raw", "--out", "x.safetensors"]).one_line_error(&["edges.csv:14"]);
-    assert_eq!(before, snapshot(t.path()), "a failed import changed the existing output or left files behind");
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "x.safetensors"],
+    )
+    .one_line_error(&["edges.csv:14"]);
+    assert_eq!(
+        before,
+        snapshot(t.path()),
+        "a failed import changed the existing output or left files behind"
+    );
 
     // a negative id and a malformed row are line errors too
-    let mut edges = fs::read_to_string(raw.join("edges.csv")).unwrap().replace("3,8\n", "");
+    let mut edges = fs::read_to_string(raw.join("edges.csv"))
+        .unwrap()
+        .replace("3,8\n", "");
     edges.push_str("-1,2\n");
     fs::write(raw.join("edges.csv"), &edges).unwrap();
-    physalia(t.path(), ["data", "import", "raw", "--out", "y.safetensors"]).one_line_error(&["edges.csv:14"]);
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "y.safetensors"],
+    )
+    .one_line_error(&["edges.csv:14"]);
     fs::write(raw.join("edges.csv"), edges.replace("-1,2\n", "3;4\n")).unwrap();
-    physalia(t.path(), ["data", "import", "raw", "--out", "y.safetensors"]).one_line_error(&["edges.csv:14"]);
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "y.safetensors"],
+    )
+    .one_line_error(&["edges.csv:14"]);
     assert!(!t.path().join("y.safetensors").exists());
 
     // submit on the raw folder fails the same way and creates no job directory
     let job = write_job(t.path(), "job.yaml", &job_on("raw"));
-    physalia(t.path(), ["submit".as_ref(), job.as_os_str()]).one_line_error(&["edges.csv:14", "dataset.path"]);
+    physalia(t.path(), ["submit".as_ref(), job.as_os_str()])
+        .one_line_error(&["edges.csv:14", "dataset.path"]);
     assert!(job_dirs(&t.path().join("jobs")).is_empty());
 }
 
@@ -216,17 +339,31 @@ fn out_of_range_index_in_dataset_file_names_indices_tensor() {
         .one_line_error(&["tiny.safetensors", "indices"]);
     assert!(e.contains("checksum"), "{e}");
     let job = write_job(t.path(), "job.yaml", &job_on("tiny.safetensors"));
-    physalia(t.path(), ["submit".as_ref(), job.as_os_str()]).one_line_error(&["tiny.safetensors", "indices"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    physalia(t.path(), ["submit".as_ref(), job.as_os_str()])
+        .one_line_error(&["tiny.safetensors", "indices"]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 
     // with a matching checksum the content validation catches it
     fs::write(&path, &good).unwrap();
     corrupt_indices(&path, true);
-    let e = physalia(t.path(), ["data", "inspect", "tiny.safetensors"])
-        .one_line_error(&["tiny.safetensors", "indices", "100"]);
-    assert!(!e.contains("checksum"), "the patched checksum should match: {e}");
-    physalia(t.path(), ["submit".as_ref(), job.as_os_str()]).one_line_error(&["tiny.safetensors", "indices"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    let e = physalia(t.path(), ["data", "inspect", "tiny.safetensors"]).one_line_error(&[
+        "tiny.safetensors",
+        "indices",
+        "100",
+    ]);
+    assert!(
+        !e.contains("checksum"),
+        "the patched checksum should match: {e}"
+    );
+    physalia(t.path(), ["submit".as_ref(), job.as_os_str()])
+        .one_line_error(&["tiny.safetensors", "indices"]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -244,8 +381,11 @@ fn feature_bin_of_wrong_size_names_bin_and_byte_counts() {
     .unwrap();
     fs::write(t.path().join("out.safetensors"), b"old").unwrap();
     let before = snapshot(t.path());
-    let e = physalia(t.path(), ["data", "import", "raw", "--out", "out.safetensors"])
-        .one_line_error(&["features.bin", "96", "60"]);
+    let e = physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "out.safetensors"],
+    )
+    .one_line_error(&["features.bin", "96", "60"]);
     // expected 60 (5 * 3 * 4), actual 96, in that role
     assert!(e.contains("is 96 bytes") && e.contains("60 bytes"), "{e}");
     assert_eq!(before, snapshot(t.path()));
@@ -258,13 +398,23 @@ fn feature_bin_of_wrong_size_names_bin_and_byte_counts() {
     .unwrap();
     let bin = fs::read(raw.join("features.bin")).unwrap();
     fs::write(raw.join("features.bin"), &bin[..bin.len() - 1]).unwrap();
-    physalia(t.path(), ["data", "import", "raw", "--out", "new.safetensors"])
-        .one_line_error(&["features.bin", "95", "96"]);
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "new.safetensors"],
+    )
+    .one_line_error(&["features.bin", "95", "96"]);
     assert!(!t.path().join("new.safetensors").exists());
 
     let job = write_job(t.path(), "job.yaml", &job_on("raw"));
-    physalia(t.path(), ["submit".as_ref(), job.as_os_str()]).one_line_error(&["features.bin", "95", "96"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    physalia(t.path(), ["submit".as_ref(), job.as_os_str()]).one_line_error(&[
+        "features.bin",
+        "95",
+        "96",
+    ]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -283,9 +433,13 @@ fn yaml_typo_is_reported_with_file_line_column_and_field() {
         out.one_line_error(&["typo.yaml:5:3", "hiden"]);
         assert!(out.stdout.is_empty(), "{cmd} stdout: {}", out.stdout);
         // with an unrelated override the file's own error is still located
-        physalia(t.path(), [cmd, "typo.yaml", "--set", "train.epochs=3"]).one_line_error(&["typo.yaml:5:3", "hiden"]);
+        physalia(t.path(), [cmd, "typo.yaml", "--set", "train.epochs=3"])
+            .one_line_error(&["typo.yaml:5:3", "hiden"]);
     }
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
     let _ = job;
 
     // a typo at the top level
@@ -298,8 +452,12 @@ fn yaml_typo_is_reported_with_file_line_column_and_field() {
 
     // a misspelt --set key names the override
     write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
-    physalia(t.path(), ["submit", "ok.yaml", "--set", "model.hiden=4"]).one_line_error(&["--set model.hiden=4", "hiden"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    physalia(t.path(), ["submit", "ok.yaml", "--set", "model.hiden=4"])
+        .one_line_error(&["--set model.hiden=4", "hiden"]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -318,13 +476,22 @@ fn negative_learning_rate_names_train_lr() {
     }
     write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
     for cmd in ["validate", "submit"] {
-        physalia(t.path(), [cmd, "ok.yaml", "--set", "train.lr=-0.01"])
-            .one_line_error(&["ok.yaml", "train.lr", "--set train.lr=-0.01", "-0.01"]);
+        physalia(t.path(), [cmd, "ok.yaml", "--set", "train.lr=-0.01"]).one_line_error(&[
+            "ok.yaml",
+            "train.lr",
+            "--set train.lr=-0.01",
+            "-0.01",
+        ]);
     }
     // zero and non-numbers too
-    physalia(t.path(), ["validate", "ok.yaml", "--set", "train.lr=0"]).one_line_error(&["train.lr"]);
-    physalia(t.path(), ["validate", "ok.yaml", "--set", "train.lr=fast"]).one_line_error(&["train.lr", "fast"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    physalia(t.path(), ["validate", "ok.yaml", "--set", "train.lr=0"])
+        .one_line_error(&["train.lr"]);
+    physalia(t.path(), ["validate", "ok.yaml", "--set", "train.lr=fast"])
+        .one_line_error(&["train.lr", "fast"]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -334,9 +501,24 @@ fn negative_learning_rate_names_train_lr() {
 fn gat_only_fields_are_rejected_on_gcn() {
     let t = tiny_imported();
     write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
-    physalia(t.path(), ["submit", "ok.yaml", "--set", "model.heads=4"]).one_line_error(&["model.heads", "gat"]);
-    physalia(t.path(), ["validate", "ok.yaml", "--set", "model.kind=gat", "--set", "model.heads=4"]).ok();
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
+    physalia(t.path(), ["submit", "ok.yaml", "--set", "model.heads=4"])
+        .one_line_error(&["model.heads", "gat"]);
+    physalia(
+        t.path(),
+        [
+            "validate",
+            "ok.yaml",
+            "--set",
+            "model.kind=gat",
+            "--set",
+            "model.heads=4",
+        ],
+    )
+    .ok();
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
 }
 
 #[test]
@@ -345,7 +527,12 @@ fn dataset_with_both_path_and_synth_is_rejected() {
     write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
     physalia(
         t.path(),
-        ["validate", "ok.yaml", "--set", "dataset.synth={kind: sbm, nodes: 100, avg_degree: 5, classes: 2, feat_dim: 4}"],
+        [
+            "validate",
+            "ok.yaml",
+            "--set",
+            "dataset.synth={kind: sbm, nodes: 100, avg_degree: 5, classes: 2, feat_dim: 4}",
+        ],
     )
     .one_line_error(&["dataset", "both"]);
 }
@@ -354,10 +541,19 @@ fn dataset_with_both_path_and_synth_is_rejected() {
 fn missing_dataset_path_names_it() {
     let t = TempDir::new().unwrap();
     write_job(t.path(), "job.yaml", &job_on("nowhere.safetensors"));
-    physalia(t.path(), ["submit", "job.yaml"]).one_line_error(&["nowhere.safetensors", "dataset.path"]);
-    assert!(!t.path().join("jobs").exists(), "a failed submit created output.dir");
-    physalia(t.path(), ["data", "import", "nowhere", "--out", "x.safetensors"]).one_line_error(&["nowhere"]);
-    physalia(t.path(), ["data", "inspect", "nowhere.safetensors"]).one_line_error(&["nowhere.safetensors"]);
+    physalia(t.path(), ["submit", "job.yaml"])
+        .one_line_error(&["nowhere.safetensors", "dataset.path"]);
+    assert!(
+        !t.path().join("jobs").exists(),
+        "a failed submit created output.dir"
+    );
+    physalia(
+        t.path(),
+        ["data", "import", "nowhere", "--out", "x.safetensors"],
+    )
+    .one_line_error(&["nowhere"]);
+    physalia(t.path(), ["data", "inspect", "nowhere.safetensors"])
+        .one_line_error(&["nowhere.safetensors"]);
     assert!(!t.path().join("x.safetensors").exists());
 }
 
@@ -367,9 +563,17 @@ fn missing_dataset_path_names_it() {
 fn missing_job_file_error_does_not_repeat_itself() {
     let t = TempDir::new().unwrap();
     let e = physalia(t.path(), ["validate", "nope.yaml"]).one_line_error(&["nope.yaml"]);
-    assert_eq!(e.matches("os error 2").count(), 1, "the OS error is printed more than once: {e}");
+    assert_eq!(
+        e.matches("os error 2").count(),
+        1,
+        "the OS error is printed more than once: {e}"
+    );
     let e = physalia(t.path(), ["submit", "nope.yaml"]).one_line_error(&["nope.yaml"]);
-    assert_eq!(e.matches("os error 2").count(), 1, "the OS error is printed more than once: {e}");
+    assert_eq!(
+        e.matches("os error 2").count(),
+        1,
+        "the OS error is printed more than once: {e}"
+    );
 }
 
 #[test]
@@ -377,10 +581,23 @@ fn import_into_missing_directory_error_does_not_repeat_itself() {
     let t = TempDir::new().unwrap();
     write_tiny_generic(&t.path().join("raw"));
     let before = snapshot(t.path());
-    let e = physalia(t.path(), ["data", "import", "raw", "--out", "no/such/dir/x.safetensors"])
-        .one_line_error(&["no/such/dir"]);
+    let e = physalia(
+        t.path(),
+        [
+            "data",
+            "import",
+            "raw",
+            "--out",
+            "no/such/dir/x.safetensors",
+        ],
+    )
+    .one_line_error(&["no/such/dir"]);
     assert_eq!(before, snapshot(t.path()));
-    assert_eq!(e.matches("os error 2").count(), 1, "the OS error is printed more than once: {e}");
+    assert_eq!(
+        e.matches("os error 2").count(),
+        1,
+        "the OS error is printed more than once: {e}"
+    );
 }
 
 /// Dataset files get the permissions of any other file the user creates (mode 0666 minus the umask), not
@@ -390,11 +607,39 @@ fn import_into_missing_directory_error_does_not_repeat_itself() {
 fn written_dataset_file_has_ordinary_permissions() {
     use std::os::unix::fs::PermissionsExt;
     let t = tiny_imported();
-    physalia(t.path(), ["data", "synth", "sbm", "--nodes", "50", "--classes", "2", "--avg-degree", "4", "--feat-dim", "2", "--out", "s.safetensors"]).ok();
+    physalia(
+        t.path(),
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "50",
+            "--classes",
+            "2",
+            "--avg-degree",
+            "4",
+            "--feat-dim",
+            "2",
+            "--out",
+            "s.safetensors",
+        ],
+    )
+    .ok();
     // the child inherits this process's umask, so a file created here shows the expected mode
     fs::write(t.path().join("probe"), b"").unwrap();
     let mode = |p: &str| fs::metadata(t.path().join(p)).unwrap().permissions().mode() & 0o777;
     let expected = mode("probe");
-    assert_eq!(mode("tiny.safetensors"), expected, "data import wrote mode {:o}, expected {expected:o}", mode("tiny.safetensors"));
-    assert_eq!(mode("s.safetensors"), expected, "data synth wrote mode {:o}, expected {expected:o}", mode("s.safetensors"));
+    assert_eq!(
+        mode("tiny.safetensors"),
+        expected,
+        "data import wrote mode {:o}, expected {expected:o}",
+        mode("tiny.safetensors")
+    );
+    assert_eq!(
+        mode("s.safetensors"),
+        expected,
+        "data synth wrote mode {:o}, expected {expected:o}",
+        mode("s.safetensors")
+    );
 }

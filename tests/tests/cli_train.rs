@@ -4,7 +4,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use physalia_tests::{job_dirs, metrics, physalia, read_json, safetensors_header, write_job, write_tiny_generic};
+use physalia_tests::{
+    job_dirs, metrics, physalia, read_json, safetensors_header, write_job, write_tiny_generic,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -18,10 +20,29 @@ fn sbm_setup() -> TempDir {
     let t = TempDir::new().unwrap();
     physalia(
         t.path(),
-        ["data", "synth", "sbm", "--nodes", "2000", "--classes", "4", "--feat-dim", "16", "--seed", "1", "--out", "x.safetensors"],
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "2000",
+            "--classes",
+            "4",
+            "--feat-dim",
+            "16",
+            "--seed",
+            "1",
+            "--out",
+            "x.safetensors",
+        ],
     )
     .ok();
-    let v = physalia(t.path(), ["data", "inspect", "x.safetensors", "--output", "json"]).ok().last_json();
+    let v = physalia(
+        t.path(),
+        ["data", "inspect", "x.safetensors", "--output", "json"],
+    )
+    .ok()
+    .last_json();
     assert_eq!(v["stats"]["num_nodes"], 2000);
     assert_eq!(v["stats"]["num_classes"], 4);
     write_job(
@@ -33,7 +54,12 @@ fn sbm_setup() -> TempDir {
 }
 
 fn submit_json(cwd: &Path, job: &str, sets: &[&str], quiet: bool) -> (Value, String) {
-    let mut args = vec!["submit".to_string(), job.to_string(), "--output".into(), "json".into()];
+    let mut args = vec![
+        "submit".to_string(),
+        job.to_string(),
+        "--output".into(),
+        "json".into(),
+    ];
     if quiet {
         args.push("--quiet".into());
     }
@@ -46,7 +72,8 @@ fn submit_json(cwd: &Path, job: &str, sets: &[&str], quiet: bool) -> (Value, Str
 }
 
 fn f64_of(v: &Value, what: &str) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"))
 }
 
 /// Checks the summary and job directory of a finished single-run job; returns the job directory.
@@ -55,14 +82,22 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
     let times = s["epoch_times_s"].as_array().expect("epoch_times_s");
     assert_eq!(times.len(), epochs);
     assert!(times.iter().all(|t| t.as_f64().is_some_and(|t| t >= 0.0)));
-    assert!(s["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0), "peak_rss_bytes: {}", s["peak_rss_bytes"]);
+    assert!(
+        s["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0),
+        "peak_rss_bytes: {}",
+        s["peak_rss_bytes"]
+    );
     assert_eq!(s["epochs"], epochs);
     assert_eq!(s["runs"].as_array().unwrap().len(), 1);
     assert_eq!(s["runs"][0]["final_epoch"], epochs);
     assert_eq!(s["model"]["kind"], kind);
     let dir = cwd.join(s["job_dir"].as_str().expect("job_dir"));
     assert!(dir.is_dir(), "{} is not a directory", dir.display());
-    assert_eq!(job_dirs(&cwd.join("jobs")), vec![dir.clone()], "exactly one job directory");
+    assert_eq!(
+        job_dirs(&cwd.join("jobs")),
+        vec![dir.clone()],
+        "exactly one job directory"
+    );
 
     let job = read_json(&dir.join("job.json"));
     assert_eq!(job["model"]["kind"], kind);
@@ -73,29 +108,64 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
     for (i, line) in m.iter().enumerate() {
         assert_eq!(line["run"], 0);
         assert_eq!(line["metrics"]["epoch"], i + 1);
-        assert!(line["metrics"]["loss"].as_f64().is_some_and(f64::is_finite), "{line}");
+        assert!(
+            line["metrics"]["loss"].as_f64().is_some_and(f64::is_finite),
+            "{line}"
+        );
     }
     let summary = read_json(&dir.join("summary.json"));
-    assert_eq!(summary["runs"], s["runs"], "summary.json and the printed summary disagree");
+    assert_eq!(
+        summary["runs"], s["runs"],
+        "summary.json and the printed summary disagree"
+    );
     assert_eq!(summary["job_dir"], s["job_dir"]);
 
     let model = fs::read(dir.join("model.safetensors")).unwrap();
     let h = safetensors_header(&model);
     let names = h.tensor_names();
-    for t in ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"] {
-        assert!(names.iter().any(|n| n == t), "model.safetensors lacks {t}: {names:?}");
+    for t in [
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+    ] {
+        assert!(
+            names.iter().any(|n| n == t),
+            "model.safetensors lacks {t}: {names:?}"
+        );
     }
-    assert!(!names.iter().any(|n| n.starts_with("layers.2.")), "a 2-layer model has no layers.2: {names:?}");
-    assert_eq!(h.json["layers.1.bias"]["shape"], serde_json::json!([4]), "output bias has one entry per class");
-    assert_eq!(h.json["layers.0.weight"]["shape"][0], 16, "first weight takes the 16 input features");
+    assert!(
+        !names.iter().any(|n| n.starts_with("layers.2.")),
+        "a 2-layer model has no layers.2: {names:?}"
+    );
+    assert_eq!(
+        h.json["layers.1.bias"]["shape"],
+        serde_json::json!([4]),
+        "output bias has one entry per class"
+    );
+    assert_eq!(
+        h.json["layers.0.weight"]["shape"][0], 16,
+        "first weight takes the 16 input features"
+    );
     // tensors tile the data section exactly
     let end = names.iter().map(|n| h.tensor_range(n).end).max().unwrap();
     assert_eq!(end, model.len());
     // no temporary files left behind
-    let mut files: Vec<String> =
-        fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut files: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     files.sort();
-    assert_eq!(files, ["job.json", "metrics.jsonl", "model.safetensors", "status.json", "summary.json"]);
+    assert_eq!(
+        files,
+        [
+            "job.json",
+            "metrics.jsonl",
+            "model.safetensors",
+            "status.json",
+            "summary.json"
+        ]
+    );
     dir
 }
 
@@ -109,32 +179,53 @@ fn sbm_gcn_trains_and_records_everything() {
     let dir = check_single_run(t.path(), &s, 30, "gcn");
     let acc = f64_of(&s["runs"][0]["final_test_acc"], "final_test_acc");
     assert!(acc > SBM_MIN_ACC, "gcn final test accuracy {acc}");
-    let names = safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
-    assert_eq!(names, ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]);
+    let names =
+        safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
+    assert_eq!(
+        names,
+        [
+            "layers.0.bias",
+            "layers.0.weight",
+            "layers.1.bias",
+            "layers.1.weight"
+        ]
+    );
 }
 
 #[test]
 fn sbm_sage_trains() {
     let t = sbm_setup();
     let (s, stderr) = submit_json(t.path(), "job.yaml", &["model.kind=sage"], true);
-    assert!(!stderr.lines().any(|l| l.starts_with("epoch ")), "--quiet printed epochs:\n{stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("epoch ")),
+        "--quiet printed epochs:\n{stderr}"
+    );
     let dir = check_single_run(t.path(), &s, 30, "sage");
     let acc = f64_of(&s["runs"][0]["final_test_acc"], "final_test_acc");
     assert!(acc > SBM_MIN_ACC, "sage final test accuracy {acc}");
-    let names = safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
-    assert!(names.iter().any(|n| n == "layers.0.root_weight"), "{names:?}");
+    let names =
+        safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
+    assert!(
+        names.iter().any(|n| n == "layers.0.root_weight"),
+        "{names:?}"
+    );
 }
 
 #[test]
 fn sbm_gat_trains() {
     let t = sbm_setup();
-    let (s, _) =
-        submit_json(t.path(), "job.yaml", &["model.kind=gat", "model.heads=4", "model.activation=elu"], true);
+    let (s, _) = submit_json(
+        t.path(),
+        "job.yaml",
+        &["model.kind=gat", "model.heads=4", "model.activation=elu"],
+        true,
+    );
     let dir = check_single_run(t.path(), &s, 30, "gat");
     assert_eq!(s["model"]["heads"], 4);
     let acc = f64_of(&s["runs"][0]["final_test_acc"], "final_test_acc");
     assert!(acc > SBM_MIN_ACC, "gat final test accuracy {acc}");
-    let names = safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
+    let names =
+        safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap()).tensor_names();
     assert!(names.iter().any(|n| n == "layers.0.att_src"), "{names:?}");
     assert!(names.iter().any(|n| n == "layers.0.att_dst"), "{names:?}");
 }
@@ -142,18 +233,36 @@ fn sbm_gat_trains() {
 #[test]
 fn two_runs_use_two_seeds_and_report_mean_and_std() {
     let t = sbm_setup();
-    let (s, _) = submit_json(t.path(), "job.yaml", &["train.runs=2", "train.epochs=10", "train.seed=5"], true);
+    let (s, _) = submit_json(
+        t.path(),
+        "job.yaml",
+        &["train.runs=2", "train.epochs=10", "train.seed=5"],
+        true,
+    );
     let runs = s["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[0]["seed"], 5);
     assert_eq!(runs[1]["seed"], 6);
-    let accs: Vec<f64> = runs.iter().map(|r| f64_of(&r["test_acc_at_best_val"], "test_acc_at_best_val")).collect();
+    let accs: Vec<f64> = runs
+        .iter()
+        .map(|r| f64_of(&r["test_acc_at_best_val"], "test_acc_at_best_val"))
+        .collect();
     let mean = f64_of(&s["mean_test_acc_at_best_val"], "mean_test_acc_at_best_val");
     let std = f64_of(&s["std_test_acc_at_best_val"], "std_test_acc_at_best_val");
-    assert!((mean - (accs[0] + accs[1]) / 2.0).abs() < 1e-9, "mean {mean} of {accs:?}");
-    assert!((std - (accs[0] - accs[1]).abs() / 2.0).abs() < 1e-9, "population std {std} of {accs:?}");
+    assert!(
+        (mean - (accs[0] + accs[1]) / 2.0).abs() < 1e-9,
+        "mean {mean} of {accs:?}"
+    );
+    assert!(
+        (std - (accs[0] - accs[1]).abs() / 2.0).abs() < 1e-9,
+        "population std {std} of {accs:?}"
+    );
     assert!(s["mean_final_test_acc"].as_f64().is_some());
-    assert_eq!(s["epoch_times_s"].as_array().unwrap().len(), 10, "epoch times of the first run");
+    assert_eq!(
+        s["epoch_times_s"].as_array().unwrap().len(),
+        10,
+        "epoch times of the first run"
+    );
 
     let dir = t.path().join(s["job_dir"].as_str().unwrap());
     assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
@@ -166,7 +275,11 @@ fn two_runs_use_two_seeds_and_report_mean_and_std() {
     assert!(!dir.join("model.safetensors").exists());
     let (h0, h1) = (safetensors_header(&w0), safetensors_header(&w1));
     let r = h0.tensor_range("layers.0.weight");
-    assert_ne!(w0[r.clone()], w1[h1.tensor_range("layers.0.weight")], "different seeds trained identical weights");
+    assert_ne!(
+        w0[r.clone()],
+        w1[h1.tensor_range("layers.0.weight")],
+        "different seeds trained identical weights"
+    );
 }
 
 #[test]
@@ -185,13 +298,18 @@ fn submit_with_synth_dataset() {
     let acc = f64_of(&s["runs"][0]["final_test_acc"], "final_test_acc");
     assert!(acc > 0.6, "chance is 1/3, got {acc}");
     // nothing but the job directory was written
-    let names: Vec<_> = fs::read_dir(t.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
 #[test]
 fn cora_example_job_trains_from_repo_root() {
-    let Some(cora) = physalia_tests::cora_dir() else { return };
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
     let root = physalia_tests::repo_root();
     let t = TempDir::new().unwrap();
     let out_dir = t.path().join("out");
@@ -217,7 +335,11 @@ fn cora_example_job_trains_from_repo_root() {
     assert_eq!(s["edges"], 10556);
     assert_eq!(s["job"], "cora-gcn");
     let dir = PathBuf::from(s["job_dir"].as_str().unwrap());
-    assert!(dir.starts_with(&out_dir), "{} is not under output.dir", dir.display());
+    assert!(
+        dir.starts_with(&out_dir),
+        "{} is not under output.dir",
+        dir.display()
+    );
     assert_eq!(job_dirs(&out_dir), vec![dir.clone()]);
     assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
     assert_eq!(metrics(&dir).len(), 20);
@@ -225,36 +347,88 @@ fn cora_example_job_trains_from_repo_root() {
     let acc = f64_of(&s["runs"][0]["final_test_acc"], "final_test_acc");
     assert!(acc > 0.5, "cora test accuracy after 20 epochs: {acc}");
     let h = safetensors_header(&fs::read(dir.join("model.safetensors")).unwrap());
-    assert_eq!(h.json["layers.0.weight"]["shape"], serde_json::json!([1433, 16]));
+    assert_eq!(
+        h.json["layers.0.weight"]["shape"],
+        serde_json::json!([1433, 16])
+    );
     assert_eq!(h.json["layers.1.bias"]["shape"], serde_json::json!([7]));
 }
 
 /// The tensors of a model file, by name, as raw bytes.
 fn tensors(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
     let h = safetensors_header(bytes);
-    h.tensor_names().into_iter().map(|n| (n.clone(), bytes[h.tensor_range(&n)].to_vec())).collect()
+    h.tensor_names()
+        .into_iter()
+        .map(|n| (n.clone(), bytes[h.tensor_range(&n)].to_vec()))
+        .collect()
 }
 
 fn losses(dir: &Path) -> Vec<f64> {
-    metrics(dir).iter().map(|l| l["metrics"]["loss"].as_f64().unwrap()).collect()
+    metrics(dir)
+        .iter()
+        .map(|l| l["metrics"]["loss"].as_f64().unwrap())
+        .collect()
 }
 
 #[test]
 fn same_seed_gives_same_weights_and_losses() {
     let t = sbm_setup();
-    let (a, _) = submit_json(t.path(), "job.yaml", &["train.epochs=15", "train.seed=3"], true);
-    let (b, _) = submit_json(t.path(), "job.yaml", &["train.epochs=15", "train.seed=3"], true);
-    let (da, db) = (t.path().join(a["job_dir"].as_str().unwrap()), t.path().join(b["job_dir"].as_str().unwrap()));
+    let (a, _) = submit_json(
+        t.path(),
+        "job.yaml",
+        &["train.epochs=15", "train.seed=3"],
+        true,
+    );
+    let (b, _) = submit_json(
+        t.path(),
+        "job.yaml",
+        &["train.epochs=15", "train.seed=3"],
+        true,
+    );
+    let (da, db) = (
+        t.path().join(a["job_dir"].as_str().unwrap()),
+        t.path().join(b["job_dir"].as_str().unwrap()),
+    );
     assert_ne!(da, db, "two submits share a job directory");
-    assert_eq!(losses(&da), losses(&db), "losses differ between identical runs");
-    let (ma, mb) = (fs::read(da.join("model.safetensors")).unwrap(), fs::read(db.join("model.safetensors")).unwrap());
-    assert!(tensors(&ma) == tensors(&mb), "weights differ between identical runs");
-    assert_eq!(safetensors_header(&ma).json, safetensors_header(&mb).json, "headers differ beyond key order");
-    assert_eq!(a["runs"][0]["final_test_acc"], b["runs"][0]["final_test_acc"]);
+    assert_eq!(
+        losses(&da),
+        losses(&db),
+        "losses differ between identical runs"
+    );
+    let (ma, mb) = (
+        fs::read(da.join("model.safetensors")).unwrap(),
+        fs::read(db.join("model.safetensors")).unwrap(),
+    );
+    assert!(
+        tensors(&ma) == tensors(&mb),
+        "weights differ between identical runs"
+    );
+    assert_eq!(
+        safetensors_header(&ma).json,
+        safetensors_header(&mb).json,
+        "headers differ beyond key order"
+    );
+    assert_eq!(
+        a["runs"][0]["final_test_acc"],
+        b["runs"][0]["final_test_acc"]
+    );
     // a different seed trains different weights
-    let (c, _) = submit_json(t.path(), "job.yaml", &["train.epochs=15", "train.seed=4"], true);
-    let mc = fs::read(t.path().join(c["job_dir"].as_str().unwrap()).join("model.safetensors")).unwrap();
-    assert!(tensors(&ma) != tensors(&mc), "seeds 3 and 4 trained identical weights");
+    let (c, _) = submit_json(
+        t.path(),
+        "job.yaml",
+        &["train.epochs=15", "train.seed=4"],
+        true,
+    );
+    let mc = fs::read(
+        t.path()
+            .join(c["job_dir"].as_str().unwrap())
+            .join("model.safetensors"),
+    )
+    .unwrap();
+    assert!(
+        tensors(&ma) != tensors(&mc),
+        "seeds 3 and 4 trained identical weights"
+    );
 }
 
 /// Byte-identical model files for the same seed. The header's `__metadata__` comes from a `HashMap`, so its
@@ -263,7 +437,11 @@ fn same_seed_gives_same_weights_and_losses() {
 fn same_seed_gives_byte_identical_model_file() {
     let t = TempDir::new().unwrap();
     write_tiny_generic(&t.path().join("raw"));
-    physalia(t.path(), ["data", "import", "raw", "--out", "tiny.safetensors"]).ok();
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "tiny.safetensors"],
+    )
+    .ok();
     write_job(
         t.path(),
         "job.yaml",
@@ -272,7 +450,12 @@ fn same_seed_gives_byte_identical_model_file() {
     let files: Vec<Vec<u8>> = (0..10)
         .map(|_| {
             let (s, _) = submit_json(t.path(), "job.yaml", &[], true);
-            fs::read(t.path().join(s["job_dir"].as_str().unwrap()).join("model.safetensors")).unwrap()
+            fs::read(
+                t.path()
+                    .join(s["job_dir"].as_str().unwrap())
+                    .join("model.safetensors"),
+            )
+            .unwrap()
         })
         .collect();
     for (i, f) in files.iter().enumerate().skip(1) {
