@@ -8,11 +8,40 @@
 //! A single worker owns every node, so [`LocalExchange`] moves nothing; the QUIC mesh implements the same
 //! trait for partition-parallel training.
 
+use serde::{Deserialize, Serialize};
+
 use crate::tensor::Matrix;
+
+/// What an exchange moved and waited for since the last [`Exchange::take_stats`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeStats {
+    /// Bytes on the wire (headers included).
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Payload bytes per layer and phase (`forward`, `backward`, `all_reduce`).
+    pub per_layer: Vec<LayerBytes>,
+    /// Seconds spent sending and waiting for halo rows and gradients.
+    pub halo_s: f64,
+    /// Seconds spent in all-reduce.
+    pub all_reduce_s: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerBytes {
+    /// `None` for the all-reduce of weight gradients and statistics.
+    pub layer: Option<u16>,
+    pub phase: String,
+    pub sent: u64,
+    pub received: u64,
+}
 
 pub type ExchangeError = Box<dyn std::error::Error + Send + Sync>;
 
 pub trait Exchange {
+    /// Called at the start of every forward pass, so the exchange can tag its messages and draw per-epoch
+    /// choices (boundary sampling, staleness). Evaluation passes are `Pass::Eval`.
+    fn begin_pass(&mut self, _pass: crate::model::Pass) {}
+
     /// Rows of the halo nodes of `layer`'s messages, in halo order, given the rows of the owned nodes.
     /// `None` when this worker has no halo.
     fn forward(&mut self, layer: usize, own: &Matrix) -> Result<Option<Matrix>, ExchangeError>;
@@ -31,6 +60,11 @@ pub trait Exchange {
 
     /// Sums scalar statistics (loss, correct counts) over all workers, in place.
     fn all_reduce_scalars(&mut self, values: &mut [f64]) -> Result<(), ExchangeError>;
+
+    /// Traffic and waiting since the previous call.
+    fn take_stats(&mut self) -> ExchangeStats {
+        ExchangeStats::default()
+    }
 }
 
 /// The exchange of a worker that owns the whole graph.

@@ -21,7 +21,7 @@ pub mod tensor;
 pub mod train;
 
 pub use config::{Activation, LayerKind, ModelConfig};
-pub use exchange::{Exchange, ExchangeError, LocalExchange};
+pub use exchange::{Exchange, ExchangeError, ExchangeStats, LayerBytes, LocalExchange};
 pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;

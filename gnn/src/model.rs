@@ -323,6 +323,7 @@ impl Model {
                 self.cfg.in_dim
             )));
         }
+        ex.begin_pass(pass);
         if self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
             let halo = ex.forward(0, x).map_err(Error::Exchange)?;
             let l = &self.layers[0];
@@ -410,11 +411,19 @@ impl Model {
                 (out, Cache::Aggregated(agg))
             }
             (_, Order::TransformFirst) => {
-                let m = matmul(h, w);
+                // with a root weight, one product `H [W | W_root]` reads H once instead of twice
+                let (m, root) = match l.w_root {
+                    Some(r) => {
+                        let both = matmul(h, &Matrix::concat_cols(w, &self.params[r].value));
+                        let (m, root) = both.split_cols(w.cols());
+                        (m, Some(root))
+                    }
+                    None => (matmul(h, w), None),
+                };
                 let halo = ex.forward(l.index, &m).map_err(Error::Exchange)?;
                 let mut out = op.spmm_ext(&m, halo.as_ref());
-                if let Some(r) = l.w_root {
-                    matmul_into(h, &self.params[r].value, &mut out, true);
+                if let Some(root) = root {
+                    out.add_assign(&root);
                 }
                 (out, Cache::Transformed)
             }
@@ -591,11 +600,14 @@ impl Model {
             let (mut dm, halo) = split_rows(d_ext, g.n_dst);
             ex.backward(l.index, halo, &mut dm)
                 .map_err(Error::Exchange)?;
-            grads[l.w] = matmul_at(h, &dm);
             let mut terms = vec![];
-            if let Some(r) = l.w_root {
-                grads[r] = matmul_at(h, &d_out);
-                terms.push((d_out, r));
+            match l.w_root {
+                Some(r) => {
+                    let both = matmul_at(h, &Matrix::concat_cols(&dm, &d_out));
+                    (grads[l.w], grads[r]) = both.split_cols(dm.cols());
+                    terms.push((d_out, r));
+                }
+                None => grads[l.w] = matmul_at(h, &dm),
             }
             terms.push((dm, l.w));
             return Ok(Some(Dx::Factored(terms)));

@@ -92,6 +92,41 @@ impl Matrix {
             .for_each(|x| *x *= s);
     }
 
+    /// `[a | b]`: the columns of `a` followed by those of `b`.
+    pub fn concat_cols(a: &Matrix, b: &Matrix) -> Matrix {
+        assert_eq!(a.rows, b.rows, "concat_cols row counts differ");
+        let cols = a.cols + b.cols;
+        let mut out = Matrix::zeros(a.rows, cols);
+        out.data
+            .par_chunks_mut(cols.max(1))
+            .enumerate()
+            .with_min_len(256)
+            .for_each(|(i, row)| {
+                row[..a.cols].copy_from_slice(a.row(i));
+                row[a.cols..].copy_from_slice(b.row(i));
+            });
+        out
+    }
+
+    /// Splits into the first `left` columns and the rest.
+    pub fn split_cols(&self, left: usize) -> (Matrix, Matrix) {
+        assert!(left <= self.cols, "split_cols beyond the last column");
+        let right = self.cols - left;
+        let mut a = Matrix::zeros(self.rows, left);
+        let mut b = Matrix::zeros(self.rows, right);
+        a.data
+            .par_chunks_mut(left.max(1))
+            .zip(b.data.par_chunks_mut(right.max(1)))
+            .enumerate()
+            .with_min_len(256)
+            .for_each(|(i, (ra, rb))| {
+                let row = self.row(i);
+                ra.copy_from_slice(&row[..left]);
+                rb.copy_from_slice(&row[left..]);
+            });
+        (a, b)
+    }
+
     /// Rows `r0..r1` as a new matrix.
     pub fn row_block(&self, r0: usize, r1: usize) -> Matrix {
         Matrix::from_vec(

@@ -45,6 +45,9 @@ pub struct EpochMetrics {
     /// Forward, backward and optimizer step.
     pub train_s: f64,
     pub eval_s: f64,
+    /// What the exchange moved in this epoch (all zero on a single worker).
+    #[serde(default)]
+    pub exchange: crate::exchange::ExchangeStats,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,6 +140,7 @@ pub fn train(
             test_acc: None,
             train_s,
             eval_s: 0.0,
+            exchange: Default::default(),
         };
         if epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs {
             let t1 = Instant::now();
@@ -154,6 +158,7 @@ pub fn train(
                 }
             }
         }
+        m.exchange = ex.take_stats();
         on_epoch(&m);
         summary.epochs.push(m);
         if cfg.patience.is_some_and(|p| since_best >= p) {

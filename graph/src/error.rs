@@ -64,6 +64,10 @@ pub enum Error {
         param: &'static str,
         problem: String,
     },
+
+    /// A partitioning does not fit the graph it is applied to, or METIS failed on it.
+    #[error("partitioning: {problem}")]
+    Partition { problem: String },
 }
 
 impl Error {
@@ -104,6 +108,12 @@ impl Error {
     pub(crate) fn metadata(path: impl Into<PathBuf>, problem: impl Into<String>) -> Self {
         Error::Metadata {
             path: path.into(),
+            problem: problem.into(),
+        }
+    }
+
+    pub(crate) fn partition(problem: impl Into<String>) -> Self {
+        Error::Partition {
             problem: problem.into(),
         }
     }

@@ -56,7 +56,7 @@ impl FeatureDtype {
         }
     }
 
-    fn safetensors_dtype(self) -> Dtype {
+    pub(crate) fn safetensors_dtype(self) -> Dtype {
         match self {
             FeatureDtype::F32 => Dtype::F32,
             FeatureDtype::F16 => Dtype::F16,
@@ -462,7 +462,7 @@ pub fn checksum(bytes: &[u8]) -> String {
 /// alignment, as the safetensors crate does, and the header is padded to 8 bytes, so every tensor
 /// starts at an offset that is a multiple of its element size: a page-aligned mmap then yields aligned
 /// slices with no copy.
-fn write_safetensors(
+pub(crate) fn write_safetensors(
     path: &Path,
     meta_json: &str,
     mut tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>,

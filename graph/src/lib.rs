@@ -3,7 +3,8 @@
 //!
 //! Everything produces an [`OwnedDataset`]; [`OwnedDataset::write`] stores it as one safetensors file and
 //! [`Dataset::open`] maps it back, validated, so the rest of the system never parses text formats or
-//! re-checks indices at training time.
+//! re-checks indices at training time. [`partition`] cuts a dataset into per-worker parts (METIS) and
+//! stores them beside the dataset file.
 //!
 //! Crate-wide conventions: node ids are `i32` in the CSR and `i64` in labels and splits (the dtypes
 //! PyTorch/NumPy users expect); CSR row `v` lists the in-neighbours of `v`; label `-1` means unlabelled.
@@ -13,6 +14,7 @@ pub mod error;
 pub mod format;
 pub mod import;
 mod npy;
+pub mod partition;
 mod rng;
 pub mod synth;
 
@@ -23,4 +25,8 @@ pub use format::{
     OwnedDataset, Split, TENSOR_NAMES, checksum,
 };
 pub use import::ImportOptions;
+pub use partition::{
+    Part, PartitionSet, PartitionSummary, Partitioning, build_parts, ensure_partitions,
+    list_partitions, partition_metis,
+};
 pub use synth::{RmatParams, SbmParams};

@@ -1,11 +1,13 @@
-//! `physalia data import | synth | inspect`.
+//! `physalia data import | synth | inspect | partition`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
+use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSet, PartitionSummary};
 use physalia_graph::{
-    Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, import, synth,
+    Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, import, partition,
+    synth,
 };
 
 use crate::OutputFormat;
@@ -111,6 +113,20 @@ pub struct InspectArgs {
     pub output: OutputFormat,
 }
 
+#[derive(Args)]
+pub struct PartitionArgs {
+    /// The dataset file; partitions go to `<name>.parts/k<K>-seed<S>/` beside it.
+    pub file: PathBuf,
+    /// Numbers of parts, comma-separated, e.g. `2,4,8`.
+    #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
+    pub k: Vec<usize>,
+    /// METIS seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
 pub fn import(a: &ImportArgs) -> Result<()> {
     let opts = ImportOptions {
         name: a.name.clone(),
@@ -199,9 +215,16 @@ fn write(ds: &OwnedDataset, out: &Path) -> Result<()> {
 pub fn inspect(a: &InspectArgs) -> Result<()> {
     let ds = Dataset::open(&a.file)?;
     let stats = ds.stats();
+    let partitions = partition::list_partitions(&a.file)?;
     match a.output {
         OutputFormat::Json => {
-            let v = serde_json::json!({ "path": a.file, "metadata": ds.meta(), "stats": stats });
+            let partitions: Vec<_> = partitions.iter().map(summary_json).collect();
+            let v = serde_json::json!({
+                "path": a.file,
+                "metadata": ds.meta(),
+                "stats": stats,
+                "partitions": partitions,
+            });
             println!("{}", serde_json::to_string(&v)?);
         }
         OutputFormat::Text => {
@@ -236,7 +259,140 @@ pub fn inspect(a: &InspectArgs) -> Result<()> {
                 "split          train {} / val {} / test {}",
                 stats.train_size, stats.val_size, stats.test_size
             );
+            if partitions.is_empty() {
+                println!("partitions     none (`physalia data partition` makes them)");
+            }
+            for (i, s) in partitions.iter().enumerate() {
+                let label = if i == 0 { "partitions" } else { "" };
+                println!("{label:<15}{}", summary_line(s));
+            }
         }
     }
     Ok(())
+}
+
+/// One line per stored partition set for `inspect`: k, cut, balance, largest halo, and whether usable.
+fn summary_line(s: &PartitionSummary) -> String {
+    let head = format!("k={} seed={}", s.k, s.seed);
+    let body = s.meta.as_ref().map(|m| {
+        format!(
+            "  {} parts  edge cut {} ({:.2}%)  balance {:.3}  max halo {}",
+            m.parts.len(),
+            m.edge_cut,
+            100.0 * m.cut_fraction(),
+            m.balance,
+            m.parts.iter().map(|p| p.n_halo).max().unwrap_or(0)
+        )
+    });
+    let status = match &s.status {
+        ArtifactStatus::Current => String::new(),
+        other => format!("  [{other}; `physalia data partition` recomputes it]"),
+    };
+    format!("{head}{}{status}", body.unwrap_or_default())
+}
+
+fn summary_json(s: &PartitionSummary) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "dir": s.dir,
+        "k": s.k,
+        "seed": s.seed,
+        "status": match &s.status {
+            ArtifactStatus::Current => "current",
+            ArtifactStatus::Stale => "stale",
+            ArtifactStatus::Invalid(_) => "invalid",
+        },
+    });
+    if let ArtifactStatus::Invalid(why) = &s.status {
+        v["problem"] = why.clone().into();
+    }
+    if let Some(m) = &s.meta {
+        v["method"] = m.method.clone().into();
+        v["edge_cut"] = m.edge_cut.into();
+        v["num_undirected_edges"] = m.num_undirected_edges.into();
+        v["balance"] = m.balance.into();
+        v["parts"] = parts_json(m);
+    }
+    v
+}
+
+fn parts_json(m: &PartitionMeta) -> serde_json::Value {
+    m.parts
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "part": p.part,
+                "owned": p.n_owned,
+                "halo": p.n_halo,
+                "local_edges": p.n_local_edges,
+            })
+        })
+        .collect()
+}
+
+/// `physalia data partition`: computes the missing or stale partition sets, reuses the rest, and reports
+/// each one.
+pub fn partition(a: &PartitionArgs) -> Result<()> {
+    let sets = partition::ensure_partitions(&a.file, &a.k, a.seed)?;
+    match a.output {
+        OutputFormat::Json => {
+            let v = serde_json::json!({
+                "path": a.file,
+                "seed": a.seed,
+                "partitions": sets.iter().map(set_json).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string(&v)?);
+        }
+        OutputFormat::Text => {
+            for s in &sets {
+                print_set(s);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_json(s: &PartitionSet) -> serde_json::Value {
+    let m = &s.meta;
+    serde_json::json!({
+        "k": m.k,
+        "seed": m.seed,
+        "method": m.method,
+        "dir": s.dir,
+        "reused": s.reused,
+        "seconds": s.seconds,
+        "compute_seconds": m.compute_seconds,
+        "edge_cut": m.edge_cut,
+        "num_undirected_edges": m.num_undirected_edges,
+        "balance": m.balance,
+        "parts": parts_json(m),
+    })
+}
+
+fn print_set(s: &PartitionSet) {
+    let m = &s.meta;
+    let how = if s.reused {
+        format!(
+            "reused (checked in {:.3} s; computed in {:.2} s)",
+            s.seconds, m.compute_seconds
+        )
+    } else {
+        format!("computed in {:.2} s", s.seconds)
+    };
+    println!(
+        "k={} seed={} ({}): {how}: edge cut {} of {} undirected edges ({:.2}%), balance {:.3}",
+        m.k,
+        m.seed,
+        m.method,
+        m.edge_cut,
+        m.num_undirected_edges,
+        100.0 * m.cut_fraction(),
+        m.balance
+    );
+    for p in &m.parts {
+        println!(
+            "  part {:<4} owned {:<10} halo {:<10} local edges {}",
+            p.part, p.n_owned, p.n_halo, p.n_local_edges
+        );
+    }
+    println!("  in {}", s.dir.display());
 }

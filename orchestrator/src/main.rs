@@ -10,9 +10,12 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod coordinator;
 mod data;
 mod dataset;
+mod distributed;
 mod jobdir;
+mod local;
 mod spec;
 mod submit;
 
@@ -35,7 +38,7 @@ enum Command {
     Validate(ValidateArgs),
     /// Print the JSON Schema of job files (for editors).
     Schema,
-    /// Import, generate and inspect datasets.
+    /// Import, generate, inspect and partition datasets.
     #[command(subcommand)]
     Data(DataCommand),
 }
@@ -75,8 +78,11 @@ enum DataCommand {
     /// Generate a synthetic dataset.
     #[command(subcommand)]
     Synth(data::SynthCommand),
-    /// Show a dataset file's metadata and statistics (validates it and verifies checksums).
+    /// Show a dataset file's metadata and statistics (validates it and verifies checksums), and the
+    /// partition sets stored beside it.
     Inspect(data::InspectArgs),
+    /// Split a dataset into k parts per worker (METIS), stored beside it and reused while it is unchanged.
+    Partition(data::PartitionArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -105,6 +111,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Import(a)) => data::import(&a),
         Command::Data(DataCommand::Synth(c)) => data::synth(&c),
         Command::Data(DataCommand::Inspect(a)) => data::inspect(&a),
+        Command::Data(DataCommand::Partition(a)) => data::partition(&a),
     }
 }
 

@@ -56,9 +56,16 @@ pub struct JobSpec {
     /// Optimisation settings.
     #[serde(default)]
     pub train: TrainSpec,
-    /// Number of workers the graph is partitioned over. Only 1 is supported today.
+    /// Number of workers the graph is partitioned over. 1 trains inside `physalia submit`; more
+    /// start that many `physalia-worker` processes, each training one partition.
     #[serde(default = "default_workers")]
     pub workers: u32,
+    /// How workers exchange halo rows (only used when `workers` is above 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<ExchangeSpec>,
+    /// Failure detection for multi-worker jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<TimeoutsSpec>,
     /// Where the job runs. Only `local` is supported today.
     #[serde(default)]
     pub backend: BackendKind,
@@ -237,6 +244,57 @@ impl Default for TrainSpec {
             threads: None,
             eval_every: 1,
             patience: None,
+        }
+    }
+}
+
+/// How workers exchange halo rows. The defaults are exact: the same losses as one worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExchangeSpec {
+    /// Fraction of boundary rows sent each training epoch, in (0, 1]; 1 sends all (exact).
+    pub boundary_sampling: f64,
+    /// Epochs a received halo row is reused before it is refreshed (>= 0); 0 is always fresh (exact).
+    pub staleness: u32,
+    /// Element type of exchanged rows: `f32` (exact), `f16` or `bf16` (half the bytes, rounded).
+    pub dtype: ExchangeDtype,
+}
+
+impl Default for ExchangeSpec {
+    fn default() -> Self {
+        ExchangeSpec {
+            boundary_sampling: 1.0,
+            staleness: 0,
+            dtype: ExchangeDtype::F32,
+        }
+    }
+}
+
+/// Element type of exchanged rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+/// How long the coordinator waits before it declares a worker lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimeoutsSpec {
+    /// Seconds for every worker to start and register (> 0).
+    pub register_s: f64,
+    /// Seconds a worker may stay silent during training, i.e. the longest epoch (> 0).
+    pub epoch_s: f64,
+}
+
+impl Default for TimeoutsSpec {
+    fn default() -> Self {
+        TimeoutsSpec {
+            register_s: 30.0,
+            epoch_s: 60.0,
         }
     }
 }
@@ -731,12 +789,37 @@ impl JobSpec {
         if self.workers == 0 {
             return Err(invalid("workers", "must be >= 1, got 0"));
         }
-        if self.workers > 1 {
+        if self.workers > u32::from(u16::MAX) {
             return Err(invalid(
                 "workers",
+                format!("must be at most {}, got {}", u16::MAX, self.workers),
+            ));
+        }
+        if let Some(x) = &self.exchange {
+            let p = x.boundary_sampling;
+            if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+                return Err(invalid(
+                    "exchange.boundary_sampling",
+                    format!("must be in (0, 1], got {p}"),
+                ));
+            }
+        }
+        if let Some(t) = &self.timeouts {
+            for (field, v) in [
+                ("timeouts.register_s", t.register_s),
+                ("timeouts.epoch_s", t.epoch_s),
+            ] {
+                if !(v.is_finite() && v > 0.0 && v <= 1e6) {
+                    return Err(invalid(field, format!("must be > 0 seconds, got {v}")));
+                }
+            }
+        }
+        if self.workers > 1 && self.train.runs > 1 {
+            return Err(invalid(
+                "train.runs",
                 format!(
-                    "multi-worker training is not built yet, only 1 worker is supported, got {}",
-                    self.workers
+                    "repeated runs need workers: 1, got {} runs on {} workers",
+                    self.train.runs, self.workers
                 ),
             ));
         }

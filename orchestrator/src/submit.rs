@@ -1,8 +1,8 @@
 //! `physalia submit`: resolve the job, load the data, train on the local backend, record everything in a
 //! job directory, print a per-epoch line and a final summary.
 //!
-//! Today the local backend runs one worker inside this process; multi-worker jobs arrive with the
-//! coordinator and `physalia-worker`.
+//! With `workers: 1` the local backend trains inside this process; with more, `distributed.rs` coordinates
+//! `physalia-worker` processes and reuses this module's summary and epoch line.
 
 use std::path::Path;
 use std::time::Instant;
@@ -23,6 +23,9 @@ use crate::spec::{self, JobSpec, ModelKind};
 
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
     let spec = spec::load(job, overrides)?;
+    if spec.workers > 1 {
+        return crate::distributed::run(&spec, &spec.job_name(job), output, quiet);
+    }
     if let Some(t) = spec.train.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(t as usize)
@@ -94,9 +97,9 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
     }
 }
 
-struct RunResult {
-    seed: u64,
-    summary: TrainSummary,
+pub(crate) struct RunResult {
+    pub seed: u64,
+    pub summary: TrainSummary,
 }
 
 fn train_runs(
@@ -168,7 +171,7 @@ fn train_runs(
     Ok(out)
 }
 
-fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
+pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
     let prefix = if runs > 1 {
         format!("run {run} ")
     } else {
@@ -236,7 +239,7 @@ fn row_normalize(x: &mut Matrix) {
 }
 
 #[derive(Serialize)]
-struct Summary {
+pub(crate) struct Summary {
     job: String,
     job_dir: String,
     dataset: String,
@@ -274,7 +277,7 @@ struct RunSummary {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn summarize(
+pub(crate) fn summarize(
     name: &str,
     data_name: &str,
     stats: &physalia_graph::GraphStats,

@@ -129,6 +129,8 @@ fn full_example_parses() {
             patience: Some(100),
         },
         workers: 1,
+        exchange: None,
+        timeouts: None,
         backend: BackendKind::Local,
         output: OutputSpec {
             dir: PathBuf::from("out/jobs"),
@@ -342,9 +344,23 @@ fn validation_errors() {
         ),
         (
             "workers:",
-            "workers: 2",
-            "cora.yaml: workers: multi-worker training is not built yet, only 1 worker is \
-             supported, got 2",
+            "workers: 2\nexchange:\n  boundary_sampling: 0",
+            "cora.yaml: exchange.boundary_sampling: must be in (0, 1], got 0",
+        ),
+        (
+            "workers:",
+            "workers: 2\nexchange:\n  boundary_sampling: 1.5",
+            "cora.yaml: exchange.boundary_sampling: must be in (0, 1], got 1.5",
+        ),
+        (
+            "workers:",
+            "workers: 2\ntimeouts:\n  epoch_s: 0",
+            "cora.yaml: timeouts.epoch_s: must be > 0 seconds, got 0",
+        ),
+        (
+            "workers:",
+            "workers: 70000",
+            "cora.yaml: workers: must be at most 65535, got 70000",
         ),
         (
             "backend:",
@@ -715,4 +731,43 @@ fn garbage_never_panics() {
                 e: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n";
     never_panics(bomb, &[]);
     never_panics(bomb, &["train.lr=1"]);
+}
+
+#[test]
+fn multi_worker_jobs_with_exchange_options() {
+    let spec = ok(
+        &format!(
+            "{MINIMAL}workers: 3\nexchange:\n  boundary_sampling: 0.5\n  staleness: 2\n  dtype: bf16\ntimeouts:\n  epoch_s: 5\n"
+        ),
+        &[],
+    );
+    assert_eq!(spec.workers, 3);
+    let x = spec.exchange.as_ref().unwrap();
+    assert_eq!(
+        (x.boundary_sampling, x.staleness, x.dtype),
+        (0.5, 2, ExchangeDtype::Bf16)
+    );
+    let t = spec.timeouts.as_ref().unwrap();
+    assert_eq!((t.register_s, t.epoch_s), (30.0, 5.0));
+    let spec = ok(&format!("{MINIMAL}workers: 2\n"), &["exchange.dtype=f16"]);
+    assert_eq!(spec.exchange.unwrap().dtype, ExchangeDtype::F16);
+    let message = err(&format!("{MINIMAL}workers: 2\ntrain:\n  runs: 3\n"), &[]);
+    assert!(
+        message.contains("train.runs: repeated runs need workers: 1"),
+        "{message}"
+    );
+    let message = err(&format!("{MINIMAL}workers: 2\nbackend: docker\n"), &[]);
+    assert!(
+        message.contains("the docker backend is not built yet"),
+        "{message}"
+    );
+    let message = err(&format!("{MINIMAL}exchange:\n  dtype: f64\n"), &[]);
+    assert!(message.contains("exchange.dtype"), "{message}");
+    let schema = json_schema();
+    assert!(
+        schema["properties"]
+            .as_object()
+            .unwrap()
+            .contains_key("exchange")
+    );
 }

@@ -1,11 +1,13 @@
-//! `physalia-worker`: the process each worker container runs.
+//! `physalia-worker`: the process each worker runs. It is started by the coordinator (`physalia submit`
+//! with `workers` above 1) with its rank, the job and the coordinator's address in its environment; see
+//! [`physalia_worker::run`].
 //!
-//! Until multi-worker training lands (issue 3) the single local worker runs inside `physalia submit`
-//! itself, so this binary only says so instead of pretending to join a mesh.
+//! Exit codes: 0 trained and reported, 1 an error (printed on stderr, also reported to the coordinator),
+//! 3 stopped by the coordinator or lost it.
 
 fn main() {
-    eprintln!(
-        "physalia-worker: multi-worker execution is not built yet; `physalia submit` trains with one in-process worker"
-    );
-    std::process::exit(2);
+    if let Err(e) = physalia_worker::run::run_from_env() {
+        eprintln!("physalia-worker: error: {e:#}");
+        std::process::exit(1);
+    }
 }

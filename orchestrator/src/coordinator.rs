@@ -1,0 +1,510 @@
+//! The coordinator of a multi-worker job, as a state machine: it is fed [`Event`]s (a worker registered,
+//! reported an epoch, finished, failed, lost its connection, exited; or just time passing) with the time
+//! they happened, and answers with [`Action`]s (send the assignments, an epoch is complete, the job
+//! finished, the job failed with this one error). It owns no sockets, processes or clock, so its failure
+//! handling is tested with plain values; `distributed.rs` is the IO shell around it.
+//!
+//! Failure handling: every wait is bounded. Registration must complete within the registration timeout,
+//! and during training every worker must report within the epoch timeout of its previous message. When a
+//! worker fails, its peers usually fail soon after (they lose it mid-exchange), so the first failure opens
+//! a short grace window ([`FAILURE_GRACE`]) in which further evidence is collected; then the most direct
+//! cause is reported, in this order: a worker killed by a signal, a worker that exited or vanished without
+//! saying why, a worker that reported an error, a worker that went silent.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use physalia_gnn::{EpochMetrics, TrainSummary};
+
+/// How long to collect evidence after the first sign of failure before naming the cause.
+pub const FAILURE_GRACE: Duration = Duration::from_millis(1500);
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    Registered {
+        rank: usize,
+        pid: u32,
+        mesh_addr: SocketAddr,
+    },
+    Epoch {
+        rank: usize,
+        metrics: EpochMetrics,
+    },
+    Done {
+        rank: usize,
+        summary: TrainSummary,
+        peak_rss_bytes: Option<u64>,
+    },
+    Failed {
+        rank: usize,
+        error: String,
+    },
+    /// The worker's control connection ended.
+    Lost {
+        rank: usize,
+        reason: String,
+    },
+    /// The worker's process ended: `how` is e.g. `exited with signal 9` or `exited with code 1`.
+    Exited {
+        rank: usize,
+        how: String,
+        by_signal: bool,
+    },
+    /// Nothing happened; lets timeouts fire.
+    Tick,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Every worker registered: send each the assignment with these mesh addresses (by rank).
+    Assign { peers: Vec<SocketAddr> },
+    /// Every worker reported `epoch`: their metrics by rank.
+    EpochComplete {
+        epoch: usize,
+        by_rank: Vec<EpochMetrics>,
+    },
+    /// Every worker finished; their summaries and peak memory by rank.
+    Finished {
+        summaries: Vec<TrainSummary>,
+        peak_rss_bytes: Vec<Option<u64>>,
+    },
+    /// The job failed: stop and kill every worker, report this.
+    Fail { error: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Registering,
+    Training,
+    Over,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Worker {
+    pid: Option<u32>,
+    mesh_addr: Option<SocketAddr>,
+    last_heard: Option<Instant>,
+    /// Last epoch reported.
+    epoch: usize,
+    done: Option<(TrainSummary, Option<u64>)>,
+    reported_error: Option<String>,
+}
+
+pub struct Coordinator {
+    world: usize,
+    register_timeout: Duration,
+    epoch_timeout: Duration,
+    started: Instant,
+    stage: Stage,
+    workers: Vec<Worker>,
+    /// Reports of epochs not yet complete, by epoch then rank.
+    pending: std::collections::BTreeMap<usize, Vec<Option<EpochMetrics>>>,
+    /// (priority, message): lower is a more direct cause.
+    evidence: Vec<(u8, String)>,
+    failing_since: Option<Instant>,
+}
+
+impl Coordinator {
+    pub fn new(
+        world: usize,
+        register_timeout: Duration,
+        epoch_timeout: Duration,
+        now: Instant,
+    ) -> Coordinator {
+        Coordinator {
+            world,
+            register_timeout,
+            epoch_timeout,
+            started: now,
+            stage: Stage::Registering,
+            workers: vec![Worker::default(); world],
+            pending: Default::default(),
+            evidence: Vec::new(),
+            failing_since: None,
+        }
+    }
+
+    /// The process id a worker registered with, if it did.
+    pub fn set_pid(&mut self, rank: usize, pid: u32) {
+        if let Some(w) = self.workers.get_mut(rank) {
+            w.pid = Some(pid);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn is_over(&self) -> bool {
+        self.stage == Stage::Over
+    }
+
+    fn who(&self, rank: usize) -> String {
+        match self.workers[rank].pid {
+            Some(pid) => format!("worker {rank} (pid {pid})"),
+            None => format!("worker {rank}"),
+        }
+    }
+
+    fn when(&self, rank: usize) -> String {
+        let w = &self.workers[rank];
+        match self.stage {
+            _ if w.done.is_some() => "after finishing".into(),
+            Stage::Registering => "before training started".into(),
+            _ => format!("during epoch {}", w.epoch + 1),
+        }
+    }
+
+    fn suspect(&mut self, now: Instant, priority: u8, message: String) {
+        self.evidence.push((priority, message));
+        self.failing_since.get_or_insert(now);
+    }
+
+    pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        if self.stage == Stage::Over {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match event {
+            Event::Registered {
+                rank,
+                pid,
+                mesh_addr,
+            } if rank < self.world => {
+                let w = &mut self.workers[rank];
+                w.pid = Some(pid);
+                w.mesh_addr = Some(mesh_addr);
+                w.last_heard = Some(now);
+                if self.stage == Stage::Registering
+                    && self.workers.iter().all(|w| w.mesh_addr.is_some())
+                {
+                    self.stage = Stage::Training;
+                    for w in &mut self.workers {
+                        w.last_heard = Some(now);
+                    }
+                    let peers = self
+                        .workers
+                        .iter()
+                        .map(|w| w.mesh_addr.expect("all registered"))
+                        .collect();
+                    out.push(Action::Assign { peers });
+                }
+            }
+            Event::Epoch { rank, metrics } if rank < self.world => {
+                let w = &mut self.workers[rank];
+                w.last_heard = Some(now);
+                w.epoch = metrics.epoch;
+                let epoch = metrics.epoch;
+                let slot = self
+                    .pending
+                    .entry(epoch)
+                    .or_insert_with(|| vec![None; self.world]);
+                slot[rank] = Some(metrics);
+                if slot.iter().all(Option::is_some) {
+                    let by_rank = self
+                        .pending
+                        .remove(&epoch)
+                        .expect("present")
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    out.push(Action::EpochComplete { epoch, by_rank });
+                }
+            }
+            Event::Done {
+                rank,
+                summary,
+                peak_rss_bytes,
+            } if rank < self.world => {
+                self.workers[rank].last_heard = Some(now);
+                self.workers[rank].done = Some((summary, peak_rss_bytes));
+            }
+            Event::Failed { rank, error } if rank < self.world => {
+                let msg = format!("{} failed {}: {error}", self.who(rank), self.when(rank));
+                self.workers[rank].reported_error = Some(error);
+                self.suspect(now, 2, msg);
+            }
+            Event::Lost { rank, reason } if rank < self.world => {
+                if self.workers[rank].done.is_none() && self.workers[rank].reported_error.is_none()
+                {
+                    let msg = format!("{} {reason} {}", self.who(rank), self.when(rank));
+                    self.suspect(now, 1, msg);
+                }
+            }
+            Event::Exited {
+                rank,
+                how,
+                by_signal,
+            } if rank < self.world => {
+                let w = &self.workers[rank];
+                if w.done.is_none() {
+                    let msg = format!("{} {how} {}", self.who(rank), self.when(rank));
+                    let priority = if by_signal {
+                        0
+                    } else if w.reported_error.is_some() {
+                        3
+                    } else {
+                        1
+                    };
+                    self.suspect(now, priority, msg);
+                }
+            }
+            Event::Tick => {}
+            // an out-of-range rank cannot happen: the server checks ranks against the world
+            _ => {}
+        }
+        // timeouts
+        match self.stage {
+            Stage::Registering if now.duration_since(self.started) > self.register_timeout => {
+                let missing: Vec<usize> = (0..self.world)
+                    .filter(|&r| self.workers[r].mesh_addr.is_none())
+                    .collect();
+                if let Some(&r) = missing.first() {
+                    let msg = format!(
+                        "{} did not register within {} s",
+                        self.who(r),
+                        self.register_timeout.as_secs_f64()
+                    );
+                    if self.failing_since.is_none() {
+                        self.suspect(now, 4, msg);
+                    }
+                }
+            }
+            Stage::Training => {
+                for r in 0..self.world {
+                    let w = &self.workers[r];
+                    let silent = w
+                        .last_heard
+                        .map(|t| now.duration_since(t))
+                        .unwrap_or_default();
+                    if w.done.is_none()
+                        && silent > self.epoch_timeout
+                        && self.failing_since.is_none()
+                    {
+                        let msg = format!(
+                            "{} sent nothing for {} s {}",
+                            self.who(r),
+                            self.epoch_timeout.as_secs_f64(),
+                            self.when(r)
+                        );
+                        self.suspect(now, 4, msg);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(since) = self.failing_since {
+            if now.duration_since(since) >= FAILURE_GRACE
+                || self.evidence.iter().any(|(p, _)| *p == 4)
+            {
+                let (_, error) = self
+                    .evidence
+                    .iter()
+                    .min_by_key(|(p, _)| *p)
+                    .cloned()
+                    .expect("failing implies evidence");
+                self.stage = Stage::Over;
+                out.push(Action::Fail { error });
+            }
+            return out;
+        }
+        if self.workers.iter().all(|w| w.done.is_some()) {
+            self.stage = Stage::Over;
+            let (summaries, peak_rss_bytes) = self
+                .workers
+                .iter_mut()
+                .map(|w| w.done.take().expect("all done"))
+                .unzip();
+            out.push(Action::Finished {
+                summaries,
+                peak_rss_bytes,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(epoch: usize) -> EpochMetrics {
+        EpochMetrics {
+            epoch,
+            loss: 1.0,
+            train_acc: None,
+            val_acc: None,
+            test_acc: None,
+            train_s: 0.1,
+            eval_s: 0.0,
+            exchange: Default::default(),
+        }
+    }
+
+    fn summary() -> TrainSummary {
+        TrainSummary {
+            epochs: vec![metrics(1)],
+            best_epoch: None,
+            best_val_acc: None,
+            test_acc_at_best_val: None,
+            stopped_early: false,
+        }
+    }
+
+    fn started(n: usize, t0: Instant) -> Coordinator {
+        let mut c = Coordinator::new(n, Duration::from_secs(30), Duration::from_secs(60), t0);
+        for r in 0..n {
+            let a = c.handle(
+                Event::Registered {
+                    rank: r,
+                    pid: 100 + r as u32,
+                    mesh_addr: format!("127.0.0.1:{}", 5000 + r).parse().unwrap(),
+                },
+                t0,
+            );
+            assert_eq!(a.len(), usize::from(r == n - 1));
+        }
+        c
+    }
+
+    #[test]
+    fn a_clean_job_completes_epochs_then_finishes() {
+        let t0 = Instant::now();
+        let mut c = started(2, t0);
+        assert!(
+            c.handle(
+                Event::Epoch {
+                    rank: 1,
+                    metrics: metrics(1)
+                },
+                t0
+            )
+            .is_empty()
+        );
+        let a = c.handle(
+            Event::Epoch {
+                rank: 0,
+                metrics: metrics(1),
+            },
+            t0,
+        );
+        assert!(
+            matches!(&a[..], [Action::EpochComplete { epoch: 1, by_rank }] if by_rank.len() == 2)
+        );
+        assert!(
+            c.handle(
+                Event::Done {
+                    rank: 0,
+                    summary: summary(),
+                    peak_rss_bytes: None
+                },
+                t0
+            )
+            .is_empty()
+        );
+        let a = c.handle(
+            Event::Done {
+                rank: 1,
+                summary: summary(),
+                peak_rss_bytes: Some(1),
+            },
+            t0,
+        );
+        assert!(matches!(&a[..], [Action::Finished { .. }]));
+        // exits after finishing are not failures
+        assert!(
+            c.handle(
+                Event::Exited {
+                    rank: 0,
+                    how: "exited with code 0".into(),
+                    by_signal: false
+                },
+                t0
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_killed_worker_is_named_even_when_its_peers_report_first() {
+        let t0 = Instant::now();
+        let mut c = started(3, t0);
+        for r in 0..3 {
+            c.handle(
+                Event::Epoch {
+                    rank: r,
+                    metrics: metrics(1),
+                },
+                t0,
+            );
+        }
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(
+            c.handle(
+                Event::Failed {
+                    rank: 0,
+                    error: "peer 1 lost".into()
+                },
+                t1
+            )
+            .is_empty()
+        );
+        assert!(
+            c.handle(
+                Event::Exited {
+                    rank: 1,
+                    how: "exited with signal 9".into(),
+                    by_signal: true
+                },
+                t1
+            )
+            .is_empty()
+        );
+        let a = c.handle(Event::Tick, t1 + FAILURE_GRACE);
+        assert_eq!(
+            a,
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) exited with signal 9 during epoch 2".into()
+            }]
+        );
+        assert!(c.is_over());
+    }
+
+    #[test]
+    fn silence_and_missing_registrations_time_out() {
+        let t0 = Instant::now();
+        let mut c = started(2, t0);
+        c.handle(
+            Event::Epoch {
+                rank: 0,
+                metrics: metrics(1),
+            },
+            t0 + Duration::from_secs(50),
+        );
+        let a = c.handle(Event::Tick, t0 + Duration::from_secs(61));
+        assert_eq!(
+            a,
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1".into()
+            }]
+        );
+
+        let mut c = Coordinator::new(2, Duration::from_secs(30), Duration::from_secs(60), t0);
+        c.handle(
+            Event::Registered {
+                rank: 0,
+                pid: 7,
+                mesh_addr: "127.0.0.1:1".parse().unwrap(),
+            },
+            t0,
+        );
+        assert!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(29))
+                .is_empty()
+        );
+        let a = c.handle(Event::Tick, t0 + Duration::from_secs(31));
+        assert_eq!(
+            a,
+            vec![Action::Fail {
+                error: "worker 1 did not register within 30 s".into()
+            }]
+        );
+    }
+}

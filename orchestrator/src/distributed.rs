@@ -1,0 +1,448 @@
+//! `physalia submit` with `workers` above 1: the IO shell around the [`Coordinator`] state machine.
+//!
+//! Design (local backend): this process is the coordinator. It partitions the dataset
+//! (`ensure_partitions`; a raw folder or a generated graph is first written into the job directory as
+//! `dataset.safetensors`), creates the job CA, writes one identity per worker under `secrets/`, binds its
+//! control endpoint on `127.0.0.1:0` ([`ControlServer`]: QUIC, mutual TLS against the job CA, a certificate
+//! named `coordinator`) and starts N `physalia-worker` processes ([`crate::local`]). The coordinator is not
+//! a rank of the mesh: the workers' collectives run over exactly the N workers, so a separate star of
+//! control connections is the simplest design that keeps the mesh untouched.
+//!
+//! Protocol: a worker binds its mesh endpoint (`127.0.0.1:0`), connects to the coordinator and sends
+//! `Register {rank, pid, mesh_addr}`; once all N have registered the coordinator sends each an
+//! `Assign {peers, part file, model, train config, seed, exchange options, row_normalize}`; workers join the
+//! mesh, train, and send `Epoch {rank, metrics}` per epoch and `Done {rank, summary}` (rank 0 writes the
+//! model first) or `Failed {rank, error}`. On failure the coordinator sends `Stop` to everyone, SIGKILLs
+//! and reaps every worker, and reports one error naming the worker that failed first.
+//!
+//! Timeouts: `timeouts.register_s` (default 30 s) for all workers to register, `timeouts.epoch_s` (default
+//! 60 s) of silence from any worker during training (also the workers' bound on every wait for a peer),
+//! 10 s for workers to exit after finishing. Nothing waits without a bound.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
+use physalia_wire::{Dtype, JobCa, worker_name};
+use physalia_worker::ExchangeOptions;
+use physalia_worker::control::{
+    Assignment, COORDINATOR_NAME, ControlServer, Outbox, ServerEvent, ToCoordinator, ToWorker,
+};
+use serde_json::{Value, json};
+
+use crate::OutputFormat;
+use crate::coordinator::{Action, Coordinator, Event};
+use crate::dataset::{self, Source};
+use crate::jobdir::JobDir;
+use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
+use crate::spec::{ExchangeDtype, JobSpec};
+use crate::submit::{self, RunResult};
+
+pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Result<()> {
+    let n = spec.workers as usize;
+    let binary = worker_binary()?;
+    let t_load = Instant::now();
+    let source = dataset::load(&spec.dataset)?;
+    let stats = source.stats();
+    let data_name = source.name().to_string();
+    let cfg = submit::model_config(spec, stats.feat_dim, stats.num_classes)?;
+    if n > stats.num_nodes {
+        bail!(
+            "workers: {n} workers for a graph of {} nodes",
+            stats.num_nodes
+        );
+    }
+    let mut dir = JobDir::create(&spec.output.dir, name)?;
+    dir.write_json("job.json", spec)?;
+    dir.write_json("status.json", &json!({ "state": "running" }))?;
+    let result = (|| -> Result<Value> {
+        let dataset_path = match &source {
+            Source::File(_) => spec
+                .dataset
+                .path
+                .clone()
+                .expect("a file source comes from dataset.path"),
+            Source::Memory(ds) => {
+                let path = dir.path().join("dataset.safetensors");
+                ds.write(&path)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                path
+            }
+        };
+        drop(source);
+        let sets =
+            physalia_graph::partition::ensure_partitions(&dataset_path, &[n], spec.train.seed)
+                .with_context(|| {
+                    format!("partitioning {} into {n} parts", dataset_path.display())
+                })?;
+        let parts = sets.into_iter().next().expect("one set per k").part_files;
+        let load_s = t_load.elapsed().as_secs_f64();
+        let runs = coordinate(spec, name, &cfg, &parts, &binary, &mut dir, quiet)?;
+        let workers_rss = runs.worker_peak_rss.clone();
+        let bytes = runs.bytes_exchanged;
+        let summary = submit::summarize(
+            name,
+            &data_name,
+            &stats,
+            &cfg,
+            spec,
+            &[runs.run],
+            dir.path(),
+            load_s,
+        );
+        let mut v = serde_json::to_value(&summary)?;
+        v["workers"] = json!(n);
+        v["bytes_exchanged"] = json!(bytes);
+        v["worker_peak_rss_bytes"] = json!(workers_rss);
+        Ok(v)
+    })();
+    match result {
+        Err(e) => {
+            let msg = format!("{e:#}");
+            dir.write_json("status.json", &json!({ "state": "failed", "error": msg }))?;
+            Err(e.context(format!(
+                "job {name} failed; its record is in {}",
+                dir.path().display()
+            )))
+        }
+        Ok(v) => {
+            dir.write_json("summary.json", &v)?;
+            dir.write_json("status.json", &json!({ "state": "succeeded" }))?;
+            match output {
+                OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
+                OutputFormat::Text => {
+                    println!(
+                        "job {name} finished on {n} workers: {}",
+                        dir.path().display()
+                    );
+                    println!(
+                        "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
+                        v["runs"][0]["final_loss"].as_f64().unwrap_or(f64::NAN),
+                        v["runs"][0]["test_acc_at_best_val"]
+                            .as_f64()
+                            .map(|a| format!("{a:.4}"))
+                            .unwrap_or("-".into()),
+                        v["median_epoch_s"].as_f64().unwrap_or(0.0),
+                        fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+struct Coordinated {
+    run: RunResult,
+    worker_peak_rss: Vec<Option<u64>>,
+    bytes_exchanged: u64,
+}
+
+fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
+    let x = spec.exchange.clone().unwrap_or_default();
+    ExchangeOptions {
+        boundary_sampling: x.boundary_sampling as f32,
+        staleness_epochs: x.staleness,
+        dtype: match x.dtype {
+            ExchangeDtype::F32 => Dtype::F32,
+            ExchangeDtype::F16 => Dtype::F16,
+            ExchangeDtype::Bf16 => Dtype::BF16,
+        },
+        seed: spec.train.seed,
+    }
+}
+
+/// Appends to `logs/coordinator.log` (refusals, spawns, failures); never to the terminal.
+struct CoordLog(Option<std::fs::File>);
+
+impl CoordLog {
+    fn line(&mut self, s: &str) {
+        use std::io::Write;
+        if let Some(f) = &mut self.0 {
+            let _ = writeln!(f, "{s}");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coordinate(
+    spec: &JobSpec,
+    name: &str,
+    cfg: &ModelConfig,
+    parts: &[PathBuf],
+    binary: &Path,
+    dir: &mut JobDir,
+    quiet: bool,
+) -> Result<Coordinated> {
+    let n = parts.len();
+    let timeouts = spec.timeouts.clone().unwrap_or_default();
+    let (register_timeout, epoch_timeout) = (
+        Duration::from_secs_f64(timeouts.register_s),
+        Duration::from_secs_f64(timeouts.epoch_s),
+    );
+    // The job id names the CA and keys frames: the job directory's name is unique per submission.
+    let job_id = dir
+        .path()
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| name.into());
+    let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
+    let secrets = dir.path().join("secrets");
+    for rank in 0..n {
+        let id = ca.identity(&worker_name(rank))?;
+        write_identity(&secrets.join(worker_name(rank)), &id)?;
+    }
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let mut log = CoordLog(std::fs::File::create(logs.join("coordinator.log")).ok());
+    let server = ControlServer::bind(
+        &ca.identity(COORDINATOR_NAME)?,
+        ca.job_key(),
+        n,
+        "127.0.0.1:0".parse::<SocketAddr>()?,
+        register_timeout,
+    )
+    .context("binding the coordinator's control endpoint")?;
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let threads = spec
+        .train
+        .threads
+        .map(|t| t as usize)
+        .unwrap_or((cores / n).max(1));
+    let mut workers = LocalWorkers::spawn(&WorkerLaunch {
+        binary,
+        job_id: &job_id,
+        coordinator: server.local_addr(),
+        world: n,
+        secrets_root: &secrets,
+        logs: &logs,
+        threads,
+    })?;
+    let mut coord = Coordinator::new(n, register_timeout, epoch_timeout, Instant::now());
+    for (rank, pid) in workers.pids().into_iter().enumerate() {
+        if let Some(pid) = pid {
+            coord.set_pid(rank, pid);
+            log.line(&format!("started worker {rank} pid {pid}"));
+        }
+    }
+    log.line(&format!("control endpoint {}", server.local_addr()));
+
+    let tc = TrainConfig {
+        epochs: spec.train.epochs as usize,
+        lr: spec.train.lr as f32,
+        weight_decay: spec.train.weight_decay as f32,
+        eval_every: spec.train.eval_every as usize,
+        patience: spec.train.patience.map(|p| p as usize),
+    };
+    let seed = spec.train.seed;
+    let mut outboxes: Vec<Option<Outbox>> = vec![None; n];
+    let mut bytes_exchanged = 0u64;
+    let mut io_err = None;
+    let outcome: std::result::Result<(Vec<TrainSummary>, Vec<Option<u64>>), String> = loop {
+        let mut events = Vec::new();
+        if let Some(ev) = server.next_event(Duration::from_millis(100)) {
+            events.push(ev);
+            while let Some(ev) = server.next_event(Duration::ZERO) {
+                events.push(ev);
+            }
+        }
+        let mut fed: Vec<Event> = Vec::new();
+        for ev in events {
+            match ev {
+                ServerEvent::Registered {
+                    rank,
+                    pid,
+                    mesh_addr,
+                    outbox,
+                } => {
+                    log.line(&format!(
+                        "worker {rank} (pid {pid}) registered, mesh {mesh_addr}"
+                    ));
+                    outboxes[rank] = Some(outbox);
+                    fed.push(Event::Registered {
+                        rank,
+                        pid,
+                        mesh_addr,
+                    });
+                }
+                ServerEvent::Message { msg, .. } => fed.push(match msg {
+                    ToCoordinator::Register { rank, .. } => Event::Failed {
+                        rank,
+                        error: "registered twice".into(),
+                    },
+                    ToCoordinator::Epoch { rank, metrics } => Event::Epoch { rank, metrics },
+                    ToCoordinator::Done {
+                        rank,
+                        summary,
+                        peak_rss_bytes,
+                    } => Event::Done {
+                        rank,
+                        summary,
+                        peak_rss_bytes,
+                    },
+                    ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
+                }),
+                ServerEvent::Lost { rank, reason } => fed.push(Event::Lost { rank, reason }),
+                ServerEvent::Refused { addr, reason } => {
+                    log.line(&format!("refused a connection from {addr}: {reason}"));
+                }
+            }
+        }
+        for (rank, how, by_signal) in workers.poll_exits() {
+            log.line(&format!("worker {rank} {how}"));
+            fed.push(Event::Exited {
+                rank,
+                how,
+                by_signal,
+            });
+        }
+        fed.push(Event::Tick);
+        let mut done = None;
+        for ev in fed {
+            for action in coord.handle(ev, Instant::now()) {
+                match action {
+                    Action::Assign { peers } => {
+                        for (rank, outbox) in outboxes.iter().enumerate() {
+                            let a = Assignment {
+                                peers: peers.clone(),
+                                part_path: std::path::absolute(&parts[rank])?,
+                                model: cfg.clone(),
+                                train: tc.clone(),
+                                seed,
+                                exchange: exchange_options(spec),
+                                row_normalize: spec.dataset.row_normalize,
+                                model_out: (rank == 0)
+                                    .then(|| dir.path().join("model.safetensors")),
+                                epoch_timeout_s: epoch_timeout.as_secs_f64(),
+                            };
+                            if let Some(o) = outbox {
+                                o.send(ToWorker::Assign(Box::new(a)));
+                            }
+                        }
+                        log.line("all workers registered; assignments sent");
+                    }
+                    Action::EpochComplete { epoch: _, by_rank } => {
+                        bytes_exchanged +=
+                            by_rank.iter().map(|m| m.exchange.bytes_sent).sum::<u64>();
+                        if !quiet {
+                            eprintln!("{}", epoch_line(tc.epochs, &by_rank));
+                        }
+                        let workers: Vec<Value> = by_rank
+                            .iter()
+                            .enumerate()
+                            .map(|(r, m)| json!({ "rank": r, "train_s": m.train_s, "exchange": m.exchange }))
+                            .collect();
+                        let line = json!({ "run": 0, "seed": seed, "metrics": by_rank[0], "workers": workers });
+                        if let Err(e) = dir.append_metrics(&line) {
+                            io_err.get_or_insert(e);
+                        }
+                    }
+                    Action::Finished {
+                        summaries,
+                        peak_rss_bytes,
+                    } => done = Some(Ok((summaries, peak_rss_bytes))),
+                    Action::Fail { error } => done = Some(Err(error)),
+                }
+            }
+        }
+        if let Some(d) = done {
+            break d;
+        }
+    };
+    match outcome {
+        Err(error) => {
+            log.line(&format!("failed: {error}; stopping every worker"));
+            for o in outboxes.iter().flatten() {
+                o.send(ToWorker::Stop {
+                    reason: error.clone(),
+                });
+            }
+            workers.kill_all();
+            drop(server);
+            Err(anyhow!(error))
+        }
+        Ok((summaries, peak_rss)) => {
+            // Finished workers exit on their own; give them a bounded moment, then make sure.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !workers.all_exited() && Instant::now() < deadline {
+                workers.poll_exits();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            workers.kill_all();
+            drop(server);
+            if let Some(e) = io_err {
+                return Err(e);
+            }
+            let summary = summaries.into_iter().next().expect("rank 0 finished");
+            log.line("finished");
+            Ok(Coordinated {
+                run: RunResult { seed, summary },
+                worker_peak_rss: peak_rss,
+                bytes_exchanged,
+            })
+        }
+    }
+}
+
+fn fmt_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+/// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed
+/// over workers, the longest halo wait and the longest all-reduce of any worker.
+fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
+    let m = &by_rank[0];
+    let mut line = submit::epoch_line(1, 0, epochs, m);
+    let sent: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
+    let mut per_layer: std::collections::BTreeMap<(u16, bool), u64> = Default::default();
+    for w in by_rank {
+        for l in &w.exchange.per_layer {
+            if let Some(layer) = l.layer {
+                let fwd = match l.phase.as_str() {
+                    "forward" => true,
+                    "backward" => false,
+                    _ => continue,
+                };
+                *per_layer.entry((layer, fwd)).or_default() += l.sent;
+            }
+        }
+    }
+    let layers: Vec<String> = per_layer
+        .keys()
+        .map(|&(l, _)| l)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|l| {
+            let f = per_layer.get(&(l, true)).copied().unwrap_or(0);
+            let b = per_layer.get(&(l, false)).copied().unwrap_or(0);
+            format!("L{l} {}/{}", fmt_bytes(f), fmt_bytes(b))
+        })
+        .collect();
+    let halo = by_rank
+        .iter()
+        .map(|m| m.exchange.halo_s)
+        .fold(0.0, f64::max);
+    let ar = by_rank
+        .iter()
+        .map(|m| m.exchange.all_reduce_s)
+        .fold(0.0, f64::max);
+    line.push_str(&format!(
+        "  sent {}  fwd/bwd [{}]  halo max {:.3}s  allreduce max {:.3}s",
+        fmt_bytes(sent),
+        layers.join(", "),
+        halo,
+        ar
+    ));
+    line
+}

@@ -1,0 +1,182 @@
+//! `physalia data partition`: computes partition sets beside the dataset, reuses them on the next run,
+//! recomputes them when the dataset changes, and `data inspect` lists them.
+
+use std::path::Path;
+
+use physalia_graph::Part;
+use physalia_tests::{physalia, write_tiny_generic};
+use tempfile::TempDir;
+
+fn synth_sbm(dir: &Path, nodes: usize, seed: u64) {
+    let (nodes, seed) = (nodes.to_string(), seed.to_string());
+    physalia(
+        dir,
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            nodes.as_str(),
+            "--feat-dim",
+            "8",
+            "--seed",
+            seed.as_str(),
+            "--out",
+            "g.safetensors",
+        ],
+    )
+    .ok();
+}
+
+fn partition_json(dir: &Path, ks: &str) -> serde_json::Value {
+    physalia(
+        dir,
+        [
+            "data",
+            "partition",
+            "g.safetensors",
+            "--k",
+            ks,
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json()
+}
+
+#[test]
+fn partition_is_stored_reused_listed_and_recomputed_when_the_dataset_changes() {
+    let t = TempDir::new().unwrap();
+    synth_sbm(t.path(), 3000, 1);
+
+    let v = partition_json(t.path(), "2,4");
+    let sets = v["partitions"].as_array().unwrap();
+    assert_eq!(sets.len(), 2);
+    for (s, k) in sets.iter().zip([2usize, 4]) {
+        assert_eq!(s["k"], k);
+        assert_eq!(s["method"], "metis");
+        assert_eq!(s["reused"], false);
+        let parts = s["parts"].as_array().unwrap();
+        assert_eq!(parts.len(), k);
+        let owned: u64 = parts.iter().map(|p| p["owned"].as_u64().unwrap()).sum();
+        assert_eq!(owned, 3000);
+        assert!(parts.iter().all(|p| p["halo"].as_u64().unwrap() > 0));
+        assert!(s["balance"].as_f64().unwrap() <= 1.05, "{s}");
+        let cut = s["edge_cut"].as_u64().unwrap();
+        let total = s["num_undirected_edges"].as_u64().unwrap();
+        // SBM with homophily 0.8 over 8 classes: METIS should find far better than random (~1 - 1/k).
+        assert!(cut > 0 && (cut as f64) < 0.5 * total as f64, "{s}");
+        let dir = t.path().join(format!("g.parts/k{k}-seed0"));
+        assert!(dir.join("partition.safetensors").is_file());
+        for p in 0..k {
+            let part = Part::load(&dir.join(format!("part{p}.safetensors"))).unwrap();
+            assert_eq!(part.k, k);
+            assert_eq!(part.num_nodes_global, 3000);
+            assert_eq!(part.n_owned() as u64, parts[p]["owned"].as_u64().unwrap());
+        }
+    }
+
+    // Second run: both reused, same numbers.
+    let again = partition_json(t.path(), "2,4");
+    for (a, b) in again["partitions"].as_array().unwrap().iter().zip(sets) {
+        assert_eq!(a["reused"], true);
+        assert_eq!(a["edge_cut"], b["edge_cut"]);
+        assert_eq!(a["parts"], b["parts"]);
+    }
+    // Text output says so too.
+    let text = physalia(t.path(), ["data", "partition", "g.safetensors", "--k", "4"]).ok();
+    assert!(
+        text.stdout.contains("k=4 seed=0 (metis): reused"),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("part 3"), "{}", text.stdout);
+
+    // inspect lists both, current.
+    let v = physalia(
+        t.path(),
+        ["data", "inspect", "g.safetensors", "--output", "json"],
+    )
+    .ok()
+    .last_json();
+    let listed = v["partitions"].as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["k"], 2);
+    assert_eq!(listed[1]["k"], 4);
+    assert!(listed.iter().all(|s| s["status"] == "current"));
+    let text = physalia(t.path(), ["data", "inspect", "g.safetensors"]).ok();
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("partitions") && l.contains("k=2 seed=0")),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("k=4 seed=0") && l.contains("edge cut")),
+        "{}",
+        text.stdout
+    );
+
+    // A different dataset under the same name: stale in inspect, recomputed by partition.
+    synth_sbm(t.path(), 3000, 2);
+    let v = physalia(
+        t.path(),
+        ["data", "inspect", "g.safetensors", "--output", "json"],
+    )
+    .ok()
+    .last_json();
+    assert!(
+        v["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["status"] == "stale")
+    );
+    let text = physalia(t.path(), ["data", "inspect", "g.safetensors"]).ok();
+    assert!(text.stdout.contains("stale"), "{}", text.stdout);
+    let v = partition_json(t.path(), "2");
+    assert_eq!(v["partitions"][0]["reused"], false);
+}
+
+#[test]
+fn inspect_without_partitions_and_bad_requests() {
+    let t = TempDir::new().unwrap();
+    write_tiny_generic(&t.path().join("raw"));
+    physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "g.safetensors"],
+    )
+    .ok();
+    let text = physalia(t.path(), ["data", "inspect", "g.safetensors"]).ok();
+    assert!(
+        text.stdout.contains("partitions     none"),
+        "{}",
+        text.stdout
+    );
+
+    let k1 = partition_json(t.path(), "1");
+    assert_eq!(k1["partitions"][0]["method"], "single");
+    assert_eq!(k1["partitions"][0]["edge_cut"], 0);
+
+    physalia(t.path(), ["data", "partition", "g.safetensors", "--k", "0"])
+        .one_line_error(&["'k'", "at least 1"]);
+    physalia(t.path(), ["data", "partition", "g.safetensors", "--k", "9"])
+        .one_line_error(&["9 parts exceed the graph's 8 nodes", "g.safetensors"]);
+    physalia(
+        t.path(),
+        ["data", "partition", "missing.safetensors", "--k", "2"],
+    )
+    .one_line_error(&["missing.safetensors"]);
+    let usage = physalia(t.path(), ["data", "partition", "g.safetensors"]);
+    assert_eq!(usage.code, Some(2), "--k is required: {}", usage.stderr);
+    let usage = physalia(
+        t.path(),
+        ["data", "partition", "g.safetensors", "--k", "two"],
+    );
+    assert_eq!(usage.code, Some(2));
+}

@@ -1,0 +1,355 @@
+//! The engine's [`Exchange`] over a wire [`Link`]: halo rows forward, halo gradients backward, weight
+//! gradients all-reduced, for one partition of a partition-parallel job.
+//!
+//! Options trade exactness for bytes, all decided by counter-based draws every worker computes alike, so no
+//! indices travel:
+//!
+//! * boundary sampling (BNS-GCN): in each training epoch a boundary node's row is sent with probability `p`
+//!   (the draw is keyed by epoch and global node id, the same for every layer and every peer); receivers scale
+//!   sampled rows by `1/p` and see zeros for the others, an unbiased estimate of the aggregation. Gradients
+//!   flow back for sampled rows only.
+//! * bounded staleness (Sancus-style, on a fixed schedule): a layer's halo rows are refreshed every `s + 1`
+//!   training epochs and reused from the cache in between; stale rows are constants, so no gradient is returned
+//!   for them.
+//! * 16-bit rows: halo rows and gradients travel as f16 or bf16.
+//!
+//! Evaluation passes always exchange exactly.
+
+use std::time::Instant;
+
+use physalia_gnn::rng::Stream;
+use physalia_gnn::{Exchange, ExchangeError, ExchangeStats, LayerBytes, Matrix, Pass};
+use physalia_graph::partition::Part;
+use physalia_wire::{
+    Dtype, Link, Phase, Tag, Traffic, all_reduce_sum, all_reduce_sum_f64, halo_exchange,
+};
+use serde::{Deserialize, Serialize};
+
+/// How halo rows are exchanged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeOptions {
+    /// Fraction of boundary rows sent per training epoch (1 = all: exact).
+    pub boundary_sampling: f32,
+    /// Reuse halo rows for this many epochs after a refresh (0 = always fresh: exact).
+    pub staleness_epochs: u32,
+    /// Element type of exchanged rows.
+    pub dtype: Dtype,
+    pub seed: u64,
+}
+
+impl Default for ExchangeOptions {
+    fn default() -> Self {
+        ExchangeOptions {
+            boundary_sampling: 1.0,
+            staleness_epochs: 0,
+            dtype: Dtype::F32,
+            seed: 0,
+        }
+    }
+}
+
+/// Time spent by one worker in an epoch, split by what it waited for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeTimes {
+    /// Sending and waiting for halo rows and gradients.
+    pub halo_s: f64,
+    /// All-reducing weight gradients and scalar statistics.
+    pub all_reduce_s: f64,
+}
+
+pub struct MeshExchange<'a, L: Link + ?Sized> {
+    link: &'a mut L,
+    part: &'a Part,
+    opts: ExchangeOptions,
+    pass: Pass,
+    /// Per layer: the halo rows last received (for staleness) and the epoch they were received in.
+    cache: Vec<Option<(u64, Matrix)>>,
+    /// Per layer: whether the current training pass reused the cache (then backward returns nothing).
+    stale_now: Vec<bool>,
+    /// Scalar all-reduces in this epoch, for distinct tags.
+    scalar_calls: u16,
+    pub times: ExchangeTimes,
+    /// Traffic at the previous `take_stats`.
+    last: Traffic,
+}
+
+impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
+    pub fn new(link: &'a mut L, part: &'a Part, opts: ExchangeOptions) -> Self {
+        MeshExchange {
+            link,
+            part,
+            opts,
+            pass: Pass::Eval,
+            cache: Vec::new(),
+            stale_now: Vec::new(),
+            scalar_calls: 0,
+            times: ExchangeTimes::default(),
+            last: Traffic::default(),
+        }
+    }
+
+    pub fn link(&self) -> &L {
+        self.link
+    }
+
+    /// Zeroes the per-epoch timers.
+    pub fn take_times(&mut self) -> ExchangeTimes {
+        std::mem::take(&mut self.times)
+    }
+
+    fn epoch(&self) -> u64 {
+        match self.pass {
+            Pass::Train { epoch } => epoch,
+            Pass::Eval => 0,
+        }
+    }
+
+    fn tag(&self, layer: usize, phase: Phase) -> Tag {
+        // evaluation passes are tagged as epoch 0 of their own stream of messages: frames are ordered per peer,
+        // so a tag only has to tell neighbouring messages apart
+        Tag::new(self.epoch() as u32, layer as u16, phase)
+    }
+
+    /// Whether boundary node `gid` is sent in this pass.
+    fn sampled(&self, gid: u32) -> bool {
+        match self.pass {
+            Pass::Train { epoch } if self.opts.boundary_sampling < 1.0 => {
+                Stream::new(self.opts.seed, &[0xB45, epoch]).uniform(gid as u64)
+                    < self.opts.boundary_sampling
+            }
+            _ => true,
+        }
+    }
+
+    fn stale(&self, layer: usize) -> bool {
+        let s = self.opts.staleness_epochs as u64;
+        match self.pass {
+            Pass::Train { epoch } if s > 0 => {
+                (epoch - 1) % (s + 1) != 0 && self.cache.get(layer).is_some_and(|c| c.is_some())
+            }
+            _ => false,
+        }
+    }
+
+    fn ensure_layer(&mut self, layer: usize) {
+        if self.cache.len() <= layer {
+            self.cache.resize_with(layer + 1, || None);
+            self.stale_now.resize(layer + 1, false);
+        }
+    }
+}
+
+fn err(e: impl std::error::Error + Send + Sync + 'static) -> ExchangeError {
+    Box::new(e)
+}
+
+impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
+    fn begin_pass(&mut self, pass: Pass) {
+        self.pass = pass;
+        self.scalar_calls = 0;
+    }
+
+    fn forward(&mut self, layer: usize, own: &Matrix) -> Result<Option<Matrix>, ExchangeError> {
+        self.ensure_layer(layer);
+        let n_halo = self.part.halo.len();
+        let cols = own.cols();
+        if self.stale(layer) {
+            self.stale_now[layer] = true;
+            let (_, rows) = self.cache[layer]
+                .as_ref()
+                .expect("stale only with a cached copy");
+            if rows.cols() == cols {
+                return Ok(Some(rows.clone()));
+            }
+        }
+        self.stale_now[layer] = false;
+        let t = Instant::now();
+        let scale = 1.0 / self.opts.boundary_sampling;
+        let sampling = matches!(self.pass, Pass::Train { .. }) && self.opts.boundary_sampling < 1.0;
+        // gather the rows each peer needs (only the sampled ones when sampling)
+        let mut send = Vec::with_capacity(self.part.send.len());
+        for (peer, rows) in &self.part.send {
+            let mut buf = Vec::with_capacity(rows.len() * cols);
+            for &r in rows {
+                if self.sampled(self.part.owned[r as usize]) {
+                    buf.extend_from_slice(own.row(r as usize));
+                }
+            }
+            send.push((*peer as usize, buf));
+        }
+        let recv: Vec<(usize, usize)> = self
+            .part
+            .recv
+            .iter()
+            .map(|(peer, range)| {
+                let n = self.part.halo[range.clone()]
+                    .iter()
+                    .filter(|&&g| self.sampled(g))
+                    .count();
+                (*peer as usize, n)
+            })
+            .collect();
+        let tag = self.tag(layer, Phase::Forward);
+        let got =
+            halo_exchange(self.link, tag, &send, &recv, cols, self.opts.dtype).map_err(err)?;
+        let mut halo = Matrix::zeros(n_halo, cols);
+        for ((peer, range), (from, rows)) in self.part.recv.iter().zip(got) {
+            debug_assert_eq!(*peer as usize, from);
+            let mut src = rows.chunks_exact(cols.max(1));
+            for h in range.clone() {
+                if self.sampled(self.part.halo[h]) {
+                    let row = src.next().expect("halo_exchange checked the row count");
+                    let dst = halo.row_mut(h);
+                    dst.copy_from_slice(row);
+                    if sampling {
+                        dst.iter_mut().for_each(|v| *v *= scale);
+                    }
+                }
+            }
+        }
+        self.times.halo_s += t.elapsed().as_secs_f64();
+        if self.opts.staleness_epochs > 0 && matches!(self.pass, Pass::Train { .. }) {
+            self.cache[layer] = Some((self.epoch(), halo.clone()));
+        }
+        Ok(Some(halo))
+    }
+
+    fn backward(
+        &mut self,
+        layer: usize,
+        halo_grad: Matrix,
+        own_grad: &mut Matrix,
+    ) -> Result<(), ExchangeError> {
+        if self.stale_now.get(layer).copied().unwrap_or(false) {
+            // stale halo rows were constants: nothing flows back
+            return Ok(());
+        }
+        let t = Instant::now();
+        let cols = halo_grad.cols();
+        let sampling = self.opts.boundary_sampling < 1.0 && matches!(self.pass, Pass::Train { .. });
+        let scale = 1.0 / self.opts.boundary_sampling;
+        let mut send = Vec::with_capacity(self.part.recv.len());
+        for (peer, range) in &self.part.recv {
+            let mut buf = Vec::new();
+            for h in range.clone() {
+                if self.sampled(self.part.halo[h]) {
+                    let row = halo_grad.row(h);
+                    if sampling {
+                        buf.extend(row.iter().map(|v| v * scale));
+                    } else {
+                        buf.extend_from_slice(row);
+                    }
+                }
+            }
+            send.push((*peer as usize, buf));
+        }
+        let recv: Vec<(usize, usize)> = self
+            .part
+            .send
+            .iter()
+            .map(|(peer, rows)| {
+                let n = rows
+                    .iter()
+                    .filter(|&&r| self.sampled(self.part.owned[r as usize]))
+                    .count();
+                (*peer as usize, n)
+            })
+            .collect();
+        let tag = self.tag(layer, Phase::Backward);
+        let got =
+            halo_exchange(self.link, tag, &send, &recv, cols, self.opts.dtype).map_err(err)?;
+        // peers in ascending order: the sum order is fixed
+        for ((_, rows), (_, grads)) in self.part.send.iter().zip(got) {
+            let mut src = grads.chunks_exact(cols.max(1));
+            for &r in rows {
+                if self.sampled(self.part.owned[r as usize]) {
+                    let g = src.next().expect("halo_exchange checked the row count");
+                    for (o, v) in own_grad.row_mut(r as usize).iter_mut().zip(g) {
+                        *o += v;
+                    }
+                }
+            }
+        }
+        self.times.halo_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn all_reduce(&mut self, grads: &mut [Matrix]) -> Result<(), ExchangeError> {
+        let t = Instant::now();
+        // one message for all parameters
+        let total: usize = grads.iter().map(|g| g.data().len()).sum();
+        let mut flat = Vec::with_capacity(total);
+        for g in grads.iter() {
+            flat.extend_from_slice(g.data());
+        }
+        all_reduce_sum(
+            self.link,
+            Tag::all_reduce(self.epoch() as u32, u16::MAX),
+            &mut flat,
+        )
+        .map_err(err)?;
+        let mut off = 0;
+        for g in grads.iter_mut() {
+            let n = g.data().len();
+            g.data_mut().copy_from_slice(&flat[off..off + n]);
+            off += n;
+        }
+        self.times.all_reduce_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn take_stats(&mut self) -> ExchangeStats {
+        let now = self.link.traffic().clone();
+        let times = self.take_times();
+        let mut per_layer = Vec::new();
+        for (&(layer, phase), &(sent, recv)) in &now.by_layer_phase {
+            let (ps, pr) = self.last.get(layer, phase);
+            let (sent, received) = (
+                sent.payload_bytes - ps.payload_bytes,
+                recv.payload_bytes - pr.payload_bytes,
+            );
+            if sent + received == 0 {
+                continue;
+            }
+            let (layer, phase) = match phase {
+                Phase::Forward => (Some(layer), "forward"),
+                Phase::Backward => (Some(layer), "backward"),
+                Phase::AllReduce => (None, "all_reduce"),
+                Phase::Control => (None, "control"),
+            };
+            match per_layer
+                .iter_mut()
+                .find(|b: &&mut LayerBytes| b.layer == layer && b.phase == phase)
+            {
+                Some(b) => {
+                    b.sent += sent;
+                    b.received += received;
+                }
+                None => per_layer.push(LayerBytes {
+                    layer,
+                    phase: phase.to_string(),
+                    sent,
+                    received,
+                }),
+            }
+        }
+        let stats = ExchangeStats {
+            bytes_sent: now.sent.bytes() - self.last.sent.bytes(),
+            bytes_received: now.received.bytes() - self.last.received.bytes(),
+            per_layer,
+            halo_s: times.halo_s,
+            all_reduce_s: times.all_reduce_s,
+        };
+        self.last = now;
+        stats
+    }
+
+    fn all_reduce_scalars(&mut self, values: &mut [f64]) -> Result<(), ExchangeError> {
+        let t = Instant::now();
+        self.scalar_calls += 1;
+        let tag = Tag::all_reduce(self.epoch() as u32, u16::MAX - self.scalar_calls);
+        all_reduce_sum_f64(self.link, tag, values).map_err(err)?;
+        self.times.all_reduce_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+}

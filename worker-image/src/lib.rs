@@ -1,0 +1,99 @@
+//! The worker side of partition-parallel training: one partition of the graph, the engine, and a wire link
+//! to the other workers.
+//!
+//! [`train_part`] is everything a worker does between joining the mesh and reporting its result; the
+//! `physalia-worker` binary wraps it with registration and the QUIC mesh, tests wrap it with threads and
+//! the in-memory link.
+
+pub mod control;
+pub mod exchange;
+pub mod run;
+
+use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
+use physalia_graph::partition::Part;
+use physalia_wire::Link;
+
+pub use exchange::{ExchangeOptions, MeshExchange};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Engine(#[from] physalia_gnn::Error),
+    #[error("partition {part}: {problem}")]
+    Part { part: usize, problem: String },
+}
+
+/// Divides each feature row by its sum where the sum is nonzero (the same preprocessing a single worker does).
+pub fn row_normalize(x: &mut Matrix) {
+    for i in 0..x.rows() {
+        let row = x.row_mut(i);
+        let s: f32 = row.iter().sum();
+        if s != 0.0 {
+            row.iter_mut().for_each(|v| *v /= s);
+        }
+    }
+}
+
+/// The engine's view of a partition: its local graph (owned rows, then halo sources), features and node sets.
+pub fn local_inputs(
+    part: &Part,
+    cfg: &ModelConfig,
+    row_normalize_features: bool,
+) -> (LocalGraph, Matrix, NodeSets) {
+    let n_own = part.owned.len();
+    let n_src = n_own + part.halo.len();
+    let gids: Vec<u32> = part.owned.iter().chain(&part.halo).copied().collect();
+    let graph = LocalGraph::new(
+        cfg.kind,
+        n_own,
+        n_src,
+        &part.indptr,
+        &part.indices,
+        Some(&part.src_in_degree),
+        Some(gids),
+    );
+    let mut x = Matrix::from_vec(
+        n_own,
+        part.feat_dim,
+        part.features.view().to_f32().into_owned(),
+    );
+    if row_normalize_features {
+        row_normalize(&mut x);
+    }
+    let sets = NodeSets {
+        labels: part.labels.clone(),
+        train: part.train.clone(),
+        val: part.val.clone(),
+        test: part.test.clone(),
+    };
+    (graph, x, sets)
+}
+
+/// Trains this worker's partition with its peers over `link`. Every worker of the job calls this with the
+/// same configuration and seed; the model's weights stay identical on all of them.
+#[allow(clippy::too_many_arguments)]
+pub fn train_part<L: Link + ?Sized>(
+    link: &mut L,
+    part: &Part,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    row_normalize_features: bool,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
+) -> Result<(Model, TrainSummary), Error> {
+    if cfg.in_dim != part.feat_dim {
+        return Err(Error::Part {
+            part: part.part,
+            problem: format!(
+                "features are {} wide, the model expects {}",
+                part.feat_dim, cfg.in_dim
+            ),
+        });
+    }
+    let (graph, x, sets) = local_inputs(part, cfg, row_normalize_features);
+    let mut model = Model::new(cfg, seed)?;
+    let mut ex = MeshExchange::new(link, part, opts.clone());
+    let summary = physalia_gnn::train(&mut model, &graph, &x, &sets, tc, &mut ex, on_epoch)?;
+    Ok((model, summary))
+}
