@@ -127,6 +127,20 @@ impl Matrix {
         (a, b)
     }
 
+    /// Divides each row by its sum where the sum is nonzero (Kipf & Welling's feature preprocessing).
+    pub fn row_normalize(&mut self) {
+        let cols = self.cols.max(1);
+        self.data
+            .par_chunks_mut(cols)
+            .with_min_len(256)
+            .for_each(|row| {
+                let s: f32 = row.iter().sum();
+                if s != 0.0 {
+                    row.iter_mut().for_each(|v| *v /= s);
+                }
+            });
+    }
+
     /// Rows `r0..r1` as a new matrix.
     pub fn row_block(&self, r0: usize, r1: usize) -> Matrix {
         Matrix::from_vec(

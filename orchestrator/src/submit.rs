@@ -43,7 +43,7 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         source.features_f32().into_owned(),
     );
     if spec.dataset.row_normalize {
-        row_normalize(&mut x);
+        x.row_normalize();
     }
     let cfg = model_config(&spec, stats.feat_dim, stats.num_classes)?;
     let graph = LocalGraph::whole(cfg.kind, source.indptr(), source.indices());
@@ -225,17 +225,6 @@ pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<Mod
         },
         negative_slope: m.negative_slope() as f32,
     })
-}
-
-/// Divides each row by its sum where the sum is nonzero.
-fn row_normalize(x: &mut Matrix) {
-    for i in 0..x.rows() {
-        let row = x.row_mut(i);
-        let s: f32 = row.iter().sum();
-        if s != 0.0 {
-            row.iter_mut().for_each(|v| *v /= s);
-        }
-    }
 }
 
 #[derive(Serialize)]

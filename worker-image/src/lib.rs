@@ -23,17 +23,6 @@ pub enum Error {
     Part { part: usize, problem: String },
 }
 
-/// Divides each feature row by its sum where the sum is nonzero (the same preprocessing a single worker does).
-pub fn row_normalize(x: &mut Matrix) {
-    for i in 0..x.rows() {
-        let row = x.row_mut(i);
-        let s: f32 = row.iter().sum();
-        if s != 0.0 {
-            row.iter_mut().for_each(|v| *v /= s);
-        }
-    }
-}
-
 /// The engine's view of a partition: its local graph (owned rows, then halo sources), features and node sets.
 pub fn local_inputs(
     part: &Part,
@@ -58,7 +47,7 @@ pub fn local_inputs(
         part.features.view().to_f32().into_owned(),
     );
     if row_normalize_features {
-        row_normalize(&mut x);
+        x.row_normalize();
     }
     let sets = NodeSets {
         labels: part.labels.clone(),

@@ -14,7 +14,7 @@ use physalia_gnn::{
 use physalia_graph::partition::{DatasetRef, Partitioning, build_parts, partition_metis};
 use physalia_graph::{OwnedDataset, SbmParams, Split};
 use physalia_wire::{Dtype, MemLink};
-use physalia_worker::{ExchangeOptions, row_normalize, train_part};
+use physalia_worker::{ExchangeOptions, train_part};
 
 const EPOCHS: usize = 30;
 
@@ -54,7 +54,7 @@ fn single(
         ds.features.view().to_f32().into_owned(),
     );
     if normalize {
-        row_normalize(&mut x);
+        x.row_normalize();
     }
     let rows = |s: Split| ds.split(s).iter().map(|&i| i as u32).collect();
     let sets = NodeSets {
