@@ -145,6 +145,7 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
     ExchangeOptions {
         boundary_sampling: x.boundary_sampling as f32,
         staleness_epochs: x.staleness,
+        staleness_threshold: x.staleness_threshold.map(|t| t as f32),
         dtype: match x.dtype {
             ExchangeDtype::F32 => Dtype::F32,
             ExchangeDtype::F16 => Dtype::F16,

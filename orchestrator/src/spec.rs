@@ -256,6 +256,11 @@ pub struct ExchangeSpec {
     pub boundary_sampling: f64,
     /// Epochs a received halo row is reused before it is refreshed (>= 0); 0 is always fresh (exact).
     pub staleness: u32,
+    /// With `staleness` above 0: a worker re-sends a peer's rows before they are `staleness` epochs old as
+    /// soon as they changed by at least this fraction (relative L2 norm) since it last sent them (Sancus).
+    /// Unset: rows are refreshed on the fixed schedule, every `staleness + 1` epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness_threshold: Option<f64>,
     /// Element type of exchanged rows: `f32` (exact), `f16` or `bf16` (half the bytes, rounded).
     pub dtype: ExchangeDtype,
 }
@@ -265,6 +270,7 @@ impl Default for ExchangeSpec {
         ExchangeSpec {
             boundary_sampling: 1.0,
             staleness: 0,
+            staleness_threshold: None,
             dtype: ExchangeDtype::F32,
         }
     }
@@ -802,6 +808,27 @@ impl JobSpec {
                     "exchange.boundary_sampling",
                     format!("must be in (0, 1], got {p}"),
                 ));
+            }
+            if let Some(t) = x.staleness_threshold {
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(invalid(
+                        "exchange.staleness_threshold",
+                        format!("must be > 0, got {t}"),
+                    ));
+                }
+                if x.staleness == 0 {
+                    return Err(invalid(
+                        "exchange.staleness_threshold",
+                        "needs exchange.staleness above 0 (the oldest a reused row may be)"
+                            .to_string(),
+                    ));
+                }
+                if p < 1.0 {
+                    return Err(invalid(
+                        "exchange.staleness_threshold",
+                        "cannot be combined with exchange.boundary_sampling below 1".to_string(),
+                    ));
+                }
             }
         }
         if let Some(t) = &self.timeouts {

@@ -8,9 +8,11 @@
 //!   (the draw is keyed by epoch and global node id, the same for every layer and every peer); receivers scale
 //!   sampled rows by `1/p` and see zeros for the others, an unbiased estimate of the aggregation. Gradients
 //!   flow back for sampled rows only.
-//! * bounded staleness (Sancus-style, on a fixed schedule): a layer's halo rows are refreshed every `s + 1`
-//!   training epochs and reused from the cache in between; stale rows are constants, so no gradient is returned
-//!   for them.
+//! * bounded staleness (Sancus): on a fixed schedule, a layer's halo rows are refreshed every `s + 1` training
+//!   epochs and reused from the cache in between; with a threshold, each sender decides per peer and layer,
+//!   re-sending rows once they are `s` epochs old or changed by at least the threshold (relative L2 norm) since
+//!   it last sent them, and tells the peer with a one-value flag frame. Stale rows are constants, so no gradient
+//!   is returned for them.
 //! * 16-bit rows: halo rows and gradients travel as f16 or bf16.
 //!
 //! Evaluation passes always exchange exactly.
@@ -32,6 +34,9 @@ pub struct ExchangeOptions {
     pub boundary_sampling: f32,
     /// Reuse halo rows for this many epochs after a refresh (0 = always fresh: exact).
     pub staleness_epochs: u32,
+    /// With `staleness_epochs` above 0: refresh earlier when rows changed by at least this fraction.
+    #[serde(default)]
+    pub staleness_threshold: Option<f32>,
     /// Element type of exchanged rows.
     pub dtype: Dtype,
     pub seed: u64,
@@ -42,6 +47,7 @@ impl Default for ExchangeOptions {
         ExchangeOptions {
             boundary_sampling: 1.0,
             staleness_epochs: 0,
+            staleness_threshold: None,
             dtype: Dtype::F32,
             seed: 0,
         }
@@ -66,6 +72,10 @@ pub struct MeshExchange<'a, L: Link + ?Sized> {
     cache: Vec<Option<(u64, Matrix)>>,
     /// Per layer: whether the current training pass reused the cache (then backward returns nothing).
     stale_now: Vec<bool>,
+    /// Threshold staleness, per layer: per send peer the epoch and rows last sent; and for the current
+    /// training pass which send peers got fresh rows and which receive peers sent fresh rows.
+    last_sent: Vec<Vec<Option<(u64, Vec<f32>)>>>,
+    fresh: Vec<Option<(Vec<bool>, Vec<bool>)>>,
     /// Scalar all-reduces in this epoch, for distinct tags.
     scalar_calls: u16,
     pub times: ExchangeTimes,
@@ -82,6 +92,8 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
             pass: Pass::Eval,
             cache: Vec::new(),
             stale_now: Vec::new(),
+            last_sent: Vec::new(),
+            fresh: Vec::new(),
             scalar_calls: 0,
             times: ExchangeTimes::default(),
             last: Traffic::default(),
@@ -131,12 +143,165 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
         }
     }
 
+    /// Gradients flow back only for rows that were sent fresh in this pass.
+    fn backward_adaptive(
+        &mut self,
+        layer: usize,
+        halo_grad: Matrix,
+        own_grad: &mut Matrix,
+        sent_fresh: &[bool],
+        recv_fresh: &[bool],
+    ) -> Result<(), ExchangeError> {
+        let t = Instant::now();
+        let cols = halo_grad.cols();
+        let send: Vec<(usize, Vec<f32>)> = self
+            .part
+            .recv
+            .iter()
+            .zip(recv_fresh)
+            .map(|((p, range), &fresh)| {
+                let rows = if fresh {
+                    halo_grad.data()[range.start * cols..range.end * cols].to_vec()
+                } else {
+                    vec![]
+                };
+                (*p as usize, rows)
+            })
+            .collect();
+        let recv: Vec<(usize, usize)> = self
+            .part
+            .send
+            .iter()
+            .zip(sent_fresh)
+            .map(|((p, rows), &fresh)| (*p as usize, if fresh { rows.len() } else { 0 }))
+            .collect();
+        let got = halo_exchange(
+            self.link,
+            self.tag(layer, Phase::Backward),
+            &send,
+            &recv,
+            cols,
+            self.opts.dtype,
+        )
+        .map_err(err)?;
+        for (((_, rows), (_, grads)), &fresh) in self.part.send.iter().zip(got).zip(sent_fresh) {
+            if !fresh {
+                continue;
+            }
+            for (&r, g) in rows.iter().zip(grads.chunks_exact(cols.max(1))) {
+                for (o, v) in own_grad.row_mut(r as usize).iter_mut().zip(g) {
+                    *o += v;
+                }
+            }
+        }
+        self.times.halo_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
     fn ensure_layer(&mut self, layer: usize) {
         if self.cache.len() <= layer {
             self.cache.resize_with(layer + 1, || None);
             self.stale_now.resize(layer + 1, false);
+            self.last_sent
+                .resize_with(layer + 1, || vec![None; self.part.send.len()]);
+            self.fresh.resize_with(layer + 1, || None);
         }
     }
+
+    /// A training forward with threshold staleness: per peer, fresh rows or a flag saying "keep yours".
+    fn forward_adaptive(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        threshold: f32,
+    ) -> Result<Matrix, ExchangeError> {
+        let t = Instant::now();
+        let epoch = self.epoch();
+        let cols = own.cols();
+        let max_age = self.opts.staleness_epochs as u64;
+        let mut flags = Vec::with_capacity(self.part.send.len());
+        let mut send = Vec::with_capacity(self.part.send.len());
+        let mut sent_fresh = Vec::with_capacity(self.part.send.len());
+        for (i, (peer, rows)) in self.part.send.iter().enumerate() {
+            let mut buf = Vec::with_capacity(rows.len() * cols);
+            for &r in rows {
+                buf.extend_from_slice(own.row(r as usize));
+            }
+            let fresh = match &self.last_sent[layer][i] {
+                Some((at, last)) if last.len() == buf.len() && epoch - at <= max_age => {
+                    relative_change(&buf, last) >= threshold
+                }
+                _ => true,
+            };
+            flags.push((*peer as usize, vec![if fresh { 1.0f32 } else { 0.0 }]));
+            if fresh {
+                self.last_sent[layer][i] = Some((epoch, buf.clone()));
+                send.push((*peer as usize, buf));
+            } else {
+                send.push((*peer as usize, Vec::new()));
+            }
+            sent_fresh.push(fresh);
+        }
+        let ones: Vec<(usize, usize)> = self
+            .part
+            .recv
+            .iter()
+            .map(|(p, _)| (*p as usize, 1))
+            .collect();
+        let flag_tag = Tag::new(epoch as u32, FLAG_LAYER | layer as u16, Phase::Forward);
+        let got_flags =
+            halo_exchange(self.link, flag_tag, &flags, &ones, 1, Dtype::F32).map_err(err)?;
+        let recv_fresh: Vec<bool> = got_flags
+            .iter()
+            .map(|(_, f)| f.first().is_some_and(|&v| v > 0.5))
+            .collect();
+        let recv: Vec<(usize, usize)> = self
+            .part
+            .recv
+            .iter()
+            .zip(&recv_fresh)
+            .map(|((p, range), &fresh)| (*p as usize, if fresh { range.len() } else { 0 }))
+            .collect();
+        let got = halo_exchange(
+            self.link,
+            self.tag(layer, Phase::Forward),
+            &send,
+            &recv,
+            cols,
+            self.opts.dtype,
+        )
+        .map_err(err)?;
+        let mut halo = match &self.cache[layer] {
+            Some((_, c)) if c.shape() == (self.part.halo.len(), cols) => c.clone(),
+            _ => Matrix::zeros(self.part.halo.len(), cols),
+        };
+        for (((_, range), (_, rows)), &fresh) in self.part.recv.iter().zip(got).zip(&recv_fresh) {
+            if fresh {
+                halo.data_mut()[range.start * cols..range.end * cols].copy_from_slice(&rows);
+            }
+        }
+        self.cache[layer] = Some((epoch, halo.clone()));
+        self.fresh[layer] = Some((sent_fresh, recv_fresh));
+        self.stale_now[layer] = false;
+        self.times.halo_s += t.elapsed().as_secs_f64();
+        Ok(halo)
+    }
+}
+
+/// Layer ids at and above this tag the staleness flags of layer `id - FLAG_LAYER`.
+const FLAG_LAYER: u16 = 0x8000;
+
+/// `|a - b| / |b|` in the L2 norm (`inf` when `b` is zero and `a` is not).
+fn relative_change(a: &[f32], b: &[f32]) -> f32 {
+    let (mut diff, mut base) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        diff += ((x - y) as f64).powi(2);
+        base += (*y as f64).powi(2);
+    }
+    if base == 0.0 {
+        return if diff == 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    (diff / base).sqrt() as f32
 }
 
 fn err(e: impl std::error::Error + Send + Sync + 'static) -> ExchangeError {
@@ -151,6 +316,14 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
 
     fn forward(&mut self, layer: usize, own: &Matrix) -> Result<Option<Matrix>, ExchangeError> {
         self.ensure_layer(layer);
+        self.fresh[layer] = None;
+        if let (Pass::Train { .. }, Some(threshold), true) = (
+            self.pass,
+            self.opts.staleness_threshold,
+            self.opts.staleness_epochs > 0,
+        ) {
+            return self.forward_adaptive(layer, own, threshold).map(Some);
+        }
         let n_halo = self.part.halo.len();
         let cols = own.cols();
         if self.stale(layer) {
@@ -223,6 +396,9 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         if self.stale_now.get(layer).copied().unwrap_or(false) {
             // stale halo rows were constants: nothing flows back
             return Ok(());
+        }
+        if let Some((sent_fresh, recv_fresh)) = self.fresh.get(layer).cloned().flatten() {
+            return self.backward_adaptive(layer, halo_grad, own_grad, &sent_fresh, &recv_fresh);
         }
         let t = Instant::now();
         let cols = halo_grad.cols();
@@ -311,6 +487,8 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             if sent + received == 0 {
                 continue;
             }
+            // staleness flags count as their layer's forward traffic
+            let layer = layer & !FLAG_LAYER;
             let (layer, phase) = match phase {
                 Phase::Forward => (Some(layer), "forward"),
                 Phase::Backward => (Some(layer), "backward"),

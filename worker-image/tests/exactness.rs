@@ -248,3 +248,41 @@ fn compressed_sampled_and_stale_exchanges_move_fewer_bytes_and_still_learn() {
         }
     }
 }
+
+#[test]
+fn threshold_staleness_skips_rows_that_barely_changed() {
+    // without dropout a layer's messages change slowly once training settles, so a sender can keep peers on
+    // their cached rows; with dropout before the exchange every epoch's rows differ and nothing is skipped
+    let ds = sbm();
+    let mut cfg = model_cfg(LayerKind::Gcn, ds.meta.feat_dim, ds.meta.num_classes);
+    cfg.dropout = 0.0;
+    cfg.input_dropout = 0.0;
+    let p = partition_metis(ds.csr(), 3, 0).unwrap();
+    let exact = distributed(&ds, &p, &cfg, false, &ExchangeOptions::default());
+    let opts = ExchangeOptions {
+        staleness_epochs: 3,
+        staleness_threshold: Some(0.05),
+        ..Default::default()
+    };
+    let stale = distributed(&ds, &p, &cfg, false, &opts);
+    let bytes =
+        |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| r.iter().map(|w| w.3).sum::<u64>();
+    let val = |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| {
+        r[0].2.last().copied().flatten().unwrap()
+    };
+    eprintln!(
+        "threshold: {} bytes vs exact {}, val {:.3} vs {:.3}",
+        bytes(&stale),
+        bytes(&exact),
+        val(&stale),
+        val(&exact)
+    );
+    assert!(
+        bytes(&stale) < bytes(&exact) * 9 / 10,
+        "threshold staleness skipped almost nothing"
+    );
+    assert!(val(&stale) > val(&exact) - 0.02);
+    for w in &stale {
+        assert_eq!(w.1, stale[0].1, "workers diverged");
+    }
+}
