@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2, help="total threads; each worker gets threads/workers (>= 1)")
     ap.add_argument("--settings", default="exact,bf16,bns,stale1,stale3",
-                    help="comma-separated subset of exact,bf16,bns,stale1,stale3")
+                    help="comma-separated subset of exact,bf16,bns,bns-rescaled,stale1,stale3,stale3-thr")
     args = ap.parse_args()
     os.chdir(ROOT)
     binary = ROOT / "target/release/physalia"
@@ -60,8 +60,10 @@ def main():
         "exact": ("exact (f32)", []),
         "bf16": ("bf16 rows", ["exchange.dtype=bf16"]),
         "bns": ("BNS p=0.1", ["exchange.boundary_sampling=0.1"]),
+        "bns-rescaled": ("BNS p=0.1, rows x 1/p", ["exchange.boundary_sampling=0.1", "exchange.boundary_rescale=true"]),
         "stale1": ("staleness 1", ["exchange.staleness=1"]),
         "stale3": ("staleness 3", ["exchange.staleness=3"]),
+        "stale3-thr": ("staleness <= 3, threshold 0.05", ["exchange.staleness=3", "exchange.staleness_threshold=0.05"]),
     }
     settings = [known[k] for k in args.settings.split(",")]
     rows = []

@@ -144,6 +144,7 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
     let x = spec.exchange.clone().unwrap_or_default();
     ExchangeOptions {
         boundary_sampling: x.boundary_sampling as f32,
+        boundary_rescale: x.boundary_rescale,
         staleness_epochs: x.staleness,
         staleness_threshold: x.staleness_threshold.map(|t| t as f32),
         dtype: match x.dtype {

@@ -254,6 +254,10 @@ impl Default for TrainSpec {
 pub struct ExchangeSpec {
     /// Fraction of boundary rows sent each training epoch, in (0, 1]; 1 sends all (exact).
     pub boundary_sampling: f64,
+    /// Scale the sampled boundary rows by 1 / boundary_sampling (unbiased, but noisy at small rates). Off by
+    /// default: unsampled boundary nodes drop out of that epoch's aggregation.
+    #[serde(default)]
+    pub boundary_rescale: bool,
     /// Epochs a received halo row is reused before it is refreshed (>= 0); 0 is always fresh (exact).
     pub staleness: u32,
     /// With `staleness` above 0: a worker re-sends a peer's rows before they are `staleness` epochs old as
@@ -269,6 +273,7 @@ impl Default for ExchangeSpec {
     fn default() -> Self {
         ExchangeSpec {
             boundary_sampling: 1.0,
+            boundary_rescale: false,
             staleness: 0,
             staleness_threshold: None,
             dtype: ExchangeDtype::F32,

@@ -5,9 +5,10 @@
 //! indices travel:
 //!
 //! * boundary sampling (BNS-GCN): in each training epoch a boundary node's row is sent with probability `p`
-//!   (the draw is keyed by epoch and global node id, the same for every layer and every peer); receivers scale
-//!   sampled rows by `1/p` and see zeros for the others, an unbiased estimate of the aggregation. Gradients
-//!   flow back for sampled rows only.
+//!   (the draw is keyed by epoch and global node id, the same for every layer and every peer); the others drop
+//!   out of this epoch's aggregation (zero rows). Optionally sampled rows are scaled by `1/p`, an unbiased but
+//!   high-variance estimate: at p = 0.1 it cost 2 points of accuracy on SBM 1M where plain dropping cost none
+//!   (`bench/RESULTS.md`). Gradients flow back for sampled rows only.
 //! * bounded staleness (Sancus): on a fixed schedule, a layer's halo rows are refreshed every `s + 1` training
 //!   epochs and reused from the cache in between; with a threshold, each sender decides per peer and layer,
 //!   re-sending rows once they are `s` epochs old or changed by at least the threshold (relative L2 norm) since
@@ -32,6 +33,10 @@ use serde::{Deserialize, Serialize};
 pub struct ExchangeOptions {
     /// Fraction of boundary rows sent per training epoch (1 = all: exact).
     pub boundary_sampling: f32,
+    /// Scale sampled rows by `1 / boundary_sampling` (an unbiased estimate of the aggregation, with high
+    /// variance at small rates); off, unsampled boundary nodes simply drop out of the aggregation.
+    #[serde(default)]
+    pub boundary_rescale: bool,
     /// Reuse halo rows for this many epochs after a refresh (0 = always fresh: exact).
     pub staleness_epochs: u32,
     /// With `staleness_epochs` above 0: refresh earlier when rows changed by at least this fraction.
@@ -46,6 +51,7 @@ impl Default for ExchangeOptions {
     fn default() -> Self {
         ExchangeOptions {
             boundary_sampling: 1.0,
+            boundary_rescale: false,
             staleness_epochs: 0,
             staleness_threshold: None,
             dtype: Dtype::F32,
@@ -337,7 +343,11 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         }
         self.stale_now[layer] = false;
         let t = Instant::now();
-        let scale = 1.0 / self.opts.boundary_sampling;
+        let scale = if self.opts.boundary_rescale {
+            1.0 / self.opts.boundary_sampling
+        } else {
+            1.0
+        };
         let sampling = matches!(self.pass, Pass::Train { .. }) && self.opts.boundary_sampling < 1.0;
         // gather the rows each peer needs (only the sampled ones when sampling)
         let mut send = Vec::with_capacity(self.part.send.len());
@@ -403,7 +413,11 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         let t = Instant::now();
         let cols = halo_grad.cols();
         let sampling = self.opts.boundary_sampling < 1.0 && matches!(self.pass, Pass::Train { .. });
-        let scale = 1.0 / self.opts.boundary_sampling;
+        let scale = if self.opts.boundary_rescale {
+            1.0 / self.opts.boundary_sampling
+        } else {
+            1.0
+        };
         let mut send = Vec::with_capacity(self.part.recv.len());
         for (peer, range) in &self.part.recv {
             let mut buf = Vec::new();
