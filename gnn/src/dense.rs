@@ -142,9 +142,14 @@ pub fn matmul_bt_serial(a: &Matrix, b: &Matrix, c: &mut Matrix, accumulate: bool
 
 /// `C = A^T B` on the calling thread. A: r x m, B: r x n.
 pub fn matmul_at_serial(a: &Matrix, b: &Matrix) -> Matrix {
-    let (r, m) = a.shape();
-    let (r2, n) = b.shape();
-    assert_eq!(r, r2, "matmul_at row counts differ");
+    matmul_at_rows(a.data(), a.cols(), b)
+}
+
+/// `C = A^T B` on the calling thread, with A given as `b.rows()` row-major rows of width `m` (a row block
+/// of a larger matrix, read in place).
+pub fn matmul_at_rows(a: &[f32], m: usize, b: &Matrix) -> Matrix {
+    let (r, n) = b.shape();
+    assert_eq!(a.len(), r * m, "matmul_at row counts differ");
     let mut c = Matrix::zeros(m, n);
     if r == 0 || m == 0 || n == 0 {
         return c;
@@ -156,7 +161,7 @@ pub fn matmul_at_serial(a: &Matrix, b: &Matrix) -> Matrix {
             r,
             n,
             1.0,
-            a.data().as_ptr(),
+            a.as_ptr(),
             1,
             m as isize,
             b.data().as_ptr(),

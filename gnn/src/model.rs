@@ -503,7 +503,7 @@ impl Model {
                 }
                 Some(Dx::Dense(mut dx)) => {
                     // through the previous layer's activation and dropout; `h` is their output
-                    activation_backward(&mut dx, h, 0, g, self.cfg.activation, dropout, mask);
+                    activation_backward(&mut dx, h.data(), 0, g, self.cfg.activation, dropout, mask);
                     d_out = dx;
                 }
             }
@@ -540,12 +540,14 @@ impl Model {
                     let a_blk = a.row_block(r0, r1);
                     crate::dense::matmul_bt_serial(&a_blk, &self.params[*w].value, &mut dz, true);
                 }
-                let h_blk = h1.row_block(r0, r1);
-                activation_backward(&mut dz, &h_blk, r0, g, self.cfg.activation, dropout, mask);
-                let gw = crate::dense::matmul_at_serial(&agg.row_block(r0, r1), &dz);
+                fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
+                    &m.data()[r0 * m.cols()..r1 * m.cols()]
+                }
+                activation_backward(&mut dz, rows(h1, r0, r1), r0, g, self.cfg.activation, dropout, mask);
+                let gw = crate::dense::matmul_at_rows(rows(agg, r0, r1), agg.cols(), &dz);
                 let gr = l
                     .w_root
-                    .map(|_| crate::dense::matmul_at_serial(&x.row_block(r0, r1), &dz));
+                    .map(|_| crate::dense::matmul_at_rows(rows(x, r0, r1), x.cols(), &dz));
                 (gw, gr, dz.column_sums_serial())
             })
             .collect();
@@ -1079,7 +1081,7 @@ fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
 /// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
 fn activation_backward(
     dy: &mut Matrix,
-    y: &Matrix,
+    y: &[f32],
     row0: usize,
     g: &LocalGraph,
     act: Activation,
@@ -1094,7 +1096,7 @@ fn activation_backward(
     let rows = dy
         .data_mut()
         .par_chunks_mut(cols)
-        .zip(y.data().par_chunks(cols))
+        .zip(y.par_chunks(cols))
         .enumerate()
         .with_min_len(64);
     match act {
