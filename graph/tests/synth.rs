@@ -264,34 +264,3 @@ fn rmat_is_valid_skewed_and_deterministic() {
         .is_err()
     );
 }
-
-/// Timing probe, run explicitly: `cargo test --release -p physalia-graph --test synth -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn sbm_timing() {
-    for n in [100_000usize, 1_000_000] {
-        let t = std::time::Instant::now();
-        let ds = sbm(&SbmParams {
-            num_nodes: n,
-            avg_degree: 10.0,
-            feat_dim: 128,
-            seed: 1,
-            ..Default::default()
-        })
-        .unwrap();
-        let gen_s = t.elapsed().as_secs_f64();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sbm.safetensors");
-        let t = std::time::Instant::now();
-        ds.write(&path).unwrap();
-        let write_s = t.elapsed().as_secs_f64();
-        let t = std::time::Instant::now();
-        let back = physalia_graph::Dataset::open(&path).unwrap();
-        let open_s = t.elapsed().as_secs_f64();
-        eprintln!(
-            "sbm n={n}: generate {gen_s:.2}s, write {write_s:.2}s, open+verify {open_s:.2}s, {} edges, {} bytes",
-            back.meta().num_edges,
-            back.stats().file_bytes
-        );
-    }
-}
