@@ -503,7 +503,15 @@ impl Model {
                 }
                 Some(Dx::Dense(mut dx)) => {
                     // through the previous layer's activation and dropout; `h` is their output
-                    activation_backward(&mut dx, h.data(), 0, g, self.cfg.activation, dropout, mask);
+                    activation_backward(
+                        &mut dx,
+                        h.data(),
+                        0,
+                        g,
+                        self.cfg.activation,
+                        dropout,
+                        mask,
+                    );
                     d_out = dx;
                 }
             }
@@ -543,7 +551,15 @@ impl Model {
                 fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
                     &m.data()[r0 * m.cols()..r1 * m.cols()]
                 }
-                activation_backward(&mut dz, rows(h1, r0, r1), r0, g, self.cfg.activation, dropout, mask);
+                activation_backward(
+                    &mut dz,
+                    rows(h1, r0, r1),
+                    r0,
+                    g,
+                    self.cfg.activation,
+                    dropout,
+                    mask,
+                );
                 let gw = crate::dense::matmul_at_rows(rows(agg, r0, r1), agg.cols(), &dz);
                 let gr = l
                     .w_root
