@@ -37,7 +37,8 @@ pub fn cora_dir() -> Option<PathBuf> {
     }
 }
 
-/// Path of an up-to-date `physalia` binary (built on first use).
+/// Path of an up-to-date `physalia` binary (built on first use, together with the `physalia-worker` it
+/// starts for multi-worker jobs, in the same profile and folder).
 pub fn physalia_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -52,16 +53,21 @@ pub fn physalia_bin() -> &'static Path {
                 "--quiet",
                 "-p",
                 "physalia",
-                "--bin",
-                "physalia",
+                "-p",
+                "physalia-worker",
                 "--message-format=json",
             ])
             .stderr(Stdio::inherit());
         if !cfg!(debug_assertions) {
             cmd.arg("--release");
         }
-        let out = cmd.output().expect("running cargo build -p physalia");
-        assert!(out.status.success(), "cargo build -p physalia failed");
+        let out = cmd
+            .output()
+            .expect("running cargo build -p physalia -p physalia-worker");
+        assert!(
+            out.status.success(),
+            "cargo build -p physalia -p physalia-worker failed"
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = stdout.lines().collect();
         lines

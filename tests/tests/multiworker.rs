@@ -4,37 +4,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use physalia_tests::{job_dirs, metrics, physalia, read_json, repo_root, write_job};
+use physalia_tests::{job_dirs, metrics, physalia, read_json, write_job};
 use tempfile::TempDir;
-
-/// Builds `physalia-worker` beside `physalia` (same profile), once.
-fn build_worker() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(repo_root())
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "physalia-worker",
-                "--bin",
-                "physalia-worker",
-            ])
-            .stderr(Stdio::inherit());
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().expect("running cargo build").success(),
-            "cargo build -p physalia-worker failed"
-        );
-    });
-}
 
 const JOB: &str = "\
 name: mw
@@ -67,7 +40,6 @@ fn losses(job_dir: &Path) -> Vec<f64> {
 
 #[test]
 fn three_worker_processes_train_exactly_like_one() {
-    build_worker();
     let t = TempDir::new().unwrap();
     write_job(t.path(), "job.yaml", JOB);
     let one = physalia(t.path(), ["submit", "job.yaml", "-q", "--output", "json"])
@@ -138,7 +110,6 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn a_worker_killed_mid_training_fails_the_job_naming_it() {
-    build_worker();
     let t = TempDir::new().unwrap();
     write_job(t.path(), "job.yaml", JOB);
     let start = Instant::now();
