@@ -30,7 +30,8 @@ pub use frame::{
     encode_f32,
 };
 pub use link::{Link, MemLink, Traffic, TrafficCounts};
-pub use quic::{QuicEndpoint, QuicLink, QuicOptions, Refusal};
+pub use quic::{QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates};
 pub use tls::{
-    JobCa, TlsIdentity, client_config, install_crypto_provider, job_key, server_config, worker_name,
+    JobCa, TlsIdentity, check_cert_name, client_config, install_crypto_provider, job_key,
+    server_config, worker_name,
 };

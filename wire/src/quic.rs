@@ -679,7 +679,8 @@ async fn admit(
     }
 }
 
-fn peer_certificates(conn: &Connection) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificate chain a peer presented in the handshake (already verified against the job CA).
+pub fn peer_certificates(conn: &Connection) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = conn
         .peer_identity()
         .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())

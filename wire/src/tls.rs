@@ -221,7 +221,7 @@ pub fn client_config(identity: &TlsIdentity) -> Result<ClientConfig, WireError> 
 }
 
 /// Checks that `cert` (already verified against the job CA by the handshake) names `name`.
-pub(crate) fn check_cert_name(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
+pub fn check_cert_name(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
     let server_name = rustls_pki_types::ServerName::try_from(name.to_string())
         .map_err(|e| format!("{name:?} is not a certificate name: {e}"))?;
     let parsed = rustls::server::ParsedCertificate::try_from(cert).map_err(|e| e.to_string())?;

@@ -23,10 +23,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
-use physalia_wire::{Dtype, Frame, FrameHeader, HEADER_LEN, Phase, TlsIdentity, WireError};
+use physalia_wire::{
+    Dtype, Frame, FrameHeader, HEADER_LEN, Phase, TlsIdentity, WireError, check_cert_name,
+    peer_certificates,
+};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, Incoming, ReadExactError, RecvStream, SendStream, VarInt};
-use rustls_pki_types::CertificateDer;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
@@ -273,25 +275,6 @@ impl Drop for ControlServer {
             let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
         });
     }
-}
-
-fn peer_certificates(conn: &Connection) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = conn
-        .peer_identity()
-        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .map(|c| *c)
-        .unwrap_or_default();
-    if certs.is_empty() {
-        return Err("no client certificate".into());
-    }
-    Ok(certs)
-}
-
-fn check_cert_name(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
-    let server_name = rustls_pki_types::ServerName::try_from(name.to_string())
-        .map_err(|e| format!("{name:?}: {e}"))?;
-    let parsed = rustls::server::ParsedCertificate::try_from(cert).map_err(|e| e.to_string())?;
-    rustls::client::verify_server_name(&parsed, &server_name).map_err(|e| e.to_string())
 }
 
 async fn admit(
