@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::config::{Activation, LayerKind, ModelConfig};
 use crate::dense::{matmul, matmul_at, matmul_bt, matmul_bt_into, matmul_into};
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, LocalExchange};
 use crate::rng::{Mask, Stream, drop_threshold};
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
@@ -84,6 +84,51 @@ impl LocalGraph {
         }
     }
 
+    /// A sampled mini-batch block: destinations are the first `n_dst` of `n_src` sources, `indptr`/`indices` the
+    /// sampled in-neighbours of each destination (local source indices), `src_in_degree` every source's in-degree
+    /// in the whole graph and `global_ids` its node id. Every source row is present in the layer's input, so no
+    /// exchange is involved.
+    ///
+    /// GCN's weights use the whole graph's degrees; when a destination kept `s < d` of its `d` neighbours, its
+    /// neighbour weights are scaled by `d / s` (the self-loop is always kept), an unbiased estimate of the full
+    /// aggregation that equals it when every neighbour is taken. GraphSAGE's mean and GAT's softmax run over
+    /// the sampled neighbours.
+    pub fn block(
+        kind: LayerKind,
+        n_dst: usize,
+        n_src: usize,
+        indptr: &[i64],
+        indices: &[i32],
+        src_in_degree: &[u32],
+        global_ids: Vec<u32>,
+    ) -> LocalGraph {
+        assert_eq!(src_in_degree.len(), n_src, "one degree per source row");
+        let mut g = LocalGraph::new(
+            kind,
+            n_dst,
+            n_src,
+            indptr,
+            indices,
+            Some(src_in_degree),
+            Some(global_ids),
+        );
+        if let Some(op) = g.sym.take() {
+            let scale: Vec<f32> = (0..n_dst)
+                .map(|i| {
+                    let kept = (indptr[i + 1] - indptr[i]) as u32;
+                    let d = src_in_degree[i];
+                    if kept == 0 || kept >= d {
+                        1.0
+                    } else {
+                        d as f32 / kept as f32
+                    }
+                })
+                .collect();
+            g.sym = Some(op.rescale_neighbours(&scale));
+        }
+        g
+    }
+
     pub fn n_dst(&self) -> usize {
         self.n_dst
     }
@@ -115,6 +160,36 @@ impl LocalGraph {
             .filter_map(|o| o.as_ref())
             .map(|o| o.memory_bytes())
             .sum()
+    }
+}
+
+/// The graphs a forward pass runs on.
+#[derive(Clone, Copy)]
+enum Graphs<'g> {
+    /// One graph for every layer: the owned rows are the input, halo rows come through the exchange.
+    Whole(&'g LocalGraph),
+    /// One sampled block per layer (input layer first): the input has every source row.
+    Blocks(&'g [LocalGraph]),
+}
+
+impl<'g> Graphs<'g> {
+    fn layer(self, l: usize) -> &'g LocalGraph {
+        match self {
+            Graphs::Whole(g) => g,
+            Graphs::Blocks(b) => &b[l],
+        }
+    }
+
+    fn complete(self) -> bool {
+        matches!(self, Graphs::Blocks(_))
+    }
+
+    /// Rows of layer `l`'s input.
+    fn input_rows(self, l: usize) -> usize {
+        match self {
+            Graphs::Whole(g) => g.n_dst,
+            Graphs::Blocks(b) => b[l].n_src,
+        }
     }
 }
 
@@ -301,12 +376,14 @@ impl Model {
         self.input_agg = None;
     }
 
-    fn first_aggregation_is_constant(&self, pass: Pass) -> bool {
+    fn first_aggregation_is_constant(&self, gs: Graphs<'_>, pass: Pass) -> bool {
         let l = &self.layers[0];
-        l.order == Order::AggregateFirst && (self.cfg.input_dropout == 0.0 || pass == Pass::Eval)
+        !gs.complete()
+            && l.order == Order::AggregateFirst
+            && (self.cfg.input_dropout == 0.0 || pass == Pass::Eval)
     }
 
-    /// Runs the model on the owned rows `x` (`n_dst x in_dim`).
+    /// Runs the model on the owned rows `x` (`n_dst x in_dim`); rows of halo nodes come through `ex`.
     pub fn forward<'x>(
         &mut self,
         g: &LocalGraph,
@@ -314,17 +391,57 @@ impl Model {
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<Forward<'x>> {
-        if x.shape() != (g.n_dst, self.cfg.in_dim) {
+        self.forward_graphs(Graphs::Whole(g), x, pass, ex)
+    }
+
+    /// Runs the model on a sampled mini-batch: `blocks[l]` is layer `l`'s block (input layer first) and `x` holds
+    /// the input rows of every source of `blocks[0]`. The logits are the last block's destinations (the seeds).
+    pub fn forward_blocks<'x>(
+        &mut self,
+        blocks: &[LocalGraph],
+        x: &'x Matrix,
+        pass: Pass,
+    ) -> Result<Forward<'x>> {
+        if blocks.len() != self.layers.len() {
+            return Err(Error::Shape(format!(
+                "{} blocks for a model of {} layers",
+                blocks.len(),
+                self.layers.len()
+            )));
+        }
+        for (l, pair) in blocks.windows(2).enumerate() {
+            if pair[1].n_src != pair[0].n_dst {
+                return Err(Error::Shape(format!(
+                    "block {} has {} sources but block {l} has {} destinations",
+                    l + 1,
+                    pair[1].n_src,
+                    pair[0].n_dst
+                )));
+            }
+        }
+        self.forward_graphs(Graphs::Blocks(blocks), x, pass, &mut LocalExchange)
+    }
+
+    fn forward_graphs<'x>(
+        &mut self,
+        gs: Graphs<'_>,
+        x: &'x Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'x>> {
+        let rows = gs.input_rows(0);
+        if x.shape() != (rows, self.cfg.in_dim) {
             return Err(Error::Shape(format!(
                 "input features are {}x{}, the model expects {}x{}",
                 x.rows(),
                 x.cols(),
-                g.n_dst,
+                rows,
                 self.cfg.in_dim
             )));
         }
         ex.begin_pass(pass);
-        if self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
+        if self.first_aggregation_is_constant(gs, pass) && self.input_agg.is_none() {
+            let g = gs.layer(0);
             let halo = ex.forward(0, x).map_err(Error::Exchange)?;
             let l = &self.layers[0];
             self.input_agg = Some(g.op(l.kind).spmm_ext(x, halo.as_ref()));
@@ -338,7 +455,7 @@ impl Model {
                 let mut x = x.clone();
                 dropout_rows(
                     &mut x,
-                    g,
+                    gs.layer(0),
                     self.cfg.input_dropout,
                     Stream::new(self.seed, &[0xD0, epoch, 0]),
                 );
@@ -351,7 +468,8 @@ impl Model {
         for li in 0..self.layers.len() {
             let layer = self.layers[li].clone();
             let h = inputs[li].get();
-            let (mut out, cache) = self.layer_forward(&layer, g, h, pass, ex)?;
+            let g = gs.layer(li);
+            let (mut out, cache) = self.layer_forward(&layer, gs, g, h, pass, ex)?;
             caches.push(cache);
             if li + 1 == self.layers.len() {
                 return Ok(Forward {
@@ -377,22 +495,28 @@ impl Model {
         unreachable!("a model has at least one layer")
     }
 
+    /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, for a
+    /// block, every source row.
     fn layer_forward(
         &self,
         l: &Layer,
+        gs: Graphs<'_>,
         g: &LocalGraph,
         h: &Matrix,
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<(Matrix, Cache)> {
+        let complete = gs.complete();
         let w = &self.params[l.w].value;
         let bias = &self.params[l.bias].value;
         let op = g.op(l.kind);
         let (mut out, cache) = match (l.kind, l.order) {
-            (LayerKind::Gat, _) => return self.gat_forward(l, g, h, pass, ex),
+            (LayerKind::Gat, _) => return self.gat_forward(l, g, h, complete, pass, ex),
             (_, Order::AggregateFirst) => {
-                let agg = if l.index == 0 && self.first_aggregation_is_constant(pass) {
+                let agg = if l.index == 0 && self.first_aggregation_is_constant(gs, pass) {
                     None
+                } else if complete {
+                    Some(op.spmm(h))
                 } else {
                     let halo = ex.forward(l.index, h).map_err(Error::Exchange)?;
                     Some(op.spmm_ext(h, halo.as_ref()))
@@ -406,9 +530,21 @@ impl Model {
                 };
                 let mut out = matmul(a, w);
                 if let Some(r) = l.w_root {
-                    matmul_into(h, &self.params[r].value, &mut out, true);
+                    if complete {
+                        matmul_into(&h.top_rows(g.n_dst), &self.params[r].value, &mut out, true);
+                    } else {
+                        matmul_into(h, &self.params[r].value, &mut out, true);
+                    }
                 }
                 (out, Cache::Aggregated(agg))
+            }
+            (_, Order::TransformFirst) if complete => {
+                let m = matmul(h, w);
+                let mut out = op.spmm(&m);
+                if let Some(r) = l.w_root {
+                    matmul_into(&h.top_rows(g.n_dst), &self.params[r].value, &mut out, true);
+                }
+                (out, Cache::Transformed)
             }
             (_, Order::TransformFirst) => {
                 // with a root weight, one product `H [W | W_root]` reads H once instead of twice
@@ -441,6 +577,28 @@ impl Model {
         d_logits: Matrix,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<Matrix>> {
+        self.backward_graphs(Graphs::Whole(g), fwd, d_logits, ex)
+    }
+
+    /// Backward of [`Model::forward_blocks`]; the weight gradients are all-reduced through `ex` (data
+    /// parallelism: every worker trained its own mini-batch).
+    pub fn backward_blocks(
+        &self,
+        blocks: &[LocalGraph],
+        fwd: Forward<'_>,
+        d_logits: Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<Matrix>> {
+        self.backward_graphs(Graphs::Blocks(blocks), fwd, d_logits, ex)
+    }
+
+    fn backward_graphs(
+        &self,
+        gs: Graphs<'_>,
+        fwd: Forward<'_>,
+        d_logits: Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<Matrix>> {
         let mut grads = self.zero_grads();
         let Forward {
             inputs,
@@ -458,16 +616,20 @@ impl Model {
         // The first layer never needs its input's gradient. When it aggregated its input, its weight gradients
         // are row-block sums, so the second layer's input gradient (as wide as the hidden layer) can be formed
         // block by block and consumed at once instead of held whole.
-        let fuse_first = self.layers[0].order == Order::AggregateFirst && self.layers.len() > 1;
+        let fuse_first = !gs.complete()
+            && self.layers[0].order == Order::AggregateFirst
+            && self.layers.len() > 1;
         let mut d_out = d_logits;
         while let Some(cache) = caches.pop() {
             let li = caches.len();
             let layer = &self.layers[li];
             let h = inputs[li].get();
             let factored_ok = li == 1 && fuse_first;
+            let g = gs.layer(li);
             let dx = self.layer_backward(
                 layer,
                 g,
+                gs.complete(),
                 h,
                 cache,
                 d_out,
@@ -589,6 +751,7 @@ impl Model {
         &self,
         l: &Layer,
         g: &LocalGraph,
+        complete: bool,
         h: &Matrix,
         cache: Cache,
         d_out: Matrix,
@@ -606,7 +769,7 @@ impl Model {
         } = cache
         {
             let dx = self.gat_backward(
-                l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
+                l, g, complete, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
             )?;
             return Ok(dx.map(Dx::Dense));
         }
@@ -629,6 +792,11 @@ impl Model {
             }
             terms.push((dm, l.w));
             return Ok(Some(Dx::Factored(terms)));
+        }
+        if complete {
+            return Ok(self
+                .block_backward(l, g, h, cache, d_out, need_dx, grads)
+                .map(Dx::Dense));
         }
         let mut dx = None;
         if let Some(r) = l.w_root {
@@ -674,11 +842,53 @@ impl Model {
         Ok(dx.map(Dx::Dense))
     }
 
+    /// GCN / GraphSAGE backward on a block: `h` has every source row, the input gradient too; the root
+    /// weight touches only the destination rows (a prefix of the sources).
+    #[allow(clippy::too_many_arguments)]
+    fn block_backward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        cache: Cache,
+        d_out: Matrix,
+        need_dx: bool,
+        grads: &mut [Matrix],
+    ) -> Option<Matrix> {
+        let w = &self.params[l.w].value;
+        let op = g.op(l.kind);
+        let mut dx = match cache {
+            Cache::Aggregated(agg) => {
+                let agg = agg.expect("blocks never use the cached input aggregation");
+                grads[l.w] = matmul_at(&agg, &d_out);
+                need_dx.then(|| op.spmm_t(&matmul_bt(&d_out, w)))
+            }
+            Cache::Transformed => {
+                let dm = op.spmm_t(&d_out);
+                grads[l.w] = matmul_at(h, &dm);
+                need_dx.then(|| matmul_bt(&dm, w))
+            }
+            Cache::Gat { .. } => unreachable!("GAT has its own backward"),
+        };
+        if let Some(r) = l.w_root {
+            let h_dst = h.top_rows(g.n_dst);
+            grads[r] = matmul_at(&h_dst, &d_out);
+            if let Some(dx) = &mut dx {
+                let d_root = matmul_bt(&d_out, &self.params[r].value);
+                for (a, b) in dx.data_mut().iter_mut().zip(d_root.data()) {
+                    *a += *b;
+                }
+            }
+        }
+        dx
+    }
+
     fn gat_forward(
         &self,
         l: &Layer,
         g: &LocalGraph,
         h: &Matrix,
+        complete: bool,
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<(Matrix, Cache)> {
@@ -689,9 +899,10 @@ impl Model {
         let z = matmul(h, &self.params[l.w].value);
         let width = hc + heads;
         let n = g.n_dst;
-        // messages: [Z | s_src], plus s_dst for the owned rows
-        let mut m_own = Matrix::zeros(n, width);
-        let mut s_dst = vec![0f32; n * heads];
+        // messages: [Z | s_src] for the input rows, and s_dst (kept for the destinations)
+        let n_in = h.rows();
+        let mut m_own = Matrix::zeros(n_in, width);
+        let mut s_dst = vec![0f32; n_in * heads];
         m_own
             .data_mut()
             .par_chunks_mut(width)
@@ -706,12 +917,17 @@ impl Model {
                 }
             });
         drop(z);
-        let m_halo = ex.forward(l.index, &m_own).map_err(Error::Exchange)?;
+        s_dst.truncate(n * heads);
+        let m_halo = if complete {
+            None
+        } else {
+            ex.forward(l.index, &m_own).map_err(Error::Exchange)?
+        };
         let op = g.op(LayerKind::Gat);
         let src = crate::sparse::Src {
             own: m_own.data(),
             halo: m_halo.as_ref().map(|m| m.data()).unwrap_or(&[]),
-            n_own: n,
+            n_own: n_in,
             d: width,
         };
         let (indptr, indices) = (op.indptr(), op.indices());
@@ -797,6 +1013,7 @@ impl Model {
         &self,
         l: &Layer,
         g: &LocalGraph,
+        complete: bool,
         h: &Matrix,
         m_own: Matrix,
         m_halo: Option<Matrix>,
@@ -814,10 +1031,11 @@ impl Model {
         let n = g.n_dst;
         let op = g.op(LayerKind::Gat);
         let (indptr, indices) = (op.indptr(), op.indices());
+        let n_in = m_own.rows();
         let src = crate::sparse::Src {
             own: m_own.data(),
             halo: m_halo.as_ref().map(|m| m.data()).unwrap_or(&[]),
-            n_own: n,
+            n_own: n_in,
             d: width,
         };
         let attn_drop = match pass {
@@ -918,14 +1136,19 @@ impl Model {
             });
         drop(d_score);
         drop(a_used);
-        let (mut dm, halo) = split_rows(dm_ext, n);
-        ex.backward(l.index, halo, &mut dm)
-            .map_err(Error::Exchange)?;
+        let dm = if complete {
+            dm_ext
+        } else {
+            let (mut dm, halo) = split_rows(dm_ext, n);
+            ex.backward(l.index, halo, &mut dm)
+                .map_err(Error::Exchange)?;
+            dm
+        };
         // through the scores s = Z . a into Z and the attention vectors
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let a_src = self.params[ia].value.data();
         let a_dst = self.params[id].value.data();
-        let mut dz = Matrix::zeros(n, hc);
+        let mut dz = Matrix::zeros(n_in, hc);
         dz.data_mut()
             .par_chunks_mut(hc)
             .enumerate()
@@ -933,14 +1156,15 @@ impl Model {
                 let dmr = dm.row(i);
                 dzr.copy_from_slice(&dmr[..hc]);
                 for k in 0..heads {
-                    let (gs, gd) = (dmr[hc + k], ds_dst[i * heads + k]);
+                    let gs = dmr[hc + k];
+                    let gd = if i < n { ds_dst[i * heads + k] } else { 0.0 };
                     for t in 0..c {
                         dzr[k * c + t] += gs * a_src[k * c + t] + gd * a_dst[k * c + t];
                     }
                 }
             });
         let z_own = Matrix::from_vec(
-            n,
+            n_in,
             hc,
             m_own
                 .data()
@@ -950,7 +1174,7 @@ impl Model {
                 .collect(),
         );
         let ds_src = Matrix::from_vec(
-            n,
+            n_in,
             heads,
             dm.data()
                 .chunks_exact(width)
@@ -959,8 +1183,16 @@ impl Model {
                 .collect(),
         );
         let ds_dst = Matrix::from_vec(n, heads, ds_dst);
-        for (idx, s) in [(ia, &ds_src), (id, &ds_dst)] {
-            let full = matmul_at(s, &z_own); // heads x hc; head k's gradient is block (k, k)
+        let z_dst = if n_in == n {
+            None
+        } else {
+            Some(z_own.top_rows(n))
+        };
+        for (idx, s, z) in [
+            (ia, &ds_src, &z_own),
+            (id, &ds_dst, z_dst.as_ref().unwrap_or(&z_own)),
+        ] {
+            let full = matmul_at(s, z); // heads x hc; head k's gradient is block (k, k)
             let gm = &mut grads[idx];
             for k in 0..heads {
                 gm.row_mut(k)

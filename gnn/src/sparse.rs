@@ -177,6 +177,30 @@ impl SparseOp {
         }
     }
 
+    /// Scales every entry of row `i` except its self-loop (column `i`) by `scale[i]`.
+    pub fn rescale_neighbours(self, scale: &[f32]) -> SparseOp {
+        assert_eq!(scale.len(), self.n_dst, "one scale per destination row");
+        let SparseOp {
+            n_dst,
+            n_src,
+            indptr,
+            indices,
+            mut values,
+            ..
+        } = self;
+        for i in 0..n_dst {
+            if scale[i] == 1.0 {
+                continue;
+            }
+            for k in indptr[i]..indptr[i + 1] {
+                if indices[k] as usize != i {
+                    values[k] *= scale[i];
+                }
+            }
+        }
+        SparseOp::from_parts(n_dst, n_src, indptr, indices, values)
+    }
+
     pub fn n_dst(&self) -> usize {
         self.n_dst
     }
