@@ -233,6 +233,8 @@ enum Cache {
     /// `A H` (None: the model's cached `A X`).
     Aggregated(Option<Matrix>),
     Transformed,
+    /// The first layer's product came from outside (P3: summed over the workers' column slices).
+    External,
     Gat {
         m_own: Matrix,
         m_halo: Option<Matrix>,
@@ -402,24 +404,147 @@ impl Model {
         x: &'x Matrix,
         pass: Pass,
     ) -> Result<Forward<'x>> {
-        if blocks.len() != self.layers.len() {
+        check_blocks(blocks, self.layers.len())?;
+        self.forward_graphs(Graphs::Blocks(blocks), x, pass, &mut LocalExchange)
+    }
+
+    /// P3 model parallelism: the first layer's linear part (`A X W` and, for GraphSAGE, the root term) restricted
+    /// to input columns `col0..col0 + x_cols.cols()`, for the destinations of `g` (a block, or the whole graph).
+    /// `x_cols` holds those columns of every source row. Summing the results of all column slices gives the
+    /// first layer's output before its bias; see [`Model::forward_after_first`].
+    pub fn first_layer_partial(
+        &self,
+        g: &LocalGraph,
+        x_cols: &Matrix,
+        col0: usize,
+        pass: Pass,
+    ) -> Result<Matrix> {
+        let (l, x) = self.p3_input(g, x_cols, col0, pass)?;
+        let d = x.cols();
+        let w = self.params[l.w].value.row_block(col0, col0 + d);
+        let op = g.op(l.kind);
+        let mut out = if d <= w.cols() {
+            matmul(&op.spmm(&x), &w)
+        } else {
+            op.spmm(&matmul(&x, &w))
+        };
+        if let Some(r) = l.w_root {
+            let wr = self.params[r].value.row_block(col0, col0 + d);
+            matmul_into(&x.top_rows(g.n_dst), &wr, &mut out, true);
+        }
+        Ok(out)
+    }
+
+    /// Gradients of the first layer's weight rows `col0..col0 + x_cols.cols()` from the gradient `d_z` of its
+    /// output (as [`Model::backward_after_first`] returns it), added into `grads`.
+    pub fn first_layer_partial_backward(
+        &self,
+        g: &LocalGraph,
+        x_cols: &Matrix,
+        col0: usize,
+        pass: Pass,
+        d_z: &Matrix,
+        grads: &mut [Matrix],
+    ) -> Result<()> {
+        let (l, x) = self.p3_input(g, x_cols, col0, pass)?;
+        let d = x.cols();
+        let op = g.op(l.kind);
+        let gw = if d <= d_z.cols() {
+            matmul_at(&op.spmm(&x), d_z)
+        } else {
+            matmul_at(&x, &op.spmm_t(d_z))
+        };
+        add_rows(&mut grads[l.w], col0, &gw);
+        if let Some(r) = l.w_root {
+            let gr = matmul_at(&x.top_rows(g.n_dst), d_z);
+            add_rows(&mut grads[r], col0, &gr);
+        }
+        Ok(())
+    }
+
+    /// The first layer and its input slice after input dropout, checked for P3.
+    fn p3_input(
+        &self,
+        g: &LocalGraph,
+        x_cols: &Matrix,
+        col0: usize,
+        pass: Pass,
+    ) -> Result<(&Layer, Matrix)> {
+        let l = &self.layers[0];
+        if l.kind == LayerKind::Gat {
+            return Err(Error::Config(
+                "model parallelism (P3) splits the first layer's product by input columns; GAT's attention \
+                 needs whole rows, so use gcn or sage, or data or partition parallelism"
+                    .into(),
+            ));
+        }
+        let d = x_cols.cols();
+        if x_cols.rows() != g.n_src || col0 + d > self.cfg.in_dim {
             return Err(Error::Shape(format!(
-                "{} blocks for a model of {} layers",
-                blocks.len(),
-                self.layers.len()
+                "a column slice {col0}..{} of {} rows for a layer of {} inputs and {} source rows",
+                col0 + d,
+                x_cols.rows(),
+                self.cfg.in_dim,
+                g.n_src
             )));
         }
-        for (l, pair) in blocks.windows(2).enumerate() {
-            if pair[1].n_src != pair[0].n_dst {
-                return Err(Error::Shape(format!(
-                    "block {} has {} sources but block {l} has {} destinations",
-                    l + 1,
-                    pair[1].n_src,
-                    pair[0].n_dst
-                )));
-            }
+        let mut x = x_cols.clone();
+        if let Pass::Train { epoch } = pass
+            && self.cfg.input_dropout > 0.0
+        {
+            let s = Stream::new(self.seed, &[0xD0, epoch, 0]);
+            dropout_cols(&mut x, g, self.cfg.input_dropout, s, col0, self.cfg.in_dim);
         }
-        self.forward_graphs(Graphs::Blocks(blocks), x, pass, &mut LocalExchange)
+        Ok((l, x))
+    }
+
+    /// Runs layers after the first, given the first layer's product without bias (`z0`, summed over the
+    /// column slices of [`Model::first_layer_partial`]). `g` is the graph for every layer (whole or partition,
+    /// halo rows through `ex`).
+    pub fn forward_after_first(
+        &mut self,
+        g: &LocalGraph,
+        z0: Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'static>> {
+        self.forward_from_first(Graphs::Whole(g), z0, pass, ex)
+    }
+
+    /// As [`Model::forward_after_first`] on mini-batch blocks (block 0's destinations are `z0`'s rows).
+    pub fn forward_after_first_blocks(
+        &mut self,
+        blocks: &[LocalGraph],
+        z0: Matrix,
+        pass: Pass,
+    ) -> Result<Forward<'static>> {
+        check_blocks(blocks, self.layers.len())?;
+        self.forward_from_first(Graphs::Blocks(blocks), z0, pass, &mut LocalExchange)
+    }
+
+    /// Backward of [`Model::forward_after_first_blocks`]: the gradients of every parameter except the first
+    /// layer's weights (not all-reduced), and the gradient of `z0`.
+    pub fn backward_after_first_blocks(
+        &self,
+        blocks: &[LocalGraph],
+        fwd: Forward<'_>,
+        d_logits: Matrix,
+    ) -> Result<(Vec<Matrix>, Matrix)> {
+        let mut d_z0 = None;
+        let grads = self.backward_inner(
+            Graphs::Blocks(blocks),
+            fwd,
+            d_logits,
+            &mut LocalExchange,
+            Some(&mut d_z0),
+        )?;
+        Ok((grads, d_z0.expect("the first layer's gradient is kept")))
+    }
+
+    /// Indices of the first layer's weights (the parameters P3 splits by rows).
+    pub fn first_layer_weights(&self) -> Vec<usize> {
+        let l = &self.layers[0];
+        std::iter::once(l.w).chain(l.w_root).collect()
     }
 
     fn forward_graphs<'x>(
@@ -463,36 +588,86 @@ impl Model {
             }
             _ => Input::Borrowed(x),
         };
-        let mut inputs = vec![input];
-        let mut caches = Vec::with_capacity(self.layers.len());
-        for li in 0..self.layers.len() {
-            let layer = self.layers[li].clone();
-            let h = inputs[li].get();
-            let g = gs.layer(li);
-            let (mut out, cache) = self.layer_forward(&layer, gs, g, h, pass, ex)?;
-            caches.push(cache);
-            if li + 1 == self.layers.len() {
-                return Ok(Forward {
-                    inputs,
-                    caches,
-                    logits: out,
-                    pass,
-                });
-            }
-            activate(&mut out, self.cfg.activation);
-            if let Some(epoch) = train_epoch
-                && self.cfg.dropout > 0.0
-            {
-                dropout_rows(
-                    &mut out,
-                    g,
-                    self.cfg.dropout,
-                    Stream::new(self.seed, &[0xD0, epoch, li as u64 + 1]),
-                );
-            }
-            inputs.push(Input::Owned(out));
+        let inputs = vec![input];
+        self.run_layers(gs, inputs, Vec::with_capacity(self.layers.len()), pass, ex)
+    }
+
+    /// P3: the first layer's output is `z0 + bias`; the remaining layers run as usual.
+    fn forward_from_first(
+        &mut self,
+        gs: Graphs<'_>,
+        mut z0: Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'static>> {
+        let l = &self.layers[0];
+        let g = gs.layer(0);
+        if z0.shape() != (g.n_dst, l.d_out()) {
+            return Err(Error::Shape(format!(
+                "the first layer's product is {}x{}, expected {}x{}",
+                z0.rows(),
+                z0.cols(),
+                g.n_dst,
+                l.d_out()
+            )));
         }
-        unreachable!("a model has at least one layer")
+        ex.begin_pass(pass);
+        add_bias(&mut z0, &self.params[l.bias].value);
+        let inputs = vec![Input::Owned(Matrix::zeros(0, 0))];
+        self.finish_layer(gs, 0, z0, pass, inputs, vec![Cache::External], ex)
+    }
+
+    /// Runs layers `inputs.len() - 1..` (each entry of `inputs` is a layer's input).
+    fn run_layers<'x>(
+        &mut self,
+        gs: Graphs<'_>,
+        inputs: Vec<Input<'x>>,
+        mut caches: Vec<Cache>,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'x>> {
+        let li = inputs.len() - 1;
+        let layer = self.layers[li].clone();
+        let h = inputs[li].get();
+        let g = gs.layer(li);
+        let (out, cache) = self.layer_forward(&layer, gs, g, h, pass, ex)?;
+        caches.push(cache);
+        self.finish_layer(gs, li, out, pass, inputs, caches, ex)
+    }
+
+    /// After layer `li` produced `out`: the logits, or the activation and dropout and the next layer.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_layer<'x>(
+        &mut self,
+        gs: Graphs<'_>,
+        li: usize,
+        mut out: Matrix,
+        pass: Pass,
+        mut inputs: Vec<Input<'x>>,
+        caches: Vec<Cache>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Forward<'x>> {
+        if li + 1 == self.layers.len() {
+            return Ok(Forward {
+                inputs,
+                caches,
+                logits: out,
+                pass,
+            });
+        }
+        activate(&mut out, self.cfg.activation);
+        if let Pass::Train { epoch } = pass
+            && self.cfg.dropout > 0.0
+        {
+            dropout_rows(
+                &mut out,
+                gs.layer(li),
+                self.cfg.dropout,
+                Stream::new(self.seed, &[0xD0, epoch, li as u64 + 1]),
+            );
+        }
+        inputs.push(Input::Owned(out));
+        self.run_layers(gs, inputs, caches, pass, ex)
     }
 
     /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, for a
@@ -577,7 +752,7 @@ impl Model {
         d_logits: Matrix,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<Matrix>> {
-        self.backward_graphs(Graphs::Whole(g), fwd, d_logits, ex)
+        self.backward_inner(Graphs::Whole(g), fwd, d_logits, ex, None)
     }
 
     /// Backward of [`Model::forward_blocks`]; the weight gradients are all-reduced through `ex` (data
@@ -589,15 +764,18 @@ impl Model {
         d_logits: Matrix,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<Matrix>> {
-        self.backward_graphs(Graphs::Blocks(blocks), fwd, d_logits, ex)
+        self.backward_inner(Graphs::Blocks(blocks), fwd, d_logits, ex, None)
     }
 
-    fn backward_graphs(
+    /// With `first_grad`, the first layer's product came from outside: its output gradient is stored there and
+    /// nothing is all-reduced (the caller owns both).
+    fn backward_inner(
         &self,
         gs: Graphs<'_>,
         fwd: Forward<'_>,
         d_logits: Matrix,
         ex: &mut dyn Exchange,
+        mut first_grad: Option<&mut Option<Matrix>>,
     ) -> Result<Vec<Matrix>> {
         let mut grads = self.zero_grads();
         let Forward {
@@ -617,12 +795,20 @@ impl Model {
         // are row-block sums, so the second layer's input gradient (as wide as the hidden layer) can be formed
         // block by block and consumed at once instead of held whole.
         let fuse_first = !gs.complete()
+            && first_grad.is_none()
             && self.layers[0].order == Order::AggregateFirst
             && self.layers.len() > 1;
         let mut d_out = d_logits;
         while let Some(cache) = caches.pop() {
             let li = caches.len();
             let layer = &self.layers[li];
+            if let Cache::External = cache {
+                grads[layer.bias] = d_out.column_sums();
+                if let Some(slot) = first_grad.as_mut() {
+                    **slot = Some(d_out);
+                }
+                return Ok(grads);
+            }
             let h = inputs[li].get();
             let factored_ok = li == 1 && fuse_first;
             let g = gs.layer(li);
@@ -806,7 +992,7 @@ impl Model {
             }
         }
         match cache {
-            Cache::Gat { .. } => unreachable!("handled above"),
+            Cache::Gat { .. } | Cache::External => unreachable!("handled above"),
             Cache::Aggregated(agg) => {
                 let agg = agg
                     .as_ref()
@@ -868,7 +1054,7 @@ impl Model {
                 grads[l.w] = matmul_at(h, &dm);
                 need_dx.then(|| matmul_bt(&dm, w))
             }
-            Cache::Gat { .. } => unreachable!("GAT has its own backward"),
+            Cache::Gat { .. } | Cache::External => unreachable!("handled by the caller"),
         };
         if let Some(r) = l.w_root {
             let h_dst = h.top_rows(g.n_dst);
@@ -1204,6 +1390,36 @@ impl Model {
     }
 }
 
+fn check_blocks(blocks: &[LocalGraph], layers: usize) -> Result<()> {
+    if blocks.len() != layers {
+        return Err(Error::Shape(format!(
+            "{} blocks for a model of {layers} layers",
+            blocks.len()
+        )));
+    }
+    for (l, pair) in blocks.windows(2).enumerate() {
+        if pair[1].n_src != pair[0].n_dst {
+            return Err(Error::Shape(format!(
+                "block {} has {} sources but block {l} has {} destinations",
+                l + 1,
+                pair[1].n_src,
+                pair[0].n_dst
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `m[row0..row0 + part.rows()] += part`.
+fn add_rows(m: &mut Matrix, row0: usize, part: &Matrix) {
+    let cols = m.cols();
+    assert_eq!(cols, part.cols(), "add_rows widths differ");
+    let dst = &mut m.data_mut()[row0 * cols..(row0 + part.rows()) * cols];
+    for (a, b) in dst.iter_mut().zip(part.data()) {
+        *a += *b;
+    }
+}
+
 fn validate(cfg: &ModelConfig) -> Result<()> {
     let bad = |m: String| Err(Error::Config(m));
     if cfg.layers == 0 {
@@ -1313,6 +1529,13 @@ fn activate(m: &mut Matrix, act: Activation) {
 /// Inverted dropout on rows keyed by the rows' global ids.
 fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
     let cols = m.cols();
+    dropout_cols(m, g, p, s, 0, cols);
+}
+
+/// Inverted dropout on columns `col0..col0 + m.cols()` of rows `total_cols` wide: the same decisions as
+/// [`dropout_rows`] on the whole rows.
+fn dropout_cols(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream, col0: usize, total_cols: usize) {
+    let cols = m.cols();
     if cols == 0 {
         return;
     }
@@ -1322,7 +1545,7 @@ fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
         .par_chunks_mut(cols)
         .enumerate()
         .with_min_len(64)
-        .for_each(|(i, row)| mask.apply(g.gid(i) * cols as u64, row, scale));
+        .for_each(|(i, row)| mask.apply(g.gid(i) * total_cols as u64 + col0 as u64, row, scale));
 }
 
 /// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the

@@ -212,3 +212,135 @@ fn sampled_gcn_rescales_kept_neighbours() {
         out.logits
     );
 }
+
+/// Column ranges of `d` input columns over `w` workers (the first `d % w` get one more).
+fn slices(d: usize, w: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut c0 = 0;
+    for k in 0..w {
+        let len = d / w + usize::from(k < d % w);
+        out.push(c0..c0 + len);
+        c0 += len;
+    }
+    out
+}
+
+fn columns(x: &Matrix, r: &std::ops::Range<usize>) -> Matrix {
+    let mut out = Matrix::zeros(x.rows(), r.len());
+    for i in 0..x.rows() {
+        out.row_mut(i).copy_from_slice(&x.row(i)[r.clone()]);
+    }
+    out
+}
+
+fn rel_diff(a: &Matrix, b: &Matrix) -> f32 {
+    a.max_abs_diff(b) / b.max_abs().max(1e-6)
+}
+
+#[test]
+fn p3_column_split_equals_unsplit_first_layer() {
+    let p = problem(300, 10, 3, 33);
+    let seeds: Vec<u32> = (0..300u32).filter(|v| v % 4 == 0).collect();
+    for kind in [LayerKind::Gcn, LayerKind::Sage] {
+        // hidden 16 > every slice: aggregate the slice first; hidden 2 < slices: transform first
+        for hidden in [16, 2] {
+            let c = cfg(kind, 10, hidden, 3, 0.3);
+            let pass = Pass::Train { epoch: 7 };
+            let mut model = Model::new(&c, 9).unwrap();
+            let (bl, input) = blocks(&p, kind, &seeds, 3, 4);
+            let x = gather(&p.x, &input);
+            let labels: Vec<i64> = seeds.iter().map(|&s| p.labels[s as usize]).collect();
+            let rows: Vec<u32> = (0..seeds.len() as u32).collect();
+            let fwd = model.forward_blocks(&bl, &x, pass).unwrap();
+            let want_logits = fwd.logits.clone();
+            let (_, d) = cross_entropy(&fwd.logits, &labels, &rows, seeds.len() as f64);
+            let want = model
+                .backward_blocks(&bl, fwd, d, &mut LocalExchange)
+                .unwrap();
+            for workers in 1..=4 {
+                let parts = slices(10, workers);
+                let mut z0 = Matrix::zeros(bl[0].n_dst(), hidden);
+                for r in &parts {
+                    let part = model
+                        .first_layer_partial(&bl[0], &columns(&x, r), r.start, pass)
+                        .unwrap();
+                    z0.add_assign(&part);
+                }
+                let fwd = model.forward_after_first_blocks(&bl, z0, pass).unwrap();
+                let what = format!("{kind:?} hidden={hidden} workers={workers}");
+                assert!(
+                    rel_diff(&fwd.logits, &want_logits) <= 1e-4,
+                    "{what}: logits"
+                );
+                let (_, d) = cross_entropy(&fwd.logits, &labels, &rows, seeds.len() as f64);
+                let (mut grads, d_z) = model.backward_after_first_blocks(&bl, fwd, d).unwrap();
+                for r in &parts {
+                    model
+                        .first_layer_partial_backward(
+                            &bl[0],
+                            &columns(&x, r),
+                            r.start,
+                            pass,
+                            &d_z,
+                            &mut grads,
+                        )
+                        .unwrap();
+                }
+                for (k, (a, b)) in grads.iter().zip(&want).enumerate() {
+                    let rel = rel_diff(a, b);
+                    assert!(
+                        rel <= 1e-4,
+                        "{what}: {} differs by {rel:e}",
+                        model.params[k].name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn p3_whole_graph_inference_equals_unsplit() {
+    let p = problem(200, 9, 3, 4);
+    for kind in [LayerKind::Gcn, LayerKind::Sage] {
+        let c = cfg(kind, 9, 5, 2, 0.5);
+        let mut model = Model::new(&c, 2).unwrap();
+        let g = LocalGraph::whole(kind, &p.indptr, &p.indices);
+        let want = model
+            .forward(&g, &p.x, Pass::Eval, &mut LocalExchange)
+            .unwrap()
+            .logits;
+        let mut z0 = Matrix::zeros(200, 5);
+        for r in slices(9, 3) {
+            z0.add_assign(
+                &model
+                    .first_layer_partial(&g, &columns(&p.x, &r), r.start, Pass::Eval)
+                    .unwrap(),
+            );
+        }
+        let got = model
+            .forward_after_first(&g, z0, Pass::Eval, &mut LocalExchange)
+            .unwrap()
+            .logits;
+        assert!(rel_diff(&got, &want) <= 1e-4, "{kind:?}");
+    }
+}
+
+#[test]
+fn p3_refuses_gat_and_bad_slices() {
+    let p = problem(30, 4, 3, 1);
+    let g = LocalGraph::whole(LayerKind::Gat, &p.indptr, &p.indices);
+    let model = Model::new(&cfg(LayerKind::Gat, 4, 3, 2, 0.0), 1).unwrap();
+    let err = model
+        .first_layer_partial(&g, &p.x, 0, Pass::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("GAT"), "{err}");
+    let g = LocalGraph::whole(LayerKind::Gcn, &p.indptr, &p.indices);
+    let model = Model::new(&cfg(LayerKind::Gcn, 4, 3, 2, 0.0), 1).unwrap();
+    let err = model
+        .first_layer_partial(&g, &p.x, 2, Pass::Eval)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("column slice 2..6"), "{err}");
+}
