@@ -24,7 +24,8 @@ use std::ops::{AddAssign, Range};
 
 use crate::WireError;
 use crate::frame::{
-    Dtype, Frame, FrameHeader, Phase, decode_f32, decode_f64, encode_f32, encode_f64,
+    Dtype, Frame, FrameHeader, Phase, decode_f32, decode_f64, decode_u32, encode_f32, encode_f64,
+    encode_u32,
 };
 use crate::link::Link;
 
@@ -107,7 +108,7 @@ where
             "halo rows must be at least one column wide".into(),
         ));
     }
-    if dtype == Dtype::F64 {
+    if matches!(dtype, Dtype::F64 | Dtype::U32) {
         return Err(WireError::Usage(
             "halo rows travel as f32, f16 or bf16".into(),
         ));
@@ -138,6 +139,87 @@ where
             .map_err(|e| e.awaiting(format!("halo rows of {tag}")))?;
         expect(peer, &frame, tag, dtype, n_rows, cols)?;
         out.push((peer, frame.to_f32()?));
+    }
+    Ok(out)
+}
+
+/// Rows fetched by id from their owners, every rank asking and answering in one lockstep round.
+///
+/// `requests[p]` are the ids this rank wants from peer `p` (every peer gets a request, possibly empty, so
+/// each rank knows how many to wait for; the own entry is ignored). `serve` turns a peer's ids into its
+/// rows (row-major, `cols` wide), or refuses them (an id it does not own). Returns the rows from each peer
+/// in request order (empty for this rank). Bytes: 4 per id asked plus the rows in `dtype`, plus 2 headers
+/// per peer each way.
+pub fn fetch_rows<L, F>(
+    link: &mut L,
+    tag: Tag,
+    requests: &[Vec<u32>],
+    cols: usize,
+    dtype: Dtype,
+    mut serve: F,
+) -> Result<Vec<Vec<f32>>, WireError>
+where
+    L: Link + ?Sized,
+    F: FnMut(usize, &[u32]) -> Result<Vec<f32>, WireError>,
+{
+    let (me, world) = (link.rank(), link.world());
+    if tag.phase != Phase::Fetch {
+        return Err(WireError::Usage(format!(
+            "a fetch is tagged {tag}, not fetch"
+        )));
+    }
+    if requests.len() != world {
+        return Err(WireError::Usage(format!(
+            "{} request lists for {world} ranks",
+            requests.len()
+        )));
+    }
+    if cols == 0 || matches!(dtype, Dtype::F64 | Dtype::U32) {
+        return Err(WireError::Usage(
+            "fetched rows are at least one column of f32, f16 or bf16".into(),
+        ));
+    }
+    for peer in (0..world).filter(|&p| p != me) {
+        let ids = &requests[peer];
+        let mut header = tag.header(link, Dtype::U32);
+        header.rows = u32::try_from(ids.len())
+            .map_err(|_| WireError::Usage(format!("{} ids in one request", ids.len())))?;
+        header.cols = 1;
+        let frame = Frame {
+            header,
+            payload: encode_u32(ids),
+        };
+        frame.validate()?;
+        link.send(peer, frame)?;
+    }
+    for peer in (0..world).filter(|&p| p != me) {
+        let frame = link
+            .recv(peer)
+            .map_err(|e| e.awaiting(format!("row requests of {tag}")))?;
+        let n = frame.header.rows as usize;
+        expect(peer, &frame, tag, Dtype::U32, n, 1)?;
+        let ids = decode_u32(&frame.payload)?;
+        let rows = serve(peer, &ids)?;
+        if rows.len() != ids.len() * cols {
+            return Err(WireError::Usage(format!(
+                "served {} values for {} ids of {cols} columns",
+                rows.len(),
+                ids.len()
+            )));
+        }
+        link.send(
+            peer,
+            Frame::tensor(tag.header(link, dtype), &rows, ids.len(), cols)?,
+        )?;
+    }
+    let mut out = vec![Vec::new(); world];
+    for peer in (0..world).filter(|&p| p != me) {
+        // the request went out before any reply, so this reply is the next frame after the peer's request
+        let frame = link
+            .recv(peer)
+            .map_err(|e| e.awaiting(format!("fetched rows of {tag}")))?;
+        expect(peer, &frame, tag, dtype, requests[peer].len(), cols)?;
+        out[peer] = frame.to_f32()?;
     }
     Ok(out)
 }
@@ -331,6 +413,66 @@ mod tests {
         (0..len)
             .map(|i| ((rank * 7919 + i * 104_729) % 1000) as f32 * 0.001 - 0.37)
             .collect()
+    }
+
+    #[test]
+    fn fetch_rows_returns_the_owners_rows_and_refusals_propagate() {
+        // rank r owns rows whose value is 100 * r + id; rank r asks every peer p for ids r..r+p
+        let results = on_mesh(3, |link| {
+            let me = link.rank();
+            let requests: Vec<Vec<u32>> = (0..3)
+                .map(|p| {
+                    if p == me {
+                        vec![]
+                    } else {
+                        (me as u32..(me + p) as u32).collect()
+                    }
+                })
+                .collect();
+            fetch_rows(
+                link,
+                Tag::new(2, 0, Phase::Fetch),
+                &requests,
+                2,
+                Dtype::F32,
+                |_, ids| {
+                    Ok(ids
+                        .iter()
+                        .flat_map(|&i| [100.0 * me as f32 + i as f32, -1.0])
+                        .collect())
+                },
+            )
+            .unwrap()
+        });
+        for (me, got) in results.iter().enumerate() {
+            for (p, rows) in got.iter().enumerate() {
+                let want: Vec<f32> = if p == me {
+                    vec![]
+                } else {
+                    (me..me + p)
+                        .flat_map(|i| [100.0 * p as f32 + i as f32, -1.0])
+                        .collect()
+                };
+                assert_eq!(rows, &want, "rank {me} from {p}");
+            }
+        }
+        let results = on_mesh(2, |link| {
+            let requests = vec![vec![7u32], vec![7u32]];
+            fetch_rows(
+                link,
+                Tag::new(1, 0, Phase::Fetch),
+                &requests,
+                1,
+                Dtype::F32,
+                |peer, _| {
+                    Err(WireError::Usage(format!(
+                        "rank {peer} asked for a row not owned here"
+                    )))
+                },
+            )
+            .map(|_| ())
+        });
+        assert!(results.iter().all(|r| r.is_err()));
     }
 
     #[test]

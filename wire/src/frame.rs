@@ -42,6 +42,8 @@ pub enum Phase {
     Backward = 1,
     AllReduce = 2,
     Control = 3,
+    /// Feature rows fetched by id (data parallelism): id requests and their replies.
+    Fetch = 4,
 }
 
 impl Phase {
@@ -51,6 +53,7 @@ impl Phase {
             1 => Phase::Backward,
             2 => Phase::AllReduce,
             3 => Phase::Control,
+            4 => Phase::Fetch,
             _ => return None,
         })
     }
@@ -61,6 +64,7 @@ impl Phase {
             Phase::Backward => "backward",
             Phase::AllReduce => "all-reduce",
             Phase::Control => "control",
+            Phase::Fetch => "fetch",
         }
     }
 }
@@ -79,6 +83,8 @@ pub enum Dtype {
     F16 = 1,
     BF16 = 2,
     F64 = 3,
+    /// Node ids (requests for rows).
+    U32 = 4,
 }
 
 impl Dtype {
@@ -88,6 +94,7 @@ impl Dtype {
             1 => Dtype::F16,
             2 => Dtype::BF16,
             3 => Dtype::F64,
+            4 => Dtype::U32,
             _ => return None,
         })
     }
@@ -95,7 +102,7 @@ impl Dtype {
     pub fn size_bytes(self) -> usize {
         match self {
             Dtype::F16 | Dtype::BF16 => 2,
-            Dtype::F32 => 4,
+            Dtype::F32 | Dtype::U32 => 4,
             Dtype::F64 => 8,
         }
     }
@@ -106,6 +113,7 @@ impl Dtype {
             Dtype::F16 => "f16",
             Dtype::BF16 => "bf16",
             Dtype::F64 => "f64",
+            Dtype::U32 => "u32",
         }
     }
 }
@@ -333,10 +341,11 @@ impl Frame {
 }
 
 /// Little-endian bytes of `values` in `dtype`: exact for f32 and f64, rounded to nearest-even for f16/bf16.
+/// `U32` carries the f32 bit patterns unchanged (ids travel through [`encode_u32`]).
 pub fn encode_f32(values: &[f32], dtype: Dtype) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
     match dtype {
-        Dtype::F32 => values
+        Dtype::F32 | Dtype::U32 => values
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         Dtype::F16 => values
@@ -363,7 +372,7 @@ pub fn decode_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>, WireError> {
     }
     let chunks = bytes.chunks_exact(size);
     Ok(match dtype {
-        Dtype::F32 => chunks
+        Dtype::F32 | Dtype::U32 => chunks
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
         Dtype::F16 => chunks
@@ -374,6 +383,23 @@ pub fn decode_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>, WireError> {
             .collect(),
         Dtype::F64 => chunks.map(|c| f64_from(c) as f32).collect(),
     })
+}
+
+pub fn encode_u32(values: &[u32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+pub fn decode_u32(bytes: &[u8]) -> Result<Vec<u32>, WireError> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(WireError::Misaligned {
+            len: bytes.len(),
+            dtype: "u32",
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 pub fn encode_f64(values: &[f64]) -> Vec<u8> {
