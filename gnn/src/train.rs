@@ -48,6 +48,38 @@ pub struct EpochMetrics {
     /// What the exchange moved in this epoch (all zero on a single worker).
     #[serde(default)]
     pub exchange: crate::exchange::ExchangeStats,
+    /// Mini-batch training only: steps, sampling, feature fetching and the remote-row cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches: Option<BatchStats>,
+}
+
+/// One epoch of mini-batch training on one worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchStats {
+    pub steps: usize,
+    /// Seeds trained (this worker's share).
+    pub seeds: u64,
+    /// Edges in the sampled blocks.
+    pub sampled_edges: u64,
+    /// Seconds the trainer waited for the loader threads (sampling and gathering not hidden by compute).
+    pub sample_wait_s: f64,
+    /// Seconds fetching rows from peers (feature rows, or P3's partial products and their gradients).
+    pub fetch_s: f64,
+    /// Seconds in forward, backward and the optimizer.
+    pub compute_s: f64,
+    /// Input rows read from this worker's own features.
+    pub local_rows: u64,
+    /// Input rows owned by peers: found in the cache, or fetched.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+}
+
+impl BatchStats {
+    /// Share of remote input rows the cache served; `None` when no row was remote.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let remote = self.cache_hits + self.cache_misses;
+        (remote > 0).then(|| self.cache_hits as f64 / remote as f64)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,6 +90,31 @@ pub struct TrainSummary {
     pub best_val_acc: Option<f64>,
     pub test_acc_at_best_val: Option<f64>,
     pub stopped_early: bool,
+}
+
+impl TrainSummary {
+    pub fn new(epochs: usize) -> TrainSummary {
+        TrainSummary {
+            epochs: Vec::with_capacity(epochs),
+            best_epoch: None,
+            best_val_acc: None,
+            test_acc_at_best_val: None,
+            stopped_early: false,
+        }
+    }
+
+    /// Records an evaluation; returns whether validation accuracy improved on the best so far.
+    pub fn observe(&mut self, epoch: usize, val: Option<f64>, test: Option<f64>) -> bool {
+        match val {
+            Some(v) if self.best_val_acc.is_none_or(|b| v > b) => {
+                self.best_epoch = Some(epoch);
+                self.best_val_acc = Some(v);
+                self.test_acc_at_best_val = test;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Accuracy on train, val and test rows from an evaluation pass (no dropout), summed over workers.
@@ -103,13 +160,7 @@ pub fn train(
         return Err(Error::Config("the training split is empty".into()));
     }
     let mut opt = Adam::new(&model.params, cfg.lr, cfg.weight_decay);
-    let mut summary = TrainSummary {
-        epochs: Vec::with_capacity(cfg.epochs),
-        best_epoch: None,
-        best_val_acc: None,
-        test_acc_at_best_val: None,
-        stopped_early: false,
-    };
+    let mut summary = TrainSummary::new(cfg.epochs);
     let mut since_best = 0usize;
     for epoch in 1..=cfg.epochs {
         let t0 = Instant::now();
@@ -141,21 +192,17 @@ pub fn train(
             train_s,
             eval_s: 0.0,
             exchange: Default::default(),
+            batches: None,
         };
         if epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, g, x, sets, ex)?;
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
-            if let Some(v) = va {
-                if summary.best_val_acc.is_none_or(|b| v > b) {
-                    summary.best_epoch = Some(epoch);
-                    summary.best_val_acc = Some(v);
-                    summary.test_acc_at_best_val = te;
-                    since_best = 0;
-                } else {
-                    since_best += 1;
-                }
+            if summary.observe(epoch, va, te) {
+                since_best = 0;
+            } else if va.is_some() {
+                since_best += 1;
             }
         }
         m.exchange = ex.take_stats();

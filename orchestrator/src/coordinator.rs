@@ -335,6 +335,7 @@ mod tests {
             train_s: 0.1,
             eval_s: 0.0,
             exchange: Default::default(),
+            batches: None,
         }
     }
 

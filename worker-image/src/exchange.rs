@@ -110,6 +110,10 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
         self.link
     }
 
+    pub fn link_mut(&mut self) -> &mut L {
+        self.link
+    }
+
     /// Zeroes the per-epoch timers.
     pub fn take_times(&mut self) -> ExchangeTimes {
         std::mem::take(&mut self.times)
@@ -508,6 +512,7 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
                 Phase::Backward => (Some(layer), "backward"),
                 Phase::AllReduce => (None, "all_reduce"),
                 Phase::Control => (None, "control"),
+                Phase::Fetch => (None, "fetch"),
             };
             match per_layer
                 .iter_mut()

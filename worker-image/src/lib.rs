@@ -7,6 +7,7 @@
 
 pub mod control;
 pub mod exchange;
+pub mod minibatch;
 pub mod run;
 
 use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
@@ -21,6 +22,8 @@ pub enum Error {
     Engine(#[from] physalia_gnn::Error),
     #[error("partition {part}: {problem}")]
     Part { part: usize, problem: String },
+    #[error("{0}")]
+    Config(String),
 }
 
 /// The engine's view of a partition: its local graph (owned rows, then halo sources), features and node sets.
