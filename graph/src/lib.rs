@@ -4,7 +4,8 @@
 //! Everything produces an [`OwnedDataset`]; [`OwnedDataset::write`] stores it as one safetensors file and
 //! [`Dataset::open`] maps it back, validated, so the rest of the system never parses text formats or
 //! re-checks indices at training time. [`partition`] cuts a dataset into per-worker parts (METIS) and
-//! stores them beside the dataset file.
+//! stores them beside the dataset file. [`sample`] draws GraphSAGE-style mini-batches (sampled
+//! computation graphs) and prefetches them on a thread pool.
 //!
 //! Crate-wide conventions: node ids are `i32` in the CSR and `i64` in labels and splits (the dtypes
 //! PyTorch/NumPy users expect); CSR row `v` lists the in-neighbours of `v`; label `-1` means unlabelled.
@@ -16,6 +17,7 @@ pub mod import;
 mod npy;
 pub mod partition;
 mod rng;
+pub mod sample;
 pub mod synth;
 
 pub use csr::{Csr, csr_from_edge_pairs, csr_from_edges};
