@@ -613,3 +613,398 @@ impl ShardData {
         }
     }
 }
+
+/// What a P3 (model-parallel) worker holds: the whole structure, its column slice of every node's features,
+/// and every node's label and split (small next to the features).
+pub struct ColumnShard<'a> {
+    pub indptr: &'a [i64],
+    pub indices: &'a [i32],
+    /// `num_nodes x (cols.len())`: columns `cols` of the input features.
+    pub x_cols: &'a Matrix,
+    pub cols: std::ops::Range<usize>,
+    pub sets: &'a NodeSets,
+}
+
+/// The input columns of rank `rank` of `world` when `d` columns are split as evenly as possible.
+pub fn column_slice(d: usize, world: usize, rank: usize) -> std::ops::Range<usize> {
+    let start = rank * d / world;
+    start..(rank + 1) * d / world
+}
+
+/// A part that owns nothing: the exchange of a worker without a partition (P3 moves no halo rows).
+fn no_part(rank: usize, world: usize) -> physalia_graph::partition::Part {
+    physalia_graph::partition::Part {
+        part: rank,
+        k: world,
+        owned: vec![],
+        halo: vec![],
+        indptr: vec![0],
+        indices: vec![],
+        src_in_degree: vec![],
+        recv: vec![],
+        send: vec![],
+        labels: vec![],
+        train: vec![],
+        val: vec![],
+        test: vec![],
+        features: physalia_graph::format::Features::F32(vec![]),
+        feat_dim: 0,
+        num_classes: 0,
+        num_nodes_global: 0,
+        num_train_global: 0,
+    }
+}
+
+/// A batch of a P3 step: every worker prepares every batch of the step (only block 0 and its input columns
+/// for batches other workers own).
+struct P3Batch {
+    blocks: Vec<LocalGraph>,
+    x: Matrix,
+    seeds: Vec<u32>,
+    edges: usize,
+}
+
+/// P3 model parallelism with mini-batches: input features split by column over the workers. In each step
+/// every worker owns one batch of seeds; every worker samples every batch of the step (sampling is a pure
+/// function of the seeds and the key, so no structure travels), computes the first layer's partial product
+/// of its columns for every batch and sends each to the batch's owner, which sums them in rank order and
+/// runs the remaining layers; the first layer's output gradient goes back to every worker, which forms the
+/// gradient of its rows of the first layer's weights. The remaining layers' gradients are all-reduced.
+/// Evaluation is layer-wise full-graph inference with the first layer's partial products all-reduced.
+///
+/// The first layer's weight rows stay with their column owner during training and are gathered to every
+/// worker at the end, so the returned model is complete.
+#[allow(clippy::too_many_arguments)]
+pub fn train_p3<L: Link + ?Sized>(
+    link: &mut L,
+    shard: &ColumnShard<'_>,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &MiniBatchOptions,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<(Model, TrainSummary), Error> {
+    let (rank, world) = (link.rank(), link.world());
+    let config = |problem: String| Error::Config(problem);
+    if opts.fanouts.len() != cfg.layers {
+        return Err(config(format!(
+            "{} fan-outs for a model of {} layers: give one per layer",
+            opts.fanouts.len(),
+            cfg.layers
+        )));
+    }
+    if cfg.layers < 2 {
+        return Err(config(
+            "model parallelism (P3) needs at least 2 layers: the first is split by columns, the rest run data-parallel".into(),
+        ));
+    }
+    if opts.batch_size == 0 {
+        return Err(config("batch_size must be at least 1".into()));
+    }
+    if shard.cols != column_slice(cfg.in_dim, world, rank)
+        || shard.x_cols.cols() != shard.cols.len()
+    {
+        return Err(config(format!(
+            "rank {rank} of {world} holds feature columns {:?}, expected {:?}",
+            shard.cols,
+            column_slice(cfg.in_dim, world, rank)
+        )));
+    }
+    if cfg.kind == LayerKind::Gat {
+        return Err(config(
+            "model parallelism (P3) supports gcn and sage: GAT's attention needs whole input rows"
+                .into(),
+        ));
+    }
+    let sampler = Sampler::new(shard.indptr, shard.indices, &opts.fanouts)
+        .map_err(|e| config(e.to_string()))?;
+    let sets = shard.sets;
+    let n_train = sets.train.len();
+    if n_train == 0 {
+        return Err(config("the training split is empty".into()));
+    }
+    let empty = no_part(rank, world);
+    let mut mesh = MeshExchange::new(link, &empty, crate::ExchangeOptions::default());
+    let mut model = Model::new(cfg, seed)?;
+    let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
+    let first = model.first_layer_weights();
+    let col0 = shard.cols.start;
+    let whole = LocalGraph::whole(cfg.kind, shard.indptr, shard.indices);
+    let per_step = world * opts.batch_size;
+    let steps = n_train.div_ceil(per_step);
+    let mut summary = TrainSummary::new(tc.epochs);
+    let mut since_best = 0usize;
+    for epoch in 1..=tc.epochs {
+        let t0 = Instant::now();
+        let mut seeds = sets.train.clone();
+        shuffle(&mut seeds, Stream::new(seed, &[0x93, epoch as u64]));
+        // batch s * world + w is rank w's batch in step s
+        let mut batches: Vec<Vec<u32>> = Vec::with_capacity(steps * world);
+        for s in 0..steps {
+            let step = &seeds[(s * per_step).min(n_train)..((s + 1) * per_step).min(n_train)];
+            for w in 0..world {
+                let lo = (w * opts.batch_size).min(step.len());
+                let hi = ((w + 1) * opts.batch_size).min(step.len());
+                batches.push(step[lo..hi].to_vec());
+            }
+        }
+        let mut stats = BatchStats::default();
+        let mut loss_sum = 0f64;
+        let key = Stream::new(seed, &[0x93A, epoch as u64]).at(0);
+        let prep = |b: usize, mb: MiniBatch| {
+            let mut blocks = engine_blocks(cfg.kind, &mb, shard.indptr);
+            if b % world != rank {
+                blocks.truncate(1);
+            }
+            let input = mb.input_nodes();
+            let mut x = Matrix::zeros(input.len(), shard.x_cols.cols());
+            for (r, &v) in input.iter().enumerate() {
+                x.row_mut(r).copy_from_slice(shard.x_cols.row(v as usize));
+            }
+            P3Batch {
+                blocks,
+                x,
+                seeds: mb.seeds().to_vec(),
+                edges: mb.num_edges(),
+            }
+        };
+        let result: Result<(), Error> = with_prefetch(
+            &sampler,
+            &batches,
+            key,
+            opts.loader_threads,
+            opts.prefetch,
+            prep,
+            |it| {
+                for step in 0..steps {
+                    let tw = Instant::now();
+                    let group: Vec<P3Batch> = (0..world)
+                        .map(|_| it.next().expect("world batches per step"))
+                        .collect();
+                    stats.sample_wait_s += tw.elapsed().as_secs_f64();
+                    let tc0 = Instant::now();
+                    let pass = step_pass(epoch, step);
+                    mesh.begin_pass(pass);
+                    let global: usize = group.iter().map(|b| b.seeds.len()).sum();
+                    let mine = &group[rank];
+                    stats.steps += 1;
+                    stats.seeds += mine.seeds.len() as u64;
+                    stats.sampled_edges += group.iter().map(|b| b.edges as u64).sum::<u64>();
+                    stats.local_rows += group.iter().map(|b| b.x.rows() as u64).sum::<u64>();
+                    let partials: Vec<Matrix> = group
+                        .iter()
+                        .map(|b| model.first_layer_partial(&b.blocks[0], &b.x, col0, pass))
+                        .collect::<Result<_, _>>()?;
+                    stats.compute_s += tc0.elapsed().as_secs_f64();
+                    // partial products to the batch owners; ours summed in rank order
+                    let tf = Instant::now();
+                    let hidden = partials[rank].cols();
+                    let send: Vec<(usize, &[f32])> = (0..world)
+                        .filter(|&w| w != rank)
+                        .map(|w| (w, partials[w].data()))
+                        .collect();
+                    let recv: Vec<(usize, usize)> = (0..world)
+                        .filter(|&w| w != rank)
+                        .map(|w| (w, mine.blocks[0].n_dst()))
+                        .collect();
+                    let got = physalia_wire::halo_exchange(
+                        mesh.link_mut(),
+                        Tag::new(step as u32, 0, Phase::Forward),
+                        &send,
+                        &recv,
+                        hidden,
+                        Dtype::F32,
+                    )
+                    .map_err(|e| physalia_gnn::Error::Exchange(e.into()))?;
+                    stats.fetch_s += tf.elapsed().as_secs_f64();
+                    let tc1 = Instant::now();
+                    let mut z0 = Matrix::zeros(mine.blocks[0].n_dst(), hidden);
+                    let mut from_peer = got.into_iter();
+                    for w in 0..world {
+                        if w == rank {
+                            z0.add_assign(&partials[rank]);
+                        } else {
+                            let (_, rows) = from_peer.next().expect("one reply per peer");
+                            z0.add_assign(&Matrix::from_vec(z0.rows(), hidden, rows));
+                        }
+                    }
+                    let (mut grads, d_z0) = if mine.seeds.is_empty() {
+                        (model.zero_grads(), Matrix::zeros(0, hidden))
+                    } else {
+                        let fwd = model.forward_after_first_blocks(&mine.blocks, z0, pass)?;
+                        let labels: Vec<i64> = mine
+                            .seeds
+                            .iter()
+                            .map(|&v| sets.labels[v as usize])
+                            .collect();
+                        let rows: Vec<u32> = (0..mine.seeds.len() as u32).collect();
+                        let (l, dl) = cross_entropy(&fwd.logits, &labels, &rows, global as f64);
+                        loss_sum += l / global as f64;
+                        model.backward_after_first_blocks(&mine.blocks, fwd, dl)?
+                    };
+                    stats.compute_s += tc1.elapsed().as_secs_f64();
+                    // the first layer's output gradient of every batch to every worker
+                    let tf = Instant::now();
+                    let send: Vec<(usize, &[f32])> = (0..world)
+                        .filter(|&w| w != rank)
+                        .map(|w| (w, d_z0.data()))
+                        .collect();
+                    let recv: Vec<(usize, usize)> = (0..world)
+                        .filter(|&w| w != rank)
+                        .map(|w| {
+                            (
+                                w,
+                                if group[w].seeds.is_empty() {
+                                    0
+                                } else {
+                                    group[w].blocks[0].n_dst()
+                                },
+                            )
+                        })
+                        .collect();
+                    let got = physalia_wire::halo_exchange(
+                        mesh.link_mut(),
+                        Tag::new(step as u32, 0, Phase::Backward),
+                        &send,
+                        &recv,
+                        hidden,
+                        Dtype::F32,
+                    )
+                    .map_err(|e| physalia_gnn::Error::Exchange(e.into()))?;
+                    stats.fetch_s += tf.elapsed().as_secs_f64();
+                    let tc2 = Instant::now();
+                    let mut from_peer = got.into_iter();
+                    for (w, b) in group.iter().enumerate() {
+                        let dz = if w == rank {
+                            d_z0.clone()
+                        } else {
+                            let (_, rows) = from_peer.next().expect("one reply per peer");
+                            Matrix::from_vec(rows.len() / hidden, hidden, rows)
+                        };
+                        if b.seeds.is_empty() {
+                            continue;
+                        }
+                        model.first_layer_partial_backward(
+                            &b.blocks[0],
+                            &b.x,
+                            col0,
+                            pass,
+                            &dz,
+                            &mut grads,
+                        )?;
+                    }
+                    all_reduce_except(&mut mesh, &mut grads, &first)?;
+                    opt.step(&mut model.params, &grads);
+                    stats.compute_s += tc2.elapsed().as_secs_f64();
+                }
+                Ok(())
+            },
+        );
+        result?;
+        mesh.begin_pass(Pass::Train {
+            epoch: epoch as u64,
+        });
+        let mut loss = [loss_sum];
+        mesh.all_reduce_scalars(&mut loss)
+            .map_err(physalia_gnn::Error::Exchange)?;
+        let loss = loss[0] / steps.max(1) as f64;
+        let train_s = t0.elapsed().as_secs_f64();
+        if !loss.is_finite() {
+            return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
+        }
+        let mut m = EpochMetrics {
+            epoch,
+            loss,
+            train_acc: None,
+            val_acc: None,
+            test_acc: None,
+            train_s,
+            eval_s: 0.0,
+            exchange: Default::default(),
+            batches: Some(stats),
+        };
+        if epoch % tc.eval_every.max(1) == 0 || epoch == tc.epochs {
+            let t1 = Instant::now();
+            let [tr, va, te] = p3_evaluate(&mut model, &whole, shard, &mut mesh)?;
+            m.eval_s = t1.elapsed().as_secs_f64();
+            (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
+            if summary.observe(epoch, va, te) {
+                since_best = 0;
+            } else if va.is_some() {
+                since_best += 1;
+            }
+        }
+        m.exchange = mesh.take_stats();
+        on_epoch(&m);
+        summary.epochs.push(m);
+        if tc.patience.is_some_and(|p| since_best >= p) {
+            summary.stopped_early = true;
+            break;
+        }
+    }
+    // gather the first layer's rows from their column owners
+    let mut w1: Vec<Matrix> = first
+        .iter()
+        .map(|&i| {
+            let p = &model.params[i].value;
+            let mut own = Matrix::zeros(p.rows(), p.cols());
+            let cols = p.cols();
+            own.data_mut()[col0 * cols..shard.cols.end * cols]
+                .copy_from_slice(&p.data()[col0 * cols..shard.cols.end * cols]);
+            own
+        })
+        .collect();
+    mesh.begin_pass(Pass::Eval);
+    mesh.all_reduce(&mut w1)
+        .map_err(physalia_gnn::Error::Exchange)?;
+    for (&i, w) in first.iter().zip(w1) {
+        model.params[i].value = w;
+    }
+    Ok((model, summary))
+}
+
+/// All-reduces every gradient except those at `skip` (the first layer's, which stay with their columns).
+fn all_reduce_except(
+    mesh: &mut dyn Exchange,
+    grads: &mut [Matrix],
+    skip: &[usize],
+) -> Result<(), Error> {
+    let mut shared: Vec<Matrix> = Vec::new();
+    for (i, g) in grads.iter_mut().enumerate() {
+        if !skip.contains(&i) {
+            shared.push(std::mem::replace(g, Matrix::zeros(0, 0)));
+        }
+    }
+    mesh.all_reduce(&mut shared)
+        .map_err(physalia_gnn::Error::Exchange)?;
+    let mut it = shared.into_iter();
+    for (i, g) in grads.iter_mut().enumerate() {
+        if !skip.contains(&i) {
+            *g = it.next().expect("one gradient per shared parameter");
+        }
+    }
+    Ok(())
+}
+
+/// Layer-wise full-graph inference for P3: the first layer's partial products over all nodes, summed over
+/// workers, then the remaining layers on the whole graph (every worker computes the same logits).
+fn p3_evaluate(
+    model: &mut Model,
+    whole: &LocalGraph,
+    shard: &ColumnShard<'_>,
+    mesh: &mut dyn Exchange,
+) -> Result<[Option<f64>; 3], Error> {
+    mesh.begin_pass(Pass::Eval);
+    let mut z0 =
+        vec![model.first_layer_partial(whole, shard.x_cols, shard.cols.start, Pass::Eval)?];
+    mesh.all_reduce(&mut z0)
+        .map_err(physalia_gnn::Error::Exchange)?;
+    let z0 = z0.pop().expect("one matrix");
+    let fwd = model.forward_after_first(whole, z0, Pass::Eval, &mut LocalExchange)?;
+    let sets = shard.sets;
+    Ok([&sets.train, &sets.val, &sets.test].map(|rows| {
+        (!rows.is_empty()).then(|| {
+            physalia_gnn::loss::correct(&fwd.logits, &sets.labels, rows) as f64 / rows.len() as f64
+        })
+    }))
+}
