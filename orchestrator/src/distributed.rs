@@ -29,6 +29,7 @@ use physalia_wire::{Dtype, JobCa, worker_name};
 use physalia_worker::ExchangeOptions;
 use physalia_worker::control::{
     Assignment, COORDINATOR_NAME, ControlServer, Outbox, ServerEvent, ToCoordinator, ToWorker,
+    TrainMode,
 };
 use serde_json::{Value, json};
 
@@ -37,7 +38,7 @@ use crate::coordinator::{Action, Coordinator, Event};
 use crate::dataset::{self, Source};
 use crate::jobdir::JobDir;
 use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
-use crate::spec::{ExchangeDtype, JobSpec};
+use crate::spec::{ExchangeDtype, JobSpec, Parallelism};
 use crate::submit::{self, RunResult};
 
 pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Result<()> {
@@ -79,7 +80,17 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
                 })?;
         let parts = sets.into_iter().next().expect("one set per k").part_files;
         let load_s = t_load.elapsed().as_secs_f64();
-        let runs = coordinate(spec, name, &cfg, &parts, &binary, &mut dir, quiet)?;
+        let dataset_path = std::path::absolute(&dataset_path)?;
+        let runs = coordinate(
+            spec,
+            name,
+            &cfg,
+            &parts,
+            &dataset_path,
+            &binary,
+            &mut dir,
+            quiet,
+        )?;
         let workers_rss = runs.worker_peak_rss.clone();
         let bytes = runs.bytes_exchanged;
         let summary = submit::summarize(
@@ -174,6 +185,7 @@ fn coordinate(
     name: &str,
     cfg: &ModelConfig,
     parts: &[PathBuf],
+    dataset_path: &Path,
     binary: &Path,
     dir: &mut JobDir,
     quiet: bool,
@@ -320,6 +332,18 @@ fn coordinate(
                                 model_out: (rank == 0)
                                     .then(|| dir.path().join("model.safetensors")),
                                 epoch_timeout_s: epoch_timeout.as_secs_f64(),
+                                mode: match spec.parallelism {
+                                    Parallelism::Partition => TrainMode::Partition,
+                                    Parallelism::Data => TrainMode::Data,
+                                    Parallelism::Model => TrainMode::Model,
+                                },
+                                minibatch: spec
+                                    .minibatch
+                                    .clone()
+                                    .unwrap_or_default()
+                                    .options()
+                                    .into(),
+                                dataset_path: Some(dataset_path.to_path_buf()),
                             };
                             if let Some(o) = outbox {
                                 o.send(ToWorker::Assign(Box::new(a)));

@@ -60,6 +60,14 @@ pub struct JobSpec {
     /// start that many `physalia-worker` processes, each training one partition.
     #[serde(default = "default_workers")]
     pub workers: u32,
+    /// How the work is split over workers: `partition` (full-graph training on METIS partitions with
+    /// halo exchange), `data` (mini-batches of sampled neighbourhoods, gradients all-reduced every step)
+    /// or `model` (P3: input features split by column, the other layers data-parallel).
+    #[serde(default)]
+    pub parallelism: Parallelism,
+    /// Mini-batch settings for `data` and `model` parallelism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minibatch: Option<MiniBatchSpec>,
     /// How workers exchange halo rows (only used when `workers` is above 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exchange: Option<ExchangeSpec>,
@@ -244,6 +252,64 @@ impl Default for TrainSpec {
             threads: None,
             eval_every: 1,
             patience: None,
+        }
+    }
+}
+
+/// How a job splits its work over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Parallelism {
+    #[default]
+    Partition,
+    Data,
+    Model,
+}
+
+/// Mini-batch training: neighbour sampling, batch size, the remote-row cache and the loader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct MiniBatchSpec {
+    /// In-neighbours sampled per node and hop, one per layer, the seeds' hop first (PyG order); -1 takes
+    /// every neighbour.
+    pub fanouts: Vec<i64>,
+    /// Seeds per worker per step.
+    pub batch_size: u32,
+    /// Feature rows of other workers' nodes each worker caches, chosen by pre-sampling (data parallelism).
+    pub cache_rows: u64,
+    /// Batches pre-sampled to choose the cached rows.
+    pub presample_batches: u32,
+    /// Threads sampling and gathering batches ahead of training, and how many batches they may run ahead.
+    pub loader_threads: u32,
+    pub prefetch: u32,
+}
+
+impl MiniBatchSpec {
+    pub fn options(&self) -> physalia_worker::minibatch::MiniBatchOptions {
+        physalia_worker::minibatch::MiniBatchOptions {
+            fanouts: self
+                .fanouts
+                .iter()
+                .map(|&f| (f > 0).then_some(f as u32))
+                .collect(),
+            batch_size: self.batch_size as usize,
+            cache_rows: self.cache_rows as usize,
+            presample_batches: self.presample_batches as usize,
+            loader_threads: self.loader_threads as usize,
+            prefetch: self.prefetch as usize,
+        }
+    }
+}
+
+impl Default for MiniBatchSpec {
+    fn default() -> Self {
+        MiniBatchSpec {
+            fanouts: vec![25, 10],
+            batch_size: 1024,
+            cache_rows: 0,
+            presample_batches: 8,
+            loader_threads: 1,
+            prefetch: 2,
         }
     }
 }
@@ -834,6 +900,75 @@ impl JobSpec {
                         "cannot be combined with exchange.boundary_sampling below 1".to_string(),
                     ));
                 }
+            }
+        }
+        if let Some(mb) = &self.minibatch {
+            if mb.fanouts.len() != self.model.layers as usize {
+                return Err(invalid(
+                    "minibatch.fanouts",
+                    format!(
+                        "needs one fan-out per layer ({}), got {}",
+                        self.model.layers,
+                        mb.fanouts.len()
+                    ),
+                ));
+            }
+            if let Some(f) = mb
+                .fanouts
+                .iter()
+                .find(|&&f| f == 0 || f < -1 || f > i64::from(u32::MAX))
+            {
+                return Err(invalid(
+                    "minibatch.fanouts",
+                    format!("each fan-out is a positive count or -1 (every neighbour), got {f}"),
+                ));
+            }
+            if mb.batch_size == 0 {
+                return Err(invalid("minibatch.batch_size", "must be >= 1, got 0"));
+            }
+            if mb.loader_threads == 0 || mb.prefetch == 0 {
+                return Err(invalid(
+                    "minibatch.loader_threads",
+                    "loader_threads and prefetch must be >= 1",
+                ));
+            }
+            if self.parallelism == Parallelism::Partition {
+                return Err(invalid(
+                    "minibatch",
+                    "is used by `parallelism: data` or `parallelism: model`; partition parallelism trains on the full graph",
+                ));
+            }
+        }
+        if self.parallelism != Parallelism::Partition {
+            let layers = self.model.layers as usize;
+            let fanouts = self.minibatch.as_ref().map_or(2, |m| m.fanouts.len());
+            if self.minibatch.is_none() && layers != fanouts {
+                return Err(invalid(
+                    "minibatch.fanouts",
+                    format!(
+                        "the default fan-outs [25, 10] are for 2 layers; give {layers} in minibatch.fanouts"
+                    ),
+                ));
+            }
+            if self.exchange.is_some() {
+                return Err(invalid(
+                    "exchange",
+                    "boundary sampling, staleness and compressed halo rows apply to partition parallelism only",
+                ));
+            }
+        }
+        if self.parallelism == Parallelism::Model {
+            if self.model.kind == ModelKind::Gat {
+                return Err(invalid(
+                    "parallelism",
+                    "model parallelism (P3) splits the first layer by input columns; GAT's attention needs whole rows: use gcn or sage, or data parallelism",
+                ));
+            }
+            if self.model.layers < 2 {
+                return Err(invalid(
+                    "parallelism",
+                    "model parallelism needs at least 2 layers (the first is split by columns)",
+                ));
             }
         }
         if let Some(t) = &self.timeouts {

@@ -19,7 +19,8 @@ use serde_json::json;
 use crate::OutputFormat;
 use crate::dataset;
 use crate::jobdir::JobDir;
-use crate::spec::{self, JobSpec, ModelKind};
+use crate::spec::{self, JobSpec, ModelKind, Parallelism};
+use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
     let spec = spec::load(job, overrides)?;
@@ -60,6 +61,9 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         val: rows(Split::Val),
         test: rows(Split::Test),
     };
+    // mini-batch modes sample from the whole structure
+    let structure = (spec.parallelism != Parallelism::Partition)
+        .then(|| (source.indptr().to_vec(), source.indices().to_vec()));
     // the engine holds its own copies now: release the mapping or the in-memory dataset
     drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
@@ -67,7 +71,16 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
     let mut dir = JobDir::create(&spec.output.dir, &name)?;
     dir.write_json("job.json", &spec)?;
     dir.write_json("status.json", &json!({ "state": "running" }))?;
-    let result = train_runs(&spec, &cfg, &graph, &x, &sets, &mut dir, quiet);
+    let result = train_runs(
+        &spec,
+        &cfg,
+        &graph,
+        structure.as_ref(),
+        &x,
+        &sets,
+        &mut dir,
+        quiet,
+    );
     match result {
         Err(e) => {
             let msg = format!("{e:#}");
@@ -102,10 +115,12 @@ pub(crate) struct RunResult {
     pub summary: TrainSummary,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn train_runs(
     spec: &JobSpec,
     cfg: &ModelConfig,
     graph: &LocalGraph,
+    structure: Option<&(Vec<i64>, Vec<i32>)>,
     x: &Matrix,
     sets: &NodeSets,
     dir: &mut JobDir,
@@ -122,27 +137,67 @@ fn train_runs(
     let mut out = Vec::new();
     for run in 0..runs {
         let seed = spec.train.seed + run;
-        let mut model = Model::new(cfg, seed)?;
         let mut io_err = None;
-        let summary = physalia_gnn::train(
-            &mut model,
-            graph,
-            x,
-            sets,
-            &tc,
-            &mut LocalExchange,
-            &mut |m| {
-                if !quiet {
-                    eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
-                }
-                if let Err(e) =
-                    dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m }))
-                {
-                    io_err.get_or_insert(e);
-                }
-            },
-        )
-        .with_context(|| format!("training run {run} (seed {seed})"))?;
+        let mut on_epoch = |m: &EpochMetrics| {
+            if !quiet {
+                eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
+            }
+            if let Err(e) = dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m })) {
+                io_err.get_or_insert(e);
+            }
+        };
+        let options = spec.minibatch.clone().unwrap_or_default().options();
+        let copy_sets = || NodeSets {
+            labels: sets.labels.clone(),
+            train: sets.train.clone(),
+            val: sets.val.clone(),
+            test: sets.test.clone(),
+        };
+        let trained: Result<(Model, TrainSummary)> = match (spec.parallelism, structure) {
+            (Parallelism::Data, Some((indptr, indices))) => {
+                let data = ShardData::whole(cfg.kind, indptr, indices, x.clone(), copy_sets());
+                let shard = data.shard(indptr, indices);
+                train_minibatch(
+                    &mut LocalExchange,
+                    &shard,
+                    cfg,
+                    seed,
+                    &tc,
+                    &options,
+                    &mut on_epoch,
+                )
+                .map_err(Into::into)
+            }
+            (Parallelism::Model, Some((indptr, indices))) => {
+                let sets = copy_sets();
+                let shard = ColumnShard {
+                    indptr,
+                    indices,
+                    x_cols: x,
+                    cols: 0..x.cols(),
+                    sets: &sets,
+                };
+                let mut link = physalia_wire::MemLink::mesh(1).pop().expect("one rank");
+                train_p3(&mut link, &shard, cfg, seed, &tc, &options, &mut on_epoch)
+                    .map_err(Into::into)
+            }
+            _ => {
+                let mut model = Model::new(cfg, seed)?;
+                physalia_gnn::train(
+                    &mut model,
+                    graph,
+                    x,
+                    sets,
+                    &tc,
+                    &mut LocalExchange,
+                    &mut on_epoch,
+                )
+                .map(|s| (model, s))
+                .map_err(Into::into)
+            }
+        };
+        let (model, summary) =
+            trained.with_context(|| format!("training run {run} (seed {seed})"))?;
         if let Some(e) = io_err {
             return Err(e);
         }
@@ -178,7 +233,7 @@ pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -
         String::new()
     };
     let w = epochs.to_string().len();
-    format!(
+    let mut line = format!(
         "{prefix}epoch {:>w$}/{epochs}  loss {:.4}  train {}  val {}  test {}  {:.3}s",
         m.epoch,
         m.loss,
@@ -186,7 +241,17 @@ pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -
         fmt_acc(m.val_acc),
         fmt_acc(m.test_acc),
         m.train_s
-    )
+    );
+    if let Some(b) = &m.batches {
+        line.push_str(&format!(
+            "  steps {}  sample wait {:.3}s  fetch {:.3}s",
+            b.steps, b.sample_wait_s, b.fetch_s
+        ));
+        if let Some(h) = b.hit_rate() {
+            line.push_str(&format!("  cache hit {:.1}%", 100.0 * h));
+        }
+    }
+    line
 }
 
 fn fmt_acc(a: Option<f64>) -> String {

@@ -470,3 +470,64 @@ fn same_seed_gives_byte_identical_model_file() {
         String::from_utf8_lossy(&files[0][8..8 + safetensors_header(&files[0]).len])
     );
 }
+
+#[test]
+fn data_and_model_parallelism_train_on_one_and_several_workers() {
+    let t = sbm_setup();
+    for (mode, workers) in [("data", 1), ("model", 1), ("data", 2), ("model", 2)] {
+        let (s, _) = submit_json(
+            t.path(),
+            "job.yaml",
+            &[
+                &format!("parallelism={mode}"),
+                &format!("workers={workers}"),
+                "minibatch.fanouts=[10, 5]",
+                "minibatch.batch_size=128",
+                "minibatch.cache_rows=100",
+                "train.epochs=15",
+            ],
+            true,
+        );
+        let acc = f64_of(&s["mean_final_test_acc"], "final test accuracy");
+        assert!(acc >= SBM_MIN_ACC, "{mode} x{workers}: test accuracy {acc}");
+        let dir = t.path().join(s["job_dir"].as_str().unwrap());
+        let m = metrics(&dir);
+        let batches = &m.last().unwrap()["metrics"]["batches"];
+        assert!(
+            batches["steps"].as_u64().unwrap() > 0,
+            "{mode} x{workers}: {batches}"
+        );
+        if workers > 1 {
+            assert!(
+                s["bytes_exchanged"].as_u64().unwrap() > 0,
+                "{mode} x{workers}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_parallelism_settings_are_refused_with_the_field() {
+    let t = sbm_setup();
+    for (sets, needle) in [
+        (vec!["parallelism=model", "model.kind=gat"], "parallelism"),
+        (
+            vec!["parallelism=data", "minibatch.fanouts=[5]"],
+            "minibatch.fanouts",
+        ),
+        (
+            vec!["parallelism=data", "minibatch.fanouts=[5, 0]"],
+            "minibatch.fanouts",
+        ),
+        (vec!["minibatch.batch_size=8"], "minibatch"),
+    ] {
+        let mut args = vec!["validate".to_string(), "job.yaml".to_string()];
+        for s in &sets {
+            args.push("--set".into());
+            args.push(s.to_string());
+        }
+        let out = physalia(t.path(), &args);
+        assert!(!out.success(), "{sets:?} was accepted");
+        out.one_line_error(&[needle]);
+    }
+}

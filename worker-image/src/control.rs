@@ -80,6 +80,27 @@ pub struct Assignment {
     pub model_out: Option<PathBuf>,
     /// The bound on every wait for a peer inside an epoch.
     pub epoch_timeout_s: f64,
+    /// How the job is parallelised; data and model parallelism read the dataset itself (structure, splits,
+    /// and for model parallelism this worker's feature columns).
+    #[serde(default)]
+    pub mode: TrainMode,
+    #[serde(default)]
+    pub minibatch: Option<crate::minibatch::MiniBatchOptions>,
+    #[serde(default)]
+    pub dataset_path: Option<PathBuf>,
+}
+
+/// The three ways a job splits its work over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainMode {
+    /// Full-graph training on METIS partitions with halo exchange.
+    #[default]
+    Partition,
+    /// Mini-batches of each worker's own seeds; gradients all-reduced every step.
+    Data,
+    /// P3: features split by column; the first layer's partial products go to the batch owners.
+    Model,
 }
 
 /// Coordinator to worker.

@@ -32,7 +32,7 @@ use crate::Error;
 use crate::exchange::MeshExchange;
 
 /// How mini-batches are drawn and prepared.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MiniBatchOptions {
     /// Per hop, PyG order: `fanouts[0]` for the seeds. `None` takes every neighbour.
     pub fanouts: Vec<Option<u32>>,
@@ -623,6 +623,28 @@ pub struct ColumnShard<'a> {
     pub x_cols: &'a Matrix,
     pub cols: std::ops::Range<usize>,
     pub sets: &'a NodeSets,
+}
+
+/// Columns `cols` of every feature row, each row normalised over all its columns first when asked
+/// (the same values as slicing the normalised matrix).
+pub fn column_features(
+    features: physalia_graph::FeatureView<'_>,
+    d: usize,
+    cols: std::ops::Range<usize>,
+    row_normalize: bool,
+) -> Matrix {
+    let all = features.to_f32();
+    let n = all.len() / d.max(1);
+    let mut out = Matrix::zeros(n, cols.len());
+    for i in 0..n {
+        let row = &all[i * d..(i + 1) * d];
+        // divided, not multiplied by the inverse: the same bits as `Matrix::row_normalize`
+        let sum: f32 = if row_normalize { row.iter().sum() } else { 0.0 };
+        for (o, &v) in out.row_mut(i).iter_mut().zip(&row[cols.clone()]) {
+            *o = if sum != 0.0 { v / sum } else { v };
+        }
+    }
+    out
 }
 
 /// The input columns of rank `rank` of `world` when `d` columns are split as evenly as possible.

@@ -102,6 +102,101 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// The whole life of a worker process.
+/// Trains what the coordinator assigned, in the assigned mode.
+pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
+    link: &mut L,
+    a: &crate::control::Assignment,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
+) -> Result<(physalia_gnn::Model, physalia_gnn::TrainSummary)> {
+    use crate::control::TrainMode;
+    use crate::minibatch::{ColumnShard, ShardData, column_features, column_slice};
+    use physalia_graph::{Dataset, Split};
+    let dataset = || -> Result<Dataset> {
+        let path = a
+            .dataset_path
+            .as_ref()
+            .context("the assignment names no dataset (needed for data and model parallelism)")?;
+        Dataset::open(path).with_context(|| format!("opening {}", path.display()))
+    };
+    let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
+    let options = || a.minibatch.clone().unwrap_or_default();
+    Ok(match a.mode {
+        TrainMode::Partition => {
+            let part = Part::load(&a.part_path)
+                .with_context(|| format!("loading {}", a.part_path.display()))?;
+            crate::train_part(
+                link,
+                &part,
+                &a.model,
+                a.seed,
+                &a.train,
+                &a.exchange,
+                a.row_normalize,
+                on_epoch,
+            )?
+        }
+        TrainMode::Data => {
+            let part = Part::load(&a.part_path)
+                .with_context(|| format!("loading {}", a.part_path.display()))?;
+            let set = a
+                .part_path
+                .parent()
+                .context("a part file lies in its set's folder")?;
+            let (_, partitioning) =
+                physalia_graph::partition::load_partitioning(&set.join("partition.safetensors"))?;
+            let ds = dataset()?;
+            let csr = ds.csr();
+            let data = ShardData::from_part(
+                &part,
+                &partitioning.parts,
+                &ids(&ds, Split::Train),
+                &a.model,
+                a.row_normalize,
+            );
+            let shard = data.shard(csr.indptr, csr.indices);
+            let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
+            crate::minibatch::train_minibatch(
+                &mut mesh,
+                &shard,
+                &a.model,
+                a.seed,
+                &a.train,
+                &options(),
+                on_epoch,
+            )?
+        }
+        TrainMode::Model => {
+            let ds = dataset()?;
+            let d = ds.meta().feat_dim;
+            let cols = column_slice(d, link.world(), link.rank());
+            let x_cols = column_features(ds.features(), d, cols.clone(), a.row_normalize);
+            let sets = physalia_gnn::NodeSets {
+                labels: ds.labels().to_vec(),
+                train: ids(&ds, Split::Train),
+                val: ids(&ds, Split::Val),
+                test: ids(&ds, Split::Test),
+            };
+            let csr = ds.csr();
+            let shard = ColumnShard {
+                indptr: csr.indptr,
+                indices: csr.indices,
+                x_cols: &x_cols,
+                cols,
+                sets: &sets,
+            };
+            crate::minibatch::train_p3(
+                link,
+                &shard,
+                &a.model,
+                a.seed,
+                &a.train,
+                &options(),
+                on_epoch,
+            )?
+        }
+    })
+}
+
 pub fn run_from_env() -> Result<()> {
     let env = WorkerEnv::from_env()?;
     let identity = read_identity(&env.secrets)?;
@@ -163,34 +258,24 @@ pub fn run_from_env() -> Result<()> {
             .join(&assignment.peers)
             .context("joining the mesh")?;
         link.set_timeout(Duration::from_secs_f64(assignment.epoch_timeout_s));
-        let part = Part::load(&assignment.part_path)
-            .with_context(|| format!("loading {}", assignment.part_path.display()))?;
         let mut report_error = None;
-        let (model, summary) = crate::train_part(
-            &mut link,
-            &part,
-            &assignment.model,
-            assignment.seed,
-            &assignment.train,
-            &assignment.exchange,
-            assignment.row_normalize,
-            &mut |m| {
-                if die_at == Some(m.epoch) {
-                    eprintln!(
-                        "worker {rank}: test hook: killing myself after epoch {}",
-                        m.epoch
-                    );
-                    // SAFETY: kill(2) on our own pid has no memory effects.
-                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                }
-                if let Err(e) = control.send(&ToCoordinator::Epoch {
-                    rank,
-                    metrics: m.clone(),
-                }) {
-                    report_error.get_or_insert(e);
-                }
-            },
-        )?;
+        let mut on_epoch = |m: &physalia_gnn::EpochMetrics| {
+            if die_at == Some(m.epoch) {
+                eprintln!(
+                    "worker {rank}: test hook: killing myself after epoch {}",
+                    m.epoch
+                );
+                // SAFETY: kill(2) on our own pid has no memory effects.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            if let Err(e) = control.send(&ToCoordinator::Epoch {
+                rank,
+                metrics: m.clone(),
+            }) {
+                report_error.get_or_insert(e);
+            }
+        };
+        let (model, summary) = train_assigned(&mut link, &assignment, &mut on_epoch)?;
         if let Some(e) = report_error {
             return Err(e).context("reporting an epoch");
         }
