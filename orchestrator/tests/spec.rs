@@ -129,6 +129,8 @@ fn full_example_parses() {
             patience: Some(100),
         },
         workers: 1,
+        parallelism: Parallelism::Partition,
+        minibatch: None,
         exchange: None,
         timeouts: None,
         backend: BackendKind::Local,
