@@ -301,15 +301,66 @@ pub fn train_minibatch(
             },
         );
         result?;
+        let mut eval = |model: &mut Model, ex: &mut dyn Exchange| {
+            physalia_gnn::evaluate(model, shard.eval_graph, shard.features, shard.eval_sets, ex)
+                .map_err(Error::from)
+        };
+        let end = EpochEnd {
+            epoch,
+            loss_sum,
+            steps,
+            started: t0,
+            stats,
+        };
+        if end.finish(
+            mesh,
+            &mut model,
+            tc,
+            &mut eval,
+            &mut summary,
+            &mut since_best,
+            on_epoch,
+        )? {
+            break;
+        }
+    }
+    Ok((model, summary))
+}
+
+/// What a trainer knows at the end of an epoch's steps.
+struct EpochEnd {
+    epoch: usize,
+    /// Sum over this worker's steps of its loss share (each step's loss is a mean over the global batch).
+    loss_sum: f64,
+    steps: usize,
+    started: Instant,
+    stats: BatchStats,
+}
+
+impl EpochEnd {
+    /// The global mean loss, evaluation when due, best-validation tracking and the metrics callback, as the
+    /// full-graph loop does them. Returns whether training stops early.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        self,
+        mesh: &mut dyn Exchange,
+        model: &mut Model,
+        tc: &TrainConfig,
+        evaluate: &mut dyn FnMut(&mut Model, &mut dyn Exchange) -> Result<[Option<f64>; 3], Error>,
+        summary: &mut TrainSummary,
+        since_best: &mut usize,
+        on_epoch: &mut dyn FnMut(&EpochMetrics),
+    ) -> Result<bool, Error> {
+        let epoch = self.epoch;
         mesh.begin_pass(Pass::Train {
             epoch: epoch as u64,
         });
-        let mut loss = [loss_sum];
+        let mut loss = [self.loss_sum];
         mesh.all_reduce_scalars(&mut loss)
             .map_err(physalia_gnn::Error::Exchange)?;
         // each step's loss was a mean over its global batch; the epoch's is the mean over steps
-        let loss = loss[0] / steps.max(1) as f64;
-        let train_s = t0.elapsed().as_secs_f64();
+        let loss = loss[0] / self.steps.max(1) as f64;
+        let train_s = self.started.elapsed().as_secs_f64();
         if !loss.is_finite() {
             return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
         }
@@ -322,34 +373,26 @@ pub fn train_minibatch(
             train_s,
             eval_s: 0.0,
             exchange: Default::default(),
-            batches: Some(stats),
+            batches: Some(self.stats),
         };
         if epoch % tc.eval_every.max(1) == 0 || epoch == tc.epochs {
             let t1 = Instant::now();
-            let [tr, va, te] = physalia_gnn::evaluate(
-                &mut model,
-                shard.eval_graph,
-                shard.features,
-                shard.eval_sets,
-                mesh,
-            )?;
+            let [tr, va, te] = evaluate(model, mesh)?;
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
             if summary.observe(epoch, va, te) {
-                since_best = 0;
+                *since_best = 0;
             } else if va.is_some() {
-                since_best += 1;
+                *since_best += 1;
             }
         }
         m.exchange = mesh.take_stats();
         on_epoch(&m);
         summary.epochs.push(m);
-        if tc.patience.is_some_and(|p| since_best >= p) {
-            summary.stopped_early = true;
-            break;
-        }
+        let stop = tc.patience.is_some_and(|p| *since_best >= p);
+        summary.stopped_early = stop;
+        Ok(stop)
     }
-    Ok((model, summary))
 }
 
 /// Fisher-Yates with a counter-based stream.
@@ -923,44 +966,24 @@ pub fn train_p3<L: Link + ?Sized>(
             },
         );
         result?;
-        mesh.begin_pass(Pass::Train {
-            epoch: epoch as u64,
-        });
-        let mut loss = [loss_sum];
-        mesh.all_reduce_scalars(&mut loss)
-            .map_err(physalia_gnn::Error::Exchange)?;
-        let loss = loss[0] / steps.max(1) as f64;
-        let train_s = t0.elapsed().as_secs_f64();
-        if !loss.is_finite() {
-            return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
-        }
-        let mut m = EpochMetrics {
+        let mut eval =
+            |model: &mut Model, ex: &mut dyn Exchange| p3_evaluate(model, &whole, shard, ex);
+        let end = EpochEnd {
             epoch,
-            loss,
-            train_acc: None,
-            val_acc: None,
-            test_acc: None,
-            train_s,
-            eval_s: 0.0,
-            exchange: Default::default(),
-            batches: Some(stats),
+            loss_sum,
+            steps,
+            started: t0,
+            stats,
         };
-        if epoch % tc.eval_every.max(1) == 0 || epoch == tc.epochs {
-            let t1 = Instant::now();
-            let [tr, va, te] = p3_evaluate(&mut model, &whole, shard, &mut mesh)?;
-            m.eval_s = t1.elapsed().as_secs_f64();
-            (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
-            if summary.observe(epoch, va, te) {
-                since_best = 0;
-            } else if va.is_some() {
-                since_best += 1;
-            }
-        }
-        m.exchange = mesh.take_stats();
-        on_epoch(&m);
-        summary.epochs.push(m);
-        if tc.patience.is_some_and(|p| since_best >= p) {
-            summary.stopped_early = true;
+        if end.finish(
+            &mut mesh,
+            &mut model,
+            tc,
+            &mut eval,
+            &mut summary,
+            &mut since_best,
+            on_epoch,
+        )? {
             break;
         }
     }
