@@ -87,11 +87,17 @@ pub struct MeshExchange<'a, L: Link + ?Sized> {
     pub times: ExchangeTimes,
     /// Traffic at the previous `take_stats`.
     last: Traffic,
+    /// Rank of part 0 of this worker's replica group: with `r` replicas of `k` parts, rank = replica * k + part.
+    rank_base: usize,
 }
 
 impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
+    /// The exchange of `part` over `link`. With more ranks than parts (`r` replicas of a `k`-way partitioning,
+    /// rank = replica * k + part), halo rows stay inside the replica group and all-reduces span every rank.
     pub fn new(link: &'a mut L, part: &'a Part, opts: ExchangeOptions) -> Self {
+        let rank_base = link.rank().saturating_sub(part.part);
         MeshExchange {
+            rank_base,
             link,
             part,
             opts,
@@ -104,6 +110,30 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
             times: ExchangeTimes::default(),
             last: Traffic::default(),
         }
+    }
+
+    /// [`halo_exchange`] with this group's part numbers as peers.
+    fn exchange_rows<S: AsRef<[f32]>>(
+        &mut self,
+        tag: Tag,
+        send: &[(usize, S)],
+        recv: &[(usize, usize)],
+        cols: usize,
+        dtype: Dtype,
+    ) -> Result<Vec<(usize, Vec<f32>)>, physalia_wire::WireError> {
+        let b = self.rank_base;
+        let send: Vec<(usize, &[f32])> = send.iter().map(|(p, r)| (p + b, r.as_ref())).collect();
+        let recv: Vec<(usize, usize)> = recv.iter().map(|&(p, n)| (p + b, n)).collect();
+        let mut got = halo_exchange(self.link, tag, &send, &recv, cols, dtype)?;
+        for (p, _) in &mut got {
+            *p -= b;
+        }
+        Ok(got)
+    }
+
+    /// Rank of this replica group's part 0 (0 without replicas).
+    pub fn rank_base(&self) -> usize {
+        self.rank_base
     }
 
     pub fn link(&self) -> &L {
@@ -185,15 +215,15 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
             .zip(sent_fresh)
             .map(|((p, rows), &fresh)| (*p as usize, if fresh { rows.len() } else { 0 }))
             .collect();
-        let got = halo_exchange(
-            self.link,
-            self.tag(layer, Phase::Backward),
-            &send,
-            &recv,
-            cols,
-            self.opts.dtype,
-        )
-        .map_err(err)?;
+        let got = self
+            .exchange_rows(
+                self.tag(layer, Phase::Backward),
+                &send,
+                &recv,
+                cols,
+                self.opts.dtype,
+            )
+            .map_err(err)?;
         for (((_, rows), (_, grads)), &fresh) in self.part.send.iter().zip(got).zip(sent_fresh) {
             if !fresh {
                 continue;
@@ -259,8 +289,9 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
             .map(|(p, _)| (*p as usize, 1))
             .collect();
         let flag_tag = Tag::new(epoch as u32, FLAG_LAYER | layer as u16, Phase::Forward);
-        let got_flags =
-            halo_exchange(self.link, flag_tag, &flags, &ones, 1, Dtype::F32).map_err(err)?;
+        let got_flags = self
+            .exchange_rows(flag_tag, &flags, &ones, 1, Dtype::F32)
+            .map_err(err)?;
         let recv_fresh: Vec<bool> = got_flags
             .iter()
             .map(|(_, f)| f.first().is_some_and(|&v| v > 0.5))
@@ -272,15 +303,15 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
             .zip(&recv_fresh)
             .map(|((p, range), &fresh)| (*p as usize, if fresh { range.len() } else { 0 }))
             .collect();
-        let got = halo_exchange(
-            self.link,
-            self.tag(layer, Phase::Forward),
-            &send,
-            &recv,
-            cols,
-            self.opts.dtype,
-        )
-        .map_err(err)?;
+        let got = self
+            .exchange_rows(
+                self.tag(layer, Phase::Forward),
+                &send,
+                &recv,
+                cols,
+                self.opts.dtype,
+            )
+            .map_err(err)?;
         let mut halo = match &self.cache[layer] {
             Some((_, c)) if c.shape() == (self.part.halo.len(), cols) => c.clone(),
             _ => Matrix::zeros(self.part.halo.len(), cols),
@@ -377,8 +408,9 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             })
             .collect();
         let tag = self.tag(layer, Phase::Forward);
-        let got =
-            halo_exchange(self.link, tag, &send, &recv, cols, self.opts.dtype).map_err(err)?;
+        let got = self
+            .exchange_rows(tag, &send, &recv, cols, self.opts.dtype)
+            .map_err(err)?;
         let mut halo = Matrix::zeros(n_halo, cols);
         for ((peer, range), (from, rows)) in self.part.recv.iter().zip(got) {
             debug_assert_eq!(*peer as usize, from);
@@ -450,8 +482,9 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             })
             .collect();
         let tag = self.tag(layer, Phase::Backward);
-        let got =
-            halo_exchange(self.link, tag, &send, &recv, cols, self.opts.dtype).map_err(err)?;
+        let got = self
+            .exchange_rows(tag, &send, &recv, cols, self.opts.dtype)
+            .map_err(err)?;
         // peers in ascending order: the sum order is fixed
         for ((_, rows), (_, grads)) in self.part.send.iter().zip(got) {
             let mut src = grads.chunks_exact(cols.max(1));

@@ -61,6 +61,26 @@ pub fn local_inputs(
     (graph, x, sets)
 }
 
+/// `(replicas, replica)` of a worker holding `part` at `rank` of `world` (rank = replica * k + part).
+pub fn replica_of(part: &Part, rank: usize, world: usize) -> Result<(usize, usize), Error> {
+    let k = part.k.max(1);
+    if !world.is_multiple_of(k) || rank % k != part.part {
+        return Err(Error::Part {
+            part: part.part,
+            problem: format!(
+                "rank {rank} of {world} cannot hold part {} of {k}: ranks are replica * {k} + part",
+                part.part
+            ),
+        });
+    }
+    Ok((world / k, rank / k))
+}
+
+/// The replica that trains on node `v` when `replicas` replicas split the training nodes.
+pub fn owner_replica(v: u32, replicas: usize) -> usize {
+    (physalia_gnn::rng::mix64(u64::from(v)) % replicas.max(1) as u64) as usize
+}
+
 /// Trains this worker's partition with its peers over `link`. Every worker of the job calls this with the
 /// same configuration and seed; the model's weights stay identical on all of them.
 #[allow(clippy::too_many_arguments)]
@@ -83,7 +103,11 @@ pub fn train_part<L: Link + ?Sized>(
             ),
         });
     }
-    let (graph, x, sets) = local_inputs(part, cfg, row_normalize_features);
+    let (graph, x, mut sets) = local_inputs(part, cfg, row_normalize_features);
+    let (replicas, replica) = replica_of(part, link.rank(), link.world())?;
+    // replicas of the partitioning split the training nodes; the all-reduce sums their gradients
+    sets.train
+        .retain(|&row| owner_replica(part.owned[row as usize], replicas) == replica);
     let mut model = Model::new(cfg, seed)?;
     let mut ex = MeshExchange::new(link, part, opts.clone());
     let summary = physalia_gnn::train(&mut model, &graph, &x, &sets, tc, &mut ex, on_epoch)?;

@@ -73,6 +73,9 @@ pub struct Shard<'a> {
     pub labels: &'a [i64],
     /// Every rank's training seeds (global ids): each rank trains on its own, all ranks need the counts.
     pub train_by_rank: &'a [Vec<u32>],
+    /// With replicas of the partitioning: the rank of this replica group's part 0 (owners are parts, peers
+    /// are `rank_base + owner`); 0 otherwise.
+    pub rank_base: usize,
     /// Layer-wise inference over the owned rows (the partition, halo rows through the exchange) and the
     /// labelled rows it is scored on.
     pub eval_graph: &'a LocalGraph,
@@ -255,7 +258,8 @@ pub fn train_minibatch(
         batches.resize(steps, Vec::new());
         let mut stats = BatchStats::default();
         let mut loss_sum = 0f64;
-        let prepare = |_: usize, mb: MiniBatch| prepare(cfg.kind, shard, cache.as_ref(), rank, mb);
+        let part = rank - shard.rank_base;
+        let prepare = |_: usize, mb: MiniBatch| prepare(cfg.kind, shard, cache.as_ref(), part, mb);
         let key = Stream::new(seed, &[0x5A3F, epoch as u64, rank as u64]).at(0);
         let result: Result<(), Error> = with_prefetch(
             &sampler,
@@ -407,7 +411,7 @@ fn prepare(
     kind: LayerKind,
     shard: &Shard<'_>,
     cache: Option<&Cache>,
-    rank: usize,
+    part: usize,
     mb: MiniBatch,
 ) -> Prepared {
     let blocks = engine_blocks(kind, &mb, shard.indptr);
@@ -419,7 +423,7 @@ fn prepare(
     for (r, &v) in input.iter().enumerate() {
         let v = v as usize;
         let (owner, row) = (shard.owner[v], shard.row[v]);
-        let src = if owner as usize == rank {
+        let src = if owner as usize == part {
             local += 1;
             shard.features.row(row as usize)
         } else if let Some(c) = cache.filter(|c| c.slot[v] != u32::MAX) {
@@ -483,8 +487,8 @@ fn fill_missing(
     let mut requests = vec![Vec::new(); world];
     let mut dest = vec![Vec::new(); world];
     for &(r, owner, row) in &p.missing {
-        requests[owner as usize].push(row);
-        dest[owner as usize].push(r);
+        requests[shard.rank_base + owner as usize].push(row);
+        dest[shard.rank_base + owner as usize].push(r);
     }
     let tag = Tag::new((epoch as u32) ^ ((step as u32) << 16), 0, Phase::Fetch);
     let rows = mesh
@@ -528,7 +532,7 @@ fn build_cache(
         {
             let mb = sampler.sample(chunk, batch_key(seed ^ 0xCAC4E, b), &mut scratch);
             for &v in mb.input_nodes() {
-                if shard.owner[v as usize] as usize != rank {
+                if shard.owner[v as usize] as usize + shard.rank_base != rank {
                     if count[v as usize] == 0 {
                         touched.push(v);
                     }
@@ -544,7 +548,7 @@ fn build_cache(
     let mut requests = vec![Vec::new(); world];
     let mut dest = vec![Vec::new(); world];
     for (k, &v) in wanted.iter().enumerate() {
-        let o = shard.owner[v as usize] as usize;
+        let o = shard.rank_base + shard.owner[v as usize] as usize;
         requests[o].push(shard.row[v as usize]);
         dest[o].push(k);
     }
@@ -577,6 +581,7 @@ fn build_cache(
 
 /// The owned arrays behind a [`Shard`].
 pub struct ShardData {
+    pub rank_base: usize,
     pub owner: Vec<u32>,
     pub row: Vec<u32>,
     pub train_by_rank: Vec<Vec<u32>>,
@@ -587,14 +592,17 @@ pub struct ShardData {
 }
 
 impl ShardData {
-    /// A data-parallel worker's view: its partition (`part`), every node's part (`assignment`, which
-    /// is also the rank that owns it) and the whole graph's training nodes.
+    /// A data-parallel worker's view: its partition (`part`), every node's part (`assignment`), the whole
+    /// graph's training nodes, and which of `replicas` replicas of the partitioning this worker is in
+    /// (rank = replica * k + part; replicas split the training nodes, see [`crate::owner_replica`]).
     pub fn from_part(
         part: &physalia_graph::partition::Part,
         assignment: &[u32],
         train: &[u32],
         cfg: &ModelConfig,
         row_normalize_features: bool,
+        replicas: usize,
+        replica: usize,
     ) -> ShardData {
         let mut next = vec![0u32; part.k];
         let row = assignment
@@ -605,13 +613,15 @@ impl ShardData {
                 r
             })
             .collect();
-        let mut train_by_rank = vec![Vec::new(); part.k];
+        let mut train_by_rank = vec![Vec::new(); part.k * replicas];
         for &v in train {
-            train_by_rank[assignment[v as usize] as usize].push(v);
+            let r = crate::owner_replica(v, replicas);
+            train_by_rank[r * part.k + assignment[v as usize] as usize].push(v);
         }
         let (eval_graph, features, eval_sets) =
             crate::local_inputs(part, cfg, row_normalize_features);
         ShardData {
+            rank_base: replica * part.k,
             owner: assignment.to_vec(),
             row,
             train_by_rank,
@@ -632,6 +642,7 @@ impl ShardData {
     ) -> ShardData {
         let n = features.rows();
         ShardData {
+            rank_base: 0,
             owner: vec![0; n],
             row: (0..n as u32).collect(),
             train_by_rank: vec![sets.train.clone()],
@@ -651,6 +662,7 @@ impl ShardData {
             features: &self.features,
             labels: &self.labels,
             train_by_rank: &self.train_by_rank,
+            rank_base: self.rank_base,
             eval_graph: &self.eval_graph,
             eval_sets: &self.eval_sets,
         }

@@ -146,12 +146,15 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 physalia_graph::partition::load_partitioning(&set.join("partition.safetensors"))?;
             let ds = dataset()?;
             let csr = ds.csr();
+            let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
             let data = ShardData::from_part(
                 &part,
                 &partitioning.parts,
                 &ids(&ds, Split::Train),
                 &a.model,
                 a.row_normalize,
+                replicas,
+                replica,
             );
             let shard = data.shard(csr.indptr, csr.indices);
             let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());

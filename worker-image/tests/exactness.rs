@@ -286,3 +286,50 @@ fn threshold_staleness_skips_rows_that_barely_changed() {
         assert_eq!(w.1, stale[0].1, "workers diverged");
     }
 }
+
+#[test]
+fn replicas_of_partition_groups_equal_single_worker() {
+    // r replicas of a k-way partitioning split the training nodes and all-reduce over all r * k ranks
+    let ds = sbm();
+    let cfg = model_cfg(LayerKind::Sage, ds.meta.feat_dim, ds.meta.num_classes);
+    let (want, want_w, _) = single(&ds, &cfg, false);
+    for (k, replicas) in [(1, 3), (2, 2)] {
+        let p = partition_metis(ds.csr(), k, 0).unwrap();
+        let parts = build_parts(DatasetRef::from(&ds), &p).unwrap();
+        let results: Vec<(Vec<f64>, Vec<Matrix>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = MemLink::mesh(k * replicas)
+                .into_iter()
+                .enumerate()
+                .map(|(rank, mut link)| {
+                    let (part, cfg) = (&parts[rank % k], &cfg);
+                    s.spawn(move || {
+                        let mut losses = vec![];
+                        let (model, _) = train_part(
+                            &mut link,
+                            part,
+                            cfg,
+                            7,
+                            &train_cfg(),
+                            &ExchangeOptions::default(),
+                            false,
+                            &mut |m| losses.push(m.loss),
+                        )
+                        .unwrap();
+                        (losses, model.params.into_iter().map(|p| p.value).collect())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, (losses, weights)) in results.iter().enumerate() {
+            let what = format!("{k} parts x {replicas} replicas, rank {rank}");
+            assert_close(&what, losses, &want);
+            for (a, b) in weights.iter().zip(&want_w) {
+                assert!(
+                    a.max_abs_diff(b) <= 1e-4 * b.max_abs().max(1e-3),
+                    "{what}: weights"
+                );
+            }
+        }
+    }
+}

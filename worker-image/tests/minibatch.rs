@@ -116,18 +116,31 @@ fn data_parallel_for(
     opts: &MiniBatchOptions,
     tc: &TrainConfig,
 ) -> Vec<Run> {
+    hybrid(ds, cfg, k, 1, opts, tc)
+}
+
+/// `replicas` replicas of a `k`-way partitioning: rank = replica * k + part.
+fn hybrid(
+    ds: &OwnedDataset,
+    cfg: &ModelConfig,
+    k: usize,
+    replicas: usize,
+    opts: &MiniBatchOptions,
+    tc: &TrainConfig,
+) -> Vec<Run> {
     let p = partition_metis(ds.csr(), k, 0).unwrap();
     let parts = build_parts(DatasetRef::from(ds), &p).unwrap();
     let train: Vec<u32> = ds.split(Split::Train).iter().map(|&i| i as u32).collect();
-    let links = MemLink::mesh(k);
+    let links = MemLink::mesh(k * replicas);
     std::thread::scope(|s| {
-        let handles: Vec<_> = parts
-            .iter()
-            .zip(links)
-            .map(|(part, mut link)| {
-                let (p, train) = (&p, &train);
+        let handles: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut link)| {
+                let (p, train, part) = (&p, &train, &parts[rank % k]);
                 s.spawn(move || {
-                    let data = ShardData::from_part(part, &p.parts, train, cfg, false);
+                    let data =
+                        ShardData::from_part(part, &p.parts, train, cfg, false, replicas, rank / k);
                     let shard = data.shard(&ds.indptr, &ds.indices);
                     let mut mesh = MeshExchange::new(&mut link, part, ExchangeOptions::default());
                     let mut run = Run {
@@ -202,6 +215,23 @@ fn full_fanout_data_parallel_equals_full_graph_training() {
             if k > 1 {
                 assert!(runs.iter().all(|r| r.misses > 0 && r.fetch_bytes > 0));
             }
+        }
+    }
+}
+
+#[test]
+fn replicas_of_a_partitioning_split_the_seeds_and_equal_full_graph_training() {
+    let ds = sbm();
+    let cfg = model_cfg(LayerKind::Gcn);
+    let want = full_graph(&ds, &cfg);
+    for (k, replicas) in [(1, 2), (2, 2), (3, 2)] {
+        let runs = hybrid(&ds, &cfg, k, replicas, &full_batch(50), &train_cfg());
+        for (rank, run) in runs.iter().enumerate() {
+            assert_same(
+                &format!("{k} parts x {replicas} replicas, rank {rank}"),
+                run,
+                &want,
+            );
         }
     }
 }
