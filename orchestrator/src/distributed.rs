@@ -43,6 +43,8 @@ use crate::submit::{self, RunResult};
 
 pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Result<()> {
     let n = spec.workers as usize;
+    // replica groups train on a partitioning into fewer parts than workers: rank = replica * k + part
+    let k = spec.parts() as usize;
     let binary = worker_binary()?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
@@ -74,9 +76,9 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
         };
         drop(source);
         let sets =
-            physalia_graph::partition::ensure_partitions(&dataset_path, &[n], spec.train.seed)
+            physalia_graph::partition::ensure_partitions(&dataset_path, &[k], spec.train.seed)
                 .with_context(|| {
-                    format!("partitioning {} into {n} parts", dataset_path.display())
+                    format!("partitioning {} into {k} parts", dataset_path.display())
                 })?;
         let parts = sets.into_iter().next().expect("one set per k").part_files;
         let load_s = t_load.elapsed().as_secs_f64();
@@ -86,6 +88,7 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
             name,
             &cfg,
             &parts,
+            n,
             &dataset_path,
             &binary,
             &mut dir,
@@ -185,12 +188,13 @@ fn coordinate(
     name: &str,
     cfg: &ModelConfig,
     parts: &[PathBuf],
+    workers: usize,
     dataset_path: &Path,
     binary: &Path,
     dir: &mut JobDir,
     quiet: bool,
 ) -> Result<Coordinated> {
-    let n = parts.len();
+    let n = workers;
     let timeouts = spec.timeouts.clone().unwrap_or_default();
     let (register_timeout, epoch_timeout) = (
         Duration::from_secs_f64(timeouts.register_s),
@@ -323,7 +327,7 @@ fn coordinate(
                         for (rank, outbox) in outboxes.iter().enumerate() {
                             let a = Assignment {
                                 peers: peers.clone(),
-                                part_path: std::path::absolute(&parts[rank])?,
+                                part_path: std::path::absolute(&parts[rank % parts.len()])?,
                                 model: cfg.clone(),
                                 train: tc.clone(),
                                 seed,
@@ -332,7 +336,7 @@ fn coordinate(
                                 model_out: (rank == 0)
                                     .then(|| dir.path().join("model.safetensors")),
                                 epoch_timeout_s: epoch_timeout.as_secs_f64(),
-                                mode: match spec.parallelism {
+                                mode: match spec.mode() {
                                     Parallelism::Partition => TrainMode::Partition,
                                     Parallelism::Data => TrainMode::Data,
                                     Parallelism::Model => TrainMode::Model,

@@ -61,10 +61,12 @@ pub struct JobSpec {
     #[serde(default = "default_workers")]
     pub workers: u32,
     /// How the work is split over workers: `partition` (full-graph training on METIS partitions with
-    /// halo exchange), `data` (mini-batches of sampled neighbourhoods, gradients all-reduced every step)
-    /// or `model` (P3: input features split by column, the other layers data-parallel).
+    /// halo exchange), `data` (mini-batches of sampled neighbourhoods, gradients all-reduced every step),
+    /// `model` (P3: input features split by column, the other layers data-parallel), or replicas of
+    /// partition groups: `{partition: k, replicas: r}` (full-graph) or `{data: k, replicas: r}`
+    /// (mini-batch), with `workers` = k x r; the replicas split the training nodes.
     #[serde(default)]
-    pub parallelism: Parallelism,
+    pub parallelism: ParallelismSpec,
     /// Mini-batch settings for `data` and `model` parallelism.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minibatch: Option<MiniBatchSpec>,
@@ -264,6 +266,34 @@ pub enum Parallelism {
     Partition,
     Data,
     Model,
+}
+
+/// A mode, or replicas of partition groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ParallelismSpec {
+    Mode(Parallelism),
+    Groups(GroupsSpec),
+}
+
+impl Default for ParallelismSpec {
+    fn default() -> Self {
+        ParallelismSpec::Mode(Parallelism::Partition)
+    }
+}
+
+/// `r` replicas of a `k`-way partitioning: exactly one of `partition` or `data` gives `k` and the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsSpec {
+    /// Parts per replica, full-graph training in each group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    /// Parts per replica, mini-batch training in each group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<u32>,
+    /// Number of replica groups (>= 1).
+    pub replicas: u32,
 }
 
 /// Mini-batch training: neighbour sampling, batch size, the remote-row cache and the loader.
@@ -845,6 +875,24 @@ fn parse_with_overrides(
 // ---------------------------------------------------------------------------------------------
 
 impl JobSpec {
+    /// The training mode (a replica group trains in its group's mode).
+    pub fn mode(&self) -> Parallelism {
+        match self.parallelism {
+            ParallelismSpec::Mode(m) => m,
+            ParallelismSpec::Groups(GroupsSpec { data: Some(_), .. }) => Parallelism::Data,
+            ParallelismSpec::Groups(_) => Parallelism::Partition,
+        }
+    }
+
+    /// Parts of the partitioning the workers train on: `k` of `{partition|data: k, replicas: r}`, else the
+    /// worker count.
+    pub fn parts(&self) -> u32 {
+        match self.parallelism {
+            ParallelismSpec::Groups(g) => g.partition.or(g.data).unwrap_or(1),
+            ParallelismSpec::Mode(_) => self.workers,
+        }
+    }
+
     /// Checks ranges and combinations the types cannot express; the first problem found, in
     /// document order, is returned as [`SpecError::Invalid`].
     pub fn validate(&self) -> Result<(), SpecError> {
@@ -932,14 +980,45 @@ impl JobSpec {
                     "loader_threads and prefetch must be >= 1",
                 ));
             }
-            if self.parallelism == Parallelism::Partition {
+            if self.mode() == Parallelism::Partition {
                 return Err(invalid(
                     "minibatch",
                     "is used by `parallelism: data` or `parallelism: model`; partition parallelism trains on the full graph",
                 ));
             }
         }
-        if self.parallelism != Parallelism::Partition {
+        if let ParallelismSpec::Groups(g) = self.parallelism {
+            let k = match (g.partition, g.data) {
+                (Some(k), None) | (None, Some(k)) => k,
+                _ => {
+                    return Err(invalid(
+                        "parallelism",
+                        "give exactly one of `partition: k` or `data: k` with `replicas: r`",
+                    ));
+                }
+            };
+            if k == 0 || g.replicas == 0 {
+                return Err(invalid(
+                    "parallelism",
+                    format!(
+                        "parts and replicas must be >= 1, got {k} and {}",
+                        g.replicas
+                    ),
+                ));
+            }
+            if u64::from(k) * u64::from(g.replicas) != u64::from(self.workers) {
+                return Err(invalid(
+                    "workers",
+                    format!(
+                        "must equal parts x replicas = {k} x {} = {}, got {}",
+                        g.replicas,
+                        u64::from(k) * u64::from(g.replicas),
+                        self.workers
+                    ),
+                ));
+            }
+        }
+        if self.mode() != Parallelism::Partition {
             let layers = self.model.layers as usize;
             let fanouts = self.minibatch.as_ref().map_or(2, |m| m.fanouts.len());
             if self.minibatch.is_none() && layers != fanouts {
@@ -957,7 +1036,7 @@ impl JobSpec {
                 ));
             }
         }
-        if self.parallelism == Parallelism::Model {
+        if self.mode() == Parallelism::Model {
             if self.model.kind == ModelKind::Gat {
                 return Err(invalid(
                     "parallelism",

@@ -62,7 +62,7 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         test: rows(Split::Test),
     };
     // mini-batch modes sample from the whole structure
-    let structure = (spec.parallelism != Parallelism::Partition)
+    let structure = (spec.mode() != Parallelism::Partition)
         .then(|| (source.indptr().to_vec(), source.indices().to_vec()));
     // the engine holds its own copies now: release the mapping or the in-memory dataset
     drop(source);
@@ -153,7 +153,7 @@ fn train_runs(
             val: sets.val.clone(),
             test: sets.test.clone(),
         };
-        let trained: Result<(Model, TrainSummary)> = match (spec.parallelism, structure) {
+        let trained: Result<(Model, TrainSummary)> = match (spec.mode(), structure) {
             (Parallelism::Data, Some((indptr, indices))) => {
                 let data = ShardData::whole(cfg.kind, indptr, indices, x.clone(), copy_sets());
                 let shard = data.shard(indptr, indices);

@@ -129,7 +129,7 @@ fn full_example_parses() {
             patience: Some(100),
         },
         workers: 1,
-        parallelism: Parallelism::Partition,
+        parallelism: ParallelismSpec::Mode(Parallelism::Partition),
         minibatch: None,
         exchange: None,
         timeouts: None,

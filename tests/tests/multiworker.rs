@@ -103,6 +103,78 @@ fn three_worker_processes_train_exactly_like_one() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+#[test]
+fn replicas_of_partition_groups_train_exactly_like_one_worker() {
+    // 2 replicas of a 2-way partitioning: 4 processes, halo exchange inside each group, the replicas
+    // split the training nodes and all-reduce over all four
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "job.yaml", JOB);
+    let one = physalia(t.path(), ["submit", "job.yaml", "-q", "--output", "json"])
+        .ok()
+        .last_json();
+    let four = physalia(
+        t.path(),
+        [
+            "submit",
+            "job.yaml",
+            "-q",
+            "--set",
+            "workers=4",
+            "--set",
+            "parallelism={partition: 2, replicas: 2}",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    assert_eq!(four["workers"], 4);
+    let l1 = losses(&t.path().join(one["job_dir"].as_str().unwrap()));
+    let l4 = losses(&t.path().join(four["job_dir"].as_str().unwrap()));
+    assert_eq!(l4.len(), l1.len());
+    for (e, (a, b)) in l1.iter().zip(&l4).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "epoch {}: 1 worker {a}, 2x2 workers {b}",
+            e + 1
+        );
+    }
+    // mini-batch replicas train too
+    let v = physalia(
+        t.path(),
+        [
+            "submit",
+            "job.yaml",
+            "-q",
+            "--set",
+            "workers=4",
+            "--set",
+            "parallelism={data: 2, replicas: 2}",
+            "--set",
+            "minibatch.batch_size=256",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    assert!(v["mean_final_test_acc"].as_f64().unwrap() > 0.8, "{v}");
+    // a worker count that is not parts x replicas is refused before anything starts
+    let out = physalia(
+        t.path(),
+        [
+            "validate",
+            "job.yaml",
+            "--set",
+            "workers=3",
+            "--set",
+            "parallelism={partition: 2, replicas: 2}",
+        ],
+    );
+    assert!(!out.success());
+    out.one_line_error(&["workers", "2 x 2 = 4"]);
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie counts as gone only once reaped, which is what "no orphans" means.
     Path::new(&format!("/proc/{pid}")).exists()
