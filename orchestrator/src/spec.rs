@@ -73,6 +73,12 @@ pub struct JobSpec {
     /// How workers exchange halo rows (only used when `workers` is above 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exchange: Option<ExchangeSpec>,
+    /// Scaling policy, inline: rules evaluated between epochs (see `examples/policies/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<physalia_policies::PolicySet>,
+    /// Scaling policy in its own file, relative to the job file (instead of `scaling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling_file: Option<PathBuf>,
     /// Failure detection for multi-worker jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<TimeoutsSpec>,
@@ -545,6 +551,9 @@ pub enum SpecError {
         field: String,
         message: String,
     },
+    /// The scaling policy is invalid: every problem, each located (`file:line:col: field: message`).
+    #[error("{}", errors.join("; "))]
+    Policy { errors: Vec<String> },
     /// The job parses but a value is out of range or unsupported.
     #[error("{}{field}{}: {reason}", origin_prefix(origin), set_by(set))]
     Invalid {
@@ -623,7 +632,71 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<JobSpec, SpecError> {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_str(&text, &path.display().to_string(), overrides)
+    let mut spec = parse_str(&text, &path.display().to_string(), overrides)?;
+    if let Some(file) = spec.scaling_file.take() {
+        let file = path.parent().unwrap_or(Path::new(".")).join(file);
+        let policy = load_policy(&file)?;
+        check_policy_workers(&spec, &policy).map_err(|e| match e {
+            SpecError::Invalid { field, reason, .. } => SpecError::Invalid {
+                origin: Some(path.display().to_string()),
+                field,
+                reason,
+                set: None,
+            },
+            other => other,
+        })?;
+        spec.scaling = Some(policy);
+    }
+    Ok(spec)
+}
+
+/// Reads and checks a scaling-policy file; every problem is reported with its line and column.
+pub fn load_policy(file: &Path) -> Result<physalia_policies::PolicySet, SpecError> {
+    let text = std::fs::read_to_string(file).map_err(|source| SpecError::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let origin = file.display().to_string();
+    let policy = physalia_policies::parse_str(&text, &origin).map_err(|e| SpecError::Policy {
+        errors: e.0.iter().map(|e| one_line(&e.to_string())).collect(),
+    })?;
+    policy_errors(&policy, &text, &origin, "")?;
+    Ok(policy)
+}
+
+fn policy_errors(
+    policy: &physalia_policies::PolicySet,
+    text: &str,
+    origin: &str,
+    under: &str,
+) -> Result<(), SpecError> {
+    let errors = physalia_policies::check(policy);
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(SpecError::Policy {
+        errors: physalia_policies::locate(errors, text, origin, under)
+            .iter()
+            .map(|e| one_line(&e.to_string()))
+            .collect(),
+    })
+}
+
+/// The job's worker count must lie within the policy's bounds.
+fn check_policy_workers(
+    spec: &JobSpec,
+    policy: &physalia_policies::PolicySet,
+) -> Result<(), SpecError> {
+    if !(policy.min_workers..=policy.max_workers).contains(&spec.workers) {
+        return Err(invalid(
+            "workers",
+            format!(
+                "{} lies outside the scaling policy's min_workers..max_workers = {}..{}",
+                spec.workers, policy.min_workers, policy.max_workers
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a job from YAML `text`, applies `overrides` (each `key.path=value`, the value read as
@@ -650,6 +723,9 @@ pub fn parse_str(text: &str, origin: &str, overrides: &[String]) -> Result<JobSp
         }
         other => other,
     })?;
+    if let Some(policy) = &spec.scaling {
+        policy_errors(policy, text, &origin, "scaling")?;
+    }
     Ok(spec)
 }
 
@@ -1049,6 +1125,17 @@ impl JobSpec {
                     "model parallelism needs at least 2 layers (the first is split by columns)",
                 ));
             }
+        }
+        if self.scaling.is_some() && self.scaling_file.is_some() {
+            return Err(invalid(
+                "scaling_file",
+                "give the policy inline (`scaling`) or in a file (`scaling_file`), not both",
+            ));
+        }
+        if let Some(policy) = &self.scaling
+            && physalia_policies::check(policy).is_empty()
+        {
+            check_policy_workers(self, policy)?;
         }
         if let Some(t) = &self.timeouts {
             for (field, v) in [

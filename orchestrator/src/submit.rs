@@ -24,6 +24,13 @@ use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_
 
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
     let spec = spec::load(job, overrides)?;
+    if spec.scaling.is_some() {
+        bail!(
+            "{}: scaling: elastic epochs are not implemented yet, so this job would run at a fixed size; \
+             `physalia validate` checks the policy, and removing `scaling`/`scaling_file` runs the job",
+            job.display()
+        );
+    }
     if spec.workers > 1 {
         return crate::distributed::run(&spec, &spec.job_name(job), output, quiet);
     }

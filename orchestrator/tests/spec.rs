@@ -132,6 +132,8 @@ fn full_example_parses() {
         parallelism: ParallelismSpec::Mode(Parallelism::Partition),
         minibatch: None,
         exchange: None,
+        scaling: None,
+        scaling_file: None,
         timeouts: None,
         backend: BackendKind::Local,
         output: OutputSpec {
