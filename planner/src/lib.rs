@@ -1,3 +1,45 @@
-//! The sans-IO planner: catalog, cost model, candidate search, objective, explanations.
+//! The sans-IO planner: hardware and price catalog, cost model, candidate search, objective,
+//! explanations.
 //!
-//! Empty on purpose until the planner issue (issue 5). Today `submit` runs the job file's settings as written.
+//! ```text
+//! PlanRequest (graph stats, partition stats, model, training, constraints, assumptions)
+//!     + Catalog (infra/catalog/*.yaml or the user's)  + Option<CalibrationProfile>
+//!     ──plan()──▶ Plan { chosen, alternatives, rejected, explanation }  or  Err(Infeasible)
+//! ```
+//!
+//! Everything is a pure function of its inputs: no files, no clock, no randomness. The only
+//! text handling is [`Catalog::from_yaml_str`] and [`CalibrationProfile::from_yaml_str`],
+//! which take text the caller read. The same inputs give the same plan, in the same order.
+//!
+//! - [`catalog`]: container SKUs per backend with their sources; the built-in files.
+//! - [`cost`]: the cost model, [`predict`] for one candidate.
+//! - [`search`]: candidate enumeration, constraints, ranking and explanations, [`plan`].
+//! - [`render`]: a plan as text (what `physalia plan` prints and the golden files hold).
+
+pub mod assumptions;
+pub mod calibration;
+pub mod catalog;
+pub mod cost;
+pub mod error;
+pub mod input;
+pub mod render;
+pub mod search;
+
+pub use assumptions::Assumptions;
+pub use calibration::CalibrationProfile;
+pub use catalog::{Backend, Catalog, Gpu, Price, Sku, Sources};
+pub use cost::{Candidate, MemoryBreakdown, Prediction, TimeBreakdown, predict};
+pub use error::{Location, PlanError};
+pub use input::{
+    Constraints, ExchangeOptions, GraphStats, Mode, ModelKind, ModelShape, Objective,
+    PartitionStats, PlanRequest, RowDtype, TrainShape,
+};
+pub use search::{Choice, ClassReason, MemoryKind, Plan, Reason, Rejected, candidates, plan};
+
+impl PlanRequest {
+    /// Parses a request written as YAML or JSON (tests, `physalia plan --request`); `origin`
+    /// names the text in messages. Values are checked by [`plan`] (or [`PlanRequest::validate`]).
+    pub fn from_yaml_str(text: &str, origin: &str) -> Result<PlanRequest, PlanError> {
+        catalog::parse_located(text, origin)
+    }
+}

@@ -1,0 +1,171 @@
+//! The cost model's constants, each with where its default comes from. A request may override
+//! any of them (`assumptions:` in a plan request); `physalia calibrate` replaces the engine's
+//! rates for the local machine (see [`crate::CalibrationProfile`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlanError;
+
+/// Efficiencies, rates and model parameters the cost model does not get from the catalog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Assumptions {
+    /// Achieved GEMM rate over the GPU's FP32 peak. cuBLAS SGEMM reaches 80-90% on square
+    /// products; GNN products are tall and narrow (n x 128 x 256), so half. Not measured: this
+    /// repository has no CUDA engine yet.
+    pub gpu_gemm_efficiency: f64,
+    /// Achieved bandwidth of sparse gathers (SpMM, attention) over the GPU's peak. Published
+    /// cuSPARSE SpMM results on power-law graphs sit at 30-60% of peak. Not measured here.
+    pub gpu_memory_efficiency: f64,
+    /// Achieved GEMM rate over the catalog's CPU peak: 60 GFLOP/s measured on 2 vCPUs
+    /// (bench/RESULTS.md) over 2 x 96 GFLOP/s (AVX-512, 2 FMA units, 3 GHz, 2 vCPUs per core).
+    pub cpu_gemm_efficiency: f64,
+    /// Achieved SpMM and element-wise bandwidth over the catalog's CPU memory bandwidth; the
+    /// SBM 1M GCN epoch of bench/RESULTS.md (2.8 s) is reproduced with 0.5.
+    pub cpu_memory_efficiency: f64,
+    /// Sampler rate per loader thread: 230.7 M edges/s on 2 threads (bench/RESULTS.md).
+    pub sampler_edges_per_s_per_vcpu: f64,
+    /// Goodput over the NIC's line rate (headers, QUIC, TLS).
+    pub network_efficiency: f64,
+    /// Throughput of one QUIC connection (quinn, user-space crypto and pacing); it caps each
+    /// peer link below fast NICs. An estimate: not measured in this repository yet.
+    pub quic_flow_gbit_s: f64,
+    /// One-way latency between two workers of a cloud SKU without its own figure.
+    pub network_latency_us: f64,
+    /// Host-to-GPU copies of mini-batch inputs (PCIe 4 x16 is 32 GB/s raw; pinned copies
+    /// reach 12-25).
+    pub host_to_device_gb_s: f64,
+    /// Reading the dataset at start on the local machine (page cache or NVMe); cloud workers
+    /// load at their network rate.
+    pub local_load_gb_s: f64,
+    /// Cut fraction model when a k-way partitioning was not measured:
+    /// `c(k) = cut_fraction_max (1 - 1/sqrt k)`. 0.3 gives 0.15 at k = 4, the SBM 1M METIS
+    /// cut of bench/RESULTS.md (748,159 of 5,000,000 edges).
+    pub cut_fraction_max: f64,
+    /// Largest part over the mean part (METIS's default tolerance is 1.03).
+    pub partition_imbalance: f64,
+    /// Cache hit rate of data parallelism: `(cached / remote rows) ^ exponent`. 0.7 matches the
+    /// measured 25.1% for 2,000 of 15,000 remote rows (bench/RESULTS.md, modes table).
+    pub cache_hit_exponent: f64,
+    /// Share of the host memory left over that the planner gives to the remote-row cache.
+    pub cache_memory_fraction: f64,
+    /// Usable share of a memory (fragmentation, allocator slack, the OS).
+    pub memory_headroom: f64,
+    /// Fixed device memory of a GPU worker (CUDA context, cuBLAS workspace).
+    pub gpu_runtime_gib: f64,
+    /// Fixed host memory of a worker (binary, QUIC buffers, loader threads).
+    pub host_runtime_gib: f64,
+    /// Sweeps (a read or a write) over each layer's output per epoch: forward bias and
+    /// activation fused (2) and dropout (2), backward the same.
+    pub elementwise_passes: f64,
+    /// Per-epoch fixed cost of a cloud worker (barrier, metrics to the coordinator).
+    pub epoch_overhead_s: f64,
+    /// Share of halo exchange hidden behind compute in partition parallelism. 0: the engine
+    /// waits for a layer's halo rows before it aggregates.
+    pub partition_overlap: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Self {
+        Assumptions {
+            gpu_gemm_efficiency: 0.5,
+            gpu_memory_efficiency: 0.4,
+            cpu_gemm_efficiency: 0.31,
+            cpu_memory_efficiency: 0.5,
+            sampler_edges_per_s_per_vcpu: 115e6,
+            network_efficiency: 0.7,
+            quic_flow_gbit_s: 4.0,
+            network_latency_us: 100.0,
+            host_to_device_gb_s: 12.0,
+            local_load_gb_s: 2.0,
+            cut_fraction_max: 0.3,
+            partition_imbalance: 1.03,
+            cache_hit_exponent: 0.7,
+            cache_memory_fraction: 0.5,
+            memory_headroom: 0.9,
+            gpu_runtime_gib: 1.0,
+            host_runtime_gib: 0.5,
+            elementwise_passes: 8.0,
+            epoch_overhead_s: 0.05,
+            partition_overlap: 0.0,
+        }
+    }
+}
+
+impl Assumptions {
+    /// The first constant out of range.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let fractions = [
+            ("gpu_gemm_efficiency", self.gpu_gemm_efficiency),
+            ("gpu_memory_efficiency", self.gpu_memory_efficiency),
+            ("cpu_gemm_efficiency", self.cpu_gemm_efficiency),
+            ("cpu_memory_efficiency", self.cpu_memory_efficiency),
+            ("network_efficiency", self.network_efficiency),
+            ("cache_memory_fraction", self.cache_memory_fraction),
+            ("memory_headroom", self.memory_headroom),
+        ];
+        for (name, v) in fractions {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(PlanError::invalid(
+                    format!("assumptions.{name}"),
+                    format!("must be in (0, 1], got {v}"),
+                ));
+            }
+        }
+        let positive = [
+            (
+                "sampler_edges_per_s_per_vcpu",
+                self.sampler_edges_per_s_per_vcpu,
+            ),
+            ("quic_flow_gbit_s", self.quic_flow_gbit_s),
+            ("host_to_device_gb_s", self.host_to_device_gb_s),
+            ("local_load_gb_s", self.local_load_gb_s),
+            ("cache_hit_exponent", self.cache_hit_exponent),
+            ("elementwise_passes", self.elementwise_passes),
+        ];
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(PlanError::invalid(
+                    format!("assumptions.{name}"),
+                    format!("must be a finite number above 0, got {v}"),
+                ));
+            }
+        }
+        let non_negative = [
+            ("network_latency_us", self.network_latency_us),
+            ("gpu_runtime_gib", self.gpu_runtime_gib),
+            ("host_runtime_gib", self.host_runtime_gib),
+            ("epoch_overhead_s", self.epoch_overhead_s),
+        ];
+        for (name, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(PlanError::invalid(
+                    format!("assumptions.{name}"),
+                    format!("must be a finite number at least 0, got {v}"),
+                ));
+            }
+        }
+        if !(self.cut_fraction_max >= 0.0 && self.cut_fraction_max <= 1.0) {
+            return Err(PlanError::invalid(
+                "assumptions.cut_fraction_max",
+                format!("must be in [0, 1], got {}", self.cut_fraction_max),
+            ));
+        }
+        if !(self.partition_overlap >= 0.0 && self.partition_overlap <= 1.0) {
+            return Err(PlanError::invalid(
+                "assumptions.partition_overlap",
+                format!("must be in [0, 1], got {}", self.partition_overlap),
+            ));
+        }
+        if !(self.partition_imbalance.is_finite() && self.partition_imbalance >= 1.0) {
+            return Err(PlanError::invalid(
+                "assumptions.partition_imbalance",
+                format!(
+                    "must be a finite number at least 1, got {}",
+                    self.partition_imbalance
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

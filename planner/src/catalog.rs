@@ -1,0 +1,484 @@
+//! The hardware and price catalog: container SKUs per backend, each with where its numbers come
+//! from and when they were read.
+//!
+//! A catalog is YAML text (the files under `infra/catalog/`, or the user's own). Parsing is
+//! the only text handling in the crate and does no IO: the caller reads the file and passes the
+//! text with a name for messages. Every error names the file, line and column: values out of
+//! range are refused while deserializing (the parser knows where it is), and the checks across
+//! fields (one price form, unique names) are placed at the start of their SKU entry.
+//!
+//! A SKU is one container as the planner sees it: what one worker gets. For a GPU SKU the
+//! compute numbers (`fp32_tflops`, `memory_bandwidth_gb_s`) are the GPU's and `memory_gib` is
+//! the host memory of the container; for a CPU SKU they are the container's CPU share.
+
+use std::borrow::Cow;
+
+use serde::de::{self, DeserializeOwned, Deserializer};
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use crate::error::{Location, PlanError, one_line};
+
+/// Where workers run: the backends of the `physalia` CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Worker processes on this machine.
+    Local,
+    /// Containers on the local Docker Engine.
+    Docker,
+    /// Pods on a Kubernetes node pool (EKS, GKE, AKS).
+    Kubernetes,
+    /// AWS ECS tasks on GPU or CPU EC2 instances.
+    Ecs,
+    /// Azure Container Instances container groups (CPU only since July 2025).
+    Aci,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Local => "local",
+            Backend::Docker => "docker",
+            Backend::Kubernetes => "kubernetes",
+            Backend::Ecs => "ecs",
+            Backend::Aci => "aci",
+        }
+    }
+}
+
+/// The GPU of a GPU SKU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Marketing name (`A10G`, `L4`, `A100-40GB`, `H100-SXM`).
+    pub model: String,
+    /// Device memory of the one GPU a worker gets.
+    #[serde(deserialize_with = "positive")]
+    pub memory_gib: f64,
+}
+
+/// What a container costs. Exactly one form: `usd_per_hour`, `usd_per_second`, or the pair
+/// `usd_per_vcpu_second` + `usd_per_gib_second` (ACI bills vCPU-seconds and GB-seconds).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    #[serde(
+        default,
+        deserialize_with = "non_negative_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub usd_per_hour: Option<f64>,
+    #[serde(
+        default,
+        deserialize_with = "non_negative_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub usd_per_second: Option<f64>,
+    #[serde(
+        default,
+        deserialize_with = "non_negative_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub usd_per_vcpu_second: Option<f64>,
+    #[serde(
+        default,
+        deserialize_with = "non_negative_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub usd_per_gib_second: Option<f64>,
+}
+
+/// One or more source URLs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Sources {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Sources {
+    pub fn urls(&self) -> &[String] {
+        match self {
+            Sources::One(s) => std::slice::from_ref(s),
+            Sources::Many(v) => v,
+        }
+    }
+}
+
+/// One container SKU: what a single worker gets and what it costs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sku {
+    /// Unique across the catalogs in use (`ecs-g5.xlarge`).
+    pub name: String,
+    pub backend: Backend,
+    /// The machine or node type behind the container (`g5.xlarge`, `p4d.24xlarge / 8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// vCPUs of the container (loader threads sample on them).
+    #[serde(deserialize_with = "positive")]
+    pub vcpus: f64,
+    /// Host memory of the container.
+    #[serde(deserialize_with = "positive")]
+    pub memory_gib: f64,
+    /// Present for a GPU SKU: one GPU per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Gpu>,
+    /// Peak FP32 throughput of the device that runs the kernels (the GPU, else the vCPUs).
+    #[serde(deserialize_with = "positive")]
+    pub fp32_tflops: f64,
+    /// Peak memory bandwidth of that device.
+    #[serde(deserialize_with = "positive")]
+    pub memory_bandwidth_gb_s: f64,
+    /// Network bandwidth of the container, each direction.
+    #[serde(deserialize_with = "positive")]
+    pub network_gbit_s: f64,
+    /// Cap on one flow (one peer connection), where the provider has one.
+    #[serde(
+        default,
+        deserialize_with = "positive_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub single_flow_gbit_s: Option<f64>,
+    /// One-way latency between two workers; default [`crate::Assumptions::network_latency_us`].
+    #[serde(
+        default,
+        deserialize_with = "non_negative_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub network_latency_us: Option<f64>,
+    /// Typical time from the request to a running worker (placement, image pull, start).
+    #[serde(deserialize_with = "non_negative")]
+    pub cold_start_s: f64,
+    /// Most containers of this SKU a job may use (the local machine: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_containers: Option<u32>,
+    pub price: Price,
+    /// Where the numbers come from.
+    pub source: Sources,
+    /// When they were read (YYYY-MM-DD).
+    pub as_of: String,
+    /// What could not be verified, how a number was derived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+impl Sku {
+    /// USD per second for one container.
+    pub fn usd_per_s(&self) -> f64 {
+        let p = &self.price;
+        if let Some(h) = p.usd_per_hour {
+            h / 3600.0
+        } else if let Some(s) = p.usd_per_second {
+            s
+        } else {
+            p.usd_per_vcpu_second.unwrap_or(0.0) * self.vcpus
+                + p.usd_per_gib_second.unwrap_or(0.0) * self.memory_gib
+        }
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// Memory of the device that runs the kernels (the GPU's, or the host's for a CPU SKU).
+    pub fn device_memory_bytes(&self) -> f64 {
+        self.gpu.as_ref().map_or(self.memory_gib, |g| g.memory_gib) * GIB
+    }
+
+    pub fn host_memory_bytes(&self) -> f64 {
+        self.memory_gib * GIB
+    }
+
+    /// `A10G` or `4 vCPU`.
+    pub fn device_label(&self) -> String {
+        match &self.gpu {
+            Some(g) => g.model.clone(),
+            None => format!("{} vCPU", self.vcpus),
+        }
+    }
+}
+
+/// The SKUs of one or more catalog files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Catalog {
+    pub skus: Vec<Sku>,
+}
+
+/// A catalog file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CatalogFile {
+    /// What the file covers (`aws-ecs`); informational.
+    #[serde(default)]
+    #[allow(dead_code)]
+    catalog: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    note: Option<String>,
+    skus: Vec<Spanned<Sku>>,
+}
+
+/// The catalog files of `infra/catalog/`, built into the binary.
+const BUILTIN: &[(&str, &str)] = &[
+    (
+        "infra/catalog/aws-ecs.yaml",
+        include_str!("../../infra/catalog/aws-ecs.yaml"),
+    ),
+    (
+        "infra/catalog/kubernetes.yaml",
+        include_str!("../../infra/catalog/kubernetes.yaml"),
+    ),
+    (
+        "infra/catalog/azure-aci.yaml",
+        include_str!("../../infra/catalog/azure-aci.yaml"),
+    ),
+    (
+        "infra/catalog/local.yaml",
+        include_str!("../../infra/catalog/local.yaml"),
+    ),
+];
+
+impl Catalog {
+    /// Parses and checks one catalog file's `text`; `origin` names it in messages.
+    pub fn from_yaml_str(text: &str, origin: &str) -> Result<Catalog, PlanError> {
+        let file: CatalogFile = parse_located(text, origin).map_err(|e| at_entry(e, text))?;
+        let mut skus: Vec<Sku> = Vec::with_capacity(file.skus.len());
+        for (i, spanned) in file.skus.into_iter().enumerate() {
+            let at = location_of(&spanned.referenced);
+            let sku = spanned.value;
+            let err = |field: &str, message: String| PlanError::Parse {
+                origin: one_line(origin),
+                location: at,
+                path: format!("skus[{i}]{field}"),
+                message,
+            };
+            if sku.name.trim().is_empty() {
+                return Err(err(".name", "must not be empty".into()));
+            }
+            if skus.iter().any(|s| s.name == sku.name) {
+                return Err(err(
+                    ".name",
+                    format!("a second SKU named `{}`", one_line(&sku.name)),
+                ));
+            }
+            check_price(&sku.price).map_err(|m| err(".price", m))?;
+            if !is_date(&sku.as_of) {
+                return Err(err(
+                    ".as_of",
+                    format!("must be a date YYYY-MM-DD, got `{}`", one_line(&sku.as_of)),
+                ));
+            }
+            if sku.source.urls().is_empty() || sku.source.urls().iter().any(|u| u.is_empty()) {
+                return Err(err(".source", "must name at least one source".into()));
+            }
+            if sku.max_containers == Some(0) {
+                return Err(err(".max_containers", "must be at least 1".into()));
+            }
+            if sku.backend == Backend::Aci && sku.gpu.is_some() {
+                return Err(err(
+                    ".gpu",
+                    "ACI retired its GPU SKUs in July 2025; Azure GPUs go through kubernetes (AKS)"
+                        .into(),
+                ));
+            }
+            skus.push(sku);
+        }
+        Ok(Catalog { skus })
+    }
+
+    /// The catalog files of `infra/catalog/`, as built into the crate.
+    pub fn builtin() -> Catalog {
+        let mut out = Catalog::default();
+        for (origin, text) in BUILTIN {
+            let c = Catalog::from_yaml_str(text, origin)
+                .unwrap_or_else(|e| panic!("the built-in catalogs parse (tested): {e}"));
+            out = out
+                .merge(c)
+                .unwrap_or_else(|e| panic!("the built-in catalogs have unique names: {e}"));
+        }
+        out
+    }
+
+    /// The built-in catalog files' names and texts, for `physalia plan --show-catalog` or to
+    /// copy as a starting point.
+    pub fn builtin_texts() -> &'static [(&'static str, &'static str)] {
+        BUILTIN
+    }
+
+    /// Both catalogs' SKUs; a name in both is an error.
+    pub fn merge(mut self, other: Catalog) -> Result<Catalog, PlanError> {
+        for sku in other.skus {
+            if self.skus.iter().any(|s| s.name == sku.name) {
+                return Err(PlanError::invalid(
+                    "catalog",
+                    format!("SKU `{}` is in two catalogs", one_line(&sku.name)),
+                ));
+            }
+            self.skus.push(sku);
+        }
+        Ok(self)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Sku> {
+        self.skus.iter().find(|s| s.name == name)
+    }
+}
+
+/// The catalog's entries, only where each starts.
+#[derive(Deserialize)]
+struct Skeleton {
+    skus: Vec<Spanned<de::IgnoredAny>>,
+}
+
+/// Places a missing field at the start of its SKU entry rather than where the parser noticed
+/// (the entry's last line).
+fn at_entry(e: PlanError, text: &str) -> PlanError {
+    let PlanError::Parse {
+        origin,
+        location,
+        path,
+        message,
+    } = e
+    else {
+        return e;
+    };
+    let entry = path
+        .strip_prefix("skus[")
+        .and_then(|rest| rest.strip_suffix(']'))
+        .and_then(|i| i.parse::<usize>().ok());
+    let location = match entry {
+        Some(i) if message.starts_with("missing field") => parse_located::<Skeleton>(text, &origin)
+            .ok()
+            .and_then(|s| s.skus.get(i).and_then(|n| location_of(&n.referenced)))
+            .or(location),
+        _ => location,
+    };
+    PlanError::Parse {
+        origin,
+        location,
+        path,
+        message,
+    }
+}
+
+fn check_price(p: &Price) -> Result<(), String> {
+    let forms = [
+        p.usd_per_hour.is_some(),
+        p.usd_per_second.is_some(),
+        p.usd_per_vcpu_second.is_some() || p.usd_per_gib_second.is_some(),
+    ];
+    match forms.iter().filter(|&&f| f).count() {
+        0 => Err(
+            "give one of usd_per_hour, usd_per_second, or usd_per_vcpu_second with \
+                  usd_per_gib_second"
+                .into(),
+        ),
+        1 if forms[2] && (p.usd_per_vcpu_second.is_none() || p.usd_per_gib_second.is_none()) => {
+            Err("usd_per_vcpu_second and usd_per_gib_second go together".into())
+        }
+        1 => Ok(()),
+        _ => Err(
+            "give only one of usd_per_hour, usd_per_second, or usd_per_vcpu_second with \
+                  usd_per_gib_second"
+                .into(),
+        ),
+    }
+}
+
+fn is_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+}
+
+fn location_of(l: &serde_saphyr::Location) -> Option<Location> {
+    Some(Location {
+        line: u32::try_from(l.line()).ok().filter(|&l| l > 0)?,
+        column: u32::try_from(l.column()).ok().filter(|&c| c > 0)?,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Located YAML parsing (the pattern of orchestrator/src/spec.rs and policies/src/parse.rs)
+// ---------------------------------------------------------------------------------------------
+
+fn saphyr_options() -> serde_saphyr::Options {
+    let mut options = serde_saphyr::Options::default();
+    options.with_snippet = false;
+    options
+}
+
+/// Deserializes `text` into `T`, keeping the parser's location and the failing field's path.
+pub(crate) fn parse_located<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T, PlanError> {
+    let mut path = String::new();
+    let result = serde_saphyr::with_deserializer_from_str_with_options(
+        text,
+        saphyr_options(),
+        |deserializer| {
+            serde_path_to_error::deserialize::<_, T>(deserializer).map_err(|e| {
+                // `Spanned` entries add a `.value` step that is not in the text.
+                let text = e.path().to_string().replace("].value", "]");
+                path = if text == "." { String::new() } else { text };
+                e.into_inner()
+            })
+        },
+    );
+    result.map_err(|e| PlanError::Parse {
+        origin: one_line(origin),
+        location: e.location().and_then(|l| location_of(&l)),
+        path: one_line(&path),
+        message: one_line(&saphyr_message(&e)),
+    })
+}
+
+/// The message of a saphyr error without its location suffix or snippet.
+fn saphyr_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::MessageFormatter as _;
+    let message: Cow<'_, str> =
+        serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet());
+    message.into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Range checks while deserializing: the parser places the error at the value
+// ---------------------------------------------------------------------------------------------
+
+pub(crate) fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(de::Error::custom(format!(
+            "must be a finite number above 0, got {v}"
+        )))
+    }
+}
+
+pub(crate) fn non_negative<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(de::Error::custom(format!(
+            "must be a finite number at least 0, got {v}"
+        )))
+    }
+}
+
+fn positive_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    positive(d).map(Some)
+}
+
+fn non_negative_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    non_negative(d).map(Some)
+}
