@@ -25,7 +25,10 @@ pub use exchange::{Exchange, ExchangeError, ExchangeStats, LayerBytes, LocalExch
 pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;
-pub use train::{BatchStats, EpochMetrics, NodeSets, TrainConfig, TrainSummary, evaluate, train};
+pub use train::{
+    BatchStats, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, evaluate, train,
+    train_resumable,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -361,6 +361,11 @@ impl Model {
         &self.cfg
     }
 
+    /// The seed of the initial weights and of every dropout mask.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     pub fn num_parameters(&self) -> usize {
         self.params.iter().map(|p| p.value.data().len()).sum()
     }

@@ -42,6 +42,23 @@ impl Adam {
         self.step
     }
 
+    /// The first and second moment estimates, one buffer per parameter (for checkpoints).
+    pub fn moments(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
+        (&self.m, &self.v)
+    }
+
+    /// Restores a checkpointed state; the buffers must match the parameters' sizes.
+    pub fn restore(&mut self, step: u64, m: Vec<Vec<f32>>, v: Vec<Vec<f32>>) -> Result<(), String> {
+        let fits = |b: &[Vec<f32>]| {
+            b.len() == self.m.len() && b.iter().zip(&self.m).all(|(a, o)| a.len() == o.len())
+        };
+        if !fits(&m) || !fits(&v) {
+            return Err("optimizer state does not match the model's parameters".into());
+        }
+        (self.step, self.m, self.v) = (step, m, v);
+        Ok(())
+    }
+
     pub fn step(&mut self, params: &mut [Param], grads: &[Matrix]) {
         assert_eq!(params.len(), grads.len(), "one gradient per parameter");
         self.step += 1;

@@ -146,6 +146,53 @@ pub fn train(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<TrainSummary> {
+    let mut opt = Adam::new(&model.params, cfg.lr, cfg.weight_decay);
+    let (summary, _) = train_resumable(
+        model,
+        &mut opt,
+        Progress::default(),
+        g,
+        x,
+        sets,
+        cfg,
+        ex,
+        &mut |m, _| {
+            on_epoch(m);
+            true
+        },
+    )?;
+    Ok(summary)
+}
+
+/// Where training stands after its last completed epoch: with the weights and the optimizer state, enough
+/// to continue as if it had never stopped (dropout masks are keyed by epoch, so no random state is kept).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Epochs completed.
+    pub epoch: usize,
+    pub best_epoch: Option<usize>,
+    pub best_val_acc: Option<f64>,
+    pub test_acc_at_best_val: Option<f64>,
+    /// Evaluations since the best (for `patience`).
+    pub since_best: usize,
+}
+
+/// Trains from `start` (epochs `start.epoch + 1 ..= cfg.epochs`) with the given optimizer. After each epoch
+/// `on_epoch` sees its metrics and the progress so far and returns whether to go on; stopping there leaves
+/// `model`, `opt` and the returned progress ready to be checkpointed and resumed, with results identical to
+/// an uninterrupted run. The summary holds this call's epochs, with the best-validation fields over all.
+#[allow(clippy::too_many_arguments)]
+pub fn train_resumable(
+    model: &mut Model,
+    opt: &mut Adam,
+    start: Progress,
+    g: &LocalGraph,
+    x: &Matrix,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochMetrics, &Progress) -> bool,
+) -> Result<(TrainSummary, Progress)> {
     if sets.labels.len() != g.n_dst() {
         return Err(Error::Shape(format!(
             "{} labels for {} nodes",
@@ -159,10 +206,12 @@ pub fn train(
     if n_train[0] == 0.0 {
         return Err(Error::Config("the training split is empty".into()));
     }
-    let mut opt = Adam::new(&model.params, cfg.lr, cfg.weight_decay);
-    let mut summary = TrainSummary::new(cfg.epochs);
-    let mut since_best = 0usize;
-    for epoch in 1..=cfg.epochs {
+    let mut summary = TrainSummary::new(cfg.epochs.saturating_sub(start.epoch));
+    summary.best_epoch = start.best_epoch;
+    summary.best_val_acc = start.best_val_acc;
+    summary.test_acc_at_best_val = start.test_acc_at_best_val;
+    let mut progress = start;
+    for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
         let fwd = model.forward(
             g,
@@ -200,18 +249,25 @@ pub fn train(
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
             if summary.observe(epoch, va, te) {
-                since_best = 0;
+                progress.since_best = 0;
             } else if va.is_some() {
-                since_best += 1;
+                progress.since_best += 1;
             }
         }
         m.exchange = ex.take_stats();
-        on_epoch(&m);
+        progress.epoch = epoch;
+        progress.best_epoch = summary.best_epoch;
+        progress.best_val_acc = summary.best_val_acc;
+        progress.test_acc_at_best_val = summary.test_acc_at_best_val;
+        let go_on = on_epoch(&m, &progress);
         summary.epochs.push(m);
-        if cfg.patience.is_some_and(|p| since_best >= p) {
+        if cfg.patience.is_some_and(|p| progress.since_best >= p) {
             summary.stopped_early = true;
             break;
         }
+        if !go_on {
+            break;
+        }
     }
-    Ok(summary)
+    Ok((summary, progress))
 }
