@@ -140,8 +140,13 @@ pub struct Prediction {
     pub time: TimeBreakdown,
     /// Optimizer steps per epoch (1 for full-graph training).
     pub steps_per_epoch: u64,
-    /// Bytes one worker sends per epoch (halo, rows, partials, all-reduce).
-    pub sent_bytes_per_epoch: f64,
+    /// Bytes one worker sends per training epoch: halo rows and their gradients (partition),
+    /// remote feature rows and their ids (data), partials and their gradients (model).
+    pub exchange_bytes_per_epoch: f64,
+    /// Bytes one worker sends in gradient all-reduces per epoch.
+    pub allreduce_bytes_per_epoch: f64,
+    /// Bytes one worker sends for evaluation, per epoch (amortised over `eval_every`).
+    pub eval_bytes_per_epoch: f64,
     /// Remote feature rows cached (data modes).
     pub cache_rows: u64,
     /// Share of remote input rows the cache serves (data modes).
@@ -526,9 +531,9 @@ pub fn predict(
     let ls = layers(req);
     let params = parameters(&ls);
     let mut pred = match candidate.mode {
-        Mode::Partition => partition(req, sku, candidate, &r, &ls, params),
+        Mode::Partition => partition(req, candidate, &r, &ls, params),
         Mode::Data => data(req, sku, candidate, &r, &ls, params),
-        Mode::Model => model(req, sku, candidate, &r, &ls, params),
+        Mode::Model => model(req, candidate, &r, &ls, params),
     };
     let m = &mut pred.memory;
     m.runtime_bytes = a.host_runtime_gib * GIB + if r.gpu { a.gpu_runtime_gib * GIB } else { 0.0 };
@@ -614,14 +619,7 @@ fn full_graph_activations(
     bytes + 2.0 * (rows + halo) * widest_gradient(layers) * F32
 }
 
-fn partition(
-    req: &PlanRequest,
-    sku: &Sku,
-    c: &Candidate,
-    r: &Rates,
-    ls: &[Layer],
-    params: f64,
-) -> Prediction {
+fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64) -> Prediction {
     let a = &req.assumptions;
     let g = &req.graph;
     let feat = f64::from(g.feat_dim);
@@ -637,8 +635,8 @@ fn partition(
     let halo_scale = x.boundary_sampling / f64::from(x.staleness + 1) * x.dtype.bytes() / F32;
     let halo_bytes = halo_f32 * halo_scale;
     let exchange_s = r.transfer(halo_bytes, peers, rounds);
-    let opt = Work::default();
-    let mut opt = opt;
+    // Adam: read weight, gradient and both moments, write three of them.
+    let mut opt = Work::default();
     opt.stream(r, params * F32 * 7.0);
     let allreduce_bytes = if workers > 1.0 {
         2.0 * (workers - 1.0) / workers * params * F32
@@ -695,7 +693,6 @@ fn partition(
     } else {
         m.host_bytes = device_items;
     }
-    let _ = sku;
     Prediction {
         memory: m,
         time: TimeBreakdown {
@@ -710,9 +707,9 @@ fn partition(
             total_s: 0.0,
         },
         steps_per_epoch: 1,
-        sent_bytes_per_epoch: halo_bytes
-            + allreduce_bytes
-            + eval_halo / f64::from(req.train.eval_every),
+        exchange_bytes_per_epoch: halo_bytes,
+        allreduce_bytes_per_epoch: allreduce_bytes,
+        eval_bytes_per_epoch: eval_halo / f64::from(req.train.eval_every),
         cache_rows: 0,
         cache_hit_rate: 0.0,
         halo_rows: p.halo.round() as u64,
@@ -927,8 +924,9 @@ fn data(
             total_s: 0.0,
         },
         steps_per_epoch: steps as u64,
-        sent_bytes_per_epoch: steps * (fetch_bytes + allreduce_bytes)
-            + eval_halo / f64::from(req.train.eval_every),
+        exchange_bytes_per_epoch: steps * fetch_bytes,
+        allreduce_bytes_per_epoch: steps * allreduce_bytes,
+        eval_bytes_per_epoch: eval_halo / f64::from(req.train.eval_every),
         cache_rows: cache_rows as u64,
         cache_hit_rate: hit,
         halo_rows: p.halo.round() as u64,
@@ -937,14 +935,7 @@ fn data(
     }
 }
 
-fn model(
-    req: &PlanRequest,
-    _sku: &Sku,
-    c: &Candidate,
-    r: &Rates,
-    ls: &[Layer],
-    params: f64,
-) -> Prediction {
+fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64) -> Prediction {
     let a = &req.assumptions;
     let g = &req.graph;
     let n = g.nodes as f64;
@@ -1056,8 +1047,9 @@ fn model(
             total_s: 0.0,
         },
         steps_per_epoch: steps as u64,
-        sent_bytes_per_epoch: steps * (partial_bytes + allreduce_bytes)
-            + eval_allreduce / f64::from(req.train.eval_every),
+        exchange_bytes_per_epoch: steps * partial_bytes,
+        allreduce_bytes_per_epoch: steps * allreduce_bytes,
+        eval_bytes_per_epoch: eval_allreduce / f64::from(req.train.eval_every),
         ..Prediction::default()
     }
 }

@@ -138,8 +138,10 @@ impl Plan {
         );
         let _ = writeln!(
             out,
-            "  sent per worker per epoch {}, halo rows {}, cache hit {:.0}%{}",
-            bytes(p.sent_bytes_per_epoch),
+            "  sent per worker per epoch: exchange {}, all-reduce {}, evaluation {}; halo rows {}, cache hit {:.0}%{}",
+            bytes(p.exchange_bytes_per_epoch),
+            bytes(p.allreduce_bytes_per_epoch),
+            bytes(p.eval_bytes_per_epoch),
             p.halo_rows,
             100.0 * p.cache_hit_rate,
             if p.partition_estimated {

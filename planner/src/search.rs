@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::CalibrationProfile;
 use crate::catalog::{Backend, Catalog, Sku};
-use crate::cost::{Candidate, Prediction, estimated_cut_fraction, predict};
+use crate::cost::{Candidate, MemoryBreakdown, Prediction, estimated_cut_fraction, predict};
 use crate::error::PlanError;
 use crate::input::{ExchangeOptions, Mode, ModelKind, Objective, PlanRequest, RowDtype};
 use crate::render::{bytes, secs, usd};
@@ -46,6 +46,9 @@ pub enum Reason {
         memory: MemoryKind,
         need_bytes: f64,
         usable_bytes: f64,
+        /// The largest item of the breakdown (`activations`) and its bytes.
+        largest: String,
+        largest_bytes: f64,
     },
     /// The run would end after the deadline.
     Deadline { total_s: f64, deadline_s: f64 },
@@ -90,6 +93,8 @@ impl fmt::Display for Reason {
                 memory,
                 need_bytes,
                 usable_bytes,
+                largest,
+                largest_bytes,
             } => {
                 let which = match memory {
                     MemoryKind::Device => "device",
@@ -97,9 +102,10 @@ impl fmt::Display for Reason {
                 };
                 write!(
                     f,
-                    "needs {} of {which} memory per worker, {} usable",
+                    "needs {} of {which} memory per worker, {} usable (largest: {largest} {})",
                     bytes(*need_bytes),
-                    bytes(*usable_bytes)
+                    bytes(*usable_bytes),
+                    bytes(*largest_bytes)
                 )
             }
             Reason::Deadline {
@@ -223,7 +229,7 @@ pub fn plan(
             let prediction = predict(request, sku, &candidate, calibration);
             let mut candidate = candidate;
             candidate.cache_rows = prediction.cache_rows;
-            match check(request, &prediction) {
+            match check(request, &candidate, sku.is_gpu(), &prediction) {
                 Some(reason) => rejected.push(Rejected { candidate, reason }),
                 None => feasible.push(Choice {
                     candidate,
@@ -387,21 +393,55 @@ fn unsupported(request: &PlanRequest, c: &Candidate) -> Option<String> {
     None
 }
 
+/// The largest item of a memory breakdown among those held in `memory`: on a GPU SKU the
+/// host holds the features, structure and cache (all of partition parallelism is on the GPU
+/// too, the host keeping the loaded part); a CPU SKU has one memory.
+fn largest_item(m: &MemoryBreakdown, memory: MemoryKind, gpu: bool, mode: Mode) -> (String, f64) {
+    let items = [
+        ("features", m.features_bytes, true),
+        ("structure", m.structure_bytes, true),
+        ("activations", m.activations_bytes, false),
+        ("halo", m.halo_bytes, false),
+        ("optimizer", m.optimizer_bytes, false),
+        ("cache", m.cache_bytes, true),
+        ("runtime", m.runtime_bytes, false),
+    ];
+    items
+        .into_iter()
+        .filter(|&(_, _, on_host)| match memory {
+            MemoryKind::Host => !gpu || on_host,
+            MemoryKind::Device => !gpu || mode == Mode::Partition || !on_host,
+        })
+        .fold((String::new(), f64::MIN), |best, (name, b, _)| {
+            if b > best.1 {
+                (name.to_string(), b)
+            } else {
+                best
+            }
+        })
+}
+
 /// The first constraint a prediction breaks.
-fn check(request: &PlanRequest, p: &Prediction) -> Option<Reason> {
+fn check(request: &PlanRequest, c: &Candidate, gpu: bool, p: &Prediction) -> Option<Reason> {
     let m = &p.memory;
     if m.device_bytes > m.device_usable_bytes {
+        let (largest, largest_bytes) = largest_item(m, MemoryKind::Device, gpu, c.mode);
         return Some(Reason::Memory {
             memory: MemoryKind::Device,
             need_bytes: m.device_bytes,
             usable_bytes: m.device_usable_bytes,
+            largest,
+            largest_bytes,
         });
     }
     if m.host_bytes > m.host_usable_bytes {
+        let (largest, largest_bytes) = largest_item(m, MemoryKind::Host, gpu, c.mode);
         return Some(Reason::Memory {
             memory: MemoryKind::Host,
             need_bytes: m.host_bytes,
             usable_bytes: m.host_usable_bytes,
+            largest,
+            largest_bytes,
         });
     }
     let c = &request.constraints;
