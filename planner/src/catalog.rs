@@ -193,6 +193,60 @@ impl Sku {
         self.memory_gib * GIB
     }
 
+    /// Checks a SKU built in code (the parser checks the same while reading): every rate and
+    /// size finite and above 0, cold start and prices at least 0, one price form.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let field = |f: &str| format!("sku `{}`.{f}", one_line(&self.name));
+        let mut positive = vec![
+            ("vcpus", self.vcpus),
+            ("memory_gib", self.memory_gib),
+            ("fp32_tflops", self.fp32_tflops),
+            ("memory_bandwidth_gb_s", self.memory_bandwidth_gb_s),
+            ("network_gbit_s", self.network_gbit_s),
+        ];
+        if let Some(f) = self.single_flow_gbit_s {
+            positive.push(("single_flow_gbit_s", f));
+        }
+        if let Some(g) = &self.gpu {
+            positive.push(("gpu.memory_gib", g.memory_gib));
+        }
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(PlanError::invalid(
+                    field(name),
+                    format!("must be a finite number above 0, got {v}"),
+                ));
+            }
+        }
+        let p = &self.price;
+        let non_negative = [
+            ("cold_start_s", Some(self.cold_start_s)),
+            ("network_latency_us", self.network_latency_us),
+            ("price.usd_per_hour", p.usd_per_hour),
+            ("price.usd_per_second", p.usd_per_second),
+            ("price.usd_per_vcpu_second", p.usd_per_vcpu_second),
+            ("price.usd_per_gib_second", p.usd_per_gib_second),
+        ];
+        for (name, v) in non_negative {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                return Err(PlanError::invalid(
+                    field(name),
+                    format!("must be a finite number at least 0, got {v}"),
+                ));
+            }
+        }
+        check_price(p).map_err(|m| PlanError::invalid(field("price"), m))?;
+        if self.max_containers == Some(0) {
+            return Err(PlanError::invalid(
+                field("max_containers"),
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
     /// `A10G` or `4 vCPU`.
     pub fn device_label(&self) -> String {
         match &self.gpu {

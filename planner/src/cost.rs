@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::assumptions::Assumptions;
 use crate::calibration::CalibrationProfile;
 use crate::catalog::{Backend, Sku};
+use crate::error::PlanError;
 use crate::input::{ExchangeOptions, Mode, ModelKind, PlanRequest};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -518,9 +519,60 @@ fn full_graph_pass(
     (w.s, halo_bytes, rounds)
 }
 
-/// Predicts one candidate. `candidate.cache_rows` is used as given for data modes when the
-/// request fixed it; otherwise the prediction picks it (and reports it).
+impl Candidate {
+    /// Checks the shape of a candidate built in code: at least one part and one replica,
+    /// `workers = parts x replicas`, no replicas in model parallelism, the SKU's name.
+    pub fn validate(&self, sku: &Sku) -> Result<(), PlanError> {
+        let bad = |m: String| Err(PlanError::invalid("candidate", m));
+        if self.parts == 0 || self.replicas == 0 {
+            return bad(format!(
+                "needs at least one part and one replica, got {} x {}",
+                self.parts, self.replicas
+            ));
+        }
+        if u64::from(self.parts) * u64::from(self.replicas) != u64::from(self.workers) {
+            return bad(format!(
+                "{} workers are not {} parts x {} replicas",
+                self.workers, self.parts, self.replicas
+            ));
+        }
+        if self.mode == Mode::Model && self.replicas != 1 {
+            return bad("model parallelism has no replicas".into());
+        }
+        if self.sku != sku.name || self.backend != sku.backend {
+            return bad(format!(
+                "names SKU `{}` on {}, but the SKU given is `{}` on {}",
+                self.sku,
+                self.backend.as_str(),
+                sku.name,
+                sku.backend.as_str()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Predicts one candidate: for `physalia plan` on a job file's own settings, or to compare a
+/// hand-made candidate with the plan. Checks the request, the SKU and the candidate first.
+/// For data modes `candidate.cache_rows` is ignored: the request's `train.cache_rows` is used
+/// when set, else the prediction picks the cache (and reports it).
 pub fn predict(
+    req: &PlanRequest,
+    sku: &Sku,
+    candidate: &Candidate,
+    profile: Option<&CalibrationProfile>,
+) -> Result<Prediction, PlanError> {
+    req.validate()?;
+    sku.validate()?;
+    candidate.validate(sku)?;
+    if let Some(why) = crate::search::unsupported(req, candidate) {
+        return Err(PlanError::invalid("candidate", why));
+    }
+    Ok(predict_checked(req, sku, candidate, profile))
+}
+
+/// [`predict`] on inputs already checked.
+pub(crate) fn predict_checked(
     req: &PlanRequest,
     sku: &Sku,
     candidate: &Candidate,

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use crate::cost::Prediction;
-use crate::search::Plan;
+use crate::search::{Plan, Reason};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const MIB: f64 = 1024.0 * 1024.0;
@@ -77,6 +77,16 @@ impl Plan {
     /// The plan as text: the choice with its memory and time, why, the alternatives, and every
     /// rejected candidate with its reason.
     pub fn render(&self) -> String {
+        self.render_rows(usize::MAX)
+    }
+
+    /// The plan as text with at most `rows` alternatives and rejected candidates each, the
+    /// rest counted (for a terminal; [`Plan::render`] lists everything).
+    pub fn render_brief(&self, rows: usize) -> String {
+        self.render_rows(rows)
+    }
+
+    fn render_rows(&self, rows: usize) -> String {
         let mut out = String::new();
         let c = &self.chosen.candidate;
         let p = &self.chosen.prediction;
@@ -171,7 +181,7 @@ impl Plan {
             "total",
             "cost"
         );
-        for a in &self.alternatives {
+        for a in self.alternatives.iter().take(rows) {
             let _ = writeln!(
                 out,
                 "  {:<48} {}",
@@ -179,9 +189,34 @@ impl Plan {
                 row(&a.prediction)
             );
         }
+        if self.alternatives.len() > rows {
+            let _ = writeln!(out, "  ... {} more", self.alternatives.len() - rows);
+        }
         let _ = writeln!(out, "rejected ({}):", self.rejected.len());
-        for r in &self.rejected {
+        for r in self.rejected.iter().take(rows) {
             let _ = writeln!(out, "  {:<48} {}", r.candidate.describe(), r.reason);
+        }
+        if self.rejected.len() > rows {
+            let mut counts: Vec<(&'static str, usize)> = Vec::new();
+            for r in &self.rejected[rows..] {
+                let kind = match r.reason {
+                    Reason::Memory { .. } => "memory",
+                    Reason::Deadline { .. } => "deadline",
+                    Reason::Budget { .. } => "budget",
+                    Reason::Unsupported { .. } => "unsupported",
+                };
+                match counts.iter_mut().find(|(k, _)| *k == kind) {
+                    Some(c) => c.1 += 1,
+                    None => counts.push((kind, 1)),
+                }
+            }
+            let list: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            let _ = writeln!(
+                out,
+                "  ... {} more ({})",
+                self.rejected.len() - rows,
+                list.join(", ")
+            );
         }
         out
     }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibration::CalibrationProfile;
 use crate::catalog::{Backend, Catalog, Sku};
-use crate::cost::{Candidate, MemoryBreakdown, Prediction, estimated_cut_fraction, predict};
+use crate::cost::{
+    Candidate, MemoryBreakdown, Prediction, estimated_cut_fraction, predict_checked,
+};
 use crate::error::PlanError;
 use crate::input::{ExchangeOptions, Mode, ModelKind, Objective, PlanRequest, RowDtype};
 use crate::render::{bytes, secs, usd};
@@ -184,6 +186,12 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     request.validate()?;
     let c = &request.constraints;
+    if let Some(name) = c.skus.iter().find(|n| catalog.get(n).is_none()) {
+        return Err(PlanError::invalid(
+            "constraints.skus",
+            format!("no SKU named `{name}` in the catalog"),
+        ));
+    }
     let skus: Vec<&Sku> = catalog
         .skus
         .iter()
@@ -199,11 +207,8 @@ pub fn plan(
             ),
         ));
     }
-    if let Some(name) = c.skus.iter().find(|n| catalog.get(n).is_none()) {
-        return Err(PlanError::invalid(
-            "constraints.skus",
-            format!("no SKU named `{name}` in the catalog"),
-        ));
+    for sku in &skus {
+        sku.validate()?;
     }
 
     let mut feasible: Vec<Choice> = Vec::new();
@@ -226,7 +231,7 @@ pub fn plan(
                 });
                 continue;
             }
-            let prediction = predict(request, sku, &candidate, calibration);
+            let prediction = predict_checked(request, sku, &candidate, calibration);
             let mut candidate = candidate;
             candidate.cache_rows = prediction.cache_rows;
             match check(request, &candidate, sku.is_gpu(), &prediction) {
@@ -372,7 +377,7 @@ pub fn candidates(request: &PlanRequest, sku: &Sku) -> Vec<Candidate> {
     out
 }
 
-fn unsupported(request: &PlanRequest, c: &Candidate) -> Option<String> {
+pub(crate) fn unsupported(request: &PlanRequest, c: &Candidate) -> Option<String> {
     if c.mode == Mode::Model {
         if request.model.kind == ModelKind::Gat {
             return Some("P3 does not split GAT's first layer (attention needs whole rows)".into());
