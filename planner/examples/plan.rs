@@ -26,7 +26,9 @@ fn main() {
         let part = if c == "builtin" {
             Catalog::builtin()
         } else {
-            let t = std::fs::read_to_string(c).unwrap_or_else(|e| panic!("{c}: {e}"));
+            // Paths in golden jobs are relative to the crate.
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(c);
+            let t = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{c}: {e}"));
             Catalog::from_yaml_str(&t, c).unwrap_or_else(|e| panic!("{e}"))
         };
         catalog = catalog.merge(part).unwrap_or_else(|e| panic!("{e}"));
@@ -35,7 +37,8 @@ fn main() {
         if c == "dev-vm" {
             CalibrationProfile::dev_vm_2026_11()
         } else {
-            let t = std::fs::read_to_string(&c).unwrap_or_else(|e| panic!("{c}: {e}"));
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&c);
+            let t = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{c}: {e}"));
             CalibrationProfile::from_yaml_str(&t, &c).unwrap_or_else(|e| panic!("{e}"))
         }
     });

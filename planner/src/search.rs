@@ -591,6 +591,10 @@ fn explain(
         100.0 * dom_s / t.epoch_s.max(f64::MIN_POSITIVE),
         if t.sample_s > 0.0 && sku.is_gpu() {
             "; sampling runs on loader threads beside the GPU"
+        } else if t.sample_s > 0.0 {
+            "; sampling shares the cores with compute"
+        } else if t.exchange_s > 0.0 && request.assumptions.partition_overlap == 0.0 {
+            "; each layer waits for its halo rows (no overlap)"
         } else {
             ""
         }
