@@ -28,8 +28,10 @@ pub struct GraphStats {
     pub feature_bytes_per_value: u32,
 }
 
-/// A stored k-way partitioning, measured from its artifacts (`graph::PartitionMeta`): when
-/// present for a `k`, the cost model uses it instead of the cut-fraction estimate.
+/// A stored k-way partitioning, measured from its artifacts: when present for a `k`, the cost
+/// model uses it (the largest part) instead of the cut-fraction estimate. From a
+/// `physalia_graph::partition::PartitionMeta`: `parts = meta.k`, `edge_cut = meta.edge_cut`,
+/// and per `meta.parts[i]`: `n_owned`, `n_halo`, `n_local_edges`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PartitionStats {
@@ -173,7 +175,8 @@ pub struct TrainShape {
     #[serde(default = "one")]
     pub eval_every: u32,
     /// Remote feature rows each data-parallel worker caches. `None`: the planner picks (half
-    /// of the host memory left over, at most every remote row).
+    /// of the host memory left over, at most every remote row). Pass `None` unless the user
+    /// wrote `minibatch.cache_rows` (the job file's default 0 means "no cache").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_rows: Option<u64>,
     /// The job's exchange options for partition parallelism.

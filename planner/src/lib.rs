@@ -11,6 +11,12 @@
 //! text handling is [`Catalog::from_yaml_str`] and [`CalibrationProfile::from_yaml_str`],
 //! which take text the caller read. The same inputs give the same plan, in the same order.
 //!
+//! A plan maps back to a job file: `parallelism` = `chosen.candidate.mode`, `workers`,
+//! `replicas` (hybrids), `exchange` (partition modes), `minibatch.cache_rows` (data modes),
+//! `backend`; [`Plan::sku`] carries the resources for the worker spec (vCPUs, memory, GPU).
+//! [`predict`] prices a job's own settings the same way, for `physalia plan` to show next to
+//! the plan.
+//!
 //! - [`catalog`]: container SKUs per backend with their sources; the built-in files.
 //! - [`cost`]: the cost model, [`predict`] for one candidate.
 //! - [`search`]: candidate enumeration, constraints, ranking and explanations, [`plan`].
