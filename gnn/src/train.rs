@@ -156,12 +156,20 @@ pub fn train(
         sets,
         cfg,
         ex,
-        &mut |m, _| {
-            on_epoch(m);
+        &mut |e| {
+            on_epoch(e.metrics);
             true
         },
     )?;
     Ok(summary)
+}
+
+/// What `train_resumable`'s callback sees after an epoch: its metrics and everything a checkpoint holds.
+pub struct EpochEnd<'a> {
+    pub metrics: &'a EpochMetrics,
+    pub progress: &'a Progress,
+    pub model: &'a Model,
+    pub opt: &'a Adam,
 }
 
 /// Where training stands after its last completed epoch: with the weights and the optimizer state, enough
@@ -191,7 +199,7 @@ pub fn train_resumable(
     sets: &NodeSets,
     cfg: &TrainConfig,
     ex: &mut dyn Exchange,
-    on_epoch: &mut dyn FnMut(&EpochMetrics, &Progress) -> bool,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
     if sets.labels.len() != g.n_dst() {
         return Err(Error::Shape(format!(
@@ -259,7 +267,12 @@ pub fn train_resumable(
         progress.best_epoch = summary.best_epoch;
         progress.best_val_acc = summary.best_val_acc;
         progress.test_acc_at_best_val = summary.test_acc_at_best_val;
-        let go_on = on_epoch(&m, &progress);
+        let go_on = on_epoch(&EpochEnd {
+            metrics: &m,
+            progress: &progress,
+            model,
+            opt,
+        });
         summary.epochs.push(m);
         if cfg.patience.is_some_and(|p| progress.since_best >= p) {
             summary.stopped_early = true;

@@ -56,8 +56,8 @@ fn resuming_from_a_checkpoint_equals_the_uninterrupted_run() {
             &sets,
             &tc,
             &mut LocalExchange,
-            &mut |m, _| {
-                straight.push(m.loss);
+            &mut |e| {
+                straight.push(e.metrics.loss);
                 true
             },
         )
@@ -75,9 +75,9 @@ fn resuming_from_a_checkpoint_equals_the_uninterrupted_run() {
                 &sets,
                 &tc,
                 &mut LocalExchange,
-                &mut |m, _| {
-                    losses.push(m.loss);
-                    m.epoch < stop_after
+                &mut |e| {
+                    losses.push(e.metrics.loss);
+                    e.metrics.epoch < stop_after
                 },
             )
             .unwrap();
@@ -97,8 +97,8 @@ fn resuming_from_a_checkpoint_equals_the_uninterrupted_run() {
                 &sets,
                 &tc,
                 &mut LocalExchange,
-                &mut |m, _| {
-                    losses.push(m.loss);
+                &mut |e| {
+                    losses.push(e.metrics.loss);
                     true
                 },
             )

@@ -38,7 +38,7 @@ use crate::coordinator::{Action, Coordinator, Event};
 use crate::dataset::{self, Source};
 use crate::jobdir::JobDir;
 use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
-use crate::spec::{ExchangeDtype, JobSpec, Parallelism};
+use crate::spec::{ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::submit::{self, RunResult};
 
 pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Result<()> {
@@ -75,27 +75,91 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
             }
         };
         drop(source);
-        let sets =
-            physalia_graph::partition::ensure_partitions(&dataset_path, &[k], spec.train.seed)
-                .with_context(|| {
-                    format!("partitioning {} into {k} parts", dataset_path.display())
-                })?;
-        let parts = sets.into_iter().next().expect("one set per k").part_files;
         let load_s = t_load.elapsed().as_secs_f64();
         let dataset_path = std::path::absolute(&dataset_path)?;
-        let runs = coordinate(
-            spec,
-            name,
-            &cfg,
-            &parts,
-            n,
-            &dataset_path,
-            &binary,
-            &mut dir,
-            quiet,
-        )?;
+        let mut elastic = spec
+            .scaling
+            .clone()
+            .map(|policy| Elastic::new(policy, spec));
+        let mut workers_now = n;
+        let mut resume_from: Option<PathBuf> = None;
+        let mut segment = 0usize;
+        let runs = loop {
+            // replica groups keep their k; otherwise the partitioning follows the worker count
+            let k = if matches!(spec.parallelism, ParallelismSpec::Groups(_)) {
+                k
+            } else {
+                workers_now
+            };
+            let sets =
+                physalia_graph::partition::ensure_partitions(&dataset_path, &[k], spec.train.seed)
+                    .with_context(|| {
+                        format!("partitioning {} into {k} parts", dataset_path.display())
+                    })?;
+            let parts = sets.into_iter().next().expect("one set per k").part_files;
+            let end = coordinate(
+                spec,
+                name,
+                &cfg,
+                &parts,
+                workers_now,
+                &dataset_path,
+                &binary,
+                &mut dir,
+                quiet,
+                Segment {
+                    index: segment,
+                    resume_from: resume_from.as_deref(),
+                    elastic: elastic.as_mut(),
+                },
+            )?;
+            segment += 1;
+            let Some(el) = elastic.as_mut() else {
+                match end {
+                    SegmentEnd::Finished(c) => break c,
+                    SegmentEnd::Stopped { .. } => {
+                        unreachable!("only elastic jobs stop between epochs")
+                    }
+                }
+            };
+            match end {
+                SegmentEnd::Finished(c) => break el.finish(c),
+                SegmentEnd::Stopped { after_epoch, why } => {
+                    let ck = physalia_worker::control::checkpoint_path(
+                        &el.checkpoints(&dir),
+                        after_epoch,
+                    );
+                    resume_from = (after_epoch > 0).then_some(ck);
+                    match why {
+                        Stop::Rescale { to, rule, values } => {
+                            el.event(
+                                after_epoch,
+                                format!("workers {workers_now} -> {to}"),
+                                Some((rule, values)),
+                                quiet,
+                            );
+                            workers_now = to;
+                        }
+                        Stop::Lost { error } => {
+                            el.retries += 1;
+                            if el.retries > MAX_RETRIES {
+                                bail!("{error}; gave up after {MAX_RETRIES} retries");
+                            }
+                            el.event(
+                                after_epoch,
+                                format!("lost a worker ({error}); retrying epoch {} on {workers_now} workers", after_epoch + 1),
+                                None,
+                                quiet,
+                            );
+                        }
+                        Stop::Finish => break el.finish_early(spec.train.seed),
+                    }
+                }
+            }
+        };
         let workers_rss = runs.worker_peak_rss.clone();
         let bytes = runs.bytes_exchanged;
+        let scaling_events = elastic.as_ref().map(|e| e.events.clone());
         let summary = submit::summarize(
             name,
             &data_name,
@@ -110,6 +174,9 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
         v["workers"] = json!(n);
         v["bytes_exchanged"] = json!(bytes);
         v["worker_peak_rss_bytes"] = json!(workers_rss);
+        if let Some(events) = scaling_events {
+            v["scaling_events"] = json!(events);
+        }
         Ok(v)
     })();
     match result {
@@ -154,6 +221,172 @@ struct Coordinated {
     bytes_exchanged: u64,
 }
 
+/// Retries of lost workers per job before it fails.
+const MAX_RETRIES: usize = 3;
+
+/// One launch of the worker set: from scratch or from a checkpoint, until the job ends or it must stop.
+struct Segment<'a> {
+    index: usize,
+    resume_from: Option<&'a Path>,
+    elastic: Option<&'a mut Elastic>,
+}
+
+enum SegmentEnd {
+    Finished(Coordinated),
+    /// Every worker was stopped after epoch `after_epoch` (all of its reports in, its checkpoint written).
+    Stopped {
+        after_epoch: usize,
+        why: Stop,
+    },
+}
+
+enum Stop {
+    Rescale {
+        to: usize,
+        rule: String,
+        values: Value,
+    },
+    Lost {
+        error: String,
+    },
+    Finish,
+}
+
+/// A job with a scaling policy: the policy's inputs over all segments, and what happened.
+struct Elastic {
+    policy: physalia_policies::PolicySet,
+    plan: physalia_policies::PlanState,
+    history: Vec<physalia_policies::EpochRecord>,
+    last_change: Option<u32>,
+    /// Rank 0's metrics of every completed epoch, over all segments.
+    metrics: Vec<EpochMetrics>,
+    bytes: u64,
+    retries: usize,
+    /// One line per rescale, retry or policy stop, with its epoch.
+    events: Vec<Value>,
+}
+
+impl Elastic {
+    fn new(policy: physalia_policies::PolicySet, spec: &JobSpec) -> Elastic {
+        let mut plan = physalia_policies::PlanState::new(spec.workers);
+        plan.epochs_total = Some(spec.train.epochs);
+        Elastic {
+            policy,
+            plan,
+            history: Vec::new(),
+            last_change: None,
+            metrics: Vec::new(),
+            bytes: 0,
+            retries: 0,
+            events: Vec::new(),
+        }
+    }
+
+    fn checkpoints(&self, dir: &JobDir) -> PathBuf {
+        dir.path().join("checkpoints")
+    }
+
+    fn event(&mut self, epoch: usize, what: String, rule: Option<(String, Value)>, quiet: bool) {
+        if !quiet {
+            eprintln!("after epoch {epoch}: {what}");
+        }
+        let mut e = json!({ "epoch": epoch, "event": what });
+        if let Some((rule, values)) = rule {
+            e["rule"] = json!(rule);
+            e["values"] = values;
+        }
+        self.events.push(e);
+    }
+
+    /// Records a completed epoch and asks the policy what to do before the next one.
+    fn after_epoch(&mut self, by_rank: &[EpochMetrics], epochs_total: usize) -> Option<Stop> {
+        let m = &by_rank[0];
+        let bytes: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
+        let wait: f64 = by_rank
+            .iter()
+            .map(|m| {
+                let busy = (m.train_s + m.eval_s).max(1e-9);
+                ((m.exchange.halo_s + m.exchange.all_reduce_s) / busy).min(1.0)
+            })
+            .sum::<f64>()
+            / by_rank.len() as f64;
+        self.bytes += bytes;
+        self.metrics.push(m.clone());
+        self.history.push(physalia_policies::EpochRecord {
+            epoch: m.epoch as u32,
+            loss: m.loss,
+            val_acc: m.val_acc,
+            epoch_s: m.train_s + m.eval_s,
+            wait_share: wait,
+            bytes,
+            workers: by_rank.len() as u32,
+            // the local backend costs nothing; cloud backends price worker-seconds from the catalog
+            usd_spent: 0.0,
+            throughput_per_usd: None,
+            grad_noise_scale: None,
+        });
+        if m.epoch >= epochs_total {
+            return None;
+        }
+        let d =
+            physalia_policies::evaluate(&self.policy, &self.history, &self.plan, self.last_change);
+        let change = d.change?;
+        self.last_change = Some(m.epoch as u32);
+        use physalia_policies::Effect;
+        match &change.effect {
+            Effect::Workers { to, .. } => {
+                self.plan.workers = *to;
+                Some(Stop::Rescale {
+                    to: *to as usize,
+                    rule: change.rule.clone(),
+                    values: json!(change.values),
+                })
+            }
+            Effect::Stop => {
+                self.events
+                    .push(json!({ "epoch": m.epoch, "rule": change.rule, "event": "stop" }));
+                Some(Stop::Finish)
+            }
+            other => {
+                // exchange settings and re-planning need the planner and live exchange options: recorded, not applied
+                self.events.push(json!({
+                    "epoch": m.epoch,
+                    "rule": change.rule,
+                    "event": format!("not applied (not supported yet): {other:?}"),
+                }));
+                None
+            }
+        }
+    }
+
+    /// The job's result from every segment's epochs.
+    fn summary(&self, seed: u64, stopped_early: bool) -> RunResult {
+        let mut summary = TrainSummary::new(self.metrics.len());
+        for m in &self.metrics {
+            summary.observe(m.epoch, m.val_acc, m.test_acc);
+        }
+        summary.epochs = self.metrics.clone();
+        summary.stopped_early = stopped_early;
+        RunResult { seed, summary }
+    }
+
+    fn finish(&self, c: Coordinated) -> Coordinated {
+        Coordinated {
+            run: self.summary(c.run.seed, c.run.summary.stopped_early),
+            worker_peak_rss: c.worker_peak_rss,
+            bytes_exchanged: self.bytes,
+        }
+    }
+
+    fn finish_early(&self, seed: u64) -> Coordinated {
+        Coordinated {
+            run: self.summary(seed, true),
+            worker_peak_rss: vec![],
+            bytes_exchanged: self.bytes,
+        }
+    }
+}
+
 fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
     let x = spec.exchange.clone().unwrap_or_default();
     ExchangeOptions {
@@ -193,7 +426,8 @@ fn coordinate(
     binary: &Path,
     dir: &mut JobDir,
     quiet: bool,
-) -> Result<Coordinated> {
+    mut seg: Segment<'_>,
+) -> Result<SegmentEnd> {
     let n = workers;
     let timeouts = spec.timeouts.clone().unwrap_or_default();
     let (register_timeout, epoch_timeout) = (
@@ -208,13 +442,33 @@ fn coordinate(
         .unwrap_or_else(|| name.into());
     let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
     let secrets = dir.path().join("secrets");
+    if seg.index > 0 {
+        // every launch has its own CA; the previous workers are gone, and so are their keys
+        std::fs::remove_dir_all(&secrets)
+            .with_context(|| format!("removing the previous launch's {}", secrets.display()))?;
+    }
     for rank in 0..n {
         let id = ca.identity(&worker_name(rank))?;
         write_identity(&secrets.join(worker_name(rank)), &id)?;
     }
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let mut log = CoordLog(std::fs::File::create(logs.join("coordinator.log")).ok());
+    let mut log = CoordLog(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join("coordinator.log"))
+            .ok(),
+    );
+    if seg.index > 0 {
+        log.line(&format!(
+            "segment {}: {n} workers, resuming from {}",
+            seg.index,
+            seg.resume_from
+                .map(|p| p.display().to_string())
+                .unwrap_or("scratch".into())
+        ));
+    }
     let server = ControlServer::bind(
         &ca.identity(COORDINATOR_NAME)?,
         ca.job_key(),
@@ -239,6 +493,7 @@ fn coordinate(
         secrets_root: &secrets,
         logs: &logs,
         threads,
+        segment: seg.index,
     })?;
     let mut coord = Coordinator::new(n, register_timeout, epoch_timeout, Instant::now());
     for (rank, pid) in workers.pids().into_iter().enumerate() {
@@ -260,6 +515,25 @@ fn coordinate(
     let mut outboxes: Vec<Option<Outbox>> = vec![None; n];
     let mut bytes_exchanged = 0u64;
     let mut io_err = None;
+    let start_epoch = match seg.resume_from {
+        Some(path) => {
+            physalia_gnn::save::load_checkpoint(path)
+                .with_context(|| format!("reading the checkpoint {}", path.display()))?
+                .2
+                .epoch
+        }
+        None => 0,
+    };
+    let mut last_complete = start_epoch;
+    let mut stop_now: Option<Stop> = None;
+    let checkpoint_dir = match &seg.elastic {
+        Some(el) => {
+            let d = el.checkpoints(dir);
+            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+            Some(d)
+        }
+        None => None,
+    };
     let outcome: std::result::Result<(Vec<TrainSummary>, Vec<Option<u64>>), String> = loop {
         let mut events = Vec::new();
         if let Some(ev) = server.next_event(Duration::from_millis(100)) {
@@ -348,6 +622,8 @@ fn coordinate(
                                     .options()
                                     .into(),
                                 dataset_path: Some(dataset_path.to_path_buf()),
+                                resume_from: seg.resume_from.map(Path::to_path_buf),
+                                checkpoint_dir: checkpoint_dir.clone(),
                             };
                             if let Some(o) = outbox {
                                 o.send(ToWorker::Assign(Box::new(a)));
@@ -355,7 +631,8 @@ fn coordinate(
                         }
                         log.line("all workers registered; assignments sent");
                     }
-                    Action::EpochComplete { epoch: _, by_rank } => {
+                    Action::EpochComplete { epoch, by_rank } => {
+                        last_complete = last_complete.max(epoch);
                         bytes_exchanged +=
                             by_rank.iter().map(|m| m.exchange.bytes_sent).sum::<u64>();
                         if !quiet {
@@ -370,17 +647,62 @@ fn coordinate(
                         if let Err(e) = dir.append_metrics(&line) {
                             io_err.get_or_insert(e);
                         }
+                        if let Some(el) = seg.elastic.as_deref_mut()
+                            && stop_now.is_none()
+                        {
+                            stop_now = el.after_epoch(&by_rank, tc.epochs);
+                            // older checkpoints are no longer needed
+                            if let Some(d) = &checkpoint_dir
+                                && epoch > 1
+                            {
+                                let _ = std::fs::remove_file(
+                                    physalia_worker::control::checkpoint_path(d, epoch - 1),
+                                );
+                            }
+                        }
                     }
                     Action::Finished {
                         summaries,
                         peak_rss_bytes,
                     } => done = Some(Ok((summaries, peak_rss_bytes))),
+                    Action::Fail { error } if seg.elastic.is_some() => {
+                        stop_now.get_or_insert(Stop::Lost { error });
+                    }
                     Action::Fail { error } => done = Some(Err(error)),
                 }
+            }
+            if stop_now.is_some() {
+                break;
             }
         }
         if let Some(d) = done {
             break d;
+        }
+        if let Some(why) = stop_now.take() {
+            let reason = match &why {
+                Stop::Rescale { to, rule, .. } => {
+                    format!("rescaling to {to} workers (rule {rule})")
+                }
+                Stop::Lost { error } => format!("retrying after: {error}"),
+                Stop::Finish => "the scaling policy stopped the job".into(),
+            };
+            log.line(&format!(
+                "after epoch {last_complete}: {reason}; stopping every worker"
+            ));
+            for o in outboxes.iter().flatten() {
+                o.send(ToWorker::Stop {
+                    reason: reason.clone(),
+                });
+            }
+            workers.kill_all();
+            drop(server);
+            if let Some(e) = io_err {
+                return Err(e);
+            }
+            return Ok(SegmentEnd::Stopped {
+                after_epoch: last_complete,
+                why,
+            });
         }
     };
     match outcome {
@@ -409,11 +731,11 @@ fn coordinate(
             }
             let summary = summaries.into_iter().next().expect("rank 0 finished");
             log.line("finished");
-            Ok(Coordinated {
+            Ok(SegmentEnd::Finished(Coordinated {
                 run: RunResult { seed, summary },
                 worker_peak_rss: peak_rss,
                 bytes_exchanged,
-            })
+            }))
         }
     }
 }

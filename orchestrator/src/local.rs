@@ -66,6 +66,9 @@ pub struct WorkerLaunch<'a> {
     pub secrets_root: &'a Path,
     pub logs: &'a Path,
     pub threads: usize,
+    /// Launches of the same job so far (rescales, retries): later ones log to `worker-<rank>.seg<N>.log`
+    /// and never inherit the test hooks that make a worker kill itself.
+    pub segment: usize,
 }
 
 pub struct LocalWorkers {
@@ -80,7 +83,10 @@ impl LocalWorkers {
             children: Vec::new(),
         };
         for rank in 0..l.world {
-            let log_path = l.logs.join(format!("worker-{rank}.log"));
+            let log_path = match l.segment {
+                0 => l.logs.join(format!("worker-{rank}.log")),
+                s => l.logs.join(format!("worker-{rank}.seg{s}.log")),
+            };
             let log = File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
             let mut cmd = Command::new(l.binary);
@@ -96,6 +102,9 @@ impl LocalWorkers {
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
+            if l.segment > 0 {
+                cmd.env_remove(physalia_worker::run::ENV_TEST_DIE_AT_EPOCH);
+            }
             // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGKILL the child when this
             // thread (the coordinator's main thread, which outlives every worker) exits.
             unsafe {

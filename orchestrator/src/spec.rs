@@ -1137,6 +1137,15 @@ impl JobSpec {
         {
             check_policy_workers(self, policy)?;
         }
+        if (self.scaling.is_some() || self.scaling_file.is_some())
+            && self.parallelism != ParallelismSpec::Mode(Parallelism::Partition)
+        {
+            return Err(invalid(
+                "scaling",
+                "scaling policies resize partition-parallel jobs; data, model and replica-group jobs keep \
+                 a fixed size for now",
+            ));
+        }
         if let Some(t) = &self.timeouts {
             for (field, v) in [
                 ("timeouts.register_s", t.register_s),

@@ -24,14 +24,8 @@ use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_
 
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
     let spec = spec::load(job, overrides)?;
-    if spec.scaling.is_some() {
-        bail!(
-            "{}: scaling: elastic epochs are not implemented yet, so this job would run at a fixed size; \
-             `physalia validate` checks the policy, and removing `scaling`/`scaling_file` runs the job",
-            job.display()
-        );
-    }
-    if spec.workers > 1 {
+    // a scaling policy may grow a one-worker job: the coordinator runs every elastic job
+    if spec.workers > 1 || spec.scaling.is_some() {
         return crate::distributed::run(&spec, &spec.job_name(job), output, quiet);
     }
     if let Some(t) = spec.train.threads {

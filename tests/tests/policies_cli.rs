@@ -1,6 +1,6 @@
 //! Scaling policies in job files: `physalia validate` accepts every example policy (inline or as a file) and
-//! reports every problem of a bad one with its file, line and column; `submit` refuses a policy it cannot
-//! execute yet instead of ignoring it.
+//! reports every problem of a bad one with its file, line and column; a policy on a mode that cannot rescale
+//! yet is refused instead of ignored.
 
 use physalia_tests::{physalia, repo_root, write_job};
 use tempfile::TempDir;
@@ -97,7 +97,7 @@ fn bad_policies_fail_validate_with_line_and_column() {
 }
 
 #[test]
-fn submit_refuses_a_policy_it_cannot_execute_and_writes_nothing() {
+fn policies_on_modes_that_cannot_rescale_are_refused_and_nothing_is_written() {
     let t = TempDir::new().unwrap();
     let policy =
         std::fs::read_to_string(repo_root().join("examples/policies/double-on-plateau.yaml"))
@@ -106,10 +106,10 @@ fn submit_refuses_a_policy_it_cannot_execute_and_writes_nothing() {
     write_job(
         t.path(),
         "job.yaml",
-        &format!("{JOB}scaling_file: policy.yaml\noutput:\n  dir: jobs\n"),
+        &format!("{JOB}parallelism: data\nscaling_file: policy.yaml\noutput:\n  dir: jobs\n"),
     );
     let out = physalia(t.path(), ["submit", "job.yaml"]);
     assert!(!out.success());
-    out.one_line_error(&["elastic epochs are not implemented"]);
+    out.one_line_error(&["scaling", "partition-parallel"]);
     assert!(!t.path().join("jobs").exists());
 }

@@ -88,6 +88,17 @@ pub struct Assignment {
     pub minibatch: Option<crate::minibatch::MiniBatchOptions>,
     #[serde(default)]
     pub dataset_path: Option<PathBuf>,
+    /// Continue from this checkpoint (partition parallelism).
+    #[serde(default)]
+    pub resume_from: Option<PathBuf>,
+    /// Rank 0 writes `epoch-<e>.safetensors` here after every epoch, before reporting the epoch.
+    #[serde(default)]
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+/// The checkpoint file of `epoch` in a checkpoint folder.
+pub fn checkpoint_path(dir: &std::path::Path, epoch: usize) -> PathBuf {
+    dir.join(format!("epoch-{epoch:06}.safetensors"))
 }
 
 /// The three ways a job splits its work over workers.

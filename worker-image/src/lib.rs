@@ -94,6 +94,44 @@ pub fn train_part<L: Link + ?Sized>(
     row_normalize_features: bool,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
 ) -> Result<(Model, TrainSummary), Error> {
+    let (model, summary, _) = train_part_from(
+        link,
+        part,
+        cfg,
+        seed,
+        tc,
+        opts,
+        row_normalize_features,
+        None,
+        &mut |e| {
+            on_epoch(e.metrics);
+            true
+        },
+    )?;
+    Ok((model, summary))
+}
+
+/// A training state to continue from (a loaded checkpoint).
+pub struct Resume {
+    pub model: Model,
+    pub opt: physalia_gnn::Adam,
+    pub progress: physalia_gnn::Progress,
+}
+
+/// [`train_part`] from a checkpoint (or from scratch), with a callback that sees the model and optimizer
+/// after every epoch (to checkpoint them) and may stop training there.
+#[allow(clippy::too_many_arguments)]
+pub fn train_part_from<L: Link + ?Sized>(
+    link: &mut L,
+    part: &Part,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    row_normalize_features: bool,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
+) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     if cfg.in_dim != part.feat_dim {
         return Err(Error::Part {
             part: part.part,
@@ -108,8 +146,32 @@ pub fn train_part<L: Link + ?Sized>(
     // replicas of the partitioning split the training nodes; the all-reduce sums their gradients
     sets.train
         .retain(|&row| owner_replica(part.owned[row as usize], replicas) == replica);
-    let mut model = Model::new(cfg, seed)?;
+    let Resume {
+        mut model,
+        mut opt,
+        progress,
+    } = match resume {
+        Some(r) => {
+            if r.model.config() != cfg || r.model.seed() != seed {
+                return Err(Error::Config(
+                    "the checkpoint was written for another model configuration or seed".into(),
+                ));
+            }
+            r
+        }
+        None => {
+            let model = Model::new(cfg, seed)?;
+            let opt = physalia_gnn::Adam::new(&model.params, tc.lr, tc.weight_decay);
+            Resume {
+                model,
+                opt,
+                progress: Default::default(),
+            }
+        }
+    };
     let mut ex = MeshExchange::new(link, part, opts.clone());
-    let summary = physalia_gnn::train(&mut model, &graph, &x, &sets, tc, &mut ex, on_epoch)?;
-    Ok((model, summary))
+    let (summary, progress) = physalia_gnn::train_resumable(
+        &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
+    )?;
+    Ok((model, summary, progress))
 }

@@ -309,7 +309,7 @@ pub fn train_minibatch(
             physalia_gnn::evaluate(model, shard.eval_graph, shard.features, shard.eval_sets, ex)
                 .map_err(Error::from)
         };
-        let end = EpochEnd {
+        let end = EpochDone {
             epoch,
             loss_sum,
             steps,
@@ -332,7 +332,7 @@ pub fn train_minibatch(
 }
 
 /// What a trainer knows at the end of an epoch's steps.
-struct EpochEnd {
+struct EpochDone {
     epoch: usize,
     /// Sum over this worker's steps of its loss share (each step's loss is a mean over the global batch).
     loss_sum: f64,
@@ -341,7 +341,7 @@ struct EpochEnd {
     stats: BatchStats,
 }
 
-impl EpochEnd {
+impl EpochDone {
     /// The global mean loss, evaluation when due, best-validation tracking and the metrics callback, as the
     /// full-graph loop does them. Returns whether training stops early.
     #[allow(clippy::too_many_arguments)]
@@ -980,7 +980,7 @@ pub fn train_p3<L: Link + ?Sized>(
         result?;
         let mut eval =
             |model: &mut Model, ex: &mut dyn Exchange| p3_evaluate(model, &whole, shard, ex);
-        let end = EpochEnd {
+        let end = EpochDone {
             epoch,
             loss_sum,
             steps,

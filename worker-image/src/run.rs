@@ -124,7 +124,21 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
         TrainMode::Partition => {
             let part = Part::load(&a.part_path)
                 .with_context(|| format!("loading {}", a.part_path.display()))?;
-            crate::train_part(
+            let resume = match &a.resume_from {
+                Some(path) => {
+                    let (model, opt, progress) = physalia_gnn::save::load_checkpoint(path)
+                        .with_context(|| format!("resuming from {}", path.display()))?;
+                    Some(crate::Resume {
+                        model,
+                        opt,
+                        progress,
+                    })
+                }
+                None => None,
+            };
+            let rank = link.rank();
+            let mut save_err = None;
+            let (model, summary, _) = crate::train_part_from(
                 link,
                 &part,
                 &a.model,
@@ -132,8 +146,27 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &a.exchange,
                 a.row_normalize,
-                on_epoch,
-            )?
+                resume,
+                &mut |e| {
+                    if rank == 0
+                        && let Some(dir) = &a.checkpoint_dir
+                    {
+                        let path = crate::control::checkpoint_path(dir, e.metrics.epoch);
+                        if let Err(err) =
+                            physalia_gnn::save::save_checkpoint(e.model, e.opt, e.progress, &path)
+                        {
+                            save_err = Some(err);
+                            return false;
+                        }
+                    }
+                    on_epoch(e.metrics);
+                    true
+                },
+            )?;
+            if let Some(e) = save_err {
+                return Err(e).context("writing a checkpoint");
+            }
+            (model, summary)
         }
         TrainMode::Data => {
             let part = Part::load(&a.part_path)

@@ -1,0 +1,156 @@
+//! Elastic epochs through `physalia submit`: a scaling policy resizes the worker set between epochs from the
+//! last checkpoint, and a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint.
+//! Exact partition parallelism makes both invisible in the loss curve: it equals a fixed-size run's.
+
+use std::path::Path;
+
+use physalia_tests::{metrics, read_json, write_job};
+use serde_json::Value;
+use tempfile::TempDir;
+
+const JOB: &str = "\
+name: el
+dataset:
+  synth: {kind: sbm, nodes: 3000, classes: 4, feat_dim: 16, avg_degree: 10, homophily: 0.8, seed: 1}
+model: {kind: gcn, layers: 2, hidden: 16}
+train: {epochs: 12, seed: 0}
+output: {dir: jobs}
+";
+
+/// 1 -> 2 -> 4 -> 2 workers after epochs 3, 6 and 9.
+const STEPS: &str = "\
+min_workers: 1
+max_workers: 4
+cooldown_epochs: 0
+rules:
+  - name: two-at-3
+    when: epoch == 3
+    then: {set_workers: 2}
+  - name: four-at-6
+    when: epoch == 6
+    then: {set_workers: 4}
+  - name: two-at-9
+    when: epoch == 9
+    then: {set_workers: 2}
+";
+
+fn submit(cwd: &Path, job: &str, env: &[(&str, &str)]) -> Value {
+    let mut cmd = std::process::Command::new(physalia_tests::physalia_bin());
+    cmd.current_dir(cwd)
+        .args(["submit", job, "-q", "--output", "json"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "submit {job} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn losses(dir: &Path) -> Vec<(u64, f64, usize)> {
+    metrics(dir)
+        .iter()
+        .map(|m| {
+            (
+                m["metrics"]["epoch"].as_u64().unwrap(),
+                m["metrics"]["loss"].as_f64().unwrap(),
+                m["workers"].as_array().map_or(1, Vec::len),
+            )
+        })
+        .collect()
+}
+
+fn assert_same_curve(got: &[(u64, f64, usize)], want: &[(u64, f64, usize)]) {
+    let epochs: Vec<u64> = got.iter().map(|e| e.0).collect();
+    assert_eq!(
+        epochs,
+        (1..=12).collect::<Vec<_>>(),
+        "every epoch exactly once"
+    );
+    for ((e, a, _), (_, b, _)) in got.iter().zip(want) {
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs(),
+            "epoch {e}: {a} vs fixed {b}"
+        );
+    }
+}
+
+#[test]
+fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "fixed.yaml", JOB);
+    write_job(t.path(), "policy.yaml", STEPS);
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{JOB}scaling_file: policy.yaml\n"),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let elastic = submit(t.path(), "job.yaml", &[]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(elastic["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_same_curve(&got, &want);
+    let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
+    assert_eq!(workers, [1, 1, 1, 2, 2, 2, 4, 4, 4, 2, 2, 2]);
+    let events = elastic["scaling_events"].as_array().unwrap();
+    let rules: Vec<&str> = events.iter().filter_map(|e| e["rule"].as_str()).collect();
+    assert_eq!(rules, ["two-at-3", "four-at-6", "two-at-9"]);
+    let final_acc = elastic["runs"][0]["final_test_acc"].as_f64().unwrap();
+    let fixed_acc = fixed["runs"][0]["final_test_acc"].as_f64().unwrap();
+    assert!(
+        (final_acc - fixed_acc).abs() <= 0.005,
+        "{final_acc} vs {fixed_acc}"
+    );
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
+    assert!(dir.join("model.safetensors").is_file());
+    assert!(
+        dir.join("logs/worker-3.seg2.log").is_file(),
+        "the 4-worker launch logged"
+    );
+}
+
+#[test]
+fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
+    let t = TempDir::new().unwrap();
+    let two = JOB.replace("output:", "workers: 2\noutput:");
+    write_job(t.path(), "fixed.yaml", &two);
+    // a policy that never fires: it only makes the job elastic
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 1\nmax_workers: 2\nrules:\n  - name: never\n    when: epoch < 0\n    then: stop\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{two}scaling_file: policy.yaml\n"),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
+            ("PHYSALIA_TEST_DIE_RANK", "1"),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    let events = v["scaling_events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let what = events[0]["event"].as_str().unwrap();
+    assert!(
+        what.contains("lost a worker")
+            && what.contains("signal 9")
+            && what.contains("retrying epoch 5"),
+        "{what}"
+    );
+    assert_eq!(events[0]["epoch"], 4);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(log.contains("segment 1"), "{log}");
+}
