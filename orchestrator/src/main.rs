@@ -16,6 +16,7 @@ mod dataset;
 mod distributed;
 mod jobdir;
 mod local;
+mod plan;
 mod spec;
 mod submit;
 
@@ -36,6 +37,9 @@ enum Command {
     Submit(SubmitArgs),
     /// Check a job file without running it.
     Validate(ValidateArgs),
+    /// Show how the planner would run a job: the chosen mode, worker count and container type with
+    /// predicted memory, time and cost, the best alternatives, and why the others were rejected.
+    Plan(plan::PlanArgs),
     /// Print the JSON Schema of job files (for editors).
     Schema,
     /// Import, generate, inspect and partition datasets.
@@ -88,6 +92,7 @@ enum DataCommand {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => submit::run(&a.job, &a.overrides, a.output, a.quiet),
+        Command::Plan(a) => plan::run(&a),
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
             println!(

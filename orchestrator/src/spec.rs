@@ -73,6 +73,9 @@ pub struct JobSpec {
     /// How workers exchange halo rows (only used when `workers` is above 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exchange: Option<ExchangeSpec>,
+    /// What `physalia plan` optimises and under which limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<GoalSpec>,
     /// Scaling policy, inline: rules evaluated between epochs (see `examples/policies/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling: Option<physalia_policies::PolicySet>,
@@ -272,6 +275,48 @@ pub enum Parallelism {
     Partition,
     Data,
     Model,
+}
+
+/// The planner's objective and constraints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct GoalSpec {
+    /// `min_cost`, `min_time`, `deadline` (cheapest within `deadline_s`) or `budget` (fastest within
+    /// `budget_usd`).
+    pub objective: Objective,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_s: Option<f64>,
+    /// Most workers a plan may use.
+    pub max_workers: u32,
+    /// Only these backends (`local`, `docker`, `kubernetes`, `ecs`, `aci`); empty: all of the catalog.
+    pub backends: Vec<String>,
+    /// Also consider bf16 rows and boundary sampling (change the numbers slightly).
+    pub allow_inexact_exchange: bool,
+}
+
+impl Default for GoalSpec {
+    fn default() -> Self {
+        GoalSpec {
+            objective: Objective::MinCost,
+            budget_usd: None,
+            deadline_s: None,
+            max_workers: 16,
+            backends: Vec::new(),
+            allow_inexact_exchange: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    #[default]
+    MinCost,
+    MinTime,
+    Deadline,
+    Budget,
 }
 
 /// A mode, or replicas of partition groups.

@@ -132,6 +132,7 @@ fn full_example_parses() {
         parallelism: ParallelismSpec::Mode(Parallelism::Partition),
         minibatch: None,
         exchange: None,
+        goal: None,
         scaling: None,
         scaling_file: None,
         timeouts: None,

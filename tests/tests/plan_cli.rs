@@ -1,0 +1,121 @@
+//! `physalia plan`: the planner's answer for a job file, as text and JSON, using the partition sets stored
+//! beside the dataset; an impossible goal and a broken catalog are clear errors.
+
+use physalia_tests::{physalia, repo_root, write_job};
+use tempfile::TempDir;
+
+const JOB: &str = "\
+dataset:
+  path: x.safetensors
+model:
+  kind: sage
+  layers: 2
+  hidden: 64
+train:
+  epochs: 50
+";
+
+fn setup() -> TempDir {
+    let t = TempDir::new().unwrap();
+    physalia(
+        t.path(),
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "3000",
+            "--classes",
+            "4",
+            "--feat-dim",
+            "32",
+            "--out",
+            "x.safetensors",
+        ],
+    )
+    .ok();
+    write_job(t.path(), "job.yaml", JOB);
+    t
+}
+
+#[test]
+fn plans_a_job_as_text_and_json_with_measured_partitions() {
+    let t = setup();
+    physalia(
+        t.path(),
+        ["data", "partition", "x.safetensors", "--k", "2,4"],
+    )
+    .ok();
+    let out = physalia(
+        t.path(),
+        [
+            "plan",
+            "job.yaml",
+            "--set",
+            "goal.objective=min_time",
+            "--set",
+            "goal.backends=[local]",
+        ],
+    )
+    .ok();
+    assert!(out.stdout.starts_with("plan (min_time):"), "{}", out.stdout);
+    assert!(out.stdout.contains("memory per worker"), "{}", out.stdout);
+    let v = physalia(t.path(), ["plan", "job.yaml", "--output", "json"])
+        .ok()
+        .last_json();
+    let chosen = &v["chosen"];
+    assert!(chosen["candidate"]["workers"].as_u64().unwrap() >= 1, "{v}");
+    assert!(chosen["prediction"].is_object(), "{v}");
+    // measured partition stats replace the cut estimate for k = 2 and 4
+    let v = physalia(
+        t.path(),
+        [
+            "plan",
+            "job.yaml",
+            "--set",
+            "goal.max_workers=4",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    let why = v["explanation"].to_string();
+    assert!(
+        why.contains("measured from the partition artifacts for k = 2, 4"),
+        "{why}"
+    );
+}
+
+#[test]
+fn an_impossible_deadline_and_a_broken_catalog_are_clear_errors() {
+    let t = setup();
+    let out = physalia(
+        t.path(),
+        [
+            "plan",
+            "job.yaml",
+            "--set",
+            "goal.objective=deadline",
+            "--set",
+            "goal.deadline_s=0.001",
+        ],
+    );
+    assert!(!out.success());
+    out.one_line_error(&["deadline"]);
+    let bad = repo_root().join("planner/tests/invalid");
+    let file = std::fs::read_dir(&bad)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.to_string_lossy().contains("negative-price")
+                && p.extension().is_some_and(|e| e == "yaml")
+        })
+        .expect("the planner's negative-price catalog");
+    let out = physalia(
+        t.path(),
+        ["plan", "job.yaml", "--catalog", file.to_str().unwrap()],
+    );
+    assert!(!out.success());
+    out.one_line_error(&["negative-price.yaml:", "usd_per_hour"]);
+}
