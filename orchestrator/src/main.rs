@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod calibrate;
 mod coordinator;
 mod data;
 mod dataset;
@@ -40,6 +41,8 @@ enum Command {
     /// Show how the planner would run a job: the chosen mode, worker count and container type with
     /// predicted memory, time and cost, the best alternatives, and why the others were rejected.
     Plan(plan::PlanArgs),
+    /// Measure this machine's engine and loopback network once, for `physalia plan --calibration`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Print the JSON Schema of job files (for editors).
     Schema,
     /// Import, generate, inspect and partition datasets.
@@ -93,6 +96,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => submit::run(&a.job, &a.overrides, a.output, a.quiet),
         Command::Plan(a) => plan::run(&a),
+        Command::Calibrate(a) => calibrate::run(&a),
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
             println!(

@@ -119,3 +119,40 @@ fn an_impossible_deadline_and_a_broken_catalog_are_clear_errors() {
     assert!(!out.success());
     out.one_line_error(&["negative-price.yaml:", "usd_per_hour"]);
 }
+
+#[test]
+fn calibrate_measures_this_machine_and_plan_uses_it() {
+    let t = setup();
+    let out = physalia(t.path(), ["calibrate", "--quick", "-o", "cal.json"]).ok();
+    assert!(out.stdout.contains("wrote cal.json"), "{}", out.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("cal.json")).unwrap()).unwrap();
+    for k in [
+        "gemm_gflop_s",
+        "spmm_gb_s",
+        "stream_gb_s",
+        "sampler_edges_per_s",
+        "loopback_gbit_s",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    let with = physalia(
+        t.path(),
+        [
+            "plan",
+            "job.yaml",
+            "--calibration",
+            "cal.json",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    let without = physalia(t.path(), ["plan", "job.yaml", "--output", "json"])
+        .ok()
+        .last_json();
+    let epoch = |p: &serde_json::Value| p["chosen"]["prediction"]["time"]["epoch_s"].as_f64();
+    assert!(epoch(&with).is_some(), "{}", with["chosen"]);
+    assert_ne!(epoch(&with), epoch(&without), "the profile changed nothing");
+}
