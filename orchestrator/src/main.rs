@@ -18,6 +18,7 @@ mod distributed;
 mod jobdir;
 mod local;
 mod plan;
+mod report;
 mod spec;
 mod submit;
 
@@ -43,6 +44,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Measure this machine's engine and loopback network once, for `physalia plan --calibration`.
     Calibrate(calibrate::CalibrateArgs),
+    /// Write a self-contained HTML report of a job directory: curves, workers, bytes, cost, scaling events.
+    Report(report::ReportArgs),
     /// Print the JSON Schema of job files (for editors).
     Schema,
     /// Import, generate, inspect and partition datasets.
@@ -97,6 +100,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Submit(a) => submit::run(&a.job, &a.overrides, a.output, a.quiet),
         Command::Plan(a) => plan::run(&a),
         Command::Calibrate(a) => calibrate::run(&a),
+        Command::Report(a) => report::run(&a),
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
             println!(

@@ -153,4 +153,52 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
     assert_eq!(events[0]["epoch"], 4);
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     assert!(log.contains("segment 1"), "{log}");
+    // the kill is visible in the report
+    let out = std::process::Command::new(physalia_tests::physalia_bin())
+        .args(["report", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(
+        html.contains("lost a worker") && html.contains("signal 9"),
+        "the kill is not in the report"
+    );
+    assert_eq!(html.matches("<svg").count(), 5, "five plots");
+    assert_eq!(
+        html.matches("<tr><td>").count(),
+        12 + 1,
+        "12 epoch rows and one event row"
+    );
+}
+
+#[test]
+fn report_refuses_what_is_not_a_job_directory_naming_it() {
+    let t = TempDir::new().unwrap();
+    let run = |dir: &Path| {
+        std::process::Command::new(physalia_tests::physalia_bin())
+            .args(["report", dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = run(&t.path().join("nope"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope: not a job directory"));
+    std::fs::write(
+        t.path().join("metrics.jsonl"),
+        "{\"run\":0,\"metrics\":{\"epoch\":1}}\nnot json\n",
+    )
+    .unwrap();
+    let out = run(t.path());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("metrics.jsonl:2: not a JSON metrics line"),
+        "{err}"
+    );
+    assert!(!t.path().join("report.html").exists());
 }
