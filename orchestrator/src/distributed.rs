@@ -159,6 +159,7 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
         };
         let workers_rss = runs.worker_peak_rss.clone();
         let bytes = runs.bytes_exchanged;
+        let usd_total = runs.usd;
         let scaling_events = elastic.as_ref().map(|e| e.events.clone());
         let summary = submit::summarize(
             name,
@@ -174,6 +175,7 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
         v["workers"] = json!(n);
         v["bytes_exchanged"] = json!(bytes);
         v["worker_peak_rss_bytes"] = json!(workers_rss);
+        v["usd_total"] = json!(usd_total);
         if let Some(events) = scaling_events {
             v["scaling_events"] = json!(events);
         }
@@ -219,6 +221,13 @@ struct Coordinated {
     run: RunResult,
     worker_peak_rss: Vec<Option<u64>>,
     bytes_exchanged: u64,
+    /// Every worker's seconds times its container's price (the catalog's; `local` is free).
+    usd: f64,
+}
+
+/// What an epoch cost: each worker's wall time in it times the price.
+fn epoch_usd(by_rank: &[EpochMetrics]) -> f64 {
+    by_rank.iter().map(|m| m.train_s + m.eval_s).sum::<f64>() * submit::price_per_worker_s()
 }
 
 /// Retries of lost workers per job before it fails.
@@ -261,6 +270,7 @@ struct Elastic {
     /// Rank 0's metrics of every completed epoch, over all segments.
     metrics: Vec<EpochMetrics>,
     bytes: u64,
+    usd: f64,
     retries: usize,
     /// One line per rescale, retry or policy stop, with its epoch.
     events: Vec<Value>,
@@ -277,6 +287,7 @@ impl Elastic {
             last_change: None,
             metrics: Vec::new(),
             bytes: 0,
+            usd: 0.0,
             retries: 0,
             events: Vec::new(),
         }
@@ -311,6 +322,7 @@ impl Elastic {
             .sum::<f64>()
             / by_rank.len() as f64;
         self.bytes += bytes;
+        self.usd += epoch_usd(by_rank);
         self.metrics.push(m.clone());
         self.history.push(physalia_policies::EpochRecord {
             epoch: m.epoch as u32,
@@ -320,8 +332,7 @@ impl Elastic {
             wait_share: wait,
             bytes,
             workers: by_rank.len() as u32,
-            // the local backend costs nothing; cloud backends price worker-seconds from the catalog
-            usd_spent: 0.0,
+            usd_spent: self.usd,
             throughput_per_usd: None,
             grad_noise_scale: None,
         });
@@ -375,6 +386,7 @@ impl Elastic {
             run: self.summary(c.run.seed, c.run.summary.stopped_early),
             worker_peak_rss: c.worker_peak_rss,
             bytes_exchanged: self.bytes,
+            usd: self.usd,
         }
     }
 
@@ -383,6 +395,7 @@ impl Elastic {
             run: self.summary(seed, true),
             worker_peak_rss: vec![],
             bytes_exchanged: self.bytes,
+            usd: self.usd,
         }
     }
 }
@@ -514,6 +527,7 @@ fn coordinate(
     let seed = spec.train.seed;
     let mut outboxes: Vec<Option<Outbox>> = vec![None; n];
     let mut bytes_exchanged = 0u64;
+    let mut usd = 0f64;
     let mut io_err = None;
     let start_epoch = match seg.resume_from {
         Some(path) => {
@@ -643,7 +657,9 @@ fn coordinate(
                             .enumerate()
                             .map(|(r, m)| json!({ "rank": r, "train_s": m.train_s, "exchange": m.exchange }))
                             .collect();
-                        let line = json!({ "run": 0, "seed": seed, "metrics": by_rank[0], "workers": workers });
+                        let cost = epoch_usd(&by_rank);
+                        usd += cost;
+                        let line = json!({ "run": 0, "seed": seed, "metrics": by_rank[0], "workers": workers, "usd": cost });
                         if let Err(e) = dir.append_metrics(&line) {
                             io_err.get_or_insert(e);
                         }
@@ -735,6 +751,7 @@ fn coordinate(
                 run: RunResult { seed, summary },
                 worker_peak_rss: peak_rss,
                 bytes_exchanged,
+                usd,
             }))
         }
     }
@@ -790,11 +807,12 @@ fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
         .map(|m| m.exchange.all_reduce_s)
         .fold(0.0, f64::max);
     line.push_str(&format!(
-        "  sent {}  fwd/bwd [{}]  halo max {:.3}s  allreduce max {:.3}s",
+        "  sent {}  fwd/bwd [{}]  halo max {:.3}s  allreduce max {:.3}s  ${:.6}",
         fmt_bytes(sent),
         layers.join(", "),
         halo,
-        ar
+        ar,
+        epoch_usd(by_rank)
     ));
     line
 }

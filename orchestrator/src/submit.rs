@@ -143,7 +143,10 @@ fn train_runs(
             if !quiet {
                 eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
             }
-            if let Err(e) = dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m })) {
+            let usd = (m.train_s + m.eval_s) * price_per_worker_s();
+            if let Err(e) =
+                dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m, "usd": usd }))
+            {
                 io_err.get_or_insert(e);
             }
         };
@@ -314,6 +317,16 @@ pub(crate) struct Summary {
     epoch_times_s: Vec<f64>,
     load_s: f64,
     peak_rss_bytes: Option<u64>,
+    /// Every worker's seconds times its container's price, over all runs.
+    usd_total: f64,
+}
+
+/// USD per worker-second on the local backend, from the planner's built-in catalog (free today).
+pub(crate) fn price_per_worker_s() -> f64 {
+    physalia_planner::Catalog::builtin()
+        .get("local")
+        .map(|s| s.usd_per_s())
+        .unwrap_or(0.0)
 }
 
 #[derive(Serialize)]
@@ -398,6 +411,12 @@ pub(crate) fn summarize(
         epoch_times_s: runs[0].summary.epochs.iter().map(|e| e.train_s).collect(),
         load_s,
         peak_rss_bytes: peak_rss_bytes(),
+        usd_total: runs
+            .iter()
+            .flat_map(|r| &r.summary.epochs)
+            .map(|e| e.train_s + e.eval_s)
+            .sum::<f64>()
+            * price_per_worker_s(),
     }
 }
 

@@ -107,6 +107,9 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     );
     assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
     assert!(dir.join("model.safetensors").is_file());
+    // cost is accounted per epoch and in total (the local backend's catalog price is 0)
+    assert_eq!(elastic["usd_total"].as_f64(), Some(0.0));
+    assert!(metrics(&dir).iter().all(|m| m["usd"].as_f64() == Some(0.0)));
     assert!(
         dir.join("logs/worker-3.seg2.log").is_file(),
         "the 4-worker launch logged"
