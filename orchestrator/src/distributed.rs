@@ -41,7 +41,82 @@ use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
 use crate::spec::{ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::submit::{self, RunResult};
 
-pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Result<()> {
+/// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
+pub struct ResumePoint {
+    pub dir: PathBuf,
+    pub epoch: usize,
+    pub checkpoint: PathBuf,
+    pub workers: usize,
+    /// `metrics.jsonl`'s lines of epochs `1..=epoch`.
+    pub lines: Vec<Value>,
+}
+
+/// Finds where the job in `dir` can continue.
+pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
+    let metrics = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics)
+        .with_context(|| format!("{}: not a job directory", dir.display()))?;
+    let mut lines = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a JSON metrics line", metrics.display(), i + 1))?;
+        if v["metrics"]["epoch"].as_u64() != Some(lines.len() as u64 + 1) {
+            bail!(
+                "{}:{}: expected epoch {}; the record is not one run's consecutive epochs",
+                metrics.display(),
+                i + 1,
+                lines.len() + 1
+            );
+        }
+        lines.push(v);
+    }
+    let ck_dir = checkpoints_dir(dir);
+    let newest = std::fs::read_dir(&ck_dir)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_prefix("epoch-")?
+                .strip_suffix(".safetensors")?
+                .parse::<usize>()
+                .ok()
+        })
+        .filter(|&e| e >= 1 && e <= lines.len())
+        .max();
+    let Some(epoch) = newest else {
+        bail!(
+            "{}: no checkpoint to resume from (multi-worker and elastic jobs write checkpoints/ after every \
+             epoch; single-worker jobs without a scaling policy keep none)",
+            dir.display()
+        );
+    };
+    lines.truncate(epoch);
+    let workers = lines[epoch - 1]["workers"].as_array().map_or(1, Vec::len);
+    Ok(ResumePoint {
+        dir: dir.to_path_buf(),
+        epoch,
+        checkpoint: physalia_worker::control::checkpoint_path(&ck_dir, epoch),
+        workers,
+        lines,
+    })
+}
+
+fn checkpoints_dir(job: &Path) -> PathBuf {
+    job.join("checkpoints")
+}
+
+pub fn run(
+    spec: &JobSpec,
+    name: &str,
+    output: OutputFormat,
+    quiet: bool,
+    resume: Option<ResumePoint>,
+) -> Result<()> {
     let n = spec.workers as usize;
     // replica groups train on a partitioning into fewer parts than workers: rank = replica * k + part
     let k = spec.parts() as usize;
@@ -57,8 +132,14 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
             stats.num_nodes
         );
     }
-    let mut dir = JobDir::create(&spec.output.dir, name)?;
-    dir.write_json("job.json", spec)?;
+    let mut dir = match &resume {
+        Some(rp) => JobDir::reopen(&rp.dir, rp.epoch)?,
+        None => {
+            let dir = JobDir::create(&spec.output.dir, name)?;
+            dir.write_json("job.json", spec)?;
+            dir
+        }
+    };
     dir.write_json("status.json", &json!({ "state": "running" }))?;
     let result = (|| -> Result<Value> {
         let dataset_path = match &source {
@@ -77,13 +158,40 @@ pub fn run(spec: &JobSpec, name: &str, output: OutputFormat, quiet: bool) -> Res
         drop(source);
         let load_s = t_load.elapsed().as_secs_f64();
         let dataset_path = std::path::absolute(&dataset_path)?;
-        let mut elastic = spec
-            .scaling
-            .clone()
-            .map(|policy| Elastic::new(policy, spec));
+        // a resumed job merges its epochs like an elastic one (without a policy: one that never fires)
+        let policy = match (&spec.scaling, &resume) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(_)) => Some(serde_json::from_value(json!({
+                "max_workers": n.max(1),
+                "rules": [],
+            }))?),
+            (None, None) => None,
+        };
+        let mut elastic = policy.map(|policy| Elastic::new(policy, spec));
         let mut workers_now = n;
         let mut resume_from: Option<PathBuf> = None;
-        let mut segment = 0usize;
+        if let (Some(rp), Some(el)) = (&resume, elastic.as_mut()) {
+            el.replay(&rp.lines)?;
+            workers_now = rp.workers;
+            resume_from = Some(rp.checkpoint.clone());
+            el.event(
+                rp.epoch,
+                format!(
+                    "resumed from {} on {workers_now} workers",
+                    rp.checkpoint.display()
+                ),
+                None,
+                quiet,
+            );
+        }
+        // a resumed job's launches continue the numbering of the ones before (their logs stay)
+        let mut segment = std::fs::read_dir(dir.path().join("logs"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("worker-0."))
+                    .count()
+            })
+            .unwrap_or(0);
         let runs = loop {
             // replica groups keep their k; otherwise the partitioning follows the worker count
             let k = if matches!(spec.parallelism, ParallelismSpec::Groups(_)) {
@@ -294,7 +402,36 @@ impl Elastic {
     }
 
     fn checkpoints(&self, dir: &JobDir) -> PathBuf {
-        dir.path().join("checkpoints")
+        checkpoints_dir(dir.path())
+    }
+
+    /// Takes in the recorded epochs of a job being resumed.
+    fn replay(&mut self, lines: &[Value]) -> Result<()> {
+        for line in lines {
+            let m: EpochMetrics = serde_json::from_value(line["metrics"].clone())
+                .context("metrics.jsonl: a recorded epoch does not parse")?;
+            let ranks = line["workers"].as_array().cloned().unwrap_or_default();
+            let by_rank: Vec<EpochMetrics> = if ranks.is_empty() {
+                vec![m.clone()]
+            } else {
+                ranks
+                    .iter()
+                    .map(|r| {
+                        let mut w = m.clone();
+                        w.train_s = r["train_s"].as_f64().unwrap_or(m.train_s);
+                        if let Ok(x) = serde_json::from_value(r["exchange"].clone()) {
+                            w.exchange = x;
+                        }
+                        w
+                    })
+                    .collect()
+            };
+            self.after_epoch_record(&by_rank);
+        }
+        if let Some(last) = lines.last() {
+            self.plan.workers = last["workers"].as_array().map_or(1, Vec::len) as u32;
+        }
+        Ok(())
     }
 
     fn event(&mut self, epoch: usize, what: String, rule: Option<(String, Value)>, quiet: bool) {
@@ -311,6 +448,11 @@ impl Elastic {
 
     /// Records a completed epoch and asks the policy what to do before the next one.
     fn after_epoch(&mut self, by_rank: &[EpochMetrics], epochs_total: usize) -> Option<Stop> {
+        self.after_epoch_record(by_rank);
+        self.decide(epochs_total)
+    }
+
+    fn after_epoch_record(&mut self, by_rank: &[EpochMetrics]) {
         let m = &by_rank[0];
         let bytes: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
         let wait: f64 = by_rank
@@ -336,6 +478,10 @@ impl Elastic {
             throughput_per_usd: None,
             grad_noise_scale: None,
         });
+    }
+
+    fn decide(&mut self, epochs_total: usize) -> Option<Stop> {
+        let m = self.metrics.last()?.clone();
         if m.epoch >= epochs_total {
             return None;
         }
@@ -455,7 +601,7 @@ fn coordinate(
         .unwrap_or_else(|| name.into());
     let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
     let secrets = dir.path().join("secrets");
-    if seg.index > 0 {
+    if secrets.exists() {
         // every launch has its own CA; the previous workers are gone, and so are their keys
         std::fs::remove_dir_all(&secrets)
             .with_context(|| format!("removing the previous launch's {}", secrets.display()))?;
@@ -540,13 +686,13 @@ fn coordinate(
     };
     let mut last_complete = start_epoch;
     let mut stop_now: Option<Stop> = None;
-    let checkpoint_dir = match &seg.elastic {
-        Some(el) => {
-            let d = el.checkpoints(dir);
-            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-            Some(d)
-        }
-        None => None,
+    // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume` start there
+    let checkpoint_dir = if spec.mode() == Parallelism::Partition {
+        let d = checkpoints_dir(dir.path());
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        Some(d)
+    } else {
+        None
     };
     let outcome: std::result::Result<(Vec<TrainSummary>, Vec<Option<u64>>), String> = loop {
         let mut events = Vec::new();
@@ -667,14 +813,14 @@ fn coordinate(
                             && stop_now.is_none()
                         {
                             stop_now = el.after_epoch(&by_rank, tc.epochs);
-                            // older checkpoints are no longer needed
-                            if let Some(d) = &checkpoint_dir
-                                && epoch > 1
-                            {
-                                let _ = std::fs::remove_file(
-                                    physalia_worker::control::checkpoint_path(d, epoch - 1),
-                                );
-                            }
+                        }
+                        // older checkpoints are no longer needed
+                        if let Some(d) = &checkpoint_dir
+                            && epoch > 1
+                        {
+                            let _ = std::fs::remove_file(
+                                physalia_worker::control::checkpoint_path(d, epoch - 1),
+                            );
                         }
                     }
                     Action::Finished {

@@ -62,6 +62,24 @@ impl JobDir {
         Ok(JobDir { path, metrics })
     }
 
+    /// Reopens an existing job directory to continue it, keeping `metrics.jsonl`'s first `keep` lines (the
+    /// epochs its checkpoint covers; later lines were recorded after it and are retrained).
+    pub fn reopen(path: &Path, keep: usize) -> Result<JobDir> {
+        let metrics_path = path.join("metrics.jsonl");
+        let text = fs::read_to_string(&metrics_path)
+            .with_context(|| format!("{}: not a job directory", path.display()))?;
+        let kept: String = text.lines().take(keep).map(|l| format!("{l}\n")).collect();
+        write_atomic(&metrics_path, kept.as_bytes())?;
+        let metrics = OpenOptions::new()
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("opening {}", metrics_path.display()))?;
+        Ok(JobDir {
+            path: path.to_path_buf(),
+            metrics,
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -56,7 +56,12 @@ enum Command {
 #[derive(Args)]
 struct SubmitArgs {
     /// The job file (YAML).
-    job: PathBuf,
+    #[arg(required_unless_present = "resume")]
+    job: Option<PathBuf>,
+    /// Continue the job in this job directory from its newest checkpoint instead (its coordinator died or
+    /// was stopped).
+    #[arg(long, value_name = "JOB_DIR", conflicts_with_all = ["job", "overrides"])]
+    resume: Option<PathBuf>,
     /// Override a field of the job file, e.g. `--set train.lr=0.005` (repeatable).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
@@ -97,7 +102,11 @@ enum DataCommand {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Submit(a) => submit::run(&a.job, &a.overrides, a.output, a.quiet),
+        Command::Submit(a) => match (&a.resume, &a.job) {
+            (Some(dir), _) => submit::resume(dir, a.output, a.quiet),
+            (None, Some(job)) => submit::run(job, &a.overrides, a.output, a.quiet),
+            (None, None) => unreachable!("clap requires a job file or --resume"),
+        },
         Command::Plan(a) => plan::run(&a),
         Command::Calibrate(a) => calibrate::run(&a),
         Command::Report(a) => report::run(&a),

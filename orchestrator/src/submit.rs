@@ -22,11 +22,35 @@ use crate::jobdir::JobDir;
 use crate::spec::{self, JobSpec, ModelKind, Parallelism};
 use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
+/// Continues the job in `dir` (its coordinator died, or it was stopped) from its newest checkpoint whose epochs
+/// are all recorded; later records are dropped and those epochs trained again.
+pub fn resume(dir: &Path, output: OutputFormat, quiet: bool) -> Result<()> {
+    let spec_path = dir.join("job.json");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("{}: not a job directory", dir.display()))?;
+    let spec: JobSpec = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a job record", spec_path.display()))?;
+    spec.validate()
+        .with_context(|| format!("{}: the recorded job", spec_path.display()))?;
+    let point = crate::distributed::resume_point(dir)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job".into());
+    if !quiet {
+        eprintln!(
+            "resuming {name} after epoch {} on {} workers",
+            point.epoch, point.workers
+        );
+    }
+    crate::distributed::run(&spec, &name, output, quiet, Some(point))
+}
+
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
     let spec = spec::load(job, overrides)?;
     // a scaling policy may grow a one-worker job: the coordinator runs every elastic job
     if spec.workers > 1 || spec.scaling.is_some() {
-        return crate::distributed::run(&spec, &spec.job_name(job), output, quiet);
+        return crate::distributed::run(&spec, &spec.job_name(job), output, quiet, None);
     }
     if let Some(t) = spec.train.threads {
         rayon::ThreadPoolBuilder::new()

@@ -205,3 +205,95 @@ fn report_refuses_what_is_not_a_job_directory_naming_it() {
     );
     assert!(!t.path().join("report.html").exists());
 }
+
+#[test]
+fn a_job_whose_coordinator_died_resumes_from_its_directory() {
+    let t = TempDir::new().unwrap();
+    let job = JOB
+        .replace("nodes: 3000", "nodes: 12000")
+        .replace("epochs: 12", "epochs: 120")
+        .replace("output:", "workers: 2\noutput:");
+    write_job(t.path(), "job.yaml", &job);
+    let fixed = submit(t.path(), "job.yaml", &[]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    // start it again and kill the coordinator (the workers die with it) a few epochs in
+    let mut child = std::process::Command::new(physalia_tests::physalia_bin())
+        .current_dir(t.path())
+        .args(["submit", "job.yaml", "-q"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let jobs = t.path().join("jobs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let dir = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never got going"
+        );
+        let first = t.path().join(fixed["job_dir"].as_str().unwrap());
+        let newest = physalia_tests::job_dirs(&jobs)
+            .into_iter()
+            .find(|d| d.file_name() != first.file_name());
+        if let Some(d) = newest
+            && std::fs::read_to_string(d.join("metrics.jsonl"))
+                .is_ok_and(|m| m.lines().count() >= 3)
+        {
+            break d;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let recorded = metrics(&dir).len();
+    assert!(recorded < 120, "the job finished before it could be killed");
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "running");
+    let out = std::process::Command::new(physalia_tests::physalia_bin())
+        .current_dir(t.path())
+        .args([
+            "submit",
+            "--resume",
+            dir.to_str().unwrap(),
+            "-q",
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = losses(&dir);
+    let epochs: Vec<u64> = got.iter().map(|e| e.0).collect();
+    assert_eq!(
+        epochs,
+        (1..=120).collect::<Vec<_>>(),
+        "every epoch exactly once"
+    );
+    for ((e, a, _), (_, b, _)) in got.iter().zip(&want) {
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs(),
+            "epoch {e}: {a} vs uninterrupted {b}"
+        );
+    }
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
+    let events = v["scaling_events"].as_array().unwrap();
+    assert!(
+        events[0]["event"]
+            .as_str()
+            .unwrap()
+            .starts_with("resumed from"),
+        "{events:?}"
+    );
+    // nothing to resume in a directory without checkpoints
+    let out = std::process::Command::new(physalia_tests::physalia_bin())
+        .current_dir(t.path())
+        .args(["submit", "--resume", t.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a job directory"));
+}
