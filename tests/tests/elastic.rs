@@ -80,13 +80,30 @@ fn assert_same_curve(got: &[(u64, f64, usize)], want: &[(u64, f64, usize)]) {
 
 #[test]
 fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
+    rescale_like_fixed(JOB);
+}
+
+#[test]
+fn rescaling_cora_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        eprintln!("skipping: Cora not found");
+        return;
+    };
+    let job = format!(
+        "name: el\ndataset:\n  path: {}\n  row_normalize: true\nmodel: {{kind: gcn, layers: 2, hidden: 16}}\ntrain: {{epochs: 12, seed: 0}}\noutput: {{dir: jobs}}\n",
+        cora.display()
+    );
+    rescale_like_fixed(&job);
+}
+
+fn rescale_like_fixed(job: &str) {
     let t = TempDir::new().unwrap();
-    write_job(t.path(), "fixed.yaml", JOB);
+    write_job(t.path(), "fixed.yaml", job);
     write_job(t.path(), "policy.yaml", STEPS);
     write_job(
         t.path(),
         "job.yaml",
-        &format!("{JOB}scaling_file: policy.yaml\n"),
+        &format!("{job}scaling_file: policy.yaml\n"),
     );
     let fixed = submit(t.path(), "fixed.yaml", &[]);
     let elastic = submit(t.path(), "job.yaml", &[]);
