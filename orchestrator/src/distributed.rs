@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use crate::OutputFormat;
 use crate::coordinator::{Action, Coordinator, Event};
 use crate::dataset::{self, Source};
+use crate::elastic::{Elastic, Next, Stop, epoch_usd};
 use crate::jobdir::JobDir;
 use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
 use crate::spec::{ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
@@ -167,22 +168,31 @@ pub fn run(
             }))?),
             (None, None) => None,
         };
-        let mut elastic = policy.map(|policy| Elastic::new(policy, spec));
+        let mut elastic = policy.map(|policy| {
+            Elastic::new(
+                policy,
+                spec.workers,
+                spec.train.epochs,
+                submit::price_per_worker_s(),
+            )
+        });
         let mut workers_now = n;
         let mut resume_from: Option<PathBuf> = None;
         if let (Some(rp), Some(el)) = (&resume, elastic.as_mut()) {
             el.replay(&rp.lines)?;
             workers_now = rp.workers;
             resume_from = Some(rp.checkpoint.clone());
-            el.event(
+            let line = el.event(
                 rp.epoch,
                 format!(
                     "resumed from {} on {workers_now} workers",
                     rp.checkpoint.display()
                 ),
                 None,
-                quiet,
             );
+            if !quiet {
+                eprintln!("{line}");
+            }
         }
         // a resumed job's launches continue the numbering of the ones before (their logs stay)
         let mut segment = std::fs::read_dir(dir.path().join("logs"))
@@ -231,36 +241,27 @@ pub fn run(
                 }
             };
             match end {
-                SegmentEnd::Finished(c) => break el.finish(c),
+                SegmentEnd::Finished(c) => break finish(el, c),
                 SegmentEnd::Stopped { after_epoch, why } => {
-                    let ck = physalia_worker::control::checkpoint_path(
-                        &el.checkpoints(&dir),
-                        after_epoch,
-                    );
-                    resume_from = (after_epoch > 0).then_some(ck);
-                    match why {
-                        Stop::Rescale { to, rule, values } => {
-                            el.event(
-                                after_epoch,
-                                format!("workers {workers_now} -> {to}"),
-                                Some((rule, values)),
-                                quiet,
-                            );
-                            workers_now = to;
+                    let (next, line) = el.after_stop(workers_now, after_epoch, why);
+                    if let (Some(line), false) = (line, quiet) {
+                        eprintln!("{line}");
+                    }
+                    match next {
+                        Next::Relaunch {
+                            workers,
+                            resume_epoch,
+                        } => {
+                            workers_now = workers;
+                            resume_from = (resume_epoch > 0).then(|| {
+                                physalia_worker::control::checkpoint_path(
+                                    &checkpoints_dir(dir.path()),
+                                    resume_epoch,
+                                )
+                            });
                         }
-                        Stop::Lost { error } => {
-                            el.retries += 1;
-                            if el.retries > MAX_RETRIES {
-                                bail!("{error}; gave up after {MAX_RETRIES} retries");
-                            }
-                            el.event(
-                                after_epoch,
-                                format!("lost a worker ({error}); retrying epoch {} on {workers_now} workers", after_epoch + 1),
-                                None,
-                                quiet,
-                            );
-                        }
-                        Stop::Finish => break el.finish_early(spec.train.seed),
+                        Next::Finish => break finish_early(el, spec.train.seed),
+                        Next::Fail(error) => bail!(error),
                     }
                 }
             }
@@ -333,14 +334,6 @@ struct Coordinated {
     usd: f64,
 }
 
-/// What an epoch cost: each worker's wall time in it times the price.
-fn epoch_usd(by_rank: &[EpochMetrics]) -> f64 {
-    by_rank.iter().map(|m| m.train_s + m.eval_s).sum::<f64>() * submit::price_per_worker_s()
-}
-
-/// Retries of lost workers per job before it fails.
-const MAX_RETRIES: usize = 3;
-
 /// One launch of the worker set: from scratch or from a checkpoint, until the job ends or it must stop.
 struct Segment<'a> {
     index: usize,
@@ -357,192 +350,23 @@ enum SegmentEnd {
     },
 }
 
-enum Stop {
-    Rescale {
-        to: usize,
-        rule: String,
-        values: Value,
-    },
-    Lost {
-        error: String,
-    },
-    Finish,
+/// The result of an elastic job from every launch's epochs.
+fn finish(el: &Elastic, c: Coordinated) -> Coordinated {
+    Coordinated {
+        run: el.summary(c.run.seed, c.run.summary.stopped_early),
+        worker_peak_rss: c.worker_peak_rss,
+        bytes_exchanged: el.bytes,
+        usd: el.usd,
+    }
 }
 
-/// A job with a scaling policy: the policy's inputs over all segments, and what happened.
-struct Elastic {
-    policy: physalia_policies::PolicySet,
-    plan: physalia_policies::PlanState,
-    history: Vec<physalia_policies::EpochRecord>,
-    last_change: Option<u32>,
-    /// Rank 0's metrics of every completed epoch, over all segments.
-    metrics: Vec<EpochMetrics>,
-    bytes: u64,
-    usd: f64,
-    retries: usize,
-    /// One line per rescale, retry or policy stop, with its epoch.
-    events: Vec<Value>,
-}
-
-impl Elastic {
-    fn new(policy: physalia_policies::PolicySet, spec: &JobSpec) -> Elastic {
-        let mut plan = physalia_policies::PlanState::new(spec.workers);
-        plan.epochs_total = Some(spec.train.epochs);
-        Elastic {
-            policy,
-            plan,
-            history: Vec::new(),
-            last_change: None,
-            metrics: Vec::new(),
-            bytes: 0,
-            usd: 0.0,
-            retries: 0,
-            events: Vec::new(),
-        }
-    }
-
-    fn checkpoints(&self, dir: &JobDir) -> PathBuf {
-        checkpoints_dir(dir.path())
-    }
-
-    /// Takes in the recorded epochs of a job being resumed.
-    fn replay(&mut self, lines: &[Value]) -> Result<()> {
-        for line in lines {
-            let m: EpochMetrics = serde_json::from_value(line["metrics"].clone())
-                .context("metrics.jsonl: a recorded epoch does not parse")?;
-            let ranks = line["workers"].as_array().cloned().unwrap_or_default();
-            let by_rank: Vec<EpochMetrics> = if ranks.is_empty() {
-                vec![m.clone()]
-            } else {
-                ranks
-                    .iter()
-                    .map(|r| {
-                        let mut w = m.clone();
-                        w.train_s = r["train_s"].as_f64().unwrap_or(m.train_s);
-                        if let Ok(x) = serde_json::from_value(r["exchange"].clone()) {
-                            w.exchange = x;
-                        }
-                        w
-                    })
-                    .collect()
-            };
-            self.after_epoch_record(&by_rank);
-        }
-        if let Some(last) = lines.last() {
-            self.plan.workers = last["workers"].as_array().map_or(1, Vec::len) as u32;
-        }
-        Ok(())
-    }
-
-    fn event(&mut self, epoch: usize, what: String, rule: Option<(String, Value)>, quiet: bool) {
-        if !quiet {
-            eprintln!("after epoch {epoch}: {what}");
-        }
-        let mut e = json!({ "epoch": epoch, "event": what });
-        if let Some((rule, values)) = rule {
-            e["rule"] = json!(rule);
-            e["values"] = values;
-        }
-        self.events.push(e);
-    }
-
-    /// Records a completed epoch and asks the policy what to do before the next one.
-    fn after_epoch(&mut self, by_rank: &[EpochMetrics], epochs_total: usize) -> Option<Stop> {
-        self.after_epoch_record(by_rank);
-        self.decide(epochs_total)
-    }
-
-    fn after_epoch_record(&mut self, by_rank: &[EpochMetrics]) {
-        let m = &by_rank[0];
-        let bytes: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
-        let wait: f64 = by_rank
-            .iter()
-            .map(|m| {
-                let busy = (m.train_s + m.eval_s).max(1e-9);
-                ((m.exchange.halo_s + m.exchange.all_reduce_s) / busy).min(1.0)
-            })
-            .sum::<f64>()
-            / by_rank.len() as f64;
-        self.bytes += bytes;
-        self.usd += epoch_usd(by_rank);
-        self.metrics.push(m.clone());
-        self.history.push(physalia_policies::EpochRecord {
-            epoch: m.epoch as u32,
-            loss: m.loss,
-            val_acc: m.val_acc,
-            epoch_s: m.train_s + m.eval_s,
-            wait_share: wait,
-            bytes,
-            workers: by_rank.len() as u32,
-            usd_spent: self.usd,
-            throughput_per_usd: None,
-            grad_noise_scale: None,
-        });
-    }
-
-    fn decide(&mut self, epochs_total: usize) -> Option<Stop> {
-        let m = self.metrics.last()?.clone();
-        if m.epoch >= epochs_total {
-            return None;
-        }
-        let d =
-            physalia_policies::evaluate(&self.policy, &self.history, &self.plan, self.last_change);
-        let change = d.change?;
-        self.last_change = Some(m.epoch as u32);
-        use physalia_policies::Effect;
-        match &change.effect {
-            Effect::Workers { to, .. } => {
-                self.plan.workers = *to;
-                Some(Stop::Rescale {
-                    to: *to as usize,
-                    rule: change.rule.clone(),
-                    values: json!(change.values),
-                })
-            }
-            Effect::Stop => {
-                self.events
-                    .push(json!({ "epoch": m.epoch, "rule": change.rule, "event": "stop" }));
-                Some(Stop::Finish)
-            }
-            other => {
-                // exchange settings and re-planning need the planner and live exchange options: recorded, not applied
-                self.events.push(json!({
-                    "epoch": m.epoch,
-                    "rule": change.rule,
-                    "event": format!("not applied (not supported yet): {other:?}"),
-                }));
-                None
-            }
-        }
-    }
-
-    /// The job's result from every segment's epochs.
-    fn summary(&self, seed: u64, stopped_early: bool) -> RunResult {
-        let mut summary = TrainSummary::new(self.metrics.len());
-        for m in &self.metrics {
-            summary.observe(m.epoch, m.val_acc, m.test_acc);
-        }
-        summary.epochs = self.metrics.clone();
-        summary.stopped_early = stopped_early;
-        RunResult { seed, summary }
-    }
-
-    fn finish(&self, c: Coordinated) -> Coordinated {
-        Coordinated {
-            run: self.summary(c.run.seed, c.run.summary.stopped_early),
-            worker_peak_rss: c.worker_peak_rss,
-            bytes_exchanged: self.bytes,
-            usd: self.usd,
-        }
-    }
-
-    fn finish_early(&self, seed: u64) -> Coordinated {
-        Coordinated {
-            run: self.summary(seed, true),
-            worker_peak_rss: vec![],
-            bytes_exchanged: self.bytes,
-            usd: self.usd,
-        }
+/// The result of an elastic job its policy stopped.
+fn finish_early(el: &Elastic, seed: u64) -> Coordinated {
+    Coordinated {
+        run: el.summary(seed, true),
+        worker_peak_rss: vec![],
+        bytes_exchanged: el.bytes,
+        usd: el.usd,
     }
 }
 
@@ -803,7 +627,7 @@ fn coordinate(
                             .enumerate()
                             .map(|(r, m)| json!({ "rank": r, "train_s": m.train_s, "exchange": m.exchange }))
                             .collect();
-                        let cost = epoch_usd(&by_rank);
+                        let cost = epoch_usd(&by_rank, submit::price_per_worker_s());
                         usd += cost;
                         let line = json!({ "run": 0, "seed": seed, "metrics": by_rank[0], "workers": workers, "usd": cost });
                         if let Err(e) = dir.append_metrics(&line) {
@@ -958,7 +782,7 @@ fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
         layers.join(", "),
         halo,
         ar,
-        epoch_usd(by_rank)
+        epoch_usd(by_rank, submit::price_per_worker_s())
     ));
     line
 }

@@ -15,6 +15,7 @@ mod coordinator;
 mod data;
 mod dataset;
 mod distributed;
+mod elastic;
 mod jobdir;
 mod local;
 mod plan;

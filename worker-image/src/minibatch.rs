@@ -82,6 +82,14 @@ pub struct Shard<'a> {
     pub eval_sets: &'a NodeSets,
 }
 
+/// Answers a peer's request for rows by id (or refuses it).
+pub type ServeRows<'a> =
+    dyn FnMut(usize, &[u32]) -> Result<Vec<f32>, physalia_wire::WireError> + 'a;
+
+/// Layer-wise evaluation at the end of an epoch: train, validation and test accuracy.
+type Evaluate<'a> =
+    dyn FnMut(&mut Model, &mut dyn Exchange) -> Result<[Option<f64>; 3], Error> + 'a;
+
 /// The exchange a mini-batch trainer needs: all-reduce and evaluation ([`Exchange`]) plus fetching rows by id.
 pub trait Mesh: Exchange {
     fn rank(&self) -> usize;
@@ -92,7 +100,7 @@ pub trait Mesh: Exchange {
         tag: Tag,
         requests: &[Vec<u32>],
         cols: usize,
-        serve: &mut dyn FnMut(usize, &[u32]) -> Result<Vec<f32>, physalia_wire::WireError>,
+        serve: &mut ServeRows<'_>,
     ) -> Result<Vec<Vec<f32>>, ExchangeError>;
 }
 
@@ -108,7 +116,7 @@ impl Mesh for LocalExchange {
         _tag: Tag,
         requests: &[Vec<u32>],
         _cols: usize,
-        _serve: &mut dyn FnMut(usize, &[u32]) -> Result<Vec<f32>, physalia_wire::WireError>,
+        _serve: &mut ServeRows<'_>,
     ) -> Result<Vec<Vec<f32>>, ExchangeError> {
         Ok(vec![Vec::new(); requests.len()])
     }
@@ -126,7 +134,7 @@ impl<L: Link + ?Sized> Mesh for MeshExchange<'_, L> {
         tag: Tag,
         requests: &[Vec<u32>],
         cols: usize,
-        serve: &mut dyn FnMut(usize, &[u32]) -> Result<Vec<f32>, physalia_wire::WireError>,
+        serve: &mut ServeRows<'_>,
     ) -> Result<Vec<Vec<f32>>, ExchangeError> {
         let t = Instant::now();
         let out = fetch_rows(self.link_mut(), tag, requests, cols, Dtype::F32, serve)?;
@@ -269,7 +277,7 @@ pub fn train_minibatch(
             opts.prefetch,
             prepare,
             |it| {
-                for step in 0..steps {
+                for (step, &batch_size) in global_batch.iter().enumerate() {
                     let tw = Instant::now();
                     let mut p = it.next().expect("one prepared batch per step");
                     stats.sample_wait_s += tw.elapsed().as_secs_f64();
@@ -293,9 +301,8 @@ pub fn train_minibatch(
                     } else {
                         let fwd = model.forward_blocks(&p.blocks, &p.x, pass)?;
                         let rows: Vec<u32> = (0..p.seeds as u32).collect();
-                        let (l, dl) =
-                            cross_entropy(&fwd.logits, &p.labels, &rows, global_batch[step]);
-                        loss_sum += l / global_batch[step];
+                        let (l, dl) = cross_entropy(&fwd.logits, &p.labels, &rows, batch_size);
+                        loss_sum += l / batch_size;
                         model.backward_blocks(&p.blocks, fwd, dl, mesh)?
                     };
                     opt.step(&mut model.params, &grads);
@@ -350,7 +357,7 @@ impl EpochDone {
         mesh: &mut dyn Exchange,
         model: &mut Model,
         tc: &TrainConfig,
-        evaluate: &mut dyn FnMut(&mut Model, &mut dyn Exchange) -> Result<[Option<f64>; 3], Error>,
+        evaluate: &mut Evaluate<'_>,
         summary: &mut TrainSummary,
         since_best: &mut usize,
         on_epoch: &mut dyn FnMut(&EpochMetrics),
@@ -379,7 +386,7 @@ impl EpochDone {
             exchange: Default::default(),
             batches: Some(self.stats),
         };
-        if epoch % tc.eval_every.max(1) == 0 || epoch == tc.epochs {
+        if epoch.is_multiple_of(tc.eval_every.max(1)) || epoch == tc.epochs {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, mesh)?;
             m.eval_s = t1.elapsed().as_secs_f64();

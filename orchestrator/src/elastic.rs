@@ -1,0 +1,569 @@
+//! Elastic jobs, without IO: the scaling policy's view of the epochs so far, its decisions after each
+//! epoch, and what to launch after a launch stopped (a resize, a lost worker, or the policy's stop). The
+//! coordinator (`distributed.rs`) feeds it real epochs; the simulation below feeds it a fake cluster in
+//! virtual time.
+
+use anyhow::{Context, Result};
+use physalia_gnn::{EpochMetrics, TrainSummary};
+use serde_json::{Value, json};
+
+use crate::submit::RunResult;
+
+/// What an epoch cost: each worker's wall time in it times the price per worker-second.
+pub(crate) fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f64 {
+    by_rank.iter().map(|m| m.train_s + m.eval_s).sum::<f64>() * price_per_worker_s
+}
+
+/// Retries in a row (without an epoch completing in between) before a job fails.
+pub(crate) const MAX_RETRIES: usize = 3;
+
+/// Why every worker of a launch was stopped after an epoch.
+pub(crate) enum Stop {
+    Rescale {
+        to: usize,
+        rule: String,
+        values: Value,
+    },
+    Lost {
+        error: String,
+    },
+    Finish,
+}
+
+/// A job with a scaling policy: the policy's inputs over all segments, and what happened.
+pub(crate) struct Elastic {
+    policy: physalia_policies::PolicySet,
+    plan: physalia_policies::PlanState,
+    history: Vec<physalia_policies::EpochRecord>,
+    last_change: Option<u32>,
+    /// Rank 0's metrics of every completed epoch, over all segments.
+    metrics: Vec<EpochMetrics>,
+    pub(crate) bytes: u64,
+    pub(crate) usd: f64,
+    price_per_worker_s: f64,
+    retries: usize,
+    /// One line per rescale, retry or policy stop, with its epoch.
+    pub(crate) events: Vec<Value>,
+}
+
+/// What to do after a launch stopped.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Next {
+    /// Launch `workers` workers from the checkpoint of `resume_epoch` (0: from scratch).
+    Relaunch { workers: usize, resume_epoch: usize },
+    /// The policy stopped the job: it ends with the epochs so far.
+    Finish,
+    /// Too many retries.
+    Fail(String),
+}
+
+impl Elastic {
+    pub(crate) fn new(
+        policy: physalia_policies::PolicySet,
+        workers: u32,
+        epochs: u32,
+        price_per_worker_s: f64,
+    ) -> Elastic {
+        let mut plan = physalia_policies::PlanState::new(workers);
+        plan.epochs_total = Some(epochs);
+        Elastic {
+            policy,
+            plan,
+            history: Vec::new(),
+            last_change: None,
+            metrics: Vec::new(),
+            bytes: 0,
+            usd: 0.0,
+            price_per_worker_s,
+            retries: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// Takes in the recorded epochs of a job being resumed.
+    pub(crate) fn replay(&mut self, lines: &[Value]) -> Result<()> {
+        for line in lines {
+            let m: EpochMetrics = serde_json::from_value(line["metrics"].clone())
+                .context("metrics.jsonl: a recorded epoch does not parse")?;
+            let ranks = line["workers"].as_array().cloned().unwrap_or_default();
+            let by_rank: Vec<EpochMetrics> = if ranks.is_empty() {
+                vec![m.clone()]
+            } else {
+                ranks
+                    .iter()
+                    .map(|r| {
+                        let mut w = m.clone();
+                        w.train_s = r["train_s"].as_f64().unwrap_or(m.train_s);
+                        if let Ok(x) = serde_json::from_value(r["exchange"].clone()) {
+                            w.exchange = x;
+                        }
+                        w
+                    })
+                    .collect()
+            };
+            self.after_epoch_record(&by_rank);
+        }
+        if let Some(last) = lines.last() {
+            self.plan.workers = last["workers"].as_array().map_or(1, Vec::len) as u32;
+        }
+        Ok(())
+    }
+
+    /// Records an event; returns its line for the terminal.
+    pub(crate) fn event(
+        &mut self,
+        epoch: usize,
+        what: String,
+        rule: Option<(String, Value)>,
+    ) -> String {
+        let line = format!("after epoch {epoch}: {what}");
+        let mut e = json!({ "epoch": epoch, "event": what });
+        if let Some((rule, values)) = rule {
+            e["rule"] = json!(rule);
+            e["values"] = values;
+        }
+        self.events.push(e);
+        line
+    }
+
+    /// Records a completed epoch and asks the policy what to do before the next one.
+    pub(crate) fn after_epoch(
+        &mut self,
+        by_rank: &[EpochMetrics],
+        epochs_total: usize,
+    ) -> Option<Stop> {
+        self.after_epoch_record(by_rank);
+        self.decide(epochs_total)
+    }
+
+    fn after_epoch_record(&mut self, by_rank: &[EpochMetrics]) {
+        self.retries = 0;
+        let m = &by_rank[0];
+        let bytes: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
+        let wait: f64 = by_rank
+            .iter()
+            .map(|m| {
+                let busy = (m.train_s + m.eval_s).max(1e-9);
+                ((m.exchange.halo_s + m.exchange.all_reduce_s) / busy).min(1.0)
+            })
+            .sum::<f64>()
+            / by_rank.len() as f64;
+        self.bytes += bytes;
+        self.usd += epoch_usd(by_rank, self.price_per_worker_s);
+        self.metrics.push(m.clone());
+        self.history.push(physalia_policies::EpochRecord {
+            epoch: m.epoch as u32,
+            loss: m.loss,
+            val_acc: m.val_acc,
+            epoch_s: m.train_s + m.eval_s,
+            wait_share: wait,
+            bytes,
+            workers: by_rank.len() as u32,
+            usd_spent: self.usd,
+            throughput_per_usd: None,
+            grad_noise_scale: None,
+        });
+    }
+
+    fn decide(&mut self, epochs_total: usize) -> Option<Stop> {
+        let m = self.metrics.last()?.clone();
+        if m.epoch >= epochs_total {
+            return None;
+        }
+        let d =
+            physalia_policies::evaluate(&self.policy, &self.history, &self.plan, self.last_change);
+        let change = d.change?;
+        self.last_change = Some(m.epoch as u32);
+        use physalia_policies::Effect;
+        match &change.effect {
+            Effect::Workers { to, .. } => {
+                self.plan.workers = *to;
+                Some(Stop::Rescale {
+                    to: *to as usize,
+                    rule: change.rule.clone(),
+                    values: json!(change.values),
+                })
+            }
+            Effect::Stop => {
+                self.events
+                    .push(json!({ "epoch": m.epoch, "rule": change.rule, "event": "stop" }));
+                Some(Stop::Finish)
+            }
+            other => {
+                // exchange settings and re-planning need the planner and live exchange options: recorded, not applied
+                self.events.push(json!({
+                    "epoch": m.epoch,
+                    "rule": change.rule,
+                    "event": format!("not applied (not supported yet): {other:?}"),
+                }));
+                None
+            }
+        }
+    }
+
+    /// The job's result from every segment's epochs.
+    pub(crate) fn summary(&self, seed: u64, stopped_early: bool) -> RunResult {
+        let mut summary = TrainSummary::new(self.metrics.len());
+        for m in &self.metrics {
+            summary.observe(m.epoch, m.val_acc, m.test_acc);
+        }
+        summary.epochs = self.metrics.clone();
+        summary.stopped_early = stopped_early;
+        RunResult { seed, summary }
+    }
+
+    /// After a launch stopped after `after_epoch` for `why`: the next launch, the end, or failure.
+    /// `workers` is the size of the launch that stopped; returns the line to print, if any.
+    pub(crate) fn after_stop(
+        &mut self,
+        workers: usize,
+        after_epoch: usize,
+        why: Stop,
+    ) -> (Next, Option<String>) {
+        match why {
+            Stop::Rescale { to, rule, values } => {
+                let line = self.event(
+                    after_epoch,
+                    format!("workers {workers} -> {to}"),
+                    Some((rule, values)),
+                );
+                (
+                    Next::Relaunch {
+                        workers: to,
+                        resume_epoch: after_epoch,
+                    },
+                    Some(line),
+                )
+            }
+            Stop::Lost { error } => {
+                self.retries += 1;
+                if self.retries > MAX_RETRIES {
+                    return (
+                        Next::Fail(format!(
+                            "{error}; gave up after {MAX_RETRIES} retries in a row"
+                        )),
+                        None,
+                    );
+                }
+                let line = self.event(
+                    after_epoch,
+                    format!(
+                        "lost a worker ({error}); retrying epoch {} on {workers} workers",
+                        after_epoch + 1
+                    ),
+                    None,
+                );
+                (
+                    Next::Relaunch {
+                        workers,
+                        resume_epoch: after_epoch,
+                    },
+                    Some(line),
+                )
+            }
+            Stop::Finish => (Next::Finish, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod simulation {
+    //! A simulated cluster in virtual time: the real policy evaluation and relaunch logic against a fake
+    //! backend with cold starts and seeded worker loss. Training is exact, so an epoch's metrics are a
+    //! function of the epoch alone (any worker count, any retry), as on the real engine.
+
+    use physalia_gnn::rng::Stream;
+    use physalia_policies::PolicySet;
+
+    use super::*;
+
+    /// The fake backend: cold start, compute shared by the workers plus a per-worker exchange cost, and a
+    /// seeded chance that some worker dies during an epoch.
+    struct Cluster {
+        rng: Stream,
+        draws: u64,
+        cold_start_s: f64,
+        loss_rate: f64,
+    }
+
+    impl Cluster {
+        fn lost(&mut self) -> bool {
+            self.draws += 1;
+            self.rng.uniform(self.draws) < self.loss_rate as f32
+        }
+    }
+
+    fn epoch_metrics(epoch: usize, workers: usize) -> Vec<EpochMetrics> {
+        // a loss that flattens out, so plateau rules fire; exactness: independent of `workers`
+        let loss = 0.3 + 0.7 * (-(epoch as f64) / 5.0).exp();
+        (0..workers)
+            .map(|_| {
+                let mut m = EpochMetrics {
+                    epoch,
+                    loss,
+                    train_acc: None,
+                    val_acc: Some(1.0 - loss / 2.0),
+                    test_acc: Some(1.0 - loss / 2.0),
+                    train_s: 8.0 / workers as f64 + 0.3 * workers as f64,
+                    eval_s: 0.1,
+                    exchange: Default::default(),
+                    batches: None,
+                };
+                m.exchange.bytes_sent = 1_000_000 * (workers as u64 - 1);
+                m.exchange.halo_s = 0.05 * workers as f64;
+                m
+            })
+            .collect()
+    }
+
+    struct Trace {
+        /// Workers of every recorded epoch, in epoch order.
+        workers: Vec<usize>,
+        /// Epochs whose worker count changed, with the rule's cooldown.
+        changes: Vec<usize>,
+        retries: usize,
+        /// Every epoch as trained (retried epochs appear more than once), and the virtual time at the end.
+        attempts: Vec<usize>,
+        clock_s: f64,
+        decisions: Vec<Value>,
+    }
+
+    /// Runs `epochs` epochs of a job starting at `workers` under `policy` on the fake cluster.
+    #[allow(clippy::mut_range_bound)] // a relaunch restarts the epoch loop at its checkpoint
+    fn simulate(
+        policy: &PolicySet,
+        workers: usize,
+        epochs: usize,
+        seed: u64,
+        loss_rate: f64,
+    ) -> Trace {
+        let mut el = Elastic::new(policy.clone(), workers as u32, epochs as u32, 0.0);
+        let mut cluster = Cluster {
+            rng: Stream::new(seed, &[]),
+            draws: 0,
+            cold_start_s: 30.0,
+            loss_rate,
+        };
+        let (mut n, mut next_epoch) = (workers, 1usize);
+        let mut trace = Trace {
+            workers: vec![],
+            changes: vec![],
+            retries: 0,
+            attempts: vec![],
+            clock_s: 0.0,
+            decisions: vec![],
+        };
+        'launches: loop {
+            trace.clock_s += cluster.cold_start_s;
+            for epoch in next_epoch..=epochs {
+                trace.attempts.push(epoch);
+                let by_rank = epoch_metrics(epoch, n);
+                trace.clock_s += by_rank[0].train_s + by_rank[0].eval_s;
+                let stop = if cluster.lost() {
+                    Some(Stop::Lost {
+                        error: format!("worker {} exited with signal 9", epoch % n),
+                    })
+                } else {
+                    trace.workers.push(n);
+                    el.after_epoch(&by_rank, epochs)
+                };
+                let Some(why) = stop else { continue };
+                let after = if matches!(why, Stop::Lost { .. }) {
+                    epoch - 1
+                } else {
+                    epoch
+                };
+                let changed = matches!(why, Stop::Rescale { .. });
+                match el.after_stop(n, after, why) {
+                    (
+                        Next::Relaunch {
+                            workers,
+                            resume_epoch,
+                        },
+                        _,
+                    ) => {
+                        if changed {
+                            trace.changes.push(after);
+                        } else {
+                            trace.retries += 1;
+                        }
+                        n = workers;
+                        next_epoch = resume_epoch + 1;
+                        continue 'launches;
+                    }
+                    (Next::Finish, _) => break 'launches,
+                    (Next::Fail(e), _) => panic!("{e}"),
+                }
+            }
+            break;
+        }
+        trace.decisions = el.events.clone();
+        trace
+    }
+
+    fn policy(name: &str) -> PolicySet {
+        let text = match name {
+            "double-on-plateau" => include_str!("../../examples/policies/double-on-plateau.yaml"),
+            "shrink-when-waiting" => {
+                include_str!("../../examples/policies/shrink-when-waiting.yaml")
+            }
+            "grow-with-noise-scale" => {
+                include_str!("../../examples/policies/grow-with-noise-scale.yaml")
+            }
+            "budget" => include_str!("../../examples/policies/budget.yaml"),
+            other => panic!("no example policy {other}"),
+        };
+        physalia_policies::parse_str(text, name).unwrap()
+    }
+
+    #[test]
+    fn example_policies_keep_their_invariants_on_a_lossy_cluster() {
+        for name in [
+            "double-on-plateau",
+            "shrink-when-waiting",
+            "grow-with-noise-scale",
+            "budget",
+        ] {
+            let p = policy(name);
+            for seed in 0..20 {
+                let start = p.min_workers.max(1) as usize;
+                let t = simulate(&p, start, 40, seed, 0.04);
+                let what = format!("{name} seed {seed}");
+                // worker count within bounds at every epoch
+                for &w in &t.workers {
+                    assert!(
+                        (p.min_workers as usize..=p.max_workers as usize).contains(&w),
+                        "{what}: {w} workers outside {}..{}",
+                        p.min_workers,
+                        p.max_workers
+                    );
+                }
+                // no two changes within the cooldown (the shortest of the policy's and its rules')
+                let cooldown = p
+                    .rules
+                    .iter()
+                    .filter_map(|r| r.cooldown_epochs)
+                    .chain([p.cooldown_epochs])
+                    .min()
+                    .unwrap() as usize;
+                for pair in t.changes.windows(2) {
+                    assert!(
+                        pair[1] - pair[0] >= cooldown,
+                        "{what}: changes after epochs {pair:?} within a cooldown of {cooldown}"
+                    );
+                }
+                // every epoch recorded exactly once, in order, however often it was attempted; all 40
+                // unless the policy stopped the job
+                let recorded = t.workers.len();
+                let stopped = t.decisions.iter().any(|d| d["event"] == "stop");
+                assert!(
+                    recorded == 40 || (stopped && recorded < 40),
+                    "{what}: {recorded} epochs"
+                );
+                assert_eq!(
+                    (1..=recorded).collect::<Vec<_>>(),
+                    {
+                        let mut v = t.attempts.clone();
+                        v.sort();
+                        v.dedup();
+                        v.truncate(recorded);
+                        v
+                    },
+                    "{what}: recorded epochs are not 1..={recorded}"
+                );
+                assert_eq!(
+                    t.attempts.len() - recorded,
+                    t.retries,
+                    "{what}: one extra attempt per retry"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_failure_replays_from_its_seed() {
+        let p = policy("double-on-plateau");
+        let a = simulate(&p, 1, 40, 7, 0.08);
+        let b = simulate(&p, 1, 40, 7, 0.08);
+        assert!(a.retries > 0, "seed 7 loses no worker: pick another");
+        assert_eq!(a.workers, b.workers);
+        assert_eq!(a.attempts, b.attempts);
+        assert_eq!(a.decisions, b.decisions);
+        assert_eq!(a.clock_s, b.clock_s);
+        let c = simulate(&p, 1, 40, 8, 0.08);
+        assert_ne!(
+            a.attempts, c.attempts,
+            "another seed, another failure pattern"
+        );
+    }
+
+    #[test]
+    fn the_plateau_policy_grows_and_cold_starts_cost_virtual_time() {
+        let p = policy("double-on-plateau");
+        let t = simulate(&p, 1, 40, 0, 0.0);
+        assert_eq!(t.retries, 0);
+        assert!(
+            !t.changes.is_empty(),
+            "the plateau policy never fired: {:?}",
+            t.decisions
+        );
+        assert!(t.workers.last() > t.workers.first(), "{:?}", t.workers);
+        let launches = 1 + t.changes.len();
+        assert!(
+            t.clock_s >= launches as f64 * 30.0,
+            "each launch pays its cold start"
+        );
+        // the recorded decisions name the rule that fired
+        assert!(
+            t.decisions
+                .iter()
+                .all(|d| d["rule"].is_string() || d["event"].is_string())
+        );
+    }
+
+    #[test]
+    fn too_many_losses_fail_the_job_with_the_cause() {
+        let p = policy("double-on-plateau");
+        let mut el = Elastic::new(p, 1, 10, 0.0);
+        for i in 0..MAX_RETRIES {
+            let (next, line) = el.after_stop(
+                2,
+                3,
+                Stop::Lost {
+                    error: format!("loss {i}"),
+                },
+            );
+            assert_eq!(
+                next,
+                Next::Relaunch {
+                    workers: 2,
+                    resume_epoch: 3
+                }
+            );
+            assert!(line.unwrap().contains("retrying epoch 4"));
+        }
+        let (next, _) = el.after_stop(
+            2,
+            3,
+            Stop::Lost {
+                error: "worker 1 exited".into(),
+            },
+        );
+        assert_eq!(
+            next,
+            Next::Fail(format!(
+                "worker 1 exited; gave up after {MAX_RETRIES} retries in a row"
+            ))
+        );
+        // a completed epoch resets the count
+        let mut el = Elastic::new(policy("double-on-plateau"), 1, 10, 0.0);
+        for _ in 0..MAX_RETRIES {
+            el.after_stop(1, 0, Stop::Lost { error: "x".into() });
+        }
+        el.after_epoch(&epoch_metrics(1, 1), 10);
+        for _ in 0..MAX_RETRIES {
+            let (next, _) = el.after_stop(1, 1, Stop::Lost { error: "x".into() });
+            assert!(matches!(next, Next::Relaunch { .. }), "{next:?}");
+        }
+    }
+}
