@@ -169,12 +169,14 @@ pub fn run(
             (None, None) => None,
         };
         let mut elastic = policy.map(|policy| {
+            let x = spec.exchange.clone().unwrap_or_default();
             Elastic::new(
                 policy,
                 spec.workers,
                 spec.train.epochs,
                 submit::price_per_worker_s(),
             )
+            .with_exchange(x.boundary_sampling, x.staleness)
         });
         let mut workers_now = n;
         let mut resume_from: Option<PathBuf> = None;
@@ -589,7 +591,15 @@ fn coordinate(
                                 model: cfg.clone(),
                                 train: tc.clone(),
                                 seed,
-                                exchange: exchange_options(spec),
+                                exchange: {
+                                    let mut x = exchange_options(spec);
+                                    if let Some(el) = seg.elastic.as_deref() {
+                                        let (p, staleness) = el.exchange();
+                                        x.boundary_sampling = p as f32;
+                                        x.staleness_epochs = staleness;
+                                    }
+                                    x
+                                },
                                 row_normalize: spec.dataset.row_normalize,
                                 model_out: (rank == 0)
                                     .then(|| dir.path().join("model.safetensors")),
@@ -670,6 +680,7 @@ fn coordinate(
                     format!("rescaling to {to} workers (rule {rule})")
                 }
                 Stop::Lost { error } => format!("retrying after: {error}"),
+                Stop::Reconfigure { what, .. } => format!("relaunching with {what}"),
                 Stop::Finish => "the scaling policy stopped the job".into(),
             };
             log.line(&format!(

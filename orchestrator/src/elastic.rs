@@ -27,6 +27,12 @@ pub(crate) enum Stop {
     Lost {
         error: String,
     },
+    /// Same workers, other exchange settings (the plan's boundary sampling and staleness).
+    Reconfigure {
+        what: String,
+        rule: String,
+        values: Value,
+    },
     Finish,
 }
 
@@ -189,8 +195,24 @@ impl Elastic {
                     .push(json!({ "epoch": m.epoch, "rule": change.rule, "event": "stop" }));
                 Some(Stop::Finish)
             }
+            Effect::BoundarySampling { from, to } => {
+                self.plan.boundary_sampling = *to;
+                Some(Stop::Reconfigure {
+                    what: format!("boundary sampling {from} -> {to}"),
+                    rule: change.rule.clone(),
+                    values: json!(change.values),
+                })
+            }
+            Effect::Staleness { from, to } => {
+                self.plan.staleness = *to;
+                Some(Stop::Reconfigure {
+                    what: format!("staleness {from} -> {to} epochs"),
+                    rule: change.rule.clone(),
+                    values: json!(change.values),
+                })
+            }
             other => {
-                // exchange settings and re-planning need the planner and live exchange options: recorded, not applied
+                // re-planning needs `submit` to consult the planner: recorded, not applied
                 self.events.push(json!({
                     "epoch": m.epoch,
                     "rule": change.rule,
@@ -261,8 +283,30 @@ impl Elastic {
                     Some(line),
                 )
             }
+            Stop::Reconfigure { what, rule, values } => {
+                let line = self.event(after_epoch, what, Some((rule, values)));
+                (
+                    Next::Relaunch {
+                        workers,
+                        resume_epoch: after_epoch,
+                    },
+                    Some(line),
+                )
+            }
             Stop::Finish => (Next::Finish, None),
         }
+    }
+
+    /// Starts from the job's exchange settings.
+    pub(crate) fn with_exchange(mut self, boundary_sampling: f64, staleness: u32) -> Elastic {
+        self.plan.boundary_sampling = boundary_sampling;
+        self.plan.staleness = staleness;
+        self
+    }
+
+    /// The exchange settings the policy has chosen so far: boundary sampling rate and staleness.
+    pub(crate) fn exchange(&self) -> (f64, u32) {
+        (self.plan.boundary_sampling, self.plan.staleness)
     }
 }
 

@@ -314,3 +314,40 @@ fn a_job_whose_coordinator_died_resumes_from_its_directory() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a job directory"));
 }
+
+#[test]
+fn policies_change_boundary_sampling_and_staleness_between_epochs() {
+    let t = TempDir::new().unwrap();
+    let two = JOB.replace("output:", "workers: 2\noutput:");
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 2\nmax_workers: 2\ncooldown_epochs: 0\nrules:\n  - name: sample\n    when: epoch == 4\n    then: {boundary_sampling: 0.25}\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{two}scaling_file: policy.yaml\n"),
+    );
+    let v = submit(t.path(), "job.yaml", &[]);
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let bytes: Vec<u64> = metrics(&dir)
+        .iter()
+        .map(|m| {
+            m["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["exchange"]["bytes_sent"].as_u64().unwrap())
+                .sum()
+        })
+        .collect();
+    assert_eq!(bytes.len(), 12);
+    // epochs 2-4 exchange every boundary row; from epoch 6 (after the relaunch's first epoch) a quarter
+    let before = bytes[3] as f64;
+    let after = bytes[6] as f64;
+    assert!(after < 0.5 * before, "bytes per epoch {bytes:?}");
+    let events = v["scaling_events"].as_array().unwrap();
+    assert_eq!(events[0]["event"], "boundary sampling 1 -> 0.25");
+    assert_eq!(events[0]["rule"], "sample");
+}
