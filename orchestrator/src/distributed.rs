@@ -204,6 +204,7 @@ pub fn run(
                     .count()
             })
             .unwrap_or(0);
+        let mut prewarmed: Option<Launch> = None;
         let runs = loop {
             // replica groups keep their k; otherwise the partitioning follows the worker count
             let k = if matches!(spec.parallelism, ParallelismSpec::Groups(_)) {
@@ -231,6 +232,7 @@ pub fn run(
                     index: segment,
                     resume_from: resume_from.as_deref(),
                     elastic: elastic.as_mut(),
+                    prewarmed: prewarmed.take(),
                 },
             )?;
             segment += 1;
@@ -244,7 +246,12 @@ pub fn run(
             };
             match end {
                 SegmentEnd::Finished(c) => break finish(el, c),
-                SegmentEnd::Stopped { after_epoch, why } => {
+                SegmentEnd::Stopped {
+                    after_epoch,
+                    why,
+                    prewarmed: warm,
+                } => {
+                    prewarmed = warm;
                     let (next, line) = el.after_stop(workers_now, after_epoch, why);
                     if let (Some(line), false) = (line, quiet) {
                         eprintln!("{line}");
@@ -341,14 +348,95 @@ struct Segment<'a> {
     index: usize,
     resume_from: Option<&'a Path>,
     elastic: Option<&'a mut Elastic>,
+    /// Workers started ahead of this launch (a policy's `prewarm`), used when their count is right.
+    prewarmed: Option<Launch>,
+}
+
+/// Started worker processes with their job CA and control endpoint, registering or registered.
+struct Launch {
+    index: usize,
+    n: usize,
+    server: ControlServer,
+    workers: LocalWorkers,
+    started: Instant,
+}
+
+impl Launch {
+    /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the processes.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        spec: &JobSpec,
+        name: &str,
+        dir: &Path,
+        n: usize,
+        index: usize,
+        binary: &Path,
+        register_timeout: Duration,
+    ) -> Result<Launch> {
+        // The job id names the CA and keys frames: the job directory's name is unique per submission.
+        let job_id = dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| name.into());
+        let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
+        // every launch has its own CA and keys: launch 0 in secrets/, later ones in secrets/launch-<i>/
+        let secrets = match index {
+            0 => dir.join("secrets"),
+            i => dir.join("secrets").join(format!("launch-{i}")),
+        };
+        for rank in 0..n {
+            let d = secrets.join(worker_name(rank));
+            if d.exists() {
+                // left by an earlier run of this job directory (a resumed job)
+                std::fs::remove_dir_all(&d)
+                    .with_context(|| format!("removing the stale {}", d.display()))?;
+            }
+            write_identity(&d, &ca.identity(&worker_name(rank))?)?;
+        }
+        let server = ControlServer::bind(
+            &ca.identity(COORDINATOR_NAME)?,
+            ca.job_key(),
+            n,
+            "127.0.0.1:0".parse::<SocketAddr>()?,
+            register_timeout,
+        )
+        .context("binding the coordinator's control endpoint")?;
+        let cores = std::thread::available_parallelism()
+            .map(|c| c.get())
+            .unwrap_or(1);
+        let threads = spec
+            .train
+            .threads
+            .map(|t| t as usize)
+            .unwrap_or((cores / n).max(1));
+        let workers = LocalWorkers::spawn(&WorkerLaunch {
+            binary,
+            job_id: &job_id,
+            coordinator: server.local_addr(),
+            world: n,
+            secrets_root: &secrets,
+            logs: &dir.join("logs"),
+            threads,
+            segment: index,
+        })?;
+        Ok(Launch {
+            index,
+            n,
+            server,
+            workers,
+            started: Instant::now(),
+        })
+    }
 }
 
 enum SegmentEnd {
     Finished(Coordinated),
     /// Every worker was stopped after epoch `after_epoch` (all of its reports in, its checkpoint written).
+    /// `prewarmed`: workers started for the next launch during this one.
     Stopped {
         after_epoch: usize,
         why: Stop,
+        prewarmed: Option<Launch>,
     },
 }
 
@@ -419,23 +507,6 @@ fn coordinate(
         Duration::from_secs_f64(timeouts.register_s),
         Duration::from_secs_f64(timeouts.epoch_s),
     );
-    // The job id names the CA and keys frames: the job directory's name is unique per submission.
-    let job_id = dir
-        .path()
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| name.into());
-    let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
-    let secrets = dir.path().join("secrets");
-    if secrets.exists() {
-        // every launch has its own CA; the previous workers are gone, and so are their keys
-        std::fs::remove_dir_all(&secrets)
-            .with_context(|| format!("removing the previous launch's {}", secrets.display()))?;
-    }
-    for rank in 0..n {
-        let id = ca.identity(&worker_name(rank))?;
-        write_identity(&secrets.join(worker_name(rank)), &id)?;
-    }
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let mut log = CoordLog(
@@ -454,32 +525,37 @@ fn coordinate(
                 .unwrap_or("scratch".into())
         ));
     }
-    let server = ControlServer::bind(
-        &ca.identity(COORDINATOR_NAME)?,
-        ca.job_key(),
-        n,
-        "127.0.0.1:0".parse::<SocketAddr>()?,
-        register_timeout,
-    )
-    .context("binding the coordinator's control endpoint")?;
-    let cores = std::thread::available_parallelism()
-        .map(|c| c.get())
-        .unwrap_or(1);
-    let threads = spec
-        .train
-        .threads
-        .map(|t| t as usize)
-        .unwrap_or((cores / n).max(1));
-    let mut workers = LocalWorkers::spawn(&WorkerLaunch {
-        binary,
-        job_id: &job_id,
-        coordinator: server.local_addr(),
-        world: n,
-        secrets_root: &secrets,
-        logs: &logs,
-        threads,
-        segment: seg.index,
-    })?;
+    let launched = match seg.prewarmed.take() {
+        Some(l) if l.n == n && l.index == seg.index => {
+            log.line(&format!(
+                "using the {n} workers prewarmed {:.2} s ago",
+                l.started.elapsed().as_secs_f64()
+            ));
+            l
+        }
+        other => {
+            if let Some(l) = other {
+                log.line(&format!(
+                    "discarding {} prewarmed workers: {n} are needed",
+                    l.n
+                ));
+            }
+            Launch::start(
+                spec,
+                name,
+                dir.path(),
+                n,
+                seg.index,
+                binary,
+                register_timeout,
+            )?
+        }
+    };
+    let Launch {
+        server,
+        mut workers,
+        ..
+    } = launched;
     let mut coord = Coordinator::new(n, register_timeout, epoch_timeout, Instant::now());
     for (rank, pid) in workers.pids().into_iter().enumerate() {
         if let Some(pid) = pid {
@@ -512,6 +588,7 @@ fn coordinate(
     };
     let mut last_complete = start_epoch;
     let mut stop_now: Option<Stop> = None;
+    let mut prewarmed: Option<Launch> = None;
     // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume` start there
     let checkpoint_dir = if spec.mode() == Parallelism::Partition {
         let d = checkpoints_dir(dir.path());
@@ -647,6 +724,22 @@ fn coordinate(
                             && stop_now.is_none()
                         {
                             stop_now = el.after_epoch(&by_rank, tc.epochs);
+                            // the policy expects to grow soon: start the next launch's workers now, so
+                            // their cold start overlaps this launch's epochs
+                            if let (None, None, Some(m)) =
+                                (&stop_now, &prewarmed, el.prewarm_target())
+                            {
+                                log.line(&format!("prewarming {m} workers after epoch {epoch}"));
+                                prewarmed = Some(Launch::start(
+                                    spec,
+                                    name,
+                                    dir.path(),
+                                    m,
+                                    seg.index + 1,
+                                    binary,
+                                    register_timeout,
+                                )?);
+                            }
                         }
                         // older checkpoints are no longer needed
                         if let Some(d) = &checkpoint_dir
@@ -699,6 +792,7 @@ fn coordinate(
             return Ok(SegmentEnd::Stopped {
                 after_epoch: last_complete,
                 why,
+                prewarmed,
             });
         }
     };

@@ -50,6 +50,8 @@ pub(crate) struct Elastic {
     retries: usize,
     /// One line per rescale, retry or policy stop, with its epoch.
     pub(crate) events: Vec<Value>,
+    /// Spare workers the policy's `prewarm` asked for after the last epoch.
+    prewarm: u32,
 }
 
 /// What to do after a launch stopped.
@@ -82,6 +84,7 @@ impl Elastic {
             usd: 0.0,
             price_per_worker_s,
             retries: 0,
+            prewarm: 0,
             events: Vec::new(),
         }
     }
@@ -178,6 +181,7 @@ impl Elastic {
         }
         let d =
             physalia_policies::evaluate(&self.policy, &self.history, &self.plan, self.last_change);
+        self.prewarm = d.prewarm_workers;
         let change = d.change?;
         self.last_change = Some(m.epoch as u32);
         use physalia_policies::Effect;
@@ -295,6 +299,12 @@ impl Elastic {
             }
             Stop::Finish => (Next::Finish, None),
         }
+    }
+
+    /// The size of the next launch to start early, when the policy's `prewarm` expects a scale-up: the
+    /// current workers plus the spares it asked for.
+    pub(crate) fn prewarm_target(&self) -> Option<usize> {
+        (self.prewarm > 0).then(|| (self.plan.workers + self.prewarm) as usize)
     }
 
     /// Starts from the job's exchange settings.

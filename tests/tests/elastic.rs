@@ -351,3 +351,37 @@ fn policies_change_boundary_sampling_and_staleness_between_epochs() {
     assert_eq!(events[0]["event"], "boundary sampling 1 -> 0.25");
     assert_eq!(events[0]["rule"], "sample");
 }
+
+#[test]
+fn prewarmed_workers_take_over_at_the_rescale() {
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "fixed.yaml", JOB);
+    // one spare is started after epoch 2; the rule grows to 2 after epoch 3 and uses it. A second
+    // prewarm (after epoch 5, for 3 workers) does not match the next change (to 4) and is discarded.
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 1\nmax_workers: 4\ncooldown_epochs: 0\nprewarm:\n  when: epoch == 2 || epoch == 5\n  workers: 1\nrules:\n  - name: two\n    when: epoch == 3\n    then: {set_workers: 2}\n  - name: four\n    when: epoch == 6\n    then: {set_workers: 4}\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{JOB}scaling_file: policy.yaml\n"),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(t.path(), "job.yaml", &[]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_same_curve(&got, &want);
+    let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
+    assert_eq!(workers, [1, 1, 1, 2, 2, 2, 4, 4, 4, 4, 4, 4]);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(log.contains("prewarming 2 workers after epoch 2"), "{log}");
+    assert!(log.contains("using the 2 workers prewarmed"), "{log}");
+    assert!(log.contains("prewarming 3 workers after epoch 5"), "{log}");
+    assert!(
+        log.contains("discarding 3 prewarmed workers: 4 are needed"),
+        "{log}"
+    );
+}
