@@ -140,3 +140,85 @@ fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
         assumptions: Default::default(),
     })
 }
+
+/// With a `goal:` section, `submit` runs what the planner chooses on the job's backend: the mode, the
+/// worker count (parts and replicas), the exchange options and the data-parallel cache. Returns the
+/// adjusted job and one line saying what was chosen.
+pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
+    use crate::spec::{
+        ExchangeDtype, ExchangeSpec, GroupsSpec, MiniBatchSpec, Parallelism, ParallelismSpec,
+    };
+    use physalia_planner::{Mode, RowDtype};
+    let Some(goal) = &spec.goal else {
+        return Ok(None);
+    };
+    let source = dataset::load(&spec.dataset)?;
+    let mut req = request(spec, &source)?;
+    drop(source);
+    // only the backend the job runs on
+    let backend = serde_json::to_value(spec.backend)?;
+    req.constraints.backends = vec![serde_json::from_value(backend).context("backend")?];
+    let name = req.constraints.backends[0].as_str();
+    if !goal.backends.is_empty() && !goal.backends.iter().any(|b| b == name) {
+        anyhow::bail!(
+            "goal.backends {:?} does not include the job's backend `{name}`; submit runs on `backend:`",
+            goal.backends
+        );
+    }
+    let plan = physalia_planner::plan(&req, &Catalog::builtin(), None)?;
+    let c = &plan.chosen.candidate;
+    let mut out = spec.clone();
+    out.workers = c.workers;
+    let mode = match c.mode {
+        Mode::Partition => Parallelism::Partition,
+        Mode::Data => Parallelism::Data,
+        Mode::Model => Parallelism::Model,
+    };
+    out.parallelism = if c.replicas > 1 {
+        ParallelismSpec::Groups(GroupsSpec {
+            partition: (mode == Parallelism::Partition).then_some(c.parts),
+            data: (mode == Parallelism::Data).then_some(c.parts),
+            replicas: c.replicas,
+        })
+    } else {
+        ParallelismSpec::Mode(mode)
+    };
+    if mode == Parallelism::Partition {
+        out.minibatch = None;
+        let x = &c.exchange;
+        let exact = x.boundary_sampling >= 1.0 && x.staleness == 0 && x.dtype == RowDtype::F32;
+        out.exchange = (!exact).then(|| ExchangeSpec {
+            boundary_sampling: x.boundary_sampling,
+            staleness: x.staleness,
+            dtype: match x.dtype {
+                RowDtype::F32 => ExchangeDtype::F32,
+                RowDtype::F16 => ExchangeDtype::F16,
+                RowDtype::Bf16 => ExchangeDtype::Bf16,
+            },
+            ..spec.exchange.clone().unwrap_or_default()
+        });
+    } else {
+        out.exchange = None;
+        let mut mb = spec
+            .minibatch
+            .clone()
+            .unwrap_or_else(MiniBatchSpec::default);
+        mb.cache_rows = c.cache_rows;
+        out.minibatch = Some(mb);
+    }
+    out.validate()
+        .context("the planner's choice does not fit the job file")?;
+    let p = &plan.chosen.prediction;
+    let line = format!(
+        "plan ({}): {} on {} x {} — predicted {:.3} s per epoch, ${:.4} in all (`physalia plan` explains)",
+        serde_json::to_value(goal.objective)?
+            .as_str()
+            .unwrap_or("?"),
+        c.kind(),
+        c.workers,
+        c.sku,
+        p.time.epoch_s,
+        p.usd_total
+    );
+    Ok(Some((out, line)))
+}

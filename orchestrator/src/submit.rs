@@ -47,7 +47,13 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool) -> Result<()> {
 }
 
 pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
-    let spec = spec::load(job, overrides)?;
+    let mut spec = spec::load(job, overrides)?;
+    if let Some((planned, line)) = crate::plan::apply_goal(&spec)? {
+        if !quiet {
+            eprintln!("{line}");
+        }
+        spec = planned;
+    }
     // a scaling policy may grow a one-worker job: the coordinator runs every elastic job
     if spec.workers > 1 || spec.scaling.is_some() {
         return crate::distributed::run(&spec, &spec.job_name(job), output, quiet, None);

@@ -156,3 +156,50 @@ fn calibrate_measures_this_machine_and_plan_uses_it() {
     assert!(epoch(&with).is_some(), "{}", with["chosen"]);
     assert_ne!(epoch(&with), epoch(&without), "the profile changed nothing");
 }
+
+#[test]
+fn submit_with_a_goal_runs_the_planners_choice() {
+    let t = setup();
+    let out = physalia(
+        t.path(),
+        [
+            "submit",
+            "job.yaml",
+            "--set",
+            "workers=2",
+            "--set",
+            "goal.objective=min_time",
+            "--set",
+            "train.epochs=3",
+            "--set",
+            "output.dir=jobs",
+            "--output",
+            "json",
+        ],
+    )
+    .ok();
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("plan (min_time): "))
+        .unwrap_or_else(|| panic!("no plan line in {}", out.stderr));
+    // the local backend is planned as one container: the job file's 2 workers are replaced
+    assert!(line.contains(" on 1 x local"), "{line}");
+    let v = out.last_json();
+    assert!(v.get("workers").is_none() || v["workers"] == 1, "{v}");
+    // a goal naming only another backend is refused before anything runs
+    let out = physalia(
+        t.path(),
+        [
+            "submit",
+            "job.yaml",
+            "--set",
+            "goal.backends=[ecs]",
+            "--set",
+            "output.dir=jobs2",
+        ],
+    );
+    assert!(!out.success());
+    out.one_line_error(&["goal.backends", "`local`"]);
+    assert!(!t.path().join("jobs2").exists());
+}
