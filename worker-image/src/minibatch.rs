@@ -47,6 +47,22 @@ pub struct MiniBatchOptions {
     pub prefetch: usize,
 }
 
+impl MiniBatchOptions {
+    /// One fan-out per layer and a positive batch size.
+    pub fn check(&self, layers: usize) -> Result<(), Error> {
+        if self.fanouts.len() != layers {
+            return Err(Error::Config(format!(
+                "{} fan-outs for a model of {layers} layers: give one per layer",
+                self.fanouts.len()
+            )));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::Config("batch_size must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
 impl Default for MiniBatchOptions {
     fn default() -> Self {
         MiniBatchOptions {
@@ -197,16 +213,7 @@ pub fn train_minibatch(
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (mesh.rank(), mesh.world());
     let config = |problem: String| Error::Config(problem);
-    if opts.fanouts.len() != cfg.layers {
-        return Err(config(format!(
-            "{} fan-outs for a model of {} layers: give one per layer",
-            opts.fanouts.len(),
-            cfg.layers
-        )));
-    }
-    if opts.batch_size == 0 {
-        return Err(config("batch_size must be at least 1".into()));
-    }
+    opts.check(cfg.layers)?;
     if shard.train_by_rank.len() != world {
         return Err(config(format!(
             "training seeds for {} ranks in a mesh of {world}",
@@ -770,20 +777,11 @@ pub fn train_p3<L: Link + ?Sized>(
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (link.rank(), link.world());
     let config = |problem: String| Error::Config(problem);
-    if opts.fanouts.len() != cfg.layers {
-        return Err(config(format!(
-            "{} fan-outs for a model of {} layers: give one per layer",
-            opts.fanouts.len(),
-            cfg.layers
-        )));
-    }
+    opts.check(cfg.layers)?;
     if cfg.layers < 2 {
         return Err(config(
             "model parallelism (P3) needs at least 2 layers: the first is split by columns, the rest run data-parallel".into(),
         ));
-    }
-    if opts.batch_size == 0 {
-        return Err(config("batch_size must be at least 1".into()));
     }
     if shard.cols != column_slice(cfg.in_dim, world, rank)
         || shard.x_cols.cols() != shard.cols.len()
