@@ -91,8 +91,9 @@ pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
         .max();
     let Some(epoch) = newest else {
         bail!(
-            "{}: no checkpoint to resume from (multi-worker and elastic jobs write checkpoints/ after every \
-             epoch; single-worker jobs without a scaling policy keep none)",
+            "{}: no checkpoint to resume from (partition-parallel jobs run by the coordinator, with several \
+             workers or a scaling policy, write checkpoints/ after every epoch; single-worker jobs without a \
+             policy and data or model parallelism keep none)",
             dir.display()
         );
     };
