@@ -1,0 +1,941 @@
+//! The operations a GNN layer needs from a device, as one trait with two implementations: [`crate::CudaEngine`]
+//! (device memory, NVRTC kernels, cuBLAS) and [`Emulator`] (host memory, the kernels of
+//! [`crate::cpu_emulate`] run serially).
+//!
+//! [`crate::DeviceModel`] composes a GCN / GraphSAGE / GAT forward, backward and Adam step from these
+//! operations once, generic over the trait, so the code that runs on the GPU is the code the tests run on the
+//! emulator against `physalia_gnn::Model`.
+
+use physalia_gnn::Activation;
+use physalia_gnn::Matrix;
+use physalia_gnn::rng::drop_threshold;
+use physalia_gnn::sparse::SparseOp;
+
+use crate::cpu_emulate::{self as emu, AdamStep, GatShape};
+use crate::device::GpuError;
+use crate::kernels::{ACT_ELU, ACT_RELU, mask_threshold, spmm_lanes};
+
+/// A dense operand of a product: rows x cols elements of `m` starting at `offset`, `ld` apart between rows
+/// (row-major), optionally transposed.
+pub struct View<'a, M> {
+    pub m: &'a M,
+    pub offset: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+    pub trans: bool,
+}
+
+impl<'a, M> View<'a, M> {
+    /// The whole `rows x cols` matrix.
+    pub fn full(m: &'a M, rows: usize, cols: usize) -> View<'a, M> {
+        View {
+            m,
+            offset: 0,
+            rows,
+            cols,
+            ld: cols,
+            trans: false,
+        }
+    }
+
+    /// Columns `col0..col0 + cols` of the first `rows` rows of a matrix `ld` wide.
+    pub fn cols(m: &'a M, rows: usize, col0: usize, cols: usize, ld: usize) -> View<'a, M> {
+        View {
+            m,
+            offset: col0,
+            rows,
+            cols,
+            ld,
+            trans: false,
+        }
+    }
+
+    pub fn t(mut self) -> View<'a, M> {
+        self.trans = !self.trans;
+        self
+    }
+
+    /// Shape after the transpose.
+    pub fn op_shape(&self) -> (usize, usize) {
+        if self.trans {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+}
+
+/// Attention dropout of a GAT layer: the stream key and the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnDropout {
+    pub key: u64,
+    pub p: f32,
+}
+
+impl AttnDropout {
+    /// (key, 32-bit threshold, scale) as the kernels take them.
+    pub fn kernel_args(self) -> (u64, u32, f32) {
+        (self.key, drop_threshold(self.p), 1.0 / (1.0 - self.p))
+    }
+}
+
+/// Dropout of activations: the stream key and the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    pub key: u64,
+    pub p: f32,
+}
+
+pub(crate) fn act_code(a: Activation) -> u32 {
+    match a {
+        Activation::Relu => ACT_RELU,
+        Activation::Elu => ACT_ELU,
+    }
+}
+
+/// Everything the layers need from a device. Shapes are checked by the implementations; all sizes must fit
+/// the kernels' 32-bit indices.
+pub trait Ops {
+    /// A dense row-major f32 matrix in the device's memory.
+    type Mat;
+    /// A sparse operator with its transpose.
+    type Csr;
+    /// A list of u32 (row ids, global ids).
+    type Idx;
+    /// Class labels.
+    type Labels;
+
+    fn dims(&self, m: &Self::Mat) -> (usize, usize);
+    fn upload(&mut self, m: &Matrix) -> Result<Self::Mat, GpuError>;
+    fn download(&mut self, m: &Self::Mat) -> Result<Matrix, GpuError>;
+    /// Contents unspecified: for outputs a kernel writes in full.
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, GpuError>;
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, GpuError>;
+    /// Hands a buffer back for reuse by a later `alloc` of the same size.
+    fn recycle(&mut self, m: Self::Mat);
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<Self::Csr, GpuError>;
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Self::Idx, GpuError>;
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Self::Labels, GpuError>;
+
+    /// `C = op(A) op(B) + beta C` (beta 0 or 1).
+    fn gemm(
+        &mut self,
+        a: View<'_, Self::Mat>,
+        b: View<'_, Self::Mat>,
+        beta: f32,
+        c: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    /// `Y = A [own; halo]` over the CSR.
+    fn spmm(
+        &mut self,
+        a: &Self::Csr,
+        own: &Self::Mat,
+        halo: Option<&Self::Mat>,
+        y: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    /// `Y = A^T X` over the explicit transpose.
+    fn spmm_t(&mut self, a: &Self::Csr, x: &Self::Mat, y: &mut Self::Mat) -> Result<(), GpuError>;
+
+    /// `m = [Z | s_src]`, `s_dst`, from `z` and the attention vectors (`heads x c` each).
+    fn gat_messages(
+        &mut self,
+        z: &Self::Mat,
+        a_src: &Self::Mat,
+        a_dst: &Self::Mat,
+        shape: GatShape,
+        m: &mut Self::Mat,
+        s_dst: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    #[allow(clippy::too_many_arguments)]
+    fn gat_forward(
+        &mut self,
+        a: &Self::Csr,
+        m_own: &Self::Mat,
+        m_halo: Option<&Self::Mat>,
+        s_dst: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Self::Mat,
+        out: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward_edges(
+        &mut self,
+        a: &Self::Csr,
+        m_own: &Self::Mat,
+        m_halo: Option<&Self::Mat>,
+        s_dst: &Self::Mat,
+        alpha: &Self::Mat,
+        d_out: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Self::Mat,
+        a_used: &mut Self::Mat,
+        ds_dst: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    fn gat_backward_sources(
+        &mut self,
+        a: &Self::Csr,
+        a_used: &Self::Mat,
+        d_score: &Self::Mat,
+        d_out: &Self::Mat,
+        shape: GatShape,
+        dm: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    fn gat_dz(
+        &mut self,
+        dm: &Self::Mat,
+        ds_dst: &Self::Mat,
+        a_src: &Self::Mat,
+        a_dst: &Self::Mat,
+        shape: GatShape,
+        dz: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+
+    fn bias_add(&mut self, x: &mut Self::Mat, bias: &Self::Mat) -> Result<(), GpuError>;
+    fn activate(&mut self, x: &mut Self::Mat, act: Activation) -> Result<(), GpuError>;
+    /// Inverted dropout keyed by `gid(row0 + r) * total_cols + col0 + col` (gid = row without `gids`).
+    #[allow(clippy::too_many_arguments)]
+    fn dropout(
+        &mut self,
+        x: &mut Self::Mat,
+        gids: Option<&Self::Idx>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), GpuError>;
+    /// `dy` through `y = dropout(act(z))` into the gradient of `z`.
+    fn activation_backward(
+        &mut self,
+        dy: &mut Self::Mat,
+        y: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), GpuError>;
+    fn add_assign(&mut self, a: &mut Self::Mat, b: &Self::Mat) -> Result<(), GpuError>;
+    /// `out (1 x cols) = column sums of x`.
+    fn col_sums(&mut self, x: &Self::Mat, out: &mut Self::Mat) -> Result<(), GpuError>;
+    /// Copies a (non-transposed) view into `dst` starting at element `dst_offset`, rows `dst_ld` apart.
+    fn copy2d(
+        &mut self,
+        src: View<'_, Self::Mat>,
+        dst: &mut Self::Mat,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), GpuError>;
+    /// Rows `idx` of `src`, packed.
+    fn gather_rows(
+        &mut self,
+        src: &Self::Mat,
+        idx: &Self::Idx,
+        dst: &mut Self::Mat,
+    ) -> Result<(), GpuError>;
+    /// Sum of the cross-entropy over `rows`, and the gradient of `sum / normalizer` into `grad` (zero on
+    /// other rows).
+    fn cross_entropy(
+        &mut self,
+        logits: &Self::Mat,
+        labels: &Self::Labels,
+        rows: &Self::Idx,
+        normalizer: f64,
+        grad: &mut Self::Mat,
+    ) -> Result<f64, GpuError>;
+    /// Rows of `rows` whose first arg-max equals the label.
+    fn correct(
+        &mut self,
+        logits: &Self::Mat,
+        labels: &Self::Labels,
+        rows: &Self::Idx,
+    ) -> Result<u64, GpuError>;
+    fn adam(
+        &mut self,
+        w: &mut Self::Mat,
+        g: &Self::Mat,
+        m: &mut Self::Mat,
+        v: &mut Self::Mat,
+        s: AdamStep,
+    ) -> Result<(), GpuError>;
+    /// Waits for queued work (a no-op on the host).
+    fn synchronize(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    /// A copy of `m`.
+    fn duplicate(&mut self, m: &Self::Mat) -> Result<Self::Mat, GpuError> {
+        let (r, c) = self.dims(m);
+        let mut out = self.alloc(r, c)?;
+        self.copy2d(View::full(m, r, c), &mut out, 0, c)?;
+        Ok(out)
+    }
+}
+
+pub(crate) fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), GpuError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(GpuError::Shape(what()))
+    }
+}
+
+/// Checks a product's shapes; returns (m, n, k).
+pub(crate) fn gemm_shape<M>(
+    a: &View<'_, M>,
+    b: &View<'_, M>,
+    c: (usize, usize),
+) -> Result<(usize, usize, usize), GpuError> {
+    let (m, k) = a.op_shape();
+    let (k2, n) = b.op_shape();
+    check(k == k2 && c == (m, n), || {
+        format!("gemm: {m}x{k} times {k2}x{n} into {}x{}", c.0, c.1)
+    })?;
+    check(a.ld >= a.cols && b.ld >= b.cols, || {
+        "gemm: a row stride is smaller than the row".into()
+    })?;
+    Ok((m, n, k))
+}
+
+/// A CSR and its transpose in the layout the kernels read (`long long` row pointers, u32 indices).
+#[derive(Clone, Debug)]
+pub struct HostCsr {
+    pub n_dst: usize,
+    pub n_src: usize,
+    pub indptr: Vec<i64>,
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+    pub t_indptr: Vec<i64>,
+    pub t_indices: Vec<u32>,
+    pub t_perm: Vec<u32>,
+    pub t_values: Vec<f32>,
+}
+
+impl HostCsr {
+    pub fn from_op(op: &SparseOp) -> HostCsr {
+        let t_values = op
+            .t_perm()
+            .iter()
+            .map(|&k| op.values()[k as usize])
+            .collect();
+        HostCsr {
+            n_dst: op.n_dst(),
+            n_src: op.n_src(),
+            indptr: op.indptr().iter().map(|&v| v as i64).collect(),
+            indices: op.indices().to_vec(),
+            values: op.values().to_vec(),
+            t_indptr: op.t_indptr().iter().map(|&v| v as i64).collect(),
+            t_indices: op.t_indices().to_vec(),
+            t_perm: op.t_perm().to_vec(),
+            t_values,
+        }
+    }
+
+    pub fn nnz(&self) -> usize {
+        self.indices.len()
+    }
+}
+
+/// The host twin of [`crate::CudaEngine`]: every operation runs its kernel's emulation from
+/// [`crate::cpu_emulate`] (dense products, which cuBLAS does on the GPU, use `physalia_gnn::dense`).
+#[derive(Debug, Default)]
+pub struct Emulator;
+
+fn view_to_matrix(v: &View<'_, Matrix>) -> Matrix {
+    let d = v.m.data();
+    let mut out = Vec::with_capacity(v.rows * v.cols);
+    for r in 0..v.rows {
+        let s = v.offset + r * v.ld;
+        out.extend_from_slice(&d[s..s + v.cols]);
+    }
+    Matrix::from_vec(v.rows, v.cols, out)
+}
+
+fn emu_keys(gids: Option<&Vec<u32>>, row0: usize) -> emu::RowKeys<'_> {
+    emu::RowKeys {
+        gids: gids.map(|g| g.as_slice()),
+        row0: row0 as u32,
+    }
+}
+
+impl Ops for Emulator {
+    type Mat = Matrix;
+    type Csr = HostCsr;
+    type Idx = Vec<u32>;
+    type Labels = Vec<i32>;
+
+    fn dims(&self, m: &Matrix) -> (usize, usize) {
+        m.shape()
+    }
+    fn upload(&mut self, m: &Matrix) -> Result<Matrix, GpuError> {
+        Ok(m.clone())
+    }
+    fn download(&mut self, m: &Matrix) -> Result<Matrix, GpuError> {
+        Ok(m.clone())
+    }
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Matrix, GpuError> {
+        // NaN, so a kernel that fails to write an element shows up in the comparisons
+        Ok(Matrix::from_vec(rows, cols, vec![f32::NAN; rows * cols]))
+    }
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Matrix, GpuError> {
+        Ok(Matrix::zeros(rows, cols))
+    }
+    fn recycle(&mut self, _m: Matrix) {}
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<HostCsr, GpuError> {
+        Ok(HostCsr::from_op(op))
+    }
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Vec<u32>, GpuError> {
+        Ok(v.to_vec())
+    }
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Vec<i32>, GpuError> {
+        Ok(v.iter().map(|&l| l as i32).collect())
+    }
+
+    fn gemm(
+        &mut self,
+        a: View<'_, Matrix>,
+        b: View<'_, Matrix>,
+        beta: f32,
+        c: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        gemm_shape(&a, &b, c.shape())?;
+        let am = view_to_matrix(&a);
+        let bm = view_to_matrix(&b);
+        use physalia_gnn::dense::{matmul, matmul_at, matmul_bt};
+        let prod = match (a.trans, b.trans) {
+            (false, false) => matmul(&am, &bm),
+            (true, false) => matmul_at(&am, &bm),
+            (false, true) => matmul_bt(&am, &bm),
+            (true, true) => matmul_bt(&transpose(&am), &bm),
+        };
+        if beta == 0.0 {
+            *c = prod;
+        } else {
+            let mut p = prod;
+            if beta != 1.0 {
+                let mut cc = c.clone();
+                cc.scale(beta);
+                p.add_assign(&cc);
+            } else {
+                p.add_assign(c);
+            }
+            *c = p;
+        }
+        Ok(())
+    }
+
+    fn spmm(
+        &mut self,
+        a: &HostCsr,
+        own: &Matrix,
+        halo: Option<&Matrix>,
+        y: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        let d = own.cols();
+        let n_halo = halo.map_or(0, |h| h.rows());
+        check(
+            own.rows() + n_halo == a.n_src
+                && y.shape() == (a.n_dst, d)
+                && halo.is_none_or(|h| h.cols() == d),
+            || {
+                format!(
+                    "spmm: {} + {n_halo} source rows for {}",
+                    own.rows(),
+                    a.n_src
+                )
+            },
+        )?;
+        let csr = emu::CsrRef {
+            indptr: &a.indptr,
+            indices: &a.indices,
+            values: &a.values,
+        };
+        let h = halo.map_or(&[][..], |h| h.data());
+        let vec4 = d % 4 == 0;
+        let lanes = spmm_lanes(d, vec4);
+        let n_own = own.rows() as u32;
+        if vec4 {
+            emu::spmm_v4(
+                &csr,
+                own.data(),
+                h,
+                n_own,
+                y.data_mut(),
+                a.n_dst as u32,
+                d as u32,
+                lanes,
+            );
+        } else {
+            emu::spmm_scalar(
+                &csr,
+                own.data(),
+                h,
+                n_own,
+                y.data_mut(),
+                a.n_dst as u32,
+                d as u32,
+                lanes,
+            );
+        }
+        Ok(())
+    }
+
+    fn spmm_t(&mut self, a: &HostCsr, x: &Matrix, y: &mut Matrix) -> Result<(), GpuError> {
+        let d = x.cols();
+        check(x.rows() == a.n_dst && y.shape() == (a.n_src, d), || {
+            format!("spmm_t: {} rows for {} destinations", x.rows(), a.n_dst)
+        })?;
+        let csr = emu::CsrRef {
+            indptr: &a.t_indptr,
+            indices: &a.t_indices,
+            values: &a.t_values,
+        };
+        let vec4 = d % 4 == 0;
+        let lanes = spmm_lanes(d, vec4);
+        let (n, d32) = (a.n_src as u32, d as u32);
+        let n_own = x.rows() as u32;
+        if vec4 {
+            emu::spmm_v4(&csr, x.data(), &[], n_own, y.data_mut(), n, d32, lanes);
+        } else {
+            emu::spmm_scalar(&csr, x.data(), &[], n_own, y.data_mut(), n, d32, lanes);
+        }
+        Ok(())
+    }
+
+    fn gat_messages(
+        &mut self,
+        z: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        m: &mut Matrix,
+        s_dst: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        let n = z.rows();
+        check(
+            z.cols() == h * c
+                && m.shape() == (n, h * c + h)
+                && s_dst.shape() == (n, h)
+                && a_src.data().len() == h * c
+                && a_dst.data().len() == h * c,
+            || "gat_messages shapes".into(),
+        )?;
+        emu::gat_messages(
+            z.data(),
+            a_src.data(),
+            a_dst.data(),
+            m.data_mut(),
+            s_dst.data_mut(),
+            n as u32,
+            shape.heads,
+            shape.c,
+        );
+        Ok(())
+    }
+
+    fn gat_forward(
+        &mut self,
+        a: &HostCsr,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Matrix,
+        out: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        check_gat(a, m_own, m_halo, s_dst, shape)?;
+        let d_out = if shape.concat {
+            shape.heads * shape.c
+        } else {
+            shape.c
+        } as usize;
+        check(
+            alpha.shape() == (a.nnz(), shape.heads as usize) && out.shape() == (a.n_dst, d_out),
+            || "gat_forward output shapes".into(),
+        )?;
+        emu::gat_forward(
+            &a.indptr,
+            &a.indices,
+            &emu::Messages {
+                own: m_own.data(),
+                halo: m_halo.map_or(&[][..], |m| m.data()),
+                n_own: m_own.rows() as u32,
+            },
+            s_dst.data(),
+            emu::GatKeys {
+                gids: gids.map(|g| g.as_slice()),
+                drop: drop.map(AttnDropout::kernel_args),
+            },
+            shape,
+            alpha.data_mut(),
+            out.data_mut(),
+            a.n_dst as u32,
+        );
+        Ok(())
+    }
+
+    fn gat_backward_edges(
+        &mut self,
+        a: &HostCsr,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        alpha: &Matrix,
+        d_out: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Matrix,
+        a_used: &mut Matrix,
+        ds_dst: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        check_gat(a, m_own, m_halo, s_dst, shape)?;
+        let h = shape.heads as usize;
+        check(
+            alpha.shape() == (a.nnz(), h)
+                && d_score.shape() == (a.nnz(), h)
+                && a_used.shape() == (a.nnz(), h)
+                && ds_dst.shape() == (a.n_dst, h)
+                && d_out.rows() == a.n_dst,
+            || "gat_backward_edges shapes".into(),
+        )?;
+        emu::gat_backward_edges(
+            &a.indptr,
+            &a.indices,
+            &emu::Messages {
+                own: m_own.data(),
+                halo: m_halo.map_or(&[][..], |m| m.data()),
+                n_own: m_own.rows() as u32,
+            },
+            s_dst.data(),
+            alpha.data(),
+            d_out.data(),
+            emu::GatKeys {
+                gids: gids.map(|g| g.as_slice()),
+                drop: drop.map(AttnDropout::kernel_args),
+            },
+            shape,
+            emu::EdgeGrads {
+                d_score: d_score.data_mut(),
+                a_used: a_used.data_mut(),
+                ds_dst: ds_dst.data_mut(),
+            },
+            a.n_dst as u32,
+        );
+        Ok(())
+    }
+
+    fn gat_backward_sources(
+        &mut self,
+        a: &HostCsr,
+        a_used: &Matrix,
+        d_score: &Matrix,
+        d_out: &Matrix,
+        shape: GatShape,
+        dm: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        check(
+            dm.shape() == (a.n_src, h * c + h) && d_out.rows() == a.n_dst,
+            || "gat_backward_sources shapes".into(),
+        )?;
+        emu::gat_backward_sources(
+            &emu::TransposeRef {
+                t_indptr: &a.t_indptr,
+                t_indices: &a.t_indices,
+                t_perm: &a.t_perm,
+            },
+            a_used.data(),
+            d_score.data(),
+            d_out.data(),
+            shape.heads,
+            shape.c,
+            shape.concat,
+            dm.data_mut(),
+            a.n_src as u32,
+        );
+        Ok(())
+    }
+
+    fn gat_dz(
+        &mut self,
+        dm: &Matrix,
+        ds_dst: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        dz: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        check(
+            dm.shape() == (dz.rows(), h * c + h) && dz.cols() == h * c && ds_dst.cols() == h,
+            || "gat_dz shapes".into(),
+        )?;
+        let n_in = dz.rows() as u32;
+        emu::gat_dz(
+            dm.data(),
+            ds_dst.data(),
+            a_src.data(),
+            a_dst.data(),
+            dz.data_mut(),
+            n_in,
+            ds_dst.rows() as u32,
+            shape.heads,
+            shape.c,
+        );
+        Ok(())
+    }
+
+    fn bias_add(&mut self, x: &mut Matrix, bias: &Matrix) -> Result<(), GpuError> {
+        check(bias.data().len() == x.cols(), || "bias width".into())?;
+        let (r, c) = x.shape();
+        emu::bias_add(x.data_mut(), bias.data(), r as u32, c as u32);
+        Ok(())
+    }
+
+    fn activate(&mut self, x: &mut Matrix, act: Activation) -> Result<(), GpuError> {
+        emu::activate(x.data_mut(), act_code(act));
+        Ok(())
+    }
+
+    fn dropout(
+        &mut self,
+        x: &mut Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), GpuError> {
+        let (r, c) = x.shape();
+        emu::dropout(
+            x.data_mut(),
+            r as u32,
+            c as u32,
+            emu_keys(gids, row0),
+            col0 as u32,
+            total_cols as u32,
+            d.key,
+            mask_threshold(d.p),
+            1.0 / (1.0 - d.p),
+        );
+        Ok(())
+    }
+
+    fn activation_backward(
+        &mut self,
+        dy: &mut Matrix,
+        y: &Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), GpuError> {
+        check(dy.shape() == y.shape(), || {
+            "activation_backward shapes".into()
+        })?;
+        let (r, c) = dy.shape();
+        let scale = d.map_or(1.0, |d| 1.0 / (1.0 - d.p));
+        emu::activation_backward(
+            dy.data_mut(),
+            y.data(),
+            r as u32,
+            c as u32,
+            emu_keys(gids, row0),
+            act_code(act),
+            d.map(|d| (d.key, mask_threshold(d.p))),
+            scale,
+        );
+        Ok(())
+    }
+
+    fn add_assign(&mut self, a: &mut Matrix, b: &Matrix) -> Result<(), GpuError> {
+        check(a.shape() == b.shape(), || "add_assign shapes".into())?;
+        emu::add_assign(a.data_mut(), b.data());
+        Ok(())
+    }
+
+    fn col_sums(&mut self, x: &Matrix, out: &mut Matrix) -> Result<(), GpuError> {
+        check(out.data().len() == x.cols(), || "col_sums width".into())?;
+        let (r, c) = x.shape();
+        emu::col_sums(x.data(), r as u32, c as u32, out.data_mut());
+        Ok(())
+    }
+
+    fn copy2d(
+        &mut self,
+        src: View<'_, Matrix>,
+        dst: &mut Matrix,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), GpuError> {
+        check(!src.trans, || "copy2d copies without transposing".into())?;
+        check_copy2d(
+            &src,
+            dst.data().len(),
+            src.m.data().len(),
+            dst_offset,
+            dst_ld,
+        )?;
+        emu::copy2d(
+            &src.m.data()[src.offset..],
+            src.ld as u32,
+            &mut dst.data_mut()[dst_offset..],
+            dst_ld as u32,
+            src.rows as u32,
+            src.cols as u32,
+        );
+        Ok(())
+    }
+
+    fn gather_rows(
+        &mut self,
+        src: &Matrix,
+        idx: &Vec<u32>,
+        dst: &mut Matrix,
+    ) -> Result<(), GpuError> {
+        check(
+            dst.shape() == (idx.len(), src.cols())
+                && idx.iter().all(|&i| (i as usize) < src.rows()),
+            || "gather_rows shapes".into(),
+        )?;
+        emu::gather_rows(src.data(), idx, src.cols() as u32, dst.data_mut());
+        Ok(())
+    }
+
+    fn cross_entropy(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i32>,
+        rows: &Vec<u32>,
+        normalizer: f64,
+        grad: &mut Matrix,
+    ) -> Result<f64, GpuError> {
+        check(grad.shape() == logits.shape(), || {
+            "cross_entropy shapes".into()
+        })?;
+        check_labels(labels, rows, logits.shape())?;
+        grad.fill(0.0);
+        let mut loss = vec![0f64; rows.len()];
+        emu::cross_entropy(
+            logits.data(),
+            labels,
+            rows,
+            logits.cols() as u32,
+            (1.0 / normalizer) as f32,
+            grad.data_mut(),
+            &mut loss,
+        );
+        Ok(emu::sum_f64(&loss))
+    }
+
+    fn correct(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i32>,
+        rows: &Vec<u32>,
+    ) -> Result<u64, GpuError> {
+        check_labels(labels, rows, logits.shape())?;
+        let mut flags = vec![0f64; rows.len()];
+        emu::correct_rows(
+            logits.data(),
+            labels,
+            rows,
+            logits.cols() as u32,
+            &mut flags,
+        );
+        Ok(emu::sum_f64(&flags) as u64)
+    }
+
+    fn adam(
+        &mut self,
+        w: &mut Matrix,
+        g: &Matrix,
+        m: &mut Matrix,
+        v: &mut Matrix,
+        s: AdamStep,
+    ) -> Result<(), GpuError> {
+        check(
+            w.shape() == g.shape() && w.shape() == m.shape() && w.shape() == v.shape(),
+            || "adam shapes".into(),
+        )?;
+        emu::adam(w.data_mut(), g.data(), m.data_mut(), v.data_mut(), s);
+        Ok(())
+    }
+}
+
+pub(crate) fn check_copy2d<M>(
+    src: &View<'_, M>,
+    dst_len: usize,
+    src_len: usize,
+    dst_offset: usize,
+    dst_ld: usize,
+) -> Result<(), GpuError> {
+    let end = |off: usize, ld: usize| {
+        if src.rows == 0 || src.cols == 0 {
+            0
+        } else {
+            off + (src.rows - 1) * ld + src.cols
+        }
+    };
+    check(
+        src.ld >= src.cols
+            && dst_ld >= src.cols
+            && end(src.offset, src.ld) <= src_len
+            && end(dst_offset, dst_ld) <= dst_len,
+        || "copy2d out of bounds".into(),
+    )
+}
+
+pub(crate) fn check_labels(
+    labels: &[i32],
+    rows: &[u32],
+    (n, c): (usize, usize),
+) -> Result<(), GpuError> {
+    check(labels.len() == n, || {
+        format!("{} labels for {n} rows", labels.len())
+    })?;
+    for &r in rows {
+        let ok = (r as usize) < n && (0..c as i32).contains(&labels[r as usize]);
+        check(ok, || {
+            format!("row {r} is out of range or has no label in 0..{c}")
+        })?;
+    }
+    Ok(())
+}
+
+fn check_gat(
+    a: &HostCsr,
+    m_own: &Matrix,
+    m_halo: Option<&Matrix>,
+    s_dst: &Matrix,
+    shape: GatShape,
+) -> Result<(), GpuError> {
+    let (h, c) = (shape.heads as usize, shape.c as usize);
+    let width = h * c + h;
+    let n_halo = m_halo.map_or(0, |m| m.rows());
+    check(
+        m_own.cols() == width
+            && m_halo.is_none_or(|m| m.cols() == width)
+            && m_own.rows() + n_halo == a.n_src
+            && s_dst.cols() == h
+            && s_dst.rows() >= a.n_dst,
+        || "gat message shapes".into(),
+    )
+}
+
+fn transpose(a: &Matrix) -> Matrix {
+    let mut t = Matrix::zeros(a.cols(), a.rows());
+    for i in 0..a.rows() {
+        for j in 0..a.cols() {
+            t.row_mut(j)[i] = a.row(i)[j];
+        }
+    }
+    t
+}
