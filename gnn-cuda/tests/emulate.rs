@@ -1,0 +1,42 @@
+//! The kernels' host emulation against `physalia_gnn`'s CPU engine, to 1e-5: proves the kernels' index math,
+//! thread-to-row mapping, transposed SpMM, softmax and RNG port before a GPU runs them. `tests/gpu.rs` runs
+//! the same checks on the GPU.
+
+mod common;
+
+use common::*;
+use physalia_gnn_cuda::Emulator;
+
+const TOL: f32 = 1e-5;
+
+#[test]
+fn spmm_forward_transposed_and_with_halo_rows() {
+    check_spmm(&mut Emulator, 300, TOL);
+}
+
+#[test]
+fn products_in_every_transpose_and_on_views() {
+    check_gemm(&mut Emulator, TOL);
+}
+
+#[test]
+fn elementwise_dropout_and_reductions() {
+    check_elementwise(&mut Emulator, TOL);
+}
+
+#[test]
+fn masked_cross_entropy_and_accuracy() {
+    check_loss(&mut Emulator, TOL);
+}
+
+#[test]
+fn adam_with_weight_decay() {
+    check_adam(&mut Emulator, TOL);
+}
+
+#[test]
+fn models_equal_the_cpu_engine() {
+    for cfg in model_configs() {
+        check_model(&mut Emulator, &cfg, 120, TOL);
+    }
+}
