@@ -445,7 +445,7 @@ impl CudaEngine {
         if y.rows == 0 || d == 0 {
             return Ok(());
         }
-        let vec4 = d % 4 == 0;
+        let vec4 = d.is_multiple_of(4);
         let lanes = spmm_lanes(d, vec4);
         let f = self.func(if vec4 { "spmm_v4" } else { "spmm_scalar" });
         let n_own = u32_size(own.rows, "source rows")?;

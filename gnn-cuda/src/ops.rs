@@ -454,7 +454,7 @@ impl Ops for Emulator {
             values: &a.values,
         };
         let h = halo.map_or(&[][..], |h| h.data());
-        let vec4 = d % 4 == 0;
+        let vec4 = d.is_multiple_of(4);
         let lanes = spmm_lanes(d, vec4);
         let n_own = own.rows() as u32;
         if vec4 {
@@ -493,7 +493,7 @@ impl Ops for Emulator {
             indices: &a.t_indices,
             values: &a.t_values,
         };
-        let vec4 = d % 4 == 0;
+        let vec4 = d.is_multiple_of(4);
         let lanes = spmm_lanes(d, vec4);
         let (n, d32) = (a.n_src as u32, d as u32);
         let n_own = x.rows() as u32;

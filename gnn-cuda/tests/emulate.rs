@@ -40,3 +40,17 @@ fn models_equal_the_cpu_engine() {
         check_model(&mut Emulator, &cfg, 120, TOL);
     }
 }
+
+/// The Cora comparison of `tests/gpu.rs` on the emulator: checks the check itself (slow: run with
+/// `--ignored`).
+#[test]
+#[ignore]
+fn cora_accuracy_equals_cpu_on_the_emulator() {
+    if let Some(dir) = cora_dir() {
+        check_cora(
+            &mut Emulator,
+            &dir,
+            &[physalia_gnn::LayerKind::Gcn, physalia_gnn::LayerKind::Gat],
+        );
+    }
+}

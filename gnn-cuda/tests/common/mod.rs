@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
+use std::path::{Path, PathBuf};
+
 use physalia_gnn::dense::{matmul, matmul_at, matmul_bt};
 use physalia_gnn::loss::{correct, cross_entropy};
 use physalia_gnn::rng::{Mask, Stream};
@@ -314,7 +316,7 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
                 if drop {
                     mask.fill(r as u64 * cols as u64, &mut keep);
                 }
-                for c in 0..cols {
+                for (c, &kept) in keep.iter().enumerate() {
                     let zv = z.row(r)[c];
                     let (a, deriv) = match act {
                         Activation::Relu => (zv.max(0.0), if zv > 0.0 { 1.0 } else { 0.0 }),
@@ -322,9 +324,9 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
                         Activation::Elu => (zv.exp_m1(), zv.exp()),
                     };
                     let s = if drop { scale } else { 1.0 };
-                    y.row_mut(r)[c] = if keep[c] { a * s } else { 0.0 };
+                    y.row_mut(r)[c] = if kept { a * s } else { 0.0 };
                     let g = &mut want.row_mut(r)[c];
-                    *g = if keep[c] { *g * deriv * s } else { 0.0 };
+                    *g = if kept { *g * deriv * s } else { 0.0 };
                 }
             }
             let (mut ddy, dy_dev) = (ops.upload(&dy).unwrap(), ops.upload(&y).unwrap());
@@ -595,5 +597,117 @@ pub fn gat_shape(heads: u32, c: u32, concat: bool) -> GatShape {
         c,
         concat,
         slope: 0.2,
+    }
+}
+
+/// The Cora folder: `PHYSALIA_CORA`, or `../../shared/data/cora` from this crate.
+pub fn cora_dir() -> Option<PathBuf> {
+    let p = std::env::var("PHYSALIA_CORA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/data/cora"
+            ))
+        });
+    if p.join("edges.csv").is_file() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipping: no Cora folder at {} (set PHYSALIA_CORA)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// GCN or GAT on Cora with the paper settings, 200 epochs on the CPU engine and on the GPU from the same
+/// initial weights: the final test accuracy is the same (a node or two may flip from float reordering
+/// over 200 epochs of dropout training; at most 0.3% is allowed).
+pub fn check_cora<O: Ops>(e: &mut O, dir: &Path, kinds: &[LayerKind]) {
+    let opts = physalia_graph::import::ImportOptions {
+        row_normalize: true,
+        ..Default::default()
+    };
+    let ds = physalia_graph::import::generic(dir, &opts).unwrap();
+    let n = ds.meta.num_nodes;
+    let x = Matrix::from_vec(
+        n,
+        ds.meta.feat_dim,
+        ds.features.view().to_f32().into_owned(),
+    );
+    let idx = |v: &[i64]| v.iter().map(|&i| i as u32).collect::<Vec<u32>>();
+    let (train, test) = (idx(&ds.train_idx), idx(&ds.test_idx));
+    for &kind in kinds {
+        let mut cfg =
+            physalia_gnn::ModelConfig::new(kind, ds.meta.feat_dim, 16, ds.meta.num_classes);
+        if kind == LayerKind::Gat {
+            cfg.hidden = 8;
+            cfg.heads = 8;
+            cfg.dropout = 0.6;
+            cfg.input_dropout = 0.6;
+            cfg.attn_dropout = 0.6;
+            cfg.activation = Activation::Elu;
+        }
+        let (lr, wd) = if kind == LayerKind::Gat {
+            (0.005, 5e-4)
+        } else {
+            (0.01, 5e-4)
+        };
+        let mut model = Model::new(&cfg, 0).unwrap();
+        let g = LocalGraph::whole(kind, &ds.indptr, &ds.indices);
+        let dg = DeviceGraph::whole(e, kind, &ds.indptr, &ds.indices).unwrap();
+        let mut dm = DeviceModel::from_model(e, &model).unwrap();
+        let dx = e.upload(&x).unwrap();
+        let dl = e.upload_labels(&ds.labels).unwrap();
+        let (dtrain, dtest) = (e.upload_idx(&train).unwrap(), e.upload_idx(&test).unwrap());
+        let mut adam = Adam::new(&model.params, lr, wd);
+        let t0 = std::time::Instant::now();
+        for epoch in 1..=200u64 {
+            let fwd = model
+                .forward(&g, &x, Pass::Train { epoch }, &mut LocalExchange)
+                .unwrap();
+            let (_, d) = cross_entropy(&fwd.logits, &ds.labels, &train, train.len() as f64);
+            let grads = model.backward(&g, fwd, d, &mut LocalExchange).unwrap();
+            adam.step(&mut model.params, &grads);
+        }
+        let cpu_s = t0.elapsed().as_secs_f64();
+        let t0 = std::time::Instant::now();
+        for epoch in 1..=200u64 {
+            dm.train_epoch(
+                e,
+                &dg,
+                &dx,
+                &dl,
+                &dtrain,
+                train.len(),
+                epoch,
+                AdamConfig::new(lr, wd),
+            )
+            .unwrap();
+        }
+        let gpu_s = t0.elapsed().as_secs_f64();
+        let fwd = model
+            .forward(&g, &x, Pass::Eval, &mut LocalExchange)
+            .unwrap();
+        let cpu_acc = correct(&fwd.logits, &ds.labels, &test) as f64 / test.len() as f64;
+        let gpu_acc =
+            dm.evaluate(e, &dg, &dx, &dl, &[&dtest]).unwrap()[0] as f64 / test.len() as f64;
+        eprintln!(
+            "Cora {kind:?}: test accuracy cpu {cpu_acc:.4} gpu {gpu_acc:.4}; 200 epochs cpu {cpu_s:.2}s gpu {gpu_s:.2}s"
+        );
+        assert!(
+            (cpu_acc - gpu_acc).abs() <= 0.003,
+            "{kind:?}: cpu {cpu_acc} gpu {gpu_acc}"
+        );
+        let mut back = Model::new(&cfg, 0).unwrap();
+        dm.download_into(e, &mut back).unwrap();
+        for (a, b) in back.params.iter().zip(&model.params) {
+            eprintln!(
+                "  {}: relative difference after 200 epochs {:.2e}",
+                a.name,
+                rel_err(&a.value, &b.value)
+            );
+        }
     }
 }
