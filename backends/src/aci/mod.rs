@@ -1,0 +1,709 @@
+//! The aci backend: Azure Container Instances through the ARM REST API (api-version [`API_VERSION`]), one
+//! container group per worker, CPU only.
+//!
+//! There is no Rust management client for Container Instances, so this is plain HTTPS (reqwest, rustls)
+//! with a bearer token from a [`TokenProvider`]. A launch PUTs every rank's group (at most
+//! [`AciConfig::max_parallel`] at a time), follows each long-running operation (`Azure-AsyncOperation`,
+//! else `Location`, honouring `Retry-After`), then GETs the group for its state and private IP. The first
+//! failure stops new PUTs; the ones in flight finish; then every group the launch tried to create is
+//! DELETEd (and those deletions followed to the end), so a failed launch leaves nothing running or billing.
+//!
+//! ACI retired its GPU SKUs on 14 July 2025: a GPU request is refused before any call, pointing to the
+//! kubernetes backend (AKS) or ecs.
+//!
+//! The bearer token is only ever sent to the configured endpoint's origin: a long-running-operation URL
+//! on another host is refused rather than followed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Method, StatusCode, Url};
+use serde_json::Value;
+
+use crate::error::{BackendName, Error, Result};
+use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
+
+pub mod body;
+pub mod token;
+
+pub use token::{ARM_SCOPE, StaticToken, TokenProvider};
+
+const NAME: BackendName = "aci";
+pub const API_VERSION: &str = "2026-05-01";
+
+/// Pulls the image from a private registry (Azure Container Registry) as a user-assigned identity that
+/// holds `AcrPull` on it; no registry password is ever sent.
+#[derive(Clone, Debug)]
+pub struct RegistryPull {
+    /// e.g. `physalia.azurecr.io`.
+    pub server: String,
+    /// Resource id of the user-assigned identity.
+    pub identity_id: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct AciConfig {
+    pub subscription_id: String,
+    pub resource_group: String,
+    /// Azure region of the groups, e.g. `eastus`; the subnet must be in it.
+    pub location: String,
+    /// Resource id of the subnet (delegated to `Microsoft.ContainerInstance/containerGroups`) the workers
+    /// and the coordinator share; `infra/azure` creates it.
+    pub subnet_id: String,
+    pub registry: Option<RegistryPull>,
+    /// The ARM endpoint; tests point it at a loopback server.
+    pub endpoint: String,
+    /// Container groups created at once.
+    pub max_parallel: usize,
+    /// Wait between polls of a long-running operation when the server gives no `Retry-After`.
+    pub poll_interval: Duration,
+    /// Upper bound on any `Retry-After` the server asks for.
+    pub max_poll_interval: Duration,
+    /// How long one long-running operation (a create, a delete) may take.
+    pub operation_timeout: Duration,
+    /// How long one HTTP request may take.
+    pub request_timeout: Duration,
+}
+
+impl AciConfig {
+    /// The defaults for a subscription, resource group, region and subnet.
+    pub fn new(
+        subscription_id: impl Into<String>,
+        resource_group: impl Into<String>,
+        location: impl Into<String>,
+        subnet_id: impl Into<String>,
+    ) -> AciConfig {
+        AciConfig {
+            subscription_id: subscription_id.into(),
+            resource_group: resource_group.into(),
+            location: location.into(),
+            subnet_id: subnet_id.into(),
+            registry: None,
+            endpoint: "https://management.azure.com".into(),
+            max_parallel: 8,
+            poll_interval: Duration::from_secs(5),
+            max_poll_interval: Duration::from_secs(30),
+            operation_timeout: Duration::from_secs(900),
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+pub struct AciBackend {
+    http: reqwest::Client,
+    cfg: AciConfig,
+    endpoint: Url,
+    token: Arc<dyn TokenProvider>,
+}
+
+/// Why a rank's launch did not happen: a real failure, or skipped because another rank failed first.
+enum RankFailure {
+    Failed(Error),
+    Skipped,
+}
+
+impl AciBackend {
+    pub fn new(cfg: AciConfig, token: Arc<dyn TokenProvider>) -> Result<AciBackend> {
+        let config_err = |detail: String| Error::Config {
+            backend: NAME,
+            detail,
+        };
+        let endpoint = Url::parse(&cfg.endpoint)
+            .map_err(|e| config_err(format!("endpoint {:?} is not a URL: {e}", cfg.endpoint)))?;
+        for (field, value) in [
+            ("subscription_id", &cfg.subscription_id),
+            ("resource_group", &cfg.resource_group),
+            ("location", &cfg.location),
+            ("subnet_id", &cfg.subnet_id),
+        ] {
+            if value.trim().is_empty() {
+                return Err(config_err(format!(
+                    "{field} is empty (infra/azure's outputs give all four)"
+                )));
+            }
+        }
+        if cfg.max_parallel == 0 {
+            return Err(config_err("max_parallel is 0".into()));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(cfg.request_timeout)
+            .build()
+            .map_err(|e| config_err(format!("building the HTTP client: {e}")))?;
+        Ok(AciBackend {
+            http,
+            cfg,
+            endpoint,
+            token,
+        })
+    }
+
+    fn groups_url(&self) -> String {
+        format!(
+            "{}/subscriptions/{}/resourceGroups/{}/providers/Microsoft.ContainerInstance/containerGroups",
+            self.cfg.endpoint.trim_end_matches('/'),
+            self.cfg.subscription_id,
+            self.cfg.resource_group
+        )
+    }
+
+    fn group_url(&self, group: &str) -> String {
+        format!("{}/{group}?api-version={API_VERSION}", self.groups_url())
+    }
+
+    /// One authenticated request. Transport failures become [`Error::Api`] without a status.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&Value>,
+        operation: &str,
+    ) -> Result<reqwest::Response> {
+        let parsed = Url::parse(url).map_err(|e| Error::Api {
+            backend: NAME,
+            operation: operation.into(),
+            status: None,
+            detail: format!("bad URL {url:?}: {e}"),
+        })?;
+        if parsed.origin() != self.endpoint.origin() {
+            return Err(Error::Api {
+                backend: NAME,
+                operation: operation.into(),
+                status: None,
+                detail: format!(
+                    "the server pointed to {}, outside {}; not sending the token there",
+                    parsed.origin().ascii_serialization(),
+                    self.endpoint.origin().ascii_serialization()
+                ),
+            });
+        }
+        let token = self.token.token().await?;
+        let mut req = self.http.request(method, parsed).bearer_auth(token);
+        if let Some(b) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.to_string());
+        }
+        req.send().await.map_err(|e| Error::Api {
+            backend: NAME,
+            operation: operation.into(),
+            status: None,
+            detail: format!("{e} (is {} reachable?)", self.cfg.endpoint),
+        })
+    }
+
+    /// Reads a response's body as JSON, or maps its error status.
+    async fn json(&self, resp: reqwest::Response, operation: &str) -> Result<Value> {
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(self.arm_error(status, &text, operation));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| Error::Api {
+            backend: NAME,
+            operation: operation.into(),
+            status: Some(status.as_u16()),
+            detail: format!("the response is not JSON: {e}"),
+        })
+    }
+
+    /// An ARM error response (`{"error": {"code", "message"}}`) as the variant a user can act on.
+    fn arm_error(&self, status: StatusCode, text: &str, operation: &str) -> Error {
+        let (code, message) = cloud_error(text);
+        let detail = match (&code, &message) {
+            (Some(c), Some(m)) => format!("{c}: {m}"),
+            (Some(c), None) => c.clone(),
+            (None, Some(m)) => m.clone(),
+            (None, None) => text.chars().take(500).collect(),
+        };
+        let code_lc = code.as_deref().unwrap_or("").to_ascii_lowercase();
+        let rg = &self.cfg.resource_group;
+        match status.as_u16() {
+            401 => Error::Credentials {
+                backend: NAME,
+                credential: self.token.describe(),
+                detail,
+                hint: "the token is missing, expired or for another tenant: sign in again \
+                       (`az login`) or check the coordinator's managed identity"
+                    .into(),
+            },
+            403 if !code_lc.contains("quota") => Error::Permission {
+                backend: NAME,
+                action: format!("{operation} in resource group {rg}"),
+                detail,
+                hint: format!(
+                    "give {} the role `Physalia ACI launcher` on resource group {rg} (infra/azure)",
+                    self.token.describe()
+                ),
+            },
+            404 if code_lc.contains("resourcegroup") || code_lc.contains("subscription") => {
+                Error::Config {
+                    backend: NAME,
+                    detail: format!(
+                        "{detail} (subscription {}, resource group {rg}; infra/azure creates it)",
+                        self.cfg.subscription_id
+                    ),
+                }
+            }
+            _ if code_lc.contains("quota") => Error::Quota {
+                backend: NAME,
+                rank: None,
+                detail: format!(
+                    "{detail} (request more under Quotas > Container Instances for {})",
+                    self.cfg.location
+                ),
+            },
+            s => Error::Api {
+                backend: NAME,
+                operation: operation.into(),
+                status: Some(s),
+                detail,
+            },
+        }
+    }
+
+    fn wait_for(&self, headers: &HeaderMap) -> Duration {
+        headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(self.cfg.poll_interval)
+            .min(self.cfg.max_poll_interval)
+    }
+
+    /// Follows a long-running operation to its end. `first` is the response that started it.
+    /// `Err` carries the operation's own error when it ended Failed or Canceled.
+    async fn follow(&self, first: reqwest::Response, operation: &str) -> Result<()> {
+        let headers = first.headers().clone();
+        let status = first.status();
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let started = tokio::time::Instant::now();
+        let timed_out = || Error::Timeout {
+            backend: NAME,
+            what: operation.to_string(),
+            waited_s: started.elapsed().as_secs(),
+        };
+        let mut wait = self.wait_for(&headers);
+        if let Some(url) = header("azure-asyncoperation") {
+            loop {
+                tokio::time::sleep(wait).await;
+                let resp = self.send(Method::GET, &url, None, operation).await?;
+                wait = self.wait_for(resp.headers());
+                let op = self.json(resp, operation).await?;
+                match op["status"].as_str().unwrap_or("") {
+                    "Succeeded" => return Ok(()),
+                    s @ ("Failed" | "Canceled") => {
+                        let text = op.to_string();
+                        let err = self.arm_error(StatusCode::CONFLICT, &text, operation);
+                        return Err(match err {
+                            Error::Api { detail, .. } => Error::Api {
+                                backend: NAME,
+                                operation: operation.into(),
+                                status: None,
+                                detail: format!("the operation ended {s}: {detail}"),
+                            },
+                            other => other,
+                        });
+                    }
+                    _ if started.elapsed() > self.cfg.operation_timeout => {
+                        return Err(timed_out());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if status == StatusCode::ACCEPTED || status == StatusCode::CREATED {
+            if let Some(url) = header("location") {
+                loop {
+                    tokio::time::sleep(wait).await;
+                    let resp = self.send(Method::GET, &url, None, operation).await?;
+                    wait = self.wait_for(resp.headers());
+                    if resp.status() == StatusCode::ACCEPTED {
+                        if started.elapsed() > self.cfg.operation_timeout {
+                            return Err(timed_out());
+                        }
+                        continue;
+                    }
+                    self.json(resp, operation).await?;
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// GETs a group; `None` when it does not exist.
+    async fn get_group(&self, group: &str) -> Result<Option<Value>> {
+        let op = format!("get container group {group}");
+        let resp = self
+            .send(Method::GET, &self.group_url(group), None, &op)
+            .await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        self.json(resp, &op).await.map(Some)
+    }
+
+    /// Creates rank `rank`'s group and waits until it runs.
+    async fn launch_one(
+        &self,
+        spec: &WorkerSpec,
+        n: usize,
+        rank: usize,
+        attempted: &std::sync::Mutex<Vec<usize>>,
+        failed: &AtomicBool,
+    ) -> Result<WorkerStatus, RankFailure> {
+        if failed.load(Ordering::SeqCst) {
+            return Err(RankFailure::Skipped);
+        }
+        let launch = LaunchId::new(&spec.job_id, spec.segment);
+        let group = body::group_name(&launch, rank);
+        let op = format!("create container group {group}");
+        let fail = |e: Error| {
+            failed.store(true, Ordering::SeqCst);
+            RankFailure::Failed(e.at_rank(rank))
+        };
+        let payload = body::container_group(&self.cfg, spec, n, rank);
+        // Recorded before the request: a PUT whose answer is lost may still have created the group.
+        attempted.lock().expect("attempted list lock").push(rank);
+        let resp = self
+            .send(Method::PUT, &self.group_url(&group), Some(&payload), &op)
+            .await
+            .map_err(fail)?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(fail(self.image_or(status, &text, spec, rank, &op)));
+        }
+        if let Err(e) = self.follow(resp, &op).await {
+            return Err(fail(self.reclassify_image(e, spec, rank)));
+        }
+        let got = self.get_group(&group).await.map_err(fail)?;
+        let Some(got) = got else {
+            return Err(fail(Error::WorkerFailed {
+                backend: NAME,
+                rank,
+                detail: format!("container group {group} vanished after it was created"),
+            }));
+        };
+        let status = group_status(rank, &group, &got);
+        if status.state == WorkerState::Failed {
+            let events = group_events(&got);
+            let detail = status
+                .detail
+                .clone()
+                .into_iter()
+                .chain(events.iter().cloned())
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(fail(if events.iter().any(|e| is_image_message(e)) {
+                Error::ImageMissing {
+                    backend: NAME,
+                    image: spec.image.clone(),
+                    rank,
+                    detail,
+                }
+            } else {
+                Error::WorkerFailed {
+                    backend: NAME,
+                    rank,
+                    detail,
+                }
+            }));
+        }
+        Ok(status)
+    }
+
+    /// An error status from a PUT: an image the registry does not have is an [`Error::ImageMissing`].
+    fn image_or(
+        &self,
+        status: StatusCode,
+        text: &str,
+        spec: &WorkerSpec,
+        rank: usize,
+        op: &str,
+    ) -> Error {
+        self.reclassify_image(self.arm_error(status, text, op), spec, rank)
+    }
+
+    fn reclassify_image(&self, e: Error, spec: &WorkerSpec, rank: usize) -> Error {
+        match e {
+            Error::Api { detail, .. } if is_image_message(&detail) => Error::ImageMissing {
+                backend: NAME,
+                image: spec.image.clone(),
+                rank,
+                detail,
+            },
+            other => other,
+        }
+    }
+
+    /// DELETEs a group and follows the deletion to its end; a group that is not there is fine.
+    async fn delete_group(&self, group: &str) -> Result<()> {
+        let op = format!("delete container group {group}");
+        let resp = self
+            .send(Method::DELETE, &self.group_url(group), None, &op)
+            .await?;
+        match resp.status() {
+            StatusCode::NOT_FOUND | StatusCode::NO_CONTENT => Ok(()),
+            s if s.is_success() => self.follow(resp, &op).await,
+            s => {
+                let text = resp.text().await.unwrap_or_default();
+                Err(self.arm_error(s, &text, &op))
+            }
+        }
+    }
+
+    /// Deletes groups concurrently; the ones that could not be deleted, with why.
+    async fn delete_groups(&self, groups: Vec<String>) -> Vec<String> {
+        let results: Vec<(String, Result<()>)> = futures_util::stream::iter(groups)
+            .map(|g| async move {
+                let r = self.delete_group(&g).await;
+                (g, r)
+            })
+            .buffer_unordered(self.cfg.max_parallel)
+            .collect()
+            .await;
+        let rg = &self.cfg.resource_group;
+        let mut leftovers: Vec<String> = results
+            .into_iter()
+            .filter_map(|(g, r)| {
+                r.err()
+                    .map(|e| format!("container group {g} in resource group {rg} ({e})"))
+            })
+            .collect();
+        leftovers.sort();
+        leftovers
+    }
+
+    /// Names and ranks of the launch's groups, from the resource group's list (following `nextLink`).
+    async fn launch_groups(&self, launch: &LaunchId) -> Result<BTreeMap<usize, String>> {
+        let base = launch.base_name();
+        let op = format!("list container groups in resource group {}", self.cfg.resource_group);
+        let mut url = format!("{}?api-version={API_VERSION}", self.groups_url());
+        let mut out = BTreeMap::new();
+        loop {
+            let resp = self.send(Method::GET, &url, None, &op).await?;
+            let page = self.json(resp, &op).await?;
+            for g in page["value"].as_array().into_iter().flatten() {
+                let tags = &g["tags"];
+                if tags[body::TAG_LAUNCH].as_str() != Some(base.as_str()) {
+                    continue;
+                }
+                let (Some(rank), Some(name)) = (
+                    tags[body::TAG_RANK].as_str().and_then(|r| r.parse().ok()),
+                    g["name"].as_str(),
+                ) else {
+                    continue;
+                };
+                out.insert(rank, name.to_string());
+            }
+            match page["nextLink"].as_str() {
+                Some(next) if !next.is_empty() => url = next.to_string(),
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for AciBackend {
+    fn name(&self) -> BackendName {
+        NAME
+    }
+
+    async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {
+        spec.validate(n_workers)?;
+        if let Some(gpu) = &spec.gpu {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                detail: format!(
+                    "Azure Container Instances has offered no GPUs since 14 July 2025, and the spec \
+                     asks for {} x {} per worker; run GPU workers with the kubernetes backend on AKS \
+                     (infra/k8s) or with the ecs backend, or drop `gpu` for CPU workers",
+                    gpu.count,
+                    gpu.kind.as_deref().unwrap_or("any GPU")
+                ),
+            });
+        }
+        let id = LaunchId::new(&spec.job_id, spec.segment);
+        let attempted = std::sync::Mutex::new(Vec::new());
+        let failed = AtomicBool::new(false);
+        let results: Vec<(usize, Result<WorkerStatus, RankFailure>)> =
+            futures_util::stream::iter(0..n_workers)
+                .map(|rank| {
+                    let (attempted, failed) = (&attempted, &failed);
+                    async move {
+                        (
+                            rank,
+                            self.launch_one(spec, n_workers, rank, attempted, failed)
+                                .await,
+                        )
+                    }
+                })
+                .buffer_unordered(self.cfg.max_parallel)
+                .collect()
+                .await;
+        let mut workers = Vec::with_capacity(n_workers);
+        let mut first_error: Option<(usize, Error)> = None;
+        for (rank, r) in results {
+            match r {
+                Ok(w) => workers.push(w),
+                Err(RankFailure::Failed(e)) => {
+                    if first_error.as_ref().is_none_or(|(r0, _)| rank < *r0) {
+                        first_error = Some((rank, e));
+                    }
+                }
+                Err(RankFailure::Skipped) => {}
+            }
+        }
+        let Some((_, err)) = first_error else {
+            workers.sort_by_key(|w| w.rank);
+            return Ok(Launched { id, workers });
+        };
+        let mut ranks = attempted.into_inner().expect("attempted list lock");
+        ranks.sort_unstable();
+        let groups = ranks.iter().map(|&r| body::group_name(&id, r)).collect();
+        let leftovers = self.delete_groups(groups).await;
+        if leftovers.is_empty() {
+            Err(err)
+        } else {
+            Err(Error::CleanupFailed {
+                source: Box::new(err),
+                leftovers,
+            })
+        }
+    }
+
+    async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>> {
+        let groups = self.launch_groups(launch).await?;
+        let mut out = Vec::with_capacity(groups.len());
+        for (rank, name) in groups {
+            if let Some(g) = self.get_group(&name).await? {
+                out.push(group_status(rank, &name, &g));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()> {
+        self.delete_group(&body::group_name(launch, rank)).await
+    }
+
+    async fn stop_all(&self, launch: &LaunchId) -> Result<()> {
+        let groups = self.launch_groups(launch).await?.into_values().collect();
+        let leftovers = self.delete_groups(groups).await;
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend: NAME,
+                operation: format!("stop launch {launch}"),
+                status: None,
+                detail: format!("could not delete {}", leftovers.join(", ")),
+            })
+        }
+    }
+
+    async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
+        let group = body::group_name(launch, rank);
+        let op = format!("read the logs of container group {group}");
+        let url = format!(
+            "{}/{group}/containers/{}/logs?api-version={API_VERSION}",
+            self.groups_url(),
+            body::CONTAINER
+        );
+        let resp = self.send(Method::GET, &url, None, &op).await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Err(Error::NoSuchWorker {
+                backend: NAME,
+                launch: launch.to_string(),
+                rank,
+            });
+        }
+        let logs = self.json(resp, &op).await?;
+        Ok(logs["content"].as_str().unwrap_or("").to_string())
+    }
+}
+
+/// `(code, message)` of an ARM error body, either `{"error": {...}}` or an operation's `{"error": {...}}`.
+fn cloud_error(text: &str) -> (Option<String>, Option<String>) {
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let e = &v["error"];
+    (
+        e["code"].as_str().map(str::to_string),
+        e["message"].as_str().map(str::to_string),
+    )
+}
+
+fn is_image_message(s: &str) -> bool {
+    let s = s.to_ascii_lowercase();
+    s.contains("inaccessibleimage")
+        || s.contains("pull image")
+        || s.contains("image pull")
+        || s.contains("manifest unknown")
+        || s.contains("repository does not exist")
+}
+
+fn group_events(g: &Value) -> Vec<String> {
+    let props = &g["properties"];
+    let group_events = props["instanceView"]["events"].as_array().into_iter().flatten();
+    let container_events = props["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            c["properties"]["instanceView"]["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        });
+    group_events
+        .chain(container_events)
+        .filter_map(|e| e["message"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A GET response as a [`WorkerStatus`].
+fn group_status(rank: usize, name: &str, g: &Value) -> WorkerStatus {
+    let props = &g["properties"];
+    let provisioning = props["provisioningState"].as_str().unwrap_or("");
+    let runtime = props["instanceView"]["state"].as_str();
+    let state = match (provisioning, runtime) {
+        ("Failed" | "Canceled" | "Unhealthy", _) => WorkerState::Failed,
+        (_, Some("Running")) => WorkerState::Running,
+        (_, Some("Succeeded")) => WorkerState::Succeeded,
+        (_, Some("Failed" | "Stopped")) => WorkerState::Failed,
+        (_, Some("Pending")) | ("Pending" | "Creating" | "Accepted" | "Updating", _) => {
+            WorkerState::Pending
+        }
+        _ => WorkerState::Unknown,
+    };
+    let current = &props["containers"][0]["properties"]["instanceView"]["currentState"];
+    let detail = match (current["detailStatus"].as_str(), current["exitCode"].as_i64()) {
+        (Some(d), Some(code)) if !d.is_empty() => Some(format!("{d} (exit code {code})")),
+        (Some(d), None) if !d.is_empty() => Some(d.to_string()),
+        (_, Some(code)) => Some(format!("exit code {code}")),
+        _ => (provisioning == "Failed").then(|| "provisioning failed".to_string()),
+    };
+    WorkerStatus {
+        rank,
+        name: name.to_string(),
+        state,
+        ip: props["ipAddress"]["ip"].as_str().and_then(|ip| ip.parse().ok()),
+        dns_name: props["ipAddress"]["fqdn"].as_str().map(str::to_string),
+        detail,
+    }
+}

@@ -1,0 +1,572 @@
+//! The kubernetes backend (kube-rs): one Indexed Job per launch, with a headless Service and a Secret
+//! owned by it ([`objects`] builds them, without IO).
+//!
+//! A launch creates the Job suspended, then the Secret and the Service with owner references to it, then
+//! resumes the Job and polls the pods until every rank runs. It fails fast on what will not fix itself
+//! (an image that cannot be pulled, a pod refused by a ResourceQuota, a pod that failed) and gives up after
+//! [`KubernetesConfig::start_timeout`] on what might (a pod nobody can schedule), naming each waiting rank
+//! and the scheduler's reason. On failure it deletes the Job (background propagation: the garbage collector
+//! removes its pods) and, explicitly, the Secret and Service, so the keys are gone at once.
+//!
+//! The coordinator's permissions are `infra/k8s/rbac.yaml`; every call here is covered by it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::Client;
+
+use crate::error::{BackendName, Error, Result};
+use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
+
+pub mod objects;
+
+pub use objects::{LaunchObjects, launch_objects};
+use objects::{COMPLETION_INDEX, CONTAINER, LABEL_LAUNCH};
+
+const NAME: BackendName = "kubernetes";
+
+/// Waiting reasons that mean the image will not come (the kubelet retries, but only with backoff).
+const IMAGE_ERRORS: [&str; 4] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
+
+#[derive(Clone, Debug)]
+pub struct KubernetesConfig {
+    /// Namespace of every object (`infra/k8s/namespace.yaml` creates `physalia`).
+    pub namespace: String,
+    /// How long a launch waits for every pod to run (node scale-up and a CUDA image pull take minutes).
+    pub start_timeout: Duration,
+    /// How often a launch looks at the pods.
+    pub poll_interval: Duration,
+    /// Finished Jobs (and, through owner references, their Secret and Service) are deleted this long
+    /// after they finish, in case the coordinator did not.
+    pub ttl_after_finished_s: Option<i32>,
+    /// The node label a [`crate::GpuRequest::kind`] selects on (NVIDIA GPU feature discovery's).
+    pub gpu_product_label: String,
+    /// A pull secret for a private registry, in the namespace.
+    pub image_pull_secret: Option<String>,
+    /// Pod `fsGroup`: set it when the image runs as a non-root user, so the secret files (mode 0440, this
+    /// group) are readable. Without it they are 0400, owned by root.
+    pub fs_group: Option<i64>,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            namespace: "physalia".into(),
+            start_timeout: Duration::from_secs(900),
+            poll_interval: Duration::from_secs(2),
+            ttl_after_finished_s: Some(3600),
+            gpu_product_label: "nvidia.com/gpu.product".into(),
+            image_pull_secret: None,
+            fs_group: None,
+        }
+    }
+}
+
+pub struct KubernetesBackend {
+    client: Client,
+    cfg: KubernetesConfig,
+}
+
+impl KubernetesBackend {
+    /// A backend over any kube client (tests pass one over a mock service).
+    pub fn new(client: Client, cfg: KubernetesConfig) -> KubernetesBackend {
+        KubernetesBackend { client, cfg }
+    }
+
+    /// A backend with the ambient configuration: in a pod, its ServiceAccount; elsewhere `$KUBECONFIG` or
+    /// `~/.kube/config`.
+    pub async fn infer(cfg: KubernetesConfig) -> Result<KubernetesBackend> {
+        let client = Client::try_default().await.map_err(|e| Error::Config {
+            backend: NAME,
+            detail: format!(
+                "no usable Kubernetes configuration (in-cluster service account, $KUBECONFIG or \
+                 ~/.kube/config): {e}"
+            ),
+        })?;
+        Ok(KubernetesBackend::new(client, cfg))
+    }
+
+    pub fn config(&self) -> &KubernetesConfig {
+        &self.cfg
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.cfg.namespace)
+    }
+
+    fn selector(name: &str) -> ListParams {
+        ListParams::default().labels(&format!("{LABEL_LAUNCH}={name}"))
+    }
+
+    /// The pods of a launch, one per rank (the newest where a rank has several).
+    async fn pods(&self, name: &str) -> Result<BTreeMap<usize, Pod>> {
+        let pods = self
+            .api::<Pod>()
+            .list(&Self::selector(name))
+            .await
+            .map_err(|e| self.api_error(e, "list pods"))?;
+        let mut by_rank: BTreeMap<usize, Pod> = BTreeMap::new();
+        for pod in pods.items {
+            let Some(rank) = pod_rank(&pod) else { continue };
+            let newer = by_rank.get(&rank).is_none_or(|old| {
+                old.metadata.creation_timestamp < pod.metadata.creation_timestamp
+            });
+            if newer {
+                by_rank.insert(rank, pod);
+            }
+        }
+        Ok(by_rank)
+    }
+
+    async fn pod_for(&self, launch: &LaunchId, rank: usize) -> Result<Pod> {
+        self.pods(&launch.base_name())
+            .await?
+            .remove(&rank)
+            .ok_or_else(|| Error::NoSuchWorker {
+                backend: NAME,
+                launch: launch.to_string(),
+                rank,
+            })
+    }
+
+    /// Pod-creation refusals the Job controller reported as events (a ResourceQuota, a LimitRange).
+    /// Reading events is a nicety: when it is not allowed, nothing is reported.
+    async fn creation_refusals(&self, job_name: &str) -> Vec<String> {
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.kind=Job,involvedObject.name={job_name}"
+        ));
+        match self.api::<Event>().list(&lp).await {
+            Ok(events) => events
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+                .filter_map(|e| e.message)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Waits until ranks `0..n` all run; `Err` on the first that cannot.
+    async fn wait_running(
+        &self,
+        spec: &WorkerSpec,
+        name: &str,
+        n: usize,
+    ) -> Result<Vec<WorkerStatus>> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let pods = self.pods(name).await?;
+            let mut statuses = Vec::with_capacity(n);
+            for (&rank, pod) in &pods {
+                if let Some(reason) = image_error(pod) {
+                    return Err(Error::ImageMissing {
+                        backend: NAME,
+                        image: spec.image.clone(),
+                        rank,
+                        detail: reason,
+                    });
+                }
+                let status = self.status(rank, pod);
+                if status.state == WorkerState::Failed {
+                    return Err(Error::WorkerFailed {
+                        backend: NAME,
+                        rank,
+                        detail: status.detail.unwrap_or_else(|| "pod failed".into()),
+                    });
+                }
+                if let Some(detail) = config_error(pod) {
+                    return Err(Error::WorkerFailed {
+                        backend: NAME,
+                        rank,
+                        detail,
+                    });
+                }
+                statuses.push(status);
+            }
+            let missing: Vec<usize> = (0..n).filter(|r| !pods.contains_key(r)).collect();
+            if !missing.is_empty() {
+                let refusals = self.creation_refusals(name).await;
+                if let Some(quota) = refusals.iter().find(|m| m.contains("exceeded quota")) {
+                    return Err(Error::Quota {
+                        backend: NAME,
+                        rank: missing.first().copied(),
+                        detail: quota.clone(),
+                    });
+                }
+            }
+            let running = statuses
+                .iter()
+                .filter(|s| matches!(s.state, WorkerState::Running | WorkerState::Succeeded))
+                .count();
+            if missing.is_empty() && running == n {
+                return Ok(statuses);
+            }
+            let waited = started.elapsed();
+            if waited >= self.cfg.start_timeout {
+                let mut waiting: Vec<String> = missing
+                    .iter()
+                    .map(|r| format!("{r} (no pod yet)"))
+                    .collect();
+                waiting.extend(
+                    statuses
+                        .iter()
+                        .filter(|s| s.state == WorkerState::Pending)
+                        .map(|s| match &s.detail {
+                            Some(d) => format!("{} ({d})", s.rank),
+                            None => format!("{} (pending)", s.rank),
+                        }),
+                );
+                return Err(Error::Timeout {
+                    backend: NAME,
+                    what: format!("workers {} to start", waiting.join(", ")),
+                    waited_s: waited.as_secs(),
+                });
+            }
+            tokio::time::sleep(self.cfg.poll_interval).await;
+        }
+    }
+
+    fn status(&self, rank: usize, pod: &Pod) -> WorkerStatus {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let status = pod.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("");
+        let state = match phase {
+            "Pending" => WorkerState::Pending,
+            "Running" => WorkerState::Running,
+            "Succeeded" => WorkerState::Succeeded,
+            "Failed" => WorkerState::Failed,
+            _ => WorkerState::Unknown,
+        };
+        let ip = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok());
+        let dns_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| Some((s.hostname.as_deref()?, s.subdomain.as_deref()?)))
+            .map(|(h, d)| format!("{h}.{d}.{}.svc", self.cfg.namespace));
+        WorkerStatus {
+            rank,
+            name,
+            state,
+            ip,
+            dns_name,
+            detail: pod_detail(pod),
+        }
+    }
+
+    /// Deletes what a launch named `name` created; the names of what could not be deleted.
+    async fn delete_objects(&self, name: &str, created: Created) -> Vec<String> {
+        let ns = &self.cfg.namespace;
+        let mut leftovers = Vec::new();
+        let dp = DeleteParams::background();
+        let mut note = |kind: &str, e: kube::Error| {
+            if !is_not_found(&e) {
+                leftovers.push(format!("{kind}/{name} in namespace {ns} ({e})"));
+            }
+        };
+        if created.job
+            && let Err(e) = self.api::<Job>().delete(name, &dp).await
+        {
+            note("job.batch", e);
+        }
+        if created.secret
+            && let Err(e) = self.api::<Secret>().delete(name, &dp).await
+        {
+            note("secret", e);
+        }
+        if created.service
+            && let Err(e) = self.api::<Service>().delete(name, &dp).await
+        {
+            note("service", e);
+        }
+        leftovers
+    }
+
+    async fn try_launch(
+        &self,
+        spec: &WorkerSpec,
+        n: usize,
+        objects: LaunchObjects,
+        created: &mut Created,
+    ) -> Result<Vec<WorkerStatus>> {
+        let name = objects.job.metadata.name.clone().unwrap_or_default();
+        let pp = PostParams::default();
+        let job = self
+            .api::<Job>()
+            .create(&pp, &objects.job)
+            .await
+            .map_err(|e| self.create_error(e, "jobs.batch", &name))?;
+        created.job = true;
+        let owner = objects::owned_by(&job).ok_or_else(|| Error::Api {
+            backend: NAME,
+            operation: format!("create job.batch/{name}"),
+            status: None,
+            detail: "the API server returned the Job without a uid".into(),
+        })?;
+
+        let mut secret = objects.secret;
+        secret.metadata.owner_references = Some(vec![owner.clone()]);
+        self.api::<Secret>()
+            .create(&pp, &secret)
+            .await
+            .map_err(|e| self.create_error(e, "secrets", &name))?;
+        created.secret = true;
+
+        let mut service = objects.service;
+        service.metadata.owner_references = Some(vec![owner]);
+        self.api::<Service>()
+            .create(&pp, &service)
+            .await
+            .map_err(|e| self.create_error(e, "services", &name))?;
+        created.service = true;
+
+        let resume = serde_json::json!({ "spec": { "suspend": false } });
+        self.api::<Job>()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&resume))
+            .await
+            .map_err(|e| self.api_error(e, "resume (patch) the job"))?;
+
+        self.wait_running(spec, &name, n).await
+    }
+
+    /// A kube error from creating `resource` named `name`.
+    fn create_error(&self, e: kube::Error, resource: &str, name: &str) -> Error {
+        if let kube::Error::Api(s) = &e {
+            match s.code {
+                409 if s.is_already_exists() => {
+                    return Error::AlreadyExists {
+                        backend: NAME,
+                        what: format!(
+                            "{resource}/{name} in namespace {}",
+                            self.cfg.namespace
+                        ),
+                    };
+                }
+                404 => {
+                    return Error::Config {
+                        backend: NAME,
+                        detail: format!(
+                            "namespace {} does not exist ({}); apply infra/k8s/namespace.yaml",
+                            self.cfg.namespace, s.message
+                        ),
+                    };
+                }
+                _ => {}
+            }
+        }
+        self.api_error(e, &format!("create {resource}"))
+    }
+
+    /// Maps a kube error to the variant a user can act on.
+    fn api_error(&self, e: kube::Error, action: &str) -> Error {
+        let ns = &self.cfg.namespace;
+        match e {
+            kube::Error::Api(s) if s.code == 401 => Error::Credentials {
+                backend: NAME,
+                credential: "the kubeconfig user or the pod's service-account token".into(),
+                detail: s.message.clone(),
+                hint: "check `kubectl auth whoami`, refresh the kubeconfig's token or client \
+                       certificate, or run the coordinator in-cluster as ServiceAccount \
+                       physalia-coordinator"
+                    .into(),
+            },
+            kube::Error::Api(s) if s.code == 403 && s.message.contains("exceeded quota") => {
+                Error::Quota {
+                    backend: NAME,
+                    rank: None,
+                    detail: s.message.clone(),
+                }
+            }
+            kube::Error::Api(s) if s.code == 403 => Error::Permission {
+                backend: NAME,
+                action: format!("{action} in namespace {ns}"),
+                detail: s.message.clone(),
+                hint: "apply infra/k8s/rbac.yaml and run the coordinator as ServiceAccount \
+                       physalia-coordinator (or bind its Role to your user)"
+                    .into(),
+            },
+            kube::Error::Api(s) => Error::Api {
+                backend: NAME,
+                operation: action.into(),
+                status: Some(s.code),
+                detail: format!("{}: {}", s.reason, s.message),
+            },
+            kube::Error::Auth(a) => Error::Credentials {
+                backend: NAME,
+                credential: "the kubeconfig's auth provider".into(),
+                detail: a.to_string(),
+                hint: "check the kubeconfig's user entry (exec plugin, token file)".into(),
+            },
+            other => Error::Api {
+                backend: NAME,
+                operation: action.into(),
+                status: None,
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+/// What a launch has created so far (and so must delete if it fails).
+#[derive(Clone, Copy, Default)]
+struct Created {
+    job: bool,
+    secret: bool,
+    service: bool,
+}
+
+#[async_trait]
+impl Backend for KubernetesBackend {
+    fn name(&self) -> BackendName {
+        NAME
+    }
+
+    async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {
+        spec.validate(n_workers)?;
+        let objects = launch_objects(&self.cfg, spec, n_workers)?;
+        let id = LaunchId::new(&spec.job_id, spec.segment);
+        let name = id.base_name();
+        let mut created = Created::default();
+        match self.try_launch(spec, n_workers, objects, &mut created).await {
+            Ok(workers) => Ok(Launched { id, workers }),
+            Err(err) => {
+                let leftovers = self.delete_objects(&name, created).await;
+                if leftovers.is_empty() {
+                    Err(err)
+                } else {
+                    Err(Error::CleanupFailed {
+                        source: Box::new(err),
+                        leftovers,
+                    })
+                }
+            }
+        }
+    }
+
+    async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>> {
+        let pods = self.pods(&launch.base_name()).await?;
+        Ok(pods.iter().map(|(&r, p)| self.status(r, p)).collect())
+    }
+
+    async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()> {
+        // backoffLimitPerIndex is 0: the Job controller marks the index failed and does not replace it.
+        let pod = self.pod_for(launch, rank).await?;
+        let name = pod.metadata.name.unwrap_or_default();
+        match self.api::<Pod>().delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(self.api_error(e, &format!("delete pod {name}"))),
+        }
+    }
+
+    async fn stop_all(&self, launch: &LaunchId) -> Result<()> {
+        let name = launch.base_name();
+        let all = Created {
+            job: true,
+            secret: true,
+            service: true,
+        };
+        let leftovers = self.delete_objects(&name, all).await;
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend: NAME,
+                operation: format!("stop launch {launch}"),
+                status: None,
+                detail: format!("could not delete {}", leftovers.join(", ")),
+            })
+        }
+    }
+
+    async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
+        let pod = self.pod_for(launch, rank).await?;
+        let name = pod.metadata.name.unwrap_or_default();
+        let lp = LogParams {
+            container: Some(CONTAINER.into()),
+            ..LogParams::default()
+        };
+        self.api::<Pod>()
+            .logs(&name, &lp)
+            .await
+            .map_err(|e| self.api_error(e, &format!("read the logs of pod {name}")))
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn pod_rank(pod: &Pod) -> Option<usize> {
+    let from = |m: &Option<BTreeMap<String, String>>| m.as_ref()?.get(COMPLETION_INDEX)?.parse().ok();
+    from(&pod.metadata.annotations).or_else(|| from(&pod.metadata.labels))
+}
+
+fn waiting_states(pod: &Pod) -> impl Iterator<Item = (&str, Option<&str>)> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .filter_map(|w| Some((w.reason.as_deref()?, w.message.as_deref())))
+}
+
+fn image_error(pod: &Pod) -> Option<String> {
+    waiting_states(pod)
+        .find(|(reason, _)| IMAGE_ERRORS.contains(reason))
+        .map(|(reason, message)| match message {
+            Some(m) => format!("{reason}: {m}"),
+            None => reason.to_string(),
+        })
+}
+
+/// A container the kubelet cannot even create (a missing key, a bad mount): it will not fix itself.
+fn config_error(pod: &Pod) -> Option<String> {
+    waiting_states(pod)
+        .find(|(reason, _)| matches!(*reason, "CreateContainerConfigError" | "CreateContainerError"))
+        .map(|(reason, message)| format!("{reason}: {}", message.unwrap_or("")))
+}
+
+/// Why a pod is where it is: the container's waiting or terminated reason, or the scheduler's.
+fn pod_detail(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    for c in status.container_statuses.iter().flatten() {
+        let Some(state) = &c.state else { continue };
+        if let Some(t) = &state.terminated {
+            return Some(format!(
+                "exit code {}{}",
+                t.exit_code,
+                t.reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
+            ));
+        }
+        if let Some(w) = &state.waiting {
+            return w.reason.clone();
+        }
+    }
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.as_deref().unwrap_or("unscheduled"),
+                c.message.as_deref().unwrap_or("")
+            )
+        })
+        .or_else(|| status.reason.clone())
+}

@@ -1,0 +1,331 @@
+//! The Kubernetes objects of one launch, as a pure function of the config, the spec and the worker count:
+//! no client, no IO, so tests can write them out and validate them against the API schemas.
+//!
+//! - a `batch/v1` Job in Indexed completion mode: N completions, N in parallel, created suspended (no pod
+//!   starts before its Secret exists) and resumed once the Secret and Service are in place. The rank is the
+//!   completion index, handed to the worker as `PHYSALIA_RANK` by the downward API. `restartPolicy: Never`
+//!   and `backoffLimitPerIndex: 0`: Kubernetes never restarts a worker; the coordinator relaunches from a
+//!   checkpoint instead.
+//! - a headless Service whose name is the pods' `subdomain`: each pod gets the DNS name
+//!   `<job>-<index>.<service>.<namespace>.svc` (Indexed Jobs name their pods' hostnames `<job>-<index>`).
+//! - a Secret holding every rank's files. Each pod mounts only its own rank's folder (`subPathExpr:
+//!   $(PHYSALIA_RANK)`), so a worker sees its own key and no other.
+//!
+//! The Service and the Secret carry an owner reference to the Job ([`owned_by`]), so deleting the Job
+//! garbage-collects them and the pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    Secret, SecretVolumeSource, Service, ServicePort, ServiceSpec, Toleration, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::KubernetesConfig;
+use crate::error::{Error, Result};
+use crate::spec::{
+    CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_RANK, SecretValue, WorkerSpec,
+};
+use crate::LaunchId;
+
+/// The label every object of a launch carries; its value is [`LaunchId::base_name`].
+pub const LABEL_LAUNCH: &str = "physalia.dev/launch";
+/// The raw job id and segment, as annotations (label values cannot hold arbitrary ids).
+pub const ANNOTATION_JOB_ID: &str = "physalia.dev/job-id";
+pub const ANNOTATION_SEGMENT: &str = "physalia.dev/segment";
+/// Set by the Job controller on every pod of an Indexed Job (the annotation exists since 1.21, the label
+/// since 1.28; the annotation works on every supported version).
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// The container's name in every worker pod.
+pub const CONTAINER: &str = "worker";
+/// The GPU resource the NVIDIA device plugin advertises.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+const SECRETS_VOLUME: &str = "physalia-secrets";
+/// The API server refuses Secrets over 1 MiB.
+const SECRET_MAX_BYTES: usize = 1 << 20;
+
+/// The three objects of one launch, before the Job exists (no owner references yet).
+#[derive(Clone, Debug)]
+pub struct LaunchObjects {
+    pub job: Job,
+    pub service: Service,
+    pub secret: Secret,
+}
+
+/// Builds a launch's objects. The spec must already be valid ([`WorkerSpec::validate`]).
+pub fn launch_objects(
+    cfg: &KubernetesConfig,
+    spec: &WorkerSpec,
+    n_workers: usize,
+) -> Result<LaunchObjects> {
+    let id = LaunchId::new(&spec.job_id, spec.segment);
+    let name = id.base_name();
+    let labels = BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "physalia".to_string()),
+        (
+            "app.kubernetes.io/component".to_string(),
+            "worker".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "physalia".to_string(),
+        ),
+        (LABEL_LAUNCH.to_string(), name.clone()),
+    ]);
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(cfg.namespace.clone()),
+        labels: Some(labels.clone()),
+        annotations: Some(BTreeMap::from([
+            (ANNOTATION_JOB_ID.to_string(), spec.job_id.clone()),
+            (ANNOTATION_SEGMENT.to_string(), spec.segment.to_string()),
+        ])),
+        ..ObjectMeta::default()
+    };
+
+    let (secret_data, items) = secret_layout(spec, n_workers)?;
+    let secret = Secret {
+        metadata: meta.clone(),
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(secret_data),
+        ..Secret::default()
+    };
+
+    let service = Service {
+        metadata: meta.clone(),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(BTreeMap::from([(LABEL_LAUNCH.to_string(), name.clone())])),
+            // Peers dial each other before any readiness is known; DNS records must exist at once.
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("mesh".into()),
+                protocol: Some("UDP".into()),
+                port: i32::from(spec.network.mesh_port),
+                target_port: Some(IntOrString::Int(i32::from(spec.network.mesh_port))),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+
+    let field = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector {
+            field_path: path.into(),
+            ..ObjectFieldSelector::default()
+        }),
+        ..EnvVarSource::default()
+    };
+    let mut env = vec![
+        EnvVar {
+            name: ENV_RANK.into(),
+            value_from: Some(field(&format!("metadata.annotations['{COMPLETION_INDEX}']"))),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: ENV_ADVERTISE_IP.into(),
+            value_from: Some(field("status.podIP")),
+            ..EnvVar::default()
+        },
+    ];
+    env.extend(spec.base_env(n_workers).into_iter().map(|(name, value)| EnvVar {
+        name,
+        value: Some(value),
+        ..EnvVar::default()
+    }));
+
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), cpu_quantity(spec.cpu)),
+        ("memory".to_string(), memory_quantity(spec.memory_gib)),
+    ]);
+    let mut limits = BTreeMap::from([("memory".to_string(), memory_quantity(spec.memory_gib))]);
+    let mut node_selector = None;
+    let mut tolerations = None;
+    if let Some(gpu) = &spec.gpu {
+        let count = Quantity(gpu.count.to_string());
+        requests.insert(GPU_RESOURCE.into(), count.clone());
+        limits.insert(GPU_RESOURCE.into(), count);
+        if let Some(kind) = &gpu.kind {
+            node_selector = Some(BTreeMap::from([(cfg.gpu_product_label.clone(), kind.clone())]));
+        }
+        // GPU node pools (AKS, GKE, EKS) taint their nodes so only pods asking for GPUs land there.
+        tolerations = Some(vec![Toleration {
+            key: Some(GPU_RESOURCE.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        }]);
+    }
+
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("mesh".into()),
+            container_port: i32::from(spec.network.mesh_port),
+            protocol: Some("UDP".into()),
+            ..ContainerPort::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
+            limits: Some(limits),
+            ..ResourceRequirements::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: SECRETS_VOLUME.into(),
+            mount_path: CONTAINER_SECRETS_DIR.into(),
+            sub_path_expr: Some(format!("$({ENV_RANK})")),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    };
+
+    let n = i32::try_from(n_workers)
+        .map_err(|_| Error::InvalidSpec(format!("{n_workers} workers is too many for a Job")))?;
+    let pod_labels = labels;
+    let job = Job {
+        metadata: meta,
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(n),
+            parallelism: Some(n),
+            backoff_limit_per_index: Some(0),
+            suspend: Some(true),
+            ttl_seconds_after_finished: cfg.ttl_after_finished_s,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    subdomain: Some(name.clone()),
+                    // Workers never call the API server.
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: SECRETS_VOLUME.into(),
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(name.clone()),
+                            items: Some(items),
+                            default_mode: Some(if cfg.fs_group.is_some() { 0o440 } else { 0o400 }),
+                            ..SecretVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    }]),
+                    node_selector,
+                    tolerations,
+                    image_pull_secrets: cfg.image_pull_secret.as_ref().map(|s| {
+                        vec![LocalObjectReference { name: s.clone() }]
+                    }),
+                    security_context: cfg.fs_group.map(|g| PodSecurityContext {
+                        fs_group: Some(g),
+                        ..PodSecurityContext::default()
+                    }),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    };
+    Ok(LaunchObjects {
+        job,
+        service,
+        secret,
+    })
+}
+
+/// Secret keys and the volume items that put rank r's files under `<r>/`: a shared file is stored once
+/// (`shared.<file>`) and projected into every rank's folder; a per-rank file is `rank-<r>.<file>`.
+fn secret_layout(
+    spec: &WorkerSpec,
+    n_workers: usize,
+) -> Result<(BTreeMap<String, ByteString>, Vec<KeyToPath>)> {
+    let mut data = BTreeMap::new();
+    let mut items = Vec::new();
+    for (file, value) in &spec.secrets {
+        match value {
+            SecretValue::Same(b) => {
+                let key = format!("shared.{file}");
+                data.insert(key.clone(), ByteString(b.expose().to_vec()));
+                items.extend((0..n_workers).map(|r| KeyToPath {
+                    key: key.clone(),
+                    path: format!("{r}/{file}"),
+                    ..KeyToPath::default()
+                }));
+            }
+            SecretValue::PerRank(values) => {
+                for (r, b) in values.iter().enumerate() {
+                    let key = format!("rank-{r}.{file}");
+                    data.insert(key.clone(), ByteString(b.expose().to_vec()));
+                    items.push(KeyToPath {
+                        key,
+                        path: format!("{r}/{file}"),
+                        ..KeyToPath::default()
+                    });
+                }
+            }
+        }
+    }
+    let total: usize = data.iter().map(|(k, v)| k.len() + v.0.len()).sum();
+    if total > SECRET_MAX_BYTES {
+        return Err(Error::InvalidSpec(format!(
+            "the secrets of {n_workers} workers take {total} bytes, over the 1 MiB a Kubernetes Secret holds"
+        )));
+    }
+    // Items sorted by path so the generated objects are stable.
+    items.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((data, items))
+}
+
+/// `cpu` in millicores, rounded up (the scheduler must not give less than asked).
+pub fn cpu_quantity(cpu: f64) -> Quantity {
+    Quantity(format!("{}m", (cpu * 1000.0).ceil() as u64))
+}
+
+/// `memory_gib` in MiB, rounded up.
+pub fn memory_quantity(memory_gib: f64) -> Quantity {
+    Quantity(format!("{}Mi", (memory_gib * 1024.0).ceil() as u64))
+}
+
+/// An owner reference to `job` (which must have been created: it needs the server-assigned uid).
+/// `blockOwnerDeletion` is left unset: setting it needs `update` on `jobs/finalizers`, more than the
+/// coordinator's Role grants, and explicit cleanup deletes the dependants anyway.
+pub fn owned_by(job: &Job) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "batch/v1".into(),
+        kind: "Job".into(),
+        name: job.metadata.name.clone()?,
+        uid: job.metadata.uid.clone()?,
+        controller: Some(false),
+        ..OwnerReference::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_round_up() {
+        assert_eq!(cpu_quantity(2.0).0, "2000m");
+        assert_eq!(cpu_quantity(0.3333).0, "334m");
+        assert_eq!(memory_quantity(8.0).0, "8192Mi");
+        assert_eq!(memory_quantity(0.1).0, "103Mi");
+    }
+}

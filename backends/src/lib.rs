@@ -1,0 +1,107 @@
+//! Backends: where workers run. One [`Backend`] trait, one [`WorkerSpec`] for every platform; each module
+//! only translates the spec to its platform's objects and its platform's failures to [`Error`]s.
+//!
+//! - [`kubernetes`]: an Indexed Job (rank = completion index), a headless Service for stable peer names, a
+//!   Secret with the job's certificates, `nvidia.com/gpu` limits; the Service and Secret are owned by the
+//!   Job, so deleting it deletes them.
+//! - [`aci`]: Azure Container Instances through the ARM REST API, one container group per worker, CPU only
+//!   (ACI retired its GPU SKUs in July 2025).
+//!
+//! The local-process backend lives in the orchestrator (`orchestrator/src/local.rs`); docker and ecs come
+//! next and fit the same trait. See `README.md` for where the coordinator runs on each platform and how each
+//! backend is tested without a cloud.
+//!
+//! Architecture Invariant: a launch either returns with every worker started or fails with nothing of it
+//! left running. Every backend deletes what a failed launch created before it returns the error (and says
+//! so with [`Error::CleanupFailed`] when the platform refuses even that).
+//!
+//! Architecture Invariant: secret bytes travel only inside the platform's secret object (a Kubernetes
+//! Secret, an ACI secret volume) and reach the worker as files; never in an environment value, an argument,
+//! an error message or a log line.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+pub mod aci;
+mod error;
+pub mod kubernetes;
+mod names;
+mod spec;
+
+pub use error::{BackendName, Error, Result};
+pub use names::LaunchId;
+pub use spec::{
+    CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT, ENV_RANK,
+    ENV_SECRETS_DIR, ENV_WORLD, GpuRequest, NetworkSpec, RESERVED_ENV, SecretBytes, SecretValue,
+    WorkerSpec,
+};
+
+/// Starts, lists and stops the workers of a job on one platform.
+///
+/// Methods take a [`LaunchId`] rather than returning a handle that owns the workers: the id is plain data
+/// the coordinator records in the job store, so a restarted coordinator (`submit --resume`) can list and
+/// stop what its predecessor launched.
+///
+/// The trait is object-safe through `async_trait` (a boxed future per call): the orchestrator picks the
+/// backend from the job file at run time and keeps a `Box<dyn Backend>`. Native `async fn` in traits
+/// would need the same boxing by hand for `dyn`, and one allocation per cloud API call is nothing next to
+/// the call.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The name the job file uses (`kubernetes`, `aci`).
+    fn name(&self) -> BackendName;
+
+    /// Starts ranks `0..n_workers` from `spec` and returns once every one is running. On any failure,
+    /// deletes whatever this launch created before returning the error.
+    async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched>;
+
+    /// Every worker of the launch the platform knows about, by rank.
+    async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>>;
+
+    /// Stops one worker; the platform does not restart it (the coordinator decides what happens next).
+    async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()>;
+
+    /// Stops every worker of the launch and deletes all of its platform objects. Stopping a launch that is
+    /// already gone succeeds.
+    async fn stop_all(&self, launch: &LaunchId) -> Result<()>;
+
+    /// The worker's output (stdout and stderr) so far, as the platform keeps it.
+    async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String>;
+}
+
+/// What [`Backend::launch`] started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Launched {
+    pub id: LaunchId,
+    /// The workers, by rank, as they were when the launch returned.
+    pub workers: Vec<WorkerStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub rank: usize,
+    /// The platform object running it (pod, container group).
+    pub name: String,
+    pub state: WorkerState,
+    /// The address peers and the coordinator reach it at, once the platform assigned one.
+    pub ip: Option<std::net::IpAddr>,
+    /// A stable DNS name for the worker, where the platform gives one (kubernetes:
+    /// `<pod>.<service>.<namespace>.svc`).
+    pub dns_name: Option<String>,
+    /// The platform's reason for the state, when it gives one (`ErrImagePull`, an exit code, ...).
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Accepted, not running yet (scheduling, pulling the image, creating).
+    Pending,
+    Running,
+    /// Exited with status 0.
+    Succeeded,
+    /// Exited non-zero, could not start, or was stopped.
+    Failed,
+    /// The platform says nothing we understand.
+    Unknown,
+}

@@ -1,0 +1,324 @@
+//! What every backend is asked to run: one [`WorkerSpec`] for N workers (DESIGN invariant 6: every backend
+//! receives the same spec; backend code only translates it to its platform).
+//!
+//! Secrets are file contents. A backend mounts them as files in a folder whose path it puts in
+//! [`ENV_SECRETS_DIR`]; their bytes never appear in an environment value, a command line, a log line or a
+//! `Debug` print ([`SecretBytes`] redacts itself). Most secrets differ per worker (each worker's certificate
+//! names its rank), so a [`SecretValue`] is either the same for every rank or one value per rank.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Address of the coordinator's control endpoint (`host:port`); the worker dials it.
+pub const ENV_COORDINATOR: &str = "PHYSALIA_COORDINATOR_ADDR";
+/// The worker's rank, `0..world`.
+pub const ENV_RANK: &str = "PHYSALIA_RANK";
+/// The number of workers in this launch.
+pub const ENV_WORLD: &str = "PHYSALIA_WORLD";
+/// The job's id (the coordinator's, not a platform name).
+pub const ENV_JOB_ID: &str = "PHYSALIA_JOB_ID";
+/// The folder holding the worker's secret files (`ca.pem`, `cert.pem`, `key.pem`).
+pub const ENV_SECRETS_DIR: &str = "PHYSALIA_SECRETS_DIR";
+/// The port the worker's mesh endpoint listens on (UDP, QUIC), on every interface.
+pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
+/// The IP address peers reach this worker at, where the platform can tell it before the process starts
+/// (kubernetes: the pod IP). Where it is absent the worker advertises the local address of its route to
+/// the coordinator.
+pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
+
+/// The variables a backend sets itself; a [`WorkerSpec::env`] naming one of them is refused.
+pub const RESERVED_ENV: [&str; 7] = [
+    ENV_COORDINATOR,
+    ENV_RANK,
+    ENV_WORLD,
+    ENV_JOB_ID,
+    ENV_SECRETS_DIR,
+    ENV_MESH_PORT,
+    ENV_ADVERTISE_IP,
+];
+
+/// Where the secret files are mounted inside a worker container (kubernetes, aci).
+pub const CONTAINER_SECRETS_DIR: &str = "/var/run/physalia/secrets";
+
+/// One worker, as every backend receives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// The coordinator's job id. Platform object names are derived from it (see [`crate::LaunchId`]).
+    pub job_id: String,
+    /// Launches of this job so far (rescales, retries, prewarm): two launches of one job may run at once,
+    /// so each gets its own platform objects. The local backend's `WorkerLaunch::segment`.
+    pub segment: u32,
+    /// Container image reference, e.g. `ghcr.io/physalia/worker:0.1.0-cuda`.
+    pub image: String,
+    /// The full command (argv[0] first); empty runs the image's entrypoint and default command.
+    pub command: Vec<String>,
+    /// Virtual CPUs per worker (fractions allowed).
+    pub cpu: f64,
+    /// Memory per worker, GiB.
+    pub memory_gib: f64,
+    pub gpu: Option<GpuRequest>,
+    /// Plain environment (for example `RAYON_NUM_THREADS`); never secrets. The backend adds the
+    /// [`RESERVED_ENV`] variables.
+    pub env: BTreeMap<String, String>,
+    /// File name -> contents, mounted under [`ENV_SECRETS_DIR`].
+    pub secrets: BTreeMap<String, SecretValue>,
+    pub network: NetworkSpec,
+}
+
+/// GPUs per worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRequest {
+    pub count: u32,
+    /// The GPU model as the platform names it (kubernetes: the value of the node label
+    /// `nvidia.com/gpu.product`, e.g. `NVIDIA-H100-80GB-HBM3`); `None` takes any.
+    pub kind: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkSpec {
+    /// `host:port` of the coordinator's control endpoint as workers reach it (an IP in the workers'
+    /// network, or a DNS name the platform resolves).
+    pub coordinator_addr: String,
+    /// UDP port of each worker's mesh endpoint.
+    pub mesh_port: u16,
+}
+
+/// Secret bytes. `Debug` prints only the length; there is no `Display` and no `Serialize`, so a secret
+/// cannot reach a log or a job record by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretBytes(Vec<u8>);
+
+impl SecretBytes {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> SecretBytes {
+        SecretBytes(bytes.into())
+    }
+
+    /// The bytes, for the code that hands them to the platform's secret store.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretBytes(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+/// A secret file's contents: the same for every worker, or one per rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretValue {
+    Same(SecretBytes),
+    PerRank(Vec<SecretBytes>),
+}
+
+// Specs are recorded in the job store; secrets are not. A deserialized spec has no secrets and must get
+// them again from the coordinator (which re-issues certificates on every launch anyway).
+impl Serialize for SecretValue {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> std::result::Result<Self, D::Error> {
+        Err(serde::de::Error::custom(
+            "secret values are never stored; the coordinator issues them at launch",
+        ))
+    }
+}
+
+impl SecretValue {
+    /// The bytes rank `rank` gets.
+    pub fn for_rank(&self, rank: usize) -> &SecretBytes {
+        match self {
+            SecretValue::Same(b) => b,
+            SecretValue::PerRank(v) => &v[rank],
+        }
+    }
+}
+
+impl WorkerSpec {
+    /// Checks what every backend relies on, for a launch of `n_workers`.
+    pub fn validate(&self, n_workers: usize) -> Result<()> {
+        let bad = |msg: String| Err(Error::InvalidSpec(msg));
+        if n_workers == 0 {
+            return bad("a launch needs at least one worker".into());
+        }
+        if self.job_id.is_empty() {
+            return bad("job_id is empty".into());
+        }
+        if self.image.trim().is_empty() {
+            return bad("image is empty".into());
+        }
+        if !(self.cpu.is_finite() && self.cpu > 0.0) {
+            return bad(format!("cpu must be a positive number, got {}", self.cpu));
+        }
+        if !(self.memory_gib.is_finite() && self.memory_gib > 0.0) {
+            return bad(format!(
+                "memory_gib must be a positive number, got {}",
+                self.memory_gib
+            ));
+        }
+        if let Some(g) = &self.gpu
+            && g.count == 0
+        {
+            return bad("gpu.count is 0; leave gpu out for a CPU worker".into());
+        }
+        if self.network.mesh_port == 0 {
+            return bad("network.mesh_port is 0; workers need a fixed port peers can reach".into());
+        }
+        if self.network.coordinator_addr.rsplit_once(':').is_none_or(|(h, p)| {
+            h.is_empty() || p.parse::<u16>().is_err()
+        }) {
+            return bad(format!(
+                "network.coordinator_addr must be host:port, got {:?}",
+                self.network.coordinator_addr
+            ));
+        }
+        for name in self.env.keys() {
+            if RESERVED_ENV.contains(&name.as_str()) {
+                return bad(format!(
+                    "env sets {name}, which the backend sets itself; remove it"
+                ));
+            }
+            if !is_env_name(name) {
+                return bad(format!(
+                    "env name {name:?} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+                ));
+            }
+        }
+        for (name, value) in &self.secrets {
+            if !is_secret_file_name(name) {
+                return bad(format!(
+                    "secret file name {name:?} must be 1-253 characters of [-._a-zA-Z0-9], not . or .."
+                ));
+            }
+            if let SecretValue::PerRank(v) = value
+                && v.len() != n_workers
+            {
+                return bad(format!(
+                    "secret {name} has {} per-rank values for {n_workers} workers",
+                    v.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The environment of rank `rank` as backends set it literally (all but what a platform fills in
+    /// itself, like kubernetes's rank from the completion index), sorted by name.
+    pub fn base_env(&self, n_workers: usize) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        env.insert(
+            ENV_COORDINATOR.into(),
+            self.network.coordinator_addr.clone(),
+        );
+        env.insert(ENV_WORLD.into(), n_workers.to_string());
+        env.insert(ENV_JOB_ID.into(), self.job_id.clone());
+        env.insert(ENV_SECRETS_DIR.into(), CONTAINER_SECRETS_DIR.into());
+        env.insert(ENV_MESH_PORT.into(), self.network.mesh_port.to_string());
+        env
+    }
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A Kubernetes Secret key and a file name on every platform.
+fn is_secret_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn spec() -> WorkerSpec {
+        WorkerSpec {
+            job_id: "cora-1732000000".into(),
+            segment: 0,
+            image: "ghcr.io/physalia/worker:0.1.0".into(),
+            command: vec!["physalia-worker".into()],
+            cpu: 2.0,
+            memory_gib: 8.0,
+            gpu: None,
+            env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
+            secrets: BTreeMap::from([(
+                "ca.pem".into(),
+                SecretValue::Same(SecretBytes::new("CA")),
+            )]),
+            network: NetworkSpec {
+                coordinator_addr: "10.0.0.4:7000".into(),
+                mesh_port: 7100,
+            },
+        }
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let check = |f: &dyn Fn(&mut WorkerSpec), n: usize, needle: &str| {
+            let mut s = spec();
+            f(&mut s);
+            let err = s.validate(n).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+        };
+        assert!(spec().validate(2).is_ok());
+        check(&|_| {}, 0, "at least one worker");
+        check(&|s| s.cpu = 0.0, 1, "cpu");
+        check(&|s| s.memory_gib = f64::NAN, 1, "memory_gib");
+        check(&|s| s.network.coordinator_addr = "nohost".into(), 1, "host:port");
+        check(
+            &|s| {
+                s.env.insert(ENV_RANK.into(), "0".into());
+            },
+            1,
+            "PHYSALIA_RANK",
+        );
+        check(
+            &|s| {
+                s.secrets.insert("../key".into(), SecretValue::Same(SecretBytes::new("k")));
+            },
+            1,
+            "\"../key\"",
+        );
+        check(
+            &|s| {
+                s.secrets.insert(
+                    "key.pem".into(),
+                    SecretValue::PerRank(vec![SecretBytes::new("k")]),
+                );
+            },
+            2,
+            "1 per-rank values for 2 workers",
+        );
+    }
+
+    #[test]
+    fn secrets_never_print_or_serialize() {
+        let mut s = spec();
+        s.secrets.insert(
+            "key.pem".into(),
+            SecretValue::PerRank(vec![SecretBytes::new("PRIVATE KEY BYTES")]),
+        );
+        let debug = format!("{s:?}");
+        let json = serde_json::to_string(&s).unwrap();
+        for text in [debug, json] {
+            assert!(!text.contains("PRIVATE KEY BYTES"), "{text}");
+        }
+    }
+}

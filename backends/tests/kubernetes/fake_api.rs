@@ -1,0 +1,292 @@
+//! A small in-process Kubernetes API server behind kube-rs's `tower_test::mock` service: it keeps the
+//! objects it is sent, makes up pods for a resumed Job from a script (per poll, per rank), and records
+//! every request, create and delete so tests can check what a launch did and what it left behind.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+pub const NS: &str = "physalia";
+
+/// What the pod of one rank looks like at one poll.
+#[derive(Clone, Debug)]
+pub enum PodState {
+    /// No pod yet.
+    Absent,
+    Pending,
+    Unschedulable(&'static str),
+    Running,
+    ImagePull(&'static str),
+    Failed(i32),
+}
+
+/// How the fake answers.
+pub struct Script {
+    /// `(poll, rank) -> state`; polls count from 0 after the Job is resumed.
+    pub pods: Box<dyn Fn(usize, usize) -> PodState + Send>,
+    /// Creates of this resource (`jobs`, `secrets`, `services`) are refused with this code and message.
+    pub refuse_create: Option<(&'static str, u16, &'static str, String)>,
+    /// Events in the namespace (the Job controller's FailedCreate, for instance).
+    pub events: Vec<Value>,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Script {
+            pods: Box::new(|poll, _| if poll == 0 { PodState::Pending } else { PodState::Running }),
+            refuse_create: None,
+            events: Vec::new(),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Record {
+    /// `METHOD path?query`, in order.
+    pub requests: Vec<String>,
+    /// `resource/name` of every object created, and the bodies as sent.
+    pub created: Vec<String>,
+    pub bodies: Vec<Value>,
+    /// `resource/name` of every delete that found its object.
+    pub deleted: Vec<String>,
+    /// Merge patches sent, as `(name, patch)`.
+    pub patches: Vec<(String, Value)>,
+    /// Objects still stored, `resource/name`.
+    pub live: BTreeMap<String, Value>,
+    /// Requests the fake did not understand.
+    pub unexpected: Vec<String>,
+}
+
+pub struct FakeApi {
+    pub record: Arc<Mutex<Record>>,
+}
+
+impl FakeApi {
+    /// Starts the fake on the current runtime; returns a client talking to it.
+    pub fn start(script: Script) -> (kube::Client, FakeApi) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let record = Arc::new(Mutex::new(Record::default()));
+        let rec = record.clone();
+        tokio::spawn(async move {
+            let mut server = Server {
+                script,
+                record: rec,
+                resumed: None,
+                polls: 0,
+                uid: 0,
+            };
+            while let Some((request, send)) = handle.next_request().await {
+                let response = server.handle(request).await;
+                send.send_response(response);
+            }
+        });
+        (kube::Client::new(service, NS), FakeApi { record })
+    }
+
+    pub fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap()
+    }
+}
+
+struct Server {
+    script: Script,
+    record: Arc<Mutex<Record>>,
+    /// The resumed Job's name and completions.
+    resumed: Option<(String, usize)>,
+    polls: usize,
+    uid: u32,
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    respond(
+        StatusCode::from_u16(code).unwrap(),
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code
+        }),
+    )
+}
+
+impl Server {
+    async fn handle(&mut self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        self.record
+            .lock()
+            .unwrap()
+            .requests
+            .push(format!("{method} {path}?{query}"));
+
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        // /api/v1/namespaces/NS/RES[/NAME[/SUB]] or /apis/batch/v1/namespaces/NS/RES[/NAME]
+        let rest = match parts.as_slice() {
+            ["api", "v1", "namespaces", ns, rest @ ..] if *ns == NS => rest,
+            ["apis", "batch", "v1", "namespaces", ns, rest @ ..] if *ns == NS => rest,
+            _ => return self.unexpected(&method, &path),
+        };
+        match (&method, rest) {
+            (&Method::POST, [res]) => self.create(res, body),
+            (&Method::PATCH, ["jobs", name]) => self.patch_job(name, body),
+            (&Method::GET, ["pods"]) => self.list_pods(),
+            (&Method::GET, ["events"]) => respond(
+                StatusCode::OK,
+                &json!({"apiVersion": "v1", "kind": "EventList", "metadata": {},
+                        "items": self.script.events}),
+            ),
+            (&Method::GET, ["pods", name, "log"]) => Response::builder()
+                .status(200)
+                .body(Body::from(format!("log of {name}\n").into_bytes()))
+                .unwrap(),
+            (&Method::DELETE, [res, name]) => self.delete(res, name),
+            _ => self.unexpected(&method, &path),
+        }
+    }
+
+    fn unexpected(&mut self, method: &Method, path: &str) -> Response<Body> {
+        self.record
+            .lock()
+            .unwrap()
+            .unexpected
+            .push(format!("{method} {path}"));
+        status(404, "NotFound", "the fake API does not serve this")
+    }
+
+    fn create(&mut self, res: &str, mut body: Value) -> Response<Body> {
+        if let Some((r, code, reason, message)) = &self.script.refuse_create
+            && *r == res
+        {
+            return status(*code, reason, message);
+        }
+        let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+        let key = format!("{res}/{name}");
+        let mut rec = self.record.lock().unwrap();
+        if rec.live.contains_key(&key) {
+            return status(409, "AlreadyExists", &format!("{res} \"{name}\" already exists"));
+        }
+        rec.created.push(key.clone());
+        rec.bodies.push(body.clone());
+        self.uid += 1;
+        body["metadata"]["uid"] = json!(format!("00000000-0000-0000-0000-{:012}", self.uid));
+        body["metadata"]["resourceVersion"] = json!("1");
+        rec.live.insert(key, body.clone());
+        respond(StatusCode::CREATED, &body)
+    }
+
+    fn patch_job(&mut self, name: &str, patch: Value) -> Response<Body> {
+        let mut rec = self.record.lock().unwrap();
+        rec.patches.push((name.to_string(), patch.clone()));
+        let Some(job) = rec.live.get_mut(&format!("jobs/{name}")) else {
+            return status(404, "NotFound", &format!("jobs.batch \"{name}\" not found"));
+        };
+        if patch["spec"]["suspend"] == json!(false) {
+            job["spec"]["suspend"] = json!(false);
+            let n = job["spec"]["completions"].as_u64().unwrap() as usize;
+            self.resumed = Some((name.to_string(), n));
+        }
+        let job = job.clone();
+        respond(StatusCode::OK, &job)
+    }
+
+    fn list_pods(&mut self) -> Response<Body> {
+        let mut items = Vec::new();
+        if let Some((job, n)) = &self.resumed {
+            let deleted = &self.record.lock().unwrap().deleted;
+            for rank in 0..*n {
+                let pod_name = format!("{job}-{rank}-x7k2p");
+                if deleted.contains(&format!("pods/{pod_name}")) {
+                    continue;
+                }
+                let state = (self.script.pods)(self.polls, rank);
+                if let Some(pod) = pod(job, rank, &pod_name, &state) {
+                    items.push(pod);
+                }
+            }
+            self.polls += 1;
+        }
+        respond(
+            StatusCode::OK,
+            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
+                    "items": items}),
+        )
+    }
+
+    fn delete(&mut self, res: &str, name: &str) -> Response<Body> {
+        let key = format!("{res}/{name}");
+        let mut rec = self.record.lock().unwrap();
+        if res == "pods" {
+            rec.deleted.push(key);
+            return respond(StatusCode::OK, &json!({"kind": "Status", "apiVersion": "v1",
+                "metadata": {}, "status": "Success"}));
+        }
+        match rec.live.remove(&key) {
+            Some(obj) => {
+                rec.deleted.push(key);
+                respond(StatusCode::OK, &obj)
+            }
+            None => status(404, "NotFound", &format!("{res} \"{name}\" not found")),
+        }
+    }
+}
+
+fn pod(job: &str, rank: usize, name: &str, state: &PodState) -> Option<Value> {
+    let waiting = |reason: &str, message: &str| {
+        json!([{"name": "worker", "image": "img", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}}}])
+    };
+    let (phase, ip, containers, conditions) = match state {
+        PodState::Absent => return None,
+        PodState::Pending => ("Pending", None, waiting("ContainerCreating", ""), json!([])),
+        PodState::Unschedulable(msg) => (
+            "Pending",
+            None,
+            json!([]),
+            json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": msg}]),
+        ),
+        PodState::ImagePull(msg) => ("Pending", None, waiting("ErrImagePull", msg), json!([])),
+        PodState::Running => (
+            "Running",
+            Some(format!("10.244.1.{}", 10 + rank)),
+            json!([{"name": "worker", "image": "img", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}}]),
+            json!([]),
+        ),
+        PodState::Failed(code) => (
+            "Failed",
+            Some(format!("10.244.1.{}", 10 + rank)),
+            json!([{"name": "worker", "image": "img", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]),
+            json!([]),
+        ),
+    };
+    let index = rank.to_string();
+    Some(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": NS,
+            "creationTimestamp": "2026-11-21T00:00:00Z",
+            "labels": {"physalia.dev/launch": job, "batch.kubernetes.io/job-completion-index": index},
+            "annotations": {"batch.kubernetes.io/job-completion-index": index}
+        },
+        "spec": {"hostname": format!("{job}-{rank}"), "subdomain": job,
+                 "containers": [{"name": "worker"}]},
+        "status": {"phase": phase, "podIP": ip, "containerStatuses": containers,
+                   "conditions": conditions}
+    }))
+}

@@ -1,0 +1,515 @@
+//! The kubernetes backend against a fake API server (kube-rs's `tower_test` mock pattern), and every object
+//! it sends, plus `infra/k8s/`, validated against the Kubernetes OpenAPI schemas with `kubernetes-validate`.
+
+mod fake_api;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fake_api::{FakeApi, NS, PodState, Script};
+use physalia_backends::kubernetes::{KubernetesBackend, KubernetesConfig, launch_objects};
+use physalia_backends::{
+    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
+    WorkerState,
+};
+use serde_json::{Value, json};
+
+const CA: &str = "-----BEGIN CERTIFICATE-----\nCA-CERT\n-----END CERTIFICATE-----\n";
+
+fn key(rank: usize) -> String {
+    format!("-----BEGIN PRIVATE KEY-----\nKEY-OF-RANK-{rank}\n-----END PRIVATE KEY-----\n")
+}
+
+fn spec(n: usize) -> WorkerSpec {
+    WorkerSpec {
+        job_id: "cora-1732000000".into(),
+        segment: 0,
+        image: "ghcr.io/physalia/worker:0.1.0".into(),
+        command: vec!["physalia-worker".into()],
+        cpu: 2.0,
+        memory_gib: 7.5,
+        gpu: None,
+        env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
+        secrets: BTreeMap::from([
+            ("ca.pem".into(), SecretValue::Same(SecretBytes::new(CA))),
+            (
+                "cert.pem".into(),
+                SecretValue::PerRank((0..n).map(|r| SecretBytes::new(format!("CERT-{r}"))).collect()),
+            ),
+            (
+                "key.pem".into(),
+                SecretValue::PerRank((0..n).map(|r| SecretBytes::new(key(r))).collect()),
+            ),
+        ]),
+        network: NetworkSpec {
+            coordinator_addr: "10.244.0.5:7000".into(),
+            mesh_port: 7100,
+        },
+    }
+}
+
+fn gpu_spec(n: usize) -> WorkerSpec {
+    WorkerSpec {
+        gpu: Some(GpuRequest {
+            count: 1,
+            kind: Some("NVIDIA-H100-80GB-HBM3".into()),
+        }),
+        ..spec(n)
+    }
+}
+
+fn config() -> KubernetesConfig {
+    KubernetesConfig {
+        namespace: NS.into(),
+        poll_interval: Duration::from_millis(1),
+        start_timeout: Duration::from_secs(5),
+        ..KubernetesConfig::default()
+    }
+}
+
+fn backend(script: Script) -> (KubernetesBackend, FakeApi) {
+    let (client, fake) = FakeApi::start(script);
+    (KubernetesBackend::new(client, config()), fake)
+}
+
+const NAME: &str = "physalia-cora-1732000000-s0";
+
+fn all_objects() -> Vec<String> {
+    vec![
+        format!("jobs/{NAME}"),
+        format!("secrets/{NAME}"),
+        format!("services/{NAME}"),
+    ]
+}
+
+/// Everything the launch created was deleted, and nothing is left.
+fn assert_cleaned_up(fake: &FakeApi) {
+    let rec = fake.record();
+    assert!(!rec.created.is_empty());
+    for c in &rec.created {
+        assert!(rec.deleted.contains(c), "{c} was created and never deleted: {:?}", rec.deleted);
+    }
+    assert!(rec.live.is_empty(), "left behind: {:?}", rec.live.keys());
+    assert!(rec.unexpected.is_empty(), "{:?}", rec.unexpected);
+}
+
+#[tokio::test]
+async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_exists() {
+    let (backend, fake) = backend(Script::default());
+    let launched = backend.launch(&spec(3), 3).await.unwrap();
+
+    assert_eq!(launched.id, LaunchId::new("cora-1732000000", 0));
+    let ranks: Vec<_> = launched.workers.iter().map(|w| (w.rank, w.state)).collect();
+    assert_eq!(
+        ranks,
+        [(0, WorkerState::Running), (1, WorkerState::Running), (2, WorkerState::Running)]
+    );
+    assert_eq!(launched.workers[1].ip, Some("10.244.1.11".parse().unwrap()));
+    assert_eq!(
+        launched.workers[1].dns_name.as_deref(),
+        Some(format!("{NAME}-1.{NAME}.{NS}.svc").as_str())
+    );
+
+    let rec = fake.record();
+    assert_eq!(rec.created, all_objects(), "Job first, then Secret and Service");
+    let job = &rec.bodies[0];
+    assert_eq!(job["spec"]["suspend"], json!(true));
+    assert_eq!(job["spec"]["completionMode"], "Indexed");
+    assert_eq!(job["spec"]["completions"], 3);
+    assert_eq!(job["spec"]["parallelism"], 3);
+    assert_eq!(job["spec"]["backoffLimitPerIndex"], 0);
+    // The Secret and the Service belong to the Job, by its uid.
+    let job_uid = rec.live[&format!("jobs/{NAME}")]["metadata"]["uid"].clone();
+    for dependant in &rec.bodies[1..] {
+        let owner = &dependant["metadata"]["ownerReferences"][0];
+        assert_eq!((owner["kind"].as_str(), &owner["uid"]), (Some("Job"), &job_uid));
+    }
+    // Resumed only after both exist.
+    let resume = rec
+        .requests
+        .iter()
+        .position(|r| r.starts_with("PATCH"))
+        .unwrap();
+    let last_create = rec.requests.iter().rposition(|r| r.starts_with("POST")).unwrap();
+    assert!(resume > last_create, "{:?}", rec.requests);
+    assert_eq!(rec.patches, [(NAME.to_string(), json!({"spec": {"suspend": false}}))]);
+
+    // Rank from the completion index; the rank's own folder of the Secret mounted as the secrets dir.
+    let pod = &job["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let env: BTreeMap<&str, &Value> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e))
+        .collect();
+    assert_eq!(
+        env["PHYSALIA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    );
+    assert_eq!(env["PHYSALIA_SECRETS_DIR"]["value"], "/var/run/physalia/secrets");
+    assert_eq!(env["PHYSALIA_WORLD"]["value"], "3");
+    assert_eq!(env["PHYSALIA_COORDINATOR_ADDR"]["value"], "10.244.0.5:7000");
+    assert_eq!(c["volumeMounts"][0]["subPathExpr"], "$(PHYSALIA_RANK)");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["subdomain"], NAME);
+    let items = pod["volumes"][0]["secret"]["items"].as_array().unwrap();
+    let paths: Vec<(&str, &str)> = items
+        .iter()
+        .map(|i| (i["key"].as_str().unwrap(), i["path"].as_str().unwrap()))
+        .collect();
+    assert!(paths.contains(&("rank-1.key.pem", "1/key.pem")), "{paths:?}");
+    assert!(paths.contains(&("shared.ca.pem", "2/ca.pem")), "{paths:?}");
+
+    // The keys travel only in the Secret.
+    let secret = &rec.bodies[1];
+    assert_eq!(secret["kind"], "Secret");
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    assert_eq!(secret["data"]["rank-2.key.pem"], json!(b64(&key(2))));
+    for other in [&rec.bodies[0], &rec.bodies[2]] {
+        let text = other.to_string();
+        assert!(!text.contains("KEY-OF-RANK") && !text.contains(&b64(&key(0))), "{text}");
+    }
+    assert!(rec.deleted.is_empty());
+}
+
+#[tokio::test]
+async fn gpu_workers_get_nvidia_limits_a_product_selector_and_the_gpu_toleration() {
+    let (backend, fake) = backend(Script::default());
+    backend.launch(&gpu_spec(2), 2).await.unwrap();
+    let rec = fake.record();
+    let pod = &rec.bodies[0]["spec"]["template"]["spec"];
+    let res = &pod["containers"][0]["resources"];
+    assert_eq!(res["limits"]["nvidia.com/gpu"], "1");
+    assert_eq!(res["requests"]["nvidia.com/gpu"], "1");
+    assert_eq!(res["requests"]["cpu"], "2000m");
+    assert_eq!(res["requests"]["memory"], "7680Mi");
+    assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+    assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+}
+
+#[tokio::test]
+async fn an_image_pull_failure_at_the_third_of_four_workers_deletes_everything() {
+    let script = Script {
+        pods: Box::new(|poll, rank| match (poll, rank) {
+            (0, _) => PodState::Pending,
+            (_, 2) => PodState::ImagePull("manifest unknown: ghcr.io/physalia/worker:0.1.0"),
+            (_, 3) => PodState::Pending,
+            _ => PodState::Running,
+        }),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&spec(4), 4).await.unwrap_err();
+    match &err {
+        Error::ImageMissing { image, rank, detail, .. } => {
+            assert_eq!((image.as_str(), *rank), ("ghcr.io/physalia/worker:0.1.0", 2));
+            assert!(detail.contains("ErrImagePull: manifest unknown"), "{detail}");
+        }
+        other => panic!("wanted ImageMissing, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "kubernetes: image ghcr.io/physalia/worker:0.1.0 could not be pulled for worker 2: \
+         ErrImagePull: manifest unknown: ghcr.io/physalia/worker:0.1.0"
+    );
+    assert_eq!(fake.record().created, all_objects());
+    assert_cleaned_up(&fake);
+}
+
+#[tokio::test]
+async fn a_quota_refusing_the_fourth_pod_is_a_quota_error_and_deletes_everything() {
+    let refusal = "pods \"physalia-cora-1732000000-s0-3-abcde\" is forbidden: exceeded quota: \
+                   gpu-quota, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=3, \
+                   limited: requests.nvidia.com/gpu=3";
+    let script = Script {
+        pods: Box::new(|_, rank| if rank == 3 { PodState::Absent } else { PodState::Running }),
+        events: vec![json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "e1", "namespace": NS},
+            "involvedObject": {"kind": "Job", "name": NAME, "namespace": NS},
+            "reason": "FailedCreate", "type": "Warning", "message": refusal
+        })],
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&gpu_spec(4), 4).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Quota { rank: Some(3), detail, .. } if detail == refusal),
+        "{err:?}"
+    );
+    assert!(err.to_string().starts_with("kubernetes: quota exceeded launching worker 3: pods"));
+    assert_cleaned_up(&fake);
+    let rec = fake.record();
+    let events = rec.requests.iter().find(|r| r.contains("/events?")).unwrap();
+    assert!(events.contains("fieldSelector=involvedObject.kind%3DJob%2CinvolvedObject.name%3Dphysalia"), "{events}");
+}
+
+#[tokio::test]
+async fn a_failed_pod_names_its_rank_and_exit_code() {
+    let script = Script {
+        pods: Box::new(|_, rank| if rank == 1 { PodState::Failed(3) } else { PodState::Running }),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&spec(2), 2).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "kubernetes: worker 1 failed to start: exit code 3 (Error)"
+    );
+    assert_cleaned_up(&fake);
+}
+
+#[tokio::test]
+async fn an_unschedulable_worker_times_out_naming_the_rank_and_the_schedulers_reason() {
+    let script = Script {
+        pods: Box::new(|_, rank| {
+            if rank == 1 {
+                PodState::Unschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+            } else {
+                PodState::Running
+            }
+        }),
+        ..Script::default()
+    };
+    let (client, fake) = FakeApi::start(script);
+    let cfg = KubernetesConfig {
+        start_timeout: Duration::from_millis(50),
+        ..config()
+    };
+    let err = KubernetesBackend::new(client, cfg)
+        .launch(&gpu_spec(2), 2)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "kubernetes: gave up after 0 s waiting for workers 1 (Unschedulable: 0/3 nodes are \
+             available: 3 Insufficient nvidia.com/gpu.) to start"
+        ),
+        "{err}"
+    );
+    assert_cleaned_up(&fake);
+}
+
+#[tokio::test]
+async fn bad_credentials_are_a_credentials_error_and_create_nothing() {
+    let script = Script {
+        refuse_create: Some(("jobs", 401, "Unauthorized", "Unauthorized".into())),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&spec(2), 2).await.unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err:?}");
+    assert!(err.to_string().contains("kubectl auth whoami"), "{err}");
+    let rec = fake.record();
+    assert!(rec.created.is_empty() && rec.deleted.is_empty());
+    assert!(!rec.requests.iter().any(|r| r.starts_with("DELETE")), "{:?}", rec.requests);
+}
+
+#[tokio::test]
+async fn a_forbidden_secret_points_to_the_rbac_and_deletes_the_job() {
+    let message = "secrets is forbidden: User \"system:serviceaccount:physalia:default\" cannot \
+                   create resource \"secrets\" in API group \"\" in the namespace \"physalia\"";
+    let script = Script {
+        refuse_create: Some(("secrets", 403, "Forbidden", message.into())),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&spec(2), 2).await.unwrap_err();
+    assert!(matches!(err, Error::Permission { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("create secrets in namespace physalia"), "{text}");
+    assert!(text.contains("infra/k8s/rbac.yaml"), "{text}");
+    assert_eq!(fake.record().created, [format!("jobs/{NAME}")]);
+    assert_cleaned_up(&fake);
+}
+
+#[tokio::test]
+async fn a_quota_on_jobs_refuses_the_create_with_a_quota_error() {
+    let message = "jobs.batch \"x\" is forbidden: exceeded quota: jobs, requested: count/jobs.batch=1, \
+                   used: count/jobs.batch=10, limited: count/jobs.batch=10";
+    let script = Script {
+        refuse_create: Some(("jobs", 403, "Forbidden", message.into())),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend.launch(&spec(2), 2).await.unwrap_err();
+    assert!(matches!(&err, Error::Quota { detail, .. } if detail == message), "{err:?}");
+    assert!(fake.record().created.is_empty());
+}
+
+#[tokio::test]
+async fn launching_the_same_segment_twice_deletes_nothing_of_the_first() {
+    let (backend, fake) = backend(Script::default());
+    backend.launch(&spec(2), 2).await.unwrap();
+    let err = backend.launch(&spec(2), 2).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "kubernetes: jobs.batch/{NAME} in namespace physalia already exists; stop that launch \
+             first or use a new segment"
+        )
+    );
+    let rec = fake.record();
+    assert!(rec.deleted.is_empty(), "{:?}", rec.deleted);
+    assert_eq!(rec.live.len(), 3);
+}
+
+#[tokio::test]
+async fn list_stop_logs_and_stop_all() {
+    let (backend, fake) = backend(Script::default());
+    let launched = backend.launch(&spec(2), 2).await.unwrap();
+    let id = &launched.id;
+
+    let listed = backend.list(id).await.unwrap();
+    assert_eq!(listed, launched.workers);
+
+    let logs = backend.logs(id, 1).await.unwrap();
+    assert_eq!(logs, format!("log of {NAME}-1-x7k2p\n"));
+
+    backend.stop(id, 1).await.unwrap();
+    assert!(fake.record().deleted.contains(&format!("pods/{NAME}-1-x7k2p")));
+    let after: Vec<usize> = backend.list(id).await.unwrap().iter().map(|w| w.rank).collect();
+    assert_eq!(after, [0]);
+    assert!(matches!(
+        backend.logs(id, 1).await,
+        Err(Error::NoSuchWorker { rank: 1, .. })
+    ));
+
+    backend.stop_all(id).await.unwrap();
+    assert_cleaned_up(&fake);
+    // Stopping again finds nothing and is fine.
+    backend.stop_all(id).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Schema validation and golden objects
+// ---------------------------------------------------------------------------------------------------
+
+/// The Kubernetes versions every object must validate against: the oldest supported and the newest
+/// schemas `kubernetes-validate` ships.
+const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+
+fn validator_available() -> bool {
+    match Command::new("kubernetes-validate").arg("--version").output() {
+        Ok(out) => out.status.success(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => panic!("running kubernetes-validate: {e}"),
+    }
+}
+
+/// Runs `kubernetes-validate --strict` over `files` for every version in [`K8S_VERSIONS`].
+fn validate(files: &[PathBuf]) {
+    for version in K8S_VERSIONS {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "--no-warn", "-k", version])
+            .args(files)
+            .output()
+            .expect("running kubernetes-validate");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubernetes {version}:\n{text}");
+        assert!(!text.contains("ERROR"), "kubernetes {version}:\n{text}");
+    }
+}
+
+fn infra_manifests() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/k8s");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    files
+}
+
+/// Every object a launch sends (as sent, owner references included) and every manifest under
+/// `infra/k8s/` validates against the Kubernetes 1.30 and 1.37 OpenAPI schemas, strictly (no unknown
+/// fields). Without `kubernetes-validate` installed the test says so and passes, unless
+/// `PHYSALIA_REQUIRE_K8S_VALIDATE=1` (CI sets it) makes that a failure.
+#[tokio::test]
+async fn every_generated_object_and_infra_manifest_validates_against_the_kubernetes_schemas() {
+    if !validator_available() {
+        if std::env::var("PHYSALIA_REQUIRE_K8S_VALIDATE").as_deref() == Ok("1") {
+            panic!("kubernetes-validate is required here: pip install kubernetes-validate");
+        }
+        println!("skipping: kubernetes-validate not installed (pip install kubernetes-validate)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = infra_manifests();
+    for (label, spec) in [("cpu", spec(3)), ("gpu", gpu_spec(4))] {
+        let (backend, fake) = backend(Script::default());
+        let n = spec.secrets["key.pem"].clone();
+        let n = match n {
+            SecretValue::PerRank(v) => v.len(),
+            SecretValue::Same(_) => 1,
+        };
+        backend.launch(&spec, n).await.unwrap();
+        for (i, body) in fake.record().bodies.iter().enumerate() {
+            let path = dir.path().join(format!("{label}-{i}.json"));
+            std::fs::write(&path, serde_json::to_vec_pretty(body).unwrap()).unwrap();
+            files.push(path);
+        }
+    }
+    validate(&files);
+}
+
+/// The validator has teeth: a misspelt field and a wrong type are refused.
+#[test]
+fn the_schema_check_refuses_a_bad_object() {
+    if !validator_available() {
+        println!("skipping: kubernetes-validate not installed (pip install kubernetes-validate)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = [
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+               "spec": {"clusterIp": "None"}}),
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"},
+               "spec": {"completions": "3", "template": {"spec": {"containers": []}}}}),
+    ];
+    for (i, obj) in bad.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.json"));
+        std::fs::write(&path, obj.to_string()).unwrap();
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", "1.30.0"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{obj} was accepted");
+    }
+}
+
+/// The objects of a GPU launch, as they would be sent (before the Job's uid exists), against a golden
+/// file. `BLESS=1 cargo test -p physalia-backends` rewrites it after a deliberate change.
+#[test]
+fn golden_launch_objects() {
+    let objects = launch_objects(&config(), &gpu_spec(2), 2).unwrap();
+    let actual = serde_json::to_string_pretty(&json!({
+        "job": objects.job,
+        "service": objects.service,
+        "secret": objects.secret,
+    }))
+    .unwrap()
+        + "\n";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubernetes/golden/launch-gpu.json");
+    if std::env::var("BLESS").as_deref() == Ok("1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
+    assert_eq!(expected, actual, "generated objects changed; BLESS=1 rewrites {}", path.display());
+}
