@@ -222,6 +222,13 @@ impl<O: Ops> DeviceModel<O> {
         Ok(())
     }
 
+    /// Forgets the cached `A X` (call when the graph or the features change), as `Model::clear_cache`.
+    pub fn clear_cache(&mut self, ops: &mut O) {
+        if let Some(m) = self.input_agg.take() {
+            ops.recycle(m);
+        }
+    }
+
     fn first_aggregation_is_constant(&self, pass: Pass) -> bool {
         self.layers[0].aggregate_first && (self.cfg.input_dropout == 0.0 || pass == Pass::Eval)
     }
