@@ -96,9 +96,9 @@ mod tests {
         let cases = [
             ("cora-1732000000", 0, "physalia-cora-1732000000-s0"),
             ("cora-1732000000", 12, "physalia-cora-1732000000-s12"),
-            ("Cora_Run 1", 0, "physalia-cora-run-1-1a2d5fe6-s0"),
+            ("Cora_Run 1", 0, "physalia-cora-run-1-6915daeb-s0"),
             ("cora-run-1", 0, "physalia-cora-run-1-s0"),
-            ("---", 3, "physalia-a54ec3ee-s3"),
+            ("---", 3, "physalia-de1b3246-s3"),
         ];
         for (job, seg, want) in cases {
             let got = LaunchId::new(job, seg).base_name();

@@ -172,9 +172,12 @@ impl WorkerSpec {
         if self.network.mesh_port == 0 {
             return bad("network.mesh_port is 0; workers need a fixed port peers can reach".into());
         }
-        if self.network.coordinator_addr.rsplit_once(':').is_none_or(|(h, p)| {
-            h.is_empty() || p.parse::<u16>().is_err()
-        }) {
+        if self
+            .network
+            .coordinator_addr
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
             return bad(format!(
                 "network.coordinator_addr must be host:port, got {:?}",
                 self.network.coordinator_addr
@@ -258,10 +261,7 @@ pub(crate) mod tests {
             memory_gib: 8.0,
             gpu: None,
             env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
-            secrets: BTreeMap::from([(
-                "ca.pem".into(),
-                SecretValue::Same(SecretBytes::new("CA")),
-            )]),
+            secrets: BTreeMap::from([("ca.pem".into(), SecretValue::Same(SecretBytes::new("CA")))]),
             network: NetworkSpec {
                 coordinator_addr: "10.0.0.4:7000".into(),
                 mesh_port: 7100,
@@ -281,7 +281,11 @@ pub(crate) mod tests {
         check(&|_| {}, 0, "at least one worker");
         check(&|s| s.cpu = 0.0, 1, "cpu");
         check(&|s| s.memory_gib = f64::NAN, 1, "memory_gib");
-        check(&|s| s.network.coordinator_addr = "nohost".into(), 1, "host:port");
+        check(
+            &|s| s.network.coordinator_addr = "nohost".into(),
+            1,
+            "host:port",
+        );
         check(
             &|s| {
                 s.env.insert(ENV_RANK.into(), "0".into());
@@ -291,7 +295,8 @@ pub(crate) mod tests {
         );
         check(
             &|s| {
-                s.secrets.insert("../key".into(), SecretValue::Same(SecretBytes::new("k")));
+                s.secrets
+                    .insert("../key".into(), SecretValue::Same(SecretBytes::new("k")));
             },
             1,
             "\"../key\"",

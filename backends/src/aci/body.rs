@@ -12,8 +12,8 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::AciConfig;
-use crate::spec::{CONTAINER_SECRETS_DIR, ENV_RANK, WorkerSpec};
 use crate::LaunchId;
+use crate::spec::{CONTAINER_SECRETS_DIR, ENV_RANK, WorkerSpec};
 
 /// The container's name in every group.
 pub const CONTAINER: &str = "worker";
@@ -46,7 +46,12 @@ pub fn container_group(cfg: &AciConfig, spec: &WorkerSpec, n_workers: usize, ran
     let secret_files: serde_json::Map<String, Value> = spec
         .secrets
         .iter()
-        .map(|(file, v)| (file.clone(), Value::String(b64.encode(v.for_rank(rank).expose()))))
+        .map(|(file, v)| {
+            (
+                file.clone(),
+                Value::String(b64.encode(v.for_rank(rank).expose())),
+            )
+        })
         .collect();
     let port = spec.network.mesh_port;
 

@@ -384,19 +384,42 @@ impl AciBackend {
             .map_err(fail)?;
         if !resp.status().is_success() {
             let status = resp.status();
+            if status.is_client_error() {
+                // ARM refused the request itself: nothing was created. (A 5xx may have created it.)
+                attempted
+                    .lock()
+                    .expect("attempted list lock")
+                    .retain(|&r| r != rank);
+            }
             let text = resp.text().await.unwrap_or_default();
             return Err(fail(self.image_or(status, &text, spec, rank, &op)));
         }
-        if let Err(e) = self.follow(resp, &op).await {
-            return Err(fail(self.reclassify_image(e, spec, rank)));
-        }
-        let got = self.get_group(&group).await.map_err(fail)?;
-        let Some(got) = got else {
-            return Err(fail(Error::WorkerFailed {
-                backend: NAME,
-                rank,
-                detail: format!("container group {group} vanished after it was created"),
-            }));
+        // Even when the operation failed, the group may exist and say why (an image pull in its events).
+        let lro = self.follow(resp, &op).await;
+        let got = self.get_group(&group).await;
+        let got = match (lro, got) {
+            (Ok(()), Ok(Some(g))) => g,
+            (Ok(()), Ok(None)) => {
+                return Err(fail(Error::WorkerFailed {
+                    backend: NAME,
+                    rank,
+                    detail: format!("container group {group} vanished after it was created"),
+                }));
+            }
+            (Ok(()), Err(e)) => return Err(fail(e)),
+            (Err(e), Ok(Some(g))) => {
+                let events = group_events(&g);
+                return Err(fail(match events.iter().find(|e| is_image_message(e)) {
+                    Some(pull) => Error::ImageMissing {
+                        backend: NAME,
+                        image: spec.image.clone(),
+                        rank,
+                        detail: format!("{pull} ({e})"),
+                    },
+                    None => self.reclassify_image(e, spec, rank),
+                }));
+            }
+            (Err(e), _) => return Err(fail(self.reclassify_image(e, spec, rank))),
         };
         let status = group_status(rank, &group, &got);
         if status.state == WorkerState::Failed {
@@ -491,7 +514,10 @@ impl AciBackend {
     /// Names and ranks of the launch's groups, from the resource group's list (following `nextLink`).
     async fn launch_groups(&self, launch: &LaunchId) -> Result<BTreeMap<usize, String>> {
         let base = launch.base_name();
-        let op = format!("list container groups in resource group {}", self.cfg.resource_group);
+        let op = format!(
+            "list container groups in resource group {}",
+            self.cfg.resource_group
+        );
         let mut url = format!("{}?api-version={API_VERSION}", self.groups_url());
         let mut out = BTreeMap::new();
         loop {
@@ -659,7 +685,10 @@ fn is_image_message(s: &str) -> bool {
 
 fn group_events(g: &Value) -> Vec<String> {
     let props = &g["properties"];
-    let group_events = props["instanceView"]["events"].as_array().into_iter().flatten();
+    let group_events = props["instanceView"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten();
     let container_events = props["containers"]
         .as_array()
         .into_iter()
@@ -692,7 +721,10 @@ fn group_status(rank: usize, name: &str, g: &Value) -> WorkerStatus {
         _ => WorkerState::Unknown,
     };
     let current = &props["containers"][0]["properties"]["instanceView"]["currentState"];
-    let detail = match (current["detailStatus"].as_str(), current["exitCode"].as_i64()) {
+    let detail = match (
+        current["detailStatus"].as_str(),
+        current["exitCode"].as_i64(),
+    ) {
         (Some(d), Some(code)) if !d.is_empty() => Some(format!("{d} (exit code {code})")),
         (Some(d), None) if !d.is_empty() => Some(d.to_string()),
         (_, Some(code)) => Some(format!("exit code {code}")),
@@ -702,7 +734,9 @@ fn group_status(rank: usize, name: &str, g: &Value) -> WorkerStatus {
         rank,
         name: name.to_string(),
         state,
-        ip: props["ipAddress"]["ip"].as_str().and_then(|ip| ip.parse().ok()),
+        ip: props["ipAddress"]["ip"]
+            .as_str()
+            .and_then(|ip| ip.parse().ok()),
         dns_name: props["ipAddress"]["fqdn"].as_str().map(str::to_string),
         detail,
     }

@@ -16,16 +16,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 
 use crate::error::{BackendName, Error, Result};
 use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
 
 pub mod objects;
 
-pub use objects::{LaunchObjects, launch_objects};
 use objects::{COMPLETION_INDEX, CONTAINER, LABEL_LAUNCH};
+pub use objects::{LaunchObjects, launch_objects};
 
 const NAME: BackendName = "kubernetes";
 
@@ -350,10 +350,7 @@ impl KubernetesBackend {
                 409 if s.is_already_exists() => {
                     return Error::AlreadyExists {
                         backend: NAME,
-                        what: format!(
-                            "{resource}/{name} in namespace {}",
-                            self.cfg.namespace
-                        ),
+                        what: format!("{resource}/{name} in namespace {}", self.cfg.namespace),
                     };
                 }
                 404 => {
@@ -441,7 +438,10 @@ impl Backend for KubernetesBackend {
         let id = LaunchId::new(&spec.job_id, spec.segment);
         let name = id.base_name();
         let mut created = Created::default();
-        match self.try_launch(spec, n_workers, objects, &mut created).await {
+        match self
+            .try_launch(spec, n_workers, objects, &mut created)
+            .await
+        {
             Ok(workers) => Ok(Launched { id, workers }),
             Err(err) => {
                 let leftovers = self.delete_objects(&name, created).await;
@@ -466,7 +466,11 @@ impl Backend for KubernetesBackend {
         // backoffLimitPerIndex is 0: the Job controller marks the index failed and does not replace it.
         let pod = self.pod_for(launch, rank).await?;
         let name = pod.metadata.name.unwrap_or_default();
-        match self.api::<Pod>().delete(&name, &DeleteParams::default()).await {
+        match self
+            .api::<Pod>()
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(self.api_error(e, &format!("delete pod {name}"))),
@@ -512,7 +516,8 @@ fn is_not_found(e: &kube::Error) -> bool {
 }
 
 fn pod_rank(pod: &Pod) -> Option<usize> {
-    let from = |m: &Option<BTreeMap<String, String>>| m.as_ref()?.get(COMPLETION_INDEX)?.parse().ok();
+    let from =
+        |m: &Option<BTreeMap<String, String>>| m.as_ref()?.get(COMPLETION_INDEX)?.parse().ok();
     from(&pod.metadata.annotations).or_else(|| from(&pod.metadata.labels))
 }
 
@@ -536,7 +541,12 @@ fn image_error(pod: &Pod) -> Option<String> {
 /// A container the kubelet cannot even create (a missing key, a bad mount): it will not fix itself.
 fn config_error(pod: &Pod) -> Option<String> {
     waiting_states(pod)
-        .find(|(reason, _)| matches!(*reason, "CreateContainerConfigError" | "CreateContainerError"))
+        .find(|(reason, _)| {
+            matches!(
+                *reason,
+                "CreateContainerConfigError" | "CreateContainerError"
+            )
+        })
         .map(|(reason, message)| format!("{reason}: {}", message.unwrap_or("")))
 }
 
@@ -549,7 +559,10 @@ fn pod_detail(pod: &Pod) -> Option<String> {
             return Some(format!(
                 "exit code {}{}",
                 t.exit_code,
-                t.reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
+                t.reason
+                    .as_ref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
             ));
         }
         if let Some(w) = &state.waiting {

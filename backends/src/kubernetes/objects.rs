@@ -21,19 +21,16 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
-    Secret, SecretVolumeSource, Service, ServicePort, ServiceSpec, Toleration, Volume,
-    VolumeMount,
+    Secret, SecretVolumeSource, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::KubernetesConfig;
-use crate::error::{Error, Result};
-use crate::spec::{
-    CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_RANK, SecretValue, WorkerSpec,
-};
 use crate::LaunchId;
+use crate::error::{Error, Result};
+use crate::spec::{CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_RANK, SecretValue, WorkerSpec};
 
 /// The label every object of a launch carries; its value is [`LaunchId::base_name`].
 pub const LABEL_LAUNCH: &str = "physalia.dev/launch";
@@ -128,7 +125,9 @@ pub fn launch_objects(
     let mut env = vec![
         EnvVar {
             name: ENV_RANK.into(),
-            value_from: Some(field(&format!("metadata.annotations['{COMPLETION_INDEX}']"))),
+            value_from: Some(field(&format!(
+                "metadata.annotations['{COMPLETION_INDEX}']"
+            ))),
             ..EnvVar::default()
         },
         EnvVar {
@@ -137,11 +136,15 @@ pub fn launch_objects(
             ..EnvVar::default()
         },
     ];
-    env.extend(spec.base_env(n_workers).into_iter().map(|(name, value)| EnvVar {
-        name,
-        value: Some(value),
-        ..EnvVar::default()
-    }));
+    env.extend(
+        spec.base_env(n_workers)
+            .into_iter()
+            .map(|(name, value)| EnvVar {
+                name,
+                value: Some(value),
+                ..EnvVar::default()
+            }),
+    );
 
     let mut requests = BTreeMap::from([
         ("cpu".to_string(), cpu_quantity(spec.cpu)),
@@ -155,7 +158,10 @@ pub fn launch_objects(
         requests.insert(GPU_RESOURCE.into(), count.clone());
         limits.insert(GPU_RESOURCE.into(), count);
         if let Some(kind) = &gpu.kind {
-            node_selector = Some(BTreeMap::from([(cfg.gpu_product_label.clone(), kind.clone())]));
+            node_selector = Some(BTreeMap::from([(
+                cfg.gpu_product_label.clone(),
+                kind.clone(),
+            )]));
         }
         // GPU node pools (AKS, GKE, EKS) taint their nodes so only pods asking for GPUs land there.
         tolerations = Some(vec![Toleration {
@@ -229,9 +235,10 @@ pub fn launch_objects(
                     }]),
                     node_selector,
                     tolerations,
-                    image_pull_secrets: cfg.image_pull_secret.as_ref().map(|s| {
-                        vec![LocalObjectReference { name: s.clone() }]
-                    }),
+                    image_pull_secrets: cfg
+                        .image_pull_secret
+                        .as_ref()
+                        .map(|s| vec![LocalObjectReference { name: s.clone() }]),
                     security_context: cfg.fs_group.map(|g| PodSecurityContext {
                         fs_group: Some(g),
                         ..PodSecurityContext::default()

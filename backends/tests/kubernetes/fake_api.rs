@@ -37,7 +37,13 @@ pub struct Script {
 impl Default for Script {
     fn default() -> Self {
         Script {
-            pods: Box::new(|poll, _| if poll == 0 { PodState::Pending } else { PodState::Running }),
+            pods: Box::new(|poll, _| {
+                if poll == 0 {
+                    PodState::Pending
+                } else {
+                    PodState::Running
+                }
+            }),
             refuse_create: None,
             events: Vec::new(),
         }
@@ -176,7 +182,11 @@ impl Server {
         let key = format!("{res}/{name}");
         let mut rec = self.record.lock().unwrap();
         if rec.live.contains_key(&key) {
-            return status(409, "AlreadyExists", &format!("{res} \"{name}\" already exists"));
+            return status(
+                409,
+                "AlreadyExists",
+                &format!("{res} \"{name}\" already exists"),
+            );
         }
         rec.created.push(key.clone());
         rec.bodies.push(body.clone());
@@ -230,8 +240,11 @@ impl Server {
         let mut rec = self.record.lock().unwrap();
         if res == "pods" {
             rec.deleted.push(key);
-            return respond(StatusCode::OK, &json!({"kind": "Status", "apiVersion": "v1",
-                "metadata": {}, "status": "Success"}));
+            return respond(
+                StatusCode::OK,
+                &json!({"kind": "Status", "apiVersion": "v1",
+                "metadata": {}, "status": "Success"}),
+            );
         }
         match rec.live.remove(&key) {
             Some(obj) => {

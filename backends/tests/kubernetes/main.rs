@@ -36,7 +36,11 @@ fn spec(n: usize) -> WorkerSpec {
             ("ca.pem".into(), SecretValue::Same(SecretBytes::new(CA))),
             (
                 "cert.pem".into(),
-                SecretValue::PerRank((0..n).map(|r| SecretBytes::new(format!("CERT-{r}"))).collect()),
+                SecretValue::PerRank(
+                    (0..n)
+                        .map(|r| SecretBytes::new(format!("CERT-{r}")))
+                        .collect(),
+                ),
             ),
             (
                 "key.pem".into(),
@@ -89,7 +93,11 @@ fn assert_cleaned_up(fake: &FakeApi) {
     let rec = fake.record();
     assert!(!rec.created.is_empty());
     for c in &rec.created {
-        assert!(rec.deleted.contains(c), "{c} was created and never deleted: {:?}", rec.deleted);
+        assert!(
+            rec.deleted.contains(c),
+            "{c} was created and never deleted: {:?}",
+            rec.deleted
+        );
     }
     assert!(rec.live.is_empty(), "left behind: {:?}", rec.live.keys());
     assert!(rec.unexpected.is_empty(), "{:?}", rec.unexpected);
@@ -104,7 +112,11 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
     let ranks: Vec<_> = launched.workers.iter().map(|w| (w.rank, w.state)).collect();
     assert_eq!(
         ranks,
-        [(0, WorkerState::Running), (1, WorkerState::Running), (2, WorkerState::Running)]
+        [
+            (0, WorkerState::Running),
+            (1, WorkerState::Running),
+            (2, WorkerState::Running)
+        ]
     );
     assert_eq!(launched.workers[1].ip, Some("10.244.1.11".parse().unwrap()));
     assert_eq!(
@@ -113,7 +125,11 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
     );
 
     let rec = fake.record();
-    assert_eq!(rec.created, all_objects(), "Job first, then Secret and Service");
+    assert_eq!(
+        rec.created,
+        all_objects(),
+        "Job first, then Secret and Service"
+    );
     let job = &rec.bodies[0];
     assert_eq!(job["spec"]["suspend"], json!(true));
     assert_eq!(job["spec"]["completionMode"], "Indexed");
@@ -124,7 +140,10 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
     let job_uid = rec.live[&format!("jobs/{NAME}")]["metadata"]["uid"].clone();
     for dependant in &rec.bodies[1..] {
         let owner = &dependant["metadata"]["ownerReferences"][0];
-        assert_eq!((owner["kind"].as_str(), &owner["uid"]), (Some("Job"), &job_uid));
+        assert_eq!(
+            (owner["kind"].as_str(), &owner["uid"]),
+            (Some("Job"), &job_uid)
+        );
     }
     // Resumed only after both exist.
     let resume = rec
@@ -132,9 +151,16 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
         .iter()
         .position(|r| r.starts_with("PATCH"))
         .unwrap();
-    let last_create = rec.requests.iter().rposition(|r| r.starts_with("POST")).unwrap();
+    let last_create = rec
+        .requests
+        .iter()
+        .rposition(|r| r.starts_with("POST"))
+        .unwrap();
     assert!(resume > last_create, "{:?}", rec.requests);
-    assert_eq!(rec.patches, [(NAME.to_string(), json!({"spec": {"suspend": false}}))]);
+    assert_eq!(
+        rec.patches,
+        [(NAME.to_string(), json!({"spec": {"suspend": false}}))]
+    );
 
     // Rank from the completion index; the rank's own folder of the Secret mounted as the secrets dir.
     let pod = &job["spec"]["template"]["spec"];
@@ -149,7 +175,10 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
         env["PHYSALIA_RANK"]["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     );
-    assert_eq!(env["PHYSALIA_SECRETS_DIR"]["value"], "/var/run/physalia/secrets");
+    assert_eq!(
+        env["PHYSALIA_SECRETS_DIR"]["value"],
+        "/var/run/physalia/secrets"
+    );
     assert_eq!(env["PHYSALIA_WORLD"]["value"], "3");
     assert_eq!(env["PHYSALIA_COORDINATOR_ADDR"]["value"], "10.244.0.5:7000");
     assert_eq!(c["volumeMounts"][0]["subPathExpr"], "$(PHYSALIA_RANK)");
@@ -160,7 +189,10 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
         .iter()
         .map(|i| (i["key"].as_str().unwrap(), i["path"].as_str().unwrap()))
         .collect();
-    assert!(paths.contains(&("rank-1.key.pem", "1/key.pem")), "{paths:?}");
+    assert!(
+        paths.contains(&("rank-1.key.pem", "1/key.pem")),
+        "{paths:?}"
+    );
     assert!(paths.contains(&("shared.ca.pem", "2/ca.pem")), "{paths:?}");
 
     // The keys travel only in the Secret.
@@ -173,7 +205,10 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
     assert_eq!(secret["data"]["rank-2.key.pem"], json!(b64(&key(2))));
     for other in [&rec.bodies[0], &rec.bodies[2]] {
         let text = other.to_string();
-        assert!(!text.contains("KEY-OF-RANK") && !text.contains(&b64(&key(0))), "{text}");
+        assert!(
+            !text.contains("KEY-OF-RANK") && !text.contains(&b64(&key(0))),
+            "{text}"
+        );
     }
     assert!(rec.deleted.is_empty());
 }
@@ -189,7 +224,10 @@ async fn gpu_workers_get_nvidia_limits_a_product_selector_and_the_gpu_toleration
     assert_eq!(res["requests"]["nvidia.com/gpu"], "1");
     assert_eq!(res["requests"]["cpu"], "2000m");
     assert_eq!(res["requests"]["memory"], "7680Mi");
-    assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3");
+    assert_eq!(
+        pod["nodeSelector"]["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
     assert_eq!(pod["tolerations"][0]["key"], "nvidia.com/gpu");
 }
 
@@ -207,9 +245,20 @@ async fn an_image_pull_failure_at_the_third_of_four_workers_deletes_everything()
     let (backend, fake) = backend(script);
     let err = backend.launch(&spec(4), 4).await.unwrap_err();
     match &err {
-        Error::ImageMissing { image, rank, detail, .. } => {
-            assert_eq!((image.as_str(), *rank), ("ghcr.io/physalia/worker:0.1.0", 2));
-            assert!(detail.contains("ErrImagePull: manifest unknown"), "{detail}");
+        Error::ImageMissing {
+            image,
+            rank,
+            detail,
+            ..
+        } => {
+            assert_eq!(
+                (image.as_str(), *rank),
+                ("ghcr.io/physalia/worker:0.1.0", 2)
+            );
+            assert!(
+                detail.contains("ErrImagePull: manifest unknown"),
+                "{detail}"
+            );
         }
         other => panic!("wanted ImageMissing, got {other:?}"),
     }
@@ -228,7 +277,13 @@ async fn a_quota_refusing_the_fourth_pod_is_a_quota_error_and_deletes_everything
                    gpu-quota, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=3, \
                    limited: requests.nvidia.com/gpu=3";
     let script = Script {
-        pods: Box::new(|_, rank| if rank == 3 { PodState::Absent } else { PodState::Running }),
+        pods: Box::new(|_, rank| {
+            if rank == 3 {
+                PodState::Absent
+            } else {
+                PodState::Running
+            }
+        }),
         events: vec![json!({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": "e1", "namespace": NS},
@@ -243,17 +298,33 @@ async fn a_quota_refusing_the_fourth_pod_is_a_quota_error_and_deletes_everything
         matches!(&err, Error::Quota { rank: Some(3), detail, .. } if detail == refusal),
         "{err:?}"
     );
-    assert!(err.to_string().starts_with("kubernetes: quota exceeded launching worker 3: pods"));
+    assert!(
+        err.to_string()
+            .starts_with("kubernetes: quota exceeded launching worker 3: pods")
+    );
     assert_cleaned_up(&fake);
     let rec = fake.record();
-    let events = rec.requests.iter().find(|r| r.contains("/events?")).unwrap();
-    assert!(events.contains("fieldSelector=involvedObject.kind%3DJob%2CinvolvedObject.name%3Dphysalia"), "{events}");
+    let events = rec
+        .requests
+        .iter()
+        .find(|r| r.contains("/events?"))
+        .unwrap();
+    assert!(
+        events.contains("fieldSelector=involvedObject.kind%3DJob%2CinvolvedObject.name%3Dphysalia"),
+        "{events}"
+    );
 }
 
 #[tokio::test]
 async fn a_failed_pod_names_its_rank_and_exit_code() {
     let script = Script {
-        pods: Box::new(|_, rank| if rank == 1 { PodState::Failed(3) } else { PodState::Running }),
+        pods: Box::new(|_, rank| {
+            if rank == 1 {
+                PodState::Failed(3)
+            } else {
+                PodState::Running
+            }
+        }),
         ..Script::default()
     };
     let (backend, fake) = backend(script);
@@ -308,7 +379,11 @@ async fn bad_credentials_are_a_credentials_error_and_create_nothing() {
     assert!(err.to_string().contains("kubectl auth whoami"), "{err}");
     let rec = fake.record();
     assert!(rec.created.is_empty() && rec.deleted.is_empty());
-    assert!(!rec.requests.iter().any(|r| r.starts_with("DELETE")), "{:?}", rec.requests);
+    assert!(
+        !rec.requests.iter().any(|r| r.starts_with("DELETE")),
+        "{:?}",
+        rec.requests
+    );
 }
 
 #[tokio::test]
@@ -323,7 +398,10 @@ async fn a_forbidden_secret_points_to_the_rbac_and_deletes_the_job() {
     let err = backend.launch(&spec(2), 2).await.unwrap_err();
     assert!(matches!(err, Error::Permission { .. }), "{err:?}");
     let text = err.to_string();
-    assert!(text.contains("create secrets in namespace physalia"), "{text}");
+    assert!(
+        text.contains("create secrets in namespace physalia"),
+        "{text}"
+    );
     assert!(text.contains("infra/k8s/rbac.yaml"), "{text}");
     assert_eq!(fake.record().created, [format!("jobs/{NAME}")]);
     assert_cleaned_up(&fake);
@@ -339,7 +417,10 @@ async fn a_quota_on_jobs_refuses_the_create_with_a_quota_error() {
     };
     let (backend, fake) = backend(script);
     let err = backend.launch(&spec(2), 2).await.unwrap_err();
-    assert!(matches!(&err, Error::Quota { detail, .. } if detail == message), "{err:?}");
+    assert!(
+        matches!(&err, Error::Quota { detail, .. } if detail == message),
+        "{err:?}"
+    );
     assert!(fake.record().created.is_empty());
 }
 
@@ -373,8 +454,18 @@ async fn list_stop_logs_and_stop_all() {
     assert_eq!(logs, format!("log of {NAME}-1-x7k2p\n"));
 
     backend.stop(id, 1).await.unwrap();
-    assert!(fake.record().deleted.contains(&format!("pods/{NAME}-1-x7k2p")));
-    let after: Vec<usize> = backend.list(id).await.unwrap().iter().map(|w| w.rank).collect();
+    assert!(
+        fake.record()
+            .deleted
+            .contains(&format!("pods/{NAME}-1-x7k2p"))
+    );
+    let after: Vec<usize> = backend
+        .list(id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|w| w.rank)
+        .collect();
     assert_eq!(after, [0]);
     assert!(matches!(
         backend.logs(id, 1).await,
@@ -396,7 +487,10 @@ async fn list_stop_logs_and_stop_all() {
 const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
 
 fn validator_available() -> bool {
-    match Command::new("kubernetes-validate").arg("--version").output() {
+    match Command::new("kubernetes-validate")
+        .arg("--version")
+        .output()
+    {
         Ok(out) => out.status.success(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(e) => panic!("running kubernetes-validate: {e}"),
@@ -503,7 +597,8 @@ fn golden_launch_objects() {
     }))
     .unwrap()
         + "\n";
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubernetes/golden/launch-gpu.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubernetes/golden/launch-gpu.json");
     if std::env::var("BLESS").as_deref() == Ok("1") {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &actual).unwrap();
@@ -511,5 +606,10 @@ fn golden_launch_objects() {
     }
     let expected = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
-    assert_eq!(expected, actual, "generated objects changed; BLESS=1 rewrites {}", path.display());
+    assert_eq!(
+        expected,
+        actual,
+        "generated objects changed; BLESS=1 rewrites {}",
+        path.display()
+    );
 }

@@ -1,0 +1,579 @@
+//! The aci backend against an ARM endpoint on loopback ([`arm`]) that validates every request body against
+//! `shared/specs/aci-containerInstance-2026-05-01.json` ([`swagger`]) and plays back long-running
+//! operations and failures.
+
+mod arm;
+mod swagger;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arm::{ArmServer, Failure, Lro, RESOURCE_GROUP, SUBSCRIPTION, Script, TOKEN};
+use base64::Engine as _;
+use physalia_backends::aci::{AciBackend, AciConfig, StaticToken, body};
+use physalia_backends::{
+    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
+    WorkerState,
+};
+use serde_json::{Value, json};
+
+const IMAGE: &str = "physalia.azurecr.io/worker:0.1.0";
+const SUBNET: &str = "/subscriptions/00000000-0000-0000-0000-00000000beef/resourceGroups/physalia-rg/providers/Microsoft.Network/virtualNetworks/physalia/subnets/workers";
+
+/// The ContainerInstance swagger of api-version 2026-05-01, vendored from `shared/specs/` (Azure REST API
+/// specs, MIT licence) so the tests run wherever the repository is checked out.
+fn spec_path() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/aci/spec/aci-containerInstance-2026-05-01.json")
+}
+
+/// The vendored spec is the shared one, where the shared folder is present.
+#[test]
+fn the_vendored_spec_is_the_shared_one() {
+    let shared = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/specs/aci-containerInstance-2026-05-01.json");
+    match std::fs::read(&shared) {
+        Ok(bytes) => assert!(
+            bytes == std::fs::read(spec_path()).unwrap(),
+            "{} changed",
+            shared.display()
+        ),
+        Err(_) => println!(
+            "note: {} not present; using the vendored copy",
+            shared.display()
+        ),
+    }
+}
+
+fn key(rank: usize) -> String {
+    format!("-----BEGIN PRIVATE KEY-----\nKEY-OF-RANK-{rank}\n-----END PRIVATE KEY-----\n")
+}
+
+fn spec(n: usize) -> WorkerSpec {
+    WorkerSpec {
+        job_id: "arxiv-1732000000".into(),
+        segment: 1,
+        image: IMAGE.into(),
+        command: vec![],
+        cpu: 4.0,
+        memory_gib: 15.9,
+        gpu: None,
+        env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "4".into())]),
+        secrets: BTreeMap::from([
+            (
+                "ca.pem".into(),
+                SecretValue::Same(SecretBytes::new("CA-CERT")),
+            ),
+            (
+                "cert.pem".into(),
+                SecretValue::PerRank(
+                    (0..n)
+                        .map(|r| SecretBytes::new(format!("CERT-{r}")))
+                        .collect(),
+                ),
+            ),
+            (
+                "key.pem".into(),
+                SecretValue::PerRank((0..n).map(|r| SecretBytes::new(key(r))).collect()),
+            ),
+        ]),
+        network: NetworkSpec {
+            coordinator_addr: "10.1.0.4:7000".into(),
+            mesh_port: 7100,
+        },
+    }
+}
+
+fn config(server: &ArmServer, max_parallel: usize) -> AciConfig {
+    AciConfig {
+        endpoint: server.endpoint.clone(),
+        max_parallel,
+        poll_interval: Duration::from_millis(1),
+        ..AciConfig::new(SUBSCRIPTION, RESOURCE_GROUP, "eastus", SUBNET)
+    }
+}
+
+fn backend_with(server: &ArmServer, max_parallel: usize, token: &str) -> AciBackend {
+    let token = Arc::new(StaticToken::new(token, "the test"));
+    AciBackend::new(config(server, max_parallel), token).unwrap()
+}
+
+fn backend(server: &ArmServer) -> AciBackend {
+    backend_with(server, 4, TOKEN)
+}
+
+fn launch_id() -> LaunchId {
+    LaunchId::new("arxiv-1732000000", 1)
+}
+
+fn group(rank: usize) -> String {
+    body::group_name(&launch_id(), rank)
+}
+
+/// Every request body was valid, every group created was deleted, none is left.
+fn assert_cleaned_up(server: &ArmServer) {
+    let rec = server.record();
+    assert!(rec.violations.is_empty(), "{:#?}", rec.violations);
+    for c in &rec.created {
+        assert!(
+            rec.deleted.contains(c),
+            "{c} was created and never deleted: {:?}",
+            rec.deleted
+        );
+    }
+    assert!(
+        rec.groups.is_empty(),
+        "left running: {:?}",
+        rec.groups.keys()
+    );
+}
+
+fn puts(server: &ArmServer) -> Vec<String> {
+    server
+        .record()
+        .requests
+        .iter()
+        .filter(|r| r.starts_with("PUT"))
+        .map(|r| {
+            r.split('?')
+                .next()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_validator_refuses_what_arm_would_silently_ignore_or_reject() {
+    let swagger = swagger::Swagger::load(&spec_path());
+    let good = json!({
+        "location": "eastus",
+        "properties": {
+            "containers": [{"name": "w", "properties": {
+                "image": "x", "resources": {"requests": {"cpu": 1, "memoryInGB": 1.5}}}}],
+            "osType": "Linux"
+        }
+    });
+    assert_eq!(
+        swagger.validate("ContainerGroup", &good),
+        Vec::<String>::new()
+    );
+    let cases = [
+        (
+            "/properties/containers/0/properties/resources/requests/memoryInGb",
+            json!(1),
+            "$.properties.containers[0].properties.resources.requests.memoryInGb: not a property the spec declares",
+        ),
+        (
+            "/properties/osType",
+            json!("Plan9"),
+            "$.properties.osType: \"Plan9\" is not one of [\"Windows\",\"Linux\"]",
+        ),
+        (
+            "/properties/provisioningState",
+            json!("Succeeded"),
+            "$.properties.provisioningState: read-only property sent in a request",
+        ),
+        (
+            "/properties/ipAddress",
+            json!({"type": "Private", "ports": [{"port": "7100"}]}),
+            "$.properties.ipAddress.ports[0].port: expected an integer, got \"7100\"",
+        ),
+        (
+            "/properties/ipAddress",
+            json!({"type": "Private", "ports": [{"port": 4294967296u64}]}),
+            "$.properties.ipAddress.ports[0].port: 4294967296 does not fit int32",
+        ),
+        (
+            "/id",
+            json!("x"),
+            "$.id: read-only property sent in a request",
+        ),
+        (
+            "/properties/volumes",
+            json!([{"name": "s", "secret": {"a": 1}}]),
+            "$.properties.volumes[0].secret.a: expected a string, got 1",
+        ),
+    ];
+    for (pointer, value, want) in cases {
+        let mut bad = good.clone();
+        let (parent, last) = pointer.rsplit_once('/').unwrap();
+        let target = if parent.is_empty() {
+            &mut bad
+        } else {
+            bad.pointer_mut(parent).unwrap()
+        };
+        target[last] = value;
+        assert_eq!(
+            swagger.validate("ContainerGroup", &bad),
+            [want.to_string()],
+            "{pointer}"
+        );
+    }
+    let mut missing = good.clone();
+    missing["properties"]["containers"][0]["properties"]["resources"]["requests"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cpu");
+    assert_eq!(
+        swagger.validate("ContainerGroup", &missing),
+        [
+            "$.properties.containers[0].properties.resources.requests: required property cpu is missing"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn launch_creates_one_valid_group_per_worker_and_follows_each_operation() {
+    let server = ArmServer::start(Script::default()).await;
+    let launched = backend(&server).launch(&spec(4), 4).await.unwrap();
+
+    assert_eq!(launched.id, launch_id());
+    let got: Vec<_> = launched
+        .workers
+        .iter()
+        .map(|w| (w.rank, w.name.clone(), w.state, w.ip))
+        .collect();
+    let want: Vec<_> = (0..4)
+        .map(|r| {
+            (
+                r,
+                group(r),
+                WorkerState::Running,
+                Some(format!("10.1.0.{}", 4 + r).parse().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    let rec = server.record();
+    assert!(rec.violations.is_empty(), "{:#?}", rec.violations);
+    assert_eq!(rec.created.len(), 4);
+    // Each operation was polled until it ended (2 InProgress + 1 Succeeded), then the group was read.
+    let polls = rec
+        .requests
+        .iter()
+        .filter(|r| r.starts_with("GET /operations/"))
+        .count();
+    assert_eq!(polls, 4 * 3);
+    assert!(rec.deleted.is_empty());
+
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for rank in 0..4 {
+        let body = &rec.bodies[&group(rank)];
+        assert_eq!(body["location"], "eastus");
+        assert_eq!(body["tags"]["physalia-rank"], rank.to_string());
+        let props = &body["properties"];
+        assert_eq!(props["restartPolicy"], "Never");
+        assert_eq!(props["ipAddress"]["type"], "Private");
+        assert_eq!(props["subnetIds"][0]["id"], SUBNET);
+        let c = &props["containers"][0]["properties"];
+        assert_eq!(c["image"], IMAGE);
+        assert_eq!(
+            c["resources"]["requests"],
+            json!({"cpu": 4.0, "memoryInGB": 15.9})
+        );
+        assert!(
+            c.get("command").is_none(),
+            "empty command keeps the image's entrypoint"
+        );
+        let env: BTreeMap<&str, &Value> = c["environmentVariables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap(), &e["value"]))
+            .collect();
+        assert_eq!(env["PHYSALIA_RANK"], &json!(rank.to_string()));
+        assert_eq!(env["PHYSALIA_WORLD"], &json!("4"));
+        assert_eq!(
+            env["PHYSALIA_SECRETS_DIR"],
+            &json!("/var/run/physalia/secrets")
+        );
+        assert_eq!(env["PHYSALIA_COORDINATOR_ADDR"], &json!("10.1.0.4:7000"));
+        assert_eq!(
+            c["volumeMounts"][0]["mountPath"],
+            "/var/run/physalia/secrets"
+        );
+        // This rank's key, and no other rank's, in its secret volume; no secret in any env value.
+        let secret = &props["volumes"][0]["secret"];
+        assert_eq!(secret["key.pem"], json!(b64.encode(key(rank))));
+        assert_eq!(secret["ca.pem"], json!(b64.encode("CA-CERT")));
+        let text = body.to_string();
+        for other in (0..4).filter(|&r| r != rank) {
+            assert!(
+                !text.contains(&b64.encode(key(other))),
+                "rank {rank} carries rank {other}'s key"
+            );
+        }
+        let env_text = c["environmentVariables"].to_string();
+        assert!(!env_text.contains("KEY-OF-RANK") && !env_text.contains(&b64.encode(key(rank))));
+    }
+}
+
+#[tokio::test]
+async fn location_header_operations_are_followed_for_create_and_delete() {
+    let server = ArmServer::start(Script {
+        lro: Lro::Location,
+        polls: 3,
+        ..Script::default()
+    })
+    .await;
+    let b = backend(&server);
+    let launched = b.launch(&spec(2), 2).await.unwrap();
+    assert!(
+        launched
+            .workers
+            .iter()
+            .all(|w| w.state == WorkerState::Running)
+    );
+    b.stop_all(&launched.id).await.unwrap();
+    assert_cleaned_up(&server);
+    let rec = server.record();
+    // Two creates and two deletes, each polled 3 times at 202 and once more at its end.
+    let polls = rec
+        .requests
+        .iter()
+        .filter(|r| r.starts_with("GET /operationResults/"))
+        .count();
+    assert_eq!(polls, 4 * 4);
+}
+
+/// Issue 7: a failure at worker 3 of 4 leaves nothing running. Sequential launches, so ranks 0 and 1
+/// exist when rank 2 is refused, and rank 3 is never tried.
+#[tokio::test]
+async fn a_quota_refusal_at_the_third_of_four_workers_deletes_every_group_created() {
+    let server = ArmServer::start(Script {
+        failures: BTreeMap::from([(2, Failure::Quota)]),
+        ..Script::default()
+    })
+    .await;
+    let err = backend_with(&server, 1, TOKEN)
+        .launch(&spec(4), 4)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Quota { rank: Some(2), .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "aci: quota exceeded launching worker 2: ContainerGroupQuotaReached: Resource type \
+         'Microsoft.ContainerInstance/containerGroups' container group quota 'StandardCores' exceeded \
+         in region 'eastus'. Limit: '10', Usage: '8', Requested: '2'. (request more under Quotas > \
+         Container Instances for eastus)"
+    );
+    assert_eq!(server.record().created, [group(0), group(1)]);
+    assert_eq!(puts(&server), [group(0), group(1), group(2)]);
+    assert_cleaned_up(&server);
+}
+
+/// The same with all four launched at once: whatever was created by the time rank 2 failed is deleted.
+#[tokio::test]
+async fn a_quota_refusal_during_a_parallel_launch_deletes_every_group_created() {
+    let server = ArmServer::start(Script {
+        failures: BTreeMap::from([(2, Failure::Quota)]),
+        ..Script::default()
+    })
+    .await;
+    let err = backend_with(&server, 4, TOKEN)
+        .launch(&spec(4), 4)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Quota { rank: Some(2), .. }), "{err:?}");
+    assert!(!server.record().created.is_empty());
+    assert_cleaned_up(&server);
+}
+
+#[tokio::test]
+async fn an_image_that_fails_to_pull_fails_its_group_and_the_launch_deletes_everything() {
+    for lro in [Lro::AsyncOperation, Lro::Location] {
+        let server = ArmServer::start(Script {
+            lro,
+            failures: BTreeMap::from([(2, Failure::ImagePullFails)]),
+            ..Script::default()
+        })
+        .await;
+        let err = backend_with(&server, 1, TOKEN)
+            .launch(&spec(4), 4)
+            .await
+            .unwrap_err();
+        match &err {
+            Error::ImageMissing {
+                image,
+                rank,
+                detail,
+                ..
+            } => {
+                assert_eq!((image.as_str(), *rank), (IMAGE, 2));
+                assert!(
+                    detail.starts_with(&format!(
+                        "Failed to pull image \"{IMAGE}\": manifest unknown"
+                    )),
+                    "{detail}"
+                );
+            }
+            other => panic!("{lro:?}: wanted ImageMissing, got {other:?}"),
+        }
+        assert_eq!(
+            server.record().created,
+            [group(0), group(1), group(2)],
+            "{lro:?}"
+        );
+        assert_cleaned_up(&server);
+    }
+}
+
+#[tokio::test]
+async fn an_image_refused_at_create_is_an_image_error() {
+    let server = ArmServer::start(Script {
+        failures: BTreeMap::from([(0, Failure::ImageRefused)]),
+        ..Script::default()
+    })
+    .await;
+    let err = backend_with(&server, 1, TOKEN)
+        .launch(&spec(2), 2)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "aci: image {IMAGE} could not be pulled for worker 0: InaccessibleImage: The image \
+             '{IMAGE}' in container group '{}' is not accessible. Please check the image and registry \
+             credential.",
+            group(0)
+        )
+    );
+    assert!(server.record().created.is_empty());
+    assert_cleaned_up(&server);
+}
+
+#[tokio::test]
+async fn bad_credentials_are_a_credentials_error_that_names_the_token() {
+    let server = ArmServer::start(Script::default()).await;
+    let err = backend_with(&server, 4, "tok-9f8e7d-wrong")
+        .launch(&spec(4), 4)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "aci: the platform refused the credentials (the bearer token from the test): \
+             InvalidAuthenticationToken: The access token is invalid.; the token is missing"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("tok-9f8e7d"),
+        "the token itself never appears: {text}"
+    );
+    assert!(server.record().created.is_empty());
+    assert_cleaned_up(&server);
+}
+
+#[tokio::test]
+async fn a_gpu_request_is_refused_before_any_call_and_points_to_aks_or_ecs() {
+    let server = ArmServer::start(Script::default()).await;
+    let mut s = spec(2);
+    s.gpu = Some(GpuRequest {
+        count: 1,
+        kind: Some("T4".into()),
+    });
+    let err = backend(&server).launch(&s, 2).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("no GPUs since 14 July 2025"), "{text}");
+    assert!(text.contains("1 x T4"), "{text}");
+    assert!(
+        text.contains("kubernetes backend on AKS") && text.contains("ecs backend"),
+        "{text}"
+    );
+    assert!(server.record().requests.is_empty());
+}
+
+#[tokio::test]
+async fn list_logs_stop_and_stop_all_follow_pages_and_leave_nothing() {
+    let server = ArmServer::start(Script {
+        page_size: 2,
+        ..Script::default()
+    })
+    .await;
+    let b = backend(&server);
+    let launched = b.launch(&spec(3), 3).await.unwrap();
+    let id = &launched.id;
+
+    let listed = b.list(id).await.unwrap();
+    assert_eq!(listed, launched.workers);
+    assert!(
+        server
+            .record()
+            .requests
+            .iter()
+            .any(|r| r.contains("$skiptoken=2")),
+        "the second page was read"
+    );
+
+    assert_eq!(
+        b.logs(id, 1).await.unwrap(),
+        format!("log of {}/worker\n", group(1))
+    );
+
+    b.stop(id, 1).await.unwrap();
+    let ranks: Vec<usize> = b.list(id).await.unwrap().iter().map(|w| w.rank).collect();
+    assert_eq!(ranks, [0, 2]);
+    assert!(matches!(
+        b.logs(id, 1).await,
+        Err(Error::NoSuchWorker { rank: 1, .. })
+    ));
+
+    b.stop_all(id).await.unwrap();
+    assert_cleaned_up(&server);
+    b.stop_all(id).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_token_is_never_sent_to_an_operation_url_on_another_host() {
+    let server = ArmServer::start(Script {
+        foreign_operation_url: true,
+        ..Script::default()
+    })
+    .await;
+    let err = backend_with(&server, 1, TOKEN)
+        .launch(&spec(1), 1)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the server pointed to http://203.0.113.7, outside http://127.0.0.1:"),
+        "{err}"
+    );
+    assert_cleaned_up(&server);
+}
+
+#[tokio::test]
+async fn a_registry_identity_is_sent_as_a_user_assigned_identity() {
+    let server = ArmServer::start(Script::default()).await;
+    let identity = "/subscriptions/00000000-0000-0000-0000-00000000beef/resourceGroups/physalia-rg/providers/Microsoft.ManagedIdentity/userAssignedIdentities/physalia-pull";
+    let cfg = AciConfig {
+        registry: Some(physalia_backends::aci::RegistryPull {
+            server: "physalia.azurecr.io".into(),
+            identity_id: identity.into(),
+        }),
+        ..config(&server, 1)
+    };
+    let b = AciBackend::new(cfg, Arc::new(StaticToken::new(TOKEN, "the test"))).unwrap();
+    b.launch(&spec(1), 1).await.unwrap();
+    let rec = server.record();
+    assert!(rec.violations.is_empty(), "{:#?}", rec.violations);
+    let body = &rec.bodies[&group(0)];
+    assert_eq!(
+        body["properties"]["imageRegistryCredentials"],
+        json!([{"server": "physalia.azurecr.io", "identity": identity}])
+    );
+    assert_eq!(body["identity"]["type"], "UserAssigned");
+    assert_eq!(
+        body["identity"]["userAssignedIdentities"][identity],
+        json!({})
+    );
+}
