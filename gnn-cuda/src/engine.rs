@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg, ValidAsZeroBits, sys,
+    PinnedHostSlice, ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -30,6 +30,7 @@ use crate::kernels::{
     BLOCK, COLSUM_CHUNK_ROWS, KERNELS, REDUCE_THREADS, SOURCE, colsum_chunks, elementwise_launch,
     mask_threshold, rows_launch, spmm_lanes,
 };
+use crate::launch::{Launch, signatures};
 use crate::ops::{
     AttnDropout, Dropout, HostCsr, Ops, View, act_code, check, check_copy2d, check_labels,
     gemm_shape,
@@ -125,6 +126,7 @@ pub struct CudaEngine {
     copy: Arc<CudaStream>,
     blas: CudaBlas,
     funcs: HashMap<&'static str, CudaFunction>,
+    sigs: HashMap<String, Vec<String>>,
     pool: HashMap<usize, Vec<CudaSlice<f32>>>,
     pool64: HashMap<usize, Vec<CudaSlice<f64>>>,
     stats: PoolStats,
@@ -211,6 +213,7 @@ impl CudaEngine {
             copy,
             blas,
             funcs,
+            sigs: signatures(SOURCE),
             pool: HashMap::new(),
             pool64: HashMap::new(),
             stats: PoolStats::default(),
@@ -243,6 +246,15 @@ impl CudaEngine {
         self.funcs
             .get(name)
             .expect("every kernel of KERNELS is loaded")
+    }
+
+    /// A launch of `name` on the compute stream, its arguments checked against the kernel's signature.
+    fn launch(&self, name: &'static str) -> Launch<'_> {
+        let sig = self
+            .sigs
+            .get(name)
+            .expect("every kernel of KERNELS has a signature");
+        Launch::new(self.stream.launch_builder(self.func(name)), name, sig)
     }
 
     fn upload_vec<T: DeviceRepr + ValidAsZeroBits>(
@@ -318,8 +330,9 @@ impl CudaEngine {
         let ms = {
             let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
             let f = self.func("copy_bandwidth").clone();
+            let sig = self.sigs["copy_bandwidth"].clone();
             let mut run = |stream: &Arc<CudaStream>| -> Result<(), GpuError> {
-                let mut b = stream.launch_builder(&f);
+                let mut b = Launch::new(stream.launch_builder(&f), "copy_bandwidth", &sig);
                 b.arg(&src).arg(&mut dst).arg(&n4_64);
                 // SAFETY: src and dst hold n4 float4s.
                 unsafe { b.launch(launch_cfg((grid, block))) }?;
@@ -447,12 +460,12 @@ impl CudaEngine {
         }
         let vec4 = d.is_multiple_of(4);
         let lanes = spmm_lanes(d, vec4);
-        let f = self.func(if vec4 { "spmm_v4" } else { "spmm_scalar" });
+        let kernel = if vec4 { "spmm_v4" } else { "spmm_scalar" };
         let n_own = u32_size(own.rows, "source rows")?;
         let n_rows = u32_size(y.rows, "output rows")?;
         let d32 = u32_size(d, "width")?;
         let halo_buf = halo.map_or(&self.dummy_f32, |h| &h.buf);
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.launch(kernel);
         b.arg(indptr)
             .arg(indices)
             .arg(values)
@@ -679,7 +692,7 @@ impl Ops for CudaEngine {
             return Ok(());
         }
         let n32 = u32_size(n, "rows")?;
-        let mut b = self.stream.launch_builder(self.func("gat_messages"));
+        let mut b = self.launch("gat_messages");
         b.arg(&z.buf)
             .arg(&a_src.buf)
             .arg(&a_dst.buf)
@@ -727,7 +740,7 @@ impl Ops for CudaEngine {
         let n_rows = a.n_dst as u32;
         let concat = shape.concat as u32;
         let halo = m_halo.map_or(&self.dummy_f32, |m| &m.buf);
-        let mut b = self.stream.launch_builder(self.func("gat_forward"));
+        let mut b = self.launch("gat_forward");
         b.arg(&a.indptr)
             .arg(&a.indices)
             .arg(&m_own.buf)
@@ -788,7 +801,7 @@ impl Ops for CudaEngine {
         let n_rows = a.n_dst as u32;
         let concat = shape.concat as u32;
         let halo = m_halo.map_or(&self.dummy_f32, |m| &m.buf);
-        let mut b = self.stream.launch_builder(self.func("gat_backward_edges"));
+        let mut b = self.launch("gat_backward_edges");
         b.arg(&a.indptr)
             .arg(&a.indices)
             .arg(&m_own.buf)
@@ -838,9 +851,7 @@ impl Ops for CudaEngine {
         }
         let n_src = a.n_src as u32;
         let concat = shape.concat as u32;
-        let mut b = self
-            .stream
-            .launch_builder(self.func("gat_backward_sources"));
+        let mut b = self.launch("gat_backward_sources");
         b.arg(&a.t_indptr)
             .arg(&a.t_indices)
             .arg(&a.t_perm)
@@ -881,7 +892,7 @@ impl Ops for CudaEngine {
         let n_in = u32_size(dz.rows, "rows")?;
         let n_dst = ds_dst.rows as u32;
         let cfg = launch_cfg(elementwise_launch(dz.len()));
-        let mut b = self.stream.launch_builder(self.func("gat_dz"));
+        let mut b = self.launch("gat_dz");
         b.arg(&dm.buf)
             .arg(&ds_dst.buf)
             .arg(&a_src.buf)
@@ -903,7 +914,7 @@ impl Ops for CudaEngine {
         }
         let (rows, cols) = (u32_size(x.rows, "rows")?, x.cols as u32);
         let cfg = launch_cfg(elementwise_launch(x.len()));
-        let mut b = self.stream.launch_builder(self.func("bias_add"));
+        let mut b = self.launch("bias_add");
         b.arg(&mut x.buf).arg(&bias.buf).arg(&rows).arg(&cols);
         // SAFETY: bias holds cols floats.
         unsafe { b.launch(cfg) }?;
@@ -917,7 +928,7 @@ impl Ops for CudaEngine {
         let n = u32_size(x.len(), "elements")?;
         let code = act_code(act);
         let cfg = launch_cfg(elementwise_launch(x.len()));
-        let mut b = self.stream.launch_builder(self.func("activate"));
+        let mut b = self.launch("activate");
         b.arg(&mut x.buf).arg(&n).arg(&code);
         // SAFETY: n elements.
         unsafe { b.launch(cfg) }?;
@@ -945,7 +956,7 @@ impl Ops for CudaEngine {
         let thr = mask_threshold(d.p);
         let scale = 1.0 / (1.0 - d.p);
         let cfg = launch_cfg(elementwise_launch(x.len()));
-        let mut b = self.stream.launch_builder(self.func("dropout"));
+        let mut b = self.launch("dropout");
         b.arg(&mut x.buf)
             .arg(&rows)
             .arg(&cols)
@@ -989,7 +1000,7 @@ impl Ops for CudaEngine {
         let thr = d.map_or(0, |d| mask_threshold(d.p));
         let scale = d.map_or(1.0, |d| 1.0 / (1.0 - d.p));
         let cfg = launch_cfg(elementwise_launch(dy.len()));
-        let mut b = self.stream.launch_builder(self.func("activation_backward"));
+        let mut b = self.launch("activation_backward");
         b.arg(&mut dy.buf)
             .arg(&y.buf)
             .arg(&rows)
@@ -1014,7 +1025,7 @@ impl Ops for CudaEngine {
         }
         let n = u32_size(a.len(), "elements")?;
         let cfg = launch_cfg(elementwise_launch(a.len()));
-        let mut b = self.stream.launch_builder(self.func("add_assign"));
+        let mut b = self.launch("add_assign");
         b.arg(&mut a.buf).arg(&other.buf).arg(&n);
         // SAFETY: equal shapes.
         unsafe { b.launch(cfg) }?;
@@ -1031,7 +1042,7 @@ impl Ops for CudaEngine {
         let (rows, cols) = (u32_size(x.rows, "rows")?, x.cols as u32);
         let chunk_rows = COLSUM_CHUNK_ROWS;
         {
-            let mut b = self.stream.launch_builder(self.func("col_sums_partial"));
+            let mut b = self.launch("col_sums_partial");
             b.arg(&x.buf)
                 .arg(&rows)
                 .arg(&cols)
@@ -1046,7 +1057,7 @@ impl Ops for CudaEngine {
             unsafe { b.launch(cfg) }?;
         }
         {
-            let mut b = self.stream.launch_builder(self.func("col_sums_finish"));
+            let mut b = self.launch("col_sums_finish");
             b.arg(&partial).arg(&chunks).arg(&cols).arg(&mut out.buf);
             // SAFETY: out holds cols floats.
             unsafe { b.launch(launch_cfg((cols.div_ceil(BLOCK), BLOCK))) }?;
@@ -1072,7 +1083,7 @@ impl Ops for CudaEngine {
         let (rows, cols) = (src.rows as u32, src.cols as u32);
         let sv = src.m.buf.slice(src.offset..);
         let mut dv = dst.buf.slice_mut(dst_offset..);
-        let mut b = self.stream.launch_builder(self.func("copy2d"));
+        let mut b = self.launch("copy2d");
         b.arg(&sv)
             .arg(&src_ld)
             .arg(&mut dv)
@@ -1100,7 +1111,7 @@ impl Ops for CudaEngine {
         }
         let (n_idx, cols) = (idx.host.len() as u32, src.cols as u32);
         let cfg = launch_cfg(elementwise_launch(dst.len()));
-        let mut b = self.stream.launch_builder(self.func("gather_rows"));
+        let mut b = self.launch("gather_rows");
         b.arg(&src.buf)
             .arg(&idx.buf)
             .arg(&n_idx)
@@ -1133,7 +1144,7 @@ impl Ops for CudaEngine {
         let (n32, c) = (n_list as u32, logits.cols as u32);
         let scale = (1.0 / normalizer) as f32;
         {
-            let mut b = self.stream.launch_builder(self.func("cross_entropy"));
+            let mut b = self.launch("cross_entropy");
             b.arg(&logits.buf)
                 .arg(&labels.buf)
                 .arg(&rows.buf)
@@ -1166,7 +1177,7 @@ impl Ops for CudaEngine {
         let mut total = self.take64(1)?;
         let (n32, c) = (n_list as u32, logits.cols as u32);
         {
-            let mut b = self.stream.launch_builder(self.func("correct_rows"));
+            let mut b = self.launch("correct_rows");
             b.arg(&logits.buf)
                 .arg(&labels.buf)
                 .arg(&rows.buf)
@@ -1199,7 +1210,7 @@ impl Ops for CudaEngine {
         }
         let n = u32_size(w.len(), "parameters")?;
         let cfg = launch_cfg(elementwise_launch(w.len()));
-        let mut b = self.stream.launch_builder(self.func("adam"));
+        let mut b = self.launch("adam");
         b.arg(&mut w.buf)
             .arg(&g.buf)
             .arg(&mut m.buf)
@@ -1232,7 +1243,7 @@ impl CudaEngine {
         total: &mut CudaSlice<f64>,
     ) -> Result<f64, GpuError> {
         {
-            let mut b = self.stream.launch_builder(self.func("sum_f64"));
+            let mut b = self.launch("sum_f64");
             b.arg(x).arg(&n).arg(&mut *total);
             // SAFETY: one block of REDUCE_THREADS (the kernel's shared array size).
             unsafe { b.launch(launch_cfg((1, REDUCE_THREADS))) }?;

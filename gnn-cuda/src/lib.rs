@@ -10,6 +10,7 @@
 //! - [`ops`]: the operations a layer needs, as a trait implemented by [`CudaEngine`] and [`Emulator`].
 //! - [`engine`]: [`CudaEngine`]: context, compute and copy streams, compiled module, cuBLAS, a buffer pool
 //!   reused across epochs, pinned halo buffers.
+//! - [`launch`]: kernel launches whose argument types are checked against the CUDA signatures.
 //! - [`model`]: [`DeviceModel`]: `physalia_gnn::Model`'s forward, backward and Adam composed from [`Ops`].
 //!
 //! cudarc loads the CUDA libraries at run time, so this crate builds and its host tests run with no CUDA
@@ -19,6 +20,7 @@ pub mod cpu_emulate;
 pub mod device;
 pub mod engine;
 pub mod kernels;
+pub mod launch;
 pub mod model;
 pub mod ops;
 
