@@ -324,21 +324,21 @@ impl AciBackend {
                 }
             }
         }
-        if status == StatusCode::ACCEPTED || status == StatusCode::CREATED {
-            if let Some(url) = header("location") {
-                loop {
-                    tokio::time::sleep(wait).await;
-                    let resp = self.send(Method::GET, &url, None, operation).await?;
-                    wait = self.wait_for(resp.headers());
-                    if resp.status() == StatusCode::ACCEPTED {
-                        if started.elapsed() > self.cfg.operation_timeout {
-                            return Err(timed_out());
-                        }
-                        continue;
+        if matches!(status, StatusCode::ACCEPTED | StatusCode::CREATED)
+            && let Some(url) = header("location")
+        {
+            loop {
+                tokio::time::sleep(wait).await;
+                let resp = self.send(Method::GET, &url, None, operation).await?;
+                wait = self.wait_for(resp.headers());
+                if resp.status() == StatusCode::ACCEPTED {
+                    if started.elapsed() > self.cfg.operation_timeout {
+                        return Err(timed_out());
                     }
-                    self.json(resp, operation).await?;
-                    return Ok(());
+                    continue;
                 }
+                self.json(resp, operation).await?;
+                return Ok(());
             }
         }
         Ok(())

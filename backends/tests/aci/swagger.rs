@@ -42,12 +42,7 @@ impl Swagger {
         errors
     }
 
-    fn resolve<'a>(
-        &'a self,
-        reference: &str,
-        path: &str,
-        errors: &mut Vec<String>,
-    ) -> Option<Value> {
+    fn resolve(&self, reference: &str, path: &str, errors: &mut Vec<String>) -> Option<Value> {
         if let Some(local) = reference.strip_prefix("#/definitions/") {
             return match self.definitions.get(local) {
                 Some(d) => Some(d.clone()),
@@ -146,14 +141,14 @@ impl Swagger {
                 }
                 None => errors.push(format!("{path}: expected an array, got {v}")),
             },
-            Some("string") => {
-                if !v.is_string() {
-                    errors.push(format!("{path}: expected a string, got {v}"));
-                }
-            }
-            Some("boolean") => {
-                if !v.is_boolean() {
-                    errors.push(format!("{path}: expected a boolean, got {v}"));
+            Some(t @ ("string" | "boolean" | "number")) => {
+                let ok = match t {
+                    "string" => v.is_string(),
+                    "boolean" => v.is_boolean(),
+                    _ => v.is_number(),
+                };
+                if !ok {
+                    errors.push(format!("{path}: expected a {t}, got {v}"));
                 }
             }
             Some("integer") => match v.as_i64() {
@@ -165,11 +160,6 @@ impl Swagger {
                 }
                 None => errors.push(format!("{path}: expected an integer, got {v}")),
             },
-            Some("number") => {
-                if !v.is_number() {
-                    errors.push(format!("{path}: expected a number, got {v}"));
-                }
-            }
             Some(other) => errors.push(format!("{path}: the validator does not know type {other}")),
             // No type and no properties (e.g. `emptyDir`): anything goes.
             None => {}
