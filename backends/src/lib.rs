@@ -59,6 +59,7 @@ pub trait Backend: Send + Sync {
     async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>>;
 
     /// Stops one worker; the platform does not restart it (the coordinator decides what happens next).
+    /// Stopping a worker that is already gone succeeds.
     async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()>;
 
     /// Stops every worker of the launch and deletes all of its platform objects. Stopping a launch that is

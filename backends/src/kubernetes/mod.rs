@@ -464,7 +464,10 @@ impl Backend for KubernetesBackend {
 
     async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()> {
         // backoffLimitPerIndex is 0: the Job controller marks the index failed and does not replace it.
-        let pod = self.pod_for(launch, rank).await?;
+        let pod = match self.pod_for(launch, rank).await {
+            Err(Error::NoSuchWorker { .. }) => return Ok(()),
+            other => other?,
+        };
         let name = pod.metadata.name.unwrap_or_default();
         match self
             .api::<Pod>()

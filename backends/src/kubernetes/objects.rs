@@ -289,7 +289,11 @@ fn secret_layout(
             }
         }
     }
-    let total: usize = data.iter().map(|(k, v)| k.len() + v.0.len()).sum();
+    // The limit applies to the stored object, where values are base64.
+    let total: usize = data
+        .iter()
+        .map(|(k, v)| k.len() + v.0.len().div_ceil(3) * 4)
+        .sum();
     if total > SECRET_MAX_BYTES {
         return Err(Error::InvalidSpec(format!(
             "the secrets of {n_workers} workers take {total} bytes, over the 1 MiB a Kubernetes Secret holds"
@@ -327,6 +331,28 @@ pub fn owned_by(job: &Job) -> Option<OwnerReference> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_over_a_mebibyte_are_refused_at_build_time() {
+        use crate::spec::{SecretBytes, tests::spec};
+        let mut s = spec();
+        let n = 400;
+        s.secrets.insert(
+            "key.pem".into(),
+            SecretValue::PerRank((0..n).map(|_| SecretBytes::new(vec![b'k'; 2000])).collect()),
+        );
+        let err = launch_objects(&KubernetesConfig::default(), &s, n).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("over the 1 MiB a Kubernetes Secret holds"),
+            "{err}"
+        );
+        s.secrets.insert(
+            "key.pem".into(),
+            SecretValue::PerRank((0..n).map(|_| SecretBytes::new(vec![b'k'; 1000])).collect()),
+        );
+        assert!(launch_objects(&KubernetesConfig::default(), &s, n).is_ok());
+    }
 
     #[test]
     fn quantities_round_up() {

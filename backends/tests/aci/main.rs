@@ -529,6 +529,7 @@ async fn list_logs_stop_and_stop_all_follow_pages_and_leave_nothing() {
 
     b.stop_all(id).await.unwrap();
     assert_cleaned_up(&server);
+    b.stop(id, 1).await.unwrap();
     b.stop_all(id).await.unwrap();
 }
 

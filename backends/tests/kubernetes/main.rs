@@ -475,6 +475,7 @@ async fn list_stop_logs_and_stop_all() {
     backend.stop_all(id).await.unwrap();
     assert_cleaned_up(&fake);
     // Stopping again finds nothing and is fine.
+    backend.stop(id, 1).await.unwrap();
     backend.stop_all(id).await.unwrap();
 }
 
