@@ -28,6 +28,10 @@ pub const ENV_RANK: &str = "PHYSALIA_RANK";
 pub const ENV_WORLD: &str = "PHYSALIA_WORLD";
 pub const ENV_JOB_ID: &str = "PHYSALIA_JOB_ID";
 pub const ENV_SECRETS_DIR: &str = "PHYSALIA_SECRETS_DIR";
+/// Port the mesh endpoint binds on every interface (containers); unset: loopback, any port (local processes).
+pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
+/// The IP peers reach this worker at (a pod's IP); unset: the local address of the route to the coordinator.
+pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
 pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
 pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
 
@@ -233,29 +237,54 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     })
 }
 
+/// The mesh address peers should dial: the bound one, with an unspecified IP replaced by
+/// [`ENV_ADVERTISE_IP`] or by the local address of the route to the coordinator.
+fn advertised(bound: SocketAddr, coordinator: SocketAddr) -> Result<SocketAddr> {
+    if !bound.ip().is_unspecified() {
+        return Ok(bound);
+    }
+    let ip = match std::env::var(ENV_ADVERTISE_IP) {
+        Ok(ip) => ip
+            .parse()
+            .with_context(|| format!("{ENV_ADVERTISE_IP}: not an IP address: {ip:?}"))?,
+        Err(_) => {
+            let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+            probe
+                .connect(coordinator)
+                .with_context(|| format!("finding the route to the coordinator {coordinator}"))?;
+            probe.local_addr()?.ip()
+        }
+    };
+    Ok(SocketAddr::new(ip, bound.port()))
+}
+
 pub fn run_from_env() -> Result<()> {
     let env = WorkerEnv::from_env()?;
     let identity = read_identity(&env.secrets)?;
     let job = job_key(&env.job_id);
     let rank = env.rank;
-    let endpoint = QuicEndpoint::bind(
-        rank,
-        job,
-        &identity,
-        "127.0.0.1:0".parse()?,
-        QuicOptions::default(),
-    )
-    .context("binding the mesh endpoint")?;
+    let bind: std::net::SocketAddr = match std::env::var(ENV_MESH_PORT) {
+        Ok(port) => {
+            let port: u16 = port
+                .parse()
+                .with_context(|| format!("{ENV_MESH_PORT}: not a port: {port:?}"))?;
+            (std::net::Ipv4Addr::UNSPECIFIED, port).into()
+        }
+        Err(_) => "127.0.0.1:0".parse()?,
+    };
+    let endpoint = QuicEndpoint::bind(rank, job, &identity, bind, QuicOptions::default())
+        .context("binding the mesh endpoint")?;
+    let mesh_addr = advertised(endpoint.local_addr(), env.coordinator)?;
     let mut control = ControlClient::connect(
         env.coordinator,
         &identity,
         rank,
         job,
-        endpoint.local_addr(),
+        mesh_addr,
         Duration::from_secs(30),
     )?;
     eprintln!(
-        "worker {rank}/{}: registered, mesh endpoint {}",
+        "worker {rank}/{}: registered, mesh endpoint {} (advertised {mesh_addr})",
         env.world,
         endpoint.local_addr()
     );
@@ -342,6 +371,27 @@ pub fn run_from_env() -> Result<()> {
             });
             control.finish(Duration::from_secs(2));
             Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_advertises_a_dialable_mesh_address() {
+        let coordinator: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        // bound to one address: that one
+        let bound: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert_eq!(advertised(bound, coordinator).unwrap(), bound);
+        // bound to every interface: the route to the coordinator (unless PHYSALIA_ADVERTISE_IP says)
+        if std::env::var(ENV_ADVERTISE_IP).is_err() {
+            let any: SocketAddr = "0.0.0.0:4001".parse().unwrap();
+            assert_eq!(
+                advertised(any, coordinator).unwrap(),
+                "127.0.0.1:4001".parse::<SocketAddr>().unwrap()
+            );
         }
     }
 }
