@@ -39,7 +39,7 @@ use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Next, Stop, epoch_usd};
 use crate::jobdir::JobDir;
 use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
-use crate::spec::{ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
+use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::submit::{self, RunResult};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
@@ -75,7 +75,7 @@ pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
         }
         lines.push(v);
     }
-    let ck_dir = checkpoints_dir(dir);
+    let ck_dir = checkpoints_dir(&std::path::absolute(dir)?);
     let newest = std::fs::read_dir(&ck_dir)
         .ok()
         .into_iter()
@@ -160,6 +160,7 @@ pub fn run(
         drop(source);
         let load_s = t_load.elapsed().as_secs_f64();
         let dataset_path = std::path::absolute(&dataset_path)?;
+        let job_abs = std::path::absolute(dir.path())?;
         // a resumed job merges its epochs like an elastic one (without a policy: one that never fires)
         let policy = match (&spec.scaling, &resume) {
             (Some(p), _) => Some(p.clone()),
@@ -265,7 +266,7 @@ pub fn run(
                             workers_now = workers;
                             resume_from = (resume_epoch > 0).then(|| {
                                 physalia_worker::control::checkpoint_path(
-                                    &checkpoints_dir(dir.path()),
+                                    &checkpoints_dir(&job_abs),
                                     resume_epoch,
                                 )
                             });
@@ -300,6 +301,14 @@ pub fn run(
         }
         Ok(v)
     })();
+    if spec.backend == BackendKind::Docker {
+        // every launch's containers are gone by now; the network goes with the job
+        let job_id = dir
+            .path()
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned());
+        crate::docker::Network::remove_for(&job_id.unwrap_or_default());
+    }
     match result {
         Err(e) => {
             let msg = format!("{e:#}");
@@ -358,8 +367,41 @@ struct Launch {
     index: usize,
     n: usize,
     server: ControlServer,
-    workers: LocalWorkers,
+    workers: Workers,
     started: Instant,
+}
+
+/// Workers as local processes or as containers.
+enum Workers {
+    Local(LocalWorkers),
+    Docker(crate::docker::DockerWorkers),
+}
+
+impl Workers {
+    fn pids(&self) -> Vec<Option<u32>> {
+        match self {
+            Workers::Local(w) => w.pids(),
+            Workers::Docker(w) => w.pids(),
+        }
+    }
+    fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
+        match self {
+            Workers::Local(w) => w.poll_exits(),
+            Workers::Docker(w) => w.poll_exits(),
+        }
+    }
+    fn all_exited(&self) -> bool {
+        match self {
+            Workers::Local(w) => w.all_exited(),
+            Workers::Docker(w) => w.all_exited(),
+        }
+    }
+    fn kill_all(&mut self) {
+        match self {
+            Workers::Local(w) => w.kill_all(),
+            Workers::Docker(w) => w.kill_all(),
+        }
+    }
 }
 
 impl Launch {
@@ -373,7 +415,9 @@ impl Launch {
         index: usize,
         binary: &Path,
         register_timeout: Duration,
+        dataset_dir: Option<&Path>,
     ) -> Result<Launch> {
+        let dir = &std::path::absolute(dir)?;
         // The job id names the CA and keys frames: the job directory's name is unique per submission.
         let job_id = dir
             .file_name()
@@ -394,11 +438,20 @@ impl Launch {
             }
             write_identity(&d, &ca.identity(&worker_name(rank))?)?;
         }
+        // containers reach this machine at their network's gateway; local processes over loopback
+        let network = match spec.backend {
+            BackendKind::Docker => Some(crate::docker::Network::create(&job_id)?),
+            _ => None,
+        };
+        let bind: SocketAddr = match &network {
+            Some(net) => SocketAddr::new(net.gateway, 0),
+            None => "127.0.0.1:0".parse()?,
+        };
         let server = ControlServer::bind(
             &ca.identity(COORDINATOR_NAME)?,
             ca.job_key(),
             n,
-            "127.0.0.1:0".parse::<SocketAddr>()?,
+            bind,
             register_timeout,
         )
         .context("binding the coordinator's control endpoint")?;
@@ -410,16 +463,48 @@ impl Launch {
             .threads
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
-        let workers = LocalWorkers::spawn(&WorkerLaunch {
-            binary,
-            job_id: &job_id,
-            coordinator: server.local_addr(),
-            world: n,
-            secrets_root: &secrets,
-            logs: &dir.join("logs"),
-            threads,
-            segment: index,
-        })?;
+        let workers = match &network {
+            None => Workers::Local(LocalWorkers::spawn(&WorkerLaunch {
+                binary,
+                job_id: &job_id,
+                coordinator: server.local_addr(),
+                world: n,
+                secrets_root: &secrets,
+                logs: &dir.join("logs"),
+                threads,
+                segment: index,
+            })?),
+            Some(net) => {
+                let image = crate::docker::ensure_image(binary, false)?;
+                let uid = crate::docker::worker_uid();
+                let checkpoints = checkpoints_dir(dir);
+                std::fs::create_dir_all(&checkpoints)?;
+                crate::docker::hand_over(&[dir, &checkpoints], uid)?;
+                let data = dataset_dir
+                    .ok_or_else(|| anyhow!("the docker backend needs the dataset's folder"))?;
+                Workers::Docker(crate::docker::DockerWorkers::spawn(
+                    &crate::docker::ContainerLaunch {
+                        image: &image,
+                        job_id: &job_id,
+                        network: net,
+                        coordinator: server.local_addr(),
+                        world: n,
+                        index,
+                        secrets_root: &secrets,
+                        logs: &dir.join("logs"),
+                        threads,
+                        // the job directory, and the dataset's folder unless it is inside it (a
+                        // generated or imported dataset is written there)
+                        mounts: if data.starts_with(dir) {
+                            vec![(dir.to_path_buf(), true)]
+                        } else {
+                            vec![(data.to_path_buf(), false), (dir.to_path_buf(), true)]
+                        },
+                        uid,
+                    },
+                )?)
+            }
+        };
         Ok(Launch {
             index,
             n,
@@ -503,6 +588,8 @@ fn coordinate(
     mut seg: Segment<'_>,
 ) -> Result<SegmentEnd> {
     let n = workers;
+    // workers (containers especially) get absolute paths: their working folder is not ours
+    let job_abs = std::path::absolute(dir.path())?;
     let timeouts = spec.timeouts.clone().unwrap_or_default();
     let (register_timeout, epoch_timeout) = (
         Duration::from_secs_f64(timeouts.register_s),
@@ -549,6 +636,7 @@ fn coordinate(
                 seg.index,
                 binary,
                 register_timeout,
+                dataset_path.parent(),
             )?
         }
     };
@@ -592,15 +680,22 @@ fn coordinate(
     let mut prewarmed: Option<Launch> = None;
     // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume` start there
     let checkpoint_dir = if spec.mode() == Parallelism::Partition {
-        let d = checkpoints_dir(dir.path());
+        let d = checkpoints_dir(&job_abs);
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         Some(d)
     } else {
         None
     };
     let outcome: std::result::Result<(Vec<TrainSummary>, Vec<Option<u64>>), String> = loop {
+        // exits first, messages second: a worker sends its last message before it exits, so whatever it
+        // said is in by the time its exit is handled
+        let exits = workers.poll_exits();
         let mut events = Vec::new();
-        if let Some(ev) = server.next_event(Duration::from_millis(100)) {
+        if let Some(ev) = server.next_event(Duration::from_millis(if exits.is_empty() {
+            100
+        } else {
+            0
+        })) {
             events.push(ev);
             while let Some(ev) = server.next_event(Duration::ZERO) {
                 events.push(ev);
@@ -648,7 +743,7 @@ fn coordinate(
                 }
             }
         }
-        for (rank, how, by_signal) in workers.poll_exits() {
+        for (rank, how, by_signal) in exits {
             log.line(&format!("worker {rank} {how}"));
             fed.push(Event::Exited {
                 rank,
@@ -679,8 +774,7 @@ fn coordinate(
                                     x
                                 },
                                 row_normalize: spec.dataset.row_normalize,
-                                model_out: (rank == 0)
-                                    .then(|| dir.path().join("model.safetensors")),
+                                model_out: (rank == 0).then(|| job_abs.join("model.safetensors")),
                                 epoch_timeout_s: epoch_timeout.as_secs_f64(),
                                 mode: match spec.mode() {
                                     Parallelism::Partition => TrainMode::Partition,
@@ -739,6 +833,7 @@ fn coordinate(
                                     seg.index + 1,
                                     binary,
                                     register_timeout,
+                                    dataset_path.parent(),
                                 )?);
                             }
                         }

@@ -15,6 +15,7 @@ mod coordinator;
 mod data;
 mod dataset;
 mod distributed;
+mod docker;
 mod elastic;
 mod jobdir;
 mod local;
@@ -47,6 +48,9 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Write a self-contained HTML report of a job directory: curves, workers, bytes, cost, scaling events.
     Report(report::ReportArgs),
+    /// Build the worker container image (for `backend: docker`) from the physalia-worker beside this binary.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Print the JSON Schema of job files (for editors).
     Schema,
     /// Import, generate, inspect and partition datasets.
@@ -88,6 +92,13 @@ pub enum OutputFormat {
 }
 
 #[derive(Subcommand)]
+enum ImageCommand {
+    /// Build (or find) `physalia-worker:<hash>` with no registry: a runtime base from this machine's
+    /// libraries, then worker-image/Dockerfile.
+    Build,
+}
+
+#[derive(Subcommand)]
 enum DataCommand {
     /// Turn a raw dataset folder (generic Cora-style layout or OGB node-property layout) into a dataset file.
     Import(data::ImportArgs),
@@ -111,6 +122,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plan(a) => plan::run(&a),
         Command::Calibrate(a) => calibrate::run(&a),
         Command::Report(a) => report::run(&a),
+        Command::Image(ImageCommand::Build) => {
+            let tag = docker::ensure_image(&local::worker_binary()?, false)?;
+            println!("{tag}");
+            Ok(())
+        }
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
             println!(

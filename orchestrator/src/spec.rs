@@ -464,7 +464,7 @@ pub enum BackendKind {
     /// In this process, on this machine.
     #[default]
     Local,
-    /// Containers on the local Docker Engine (not built yet).
+    /// Containers on the local Docker Engine, on a private bridge network.
     Docker,
     /// Pods on a Kubernetes cluster (not built yet).
     Kubernetes,
@@ -1210,13 +1210,19 @@ impl JobSpec {
                 ),
             ));
         }
-        if self.backend != BackendKind::Local {
+        if !matches!(self.backend, BackendKind::Local | BackendKind::Docker) {
             return Err(invalid(
                 "backend",
                 format!(
-                    "the {} backend is not built yet, only `local` runs today",
+                    "the {} backend is not wired into submit yet: `local` and `docker` run today",
                     self.backend.as_str()
                 ),
+            ));
+        }
+        if self.backend == BackendKind::Docker && self.train.runs > 1 {
+            return Err(invalid(
+                "train.runs",
+                "repeated runs run in this process; the docker backend runs one job of containers",
             ));
         }
         if self.output.dir.as_os_str().is_empty() {

@@ -54,8 +54,11 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         }
         spec = planned;
     }
-    // a scaling policy may grow a one-worker job: the coordinator runs every elastic job
-    if spec.workers > 1 || spec.scaling.is_some() {
+    // a scaling policy may grow a one-worker job, and containers are workers: the coordinator runs them
+    if spec.workers > 1
+        || spec.scaling.is_some()
+        || spec.backend == crate::spec::BackendKind::Docker
+    {
         return crate::distributed::run(&spec, &spec.job_name(job), output, quiet, None);
     }
     if let Some(t) = spec.train.threads {

@@ -6,6 +6,11 @@
 //! 3 stopped by the coordinator or lost it.
 
 fn main() {
+    // the image's health check: the binary loads and runs
+    if std::env::args().nth(1).as_deref() == Some("--health") {
+        println!("physalia-worker {}: ok", env!("CARGO_PKG_VERSION"));
+        return;
+    }
     if let Err(e) = physalia_worker::run::run_from_env() {
         eprintln!("physalia-worker: error: {e:#}");
         std::process::exit(1);

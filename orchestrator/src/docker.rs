@@ -1,0 +1,489 @@
+//! The docker backend: workers as containers of the worker image on a private bridge network, driven through
+//! the Docker CLI.
+//!
+//! * Image: `physalia image build` makes a runtime base with no registry (the worker binary's shared libraries
+//!   from this machine, `/etc/passwd` with the non-root user 65532, `/tmp`, `/run`) by `docker import`, then
+//!   builds `worker-image/Dockerfile` on it (`BASE` is a build argument), adding the binary. A job uses the
+//!   image tagged with the worker binary's content hash and builds it when missing.
+//! * Network: one bridge network per job (`physalia-<job>`); the coordinator's control endpoint binds the
+//!   network's gateway address, which only the job's containers and this machine reach. Each worker binds its
+//!   mesh on port 7000 of its own container address and advertises it.
+//! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
+//!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
+//!   the image.
+//! * Data: the dataset's folder (read-only) and the job directory are bind-mounted at their own paths, so an
+//!   assignment names the same files inside and outside.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The worker's user inside the image (non-root).
+pub const WORKER_UID: u32 = 65532;
+/// The mesh port every worker binds in its own container.
+const MESH_PORT: u16 = 7000;
+const SECRETS_IN_CONTAINER: &str = "/run/secrets/physalia";
+
+fn docker(args: &[&str]) -> Result<String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running docker (is the Docker Engine installed and running?)")?;
+    if !out.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.first().copied().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Whether a Docker Engine answers.
+pub fn available() -> bool {
+    Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The worker image for `worker` (the physalia-worker binary): `physalia-worker:<content hash>`, built when
+/// missing. Returns its tag.
+pub fn ensure_image(worker: &Path, quiet: bool) -> Result<String> {
+    let bytes = std::fs::read(worker).with_context(|| format!("reading {}", worker.display()))?;
+    let hash = blake3_like(&bytes);
+    let tag = format!("physalia-worker:{hash}");
+    if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
+        return Ok(tag);
+    }
+    if !quiet {
+        eprintln!("building the worker image {tag}...");
+    }
+    build_image(worker, &tag)?;
+    Ok(tag)
+}
+
+/// A short content hash (xxh3 via std's hasher is not stable across releases; FNV-1a 64 is, and is enough
+/// to tell binaries apart).
+fn blake3_like(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Builds the runtime base from this machine's libraries and the image from `worker-image/Dockerfile`.
+pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
+    let stage = tempfile::tempdir().context("creating a staging folder")?;
+    let root = stage.path().join("rootfs");
+    for d in ["etc", "tmp", "run/secrets", "usr/local/bin"] {
+        std::fs::create_dir_all(root.join(d))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
+    std::fs::set_permissions(
+        root.join("run/secrets"),
+        std::fs::Permissions::from_mode(0o1777),
+    )?;
+    std::fs::write(
+        root.join("etc/passwd"),
+        format!(
+            "root:x:0:0::/root:/sbin/nologin\nphysalia:x:{WORKER_UID}:{WORKER_UID}::/tmp:/sbin/nologin\n"
+        ),
+    )?;
+    std::fs::write(
+        root.join("etc/group"),
+        format!("root:x:0:\nphysalia:x:{WORKER_UID}:\n"),
+    )?;
+    for lib in shared_libraries(worker)? {
+        let dest = root.join(lib.strip_prefix("/").unwrap_or(&lib));
+        std::fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
+        std::fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
+    }
+    // the base: libraries and files only, as a tar with the right modes
+    let tar = stage.path().join("base.tar");
+    let status = Command::new("tar")
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&root)
+        .args(["-cf"])
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .context("running tar")?;
+    if !status.success() {
+        bail!("tar could not pack the runtime base");
+    }
+    let base = format!("physalia-runtime:{}", &tag[tag.len() - 16..]);
+    docker(&[
+        "import",
+        "--change",
+        "ENV PATH=/usr/local/bin",
+        &tar.to_string_lossy(),
+        &base,
+    ])
+    .context("importing the runtime base")?;
+    // the build context: the Dockerfile and the stripped binary
+    let ctx = stage.path().join("context");
+    std::fs::create_dir_all(&ctx)?;
+    let dockerfile = crate_dockerfile()?;
+    std::fs::write(ctx.join("Dockerfile"), dockerfile)?;
+    let bin = ctx.join("physalia-worker");
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(worker)
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(worker, &bin)?;
+    }
+    let out = Command::new("docker")
+        .args(["build", "--build-arg", &format!("BASE={base}"), "-t", tag])
+        .arg(&ctx)
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .context("running docker build")?;
+    if !out.status.success() {
+        bail!(
+            "docker build of the worker image failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `worker-image/Dockerfile`, embedded so an installed `physalia` can build images anywhere.
+fn crate_dockerfile() -> Result<&'static str> {
+    Ok(include_str!("../../worker-image/Dockerfile"))
+}
+
+/// The shared libraries `bin` loads (and the loader), from `ldd`.
+fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        // "libm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    if libs.is_empty() {
+        bail!("ldd found no libraries for {}", bin.display());
+    }
+    Ok(libs)
+}
+
+/// The job's bridge network and the gateway address its containers reach this machine at.
+pub struct Network {
+    pub name: String,
+    pub gateway: IpAddr,
+}
+
+impl Network {
+    pub fn create(job_id: &str) -> Result<Network> {
+        if !available() {
+            bail!(
+                "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
+            );
+        }
+        let name = format!("physalia-{}", sanitize(job_id));
+        if docker(&["network", "inspect", &name]).is_err() {
+            docker(&[
+                "network",
+                "create",
+                "--driver",
+                "bridge",
+                "--label",
+                "physalia.job",
+                &name,
+            ])
+            .with_context(|| format!("creating the network {name}"))?;
+        }
+        let gw = docker(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+            &name,
+        ])?;
+        let gateway = gw
+            .parse()
+            .with_context(|| format!("network {name} has no usable gateway: {gw:?}"))?;
+        Ok(Network { name, gateway })
+    }
+
+    /// Removes the job's network (after its last launch).
+    pub fn remove_for(job_id: &str) {
+        let _ = docker(&["network", "rm", &format!("physalia-{}", sanitize(job_id))]);
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// What a container launch needs besides the image.
+pub struct ContainerLaunch<'a> {
+    pub image: &'a str,
+    pub job_id: &'a str,
+    pub network: &'a Network,
+    pub coordinator: SocketAddr,
+    pub world: usize,
+    pub index: usize,
+    pub secrets_root: &'a Path,
+    pub logs: &'a Path,
+    pub threads: usize,
+    /// Folders bind-mounted at their own paths: (path, writable).
+    pub mounts: Vec<(PathBuf, bool)>,
+    /// The user the workers run as (non-root; see [`worker_uid`]).
+    pub uid: u32,
+}
+
+/// The user workers run as: [`WORKER_UID`] when this process is root (it then hands the job directory's
+/// writable folders to that user), else this process's own user, so bind-mounted folders stay writable.
+pub fn worker_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me == 0 { WORKER_UID } else { me }
+}
+
+/// Lets the workers' user write `dirs` (when this process is root; otherwise they are already its own).
+pub fn hand_over(dirs: &[&Path], uid: u32) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    for d in dirs {
+        std::os::unix::fs::chown(d, Some(uid), Some(uid))
+            .with_context(|| format!("letting the workers write {}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// The containers of one launch.
+pub struct DockerWorkers {
+    names: Vec<Option<String>>,
+    logs: Vec<PathBuf>,
+    last_poll: Instant,
+}
+
+impl DockerWorkers {
+    pub fn spawn(l: &ContainerLaunch) -> Result<DockerWorkers> {
+        let mut workers = DockerWorkers {
+            names: Vec::new(),
+            logs: Vec::new(),
+            last_poll: Instant::now(),
+        };
+        for rank in 0..l.world {
+            let name = format!("physalia-{}-{}-{rank}", sanitize(l.job_id), l.index);
+            let _ = docker(&["rm", "-f", &name]);
+            let mut env = BTreeMap::new();
+            use physalia_worker::run as w;
+            env.insert(w::ENV_COORDINATOR, l.coordinator.to_string());
+            env.insert(w::ENV_RANK, rank.to_string());
+            env.insert(w::ENV_WORLD, l.world.to_string());
+            env.insert(w::ENV_JOB_ID, l.job_id.to_string());
+            env.insert(w::ENV_SECRETS_DIR, SECRETS_IN_CONTAINER.to_string());
+            env.insert(w::ENV_MESH_PORT, MESH_PORT.to_string());
+            env.insert("RAYON_NUM_THREADS", l.threads.to_string());
+            let mut args: Vec<String> = vec![
+                "create".into(),
+                "--name".into(),
+                name.clone(),
+                "--network".into(),
+                l.network.name.clone(),
+                "--label".into(),
+                format!("physalia.job={}", l.job_id),
+                "--user".into(),
+                format!("{0}:{0}", l.uid),
+            ];
+            for (k, v) in &env {
+                args.push("--env".into());
+                args.push(format!("{k}={v}"));
+            }
+            for (path, writable) in &l.mounts {
+                args.push("--volume".into());
+                let p = path.display();
+                args.push(if *writable {
+                    format!("{p}:{p}")
+                } else {
+                    format!("{p}:{p}:ro")
+                });
+            }
+            args.push(l.image.to_string());
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            docker(&refs).with_context(|| format!("creating worker {rank}'s container"))?;
+            workers.names.push(Some(name.clone()));
+            workers.logs.push(l.logs.join(match l.index {
+                0 => format!("worker-{rank}.log"),
+                i => format!("worker-{rank}.seg{i}.log"),
+            }));
+            copy_secrets(
+                &name,
+                &l.secrets_root.join(physalia_wire::worker_name(rank)),
+                l.uid,
+            )
+            .with_context(|| format!("giving worker {rank} its certificate"))?;
+            docker(&["start", &name]).with_context(|| format!("starting worker {rank}"))?;
+        }
+        Ok(workers)
+    }
+
+    /// Containers have no process id here: every rank reports `None`.
+    pub fn pids(&self) -> Vec<Option<u32>> {
+        vec![None; self.names.len()]
+    }
+
+    /// Containers that stopped since the last call: `(rank, how, by_signal)`; checked at most twice a
+    /// second (each check asks the engine).
+    pub fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
+        if self.last_poll.elapsed() < Duration::from_millis(500) {
+            return Vec::new();
+        }
+        self.last_poll = Instant::now();
+        let mut out = Vec::new();
+        for rank in 0..self.names.len() {
+            let Some(name) = &self.names[rank] else {
+                continue;
+            };
+            let Ok(state) = docker(&[
+                "inspect",
+                "-f",
+                "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+                name,
+            ]) else {
+                out.push((rank, "container disappeared".into(), true));
+                self.names[rank] = None;
+                continue;
+            };
+            let mut it = state.split_whitespace();
+            let (status, code, oom) = (it.next(), it.next(), it.next());
+            if status == Some("exited") || status == Some("dead") {
+                let code: i32 = code.and_then(|c| c.parse().ok()).unwrap_or(-1);
+                let (how, by_signal) = if oom == Some("true") {
+                    ("container was killed: out of memory".to_string(), true)
+                } else if code > 128 {
+                    (format!("container exited with signal {}", code - 128), true)
+                } else {
+                    (format!("container exited with code {code}"), false)
+                };
+                self.save_logs(rank);
+                out.push((rank, how, by_signal));
+                if let Some(name) = self.names[rank].take() {
+                    let _ = docker(&["rm", "-f", &name]);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn all_exited(&self) -> bool {
+        self.names.iter().all(Option::is_none)
+    }
+
+    fn save_logs(&self, rank: usize) {
+        let Some(name) = &self.names[rank] else {
+            return;
+        };
+        if let Ok(out) = Command::new("docker").args(["logs", name]).output()
+            && let Ok(mut f) = std::fs::File::create(&self.logs[rank])
+        {
+            let _ = f.write_all(&out.stdout);
+            let _ = f.write_all(&out.stderr);
+        }
+    }
+
+    /// Removes every container still there (killing it), keeping its log.
+    pub fn kill_all(&mut self) {
+        for rank in 0..self.names.len() {
+            if self.names[rank].is_some() {
+                self.save_logs(rank);
+            }
+            if let Some(name) = self.names[rank].take() {
+                let _ = docker(&["rm", "-f", &name]);
+            }
+        }
+    }
+}
+
+impl Drop for DockerWorkers {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Copies `dir`'s identity files into the (created, not started) container as a tar stream owned by the
+/// worker's user, mode 0400.
+fn copy_secrets(container: &str, dir: &Path, uid: u32) -> Result<()> {
+    let mut tar = Vec::new();
+    let mut entry = |name: &str, data: &[u8], mode: u32, dir: bool| {
+        let mut h = [0u8; 512];
+        let put = |h: &mut [u8; 512], at: usize, s: &[u8]| h[at..at + s.len()].copy_from_slice(s);
+        put(&mut h, 0, name.as_bytes());
+        put(&mut h, 100, format!("{mode:07o}\0").as_bytes());
+        put(&mut h, 108, format!("{uid:07o}\0").as_bytes());
+        put(&mut h, 116, format!("{uid:07o}\0").as_bytes());
+        put(&mut h, 124, format!("{:011o}\0", data.len()).as_bytes());
+        put(&mut h, 136, format!("{:011o}\0", 0).as_bytes());
+        h[156] = if dir { b'5' } else { b'0' };
+        put(&mut h, 257, b"ustar\0");
+        put(&mut h, 263, b"00");
+        put(&mut h, 148, b"        ");
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        put(&mut h, 148, format!("{sum:06o}\0 ").as_bytes());
+        tar.extend_from_slice(&h);
+        tar.extend_from_slice(data);
+        tar.resize(tar.len().div_ceil(512) * 512, 0);
+    };
+    entry("physalia/", &[], 0o500, true);
+    for f in ["ca.pem", "cert.pem", "key.pem"] {
+        let data = std::fs::read(dir.join(f))
+            .with_context(|| format!("reading {}", dir.join(f).display()))?;
+        entry(&format!("physalia/{f}"), &data, 0o400, false);
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    let mut child = Command::new("docker")
+        .args(["cp", "-", &format!("{container}:/run/secrets")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running docker cp")?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(&tar)
+        .context("streaming the secrets to docker cp")?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("docker cp: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
