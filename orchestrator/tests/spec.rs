@@ -370,7 +370,7 @@ fn validation_errors() {
         (
             "backend:",
             "backend: ecs",
-            "cora.yaml: backend: the ecs backend is not built yet, only `local` runs today",
+            "cora.yaml: backend: the ecs backend is not wired into submit yet: `local` and `docker` run today",
         ),
         (
             "name:",
@@ -761,11 +761,13 @@ fn multi_worker_jobs_with_exchange_options() {
         message.contains("train.runs: repeated runs need workers: 1"),
         "{message}"
     );
-    let message = err(&format!("{MINIMAL}workers: 2\nbackend: docker\n"), &[]);
+    let message = err(&format!("{MINIMAL}workers: 2\nbackend: kubernetes\n"), &[]);
     assert!(
-        message.contains("the docker backend is not built yet"),
+        message.contains("the kubernetes backend is not wired into submit yet"),
         "{message}"
     );
+    let spec = ok(&format!("{MINIMAL}workers: 2\nbackend: docker\n"), &[]);
+    assert_eq!(spec.backend, BackendKind::Docker);
     let message = err(&format!("{MINIMAL}exchange:\n  dtype: f64\n"), &[]);
     assert!(message.contains("exchange.dtype"), "{message}");
     let schema = json_schema();
