@@ -881,23 +881,13 @@ pub fn train_p3<L: Link + ?Sized>(
                     // partial products to the batch owners; ours summed in rank order
                     let tf = Instant::now();
                     let hidden = partials[rank].cols();
-                    let send: Vec<(usize, &[f32])> = (0..world)
-                        .filter(|&w| w != rank)
-                        .map(|w| (w, partials[w].data()))
-                        .collect();
-                    let recv: Vec<(usize, usize)> = (0..world)
-                        .filter(|&w| w != rank)
-                        .map(|w| (w, mine.blocks[0].n_dst()))
-                        .collect();
-                    let got = physalia_wire::halo_exchange(
-                        mesh.link_mut(),
+                    let got = swap_rows(
+                        &mut mesh,
                         Tag::new(step as u32, 0, Phase::Forward),
-                        &send,
-                        &recv,
+                        |w| partials[w].data(),
+                        |_| mine.blocks[0].n_dst(),
                         hidden,
-                        Dtype::F32,
-                    )
-                    .map_err(|e| physalia_gnn::Error::Exchange(e.into()))?;
+                    )?;
                     stats.fetch_s += tf.elapsed().as_secs_f64();
                     let tc1 = Instant::now();
                     let mut z0 = Matrix::zeros(mine.blocks[0].n_dst(), hidden);
@@ -927,32 +917,19 @@ pub fn train_p3<L: Link + ?Sized>(
                     stats.compute_s += tc1.elapsed().as_secs_f64();
                     // the first layer's output gradient of every batch to every worker
                     let tf = Instant::now();
-                    let send: Vec<(usize, &[f32])> = (0..world)
-                        .filter(|&w| w != rank)
-                        .map(|w| (w, d_z0.data()))
-                        .collect();
-                    let recv: Vec<(usize, usize)> = (0..world)
-                        .filter(|&w| w != rank)
-                        .map(|w| {
-                            (
-                                w,
-                                if group[w].seeds.is_empty() {
-                                    0
-                                } else {
-                                    group[w].blocks[0].n_dst()
-                                },
-                            )
-                        })
-                        .collect();
-                    let got = physalia_wire::halo_exchange(
-                        mesh.link_mut(),
+                    let got = swap_rows(
+                        &mut mesh,
                         Tag::new(step as u32, 0, Phase::Backward),
-                        &send,
-                        &recv,
+                        |_| d_z0.data(),
+                        |w| {
+                            if group[w].seeds.is_empty() {
+                                0
+                            } else {
+                                group[w].blocks[0].n_dst()
+                            }
+                        },
                         hidden,
-                        Dtype::F32,
-                    )
-                    .map_err(|e| physalia_gnn::Error::Exchange(e.into()))?;
+                    )?;
                     stats.fetch_s += tf.elapsed().as_secs_f64();
                     let tc2 = Instant::now();
                     let mut from_peer = got.into_iter();
@@ -1023,6 +1000,23 @@ pub fn train_p3<L: Link + ?Sized>(
         model.params[i].value = w;
     }
     Ok((model, summary))
+}
+
+/// Sends every peer `w` its rows `send(w)` and receives `recv_rows(w)` rows from it (P3's partial products and
+/// their gradients), in rank order.
+fn swap_rows<'r, L: Link + ?Sized>(
+    mesh: &mut MeshExchange<'_, L>,
+    tag: Tag,
+    send: impl Fn(usize) -> &'r [f32],
+    recv_rows: impl Fn(usize) -> usize,
+    cols: usize,
+) -> Result<Vec<(usize, Vec<f32>)>, Error> {
+    let (rank, world) = (mesh.link().rank(), mesh.link().world());
+    let peers = || (0..world).filter(move |&w| w != rank);
+    let send: Vec<(usize, &[f32])> = peers().map(|w| (w, send(w))).collect();
+    let recv: Vec<(usize, usize)> = peers().map(|w| (w, recv_rows(w))).collect();
+    physalia_wire::halo_exchange(mesh.link_mut(), tag, &send, &recv, cols, Dtype::F32)
+        .map_err(|e| physalia_gnn::Error::Exchange(e.into()).into())
 }
 
 /// All-reduces every gradient except those at `skip` (the first layer's, which stay with their columns).
