@@ -7,9 +7,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use physalia_graph::{FeatureDtype, Split};
 use physalia_planner::{
-    CalibrationProfile, Catalog, Constraints, GraphStats, ModelShape, PartitionStats, PlanRequest,
-    TrainShape,
+    Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats,
+    Mode, ModelShape, PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
 };
+use serde::Serialize;
 
 use crate::OutputFormat;
 use crate::dataset::{self, Source};
@@ -30,6 +31,13 @@ pub struct PlanArgs {
     /// Rows of alternatives and rejections to print.
     #[arg(long, default_value_t = 8)]
     rows: usize,
+    /// Predict the job file's own settings (`parallelism`, `workers`, `minibatch`, `exchange`) on its
+    /// backend's SKU instead of searching for a plan.
+    #[arg(long)]
+    as_written: bool,
+    /// With `--as-written`: the SKU to predict on, when the job's backend has more than one in the catalog.
+    #[arg(long, requires = "as_written")]
+    sku: Option<String>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
 }
@@ -56,6 +64,20 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         }
         None => None,
     };
+    if a.as_written {
+        let w = as_written(
+            &spec,
+            &req,
+            &catalog,
+            a.sku.as_deref(),
+            calibration.as_ref(),
+        )?;
+        match a.output {
+            OutputFormat::Json => println!("{}", serde_json::to_string(&w)?),
+            OutputFormat::Text => print!("{}", w.render()),
+        }
+        return Ok(());
+    }
     let plan = physalia_planner::plan(&req, &catalog, calibration.as_ref())?;
     match a.output {
         OutputFormat::Json => println!("{}", serde_json::to_string(&plan)?),
@@ -116,6 +138,7 @@ fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
     }))
     .context("describing the training to the planner")?;
     train.cache_rows = spec.minibatch.as_ref().map(|m| m.cache_rows);
+    train.exchange = exchange_options(spec);
     let goal = spec.goal.clone().unwrap_or_default();
     let constraints: Constraints = serde_json::from_value(serde_json::json!({
         "max_workers": goal.max_workers,
@@ -141,13 +164,169 @@ fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
     })
 }
 
+/// The job's halo exchange options as the planner's (exact when the job has no `exchange:`).
+fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
+    use crate::spec::ExchangeDtype;
+    match &spec.exchange {
+        None => ExchangeOptions::default(),
+        Some(x) => ExchangeOptions {
+            boundary_sampling: x.boundary_sampling,
+            staleness: x.staleness,
+            dtype: match x.dtype {
+                ExchangeDtype::F32 => RowDtype::F32,
+                ExchangeDtype::F16 => RowDtype::F16,
+                ExchangeDtype::Bf16 => RowDtype::Bf16,
+            },
+        },
+    }
+}
+
+/// What `physalia plan --as-written` prints: the job's own settings as a candidate, the SKU it runs on, and
+/// the cost model's prediction for it.
+#[derive(Serialize)]
+struct AsWritten {
+    candidate: Candidate,
+    sku: Sku,
+    prediction: Prediction,
+    /// Whether a calibration profile replaced the catalog's rates (local SKUs).
+    calibrated: bool,
+}
+
+impl AsWritten {
+    fn render(&self) -> String {
+        use physalia_planner::render::{bytes, secs, usd};
+        let (c, p, t, m) = (
+            &self.candidate,
+            &self.prediction,
+            &self.prediction.time,
+            &self.prediction.memory,
+        );
+        let resources = if self.sku.shared_host && c.workers > 1 {
+            format!(
+                "{} processes sharing {}",
+                c.workers,
+                self.sku.device_label()
+            )
+        } else {
+            format!("{} x {}", c.workers, self.sku.device_label())
+        };
+        let mut out = format!(
+            "as written: {} ({resources}): {} per epoch, {} in all ({} setup), {}\n",
+            c.describe(),
+            secs(t.epoch_s),
+            secs(t.total_s),
+            secs(t.setup_s),
+            usd(p.usd_total)
+        );
+        out.push_str(&format!(
+            "epoch: compute {}, sampling {}, exchange {}, all-reduce {}, evaluation {}, overhead {}; {} steps\n",
+            secs(t.compute_s),
+            secs(t.sample_s),
+            secs(t.exchange_s),
+            secs(t.allreduce_s),
+            secs(t.eval_s),
+            secs(t.overhead_s),
+            p.steps_per_epoch
+        ));
+        out.push_str(&format!(
+            "memory per worker: {} of {} usable\n",
+            bytes(m.device_bytes),
+            bytes(m.device_usable_bytes)
+        ));
+        out.push_str(if self.calibrated {
+            "rates: the calibration profile\n"
+        } else if self.sku.backend == Backend::Local {
+            "rates: catalog peaks x efficiency (run `physalia calibrate` and pass --calibration)\n"
+        } else {
+            "rates: catalog peaks x efficiency\n"
+        });
+        out
+    }
+}
+
+/// The planner's prediction for the job's own settings on its backend's SKU.
+fn as_written(
+    spec: &JobSpec,
+    req: &PlanRequest,
+    catalog: &Catalog,
+    sku: Option<&str>,
+    calibration: Option<&CalibrationProfile>,
+) -> Result<AsWritten> {
+    use crate::spec::{Parallelism, ParallelismSpec};
+    let backend: Backend =
+        serde_json::from_value(serde_json::to_value(spec.backend)?).context("the job's backend")?;
+    let sku = match sku {
+        Some(name) => catalog
+            .get(name)
+            .with_context(|| format!("--sku: no SKU named `{name}` in the catalog"))?,
+        None => {
+            let of_backend: Vec<&Sku> = catalog
+                .skus
+                .iter()
+                .filter(|s| s.backend == backend)
+                .collect();
+            match of_backend[..] {
+                [one] => one,
+                [] => anyhow::bail!(
+                    "the catalog has no SKU for the backend `{}`; name one with --sku{}",
+                    backend.as_str(),
+                    if backend == Backend::Docker {
+                        " (docker containers run on this machine: --sku local)"
+                    } else {
+                        ", or add one with --catalog"
+                    }
+                ),
+                _ => anyhow::bail!(
+                    "the backend `{}` has {} SKUs in the catalog ({}); pick one with --sku",
+                    backend.as_str(),
+                    of_backend.len(),
+                    of_backend
+                        .iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+    };
+    let mode = match spec.mode() {
+        Parallelism::Partition => Mode::Partition,
+        Parallelism::Data => Mode::Data,
+        Parallelism::Model => Mode::Model,
+    };
+    let replicas = match spec.parallelism {
+        ParallelismSpec::Groups(g) => g.replicas,
+        ParallelismSpec::Mode(_) => 1,
+    };
+    let candidate = Candidate {
+        mode,
+        workers: spec.workers,
+        parts: spec.parts(),
+        replicas,
+        sku: sku.name.clone(),
+        backend: sku.backend,
+        exchange: req.train.exchange.clone(),
+        cache_rows: req.train.cache_rows.unwrap_or(0),
+    };
+    let prediction = physalia_planner::predict(req, sku, &candidate, calibration)
+        .context("predicting the job as written")?;
+    let candidate = Candidate {
+        cache_rows: prediction.cache_rows,
+        ..candidate
+    };
+    Ok(AsWritten {
+        candidate,
+        sku: sku.clone(),
+        prediction,
+        calibrated: calibration.is_some() && sku.backend == Backend::Local,
+    })
+}
+
 /// With a `goal:` section, `submit` runs what the planner chooses on the job's backend: the mode, the
 /// worker count (parts and replicas), the exchange options and the data-parallel cache. Returns the
 /// adjusted job and one line saying what was chosen.
 pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
-    use crate::spec::{
-        ExchangeDtype, ExchangeSpec, GroupsSpec, MiniBatchSpec, Parallelism, ParallelismSpec,
-    };
+    use crate::spec::{ExchangeDtype, ExchangeSpec, GroupsSpec, Parallelism, ParallelismSpec};
     use physalia_planner::{Mode, RowDtype};
     let Some(goal) = &spec.goal else {
         return Ok(None);
@@ -199,10 +378,7 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
         });
     } else {
         out.exchange = None;
-        let mut mb = spec
-            .minibatch
-            .clone()
-            .unwrap_or_else(MiniBatchSpec::default);
+        let mut mb = spec.minibatch.clone().unwrap_or_default();
         mb.cache_rows = c.cache_rows;
         out.minibatch = Some(mb);
     }

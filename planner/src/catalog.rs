@@ -9,7 +9,9 @@
 //!
 //! A SKU is one container as the planner sees it: what one worker gets. For a GPU SKU the
 //! compute numbers (`fp32_tflops`, `memory_bandwidth_gb_s`) are the GPU's and `memory_gib` is
-//! the host memory of the container; for a CPU SKU they are the container's CPU share.
+//! the host memory of the container; for a CPU SKU they are the container's CPU share. A
+//! `shared_host` SKU (the local machine) is the whole machine instead: a job's workers are
+//! processes on it and split it among themselves.
 
 use std::borrow::Cow;
 
@@ -151,9 +153,14 @@ pub struct Sku {
     /// Typical time from the request to a running worker (placement, image pull, start).
     #[serde(deserialize_with = "non_negative")]
     pub cold_start_s: f64,
-    /// Most containers of this SKU a job may use (the local machine: 1).
+    /// Most containers of this SKU a job may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_containers: Option<u32>,
+    /// The SKU is one machine and a job's workers are processes on it (the local machine): `n`
+    /// workers split its vCPUs, memory bandwidth, memory and loopback `n` ways, and the price
+    /// is paid once, not per worker. Otherwise every worker gets a whole SKU.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_host: bool,
     pub price: Price,
     /// Where the numbers come from.
     pub source: Sources,

@@ -23,6 +23,20 @@
 //! - hybrid: `replicas` groups of `parts` workers. Partition replicas split the training nodes
 //!   but each still runs the forward and backward over its whole part; data replicas split the
 //!   seeds over `parts x replicas` workers while features are split only `parts` ways.
+//!
+//! Evaluation is a full-graph forward; when the first layer aggregates raw features its `A X`
+//! is computed once (with its feature-wide halo rows) and kept, whatever training does. A P3
+//! worker's first-layer gradient recomputes the aggregation of its column slice. A CPU loader
+//! samples, builds each block's CSR and transpose, and fills the zeroed input matrix row by row.
+//!
+//! A shared host (`shared_host` in the catalog: the local machine) runs a job's `n` workers as
+//! `n` processes on one machine, so each gets `1/n` of its compute, memory bandwidth, sampler,
+//! loading rate and memory, every process pays the fixed per-epoch cost, and the workers share
+//! its loopback: one calibrated flow (sender and receiver) occupies about two cores, so the host
+//! carries `vcpus / 2` of them, split among the `n` workers that all send at once. The machine
+//! is paid once. On this repository's 2-core machine exchanges in which every worker sends and
+//! receives at once measured about half to three quarters of that rate (bench/RESULTS.md,
+//! grounding): the profile measures one flow in one direction only.
 
 use serde::{Deserialize, Serialize};
 
@@ -180,7 +194,47 @@ pub(crate) struct Rates {
 }
 
 impl Rates {
-    pub(crate) fn of(sku: &Sku, a: &Assumptions, profile: Option<&CalibrationProfile>) -> Rates {
+    /// The rates one of `workers` workers gets. On a shared host (the local machine) the workers
+    /// are processes splitting the machine: each gets `1/workers` of its compute, memory
+    /// bandwidth, sampler and loading throughput, and of its loopback (see
+    /// [`Rates::loopback_share`]); the fixed per-epoch cost is work of every process, paid at
+    /// that share too. Elsewhere every worker has a whole SKU.
+    pub(crate) fn of(
+        sku: &Sku,
+        a: &Assumptions,
+        profile: Option<&CalibrationProfile>,
+        workers: u32,
+    ) -> Rates {
+        let r = Rates::whole(sku, a, profile);
+        if !sku.shared_host || workers <= 1 {
+            return r;
+        }
+        let share = 1.0 / f64::from(workers);
+        // a profile knows the machine's cores better than the catalog
+        let vcpus = profile.map_or(sku.vcpus, |p| f64::from(p.threads));
+        let net = Rates::loopback_share(vcpus, workers);
+        Rates {
+            gemm_flop_s: r.gemm_flop_s * share,
+            mem_byte_s: r.mem_byte_s * share,
+            sampler_edges_s: r.sampler_edges_s * share,
+            nic_byte_s: r.nic_byte_s * net,
+            flow_byte_s: r.flow_byte_s * net,
+            load_byte_s: r.load_byte_s * share,
+            overhead_s: r.overhead_s / share,
+            ..r
+        }
+    }
+
+    /// Share of the measured loopback rate one of `workers` processes gets when all of them
+    /// send and receive at once. Moving a byte over loopback QUIC is CPU work on both ends
+    /// (encryption, packets, copies): the calibration's one flow occupies about two cores, so the
+    /// host carries `vcpus / 2` such flows, shared by the workers.
+    fn loopback_share(vcpus: f64, workers: u32) -> f64 {
+        (vcpus / 2.0 / f64::from(workers)).min(1.0)
+    }
+
+    /// The rates of one whole SKU.
+    fn whole(sku: &Sku, a: &Assumptions, profile: Option<&CalibrationProfile>) -> Rates {
         let nic = sku.network_gbit_s * 1e9 / 8.0 * a.network_efficiency;
         let flow_gbit = sku
             .single_flow_gbit_s
@@ -346,6 +400,13 @@ pub(crate) fn parameters(layers: &[Layer]) -> f64 {
 /// Whether the first layer's `A X` is computed once per run.
 fn first_layer_cached(req: &PlanRequest, layers: &[Layer]) -> bool {
     req.model.input_dropout == 0.0 && layers.first().is_some_and(|l| l.agg_first)
+}
+
+/// Whether evaluation reuses a stored `A X`: a full-graph forward of a first layer that
+/// aggregates raw features computes it once (no dropout in evaluation) and keeps it, whatever
+/// training does.
+fn first_layer_cached_in_eval(layers: &[Layer]) -> bool {
+    layers.first().is_some_and(|l| l.agg_first)
 }
 
 /// The cut-fraction model: `c(k) = c_max (1 - 1/sqrt k)`.
@@ -579,7 +640,7 @@ pub(crate) fn predict_checked(
     profile: Option<&CalibrationProfile>,
 ) -> Prediction {
     let a = &req.assumptions;
-    let r = Rates::of(sku, a, profile);
+    let r = Rates::of(sku, a, profile, candidate.workers);
     let ls = layers(req);
     let params = parameters(&ls);
     let mut pred = match candidate.mode {
@@ -595,15 +656,27 @@ pub(crate) fn predict_checked(
     } else {
         m.device_bytes = m.host_bytes;
     }
-    m.device_usable_bytes = sku.device_memory_bytes() * a.memory_headroom;
-    m.host_usable_bytes = sku.host_memory_bytes() * a.memory_headroom;
+    // processes on a shared host split its memory
+    let memory_share = if sku.shared_host {
+        1.0 / f64::from(candidate.workers)
+    } else {
+        1.0
+    };
+    m.device_usable_bytes = sku.device_memory_bytes() * a.memory_headroom * memory_share;
+    m.host_usable_bytes = sku.host_memory_bytes() * a.memory_headroom * memory_share;
 
     let t = &mut pred.time;
     t.overhead_s = r.overhead_s;
     t.epoch_s += t.overhead_s;
     t.setup_s += sku.cold_start_s;
     t.total_s = t.setup_s + f64::from(req.train.epochs) * t.epoch_s;
-    pred.usd_per_s = sku.usd_per_s() * f64::from(candidate.workers);
+    // a shared host is paid once, whatever runs on it
+    pred.usd_per_s = sku.usd_per_s()
+        * if sku.shared_host {
+            1.0
+        } else {
+            f64::from(candidate.workers)
+        };
     pred.usd_per_epoch = t.epoch_s * pred.usd_per_s;
     pred.usd_total = t.total_s * pred.usd_per_s;
     pred
@@ -697,19 +770,23 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     };
     let allreduce_s = r.transfer(allreduce_bytes, workers - 1.0, 2.0);
     // Evaluation: exact forward (f32, every row, no staleness).
-    let (eval_compute, eval_halo, eval_rounds) = full_graph_pass(r, ls, &p, cached, false, passes);
+    let eval_cached = first_layer_cached_in_eval(ls);
+    let (eval_compute, eval_halo, eval_rounds) =
+        full_graph_pass(r, ls, &p, eval_cached, false, passes);
     let eval_s = (eval_compute + r.transfer(eval_halo, peers, eval_rounds))
         / f64::from(req.train.eval_every);
     let compute_s = compute_s + opt.s;
     let hidden = a.partition_overlap * compute_s.min(exchange_s);
     let epoch_s = compute_s + exchange_s + allreduce_s - hidden + eval_s;
 
-    // Setup: load the part, precompute A X and send its halo rows once.
+    // Setup: load the part, precompute A X and send its halo rows once (for training, or
+    // at the first evaluation).
     let first = ls[0];
     let halo_inputs = if first.agg_first { p.halo } else { 0.0 };
     let structure_bytes = local_csr_bytes(p.owned, p.owned + p.halo, p.edges + p.owned);
     let load_bytes = p.owned * feat * f64::from(g.feature_bytes_per_value) + p.edges * 4.0;
     let mut setup_s = load_bytes / r.load_byte_s;
+    let cached = cached || eval_cached;
     if cached {
         let mut w = Work::default();
         w.spmm(r, p.owned, p.edges + p.owned, feat);
@@ -831,13 +908,24 @@ fn batch_activations(ls: &[Layer], reached: &[f64], edges: &[f64], from: usize) 
         .sum()
 }
 
-/// Host time to gather a batch's input rows (and copy them to the GPU).
+/// Host time to gather a batch's input rows (and copy them to the GPU). On the CPU the input
+/// matrix is zero-filled, then every row is read and written: three passes over its bytes.
 fn gather_s(r: &Rates, rows: f64, width: f64) -> f64 {
     let bytes = rows * width * F32;
     match r.h2d_byte_s {
         Some(h2d) => bytes / h2d,
-        None => 2.0 * bytes / r.mem_byte_s,
+        None => 3.0 * bytes / r.mem_byte_s,
     }
+}
+
+/// Bytes a loader touches to turn a sampled batch into the engine's blocks: per block a CSR
+/// with weights and its transpose (per edge: the index read, index and weight written, the
+/// transpose's count, position, index, permutation and weight, about 60 bytes) and per source
+/// its id and whole-graph degree plus the transpose's row pointers (about 48 bytes).
+fn block_bytes(reached: &[f64], edges: &[f64]) -> f64 {
+    (1..reached.len())
+        .map(|j| edges[j] * 60.0 + reached[j] * 48.0)
+        .sum()
 }
 
 /// Seconds of one step from the loader's and the trainer's sides: overlapped on a GPU SKU,
@@ -882,6 +970,13 @@ fn data(
     let activations_bytes = train_act.max(eval_act);
     let halo_bytes = p.halo * ls.iter().map(|l| l.exch).fold(feat, f64::max) * F32;
     let optimizer_bytes = params * F32 * 4.0;
+    // evaluation keeps its first layer's `A X` between epochs
+    let eval_cached = first_layer_cached_in_eval(ls);
+    let eval_agg_bytes = if eval_cached {
+        p.owned * feat * F32
+    } else {
+        0.0
+    };
     let mut m = MemoryBreakdown {
         features_bytes,
         structure_bytes,
@@ -899,7 +994,7 @@ fn data(
     place(
         &mut m,
         r.gpu,
-        activations_bytes + halo_bytes + optimizer_bytes,
+        activations_bytes + halo_bytes + optimizer_bytes + eval_agg_bytes,
         true,
     );
     let remote_universe = (n - p.owned).max(0.0);
@@ -908,19 +1003,23 @@ fn data(
     } else if let Some(fixed) = req.train.cache_rows {
         (fixed as f64).min(remote_universe)
     } else {
-        let usable = sku.host_memory_bytes() * a.memory_headroom - a.host_runtime_gib * GIB;
+        let usable = sku.host_memory_bytes() * a.memory_headroom
+            / if sku.shared_host { workers } else { 1.0 }
+            - a.host_runtime_gib * GIB;
         let left = (usable - m.host_bytes).max(0.0);
         (left * a.cache_memory_fraction / (feat * F32))
             .floor()
             .min(remote_universe)
     };
-    m.cache_bytes = cache_rows * feat * F32;
-    let cache_bytes = m.cache_bytes;
+    let cache_bytes = cache_rows * feat * F32;
+    m.cache_bytes = cache_bytes + eval_agg_bytes;
     place(&mut m, r.gpu, cache_bytes, false);
 
     // Per step: sampling and gathering (loader), kernels, fetch, all-reduce (trainer).
     let sampled: f64 = edges.iter().sum();
-    let loader_s = sampled / r.sampler_edges_s + gather_s(r, inputs, feat);
+    let loader_s = sampled / r.sampler_edges_s
+        + block_bytes(&reached, &edges) / r.mem_byte_s
+        + gather_s(r, inputs, feat);
     let compute_s = batch_work(r, ls, &reached, &edges, 0, a.elementwise_passes)
         + params * F32 * 7.0 / r.mem_byte_s;
     let hit = if remote_universe > 0.0 {
@@ -951,17 +1050,25 @@ fn data(
     let allreduce_s = r.transfer(allreduce_bytes, workers - 1.0, 2.0);
     let step = step_s(r, loader_s, compute_s + fetch_s + allreduce_s);
 
-    // Evaluation: the partition-parallel full-graph forward over the k feature parts.
+    // Evaluation: the partition-parallel full-graph forward over the k feature parts; its
+    // first layer's `A X` (and the halo rows it needs) once per run.
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, false, false, a.elementwise_passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, a.elementwise_passes);
     let eval_s = (eval_compute + r.transfer(eval_halo, f64::from(k - 1), eval_rounds))
         / f64::from(req.train.eval_every);
+    let eval_setup_s = if eval_cached {
+        let mut w = Work::default();
+        w.spmm(r, p.owned, p.edges, feat);
+        w.s + r.transfer(p.halo * feat * F32, f64::from(k - 1), 1.0)
+    } else {
+        0.0
+    };
 
     let load_bytes = p.owned * feat * f64::from(g.feature_bytes_per_value)
         + (n + 1.0) * 8.0
         + g.edges as f64 * 4.0;
     let cache_fill_s = r.transfer(cache_rows * feat * F32, f64::from(k.max(2) - 1), 1.0);
-    let setup_s = load_bytes / r.load_byte_s + cache_fill_s;
+    let setup_s = load_bytes / r.load_byte_s + cache_fill_s + eval_setup_s;
     Prediction {
         memory: m,
         time: TimeBreakdown {
@@ -1019,11 +1126,23 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
         true,
         a.elementwise_passes,
     );
+    // Its gradient recomputes the aggregation of the slice (`A X` of its columns, or `A^T dZ`
+    // when the slice is wider than the output): nothing is kept between the two.
+    let loops = if first.self_loops { dst0 } else { 0.0 };
+    if cols <= first.output {
+        w0.spmm(r, dst0, e0 + loops, cols);
+    } else {
+        w0.spmm(r, inputs, e0 + loops, first.output);
+    }
     let compute_s = workers * w0.s
         + batch_work(r, ls, &reached, &edges, 1, a.elementwise_passes)
         + params * F32 * 7.0 / r.mem_byte_s;
     let sampled: f64 = edges.iter().sum();
-    let loader_s = workers * (sampled / r.sampler_edges_s + gather_s(r, inputs, cols));
+    // every batch's blocks are built whole, though only its owner keeps more than the first
+    let loader_s = workers
+        * (sampled / r.sampler_edges_s
+            + block_bytes(&reached, &edges) / r.mem_byte_s
+            + gather_s(r, inputs, cols));
     let partial_bytes = 2.0 * (workers - 1.0) * dst0 * first.output * F32;
     let exchange_s = r.transfer(partial_bytes, workers - 1.0, 2.0);
     let first_params = first.input * first.output * first.gemms;

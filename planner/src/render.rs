@@ -108,12 +108,17 @@ impl Plan {
         });
         let _ = writeln!(
             out,
-            "  sku {} ({}; {} vCPU, {} GiB{gpu}; {}/h per worker)",
+            "  sku {} ({}; {} vCPU, {} GiB{gpu}; {}/h {})",
             self.sku.name,
             self.sku.backend.as_str(),
             self.sku.vcpus,
             self.sku.memory_gib,
-            usd(self.sku.usd_per_s() * 3600.0)
+            usd(self.sku.usd_per_s() * 3600.0),
+            if self.sku.shared_host {
+                "for the host, its workers sharing it"
+            } else {
+                "per worker"
+            }
         );
         let _ = writeln!(
             out,

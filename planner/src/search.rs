@@ -543,11 +543,14 @@ fn explain(
             usd(request.constraints.budget_usd.unwrap_or(0.0))
         ),
     };
+    let resources = if sku.shared_host && c.workers > 1 {
+        format!("{} processes sharing {}", c.workers, sku.device_label())
+    } else {
+        format!("{} x {}", c.workers, sku.device_label())
+    };
     out.push(format!(
-        "{goal}: {} ({} x {}), {} in {} ({} epochs of {} after {} of cold start and loading)",
+        "{goal}: {} ({resources}), {} in {} ({} epochs of {} after {} of cold start and loading)",
         c.describe(),
-        c.workers,
-        sku.device_label(),
         usd(p.usd_total),
         secs(t.total_s),
         request.train.epochs,
@@ -555,9 +558,15 @@ fn explain(
         secs(t.setup_s)
     ));
     let m = &p.memory;
-    let on = if sku.is_gpu() { "GPU" } else { "container" };
+    let on = if sku.is_gpu() {
+        "GPU memory".to_string()
+    } else if sku.shared_host && c.workers > 1 {
+        format!("memory (1/{} of the host's)", c.workers)
+    } else {
+        "container memory".to_string()
+    };
     let mut mem = format!(
-        "memory per worker: {} of {} usable {on} memory",
+        "memory per worker: {} of {} usable {on}",
         bytes(m.device_bytes),
         bytes(m.device_usable_bytes)
     );

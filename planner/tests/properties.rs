@@ -155,8 +155,14 @@ fn cost_is_time_times_price_times_workers() {
         for choice in std::iter::once(&plan.chosen).chain(&plan.alternatives) {
             let c = &choice.candidate;
             let p = &choice.prediction;
-            let price = sku(&catalog, &c.sku).usd_per_s();
-            let workers = f64::from(c.workers);
+            let s = sku(&catalog, &c.sku);
+            let price = s.usd_per_s();
+            // a shared host (the local machine) is paid once, whatever runs on it
+            let workers = if s.shared_host {
+                1.0
+            } else {
+                f64::from(c.workers)
+            };
             let want_total = p.time.total_s * price * workers;
             let want_epoch = p.time.epoch_s * price * workers;
             assert!(
@@ -379,6 +385,80 @@ fn a_calibration_profile_replaces_the_local_peaks_only() {
         predict(&req, g5, &c, Some(&slow)).unwrap(),
         predict(&req, g5, &c, None).unwrap()
     );
+}
+
+#[test]
+fn local_workers_are_processes_sharing_one_machine() {
+    let catalog = Catalog::builtin();
+    let local = sku(&catalog, "local");
+    assert!(local.shared_host);
+    assert_eq!(local.max_containers, Some(4));
+    let mut whole = local.clone();
+    whole.shared_host = false;
+    let profile = CalibrationProfile::dev_vm_2026_11();
+    let loopback_byte_s = profile.loopback_gbit_s * 1e9 / 8.0;
+    let req = sbm_1m();
+    // one worker has the whole machine
+    let one = candidate(local, Mode::Partition, 1, 1);
+    assert_eq!(
+        predict(&req, local, &one, Some(&profile)).unwrap(),
+        predict(&req, &whole, &one, Some(&profile)).unwrap()
+    );
+    for n in [2u32, 3, 4] {
+        let nf = f64::from(n);
+        for mode in [Mode::Partition, Mode::Data, Mode::Model] {
+            let c = candidate(local, mode, n, 1);
+            let shared = predict(&req, local, &c, Some(&profile)).unwrap();
+            let alone = predict(&req, &whole, &c, Some(&profile)).unwrap();
+            let (s, a) = (&shared.time, &alone.time);
+            // every kernel and the loader run at 1/n of the machine's rates
+            assert!(
+                (s.compute_s / a.compute_s - nf).abs() < 1e-9,
+                "{mode:?} {n}"
+            );
+            assert!((s.sample_s - nf * a.sample_s).abs() < 1e-9, "{mode:?} {n}");
+            // every process pays the fixed per-epoch cost
+            assert!((s.overhead_s - nf * profile.epoch_overhead_s).abs() < 1e-12);
+            // the host's loopback (2 vCPUs: one calibrated flow) is split n ways: the same bytes
+            // take n times as long, latency aside
+            let bytes = shared.exchange_bytes_per_epoch;
+            assert_eq!(bytes, alone.exchange_bytes_per_epoch);
+            let want = (nf - 1.0) * bytes / loopback_byte_s;
+            assert!(
+                (s.exchange_s - a.exchange_s - want).abs() <= 1e-9 * want.max(1e-9),
+                "{mode:?} {n}: {} vs {} + {want}",
+                s.exchange_s,
+                a.exchange_s
+            );
+            // memory is split, the machine is paid once
+            let m = &shared.memory;
+            assert!((m.host_usable_bytes * nf - alone.memory.host_usable_bytes).abs() < 1.0);
+            assert_eq!(shared.usd_per_s, local.usd_per_s());
+        }
+    }
+    // the search tries 1, 2 and 4 local workers and hybrids of them
+    let counts: Vec<u32> = candidates(&req, local).iter().map(|c| c.workers).collect();
+    for n in [1, 2, 4] {
+        assert!(counts.contains(&n), "{counts:?}");
+    }
+    assert!(counts.iter().all(|&n| n <= 4), "{counts:?}");
+}
+
+#[test]
+fn evaluation_keeps_the_first_layers_aggregation() {
+    // GCN 128-256-16 aggregates the raw features in its first layer: evaluation computes `A X`
+    // (and receives its 128-wide halo rows) once, then each evaluation moves only the second
+    // layer's 16-wide rows, in data parallelism as in partition parallelism.
+    let catalog = Catalog::builtin();
+    let g5 = sku(&catalog, "ecs-g5.xlarge");
+    let mut req = sbm_1m();
+    req.model.input_dropout = 0.5;
+    for mode in [Mode::Partition, Mode::Data] {
+        let p = predict(&req, g5, &candidate(g5, mode, 4, 1), None).unwrap();
+        let want = p.halo_rows as f64 * 16.0 * 4.0;
+        let rel = (p.eval_bytes_per_epoch - want).abs() / want;
+        assert!(rel < 1e-5, "{mode:?}: {} vs {want}", p.eval_bytes_per_epoch);
+    }
 }
 
 #[test]
