@@ -11,6 +11,14 @@ fn main() {
         println!("physalia-worker {}: ok", env!("CARGO_PKG_VERSION"));
         return;
     }
+    // Epochs free and reallocate the same large buffers; glibc would return them to the OS and fault them
+    // back in every epoch. Keep freed memory in the heap, as the `physalia` CLI does (peak memory is the
+    // working set either way).
+    // SAFETY: mallopt only tunes allocator parameters; it is called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
     if let Err(e) = physalia_worker::run::run_from_env() {
         eprintln!("physalia-worker: error: {e:#}");
         std::process::exit(1);
