@@ -203,3 +203,46 @@ fn submit_with_a_goal_runs_the_planners_choice() {
     out.one_line_error(&["goal.backends", "`local`"]);
     assert!(!t.path().join("jobs2").exists());
 }
+
+#[test]
+fn plan_as_written_predicts_the_job_files_own_settings() {
+    let t = setup();
+    let v = physalia(
+        t.path(),
+        [
+            "plan",
+            "job.yaml",
+            "--as-written",
+            "--set",
+            "workers=2",
+            "--set",
+            "parallelism=data",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    assert_eq!(v["candidate"]["mode"], "data", "{}", v["candidate"]);
+    assert_eq!(v["candidate"]["workers"], 2, "{}", v["candidate"]);
+    let epoch = v["prediction"]["time"]["epoch_s"].as_f64().unwrap();
+    assert!(epoch > 0.0 && epoch.is_finite(), "{epoch}");
+    assert_eq!(v["calibrated"], false);
+    let one = physalia(
+        t.path(),
+        ["plan", "job.yaml", "--as-written", "--output", "json"],
+    )
+    .ok()
+    .last_json();
+    assert_eq!(one["candidate"]["workers"], 1);
+    let text = physalia(
+        t.path(),
+        ["plan", "job.yaml", "--as-written", "--set", "workers=3"],
+    )
+    .ok()
+    .stdout;
+    assert!(
+        text.starts_with("as written: partition 3 on local"),
+        "{text}"
+    );
+}
