@@ -238,6 +238,17 @@ pub struct GatShape {
     pub slope: f32,
 }
 
+impl GatShape {
+    /// Output width: the heads concatenated, or one head's width when they are averaged.
+    pub fn d_out(&self) -> usize {
+        (if self.concat {
+            self.heads * self.c
+        } else {
+            self.c
+        }) as usize
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn gat_forward(
     indptr: &[i64],

@@ -719,11 +719,7 @@ impl Ops for CudaEngine {
         out: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
         gat_checks(a, m_own, m_halo, s_dst, shape)?;
-        let d_out = if shape.concat {
-            shape.heads * shape.c
-        } else {
-            shape.c
-        } as usize;
+        let d_out = shape.d_out();
         check(
             alpha.shape() == (a.nnz, shape.heads as usize)
                 && out.shape() == (a.n_dst, d_out)

@@ -550,11 +550,7 @@ impl Ops for Emulator {
         out: &mut Matrix,
     ) -> Result<(), GpuError> {
         check_gat(a, m_own, m_halo, s_dst, shape)?;
-        let d_out = if shape.concat {
-            shape.heads * shape.c
-        } else {
-            shape.c
-        } as usize;
+        let d_out = shape.d_out();
         check(
             alpha.shape() == (a.nnz(), shape.heads as usize) && out.shape() == (a.n_dst, d_out),
             || "gat_forward output shapes".into(),
