@@ -42,6 +42,26 @@ pub enum Error {
         detail: String,
     },
 
+    /// The platform has no machine to put the worker on (ECS `RESOURCE:MEMORY`, `RESOURCE:GPU`).
+    #[error("{backend}: no capacity for worker {rank}: {detail}")]
+    NoCapacity {
+        backend: BackendName,
+        rank: usize,
+        detail: String,
+    },
+
+    /// The platform's API refused to go faster even after retries (ECS `ThrottlingException`).
+    #[error(
+        "{backend}: {operation} was throttled by the API after {attempts} attempts: {detail}; {hint}"
+    )]
+    Throttled {
+        backend: BackendName,
+        operation: String,
+        attempts: u32,
+        detail: String,
+        hint: String,
+    },
+
     #[error("{backend}: image {image} could not be pulled for worker {rank}: {detail}")]
     ImageMissing {
         backend: BackendName,

@@ -4,11 +4,14 @@
 //! - [`kubernetes`]: an Indexed Job (rank = completion index), a headless Service for stable peer names, a
 //!   Secret with the job's certificates, `nvidia.com/gpu` limits; the Service and Secret are owned by the
 //!   Job, so deleting it deletes them.
+//! - [`ecs`]: AWS ECS through aws-sdk-ecs, one awsvpc task per worker, its certificates in a Secrets
+//!   Manager secret that an init container writes out as files; Fargate for CPU workers, EC2 capacity
+//!   (a GPU capacity provider) for GPU workers.
 //! - [`aci`]: Azure Container Instances through the ARM REST API, one container group per worker, CPU only
 //!   (ACI retired its GPU SKUs in July 2025).
 //!
-//! The local-process backend lives in the orchestrator (`orchestrator/src/local.rs`); docker and ecs come
-//! next and fit the same trait. See `README.md` for where the coordinator runs on each platform and how each
+//! The local-process and docker backends live in the orchestrator (`orchestrator/src/distributed.rs`,
+//! `docker.rs`). See `README.md` for where the coordinator runs on each platform and how each
 //! backend is tested without a cloud.
 //!
 //! Architecture Invariant: a launch either returns with every worker started or fails with nothing of it
@@ -16,13 +19,16 @@
 //! so with [`Error::CleanupFailed`] when the platform refuses even that).
 //!
 //! Architecture Invariant: secret bytes travel only inside the platform's secret object (a Kubernetes
-//! Secret, an ACI secret volume) and reach the worker as files; never in an environment value, an argument,
-//! an error message or a log line.
+//! Secret, an ACI secret volume, a Secrets Manager secret) and reach the worker as files; never in the
+//! worker's environment, an argument, an error message or a log line. (ECS injects secrets only as
+//! environment values, so on ecs a short-lived init container receives the rank's bundle that way and
+//! writes it out as files before the worker starts.)
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod aci;
+pub mod ecs;
 mod error;
 pub mod kubernetes;
 mod names;

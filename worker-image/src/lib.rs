@@ -9,6 +9,7 @@ pub mod control;
 pub mod exchange;
 pub mod minibatch;
 pub mod run;
+pub mod secrets;
 
 use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
 use physalia_graph::partition::Part;

@@ -11,6 +11,17 @@ fn main() {
         println!("physalia-worker {}: ok", env!("CARGO_PKG_VERSION"));
         return;
     }
+    // the init container of platforms that inject secrets as environment values (ecs)
+    if std::env::args().nth(1).as_deref() == Some("unpack-secrets") {
+        match physalia_worker::secrets::unpack_from_env() {
+            Ok(names) => println!("physalia-worker: unpacked {}", names.join(", ")),
+            Err(e) => {
+                eprintln!("physalia-worker unpack-secrets: error: {e:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     // Epochs free and reallocate the same large buffers; glibc would return them to the OS and fault them
     // back in every epoch. Keep freed memory in the heap, as the `physalia` CLI does (peak memory is the
     // working set either way).

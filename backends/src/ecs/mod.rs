@@ -1,0 +1,1359 @@
+//! The ecs backend: AWS Elastic Container Service through aws-sdk-ecs, one task per worker in awsvpc mode.
+//!
+//! A launch, for each rank (at most [`EcsConfig::max_parallel`] at a time):
+//! 1. creates a Secrets Manager secret `physalia/<base>/rank-<r>` holding the rank's secret files (see
+//!    [`task::secret_bundle`]);
+//! 2. registers a task definition `<base>_rank<r>` with two containers: `secrets`, which receives that
+//!    secret as an environment variable (the only way ECS injects secrets) and writes it out as files to
+//!    a task volume (`physalia-worker unpack-secrets`), and `worker`, which starts once `secrets` has
+//!    exited 0, mounts the volume read-only at [`crate::CONTAINER_SECRETS_DIR`] and has no secret in its
+//!    environment. One family per rank because ECS cannot override `secrets` per task, and a rank must
+//!    not hold another rank's key;
+//! 3. runs the task (`RunTask`, awsvpc, no public IP, `startedBy` = the launch's base name, tags
+//!    `physalia.dev/launch` and `physalia.dev/rank`).
+//!
+//! Then it polls `DescribeTasks` until every task is `RUNNING` with a private IP. The first failure stops
+//! new ranks; then every task is stopped, every task definition deregistered and deleted and every secret
+//! deleted (without the recovery window), so a failed launch leaves nothing running, billing or holding a
+//! key.
+//!
+//! GPUs need EC2 capacity (Fargate has none): a GPU request with `capacity: fargate` is refused before
+//! any call. Credentials come from the standard AWS chain (environment, web identity, the ECS task role,
+//! the instance profile), never from the job file.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_ecs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_ecs::types as ecs;
+use futures_util::StreamExt;
+
+use crate::error::{BackendName, Error, Result};
+use crate::spec::{ENV_RANK, ENV_SECRETS_DIR};
+use crate::{
+    Backend, CONTAINER_SECRETS_DIR, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus,
+};
+
+pub mod task;
+
+pub use aws_config;
+
+const NAME: BackendName = "ecs";
+const TAG_LAUNCH: &str = "physalia.dev/launch";
+const TAG_RANK: &str = "physalia.dev/rank";
+const VOLUME: &str = "physalia-secrets";
+const WORKER: &str = "worker";
+const UNPACKER: &str = "secrets";
+/// Memory the `secrets` container may use, MiB (it decodes a few kilobytes).
+const UNPACKER_MIB: u32 = 64;
+/// The awslogs stream prefix: a worker's stream is `physalia/worker/<task id>`.
+const LOG_PREFIX: &str = "physalia";
+
+/// Where the workers' tasks are placed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Capacity {
+    /// `launchType: FARGATE`. CPU only; sizes are rounded up to what Fargate sells.
+    Fargate,
+    /// `launchType: EC2`: the cluster's registered container instances.
+    Ec2,
+    /// A capacity provider of the cluster (an Auto Scaling group of GPU instances, `infra/ecs`'s
+    /// `gpu_capacity_provider`), which ECS scales out for the tasks.
+    Provider(String),
+}
+
+impl Capacity {
+    /// Fargate itself or one of its capacity providers (`FARGATE`, `FARGATE_SPOT`): no GPUs, fixed sizes.
+    pub fn is_fargate(&self) -> bool {
+        match self {
+            Capacity::Fargate => true,
+            Capacity::Ec2 => false,
+            Capacity::Provider(p) => p == "FARGATE" || p == "FARGATE_SPOT",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EcsConfig {
+    /// Cluster name or ARN.
+    pub cluster: String,
+    /// Private subnets of the workers (and the coordinator); `infra/ecs` output `subnets`.
+    pub subnets: Vec<String>,
+    /// Security groups; `infra/ecs` output `security_groups` (only the QUIC ports, only from itself).
+    pub security_groups: Vec<String>,
+    pub capacity: Capacity,
+    /// The role ECS uses to pull the image, write logs and read the rank's secret.
+    pub execution_role_arn: String,
+    /// The role the worker's own calls run as (none today).
+    pub task_role_arn: Option<String>,
+    /// CloudWatch Logs group of the awslogs driver.
+    pub log_group: String,
+    /// `uid:gid` the secret files are given to: the worker image's user.
+    pub secrets_owner: String,
+    /// The `secrets` container's command (argv); the worker image's binary.
+    pub unpack_command: Vec<String>,
+    /// Ranks launched at once.
+    pub max_parallel: usize,
+    /// Wait between `DescribeTasks` polls.
+    pub poll_interval: Duration,
+    /// How long tasks may take to reach RUNNING (an Auto Scaling group starting GPU instances from zero
+    /// takes minutes).
+    pub start_timeout: Duration,
+    /// Attempts per API call, throttling and transient errors included (the SDK's standard retry).
+    pub max_attempts: u32,
+    /// First retry delay; later ones back off exponentially with jitter.
+    pub initial_backoff: Duration,
+}
+
+impl EcsConfig {
+    /// The defaults for a cluster, its subnets and security groups, and the execution role and log group
+    /// (all `infra/ecs` outputs).
+    pub fn new(
+        cluster: impl Into<String>,
+        subnets: Vec<String>,
+        security_groups: Vec<String>,
+        execution_role_arn: impl Into<String>,
+        log_group: impl Into<String>,
+    ) -> EcsConfig {
+        EcsConfig {
+            cluster: cluster.into(),
+            subnets,
+            security_groups,
+            capacity: Capacity::Fargate,
+            execution_role_arn: execution_role_arn.into(),
+            task_role_arn: None,
+            log_group: log_group.into(),
+            secrets_owner: "65532:65532".into(),
+            unpack_command: vec![
+                "/usr/local/bin/physalia-worker".into(),
+                "unpack-secrets".into(),
+            ],
+            max_parallel: 8,
+            poll_interval: Duration::from_secs(5),
+            start_timeout: Duration::from_secs(900),
+            max_attempts: 5,
+            initial_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct EcsBackend {
+    ecs: aws_sdk_ecs::Client,
+    secrets: aws_sdk_secretsmanager::Client,
+    logs: aws_sdk_cloudwatchlogs::Client,
+    region: String,
+    cfg: EcsConfig,
+}
+
+/// What a launch has created so far, for the cleanup of a failed one.
+#[derive(Default)]
+struct Created {
+    secrets: Vec<String>,
+    task_definitions: Vec<String>,
+    /// (rank, task ARN)
+    tasks: Vec<(usize, String)>,
+}
+
+enum RankFailure {
+    Failed(Error),
+    Skipped,
+}
+
+impl EcsBackend {
+    /// Loads credentials and the region from the standard AWS chain. `region` overrides the chain's.
+    pub async fn from_env(cfg: EcsConfig, region: Option<String>) -> Result<EcsBackend> {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(r) = region {
+            loader = loader.region(aws_config::Region::new(r));
+        }
+        EcsBackend::new(cfg, &loader.load().await)
+    }
+
+    /// Uses the given SDK configuration (credentials, region, endpoint), with this backend's retries.
+    pub fn new(cfg: EcsConfig, sdk: &aws_config::SdkConfig) -> Result<EcsBackend> {
+        let config_err = |detail: String| Error::Config {
+            backend: NAME,
+            detail,
+        };
+        for (field, value) in [
+            ("cluster", &cfg.cluster),
+            ("execution_role_arn", &cfg.execution_role_arn),
+            ("log_group", &cfg.log_group),
+        ] {
+            if value.trim().is_empty() {
+                return Err(config_err(format!(
+                    "{field} is empty (infra/ecs's outputs give it)"
+                )));
+            }
+        }
+        if cfg.subnets.is_empty() {
+            return Err(config_err(
+                "subnets is empty: awsvpc tasks need at least one (infra/ecs output `subnets`)"
+                    .into(),
+            ));
+        }
+        if cfg.max_parallel == 0 || cfg.max_attempts == 0 {
+            return Err(config_err(
+                "max_parallel and max_attempts must be at least 1".into(),
+            ));
+        }
+        if cfg.unpack_command.is_empty() {
+            return Err(config_err("unpack_command is empty".into()));
+        }
+        let region = sdk.region().map(|r| r.to_string()).ok_or_else(|| {
+            config_err(
+                "no AWS region: set AWS_REGION or the profile's region, or the job file's \
+                     backend.region"
+                    .into(),
+            )
+        })?;
+        let retry = aws_config::retry::RetryConfig::standard()
+            .with_max_attempts(cfg.max_attempts)
+            .with_initial_backoff(cfg.initial_backoff);
+        let ecs = aws_sdk_ecs::Client::from_conf(
+            aws_sdk_ecs::config::Builder::from(sdk)
+                .retry_config(retry.clone())
+                .build(),
+        );
+        let secrets = aws_sdk_secretsmanager::Client::from_conf(
+            aws_sdk_secretsmanager::config::Builder::from(sdk)
+                .retry_config(retry.clone())
+                .build(),
+        );
+        let logs = aws_sdk_cloudwatchlogs::Client::from_conf(
+            aws_sdk_cloudwatchlogs::config::Builder::from(sdk)
+                .retry_config(retry)
+                .build(),
+        );
+        Ok(EcsBackend {
+            ecs,
+            secrets,
+            logs,
+            region,
+            cfg,
+        })
+    }
+
+    /// An SDK error as the variant a user can act on.
+    fn sdk_error<E>(&self, operation: &str, err: SdkError<E>) -> Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let status = err.raw_response().map(|r| r.status().as_u16());
+        // An error body the SDK could not read (a front end answering XML or HTML for a JSON API) may
+        // still name the error: `<Code>InvalidClientTokenId</Code>`.
+        let body_code = || -> Option<(String, Option<String>)> {
+            let body = std::str::from_utf8(err.raw_response()?.body().bytes()?).ok()?;
+            let between = |open: &str, close: &str| -> Option<String> {
+                let start = body.find(open)? + open.len();
+                let len = body[start..].find(close)?;
+                Some(body[start..start + len].trim().to_string())
+            };
+            Some((
+                between("<Code>", "</Code>")?,
+                between("<Message>", "</Message>"),
+            ))
+        };
+        let (code, message) = match err.code() {
+            Some(c) => (c.to_string(), err.message().map(str::to_string)),
+            None => body_code().unwrap_or_default(),
+        };
+        let detail = match (code.as_str(), message) {
+            ("", _) => DisplayErrorContext(&err).to_string(),
+            (c, Some(m)) => format!("{c}: {m}"),
+            (c, None) => c.to_string(),
+        };
+        let lc = detail.to_ascii_lowercase();
+        let cluster = &self.cfg.cluster;
+        match code.as_str() {
+            "UnrecognizedClientException"
+            | "InvalidClientTokenId"
+            | "InvalidSignatureException"
+            | "SignatureDoesNotMatch"
+            | "ExpiredTokenException"
+            | "ExpiredToken"
+            | "MissingAuthenticationToken"
+            | "IncompleteSignature" => Error::Credentials {
+                backend: NAME,
+                credential: "the AWS credential chain".into(),
+                detail,
+                hint: "the access key is unknown, expired or for another account: check \
+                       AWS_PROFILE / AWS_ACCESS_KEY_ID, or the coordinator's task role"
+                    .into(),
+            },
+            "AccessDeniedException" | "AccessDenied" | "UnauthorizedOperation" => {
+                Error::Permission {
+                    backend: NAME,
+                    action: operation.into(),
+                    detail,
+                    hint: "attach infra/ecs's coordinator policy (output coordinator_policy_json) \
+                           to the coordinator's role"
+                        .into(),
+                }
+            }
+            "ThrottlingException"
+            | "Throttling"
+            | "TooManyRequestsException"
+            | "RequestLimitExceeded" => Error::Throttled {
+                backend: NAME,
+                operation: operation.into(),
+                attempts: self.cfg.max_attempts,
+                detail,
+                hint: "lower the backend's max_parallel, raise max_attempts, or ask AWS for a \
+                       higher API rate"
+                    .into(),
+            },
+            "ClusterNotFoundException" => Error::Config {
+                backend: NAME,
+                detail: format!("{detail} (cluster {cluster}; infra/ecs creates it)"),
+            },
+            "LimitExceededException" => Error::Quota {
+                backend: NAME,
+                rank: None,
+                detail,
+            },
+            "ResourceExistsException" => Error::AlreadyExists {
+                backend: NAME,
+                what: operation.trim_start_matches("create ").to_string(),
+            },
+            _ if matches!(
+                err,
+                SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)
+            ) =>
+            {
+                Error::Api {
+                    backend: NAME,
+                    operation: operation.into(),
+                    status,
+                    detail: format!("{detail} (is the AWS endpoint reachable?)"),
+                }
+            }
+            _ if lc.contains("credentials") || lc.contains("identity") => Error::Credentials {
+                backend: NAME,
+                credential: "the AWS credential chain".into(),
+                detail,
+                hint: "no credentials were found: set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run \
+                       the coordinator with a task role"
+                    .into(),
+            },
+            _ => Error::Api {
+                backend: NAME,
+                operation: operation.into(),
+                status,
+                detail,
+            },
+        }
+    }
+
+    fn tags(&self, launch: &LaunchId, rank: usize) -> (ecs::Tag, ecs::Tag) {
+        (
+            ecs::Tag::builder()
+                .key(TAG_LAUNCH)
+                .value(launch.base_name())
+                .build(),
+            ecs::Tag::builder()
+                .key(TAG_RANK)
+                .value(rank.to_string())
+                .build(),
+        )
+    }
+
+    fn log_configuration(&self, stream_prefix: &str) -> Result<ecs::LogConfiguration> {
+        ecs::LogConfiguration::builder()
+            .log_driver(ecs::LogDriver::Awslogs)
+            .options("awslogs-group", &self.cfg.log_group)
+            .options("awslogs-region", &self.region)
+            .options("awslogs-stream-prefix", stream_prefix)
+            .build()
+            .map_err(build_error)
+    }
+
+    /// Rank `rank`'s task definition: the `secrets` and `worker` containers, sized for the capacity.
+    fn register_input(
+        &self,
+        spec: &WorkerSpec,
+        n: usize,
+        rank: usize,
+        secret_arn: &str,
+    ) -> Result<aws_sdk_ecs::operation::register_task_definition::builders::RegisterTaskDefinitionInputBuilder>
+    {
+        let launch = LaunchId::new(&spec.job_id, spec.segment);
+        let fargate = self.cfg.capacity.is_fargate();
+        let (worker_cpu, worker_mib) = task::ec2_size(spec.cpu, spec.memory_gib);
+        let (task_cpu, task_mib) = if fargate {
+            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?
+        } else {
+            (worker_cpu, worker_mib + UNPACKER_MIB)
+        };
+
+        let mut env = spec.base_env(n);
+        env.insert(ENV_RANK.into(), rank.to_string());
+        let mut worker = ecs::ContainerDefinition::builder()
+            .name(WORKER)
+            .image(&spec.image)
+            .essential(true)
+            .set_environment(Some(
+                env.iter()
+                    .map(|(k, v)| ecs::KeyValuePair::builder().name(k).value(v).build())
+                    .collect(),
+            ))
+            .mount_points(
+                ecs::MountPoint::builder()
+                    .source_volume(VOLUME)
+                    .container_path(CONTAINER_SECRETS_DIR)
+                    .read_only(true)
+                    .build(),
+            )
+            .depends_on(
+                ecs::ContainerDependency::builder()
+                    .container_name(UNPACKER)
+                    .condition(ecs::ContainerCondition::Success)
+                    .build()
+                    .map_err(build_error)?,
+            )
+            .port_mappings(
+                ecs::PortMapping::builder()
+                    .container_port(i32::from(spec.network.mesh_port))
+                    .protocol(ecs::TransportProtocol::Udp)
+                    .build(),
+            )
+            .log_configuration(self.log_configuration(LOG_PREFIX)?);
+        if let Some((argv0, rest)) = spec.command.split_first() {
+            worker = worker.entry_point(argv0).set_command(Some(rest.to_vec()));
+        }
+        // Every container gets a hard memory limit (moto insists, like EC2 without task-level memory):
+        // on Fargate the worker may use all of the task's memory but the unpacker's share.
+        worker = if fargate {
+            worker.memory((task_mib - UNPACKER_MIB) as i32)
+        } else {
+            worker.cpu(worker_cpu as i32).memory(worker_mib as i32)
+        };
+        if let Some(gpu) = &spec.gpu {
+            worker = worker.resource_requirements(
+                ecs::ResourceRequirement::builder()
+                    .r#type(ecs::ResourceType::Gpu)
+                    .value(gpu.count.to_string())
+                    .build()
+                    .map_err(build_error)?,
+            );
+        }
+
+        let (argv0, rest) = self
+            .cfg
+            .unpack_command
+            .split_first()
+            .expect("checked in new");
+        let unpacker = ecs::ContainerDefinition::builder()
+            .name(UNPACKER)
+            .image(&spec.image)
+            .essential(false)
+            // root, to chown the files to the worker's user on a volume root owns
+            .user("0")
+            .entry_point(argv0)
+            .set_command(Some(rest.to_vec()))
+            .environment(
+                ecs::KeyValuePair::builder()
+                    .name(ENV_SECRETS_DIR)
+                    .value(CONTAINER_SECRETS_DIR)
+                    .build(),
+            )
+            .environment(
+                ecs::KeyValuePair::builder()
+                    .name(task::ENV_SECRETS_OWNER)
+                    .value(&self.cfg.secrets_owner)
+                    .build(),
+            )
+            .secrets(
+                ecs::Secret::builder()
+                    .name(task::ENV_SECRET_BUNDLE)
+                    .value_from(secret_arn)
+                    .build()
+                    .map_err(build_error)?,
+            )
+            .mount_points(
+                ecs::MountPoint::builder()
+                    .source_volume(VOLUME)
+                    .container_path(CONTAINER_SECRETS_DIR)
+                    .read_only(false)
+                    .build(),
+            )
+            .memory(UNPACKER_MIB as i32)
+            .log_configuration(self.log_configuration(LOG_PREFIX)?)
+            .build();
+
+        // On EC2 the files live in a task-scoped tmpfs; Fargate offers only its (encrypted) ephemeral
+        // storage for a volume shared between containers.
+        let volume = if fargate {
+            ecs::Volume::builder().name(VOLUME).build()
+        } else {
+            ecs::Volume::builder()
+                .name(VOLUME)
+                .docker_volume_configuration(
+                    ecs::DockerVolumeConfiguration::builder()
+                        .scope(ecs::Scope::Task)
+                        .driver("local")
+                        .driver_opts("type", "tmpfs")
+                        .driver_opts("device", "tmpfs")
+                        .driver_opts("o", "size=1m,mode=0700")
+                        .build(),
+                )
+                .build()
+        };
+        let (t_launch, t_rank) = self.tags(&launch, rank);
+        let mut input =
+            aws_sdk_ecs::operation::register_task_definition::RegisterTaskDefinitionInput::builder(
+            )
+            .family(task::family(&launch, rank))
+            .network_mode(ecs::NetworkMode::Awsvpc)
+            .requires_compatibilities(if fargate {
+                ecs::Compatibility::Fargate
+            } else {
+                ecs::Compatibility::Ec2
+            })
+            .cpu(task_cpu.to_string())
+            .memory(task_mib.to_string())
+            .execution_role_arn(&self.cfg.execution_role_arn)
+            .set_task_role_arn(self.cfg.task_role_arn.clone())
+            .container_definitions(unpacker)
+            .container_definitions(worker.build())
+            .volumes(volume)
+            .tags(t_launch)
+            .tags(t_rank);
+        if let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_deref()) {
+            input = input.placement_constraints(
+                ecs::TaskDefinitionPlacementConstraint::builder()
+                    .r#type(ecs::TaskDefinitionPlacementConstraintType::MemberOf)
+                    .expression(format!("attribute:ecs.instance-type =~ {kind}"))
+                    .build(),
+            );
+        }
+        Ok(input)
+    }
+
+    /// Creates rank `rank`'s secret, task definition and task.
+    async fn launch_one(
+        &self,
+        spec: &WorkerSpec,
+        n: usize,
+        rank: usize,
+        bundle: String,
+        created: &Mutex<Created>,
+        failed: &AtomicBool,
+    ) -> Result<(), RankFailure> {
+        if failed.load(Ordering::SeqCst) {
+            return Err(RankFailure::Skipped);
+        }
+        let fail = |e: Error| {
+            failed.store(true, Ordering::SeqCst);
+            RankFailure::Failed(e.at_rank(rank))
+        };
+        let launch = LaunchId::new(&spec.job_id, spec.segment);
+        let secret_name = task::secret_name(&launch, rank);
+        let op = format!("create secret {secret_name}");
+        let secret = self
+            .secrets
+            .create_secret()
+            .name(&secret_name)
+            .description(format!(
+                "physalia worker {rank}'s certificates for job {:?} (deleted with the launch)",
+                spec.job_id
+            ))
+            .secret_string(bundle)
+            .tags(
+                aws_sdk_secretsmanager::types::Tag::builder()
+                    .key(TAG_LAUNCH)
+                    .value(launch.base_name())
+                    .build(),
+            )
+            .tags(
+                aws_sdk_secretsmanager::types::Tag::builder()
+                    .key(TAG_RANK)
+                    .value(rank.to_string())
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| fail(self.sdk_error(&op, e)))?;
+        let secret_arn = secret.arn().unwrap_or(&secret_name).to_string();
+        lock(created).secrets.push(secret_arn.clone());
+
+        let input = self
+            .register_input(spec, n, rank, &secret_arn)
+            .map_err(fail)?;
+        let op = format!("register task definition {}", task::family(&launch, rank));
+        let registered = input
+            .send_with(&self.ecs)
+            .await
+            .map_err(|e| fail(self.sdk_error(&op, e)))?;
+        let td_arn = registered
+            .task_definition()
+            .and_then(|t| t.task_definition_arn())
+            .ok_or_else(|| {
+                fail(Error::Api {
+                    backend: NAME,
+                    operation: op.clone(),
+                    status: None,
+                    detail: "the answer has no task definition ARN".into(),
+                })
+            })?
+            .to_string();
+        lock(created).task_definitions.push(td_arn.clone());
+
+        let network = ecs::NetworkConfiguration::builder()
+            .awsvpc_configuration(
+                ecs::AwsVpcConfiguration::builder()
+                    .set_subnets(Some(self.cfg.subnets.clone()))
+                    .set_security_groups(Some(self.cfg.security_groups.clone()))
+                    .assign_public_ip(ecs::AssignPublicIp::Disabled)
+                    .build()
+                    .map_err(|e| fail(build_error(e)))?,
+            )
+            .build();
+        let (t_launch, t_rank) = self.tags(&launch, rank);
+        let mut run = self
+            .ecs
+            .run_task()
+            .cluster(&self.cfg.cluster)
+            .task_definition(&td_arn)
+            .count(1)
+            .started_by(launch.base_name())
+            .network_configuration(network)
+            .tags(t_launch)
+            .tags(t_rank);
+        run = match &self.cfg.capacity {
+            Capacity::Fargate => run.launch_type(ecs::LaunchType::Fargate),
+            Capacity::Ec2 => run.launch_type(ecs::LaunchType::Ec2),
+            Capacity::Provider(p) => run.capacity_provider_strategy(
+                ecs::CapacityProviderStrategyItem::builder()
+                    .capacity_provider(p)
+                    .weight(1)
+                    .build()
+                    .map_err(|e| fail(build_error(e)))?,
+            ),
+        };
+        let op = format!("run task for worker {rank}");
+        let ran = run.send().await.map_err(|e| fail(self.sdk_error(&op, e)))?;
+        match ran.tasks().first().and_then(|t| t.task_arn()) {
+            Some(arn) => {
+                lock(created).tasks.push((rank, arn.to_string()));
+                Ok(())
+            }
+            None => {
+                let reasons: Vec<String> = ran
+                    .failures()
+                    .iter()
+                    .map(|f| {
+                        let mut s = f.reason().unwrap_or("no reason given").to_string();
+                        if let Some(d) = f.detail() {
+                            s.push_str(&format!(" ({d})"));
+                        }
+                        s
+                    })
+                    .collect();
+                let detail = if reasons.is_empty() {
+                    "ECS placed no task and gave no reason".to_string()
+                } else {
+                    reasons.join("; ")
+                };
+                Err(fail(Error::NoCapacity {
+                    backend: NAME,
+                    rank,
+                    detail: format!(
+                        "{detail} ({}: {}; a capacity provider with managed scaling starts \
+                         instances, infra/ecs `gpu_capacity_provider`)",
+                        match &self.cfg.capacity {
+                            Capacity::Fargate => "launch type FARGATE".to_string(),
+                            Capacity::Ec2 => "launch type EC2".to_string(),
+                            Capacity::Provider(p) => format!("capacity provider {p}"),
+                        },
+                        self.cfg.cluster
+                    ),
+                }))
+            }
+        }
+    }
+
+    /// Every task ARN of `arns`, described (with tags), 100 per call.
+    async fn describe(&self, arns: &[String]) -> Result<Vec<ecs::Task>> {
+        let mut out = Vec::with_capacity(arns.len());
+        for chunk in arns.chunks(100) {
+            let got = self
+                .ecs
+                .describe_tasks()
+                .cluster(&self.cfg.cluster)
+                .set_tasks(Some(chunk.to_vec()))
+                .include(ecs::TaskField::Tags)
+                .send()
+                .await
+                .map_err(|e| self.sdk_error("describe tasks", e))?;
+            out.extend(got.tasks().iter().cloned());
+        }
+        Ok(out)
+    }
+
+    /// Waits until every task of `tasks` (rank, ARN) runs and has its private IP.
+    async fn wait_running(
+        &self,
+        spec: &WorkerSpec,
+        tasks: &[(usize, String)],
+    ) -> Result<Vec<WorkerStatus>> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let described = self
+                .describe(&tasks.iter().map(|t| t.1.clone()).collect::<Vec<_>>())
+                .await?;
+            let by_arn: BTreeMap<&str, &ecs::Task> = described
+                .iter()
+                .filter_map(|t| Some((t.task_arn()?, t)))
+                .collect();
+            let mut statuses = Vec::with_capacity(tasks.len());
+            let mut waiting = Vec::new();
+            for (rank, arn) in tasks {
+                let Some(t) = by_arn.get(arn.as_str()) else {
+                    return Err(Error::WorkerFailed {
+                        backend: NAME,
+                        rank: *rank,
+                        detail: format!("ECS no longer knows task {arn}"),
+                    });
+                };
+                let status = worker_status(*rank, t);
+                match status.state {
+                    WorkerState::Running if status.ip.is_some() => statuses.push(status),
+                    WorkerState::Pending | WorkerState::Running | WorkerState::Unknown => {
+                        waiting.push(format!(
+                            "worker {rank} ({})",
+                            t.last_status().unwrap_or("no status")
+                        ));
+                    }
+                    WorkerState::Succeeded | WorkerState::Failed => {
+                        return Err(stopped_error(spec, *rank, t));
+                    }
+                }
+            }
+            if waiting.is_empty() {
+                statuses.sort_by_key(|s| s.rank);
+                return Ok(statuses);
+            }
+            if started.elapsed() >= self.cfg.start_timeout {
+                return Err(Error::Timeout {
+                    backend: NAME,
+                    what: format!("{} to run: {}", waiting.len(), waiting.join(", ")),
+                    waited_s: started.elapsed().as_secs(),
+                });
+            }
+            tokio::time::sleep(self.cfg.poll_interval).await;
+        }
+    }
+
+    /// Deletes what a failed launch created; the names of what could not be deleted.
+    async fn cleanup(&self, created: Created) -> Vec<String> {
+        let mut leftovers = Vec::new();
+        for (_, arn) in &created.tasks {
+            if let Err(e) = self.stop_task(arn, "launch failed").await {
+                leftovers.push(format!("task {arn} ({e})"));
+            }
+        }
+        leftovers.extend(
+            self.delete_task_definitions(&created.task_definitions)
+                .await,
+        );
+        for arn in &created.secrets {
+            if let Err(e) = self.delete_secret(arn).await {
+                leftovers.push(format!("secret {arn} ({e})"));
+            }
+        }
+        leftovers
+    }
+
+    async fn stop_task(&self, arn: &str, why: &str) -> Result<()> {
+        match self
+            .ecs
+            .stop_task()
+            .cluster(&self.cfg.cluster)
+            .task(arn)
+            .reason(format!("physalia: {why}"))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            // stopping a task ECS no longer has is done
+            Err(e) if e.code() == Some("InvalidParameterException") && is_gone(&e) => Ok(()),
+            Err(e) => Err(self.sdk_error(&format!("stop task {arn}"), e)),
+        }
+    }
+
+    /// Deregisters and deletes task definitions; what could not be.
+    async fn delete_task_definitions(&self, arns: &[String]) -> Vec<String> {
+        let mut leftovers = Vec::new();
+        for arn in arns {
+            if let Err(e) = self
+                .ecs
+                .deregister_task_definition()
+                .task_definition(arn)
+                .send()
+                .await
+                && !is_gone(&e)
+            {
+                leftovers.push(format!(
+                    "task definition {arn} ({})",
+                    self.sdk_error("deregister task definition", e)
+                ));
+            }
+        }
+        for chunk in arns.chunks(10) {
+            match self
+                .ecs
+                .delete_task_definitions()
+                .set_task_definitions(Some(chunk.to_vec()))
+                .send()
+                .await
+            {
+                Ok(out) => {
+                    for f in out.failures() {
+                        let reason = f.reason().unwrap_or("");
+                        if !reason.to_ascii_lowercase().contains("not found")
+                            && !reason.contains("DELETE_IN_PROGRESS")
+                        {
+                            leftovers.push(format!(
+                                "task definition {} ({reason})",
+                                f.arn().unwrap_or("?")
+                            ));
+                        }
+                    }
+                }
+                Err(e) => leftovers.push(format!(
+                    "task definitions {} ({})",
+                    chunk.join(", "),
+                    self.sdk_error("delete task definitions", e)
+                )),
+            }
+        }
+        leftovers
+    }
+
+    async fn delete_secret(&self, arn: &str) -> Result<()> {
+        match self
+            .secrets
+            .delete_secret()
+            .secret_id(arn)
+            .force_delete_without_recovery(true)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(()),
+            Err(e) => Err(self.sdk_error(&format!("delete secret {arn}"), e)),
+        }
+    }
+
+    /// The launch's tasks ECS still lists (running, and stopped ones for about an hour), described.
+    async fn launch_tasks(&self, launch: &LaunchId) -> Result<Vec<ecs::Task>> {
+        let mut arns = Vec::new();
+        for desired in [ecs::DesiredStatus::Running, ecs::DesiredStatus::Stopped] {
+            let mut token = None;
+            loop {
+                let page = self
+                    .ecs
+                    .list_tasks()
+                    .cluster(&self.cfg.cluster)
+                    .started_by(launch.base_name())
+                    .desired_status(desired.clone())
+                    .set_next_token(token)
+                    .send()
+                    .await
+                    .map_err(|e| self.sdk_error("list tasks", e))?;
+                arns.extend(page.task_arns().iter().cloned());
+                token = page.next_token().map(str::to_string);
+                if token.is_none() {
+                    break;
+                }
+            }
+        }
+        arns.sort();
+        arns.dedup();
+        if arns.is_empty() {
+            return Ok(Vec::new());
+        }
+        let base = launch.base_name();
+        Ok(self
+            .describe(&arns)
+            .await?
+            .into_iter()
+            .filter(|t| tag(t, TAG_LAUNCH) == Some(base.as_str()))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Backend for EcsBackend {
+    fn name(&self) -> BackendName {
+        NAME
+    }
+
+    async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {
+        spec.validate(n_workers)?;
+        if spec.gpu.is_some() && self.cfg.capacity.is_fargate() {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                detail: "Fargate has no GPUs: set the backend's capacity to `ec2` or to a GPU \
+                         capacity provider (infra/ecs output gpu_capacity_provider)"
+                    .into(),
+            });
+        }
+        // Every bundle and size before the first call: a spec ECS cannot take creates nothing.
+        let bundles = (0..n_workers)
+            .map(|r| task::secret_bundle(spec, r))
+            .collect::<Result<Vec<_>>>()?;
+        if self.cfg.capacity.is_fargate() {
+            task::fargate_size(spec.cpu, spec.memory_gib)?;
+        }
+        let launch = LaunchId::new(&spec.job_id, spec.segment);
+        // Stopped tasks of an earlier, failed launch stay listed for about an hour; only live ones clash.
+        let live = self.launch_tasks(&launch).await?;
+        if live.iter().any(|t| t.desired_status() != Some("STOPPED")) {
+            return Err(Error::AlreadyExists {
+                backend: NAME,
+                what: format!("tasks started by {}", launch.base_name()),
+            });
+        }
+
+        let created = Mutex::new(Created::default());
+        let failed = AtomicBool::new(false);
+        let results: Vec<Result<(), RankFailure>> =
+            futures_util::stream::iter(bundles.into_iter().enumerate())
+                .map(|(rank, bundle)| {
+                    self.launch_one(spec, n_workers, rank, bundle, &created, &failed)
+                })
+                .buffer_unordered(self.cfg.max_parallel)
+                .collect()
+                .await;
+        let mut first = None;
+        for r in results {
+            if let Err(RankFailure::Failed(e)) = r
+                && first.is_none()
+            {
+                first = Some(e);
+            }
+        }
+        let mut created = created.into_inner().expect("launch bookkeeping lock");
+        created.tasks.sort();
+        let outcome = match first {
+            Some(e) => Err(e),
+            None => self.wait_running(spec, &created.tasks).await,
+        };
+        match outcome {
+            Ok(workers) => Ok(Launched {
+                id: launch,
+                workers,
+            }),
+            Err(e) => {
+                let leftovers = self.cleanup(created).await;
+                if leftovers.is_empty() {
+                    Err(e)
+                } else {
+                    Err(Error::CleanupFailed {
+                        source: Box::new(e),
+                        leftovers,
+                    })
+                }
+            }
+        }
+    }
+
+    async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>> {
+        // A rank relaunched in the same segment (after a failed launch) has its stopped task listed too
+        // for a while: report the newest task of each rank.
+        let tasks = self.launch_tasks(launch).await?;
+        let mut newest: BTreeMap<usize, &ecs::Task> = BTreeMap::new();
+        for t in &tasks {
+            let Some(rank) = tag(t, TAG_RANK).and_then(|r| r.parse::<usize>().ok()) else {
+                continue;
+            };
+            let created = |t: &ecs::Task| t.created_at().map(|d| (d.secs(), d.subsec_nanos()));
+            if newest
+                .get(&rank)
+                .is_none_or(|old| created(t) >= created(old))
+            {
+                newest.insert(rank, t);
+            }
+        }
+        Ok(newest
+            .into_iter()
+            .map(|(rank, t)| worker_status(rank, t))
+            .collect())
+    }
+
+    async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()> {
+        let tasks = self.launch_tasks(launch).await?;
+        let mine: Vec<&ecs::Task> = tasks
+            .iter()
+            .filter(|t| tag(t, TAG_RANK) == Some(rank.to_string().as_str()))
+            .collect();
+        if mine.is_empty() {
+            return Err(Error::NoSuchWorker {
+                backend: NAME,
+                launch: launch.to_string(),
+                rank,
+            });
+        }
+        for t in mine {
+            if t.desired_status() != Some("STOPPED")
+                && let Some(arn) = t.task_arn()
+            {
+                self.stop_task(arn, "stopped by the coordinator").await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop_all(&self, launch: &LaunchId) -> Result<()> {
+        let mut leftovers = Vec::new();
+        for t in self.launch_tasks(launch).await? {
+            if t.desired_status() != Some("STOPPED")
+                && let Some(arn) = t.task_arn()
+                && let Err(e) = self.stop_task(arn, "job stopped").await
+            {
+                leftovers.push(format!("task {arn} ({e})"));
+            }
+        }
+        // task definitions: every revision of every rank's family
+        let prefix = task::family_prefix(launch);
+        let mut families = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .ecs
+                .list_task_definition_families()
+                .family_prefix(&prefix)
+                .status(ecs::TaskDefinitionFamilyStatus::All)
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| self.sdk_error("list task definition families", e))?;
+            families.extend(
+                page.families()
+                    .iter()
+                    .filter(|f| {
+                        f.strip_prefix(&prefix)
+                            .is_some_and(|r| r.parse::<usize>().is_ok())
+                    })
+                    .cloned(),
+            );
+            token = page.next_token().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        let mut definitions = Vec::new();
+        for family in families {
+            for status in [
+                ecs::TaskDefinitionStatus::Active,
+                ecs::TaskDefinitionStatus::Inactive,
+            ] {
+                let mut token = None;
+                loop {
+                    let page = self
+                        .ecs
+                        .list_task_definitions()
+                        .family_prefix(&family)
+                        .status(status.clone())
+                        .set_next_token(token)
+                        .send()
+                        .await
+                        .map_err(|e| self.sdk_error("list task definitions", e))?;
+                    definitions.extend(page.task_definition_arns().iter().cloned());
+                    token = page.next_token().map(str::to_string);
+                    if token.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        leftovers.extend(self.delete_task_definitions(&definitions).await);
+        // secrets: every one named under the launch's prefix
+        let mut token = None;
+        let mut secrets = Vec::new();
+        loop {
+            let page = self
+                .secrets
+                .list_secrets()
+                .filters(
+                    aws_sdk_secretsmanager::types::Filter::builder()
+                        .key(aws_sdk_secretsmanager::types::FilterNameStringType::Name)
+                        .values(task::secret_prefix(launch))
+                        .build(),
+                )
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| self.sdk_error("list secrets", e))?;
+            secrets.extend(
+                page.secret_list()
+                    .iter()
+                    .filter(|s| {
+                        s.name()
+                            .is_some_and(|n| n.starts_with(&task::secret_prefix(launch)))
+                    })
+                    .filter_map(|s| s.arn().map(str::to_string)),
+            );
+            token = page.next_token().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        for arn in secrets {
+            if let Err(e) = self.delete_secret(&arn).await {
+                leftovers.push(format!("secret {arn} ({e})"));
+            }
+        }
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend: NAME,
+                operation: format!("stop launch {launch}"),
+                status: None,
+                detail: format!("these could not be deleted: {}", leftovers.join(", ")),
+            })
+        }
+    }
+
+    async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
+        let tasks = self.launch_tasks(launch).await?;
+        let Some(task) = tasks
+            .iter()
+            .filter(|t| tag(t, TAG_RANK) == Some(rank.to_string().as_str()))
+            .max_by_key(|t| t.created_at().map(|d| (d.secs(), d.subsec_nanos())))
+        else {
+            return Err(Error::NoSuchWorker {
+                backend: NAME,
+                launch: launch.to_string(),
+                rank,
+            });
+        };
+        let id = task
+            .task_arn()
+            .and_then(|a| a.rsplit('/').next())
+            .unwrap_or_default();
+        let stream = format!("{LOG_PREFIX}/{WORKER}/{id}");
+        let mut out = String::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = match self
+                .logs
+                .get_log_events()
+                .log_group_name(&self.cfg.log_group)
+                .log_stream_name(&stream)
+                .start_from_head(true)
+                .set_next_token(token.clone())
+                .send()
+                .await
+            {
+                Ok(p) => p,
+                // the worker has written nothing yet
+                Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(out),
+                Err(e) => {
+                    return Err(self.sdk_error(&format!("read log stream {stream}"), e));
+                }
+            };
+            for event in page.events() {
+                out.push_str(event.message().unwrap_or(""));
+                out.push('\n');
+            }
+            let next = page.next_forward_token().map(str::to_string);
+            // the same token again means the end of the stream
+            if next.is_none() || next == token || page.events().is_empty() {
+                return Ok(out);
+            }
+            token = next;
+        }
+    }
+}
+
+fn lock(m: &Mutex<Created>) -> std::sync::MutexGuard<'_, Created> {
+    m.lock().expect("launch bookkeeping lock")
+}
+
+fn build_error(e: aws_sdk_ecs::error::BuildError) -> Error {
+    Error::InvalidSpec(format!("building the ECS request: {e}"))
+}
+
+/// ECS's answer for a task or task definition that no longer exists.
+fn is_gone<E: ProvideErrorMetadata>(e: &E) -> bool {
+    let m = e.message().unwrap_or("").to_ascii_lowercase();
+    m.contains("not found") || m.contains("could not find") || m.contains("does not exist")
+}
+
+fn tag<'a>(t: &'a ecs::Task, key: &str) -> Option<&'a str> {
+    t.tags()
+        .iter()
+        .find(|tag| tag.key() == Some(key))
+        .and_then(|tag| tag.value())
+}
+
+/// The worker container's exit code, when it has one.
+fn worker_exit(t: &ecs::Task) -> Option<i32> {
+    t.containers()
+        .iter()
+        .find(|c| c.name() == Some(WORKER))
+        .and_then(|c| c.exit_code())
+}
+
+fn worker_status(rank: usize, t: &ecs::Task) -> WorkerStatus {
+    let last = t.last_status().unwrap_or("");
+    let stopping = matches!(
+        last,
+        "DEACTIVATING" | "STOPPING" | "DEPROVISIONING" | "STOPPED" | "DELETED"
+    );
+    let state = match last {
+        "PROVISIONING" | "PENDING" | "ACTIVATING" => WorkerState::Pending,
+        "RUNNING" if t.desired_status() != Some("STOPPED") => WorkerState::Running,
+        "RUNNING" => WorkerState::Failed,
+        _ if stopping && worker_exit(t) == Some(0) => WorkerState::Succeeded,
+        _ if stopping => WorkerState::Failed,
+        _ => WorkerState::Unknown,
+    };
+    let mut detail = Vec::new();
+    if let Some(r) = t.stopped_reason().filter(|r| !r.is_empty()) {
+        detail.push(r.to_string());
+    }
+    if let Some(code) = t.stop_code() {
+        detail.push(code.as_str().to_string());
+    }
+    for c in t.containers() {
+        if let Some(r) = c.reason().filter(|r| !r.is_empty()) {
+            detail.push(format!("{}: {r}", c.name().unwrap_or("container")));
+        }
+    }
+    if let Some(code) = worker_exit(t) {
+        detail.push(format!("exit code {code}"));
+    }
+    if stopping && detail.is_empty() {
+        detail.push(format!("the task is {last}"));
+    }
+    WorkerStatus {
+        rank,
+        name: t
+            .task_arn()
+            .and_then(|a| a.rsplit('/').next())
+            .unwrap_or_default()
+            .to_string(),
+        state,
+        ip: task::eni_ip(t),
+        dns_name: None,
+        detail: (!detail.is_empty()).then(|| detail.join("; ")),
+    }
+}
+
+/// Why a task stopped while the launch waited for it, as the variant a user can act on.
+fn stopped_error(spec: &WorkerSpec, rank: usize, t: &ecs::Task) -> Error {
+    let status = worker_status(rank, t);
+    let detail = status
+        .detail
+        .unwrap_or_else(|| "stopped without a reason".into());
+    if detail.contains("CannotPullContainer") || detail.contains("pull image") {
+        return Error::ImageMissing {
+            backend: NAME,
+            image: spec.image.clone(),
+            rank,
+            detail,
+        };
+    }
+    let hint = if detail.contains("ResourceInitializationError") && detail.contains("secret") {
+        " (the execution role cannot read the worker's secret: infra/ecs grants \
+         secretsmanager:GetSecretValue on physalia/*)"
+    } else {
+        ""
+    };
+    Error::WorkerFailed {
+        backend: NAME,
+        rank,
+        detail: format!("the task stopped on its own while starting: {detail}{hint}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::tests::spec;
+
+    fn stopped(reason: &str, container_reason: Option<&str>) -> ecs::Task {
+        let mut worker = ecs::Container::builder().name(WORKER);
+        if let Some(r) = container_reason {
+            worker = worker.reason(r);
+        }
+        ecs::Task::builder()
+            .last_status("STOPPED")
+            .desired_status("STOPPED")
+            .stopped_reason(reason)
+            .stop_code(ecs::TaskStopCode::TaskFailedToStart)
+            .containers(worker.build())
+            .build()
+    }
+
+    #[test]
+    fn why_a_task_stopped_is_named() {
+        let s = spec();
+        let pull = stopped(
+            "CannotPullContainerError: pull image manifest has been retried 7 time(s): not found",
+            None,
+        );
+        let err = stopped_error(&s, 3, &pull);
+        assert!(
+            matches!(&err, Error::ImageMissing { rank: 3, image, .. } if image == &s.image),
+            "{err}"
+        );
+        let secrets = stopped(
+            "ResourceInitializationError: unable to pull secrets or registry auth",
+            None,
+        );
+        let err = stopped_error(&s, 0, &secrets).to_string();
+        assert!(err.contains("execution role"), "{err}");
+        let exited = stopped(
+            "Essential container in task exited",
+            Some("OutOfMemoryError"),
+        );
+        let err = stopped_error(&s, 1, &exited).to_string();
+        assert!(
+            err.contains("Essential container in task exited")
+                && err.contains("worker: OutOfMemoryError")
+                && err.contains("TaskFailedToStart"),
+            "{err}"
+        );
+        assert_eq!(worker_status(1, &exited).state, WorkerState::Failed);
+    }
+
+    #[test]
+    fn states_map_from_ecs_statuses() {
+        let task = |last: &str, desired: &str, exit: Option<i32>| {
+            let mut c = ecs::Container::builder().name(WORKER);
+            if let Some(code) = exit {
+                c = c.exit_code(code);
+            }
+            ecs::Task::builder()
+                .last_status(last)
+                .desired_status(desired)
+                .containers(c.build())
+                .build()
+        };
+        let cases = [
+            ("PROVISIONING", "RUNNING", None, WorkerState::Pending),
+            ("PENDING", "RUNNING", None, WorkerState::Pending),
+            ("RUNNING", "RUNNING", None, WorkerState::Running),
+            ("RUNNING", "STOPPED", None, WorkerState::Failed),
+            ("STOPPED", "STOPPED", Some(0), WorkerState::Succeeded),
+            ("STOPPED", "STOPPED", Some(3), WorkerState::Failed),
+            ("DEACTIVATING", "RUNNING", None, WorkerState::Failed),
+            ("SOMETHING_NEW", "RUNNING", None, WorkerState::Unknown),
+        ];
+        for (last, desired, exit, want) in cases {
+            assert_eq!(
+                worker_status(0, &task(last, desired, exit)).state,
+                want,
+                "{last}/{desired}/{exit:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,704 @@
+//! The ecs backend against moto's ECS, Secrets Manager, CloudWatch Logs and IAM server on loopback
+//! (`moto_fixture.py`, PyPI `moto[server]`), one server per test. Moto does not run containers: it keeps
+//! the API's state (task definitions, tasks and their ENIs and private IPs, secrets, log streams) and
+//! answers as ECS does, which is what the backend talks to.
+//!
+//! Without moto the tests print `skipping` and pass, unless `PHYSALIA_REQUIRE_MOTO=1` (CI sets it).
+
+mod proxy;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use aws_sdk_ecs::types as ecs;
+use base64::Engine as _;
+use physalia_backends::ecs::aws_config;
+use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig, task};
+use physalia_backends::{
+    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
+    WorkerState,
+};
+use serde_json::Value;
+
+const IMAGE: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia-worker:0.1.0";
+
+/// moto's server, seeded; killed on drop.
+struct Moto {
+    child: Child,
+    info: Value,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    /// `None` (and a note) where moto is not installed and not required.
+    fn start(args: &[&str]) -> Option<Moto> {
+        let have = Command::new("python3")
+            .args(["-c", "import moto.server, boto3"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !have {
+            assert!(
+                std::env::var_os("PHYSALIA_REQUIRE_MOTO").is_none(),
+                "PHYSALIA_REQUIRE_MOTO is set but moto is not installed: pip install 'moto[server]'"
+            );
+            println!("skipping: moto not installed (pip install 'moto[server]')");
+            return None;
+        }
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ecs/moto_fixture.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting moto_fixture.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let info: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("moto_fixture.py printed {line:?}: {e}"));
+        Some(Moto { child, info })
+    }
+
+    fn endpoint(&self) -> String {
+        self.info["endpoint"].as_str().unwrap().to_string()
+    }
+
+    async fn sdk(&self) -> aws_config::SdkConfig {
+        sdk_for(&self.endpoint(), "testing", "testing").await
+    }
+
+    fn config(&self) -> EcsConfig {
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().to_string())
+                .collect()
+        };
+        let mut cfg = EcsConfig::new(
+            self.info["cluster"].as_str().unwrap(),
+            strings(&self.info["subnets"]),
+            strings(&self.info["security_groups"]),
+            self.info["execution_role_arn"].as_str().unwrap(),
+            self.info["log_group"].as_str().unwrap(),
+        );
+        cfg.poll_interval = Duration::from_millis(20);
+        cfg.start_timeout = Duration::from_secs(10);
+        cfg.initial_backoff = Duration::from_millis(10);
+        cfg.max_attempts = 3;
+        cfg
+    }
+
+    async fn backend(&self, cfg: EcsConfig) -> EcsBackend {
+        EcsBackend::new(cfg, &self.sdk().await).unwrap()
+    }
+}
+
+async fn sdk_for(endpoint: &str, key: &str, secret: &str) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_sdk_ecs::config::Credentials::new(
+            key, secret, None, None, "test",
+        ))
+        .load()
+        .await
+}
+
+fn key(rank: usize) -> String {
+    format!("-----BEGIN PRIVATE KEY-----\nKEY-OF-RANK-{rank}\n-----END PRIVATE KEY-----\n")
+}
+
+fn spec(n: usize) -> WorkerSpec {
+    WorkerSpec {
+        job_id: "products-1732000000".into(),
+        segment: 2,
+        image: IMAGE.into(),
+        command: vec![],
+        cpu: 2.0,
+        memory_gib: 6.0,
+        gpu: None,
+        env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
+        secrets: BTreeMap::from([
+            (
+                "ca.pem".into(),
+                SecretValue::Same(SecretBytes::new("-----BEGIN CERTIFICATE-----\nCA\n")),
+            ),
+            (
+                "key.pem".into(),
+                SecretValue::PerRank((0..n).map(|r| SecretBytes::new(key(r))).collect()),
+            ),
+        ]),
+        network: NetworkSpec {
+            coordinator_addr: "10.0.1.17:7000".into(),
+            mesh_port: 7100,
+        },
+    }
+}
+
+/// What the account holds of a launch: running tasks, active task definitions, secrets.
+struct Leftovers {
+    running: usize,
+    families: Vec<String>,
+    secrets: Vec<String>,
+}
+
+async fn leftovers(sdk: &aws_config::SdkConfig, launch: &LaunchId) -> Leftovers {
+    let ecs = aws_sdk_ecs::Client::new(sdk);
+    let sm = aws_sdk_secretsmanager::Client::new(sdk);
+    let running = ecs
+        .list_tasks()
+        .cluster("physalia")
+        .desired_status(ecs::DesiredStatus::Running)
+        .send()
+        .await
+        .unwrap()
+        .task_arns()
+        .len();
+    // revisions still registered (ACTIVE) or deregistered but not deleted (INACTIVE), by family
+    let mut families = Vec::new();
+    let all = ecs
+        .list_task_definition_families()
+        .family_prefix(task::family_prefix(launch))
+        .send()
+        .await
+        .unwrap();
+    for family in all.families() {
+        for status in [
+            ecs::TaskDefinitionStatus::Active,
+            ecs::TaskDefinitionStatus::Inactive,
+        ] {
+            let revisions = ecs
+                .list_task_definitions()
+                .family_prefix(family)
+                .status(status.clone())
+                .send()
+                .await
+                .unwrap();
+            for arn in revisions.task_definition_arns() {
+                families.push(format!("{arn} ({status:?})"));
+            }
+        }
+    }
+    let secrets = sm
+        .list_secrets()
+        .send()
+        .await
+        .unwrap()
+        .secret_list()
+        .iter()
+        .filter_map(|s| s.name().map(str::to_string))
+        .collect();
+    Leftovers {
+        running,
+        families,
+        secrets,
+    }
+}
+
+fn assert_nothing_left(l: &Leftovers) {
+    assert_eq!(l.running, 0, "tasks still running");
+    assert!(
+        l.families.is_empty(),
+        "task definitions left: {:?}",
+        l.families
+    );
+    assert!(l.secrets.is_empty(), "secrets left: {:?}", l.secrets);
+}
+
+fn env_of(c: &ecs::ContainerDefinition) -> BTreeMap<String, String> {
+    c.environment()
+        .iter()
+        .map(|kv| {
+            (
+                kv.name().unwrap().to_string(),
+                kv.value().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fargate_launch_list_logs_stop() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let backend = moto.backend(moto.config()).await;
+    let n = 3;
+    let spec = spec(n);
+    let launched = backend.launch(&spec, n).await.unwrap();
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    assert_eq!(launched.id, launch);
+    assert_eq!(launched.workers.len(), n);
+    let mut ips = Vec::new();
+    for (r, w) in launched.workers.iter().enumerate() {
+        assert_eq!(w.rank, r);
+        assert_eq!(w.state, WorkerState::Running, "{w:?}");
+        ips.push(w.ip.expect("the task's ENI address"));
+    }
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), n, "each worker has its own address");
+
+    // What ECS was told, read back from it.
+    let ecs_client = aws_sdk_ecs::Client::new(&sdk);
+    let sm = aws_sdk_secretsmanager::Client::new(&sdk);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for rank in 0..n {
+        let td = ecs_client
+            .describe_task_definition()
+            .task_definition(task::family(&launch, rank))
+            .send()
+            .await
+            .unwrap();
+        let td = td.task_definition().unwrap();
+        assert_eq!(td.network_mode(), Some(&ecs::NetworkMode::Awsvpc));
+        assert_eq!(td.requires_compatibilities(), [ecs::Compatibility::Fargate]);
+        // 2 vCPU and 6 GiB + the unpacker's 64 MiB: Fargate's 2048 / 7168
+        assert_eq!((td.cpu(), td.memory()), (Some("2048"), Some("7168")));
+        let containers = td.container_definitions();
+        let worker = containers
+            .iter()
+            .find(|c| c.name() == Some("worker"))
+            .unwrap();
+        let unpacker = containers
+            .iter()
+            .find(|c| c.name() == Some("secrets"))
+            .unwrap();
+        let env = env_of(worker);
+        assert_eq!(env["PHYSALIA_RANK"], rank.to_string());
+        assert_eq!(env["PHYSALIA_WORLD"], n.to_string());
+        assert_eq!(env["PHYSALIA_COORDINATOR_ADDR"], "10.0.1.17:7000");
+        assert_eq!(env["PHYSALIA_SECRETS_DIR"], "/var/run/physalia/secrets");
+        assert_eq!(env["RAYON_NUM_THREADS"], "2");
+        assert!(
+            worker.secrets().is_empty(),
+            "the worker gets no secret variable"
+        );
+        let mount = &worker.mount_points()[0];
+        assert_eq!(mount.container_path(), Some("/var/run/physalia/secrets"));
+        assert_eq!(mount.read_only(), Some(true));
+        let dep = &worker.depends_on()[0];
+        assert_eq!(dep.container_name(), "secrets");
+        assert_eq!(dep.condition(), &ecs::ContainerCondition::Success);
+        assert_eq!(worker.port_mappings()[0].container_port(), Some(7100));
+        assert_eq!(
+            worker.port_mappings()[0].protocol(),
+            Some(&ecs::TransportProtocol::Udp)
+        );
+        assert_eq!(
+            worker.log_configuration().unwrap().log_driver(),
+            &ecs::LogDriver::Awslogs
+        );
+        assert_eq!(unpacker.essential(), Some(false));
+        assert_eq!(
+            unpacker.command(),
+            ["unpack-secrets"],
+            "the unpacker runs the worker binary's unpack-secrets"
+        );
+        assert_eq!(unpacker.mount_points()[0].read_only(), Some(false));
+        // The rank's secret holds its own key and no other rank's.
+        let secret_ref = &unpacker.secrets()[0];
+        assert_eq!(secret_ref.name(), "PHYSALIA_SECRET_BUNDLE");
+        let value = sm
+            .get_secret_value()
+            .secret_id(secret_ref.value_from())
+            .send()
+            .await
+            .unwrap();
+        assert!(value.name().unwrap().ends_with(&format!("/rank-{rank}")));
+        let files: BTreeMap<String, String> =
+            serde_json::from_str(value.secret_string().unwrap()).unwrap();
+        assert_eq!(b64.decode(&files["key.pem"]).unwrap(), key(rank).as_bytes());
+        assert!(files.contains_key("ca.pem"));
+        // No key appears in any plain value of the task definition.
+        let plain = format!("{td:?}");
+        for r in 0..n {
+            assert!(!plain.contains(&format!("KEY-OF-RANK-{r}")), "{plain}");
+        }
+    }
+
+    // list: every rank running, with the launch's tags
+    let listed = backend.list(&launch).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|w| (w.rank, w.state)).collect::<Vec<_>>(),
+        (0..n)
+            .map(|r| (r, WorkerState::Running))
+            .collect::<Vec<_>>()
+    );
+
+    // logs: the awslogs stream of rank 1's task
+    let logs = aws_sdk_cloudwatchlogs::Client::new(&sdk);
+    let stream = format!("physalia/worker/{}", listed[1].name);
+    logs.create_log_stream()
+        .log_group_name("/physalia/workers")
+        .log_stream_name(&stream)
+        .send()
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut put = logs
+        .put_log_events()
+        .log_group_name("/physalia/workers")
+        .log_stream_name(&stream);
+    for (i, line) in ["worker 1: joined the mesh", "epoch 0 loss 1.9459"]
+        .iter()
+        .enumerate()
+    {
+        put = put.log_events(
+            aws_sdk_cloudwatchlogs::types::InputLogEvent::builder()
+                .timestamp(now + i as i64)
+                .message(*line)
+                .build()
+                .unwrap(),
+        );
+    }
+    put.send().await.unwrap();
+    let text = backend.logs(&launch, 1).await.unwrap();
+    assert_eq!(text, "worker 1: joined the mesh\nepoch 0 loss 1.9459\n");
+    assert_eq!(backend.logs(&launch, 0).await.unwrap(), "", "no output yet");
+    assert!(matches!(
+        backend.logs(&launch, 7).await,
+        Err(Error::NoSuchWorker { rank: 7, .. })
+    ));
+
+    // A second launch of the same segment is refused and touches nothing.
+    let again = backend.launch(&spec, n).await.unwrap_err();
+    assert!(matches!(again, Error::AlreadyExists { .. }), "{again}");
+    assert_eq!(backend.list(&launch).await.unwrap().len(), n);
+
+    // stop one: it shows stopped, the others run
+    backend.stop(&launch, 1).await.unwrap();
+    let listed = backend.list(&launch).await.unwrap();
+    let one = listed.iter().find(|w| w.rank == 1).unwrap();
+    assert_eq!(one.state, WorkerState::Failed);
+    assert!(
+        one.detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("stopped by the coordinator"),
+        "{one:?}"
+    );
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|w| w.state == WorkerState::Running)
+            .count(),
+        n - 1
+    );
+    backend.stop(&launch, 1).await.unwrap();
+
+    // stop all: no task runs, no task definition or secret remains; a second stop_all is fine
+    backend.stop_all(&launch).await.unwrap();
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+    backend.stop_all(&launch).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_stopping_on_its_own() {
+    // moto's default: each DescribeTasks moves a task one state towards STOPPED
+    let Some(moto) = Moto::start(&[]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let backend = moto.backend(moto.config()).await;
+    let spec = spec(2);
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    let err = backend.launch(&spec, 2).await.unwrap_err();
+    match &err {
+        Error::WorkerFailed { detail, .. } => {
+            assert!(detail.contains("stopped on its own"), "{err}")
+        }
+        other => panic!("{other}"),
+    }
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+
+    // After a successful launch, a task that exits shows as failed with ECS's reason.
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let backend = moto.backend(moto.config()).await;
+    let launched = backend.launch(&spec, 2).await.unwrap();
+    let ecs_client = aws_sdk_ecs::Client::new(&sdk);
+    let arn = ecs_client
+        .list_tasks()
+        .cluster("physalia")
+        .send()
+        .await
+        .unwrap()
+        .task_arns()
+        .iter()
+        .find(|a| a.ends_with(&launched.workers[0].name))
+        .unwrap()
+        .clone();
+    ecs_client
+        .stop_task()
+        .cluster("physalia")
+        .task(arn)
+        .reason("Essential container in task exited")
+        .send()
+        .await
+        .unwrap();
+    let listed = backend.list(&launch).await.unwrap();
+    assert_eq!(listed[0].state, WorkerState::Failed);
+    assert!(
+        listed[0]
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("Essential container in task exited"),
+        "{listed:?}"
+    );
+    assert_eq!(listed[1].state, WorkerState::Running);
+    backend.stop_all(&launch).await.unwrap();
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_on_ec2_capacity_and_running_out_of_it() {
+    // one g5.xlarge container instance: 4096 CPU units, 7482 MiB, so two 2-vCPU 2-GiB workers
+    let Some(moto) = Moto::start(&["--tasks-stay-running", "--container-instances", "1"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let mut cfg = moto.config();
+    cfg.capacity = Capacity::Ec2;
+    cfg.max_parallel = 1; // ranks in order, so the failing one is known
+    let backend = moto.backend(cfg).await;
+    let mut spec = spec(4);
+    spec.memory_gib = 2.0;
+    spec.gpu = Some(GpuRequest {
+        count: 1,
+        kind: Some("g5.*".into()),
+    });
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    let err = backend.launch(&spec, 4).await.unwrap_err();
+    match &err {
+        Error::NoCapacity {
+            rank: 2, detail, ..
+        } => {
+            assert!(detail.contains("launch type EC2"), "{err}")
+        }
+        other => panic!("expected no capacity at worker 2, got {other}"),
+    }
+    assert!(
+        err.to_string().contains("no capacity for worker 2"),
+        "{err}"
+    );
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+    // Every task definition the launch registered is gone, not merely inactive.
+    let ecs_client = aws_sdk_ecs::Client::new(&sdk);
+    for rank in 0..3 {
+        let family = task::family(&launch, rank);
+        let active = ecs_client
+            .list_task_definitions()
+            .family_prefix(&family)
+            .send()
+            .await
+            .unwrap();
+        assert!(active.task_definition_arns().is_empty(), "{family}");
+    }
+
+    // Two fit: the GPU request, the placement constraint and the EC2 sizes are what ECS got.
+    let spec = {
+        let mut s = spec;
+        s.secrets.insert(
+            "key.pem".into(),
+            SecretValue::PerRank((0..2).map(|r| SecretBytes::new(key(r))).collect()),
+        );
+        s
+    };
+    backend.launch(&spec, 2).await.unwrap();
+    // the failed launch's stopped tasks are still listed by ECS; list reports each rank's newest
+    let listed = backend.list(&launch).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|w| (w.rank, w.state)).collect::<Vec<_>>(),
+        [(0, WorkerState::Running), (1, WorkerState::Running)]
+    );
+    let td = ecs_client
+        .describe_task_definition()
+        .task_definition(task::family(&launch, 1))
+        .send()
+        .await
+        .unwrap();
+    let td = td.task_definition().unwrap();
+    assert_eq!(td.requires_compatibilities(), [ecs::Compatibility::Ec2]);
+    assert_eq!((td.cpu(), td.memory()), (Some("2048"), Some("2112")));
+    let worker = td
+        .container_definitions()
+        .iter()
+        .find(|c| c.name() == Some("worker"))
+        .unwrap();
+    assert_eq!((worker.cpu(), worker.memory()), (2048, Some(2048)));
+    let gpu = &worker.resource_requirements()[0];
+    assert_eq!((gpu.r#type(), gpu.value()), (&ecs::ResourceType::Gpu, "1"));
+    assert_eq!(
+        td.placement_constraints()[0].expression(),
+        Some("attribute:ecs.instance-type =~ g5.*")
+    );
+    let volume = &td.volumes()[0];
+    let docker = volume.docker_volume_configuration().unwrap();
+    assert_eq!(docker.scope(), Some(&ecs::Scope::Task));
+    assert_eq!(
+        docker
+            .driver_opts()
+            .unwrap()
+            .get("type")
+            .map(String::as_str),
+        Some("tmpfs"),
+        "on EC2 the secret files live in memory"
+    );
+    backend.stop_all(&launch).await.unwrap();
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_on_fargate_are_refused_before_any_call() {
+    // an endpoint nothing listens on: any call would fail with a connection error instead
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sdk = sdk_for(&format!("http://127.0.0.1:{port}"), "k", "s").await;
+    let backend = EcsBackend::new(
+        EcsConfig::new(
+            "physalia",
+            vec!["subnet-1".into()],
+            vec![],
+            "arn:aws:iam::123456789012:role/x",
+            "/physalia/workers",
+        ),
+        &sdk,
+    )
+    .unwrap();
+    let mut spec = spec(1);
+    spec.gpu = Some(GpuRequest {
+        count: 1,
+        kind: None,
+    });
+    let err = backend.launch(&spec, 1).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("Fargate has no GPUs"), "{err}");
+    // A size Fargate does not sell is refused the same way.
+    spec.gpu = None;
+    spec.cpu = 32.0;
+    let err = backend.launch(&spec, 1).await.unwrap_err();
+    assert!(
+        err.to_string().contains("larger than any Fargate task"),
+        "{err}"
+    );
+    // And an unreachable endpoint is an error that says so.
+    spec.cpu = 1.0;
+    let err = backend.launch(&spec, 1).await.unwrap_err();
+    assert!(err.to_string().contains("reachable"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_then_reported() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    // two throttled RunTask calls, then through: the SDK's retries absorb them
+    let proxy = proxy::Throttle::start(moto.endpoint(), "RunTask", 2).await;
+    let backend = EcsBackend::new(
+        moto.config(),
+        &sdk_for(&proxy.url(), "testing", "testing").await,
+    )
+    .unwrap();
+    let mut spec = spec(1);
+    spec.secrets.remove("key.pem");
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    backend.launch(&spec, 1).await.unwrap();
+    assert_eq!(proxy.seen(), 3, "RunTask sent three times");
+    backend.stop_all(&launch).await.unwrap();
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+
+    // always throttled: reported after max_attempts, and the secret and task definition are gone
+    let proxy = proxy::Throttle::start(moto.endpoint(), "RunTask", u32::MAX).await;
+    let backend = EcsBackend::new(
+        moto.config(),
+        &sdk_for(&proxy.url(), "testing", "testing").await,
+    )
+    .unwrap();
+    spec.segment = 3;
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    let err = backend.launch(&spec, 1).await.unwrap_err();
+    match &err {
+        Error::Throttled { attempts: 3, .. } => {}
+        other => panic!("expected throttled after 3 attempts, got {other}"),
+    }
+    assert!(err.to_string().contains("ThrottlingException"), "{err}");
+    assert_eq!(proxy.seen(), 3);
+    assert_nothing_left(&leftovers(&sdk, &launch).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_and_missing_permissions() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running", "--enforce-auth"]) else {
+        return;
+    };
+    let users = &moto.info["users"];
+    let user = |name: &str| {
+        (
+            users[name]["key"].as_str().unwrap().to_string(),
+            users[name]["secret"].as_str().unwrap().to_string(),
+        )
+    };
+    let spec = spec(2);
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+
+    let bogus = sdk_for(&moto.endpoint(), "AKIAUNKNOWNUNKNOWN00", "nope").await;
+    let err = EcsBackend::new(moto.config(), &bogus)
+        .unwrap()
+        .launch(&spec, 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err}");
+    assert!(err.to_string().contains("AWS credential chain"), "{err}");
+
+    // allowed to create the secret, not to register the task definition: the secret is deleted again
+    let (k, s) = user("no-register");
+    let limited = sdk_for(&moto.endpoint(), &k, &s).await;
+    let err = EcsBackend::new(moto.config(), &limited)
+        .unwrap()
+        .launch(&spec, 2)
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Permission { action, hint, .. } => {
+            assert!(action.contains("register task definition"), "{err}");
+            assert!(hint.contains("infra/ecs"), "{err}");
+        }
+        other => panic!("expected permission denied, got {other}"),
+    }
+    let (k, s) = user("launcher");
+    let admin = sdk_for(&moto.endpoint(), &k, &s).await;
+    assert_nothing_left(&leftovers(&admin, &launch).await);
+
+    // the launcher may do it all
+    let backend = EcsBackend::new(moto.config(), &admin).unwrap();
+    let launched = backend.launch(&spec, 2).await.unwrap();
+    assert_eq!(launched.workers.len(), 2);
+    backend.stop_all(&launch).await.unwrap();
+    assert_nothing_left(&leftovers(&admin, &launch).await);
+}
