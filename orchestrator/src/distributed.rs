@@ -182,8 +182,13 @@ pub fn run(
         });
         let mut workers_now = n;
         let mut resume_from: Option<PathBuf> = None;
+        // the policy's decision after the last recorded epoch: the coordinator may have died before it
+        // acted on it, so it is made again and acted on first
+        let mut pending: Option<(usize, Stop)> = None;
         if let (Some(rp), Some(el)) = (&resume, elastic.as_mut()) {
-            el.replay(&rp.lines)?;
+            pending = el
+                .replay(&rp.lines, spec.train.epochs as usize)?
+                .map(|why| (rp.epoch, why));
             workers_now = rp.workers;
             resume_from = Some(rp.checkpoint.clone());
             let line = el.event(
@@ -208,6 +213,17 @@ pub fn run(
             .unwrap_or(0);
         let mut prewarmed: Option<Launch> = None;
         let runs = loop {
+            if let (Some((after_epoch, why)), Some(el)) = (pending.take(), elastic.as_mut()) {
+                let (next, line) = el.after_stop(workers_now, after_epoch, why);
+                if let (Some(line), false) = (line, quiet) {
+                    eprintln!("{line}");
+                }
+                match next {
+                    Next::Relaunch { workers, .. } => workers_now = workers,
+                    Next::Finish => break finish_early(el, spec.train.seed),
+                    Next::Fail(error) => bail!(error),
+                }
+            }
             // replica groups keep their k; otherwise the partitioning follows the worker count
             let k = if matches!(spec.parallelism, ParallelismSpec::Groups(_)) {
                 k

@@ -18,6 +18,7 @@ pub(crate) fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f6
 pub(crate) const MAX_RETRIES: usize = 3;
 
 /// Why every worker of a launch was stopped after an epoch.
+#[derive(Debug)]
 pub(crate) enum Stop {
     Rescale {
         to: usize,
@@ -89,8 +90,12 @@ impl Elastic {
         }
     }
 
-    /// Takes in the recorded epochs of a job being resumed.
-    pub(crate) fn replay(&mut self, lines: &[Value]) -> Result<()> {
+    /// Takes in the recorded epochs of a job being resumed. A change of the worker count between two
+    /// recorded epochs was the policy's decision after the first of them: it restarts the cooldown there,
+    /// as it did in the run that recorded them. Returns the policy's decision after the last recorded epoch
+    /// (made again: the coordinator that recorded it may have died before acting on it).
+    pub(crate) fn replay(&mut self, lines: &[Value], epochs_total: usize) -> Result<Option<Stop>> {
+        let mut previous: Option<(usize, usize)> = None;
         for line in lines {
             let m: EpochMetrics = serde_json::from_value(line["metrics"].clone())
                 .context("metrics.jsonl: a recorded epoch does not parse")?;
@@ -110,12 +115,18 @@ impl Elastic {
                     })
                     .collect()
             };
+            if let Some((epoch, workers)) = previous
+                && workers != by_rank.len()
+            {
+                self.last_change = Some(epoch as u32);
+            }
+            previous = Some((m.epoch, by_rank.len()));
             self.after_epoch_record(&by_rank);
         }
         if let Some(last) = lines.last() {
             self.plan.workers = last["workers"].as_array().map_or(1, Vec::len) as u32;
         }
-        Ok(())
+        Ok(self.decide(epochs_total))
     }
 
     /// Records an event; returns its line for the terminal.
@@ -531,6 +542,68 @@ mod simulation {
                     "{what}: one extra attempt per retry"
                 );
             }
+        }
+    }
+
+    /// The line `distributed.rs` appends to metrics.jsonl for an epoch.
+    fn metrics_line(by_rank: &[EpochMetrics]) -> Value {
+        json!({
+            "metrics": by_rank[0],
+            "workers": by_rank
+                .iter()
+                .map(|m| json!({ "train_s": m.train_s, "exchange": m.exchange }))
+                .collect::<Vec<_>>(),
+        })
+    }
+
+    #[test]
+    fn a_resumed_job_decides_as_the_uninterrupted_one() {
+        // grows after every epoch it may: the cooldown alone spaces the changes
+        let p = physalia_policies::parse_str(
+            "min_workers: 1\nmax_workers: 64\ncooldown_epochs: 4\nrules:\n  - name: grow\n    \
+             when: \"true\"\n    then: {multiply_workers: 2}\n",
+            "grow.yaml",
+        )
+        .unwrap();
+        let epochs = 16;
+        // The uninterrupted run: the worker count before every epoch, and the decisions.
+        let run = |el: &mut Elastic, from: usize, mut n: usize, lines: &mut Vec<Value>| {
+            let mut changes = Vec::new();
+            for epoch in from..=epochs {
+                let by_rank = epoch_metrics(epoch, n);
+                lines.push(metrics_line(&by_rank));
+                if let Some(Stop::Rescale { to, .. }) = el.after_epoch(&by_rank, epochs) {
+                    changes.push((epoch, to));
+                    n = to;
+                }
+            }
+            changes
+        };
+        let mut whole = Elastic::new(p.clone(), 1, epochs as u32, 0.0);
+        let mut lines = Vec::new();
+        let changes = run(&mut whole, 1, 1, &mut lines);
+        assert_eq!(changes, [(1, 2), (5, 4), (9, 8), (13, 16)]);
+        // The coordinator dies after each epoch in turn; a new one replays the record and goes on.
+        for died_after in 1..epochs {
+            let mut resumed = Elastic::new(p.clone(), 1, epochs as u32, 0.0);
+            let workers = lines[died_after - 1]["workers"].as_array().unwrap().len();
+            // a change decided after the last recorded epoch is decided again
+            let pending = resumed.replay(&lines[..died_after], epochs).unwrap();
+            let workers = match (pending, changes.iter().find(|c| c.0 == died_after)) {
+                (Some(Stop::Rescale { to, .. }), Some(&(_, want))) => {
+                    assert_eq!(to, want, "died after epoch {died_after}");
+                    to
+                }
+                (None, None) => workers,
+                (got, want) => panic!("died after epoch {died_after}: {got:?}, want {want:?}"),
+            };
+            let later = run(&mut resumed, died_after + 1, workers, &mut Vec::new());
+            let want: Vec<_> = changes
+                .iter()
+                .copied()
+                .filter(|c| c.0 > died_after)
+                .collect();
+            assert_eq!(later, want, "died after epoch {died_after}");
         }
     }
 
