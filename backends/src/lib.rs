@@ -4,14 +4,16 @@
 //! - [`kubernetes`]: an Indexed Job (rank = completion index), a headless Service for stable peer names, a
 //!   Secret with the job's certificates, `nvidia.com/gpu` limits; the Service and Secret are owned by the
 //!   Job, so deleting it deletes them.
+//! - [`docker`]: one container per worker on a bridge network, through the Docker CLI; secrets streamed
+//!   into the created container as a tar archive.
 //! - [`ecs`]: AWS ECS through aws-sdk-ecs, one awsvpc task per worker, its certificates in a Secrets
 //!   Manager secret that an init container writes out as files; Fargate for CPU workers, EC2 capacity
 //!   (a GPU capacity provider) for GPU workers.
 //! - [`aci`]: Azure Container Instances through the ARM REST API, one container group per worker, CPU only
 //!   (ACI retired its GPU SKUs in July 2025).
 //!
-//! The local-process and docker backends live in the orchestrator (`orchestrator/src/distributed.rs`,
-//! `docker.rs`). See `README.md` for where the coordinator runs on each platform and how each
+//! Local worker processes live in the orchestrator (`orchestrator/src/local.rs`), which also builds the
+//! docker backend's image and network (`orchestrator/src/docker.rs`). See `README.md` for where the coordinator runs on each platform and how each
 //! backend is tested without a cloud.
 //!
 //! Architecture Invariant: a launch either returns with every worker started or fails with nothing of it
@@ -28,6 +30,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod aci;
+pub mod docker;
 pub mod ecs;
 mod error;
 pub mod kubernetes;

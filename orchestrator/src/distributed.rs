@@ -390,32 +390,33 @@ struct Launch {
 /// Workers as local processes or as containers.
 enum Workers {
     Local(LocalWorkers),
-    Docker(crate::docker::DockerWorkers),
+    /// Any `physalia_backends::Backend` (docker today).
+    Backend(crate::docker::BackendWorkers),
 }
 
 impl Workers {
     fn pids(&self) -> Vec<Option<u32>> {
         match self {
             Workers::Local(w) => w.pids(),
-            Workers::Docker(w) => w.pids(),
+            Workers::Backend(w) => w.pids(),
         }
     }
     fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
         match self {
             Workers::Local(w) => w.poll_exits(),
-            Workers::Docker(w) => w.poll_exits(),
+            Workers::Backend(w) => w.poll_exits(),
         }
     }
     fn all_exited(&self) -> bool {
         match self {
             Workers::Local(w) => w.all_exited(),
-            Workers::Docker(w) => w.all_exited(),
+            Workers::Backend(w) => w.all_exited(),
         }
     }
     fn kill_all(&mut self) {
         match self {
             Workers::Local(w) => w.kill_all(),
-            Workers::Docker(w) => w.kill_all(),
+            Workers::Backend(w) => w.kill_all(),
         }
     }
 }
@@ -498,26 +499,39 @@ impl Launch {
                 crate::docker::hand_over(&[dir, &checkpoints], uid)?;
                 let data = dataset_dir
                     .ok_or_else(|| anyhow!("the docker backend needs the dataset's folder"))?;
-                Workers::Docker(crate::docker::DockerWorkers::spawn(
-                    &crate::docker::ContainerLaunch {
-                        image: &image,
-                        job_id: &job_id,
-                        network: net,
-                        coordinator: server.local_addr(),
-                        world: n,
-                        index,
-                        secrets_root: &secrets,
-                        logs: &dir.join("logs"),
-                        threads,
-                        // the job directory, and the dataset's folder unless it is inside it (a
-                        // generated or imported dataset is written there)
-                        mounts: if data.starts_with(dir) {
-                            vec![(dir.to_path_buf(), true)]
-                        } else {
-                            vec![(data.to_path_buf(), false), (dir.to_path_buf(), true)]
-                        },
-                        uid,
+                let logs_dir = dir.join("logs");
+                std::fs::create_dir_all(&logs_dir)?;
+                let (backend, worker_spec) = crate::docker::docker_launch(
+                    &image,
+                    &job_id,
+                    index,
+                    net,
+                    server.local_addr(),
+                    n,
+                    &secrets,
+                    threads,
+                    // the job directory, and the dataset's folder unless it is inside it (a generated or
+                    // imported dataset is written there)
+                    if data.starts_with(dir) {
+                        vec![(dir.to_path_buf(), true)]
+                    } else {
+                        vec![(data.to_path_buf(), false), (dir.to_path_buf(), true)]
                     },
+                    uid,
+                )?;
+                let logs = (0..n)
+                    .map(|rank| {
+                        logs_dir.join(match index {
+                            0 => format!("worker-{rank}.log"),
+                            i => format!("worker-{rank}.seg{i}.log"),
+                        })
+                    })
+                    .collect();
+                Workers::Backend(crate::docker::BackendWorkers::launch(
+                    backend,
+                    &worker_spec,
+                    n,
+                    logs,
                 )?)
             }
         };

@@ -8,6 +8,9 @@
 //! * Network: one bridge network per job (`physalia-<job>`); the coordinator's control endpoint binds the
 //!   network's gateway address, which only the job's containers and this machine reach. Each worker binds its
 //!   mesh on port 7000 of its own container address and advertises it.
+//! * Containers: launched, listed, stopped and read through `physalia_backends::docker::DockerBackend`, the
+//!   `Backend` trait every platform implements, from a `WorkerSpec` (DESIGN invariant 6); this module makes
+//!   the image and the network, and [`BackendWorkers`] gives the coordinator a blocking view of any backend.
 //! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
 //!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
 //!   the image.
@@ -22,6 +25,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use physalia_backends::docker::{BindMount, DockerBackend, DockerConfig};
+use physalia_backends::{
+    Backend, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec, WorkerState,
+};
 
 /// The worker's user inside the image (non-root).
 pub const WORKER_UID: u32 = 65532;
@@ -248,23 +255,6 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// What a container launch needs besides the image.
-pub struct ContainerLaunch<'a> {
-    pub image: &'a str,
-    pub job_id: &'a str,
-    pub network: &'a Network,
-    pub coordinator: SocketAddr,
-    pub world: usize,
-    pub index: usize,
-    pub secrets_root: &'a Path,
-    pub logs: &'a Path,
-    pub threads: usize,
-    /// Folders bind-mounted at their own paths: (path, writable).
-    pub mounts: Vec<(PathBuf, bool)>,
-    /// The user the workers run as (non-root; see [`worker_uid`]).
-    pub uid: u32,
-}
-
 /// The user workers run as: [`WORKER_UID`] when this process is root (it then hands the job directory's
 /// writable folders to that user), else this process's own user, so bind-mounted folders stay writable.
 pub fn worker_uid() -> u32 {
@@ -286,204 +276,183 @@ pub fn hand_over(dirs: &[&Path], uid: u32) -> Result<()> {
     Ok(())
 }
 
-/// The containers of one launch.
-pub struct DockerWorkers {
-    names: Vec<Option<String>>,
+/// The workers of one launch on a [`physalia_backends::Backend`]: the coordinator's blocking view of the
+/// async trait (its own current-thread runtime), polling `list` for exits and keeping each worker's output
+/// in the job's `logs/`.
+pub struct BackendWorkers {
+    rt: tokio::runtime::Runtime,
+    backend: Box<dyn Backend>,
+    launch: LaunchId,
     logs: Vec<PathBuf>,
+    exited: Vec<bool>,
     last_poll: Instant,
 }
 
-impl DockerWorkers {
-    pub fn spawn(l: &ContainerLaunch) -> Result<DockerWorkers> {
-        let mut workers = DockerWorkers {
-            names: Vec::new(),
-            logs: Vec::new(),
+impl BackendWorkers {
+    /// Starts `n` workers from `spec`; `logs[rank]` is where rank's output is kept.
+    pub fn launch(
+        backend: Box<dyn Backend>,
+        spec: &WorkerSpec,
+        n: usize,
+        logs: Vec<PathBuf>,
+    ) -> Result<BackendWorkers> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the backend's runtime")?;
+        let launched = rt
+            .block_on(backend.launch(spec, n))
+            .with_context(|| format!("launching {n} workers on {}", backend.name()))?;
+        Ok(BackendWorkers {
+            rt,
+            backend,
+            launch: launched.id,
+            logs,
+            exited: vec![false; n],
             last_poll: Instant::now(),
-        };
-        for rank in 0..l.world {
-            let name = format!("physalia-{}-{}-{rank}", sanitize(l.job_id), l.index);
-            let _ = docker(&["rm", "-f", &name]);
-            let mut env = BTreeMap::new();
-            use physalia_worker::run as w;
-            env.insert(w::ENV_COORDINATOR, l.coordinator.to_string());
-            env.insert(w::ENV_RANK, rank.to_string());
-            env.insert(w::ENV_WORLD, l.world.to_string());
-            env.insert(w::ENV_JOB_ID, l.job_id.to_string());
-            env.insert(w::ENV_SECRETS_DIR, SECRETS_IN_CONTAINER.to_string());
-            env.insert(w::ENV_MESH_PORT, MESH_PORT.to_string());
-            env.insert("RAYON_NUM_THREADS", l.threads.to_string());
-            let mut args: Vec<String> = vec![
-                "create".into(),
-                "--name".into(),
-                name.clone(),
-                "--network".into(),
-                l.network.name.clone(),
-                "--label".into(),
-                format!("physalia.job={}", l.job_id),
-                "--user".into(),
-                format!("{0}:{0}", l.uid),
-            ];
-            for (k, v) in &env {
-                args.push("--env".into());
-                args.push(format!("{k}={v}"));
-            }
-            for (path, writable) in &l.mounts {
-                args.push("--volume".into());
-                let p = path.display();
-                args.push(if *writable {
-                    format!("{p}:{p}")
-                } else {
-                    format!("{p}:{p}:ro")
-                });
-            }
-            args.push(l.image.to_string());
-            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            docker(&refs).with_context(|| format!("creating worker {rank}'s container"))?;
-            workers.names.push(Some(name.clone()));
-            workers.logs.push(l.logs.join(match l.index {
-                0 => format!("worker-{rank}.log"),
-                i => format!("worker-{rank}.seg{i}.log"),
-            }));
-            copy_secrets(
-                &name,
-                &l.secrets_root.join(physalia_wire::worker_name(rank)),
-                l.uid,
-            )
-            .with_context(|| format!("giving worker {rank} its certificate"))?;
-            docker(&["start", &name]).with_context(|| format!("starting worker {rank}"))?;
-        }
-        Ok(workers)
+        })
     }
 
     /// Containers have no process id here: every rank reports `None`.
     pub fn pids(&self) -> Vec<Option<u32>> {
-        vec![None; self.names.len()]
+        vec![None; self.exited.len()]
     }
 
-    /// Containers that stopped since the last call: `(rank, how, by_signal)`; checked at most twice a
-    /// second (each check asks the engine).
+    /// Workers that stopped since the last call: `(rank, how, by_signal)`; asked at most twice a second.
     pub fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
         if self.last_poll.elapsed() < Duration::from_millis(500) {
             return Vec::new();
         }
         self.last_poll = Instant::now();
+        let Ok(listed) = self.rt.block_on(self.backend.list(&self.launch)) else {
+            // the platform did not answer: ask again next time rather than declare workers lost
+            return Vec::new();
+        };
         let mut out = Vec::new();
-        for rank in 0..self.names.len() {
-            let Some(name) = &self.names[rank] else {
+        for rank in 0..self.exited.len() {
+            if self.exited[rank] {
                 continue;
-            };
-            let Ok(state) = docker(&[
-                "inspect",
-                "-f",
-                "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
-                name,
-            ]) else {
-                out.push((rank, "container disappeared".into(), true));
-                self.names[rank] = None;
-                continue;
-            };
-            let mut it = state.split_whitespace();
-            let (status, code, oom) = (it.next(), it.next(), it.next());
-            if status == Some("exited") || status == Some("dead") {
-                let code: i32 = code.and_then(|c| c.parse().ok()).unwrap_or(-1);
-                let (how, by_signal) = if oom == Some("true") {
-                    ("container was killed: out of memory".to_string(), true)
-                } else if code > 128 {
-                    (format!("container exited with signal {}", code - 128), true)
-                } else {
-                    (format!("container exited with code {code}"), false)
-                };
-                self.save_logs(rank);
-                out.push((rank, how, by_signal));
-                if let Some(name) = self.names[rank].take() {
-                    let _ = docker(&["rm", "-f", &name]);
+            }
+            let how = match listed.iter().find(|w| w.rank == rank) {
+                None => Some(("worker disappeared".to_string(), true)),
+                Some(w) if matches!(w.state, WorkerState::Failed | WorkerState::Succeeded) => {
+                    let how = w.detail.clone().unwrap_or_else(|| "worker stopped".into());
+                    let by_signal = how.contains("signal") || how.contains("killed");
+                    Some((how, by_signal))
                 }
+                Some(_) => None,
+            };
+            if let Some((how, by_signal)) = how {
+                self.save_logs(rank);
+                self.exited[rank] = true;
+                out.push((rank, how, by_signal));
             }
         }
         out
     }
 
     pub fn all_exited(&self) -> bool {
-        self.names.iter().all(Option::is_none)
+        self.exited.iter().all(|&e| e)
     }
 
     fn save_logs(&self, rank: usize) {
-        let Some(name) = &self.names[rank] else {
-            return;
-        };
-        if let Ok(out) = Command::new("docker").args(["logs", name]).output()
+        if let Ok(text) = self.rt.block_on(self.backend.logs(&self.launch, rank))
             && let Ok(mut f) = std::fs::File::create(&self.logs[rank])
         {
-            let _ = f.write_all(&out.stdout);
-            let _ = f.write_all(&out.stderr);
+            let _ = f.write_all(text.as_bytes());
         }
     }
 
-    /// Removes every container still there (killing it), keeping its log.
+    /// Stops and removes every worker of the launch, keeping the output of those still running.
     pub fn kill_all(&mut self) {
-        for rank in 0..self.names.len() {
-            if self.names[rank].is_some() {
+        for rank in 0..self.exited.len() {
+            if !self.exited[rank] {
                 self.save_logs(rank);
+                self.exited[rank] = true;
             }
-            if let Some(name) = self.names[rank].take() {
-                let _ = docker(&["rm", "-f", &name]);
-            }
+        }
+        if let Err(e) = self.rt.block_on(self.backend.stop_all(&self.launch)) {
+            eprintln!("warning: {e:#}");
         }
     }
 }
 
-impl Drop for DockerWorkers {
+impl Drop for BackendWorkers {
+    /// Nothing of a launch outlives it: its stopped containers are removed too.
     fn drop(&mut self) {
         self.kill_all();
     }
 }
 
-/// Copies `dir`'s identity files into the (created, not started) container as a tar stream owned by the
-/// worker's user, mode 0400.
-fn copy_secrets(container: &str, dir: &Path, uid: u32) -> Result<()> {
-    let mut tar = Vec::new();
-    let mut entry = |name: &str, data: &[u8], mode: u32, dir: bool| {
-        let mut h = [0u8; 512];
-        let put = |h: &mut [u8; 512], at: usize, s: &[u8]| h[at..at + s.len()].copy_from_slice(s);
-        put(&mut h, 0, name.as_bytes());
-        put(&mut h, 100, format!("{mode:07o}\0").as_bytes());
-        put(&mut h, 108, format!("{uid:07o}\0").as_bytes());
-        put(&mut h, 116, format!("{uid:07o}\0").as_bytes());
-        put(&mut h, 124, format!("{:011o}\0", data.len()).as_bytes());
-        put(&mut h, 136, format!("{:011o}\0", 0).as_bytes());
-        h[156] = if dir { b'5' } else { b'0' };
-        put(&mut h, 257, b"ustar\0");
-        put(&mut h, 263, b"00");
-        put(&mut h, 148, b"        ");
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        put(&mut h, 148, format!("{sum:06o}\0 ").as_bytes());
-        tar.extend_from_slice(&h);
-        tar.extend_from_slice(data);
-        tar.resize(tar.len().div_ceil(512) * 512, 0);
+/// The spec and backend of a docker launch: containers of `image` on `network`, secrets from
+/// `secrets_root/<worker>/`, `mounts` at their own paths.
+#[allow(clippy::too_many_arguments)]
+pub fn docker_launch(
+    image: &str,
+    job_id: &str,
+    segment: usize,
+    network: &Network,
+    coordinator: SocketAddr,
+    world: usize,
+    secrets_root: &Path,
+    threads: usize,
+    mounts: Vec<(PathBuf, bool)>,
+    uid: u32,
+) -> Result<(Box<dyn Backend>, WorkerSpec)> {
+    let read = |rank: usize, file: &str| -> Result<SecretBytes> {
+        let path = secrets_root
+            .join(physalia_wire::worker_name(rank))
+            .join(file);
+        Ok(SecretBytes::new(
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        ))
     };
-    entry("physalia/", &[], 0o500, true);
-    for f in ["ca.pem", "cert.pem", "key.pem"] {
-        let data = std::fs::read(dir.join(f))
-            .with_context(|| format!("reading {}", dir.join(f).display()))?;
-        entry(&format!("physalia/{f}"), &data, 0o400, false);
+    let mut secrets = BTreeMap::new();
+    secrets.insert("ca.pem".to_string(), SecretValue::Same(read(0, "ca.pem")?));
+    for file in ["cert.pem", "key.pem"] {
+        let per_rank = (0..world)
+            .map(|r| read(r, file))
+            .collect::<Result<Vec<_>>>()?;
+        secrets.insert(file.to_string(), SecretValue::PerRank(per_rank));
     }
-    tar.extend_from_slice(&[0u8; 1024]);
-    let mut child = Command::new("docker")
-        .args(["cp", "-", &format!("{container}:/run/secrets")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running docker cp")?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(&tar)
-        .context("streaming the secrets to docker cp")?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("docker cp: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
+    let spec = WorkerSpec {
+        job_id: job_id.to_string(),
+        segment: segment as u32,
+        image: image.to_string(),
+        command: Vec::new(),
+        cpu: threads as f64,
+        // no limit beyond the machine's: the planner's memory estimate is not a hard bound
+        memory_gib: machine_memory_gib(),
+        gpu: None,
+        env: BTreeMap::from([("RAYON_NUM_THREADS".to_string(), threads.to_string())]),
+        secrets,
+        network: NetworkSpec {
+            coordinator_addr: coordinator.to_string(),
+            mesh_port: MESH_PORT,
+        },
+    };
+    let mut cfg = DockerConfig::new(network.name.clone());
+    cfg.user = Some((uid, uid));
+    cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
+    cfg.mounts = mounts
+        .into_iter()
+        .map(|(path, writable)| BindMount {
+            host: path.clone(),
+            container: path,
+            read_only: !writable,
+        })
+        .collect();
+    Ok((Box::new(DockerBackend::new(cfg)?), spec))
+}
+
+/// This machine's memory, GiB (8 if it cannot be read).
+fn machine_memory_gib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib / (1024.0 * 1024.0))
+        })
+        .unwrap_or(8.0)
 }

@@ -85,12 +85,19 @@ fn cora_on_three_containers_trains_like_three_processes() {
     // nothing left behind: no container, no network of this job
     let job = dir.file_name().unwrap().to_string_lossy().to_string();
     let ps = Command::new("docker")
-        .args(["ps", "-a", "--format", "{{.Names}}"])
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=physalia.job={job}"),
+        ])
         .output()
         .unwrap();
     assert!(
-        !String::from_utf8_lossy(&ps.stdout).contains(&job),
-        "containers left"
+        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+        "containers left: {}",
+        String::from_utf8_lossy(&ps.stdout)
     );
     let nets = Command::new("docker")
         .args(["network", "ls", "--format", "{{.Name}}"])
@@ -149,10 +156,21 @@ fn a_container_killed_mid_training_is_recovered() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let name = format!(
-        "physalia-{}-0-1",
-        dir.file_name().unwrap().to_string_lossy().to_lowercase()
-    );
+    // rank 1 of the job's first launch, by the labels the docker backend puts on every container
+    let job = dir.file_name().unwrap().to_string_lossy().to_string();
+    let ps = Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=physalia.job={job}"),
+            "--filter",
+            "label=physalia.dev/rank=1",
+        ])
+        .output()
+        .unwrap();
+    let name = String::from_utf8_lossy(&ps.stdout).trim().to_string();
+    assert_eq!(name.lines().count(), 1, "one running rank 1: {name:?}");
     let killed = Command::new("docker")
         .args(["kill", &name])
         .output()
