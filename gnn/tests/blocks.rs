@@ -154,7 +154,8 @@ fn sampled_block_gradients_match_finite_differences() {
             let eps = 1e-2f32;
             let mut bad = Vec::new();
             let mut total = 0;
-            for pi in 0..model.params.len() {
+            assert_eq!(grads.len(), model.params.len());
+            for (pi, grad) in grads.iter().enumerate() {
                 for k in 0..model.params[pi].value.data().len() {
                     let orig = model.params[pi].value.data()[k];
                     model.params[pi].value.data_mut()[k] = orig + eps;
@@ -163,7 +164,7 @@ fn sampled_block_gradients_match_finite_differences() {
                     let down = batch_grads(&mut model, &p, &bl, &input, &seeds, pass).0;
                     model.params[pi].value.data_mut()[k] = orig;
                     let fd = (up - down) / seeds.len() as f64 / (2.0 * eps as f64);
-                    let an = grads[pi].data()[k] as f64;
+                    let an = grad.data()[k] as f64;
                     total += 1;
                     if (fd - an).abs() > 2e-3 + 2e-2 * an.abs().max(fd.abs()) {
                         bad.push(format!("{}[{k}]: {an} vs {fd}", model.params[pi].name));

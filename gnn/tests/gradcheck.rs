@@ -27,7 +27,8 @@ fn check_on(cfg: ModelConfig, pass: Pass, seed: u64, n: usize, stride: usize) ->
     let grads = model.backward(&g, fwd, d, &mut LocalExchange).unwrap();
     let eps = 1e-2f32;
     let (mut ok, mut total) = (0, 0);
-    for pi in 0..model.params.len() {
+    assert_eq!(grads.len(), model.params.len());
+    for (pi, grad) in grads.iter().enumerate() {
         for k in (0..model.params[pi].value.data().len()).step_by(stride) {
             let orig = model.params[pi].value.data()[k];
             model.params[pi].value.data_mut()[k] = orig + eps;
@@ -36,7 +37,7 @@ fn check_on(cfg: ModelConfig, pass: Pass, seed: u64, n: usize, stride: usize) ->
             let down = loss(&mut model, &g, &p, pass);
             model.params[pi].value.data_mut()[k] = orig;
             let fd = (up - down) / (2.0 * eps as f64);
-            let an = grads[pi].data()[k] as f64;
+            let an = grad.data()[k] as f64;
             total += 1;
             if (fd - an).abs() <= 2e-3 + 2e-2 * an.abs().max(fd.abs()) {
                 ok += 1;

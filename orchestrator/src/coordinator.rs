@@ -221,12 +221,14 @@ impl Coordinator {
                 self.workers[rank].reported_error = Some(error);
                 self.suspect(now, 2, msg);
             }
-            Event::Lost { rank, reason } if rank < self.world => {
-                if self.workers[rank].done.is_none() && self.workers[rank].reported_error.is_none()
-                {
-                    let msg = format!("{} {reason} {}", self.who(rank), self.when(rank));
-                    self.suspect(now, 1, msg);
-                }
+            // a worker that finished or reported its own error is not lost
+            Event::Lost { rank, reason }
+                if rank < self.world
+                    && self.workers[rank].done.is_none()
+                    && self.workers[rank].reported_error.is_none() =>
+            {
+                let msg = format!("{} {reason} {}", self.who(rank), self.when(rank));
+                self.suspect(now, 1, msg);
             }
             Event::Exited {
                 rank,

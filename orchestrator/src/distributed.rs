@@ -269,7 +269,7 @@ pub fn run(
                     why,
                     prewarmed: warm,
                 } => {
-                    prewarmed = warm;
+                    prewarmed = warm.map(|w| *w);
                     let (next, line) = el.after_stop(workers_now, after_epoch, why);
                     if let (Some(line), false) = (line, quiet) {
                         eprintln!("{line}");
@@ -391,7 +391,7 @@ struct Launch {
 enum Workers {
     Local(LocalWorkers),
     /// Any `physalia_backends::Backend` (docker today).
-    Backend(crate::docker::BackendWorkers),
+    Backend(Box<crate::docker::BackendWorkers>),
 }
 
 impl Workers {
@@ -527,12 +527,12 @@ impl Launch {
                         })
                     })
                     .collect();
-                Workers::Backend(crate::docker::BackendWorkers::launch(
+                Workers::Backend(Box::new(crate::docker::BackendWorkers::launch(
                     backend,
                     &worker_spec,
                     n,
                     logs,
-                )?)
+                )?))
             }
         };
         Ok(Launch {
@@ -552,7 +552,7 @@ enum SegmentEnd {
     Stopped {
         after_epoch: usize,
         why: Stop,
-        prewarmed: Option<Launch>,
+        prewarmed: Option<Box<Launch>>,
     },
 }
 
@@ -918,7 +918,7 @@ fn coordinate(
             return Ok(SegmentEnd::Stopped {
                 after_epoch: last_complete,
                 why,
-                prewarmed,
+                prewarmed: prewarmed.map(Box::new),
             });
         }
     };

@@ -69,11 +69,11 @@ fn partition_is_stored_reused_listed_and_recomputed_when_the_dataset_changes() {
         assert!(cut > 0 && (cut as f64) < 0.5 * total as f64, "{s}");
         let dir = t.path().join(format!("g.parts/k{k}-seed0"));
         assert!(dir.join("partition.safetensors").is_file());
-        for p in 0..k {
+        for (p, want) in parts.iter().enumerate().take(k) {
             let part = Part::load(&dir.join(format!("part{p}.safetensors"))).unwrap();
             assert_eq!(part.k, k);
             assert_eq!(part.num_nodes_global, 3000);
-            assert_eq!(part.n_owned() as u64, parts[p]["owned"].as_u64().unwrap());
+            assert_eq!(part.n_owned() as u64, want["owned"].as_u64().unwrap());
         }
     }
 

@@ -69,6 +69,9 @@ pub struct ExchangeTimes {
     pub all_reduce_s: f64,
 }
 
+/// The epoch a peer was last sent a layer's rows, and those rows (threshold staleness).
+type LastSent = (u64, Vec<f32>);
+
 pub struct MeshExchange<'a, L: Link + ?Sized> {
     link: &'a mut L,
     part: &'a Part,
@@ -80,7 +83,7 @@ pub struct MeshExchange<'a, L: Link + ?Sized> {
     stale_now: Vec<bool>,
     /// Threshold staleness, per layer: per send peer the epoch and rows last sent; and for the current
     /// training pass which send peers got fresh rows and which receive peers sent fresh rows.
-    last_sent: Vec<Vec<Option<(u64, Vec<f32>)>>>,
+    last_sent: Vec<Vec<Option<LastSent>>>,
     fresh: Vec<Option<(Vec<bool>, Vec<bool>)>>,
     /// Scalar all-reduces in this epoch, for distinct tags.
     scalar_calls: u16,

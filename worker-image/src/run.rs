@@ -58,13 +58,13 @@ impl WorkerEnv {
     fn from_env() -> Result<WorkerEnv> {
         let coordinator = var(ENV_COORDINATOR)?
             .parse()
-            .with_context(|| format!("{ENV_COORDINATOR}"))?;
+            .with_context(|| format!("{ENV_COORDINATOR} is not ip:port"))?;
         let rank: usize = var(ENV_RANK)?
             .parse()
-            .with_context(|| format!("{ENV_RANK}"))?;
+            .with_context(|| format!("{ENV_RANK} is not a number"))?;
         let world: usize = var(ENV_WORLD)?
             .parse()
-            .with_context(|| format!("{ENV_WORLD}"))?;
+            .with_context(|| format!("{ENV_WORLD} is not a number"))?;
         if rank >= world {
             bail!("{ENV_RANK}={rank} is not below {ENV_WORLD}={world}");
         }

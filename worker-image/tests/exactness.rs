@@ -81,6 +81,9 @@ fn single(
     )
 }
 
+/// One worker's training: per-epoch losses, final weights, per-epoch validation accuracy, bytes sent.
+type WorkerRun = (Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64);
+
 /// Trains on `p`'s parts, one thread per worker; returns each worker's losses and weights.
 fn distributed(
     ds: &OwnedDataset,
@@ -88,7 +91,7 @@ fn distributed(
     cfg: &ModelConfig,
     normalize: bool,
     opts: &ExchangeOptions,
-) -> Vec<(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)> {
+) -> Vec<WorkerRun> {
     let parts = build_parts(DatasetRef::from(ds), p).unwrap();
     let links = MemLink::mesh(p.k);
     std::thread::scope(|s| {
@@ -202,11 +205,8 @@ fn compressed_sampled_and_stale_exchanges_move_fewer_bytes_and_still_learn() {
     let cfg = model_cfg(LayerKind::Gcn, ds.meta.feat_dim, ds.meta.num_classes);
     let p = partition_metis(ds.csr(), 3, 0).unwrap();
     let exact = distributed(&ds, &p, &cfg, false, &ExchangeOptions::default());
-    let bytes =
-        |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| r.iter().map(|w| w.3).sum::<u64>();
-    let last_val = |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| {
-        r[0].2.last().copied().flatten().unwrap()
-    };
+    let bytes = |r: &[WorkerRun]| r.iter().map(|w| w.3).sum::<u64>();
+    let last_val = |r: &[WorkerRun]| r[0].2.last().copied().flatten().unwrap();
     for (label, opts) in [
         (
             "bf16",
@@ -265,11 +265,8 @@ fn threshold_staleness_skips_rows_that_barely_changed() {
         ..Default::default()
     };
     let stale = distributed(&ds, &p, &cfg, false, &opts);
-    let bytes =
-        |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| r.iter().map(|w| w.3).sum::<u64>();
-    let val = |r: &[(Vec<f64>, Vec<Matrix>, Vec<Option<f64>>, u64)]| {
-        r[0].2.last().copied().flatten().unwrap()
-    };
+    let bytes = |r: &[WorkerRun]| r.iter().map(|w| w.3).sum::<u64>();
+    let val = |r: &[WorkerRun]| r[0].2.last().copied().flatten().unwrap();
     eprintln!(
         "threshold: {} bytes vs exact {}, val {:.3} vs {:.3}",
         bytes(&stale),
