@@ -466,14 +466,7 @@ impl Backend for DockerBackend {
         }
         let err = failure.expect("a launch that did not return failed");
         let leftovers = self.remove(&stale).await;
-        if leftovers.is_empty() {
-            Err(err)
-        } else {
-            Err(Error::CleanupFailed {
-                source: Box::new(err),
-                leftovers,
-            })
-        }
+        Err(err.after_cleanup(leftovers))
     }
 
     async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>> {
@@ -509,16 +502,7 @@ impl Backend for DockerBackend {
             .filter_map(|c| Some(c["Name"].as_str()?.trim_start_matches('/').to_string()))
             .collect();
         let leftovers = self.remove(&names).await;
-        if leftovers.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Api {
-                backend: NAME,
-                operation: format!("stop launch {launch}"),
-                status: None,
-                detail: format!("these could not be removed: {}", leftovers.join(", ")),
-            })
-        }
+        Error::stop_all_result(NAME, launch, leftovers)
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {

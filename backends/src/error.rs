@@ -131,6 +131,37 @@ fn status_suffix(status: Option<u16>) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A failed launch's error once its cleanup ran: itself, or [`Error::CleanupFailed`] naming what the
+    /// platform would not delete.
+    pub(crate) fn after_cleanup(self, leftovers: Vec<String>) -> Error {
+        if leftovers.is_empty() {
+            self
+        } else {
+            Error::CleanupFailed {
+                source: Box::new(self),
+                leftovers,
+            }
+        }
+    }
+
+    /// `stop_all`'s answer once it tried to delete everything of `launch`.
+    pub(crate) fn stop_all_result(
+        backend: BackendName,
+        launch: &crate::LaunchId,
+        leftovers: Vec<String>,
+    ) -> Result<()> {
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend,
+                operation: format!("stop launch {launch}"),
+                status: None,
+                detail: format!("could not delete {}", leftovers.join(", ")),
+            })
+        }
+    }
+
     /// The same error, said to be about worker `rank` where it names none yet.
     pub(crate) fn at_rank(self, rank: usize) -> Error {
         match self {

@@ -603,14 +603,7 @@ impl Backend for AciBackend {
         ranks.sort_unstable();
         let groups = ranks.iter().map(|&r| body::group_name(&id, r)).collect();
         let leftovers = self.delete_groups(groups).await;
-        if leftovers.is_empty() {
-            Err(err)
-        } else {
-            Err(Error::CleanupFailed {
-                source: Box::new(err),
-                leftovers,
-            })
-        }
+        Err(err.after_cleanup(leftovers))
     }
 
     async fn list(&self, launch: &LaunchId) -> Result<Vec<WorkerStatus>> {
@@ -631,16 +624,7 @@ impl Backend for AciBackend {
     async fn stop_all(&self, launch: &LaunchId) -> Result<()> {
         let groups = self.launch_groups(launch).await?.into_values().collect();
         let leftovers = self.delete_groups(groups).await;
-        if leftovers.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Api {
-                backend: NAME,
-                operation: format!("stop launch {launch}"),
-                status: None,
-                detail: format!("could not delete {}", leftovers.join(", ")),
-            })
-        }
+        Error::stop_all_result(NAME, launch, leftovers)
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {

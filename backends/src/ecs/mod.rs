@@ -950,14 +950,7 @@ impl Backend for EcsBackend {
             }),
             Err(e) => {
                 let leftovers = self.cleanup(created).await;
-                if leftovers.is_empty() {
-                    Err(e)
-                } else {
-                    Err(Error::CleanupFailed {
-                        source: Box::new(e),
-                        leftovers,
-                    })
-                }
+                Err(e.after_cleanup(leftovers))
             }
         }
     }
@@ -1108,16 +1101,7 @@ impl Backend for EcsBackend {
                 leftovers.push(format!("secret {arn} ({e})"));
             }
         }
-        if leftovers.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Api {
-                backend: NAME,
-                operation: format!("stop launch {launch}"),
-                status: None,
-                detail: format!("these could not be deleted: {}", leftovers.join(", ")),
-            })
-        }
+        Error::stop_all_result(NAME, launch, leftovers)
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {

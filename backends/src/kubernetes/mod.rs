@@ -445,14 +445,7 @@ impl Backend for KubernetesBackend {
             Ok(workers) => Ok(Launched { id, workers }),
             Err(err) => {
                 let leftovers = self.delete_objects(&name, created).await;
-                if leftovers.is_empty() {
-                    Err(err)
-                } else {
-                    Err(Error::CleanupFailed {
-                        source: Box::new(err),
-                        leftovers,
-                    })
-                }
+                Err(err.after_cleanup(leftovers))
             }
         }
     }
@@ -488,16 +481,7 @@ impl Backend for KubernetesBackend {
             service: true,
         };
         let leftovers = self.delete_objects(&name, all).await;
-        if leftovers.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Api {
-                backend: NAME,
-                operation: format!("stop launch {launch}"),
-                status: None,
-                detail: format!("could not delete {}", leftovers.join(", ")),
-            })
-        }
+        Error::stop_all_result(NAME, launch, leftovers)
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
