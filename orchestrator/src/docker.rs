@@ -456,3 +456,133 @@ fn machine_memory_gib() -> f64 {
         })
         .unwrap_or(8.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use physalia_backends::{Launched, WorkerStatus};
+
+    use super::*;
+
+    /// A platform in memory: the test sets each rank's state; calls are counted.
+    #[derive(Default)]
+    struct Fake {
+        workers: Mutex<Vec<WorkerStatus>>,
+        list_fails: Mutex<bool>,
+        stopped_all: Mutex<u32>,
+    }
+
+    struct FakeBackend(Arc<Fake>);
+
+    #[async_trait::async_trait]
+    impl Backend for FakeBackend {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        async fn launch(&self, spec: &WorkerSpec, n: usize) -> physalia_backends::Result<Launched> {
+            let workers: Vec<WorkerStatus> = (0..n)
+                .map(|rank| WorkerStatus {
+                    rank,
+                    name: format!("w{rank}"),
+                    state: WorkerState::Running,
+                    ip: None,
+                    dns_name: None,
+                    detail: None,
+                })
+                .collect();
+            *self.0.workers.lock().unwrap() = workers.clone();
+            Ok(Launched {
+                id: LaunchId::new(&spec.job_id, spec.segment),
+                workers,
+            })
+        }
+        async fn list(&self, _: &LaunchId) -> physalia_backends::Result<Vec<WorkerStatus>> {
+            if *self.0.list_fails.lock().unwrap() {
+                return Err(physalia_backends::Error::Config {
+                    backend: "fake",
+                    detail: "unreachable".into(),
+                });
+            }
+            Ok(self.0.workers.lock().unwrap().clone())
+        }
+        async fn stop(&self, _: &LaunchId, _: usize) -> physalia_backends::Result<()> {
+            Ok(())
+        }
+        async fn stop_all(&self, _: &LaunchId) -> physalia_backends::Result<()> {
+            *self.0.stopped_all.lock().unwrap() += 1;
+            Ok(())
+        }
+        async fn logs(&self, _: &LaunchId, rank: usize) -> physalia_backends::Result<String> {
+            Ok(format!("output of rank {rank}\n"))
+        }
+    }
+
+    fn spec() -> WorkerSpec {
+        WorkerSpec {
+            job_id: "j".into(),
+            segment: 0,
+            image: "img".into(),
+            command: vec![],
+            cpu: 1.0,
+            memory_gib: 1.0,
+            gpu: None,
+            env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            network: NetworkSpec {
+                coordinator_addr: "127.0.0.1:1".into(),
+                mesh_port: 7000,
+            },
+        }
+    }
+
+    #[test]
+    fn exits_are_reported_once_with_their_logs_and_nothing_outlives_the_launch() {
+        let fake = Arc::new(Fake::default());
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<PathBuf> = (0..3)
+            .map(|r| dir.path().join(format!("w{r}.log")))
+            .collect();
+        let mut w = BackendWorkers::launch(
+            Box::new(FakeBackend(fake.clone())),
+            &spec(),
+            3,
+            logs.clone(),
+        )
+        .unwrap();
+        let poll = |w: &mut BackendWorkers| {
+            w.last_poll = Instant::now() - Duration::from_secs(1);
+            w.poll_exits()
+        };
+        assert!(poll(&mut w).is_empty());
+        {
+            let mut ws = fake.workers.lock().unwrap();
+            ws[1].state = WorkerState::Failed;
+            ws[1].detail = Some("container exited with signal 9".into());
+            ws.remove(2); // rank 2 vanished from the platform
+        }
+        // the platform not answering is not a loss
+        *fake.list_fails.lock().unwrap() = true;
+        assert!(poll(&mut w).is_empty());
+        *fake.list_fails.lock().unwrap() = false;
+        let exits = poll(&mut w);
+        assert_eq!(
+            exits,
+            [
+                (1, "container exited with signal 9".to_string(), true),
+                (2, "worker disappeared".to_string(), true),
+            ]
+        );
+        assert_eq!(
+            std::fs::read_to_string(&logs[1]).unwrap(),
+            "output of rank 1\n"
+        );
+        assert!(poll(&mut w).is_empty(), "each exit once");
+        assert!(!w.all_exited());
+        fake.workers.lock().unwrap()[0].state = WorkerState::Succeeded;
+        assert_eq!(poll(&mut w), [(0, "worker stopped".to_string(), false)]);
+        assert!(w.all_exited());
+        drop(w);
+        assert_eq!(*fake.stopped_all.lock().unwrap(), 1, "removed on drop");
+    }
+}
