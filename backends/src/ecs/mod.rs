@@ -907,7 +907,8 @@ impl Backend for EcsBackend {
             .map(|r| task::secret_bundle(spec, r))
             .collect::<Result<Vec<_>>>()?;
         if self.cfg.capacity.is_fargate() {
-            task::fargate_size(spec.cpu, spec.memory_gib)?;
+            // as register_input sizes it: the worker plus the unpacker's share
+            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?;
         }
         let launch = LaunchId::new(&spec.job_id, spec.segment);
         // Stopped tasks of an earlier, failed launch stay listed for about an hour; only live ones clash.
