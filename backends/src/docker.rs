@@ -482,14 +482,11 @@ impl Backend for DockerBackend {
 
     async fn stop(&self, launch: &LaunchId, rank: usize) -> Result<()> {
         let name = container_name(launch, rank);
-        match self.docker(&["kill".into(), name.clone()], None).await {
+        match self.docker(&["kill".into(), name], None).await {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("is not running") => Ok(()),
-            Err(e) if e.to_string().contains("No such container") => Err(Error::NoSuchWorker {
-                backend: NAME,
-                launch: launch.to_string(),
-                rank,
-            }),
+            // already removed: gone is stopped
+            Err(e) if e.to_string().contains("No such container") => Ok(()),
             Err(e) => Err(e),
         }
     }

@@ -985,13 +985,7 @@ impl Backend for EcsBackend {
             .iter()
             .filter(|t| tag(t, TAG_RANK) == Some(rank.to_string().as_str()))
             .collect();
-        if mine.is_empty() {
-            return Err(Error::NoSuchWorker {
-                backend: NAME,
-                launch: launch.to_string(),
-                rank,
-            });
-        }
+        // no task at all: it is gone (ECS forgets stopped tasks after about an hour), which is stopped
         for t in mine {
             if t.desired_status() != Some("STOPPED")
                 && let Some(arn) = t.task_arn()
