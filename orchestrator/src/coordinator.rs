@@ -99,8 +99,8 @@ pub struct Coordinator {
     workers: Vec<Worker>,
     /// Reports of epochs not yet complete, by epoch then rank.
     pending: std::collections::BTreeMap<usize, Vec<Option<EpochMetrics>>>,
-    /// (priority, message): lower is a more direct cause.
-    evidence: Vec<(u8, String)>,
+    /// (priority, message, the rank whose exit without a signal it reports): lower is a more direct cause.
+    evidence: Vec<(u8, String, Option<usize>)>,
     failing_since: Option<Instant>,
 }
 
@@ -153,7 +153,13 @@ impl Coordinator {
     }
 
     fn suspect(&mut self, now: Instant, priority: u8, message: String) {
-        self.evidence.push((priority, message));
+        self.suspect_exit(now, priority, message, None);
+    }
+
+    /// `exited`: the rank whose exit (not by a signal) is the evidence. A worker sends its summary and then
+    /// exits; the exit can be seen before the summary arrives, so that summary withdraws the evidence.
+    fn suspect_exit(&mut self, now: Instant, priority: u8, message: String, exited: Option<usize>) {
+        self.evidence.push((priority, message, exited));
         self.failing_since.get_or_insert(now);
     }
 
@@ -215,6 +221,11 @@ impl Coordinator {
             } if rank < self.world => {
                 self.workers[rank].last_heard = Some(now);
                 self.workers[rank].done = Some((summary, peak_rss_bytes));
+                // its exit, seen before this summary arrived, was the end of a finished worker
+                self.evidence.retain(|(_, _, exited)| *exited != Some(rank));
+                if self.evidence.is_empty() {
+                    self.failing_since = None;
+                }
             }
             Event::Failed { rank, error } if rank < self.world => {
                 let msg = format!("{} failed {}: {error}", self.who(rank), self.when(rank));
@@ -245,7 +256,8 @@ impl Coordinator {
                     } else {
                         1
                     };
-                    self.suspect(now, priority, msg);
+                    let exited = (!by_signal).then_some(rank);
+                    self.suspect_exit(now, priority, msg, exited);
                 }
             }
             Event::Tick => {}
@@ -294,13 +306,13 @@ impl Coordinator {
         }
         if let Some(since) = self.failing_since {
             if now.duration_since(since) >= FAILURE_GRACE
-                || self.evidence.iter().any(|(p, _)| *p == 4)
+                || self.evidence.iter().any(|(p, _, _)| *p == 4)
             {
-                let (_, error) = self
+                let error = self
                     .evidence
                     .iter()
-                    .min_by_key(|(p, _)| *p)
-                    .cloned()
+                    .min_by_key(|(p, _, _)| *p)
+                    .map(|(_, e, _)| e.clone())
                     .expect("failing implies evidence");
                 self.stage = Stage::Over;
                 out.push(Action::Fail { error });
@@ -468,6 +480,61 @@ mod tests {
             }]
         );
         assert!(c.is_over());
+    }
+
+    #[test]
+    fn an_exit_seen_before_the_summary_is_no_failure() {
+        // the worker sends its summary, then exits; the exit is noticed first
+        let t0 = Instant::now();
+        let mut c = started(2, t0);
+        let exited = |c: &mut Coordinator, rank, how: &str, by_signal, t| {
+            c.handle(
+                Event::Exited {
+                    rank,
+                    how: how.into(),
+                    by_signal,
+                },
+                t,
+            )
+        };
+        let done = |c: &mut Coordinator, rank, t| {
+            c.handle(
+                Event::Done {
+                    rank,
+                    summary: summary(),
+                    peak_rss_bytes: None,
+                },
+                t,
+            )
+        };
+        assert!(exited(&mut c, 0, "exited with code 0", false, t0).is_empty());
+        let t1 = t0 + Duration::from_millis(5);
+        assert!(done(&mut c, 0, t1).is_empty());
+        assert!(c.handle(Event::Tick, t1 + FAILURE_GRACE).is_empty());
+        assert!(matches!(
+            &done(&mut c, 1, t1 + FAILURE_GRACE)[..],
+            [Action::Finished { .. }]
+        ));
+
+        // a summary withdraws only its own worker's exit: a peer killed meanwhile is still the cause
+        let mut c = started(2, t0);
+        exited(&mut c, 0, "exited with code 0", false, t0);
+        exited(&mut c, 1, "exited with signal 9", true, t0);
+        assert!(done(&mut c, 0, t1).is_empty());
+        assert_eq!(
+            c.handle(Event::Tick, t0 + FAILURE_GRACE),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) exited with signal 9 during epoch 1".into()
+            }]
+        );
+
+        // no summary within the grace window: the exit is the failure
+        let mut c = started(2, t0);
+        exited(&mut c, 0, "exited with code 0", false, t0);
+        assert!(matches!(
+            &c.handle(Event::Tick, t0 + FAILURE_GRACE)[..],
+            [Action::Fail { error }] if error.contains("worker 0") && error.contains("code 0")
+        ));
     }
 
     #[test]
