@@ -9,7 +9,9 @@
 //! worker fails, its peers usually fail soon after (they lose it mid-exchange), so the first failure opens
 //! a short grace window ([`FAILURE_GRACE`]) in which further evidence is collected; then the most direct
 //! cause is reported, in this order: a worker killed by a signal, a worker that exited or vanished without
-//! saying why, a worker that reported an error, a worker that went silent.
+//! saying why, a worker that reported an error, a worker that went silent. A worker sends its summary and
+//! then exits, and the exit may be noticed first: a summary arriving within the window withdraws its own
+//! worker's exit (not a signal) from the evidence.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
