@@ -852,24 +852,19 @@ impl EcsBackend {
     async fn launch_tasks(&self, launch: &LaunchId) -> Result<Vec<ecs::Task>> {
         let mut arns = Vec::new();
         for desired in [ecs::DesiredStatus::Running, ecs::DesiredStatus::Stopped] {
-            let mut token = None;
-            loop {
-                let page = self
-                    .ecs
-                    .list_tasks()
-                    .cluster(&self.cfg.cluster)
-                    .started_by(launch.base_name())
-                    .desired_status(desired.clone())
-                    .set_next_token(token)
-                    .send()
-                    .await
-                    .map_err(|e| self.sdk_error("list tasks", e))?;
-                arns.extend(page.task_arns().iter().cloned());
-                token = page.next_token().map(str::to_string);
-                if token.is_none() {
-                    break;
-                }
-            }
+            let page = self
+                .ecs
+                .list_tasks()
+                .cluster(&self.cfg.cluster)
+                .started_by(launch.base_name())
+                .desired_status(desired)
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| self.sdk_error("list tasks", e))?;
+            arns.extend(page);
         }
         arns.sort();
         arns.dedup();
@@ -1008,89 +1003,63 @@ impl Backend for EcsBackend {
         }
         // task definitions: every revision of every rank's family
         let prefix = task::family_prefix(launch);
-        let mut families = Vec::new();
-        let mut token = None;
-        loop {
-            let page = self
-                .ecs
-                .list_task_definition_families()
-                .family_prefix(&prefix)
-                .status(ecs::TaskDefinitionFamilyStatus::All)
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| self.sdk_error("list task definition families", e))?;
-            families.extend(
-                page.families()
-                    .iter()
-                    .filter(|f| {
-                        f.strip_prefix(&prefix)
-                            .is_some_and(|r| r.parse::<usize>().is_ok())
-                    })
-                    .cloned(),
-            );
-            token = page.next_token().map(str::to_string);
-            if token.is_none() {
-                break;
-            }
-        }
+        let families = self
+            .ecs
+            .list_task_definition_families()
+            .family_prefix(&prefix)
+            .status(ecs::TaskDefinitionFamilyStatus::All)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| self.sdk_error("list task definition families", e))?;
         let mut definitions = Vec::new();
-        for family in families {
+        for family in families.iter().filter(|f| {
+            f.strip_prefix(&prefix)
+                .is_some_and(|r| r.parse::<usize>().is_ok())
+        }) {
             for status in [
                 ecs::TaskDefinitionStatus::Active,
                 ecs::TaskDefinitionStatus::Inactive,
             ] {
-                let mut token = None;
-                loop {
-                    let page = self
-                        .ecs
-                        .list_task_definitions()
-                        .family_prefix(&family)
-                        .status(status.clone())
-                        .set_next_token(token)
-                        .send()
-                        .await
-                        .map_err(|e| self.sdk_error("list task definitions", e))?;
-                    definitions.extend(page.task_definition_arns().iter().cloned());
-                    token = page.next_token().map(str::to_string);
-                    if token.is_none() {
-                        break;
-                    }
-                }
+                let arns = self
+                    .ecs
+                    .list_task_definitions()
+                    .family_prefix(family)
+                    .status(status)
+                    .into_paginator()
+                    .items()
+                    .send()
+                    .try_collect()
+                    .await
+                    .map_err(|e| self.sdk_error("list task definitions", e))?;
+                definitions.extend(arns);
             }
         }
         leftovers.extend(self.delete_task_definitions(&definitions).await);
         // secrets: every one named under the launch's prefix
-        let mut token = None;
-        let mut secrets = Vec::new();
-        loop {
-            let page = self
-                .secrets
-                .list_secrets()
-                .filters(
-                    aws_sdk_secretsmanager::types::Filter::builder()
-                        .key(aws_sdk_secretsmanager::types::FilterNameStringType::Name)
-                        .values(task::secret_prefix(launch))
-                        .build(),
-                )
-                .set_next_token(token)
-                .send()
-                .await
-                .map_err(|e| self.sdk_error("list secrets", e))?;
-            secrets.extend(
-                page.secret_list()
-                    .iter()
-                    .filter(|s| {
-                        s.name()
-                            .is_some_and(|n| n.starts_with(&task::secret_prefix(launch)))
-                    })
-                    .filter_map(|s| s.arn().map(str::to_string)),
-            );
-            token = page.next_token().map(str::to_string);
-            if token.is_none() {
-                break;
-            }
-        }
+        let secret_prefix = task::secret_prefix(launch);
+        let listed = self
+            .secrets
+            .list_secrets()
+            .filters(
+                aws_sdk_secretsmanager::types::Filter::builder()
+                    .key(aws_sdk_secretsmanager::types::FilterNameStringType::Name)
+                    .values(&secret_prefix)
+                    .build(),
+            )
+            .into_paginator()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| self.sdk_error("list secrets", e))?;
+        // the name filter ignores case (and may match more than a prefix): keep exactly the launch's own
+        let secrets = listed
+            .iter()
+            .flat_map(|page| page.secret_list())
+            .filter(|s| s.name().is_some_and(|n| n.starts_with(&secret_prefix)))
+            .filter_map(|s| s.arn().map(str::to_string));
         for arn in secrets {
             if let Err(e) = self.delete_secret(&arn).await {
                 leftovers.push(format!("secret {arn} ({e})"));
