@@ -194,7 +194,7 @@ struct AsWritten {
 
 impl AsWritten {
     fn render(&self) -> String {
-        use physalia_planner::render::{bytes, secs, usd};
+        use physalia_planner::render::{bytes, epoch_terms, secs, usd};
         let (c, p, t, m) = (
             &self.candidate,
             &self.prediction,
@@ -219,13 +219,8 @@ impl AsWritten {
             usd(p.usd_total)
         );
         out.push_str(&format!(
-            "epoch: compute {}, sampling {}, exchange {}, all-reduce {}, evaluation {}, overhead {}; {} steps\n",
-            secs(t.compute_s),
-            secs(t.sample_s),
-            secs(t.exchange_s),
-            secs(t.allreduce_s),
-            secs(t.eval_s),
-            secs(t.overhead_s),
+            "epoch: {}; {} steps\n",
+            epoch_terms(t),
             p.steps_per_epoch
         ));
         out.push_str(&format!(

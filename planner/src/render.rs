@@ -23,6 +23,20 @@ pub fn bytes(b: f64) -> String {
     }
 }
 
+/// `compute 1.2 s, sampling 0 s, exchange 310 ms, all-reduce 12 ms, evaluation 90 ms, overhead 5 ms`: an
+/// epoch's predicted terms, as plans and their reasons print them.
+pub fn epoch_terms(t: &crate::cost::TimeBreakdown) -> String {
+    format!(
+        "compute {}, sampling {}, exchange {}, all-reduce {}, evaluation {}, overhead {}",
+        secs(t.compute_s),
+        secs(t.sample_s),
+        secs(t.exchange_s),
+        secs(t.allreduce_s),
+        secs(t.eval_s),
+        secs(t.overhead_s),
+    )
+}
+
 /// `850 ms`, `2.81 s`, `14.2 min`, `3.10 h`, `2.5 d`.
 pub fn secs(s: f64) -> String {
     if s <= 0.0 {

@@ -20,7 +20,7 @@ use crate::cost::{
 };
 use crate::error::PlanError;
 use crate::input::{ExchangeOptions, Mode, ModelKind, Objective, PlanRequest, RowDtype};
-use crate::render::{bytes, secs, usd};
+use crate::render::{bytes, epoch_terms, secs, usd};
 
 /// A candidate with its prediction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -589,14 +589,8 @@ fn explain(
     out.push(mem);
     let (dom, dom_s) = dominant(p);
     out.push(format!(
-        "epoch: compute {}, sampling {}, exchange {}, all-reduce {}, evaluation {}, overhead {}; \
-         {dom} dominates ({:.0}% of the epoch){}",
-        secs(t.compute_s),
-        secs(t.sample_s),
-        secs(t.exchange_s),
-        secs(t.allreduce_s),
-        secs(t.eval_s),
-        secs(t.overhead_s),
+        "epoch: {}; {dom} dominates ({:.0}% of the epoch){}",
+        epoch_terms(t),
         100.0 * dom_s / t.epoch_s.max(f64::MIN_POSITIVE),
         if t.sample_s > 0.0 && sku.is_gpu() {
             "; sampling runs on loader threads beside the GPU"
