@@ -17,6 +17,8 @@ one. Run it on a quiet machine: every worker process shares the same cores.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
+from jobs import job_yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BIN = os.environ.get("PHYSALIA_BIN", os.path.join(ROOT, "target", "release", "physalia"))
 
@@ -33,28 +35,7 @@ def last_json(text):
 
 
 def job_text(a, graph, mode, workers, out_dir, goal=False):
-    text = f"""name: grounding-{mode}-{workers}
-dataset:
-  path: {graph}
-model:
-  kind: {a.kind}
-  layers: 2
-  hidden: {a.hidden}
-  dropout: 0.5
-  input_dropout: 0.0
-train:
-  epochs: {a.epochs}
-  lr: 0.01
-  weight_decay: 0.0005
-  seed: 0
-  eval_every: 1
-workers: {workers}
-parallelism: {mode}
-output:
-  dir: {out_dir}/jobs
-"""
-    if mode != "partition":
-        text += f"minibatch:\n  fanouts: [{a.fanouts}]\n  batch_size: {a.batch}\n"
+    text = job_yaml(f"grounding-{mode}-{workers}", graph, a, mode, workers, out_dir)
     if goal:
         text += f"goal:\n  objective: min_time\n  backends: [local]\n  max_workers: {max(a.workers)}\n"
     return text

@@ -10,6 +10,8 @@ cache hit rate. Usage:
 """
 import argparse, json, os, subprocess, sys, statistics, tempfile
 
+from jobs import job_yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "physalia")
 
@@ -49,28 +51,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             job = os.path.join(tmp, "job.yaml")
             with open(job, "w") as f:
-                f.write(f"""name: modes-{mode}
-dataset:
-  path: {graph}
-model:
-  kind: {a.kind}
-  layers: 2
-  hidden: {a.hidden}
-  dropout: 0.5
-  input_dropout: 0.0
-train:
-  epochs: {a.epochs}
-  lr: 0.01
-  weight_decay: 0.0005
-  seed: {seed}
-  eval_every: {1 if a.target else a.epochs}
-workers: {a.workers}
-parallelism: {mode}
-output:
-  dir: {tmp}/jobs
-""")
-                if mode != "partition":
-                    f.write(f"minibatch:\n  fanouts: [{a.fanouts}]\n  batch_size: {a.batch}\n  cache_rows: {a.cache_rows}\n")
+                f.write(job_yaml(f"modes-{mode}", graph, a, mode, a.workers, tmp, seed=seed,
+                                 eval_every=1 if a.target else a.epochs, cache_rows=a.cache_rows))
             s = json.loads(run(["submit", job, "--output", "json", "--quiet"], ROOT))
             hit = None
             jd = s["job_dir"] if os.path.isabs(s["job_dir"]) else os.path.join(ROOT, s["job_dir"])
