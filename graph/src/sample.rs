@@ -16,7 +16,15 @@
 //! Determinism: a batch is a function of (graph, fanouts, seeds, key) alone. Each (hop, node) pair draws
 //! from its own counter-based stream derived from the key, and a batch is sampled on one thread, so neither
 //! the number of loader threads nor their timing can change a batch. [`with_prefetch`] derives each batch's
-//! key from its index ([`batch_key`]) and hands results over in batch order.
+//! key from its index ([`batch_key`]) and hands results over in batch order; [`with_prefetch_keyed`] takes
+//! the keys from the caller.
+//!
+//! Splitting a batch: the in-neighbours a node draws at hop `h` are a pure function of (key, `h`, node):
+//! not of the other seeds, the order in which the hop's frontier lists the node, or the dedup table. So
+//! sampling seeds `S` with key `k` as one batch or as any split `S = S1 + S2` (each part with the same `k`)
+//! gives every seed the same computation graph: each node reached from a seed within `h` hops has the same
+//! sampled row in every part that reaches it. Only the local numbering differs. Data parallelism and P3
+//! rely on this to split a global batch over workers without changing what is learned.
 //!
 //! Performance: the work is dominated by random reads (a node's `indptr` entry, its neighbour list, and one
 //! dedup-table entry per sampled edge), so the hot path is flat arrays and nothing else: deduplication uses
@@ -498,6 +506,31 @@ pub fn with_prefetch<T, R>(
 where
     T: Send,
 {
+    with_prefetch_keyed(
+        sampler,
+        batches,
+        |b| batch_key(key_base, b),
+        threads,
+        depth,
+        prepare,
+        consume,
+    )
+}
+
+/// [`with_prefetch`] with batch `b` sampled with key `key(b)`: several batches may share a key, e.g. the
+/// parts of one global batch split over workers (see the module doc on splitting a batch).
+pub fn with_prefetch_keyed<T, R>(
+    sampler: &Sampler<'_>,
+    batches: &[Vec<u32>],
+    key: impl Fn(usize) -> u64 + Sync,
+    threads: usize,
+    depth: usize,
+    prepare: impl Fn(usize, MiniBatch) -> T + Sync,
+    consume: impl FnOnce(&mut dyn Iterator<Item = T>) -> R,
+) -> R
+where
+    T: Send,
+{
     let depth = depth.max(1);
     let threads = threads.max(1).min(batches.len().max(1));
     let queue = Queue {
@@ -512,12 +545,12 @@ where
     };
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            let (queue, prepare) = (&queue, &prepare);
+            let (queue, prepare, key) = (&queue, &prepare, &key);
             scope.spawn(move || {
                 let mut scratch = Scratch::new(sampler.num_nodes());
                 while let Some(b) = queue.claim(batches.len(), depth) {
                     let result = panic::catch_unwind(AssertUnwindSafe(|| {
-                        let mb = sampler.sample(&batches[b], batch_key(key_base, b), &mut scratch);
+                        let mb = sampler.sample(&batches[b], key(b), &mut scratch);
                         prepare(b, mb)
                     }));
                     let failed = result.is_err();

@@ -1,12 +1,15 @@
 //! Neighbour sampler and prefetching loader: exact neighbourhoods against a plain BFS reference, the
-//! properties of sampled rows, the layout invariants the engine relies on, uniformity of the draws, and
-//! determinism independent of the loader's thread count.
+//! properties of sampled rows, the layout invariants the engine relies on, uniformity of the draws,
+//! determinism independent of the loader's thread count, and that splitting a batch changes no seed's
+//! sampled neighbourhood.
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
-use physalia_graph::sample::{MiniBatch, Sampler, Scratch, batch_key, with_prefetch};
+use physalia_graph::sample::{
+    MiniBatch, Sampler, Scratch, batch_key, with_prefetch, with_prefetch_keyed,
+};
 use physalia_graph::synth::{rmat, sbm};
 use physalia_graph::{Csr, OwnedDataset, RmatParams, SbmParams};
 
@@ -287,6 +290,88 @@ fn same_key_same_batch_other_key_other_batch() {
     assert_ne!(a, sampler.sample(&s, 43, &mut used));
 }
 
+/// Per hop (seeds' hop first), every destination's sampled in-neighbours as global ids, sorted.
+fn rows_by_hop(mb: &MiniBatch) -> Vec<std::collections::BTreeMap<u32, Vec<u32>>> {
+    mb.blocks
+        .iter()
+        .rev()
+        .map(|b| {
+            (0..b.n_dst)
+                .map(|i| {
+                    let row = &b.indices[b.indptr[i] as usize..b.indptr[i + 1] as usize];
+                    let mut g: Vec<u32> = row.iter().map(|&x| mb.nodes[x as usize]).collect();
+                    g.sort_unstable();
+                    (mb.nodes[i], g)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A node's draw at a hop depends only on (key, hop, node): sampling seeds as one batch or split into
+/// parts (any split, same key) gives every node each part reaches the same sampled row, and the parts
+/// together reach exactly what the whole batch reaches. Data parallelism and P3 split a step's global
+/// batch over workers on this.
+#[test]
+fn splitting_a_batch_gives_every_seed_the_same_neighbourhood() {
+    let sbm = sbm_graph(4000, 8);
+    let rmat = rmat_graph();
+    let cases: [(&OwnedDataset, Vec<Option<u32>>); 3] = [
+        (&sbm, vec![Some(5), Some(3)]),
+        (&sbm, vec![Some(2), None, Some(4)]),
+        // hubs take the hashed path
+        (&rmat, vec![Some(40), Some(3)]),
+    ];
+    for (ds, fanouts) in cases {
+        let csr = ds.csr();
+        let sampler = Sampler::new(csr.indptr, csr.indices, &fanouts).unwrap();
+        let mut scratch = Scratch::new(csr.num_nodes());
+        for key in [3u64, 77] {
+            let s = seeds(csr.num_nodes(), 240, key);
+            let mb = sampler.sample(&s, key, &mut scratch);
+            assert!(
+                check_batch(csr, &fanouts, &s, &mb) > 0,
+                "the test exercises subsampling"
+            );
+            let whole = rows_by_hop(&mb);
+            // two halves, an uneven split, and one seed at a time for a few seeds
+            let splits: Vec<Vec<&[u32]>> = vec![
+                vec![&s[..120], &s[120..]],
+                vec![&s[..7], &s[7..200], &s[200..]],
+                s[..5].chunks(1).collect(),
+            ];
+            for parts in splits {
+                let mut reached = vec![std::collections::BTreeSet::new(); fanouts.len()];
+                for part in &parts {
+                    // a scratch that sampled the whole batch (and others) gives the same rows
+                    let mb = sampler.sample(part, key, &mut scratch);
+                    check_batch(csr, &fanouts, part, &mb);
+                    for (hop, rows) in rows_by_hop(&mb).into_iter().enumerate() {
+                        for (v, row) in rows {
+                            assert_eq!(
+                                whole[hop].get(&v),
+                                Some(&row),
+                                "fan-outs {fanouts:?} key {key} hop {hop}: node {v} drew other in-neighbours \
+                                 in a part of {} seeds",
+                                part.len()
+                            );
+                            reached[hop].insert(v);
+                        }
+                    }
+                }
+                if parts.iter().map(|p| p.len()).sum::<usize>() == s.len() {
+                    for (hop, r) in reached.iter().enumerate() {
+                        assert!(
+                            r.iter().eq(whole[hop].keys()),
+                            "hop {hop}: the parts reach other nodes than the whole batch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn sampler_rejects_bad_fanouts_and_graphs() {
     let indptr = [0i64, 1, 1];
@@ -437,4 +522,52 @@ fn loader_reraises_a_prepare_panic_in_order() {
         .unwrap_or("");
     assert!(msg.contains("prepare failed on batch 4"), "{msg}");
     assert_eq!(*seen.lock().unwrap(), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn keyed_loader_samples_each_batch_with_its_own_key() {
+    let ds = sbm_graph(3000, 9);
+    let csr = ds.csr();
+    let sampler = Sampler::new(csr.indptr, csr.indices, &[Some(4), Some(2)]).unwrap();
+    let bs = batches(csr.num_nodes(), 9, 40);
+    // three batches per key, as three workers' parts of one global batch
+    let key = |b: usize| batch_key(5, b / 3);
+    let mut scratch = Scratch::new(csr.num_nodes());
+    let expect: Vec<MiniBatch> = bs
+        .iter()
+        .enumerate()
+        .map(|(b, s)| sampler.sample(s, key(b), &mut scratch))
+        .collect();
+    for threads in [1, 3] {
+        let got = with_prefetch_keyed(
+            &sampler,
+            &bs,
+            key,
+            threads,
+            2,
+            |_, mb| mb,
+            |it| it.collect::<Vec<_>>(),
+        );
+        assert!(got == expect, "threads {threads}");
+    }
+    // with_prefetch is the keyed loader with batch_key(key_base, b)
+    let plain = with_prefetch(
+        &sampler,
+        &bs,
+        5,
+        2,
+        2,
+        |_, mb| mb,
+        |it| it.collect::<Vec<_>>(),
+    );
+    let keyed = with_prefetch_keyed(
+        &sampler,
+        &bs,
+        |b| batch_key(5, b),
+        2,
+        2,
+        |_, mb| mb,
+        |it| it.collect::<Vec<_>>(),
+    );
+    assert!(plain == keyed);
 }
