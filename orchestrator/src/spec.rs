@@ -354,7 +354,8 @@ pub struct MiniBatchSpec {
     /// In-neighbours sampled per node and hop, one per layer, the seeds' hop first (PyG order); -1 takes
     /// every neighbour.
     pub fanouts: Vec<i64>,
-    /// Seeds per worker per step.
+    /// Seeds per step over all workers (the global batch): each worker trains its share of every step's
+    /// batch, so the number of workers does not change what is learned.
     pub batch_size: u32,
     /// Feature rows of other workers' nodes each worker caches, chosen by pre-sampling (data parallelism).
     pub cache_rows: u64,

@@ -1,21 +1,34 @@
 //! Data parallelism: mini-batch training with sampled neighbourhoods, gradients all-reduced every step.
 //!
+//! `batch_size` is the global batch, so what is learned does not depend on the number of workers (which
+//! the planner and the scaling policies change on the user's behalf). Each epoch puts all training seeds in
+//! one order keyed by (seed, epoch) alone ([`epoch_order`]), the same on every worker and for every worker
+//! count; step `s` trains on the `s`-th `batch_size` seeds of it; every worker runs
+//! `ceil(n_train / batch_size)` steps; and each step's loss is a mean over its global batch, so the
+//! all-reduced gradient is that of the global batch. Every worker samples its part of a step with the
+//! step's key ([`step_key`], a function of (seed, epoch, step) only) and a node's draw at a hop is a pure
+//! function of (key, hop, node) (see [`physalia_graph::sample`] on splitting a batch), so a seed's sampled
+//! neighbourhood is the same whichever worker trains it and whichever seeds share its part; dropout masks
+//! are keyed by global node id and the step. One worker or many therefore compute the same steps, up to
+//! float rounding.
+//!
 //! Every worker holds the whole graph's structure (to sample) but only the feature rows of the nodes it owns
-//! (its METIS part), and trains on the training seeds it owns: sampled neighbourhoods then mostly stay in the
-//! part (PaGraph's and DistDGL's locality). Rows of input nodes that peers own come from a cache of hot
-//! remote rows, chosen before training by pre-sampling (PaGraph / GNNLab), or are fetched from their owners
-//! over the mesh ([`physalia_wire::fetch_rows`]) in one lockstep round per step.
+//! (its METIS part), and trains the seeds of each step's global batch that it owns (with replicas of the
+//! partitioning, split further by [`crate::owner_replica`]): sampled neighbourhoods then mostly stay in the
+//! part (PaGraph's and DistDGL's locality). A worker with none of a step's seeds contributes zero gradients
+//! to that step's all-reduce. Rows of input nodes that peers own come from a cache of hot remote rows,
+//! chosen before training by pre-sampling this worker's own seeds (PaGraph / GNNLab), or are fetched from
+//! their owners over the mesh ([`physalia_wire::fetch_rows`]) in one lockstep round per step.
 //!
 //! Batches are sampled, turned into the engine's blocks and gathered from local and cached rows on a pool of
 //! loader threads while the trainer computes earlier ones (SALIENT's pipeline); only the fetch of uncached
-//! remote rows and the all-reduce are on the trainer's thread. Every worker runs the same number of steps
-//! per epoch (a worker out of seeds contributes zero gradients), and each step's loss is a mean over the
-//! global batch, so the all-reduced gradient is that of the global batch.
+//! remote rows and the all-reduce are on the trainer's thread.
 //!
 //! Evaluation is layer-wise full-graph inference: the partition-parallel forward pass with halo exchange,
 //! exact, not sampled.
 //!
-//! P3 model parallelism ([`train_p3`]) reuses the sampler: features are split by column instead of by node.
+//! P3 model parallelism ([`train_p3`]) reuses the sampler and the same steps: features are split by column
+//! instead of by node, and each step's global batch is split into one contiguous part per worker.
 
 use std::time::Instant;
 
@@ -25,7 +38,7 @@ use physalia_gnn::{
     Adam, BatchStats, EpochMetrics, Exchange, ExchangeError, LayerKind, LocalExchange, LocalGraph,
     Matrix, Model, ModelConfig, NodeSets, Pass, TrainConfig, TrainSummary,
 };
-use physalia_graph::sample::{MiniBatch, Sampler, batch_key, with_prefetch};
+use physalia_graph::sample::{MiniBatch, Sampler, batch_key, with_prefetch_keyed};
 use physalia_wire::{Dtype, Link, Phase, Tag, fetch_rows};
 
 use crate::Error;
@@ -36,7 +49,8 @@ use crate::exchange::MeshExchange;
 pub struct MiniBatchOptions {
     /// Per hop, PyG order: `fanouts[0]` for the seeds. `None` takes every neighbour.
     pub fanouts: Vec<Option<u32>>,
-    /// Seeds per worker per step.
+    /// Seeds per step over all workers (the global batch; each worker trains its share of it), so what is
+    /// learned does not depend on the worker count.
     pub batch_size: usize,
     /// Remote feature rows each worker caches (0: none).
     pub cache_rows: usize,
@@ -87,7 +101,8 @@ pub struct Shard<'a> {
     /// This rank's feature rows (`owned x in_dim`) and their labels.
     pub features: &'a Matrix,
     pub labels: &'a [i64],
-    /// Every rank's training seeds (global ids): each rank trains on its own, all ranks need the counts.
+    /// Every rank's training seeds (global ids, disjoint): each rank trains its own, and every rank orders
+    /// all of them into the epoch's global batches.
     pub train_by_rank: &'a [Vec<u32>],
     /// With replicas of the partitioning: the rank of this replica group's part 0 (owners are parts, peers
     /// are `rank_base + owner`); 0 otherwise.
@@ -159,12 +174,49 @@ impl<L: Link + ?Sized> Mesh for MeshExchange<'_, L> {
     }
 }
 
-/// The dropout and sampling key of step `step` of `epoch`: step 0 uses the epoch itself, so a single
-/// full batch draws the same masks as full-graph training.
+/// The dropout key of step `step` of `epoch` (the same on every worker; masks are keyed by global node id
+/// under it): step 0 uses the epoch itself, so a single full batch draws the same masks as full-graph
+/// training.
 pub fn step_pass(epoch: usize, step: usize) -> Pass {
     Pass::Train {
         epoch: epoch as u64 + ((step as u64) << 32),
     }
+}
+
+/// The training seeds in ascending order, checked to be distinct nodes of a graph of `num_nodes` nodes.
+fn training_seeds(seeds: &[u32], num_nodes: usize) -> Result<Vec<u32>, Error> {
+    let mut all = seeds.to_vec();
+    all.sort_unstable();
+    if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::Config(format!(
+            "training node {} is listed twice",
+            w[0]
+        )));
+    }
+    if let Some(&v) = all.last().filter(|&&v| v as usize >= num_nodes) {
+        return Err(Error::Config(format!(
+            "training node {v} is not a node of the graph (0..{num_nodes})"
+        )));
+    }
+    if all.is_empty() {
+        return Err(Error::Config("the training split is empty".into()));
+    }
+    Ok(all)
+}
+
+/// Every training seed (`train`, ascending) in the order epoch `epoch` trains them: step `s`'s global batch
+/// is `order[s * batch_size..][..batch_size]`. A function of (`train`, `seed`, `epoch`) alone, so the same on
+/// every worker and for every worker count; data parallelism and P3 share it.
+pub fn epoch_order(train: &[u32], seed: u64, epoch: usize) -> Vec<u32> {
+    let mut order = train.to_vec();
+    shuffle(&mut order, Stream::new(seed, &[0x5EED, epoch as u64]));
+    order
+}
+
+/// The sampling key of step `step` of `epoch`: every worker samples its part of the step's global batch with
+/// it, so each seed gets the neighbourhood it would get in the whole batch on one worker.
+pub fn step_key(seed: u64, epoch: usize, step: usize) -> u64 {
+    batch_key(Stream::new(seed, &[0x5A3F, epoch as u64]).at(0), step)
 }
 
 /// A batch ready for the trainer: blocks, input rows (remote rows not in the cache still missing), labels.
@@ -230,56 +282,45 @@ pub fn train_minibatch(
     let sampler = Sampler::new(shard.indptr, shard.indices, &opts.fanouts)
         .map_err(|e| config(e.to_string()))?;
     let d = cfg.in_dim;
+    let num_nodes = shard.owner.len();
+    let all = training_seeds(&shard.train_by_rank.concat(), num_nodes)?;
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;
-    let n_train: usize = shard.train_by_rank.iter().map(Vec::len).sum();
-    if n_train == 0 {
-        return Err(config("the training split is empty".into()));
-    }
-    let steps = shard
-        .train_by_rank
-        .iter()
-        .map(|t| t.len().div_ceil(opts.batch_size))
-        .max()
-        .unwrap_or(0);
+    let n_train = all.len();
+    let steps = n_train.div_ceil(opts.batch_size);
     // seeds in step s over all ranks: the loss of each step is a mean over them
     let global_batch: Vec<f64> = (0..steps)
-        .map(|s| {
-            shard
-                .train_by_rank
-                .iter()
-                .map(|t| {
-                    t.len()
-                        .saturating_sub(s * opts.batch_size)
-                        .min(opts.batch_size) as f64
-                })
-                .sum()
-        })
+        .map(|s| (n_train - s * opts.batch_size).min(opts.batch_size) as f64)
         .collect();
+    let mut mine = vec![false; num_nodes];
+    for &v in &shard.train_by_rank[rank] {
+        mine[v as usize] = true;
+    }
 
     let mut model = Model::new(cfg, seed)?;
     let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
     let mut summary = TrainSummary::new(tc.epochs);
     let mut since_best = 0usize;
-    let mine = &shard.train_by_rank[rank];
     for epoch in 1..=tc.epochs {
         let t0 = Instant::now();
-        let mut seeds = mine.clone();
-        shuffle(
-            &mut seeds,
-            Stream::new(seed, &[0x5EED, epoch as u64, rank as u64]),
-        );
-        let mut batches: Vec<Vec<u32>> =
-            seeds.chunks(opts.batch_size).map(<[u32]>::to_vec).collect();
-        batches.resize(steps, Vec::new());
+        // this rank's share of every step's global batch, in the global order
+        let batches: Vec<Vec<u32>> = epoch_order(&all, seed, epoch)
+            .chunks(opts.batch_size)
+            .map(|global| {
+                global
+                    .iter()
+                    .copied()
+                    .filter(|&v| mine[v as usize])
+                    .collect()
+            })
+            .collect();
         let mut stats = BatchStats::default();
         let mut loss_sum = 0f64;
         let part = rank - shard.rank_base;
         let prepare = |_: usize, mb: MiniBatch| prepare(cfg.kind, shard, cache.as_ref(), part, mb);
-        let key = Stream::new(seed, &[0x5A3F, epoch as u64, rank as u64]).at(0);
-        let result: Result<(), Error> = with_prefetch(
+        let result: Result<(), Error> = with_prefetch_keyed(
             &sampler,
             &batches,
-            key,
+            |step| step_key(seed, epoch, step),
             opts.loader_threads,
             opts.prefetch,
             prepare,
@@ -517,8 +558,8 @@ fn fill_missing(
     Ok(())
 }
 
-/// Pre-samples `presample_batches` batches of this rank's seeds, ranks remote input rows by how often they
-/// were read, and fetches the `cache_rows` most read (ties to the lower node id). Every rank takes part in
+/// Pre-samples `presample_batches` batches of `batch_size` of this rank's own seeds (per rank: this only
+/// chooses what to cache, never what is trained), ranks remote input rows by how often they were read, and fetches the `cache_rows` most read (ties to the lower node id). Every rank takes part in
 /// the fetch, also with an empty cache.
 fn build_cache(
     mesh: &mut dyn Mesh,
@@ -746,8 +787,8 @@ fn no_part(rank: usize, world: usize) -> physalia_graph::partition::Part {
     }
 }
 
-/// A batch of a P3 step: every worker prepares every batch of the step (only block 0 and its input columns
-/// for batches other workers own).
+/// A worker's part of a P3 step: every worker prepares every part of the step (only block 0 and its input
+/// columns for parts other workers own).
 struct P3Batch {
     blocks: Vec<LocalGraph>,
     x: Matrix,
@@ -755,9 +796,10 @@ struct P3Batch {
     edges: usize,
 }
 
-/// P3 model parallelism with mini-batches: input features split by column over the workers. In each step
-/// every worker owns one batch of seeds; every worker samples every batch of the step (sampling is a pure
-/// function of the seeds and the key, so no structure travels), computes the first layer's partial product
+/// P3 model parallelism with mini-batches: input features split by column over the workers. Steps are those
+/// of data parallelism ([`epoch_order`], [`step_key`]); each step's global batch of `batch_size` seeds is
+/// split into one contiguous part per worker, which owns it. Every worker samples every part of the step
+/// (sampling is a pure function of the seeds and the key, so no structure travels), computes the first layer's partial product
 /// of its columns for every batch and sends each to the batch's owner, which sums them in rank order and
 /// runs the remaining layers; the first layer's output gradient goes back to every worker, which forms the
 /// gradient of its rows of the first layer's weights. The remaining layers' gradients are all-reduced.
@@ -801,10 +843,8 @@ pub fn train_p3<L: Link + ?Sized>(
     let sampler = Sampler::new(shard.indptr, shard.indices, &opts.fanouts)
         .map_err(|e| config(e.to_string()))?;
     let sets = shard.sets;
-    let n_train = sets.train.len();
-    if n_train == 0 {
-        return Err(config("the training split is empty".into()));
-    }
+    let all = training_seeds(&sets.train, shard.indptr.len() - 1)?;
+    let n_train = all.len();
     let empty = no_part(rank, world);
     let mut mesh = MeshExchange::new(link, &empty, crate::ExchangeOptions::default());
     let mut model = Model::new(cfg, seed)?;
@@ -812,27 +852,21 @@ pub fn train_p3<L: Link + ?Sized>(
     let first = model.first_layer_weights();
     let col0 = shard.cols.start;
     let whole = LocalGraph::whole(cfg.kind, shard.indptr, shard.indices);
-    let per_step = world * opts.batch_size;
-    let steps = n_train.div_ceil(per_step);
+    let steps = n_train.div_ceil(opts.batch_size);
     let mut summary = TrainSummary::new(tc.epochs);
     let mut since_best = 0usize;
     for epoch in 1..=tc.epochs {
         let t0 = Instant::now();
-        let mut seeds = sets.train.clone();
-        shuffle(&mut seeds, Stream::new(seed, &[0x93, epoch as u64]));
-        // batch s * world + w is rank w's batch in step s
+        // batch s * world + w is rank w's part of step s's global batch: contiguous, sizes within one
         let mut batches: Vec<Vec<u32>> = Vec::with_capacity(steps * world);
-        for s in 0..steps {
-            let step = &seeds[(s * per_step).min(n_train)..((s + 1) * per_step).min(n_train)];
+        for global in epoch_order(&all, seed, epoch).chunks(opts.batch_size) {
+            let len = global.len();
             for w in 0..world {
-                let lo = (w * opts.batch_size).min(step.len());
-                let hi = ((w + 1) * opts.batch_size).min(step.len());
-                batches.push(step[lo..hi].to_vec());
+                batches.push(global[w * len / world..(w + 1) * len / world].to_vec());
             }
         }
         let mut stats = BatchStats::default();
         let mut loss_sum = 0f64;
-        let key = Stream::new(seed, &[0x93A, epoch as u64]).at(0);
         let prep = |b: usize, mb: MiniBatch| {
             let mut blocks = engine_blocks(cfg.kind, &mb, shard.indptr);
             if b % world != rank {
@@ -850,10 +884,10 @@ pub fn train_p3<L: Link + ?Sized>(
                 edges: mb.num_edges(),
             }
         };
-        let result: Result<(), Error> = with_prefetch(
+        let result: Result<(), Error> = with_prefetch_keyed(
             &sampler,
             &batches,
-            key,
+            |b| step_key(seed, epoch, b / world),
             opts.loader_threads,
             opts.prefetch,
             prep,
