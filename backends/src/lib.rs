@@ -11,20 +11,22 @@
 //!   (a GPU capacity provider) for GPU workers.
 //! - [`aci`]: Azure Container Instances through the ARM REST API, one container group per worker, CPU only
 //!   (ACI retired its GPU SKUs in July 2025).
+//! - [`local`]: worker processes on this machine, each in its own process group, its secrets as files in
+//!   a private folder, its output in the job's `logs/`.
 //!
-//! Local worker processes live in the orchestrator (`orchestrator/src/local.rs`), which also builds the
-//! docker backend's image and network (`orchestrator/src/docker.rs`). See `README.md` for where the coordinator runs on each platform and how each
-//! backend is tested without a cloud.
+//! The orchestrator builds the docker backend's image and network (`orchestrator/src/docker.rs`). See
+//! `README.md` for where the coordinator runs on each platform and how each backend is tested without a
+//! cloud.
 //!
 //! Architecture Invariant: a launch either returns with every worker started or fails with nothing of it
 //! left running. Every backend deletes what a failed launch created before it returns the error (and says
 //! so with [`Error::CleanupFailed`] when the platform refuses even that).
 //!
 //! Architecture Invariant: secret bytes travel only inside the platform's secret object (a Kubernetes
-//! Secret, an ACI secret volume, a Secrets Manager secret) and reach the worker as files; never in the
-//! worker's environment, an argument, an error message or a log line. (ECS injects secrets only as
-//! environment values, so on ecs a short-lived init container receives the rank's bundle that way and
-//! writes it out as files before the worker starts.)
+//! Secret, an ACI secret volume, a Secrets Manager secret, a private folder for local processes) and reach
+//! the worker as files; never in the worker's environment, an argument, an error message or a log line.
+//! (ECS injects secrets only as environment values, so on ecs a short-lived init container receives the
+//! rank's bundle that way and writes it out as files before the worker starts.)
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -34,6 +36,7 @@ pub mod docker;
 pub mod ecs;
 mod error;
 pub mod kubernetes;
+pub mod local;
 mod names;
 mod spec;
 
