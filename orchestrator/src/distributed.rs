@@ -2,11 +2,12 @@
 //!
 //! Design (local backend): this process is the coordinator. It partitions the dataset
 //! (`ensure_partitions`; a raw folder or a generated graph is first written into the job directory as
-//! `dataset.safetensors`), creates the job CA, writes one identity per worker under `secrets/`, binds its
-//! control endpoint on `127.0.0.1:0` ([`ControlServer`]: QUIC, mutual TLS against the job CA, a certificate
-//! named `coordinator`) and starts N `physalia-worker` processes ([`crate::local`]). The coordinator is not
-//! a rank of the mesh: the workers' collectives run over exactly the N workers, so a separate star of
-//! control connections is the simplest design that keeps the mesh untouched.
+//! `dataset.safetensors`), creates the job CA and one identity per worker, binds its control endpoint on
+//! `127.0.0.1:0` ([`ControlServer`]: QUIC, mutual TLS against the job CA, a certificate named
+//! `coordinator`) and starts N `physalia-worker` processes through the local backend, which writes each
+//! identity under `secrets/` ([`crate::workers`]). The coordinator is not a rank of the mesh: the workers'
+//! collectives run over exactly the N workers, so a separate star of control connections is the simplest
+//! design that keeps the mesh untouched.
 //!
 //! Protocol: a worker binds its mesh endpoint (`127.0.0.1:0`), connects to the coordinator and sends
 //! `Register {rank, pid, mesh_addr}`; once all N have registered the coordinator sends each an
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
-use physalia_wire::{Dtype, JobCa, worker_name};
+use physalia_wire::{Dtype, JobCa};
 use physalia_worker::ExchangeOptions;
 use physalia_worker::control::{
     Assignment, COORDINATOR_NAME, ControlServer, Outbox, ServerEvent, ToCoordinator, ToWorker,
@@ -38,9 +39,9 @@ use crate::coordinator::{Action, Coordinator, Event};
 use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Next, Stop, epoch_usd};
 use crate::jobdir::JobDir;
-use crate::local::{LocalWorkers, WorkerLaunch, worker_binary, write_identity};
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::submit::{self, RunResult};
+use crate::workers::{BackendWorkers, identities, local_launch, worker_binary};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -383,46 +384,14 @@ struct Launch {
     index: usize,
     n: usize,
     server: ControlServer,
-    workers: Workers,
+    /// Local processes or containers, through the backend's trait either way.
+    workers: BackendWorkers,
     started: Instant,
 }
 
-/// Workers as local processes or as containers.
-enum Workers {
-    Local(LocalWorkers),
-    /// Any `physalia_backends::Backend` (docker today).
-    Backend(Box<crate::docker::BackendWorkers>),
-}
-
-impl Workers {
-    fn pids(&self) -> Vec<Option<u32>> {
-        match self {
-            Workers::Local(w) => w.pids(),
-            Workers::Backend(w) => w.pids(),
-        }
-    }
-    fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
-        match self {
-            Workers::Local(w) => w.poll_exits(),
-            Workers::Backend(w) => w.poll_exits(),
-        }
-    }
-    fn all_exited(&self) -> bool {
-        match self {
-            Workers::Local(w) => w.all_exited(),
-            Workers::Backend(w) => w.all_exited(),
-        }
-    }
-    fn kill_all(&mut self) {
-        match self {
-            Workers::Local(w) => w.kill_all(),
-            Workers::Backend(w) => w.kill_all(),
-        }
-    }
-}
-
 impl Launch {
-    /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the processes.
+    /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the workers on the
+    /// job's backend from one `WorkerSpec`.
     #[allow(clippy::too_many_arguments)]
     fn start(
         spec: &JobSpec,
@@ -441,20 +410,8 @@ impl Launch {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| name.into());
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
-        // every launch has its own CA and keys: launch 0 in secrets/, later ones in secrets/launch-<i>/
-        let secrets = match index {
-            0 => dir.join("secrets"),
-            i => dir.join("secrets").join(format!("launch-{i}")),
-        };
-        for rank in 0..n {
-            let d = secrets.join(worker_name(rank));
-            if d.exists() {
-                // left by an earlier run of this job directory (a resumed job)
-                std::fs::remove_dir_all(&d)
-                    .with_context(|| format!("removing the stale {}", d.display()))?;
-            }
-            write_identity(&d, &ca.identity(&worker_name(rank))?)?;
-        }
+        // every launch has its own CA and keys, handed to the backend as the spec's secrets
+        let secrets = identities(&ca, n)?;
         // containers reach this machine at their network's gateway; local processes over loopback
         let network = match spec.backend {
             BackendKind::Docker => Some(crate::docker::Network::create(&job_id)?),
@@ -480,17 +437,20 @@ impl Launch {
             .threads
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
-        let workers = match &network {
-            None => Workers::Local(LocalWorkers::spawn(&WorkerLaunch {
-                binary,
-                job_id: &job_id,
-                coordinator: server.local_addr(),
-                world: n,
-                secrets_root: &secrets,
-                logs: &dir.join("logs"),
-                threads,
-                segment: index,
-            })?),
+        let (backend, worker_spec, logs, poll_every) = match &network {
+            None => {
+                let (backend, worker_spec) = local_launch(
+                    binary,
+                    &job_id,
+                    index,
+                    server.local_addr(),
+                    threads,
+                    secrets,
+                    dir,
+                );
+                // the backend writes each rank's output into logs/ itself, and asking it is cheap
+                (backend, worker_spec, None, Duration::ZERO)
+            }
             Some(net) => {
                 let image = crate::docker::ensure_image(binary, false)?;
                 let uid = crate::docker::worker_uid();
@@ -507,8 +467,7 @@ impl Launch {
                     index,
                     net,
                     server.local_addr(),
-                    n,
-                    &secrets,
+                    secrets,
                     threads,
                     // the job directory, and the dataset's folder unless it is inside it (a generated or
                     // imported dataset is written there)
@@ -520,21 +479,12 @@ impl Launch {
                     uid,
                 )?;
                 let logs = (0..n)
-                    .map(|rank| {
-                        logs_dir.join(match index {
-                            0 => format!("worker-{rank}.log"),
-                            i => format!("worker-{rank}.seg{i}.log"),
-                        })
-                    })
+                    .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
                     .collect();
-                Workers::Backend(Box::new(crate::docker::BackendWorkers::launch(
-                    backend,
-                    &worker_spec,
-                    n,
-                    logs,
-                )?))
+                (backend, worker_spec, Some(logs), Duration::from_millis(500))
             }
         };
+        let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;
         Ok(Launch {
             index,
             n,

@@ -10,7 +10,8 @@
 //!   mesh on port 7000 of its own container address and advertises it.
 //! * Containers: launched, listed, stopped and read through `physalia_backends::docker::DockerBackend`, the
 //!   `Backend` trait every platform implements, from a `WorkerSpec` (DESIGN invariant 6); this module makes
-//!   the image and the network, and [`BackendWorkers`] gives the coordinator a blocking view of any backend.
+//!   the image and the network, and `crate::workers::BackendWorkers` gives the coordinator a blocking view
+//!   of it, as of every backend.
 //! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
 //!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
 //!   the image.
@@ -18,17 +19,13 @@
 //!   assignment names the same files inside and outside.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use physalia_backends::docker::{BindMount, DockerBackend, DockerConfig};
-use physalia_backends::{
-    Backend, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec, WorkerState,
-};
+use physalia_backends::{Backend, SecretValue, WorkerSpec};
 
 /// The worker's user inside the image (non-root).
 pub const WORKER_UID: u32 = 65532;
@@ -276,116 +273,8 @@ pub fn hand_over(dirs: &[&Path], uid: u32) -> Result<()> {
     Ok(())
 }
 
-/// The workers of one launch on a [`physalia_backends::Backend`]: the coordinator's blocking view of the
-/// async trait (its own current-thread runtime), polling `list` for exits and keeping each worker's output
-/// in the job's `logs/`.
-pub struct BackendWorkers {
-    rt: tokio::runtime::Runtime,
-    backend: Box<dyn Backend>,
-    launch: LaunchId,
-    logs: Vec<PathBuf>,
-    exited: Vec<bool>,
-    last_poll: Instant,
-}
-
-impl BackendWorkers {
-    /// Starts `n` workers from `spec`; `logs[rank]` is where rank's output is kept.
-    pub fn launch(
-        backend: Box<dyn Backend>,
-        spec: &WorkerSpec,
-        n: usize,
-        logs: Vec<PathBuf>,
-    ) -> Result<BackendWorkers> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the backend's runtime")?;
-        let launched = rt
-            .block_on(backend.launch(spec, n))
-            .with_context(|| format!("launching {n} workers on {}", backend.name()))?;
-        Ok(BackendWorkers {
-            rt,
-            backend,
-            launch: launched.id,
-            logs,
-            exited: vec![false; n],
-            last_poll: Instant::now(),
-        })
-    }
-
-    /// Containers have no process id here: every rank reports `None`.
-    pub fn pids(&self) -> Vec<Option<u32>> {
-        vec![None; self.exited.len()]
-    }
-
-    /// Workers that stopped since the last call: `(rank, how, by_signal)`; asked at most twice a second.
-    pub fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
-        if self.last_poll.elapsed() < Duration::from_millis(500) {
-            return Vec::new();
-        }
-        self.last_poll = Instant::now();
-        let Ok(listed) = self.rt.block_on(self.backend.list(&self.launch)) else {
-            // the platform did not answer: ask again next time rather than declare workers lost
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for rank in 0..self.exited.len() {
-            if self.exited[rank] {
-                continue;
-            }
-            let how = match listed.iter().find(|w| w.rank == rank) {
-                None => Some(("worker disappeared".to_string(), true)),
-                Some(w) if matches!(w.state, WorkerState::Failed | WorkerState::Succeeded) => {
-                    let how = w.detail.clone().unwrap_or_else(|| "worker stopped".into());
-                    let by_signal = how.contains("signal") || how.contains("killed");
-                    Some((how, by_signal))
-                }
-                Some(_) => None,
-            };
-            if let Some((how, by_signal)) = how {
-                self.save_logs(rank);
-                self.exited[rank] = true;
-                out.push((rank, how, by_signal));
-            }
-        }
-        out
-    }
-
-    pub fn all_exited(&self) -> bool {
-        self.exited.iter().all(|&e| e)
-    }
-
-    fn save_logs(&self, rank: usize) {
-        if let Ok(text) = self.rt.block_on(self.backend.logs(&self.launch, rank))
-            && let Ok(mut f) = std::fs::File::create(&self.logs[rank])
-        {
-            let _ = f.write_all(text.as_bytes());
-        }
-    }
-
-    /// Stops and removes every worker of the launch, keeping the output of those still running.
-    pub fn kill_all(&mut self) {
-        for rank in 0..self.exited.len() {
-            if !self.exited[rank] {
-                self.save_logs(rank);
-                self.exited[rank] = true;
-            }
-        }
-        if let Err(e) = self.rt.block_on(self.backend.stop_all(&self.launch)) {
-            eprintln!("warning: {e:#}");
-        }
-    }
-}
-
-impl Drop for BackendWorkers {
-    /// Nothing of a launch outlives it: its stopped containers are removed too.
-    fn drop(&mut self) {
-        self.kill_all();
-    }
-}
-
-/// The spec and backend of a docker launch: containers of `image` on `network`, secrets from
-/// `secrets_root/<worker>/`, `mounts` at their own paths.
+/// The spec and backend of a docker launch: containers of `image` on `network`, the launch's `secrets`
+/// copied into each, `mounts` at their own paths.
 #[allow(clippy::too_many_arguments)]
 pub fn docker_launch(
     image: &str,
@@ -393,44 +282,21 @@ pub fn docker_launch(
     segment: usize,
     network: &Network,
     coordinator: SocketAddr,
-    world: usize,
-    secrets_root: &Path,
+    secrets: BTreeMap<String, SecretValue>,
     threads: usize,
     mounts: Vec<(PathBuf, bool)>,
     uid: u32,
 ) -> Result<(Box<dyn Backend>, WorkerSpec)> {
-    let read = |rank: usize, file: &str| -> Result<SecretBytes> {
-        let path = secrets_root
-            .join(physalia_wire::worker_name(rank))
-            .join(file);
-        Ok(SecretBytes::new(
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
-        ))
-    };
-    let mut secrets = BTreeMap::new();
-    secrets.insert("ca.pem".to_string(), SecretValue::Same(read(0, "ca.pem")?));
-    for file in ["cert.pem", "key.pem"] {
-        let per_rank = (0..world)
-            .map(|r| read(r, file))
-            .collect::<Result<Vec<_>>>()?;
-        secrets.insert(file.to_string(), SecretValue::PerRank(per_rank));
-    }
-    let spec = WorkerSpec {
-        job_id: job_id.to_string(),
-        segment: segment as u32,
-        image: image.to_string(),
-        command: Vec::new(),
-        cpu: threads as f64,
-        // no limit beyond the machine's: the planner's memory estimate is not a hard bound
-        memory_gib: machine_memory_gib(),
-        gpu: None,
-        env: BTreeMap::from([("RAYON_NUM_THREADS".to_string(), threads.to_string())]),
+    let spec = crate::workers::worker_spec(
+        job_id,
+        segment,
+        image.to_string(),
+        Vec::new(),
+        coordinator,
+        threads,
         secrets,
-        network: NetworkSpec {
-            coordinator_addr: coordinator.to_string(),
-            mesh_port: MESH_PORT,
-        },
-    };
+        MESH_PORT,
+    );
     let mut cfg = DockerConfig::new(network.name.clone());
     cfg.user = Some((uid, uid));
     cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
@@ -443,146 +309,4 @@ pub fn docker_launch(
         })
         .collect();
     Ok((Box::new(DockerBackend::new(cfg)?), spec))
-}
-
-/// This machine's memory, GiB (8 if it cannot be read).
-fn machine_memory_gib() -> f64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib / (1024.0 * 1024.0))
-        })
-        .unwrap_or(8.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use physalia_backends::{Launched, WorkerStatus};
-
-    use super::*;
-
-    /// A platform in memory: the test sets each rank's state; calls are counted.
-    #[derive(Default)]
-    struct Fake {
-        workers: Mutex<Vec<WorkerStatus>>,
-        list_fails: Mutex<bool>,
-        stopped_all: Mutex<u32>,
-    }
-
-    struct FakeBackend(Arc<Fake>);
-
-    #[async_trait::async_trait]
-    impl Backend for FakeBackend {
-        fn name(&self) -> &'static str {
-            "fake"
-        }
-        async fn launch(&self, spec: &WorkerSpec, n: usize) -> physalia_backends::Result<Launched> {
-            let workers: Vec<WorkerStatus> = (0..n)
-                .map(|rank| WorkerStatus {
-                    rank,
-                    name: format!("w{rank}"),
-                    state: WorkerState::Running,
-                    ip: None,
-                    dns_name: None,
-                    detail: None,
-                })
-                .collect();
-            *self.0.workers.lock().unwrap() = workers.clone();
-            Ok(Launched {
-                id: LaunchId::new(&spec.job_id, spec.segment),
-                workers,
-            })
-        }
-        async fn list(&self, _: &LaunchId) -> physalia_backends::Result<Vec<WorkerStatus>> {
-            if *self.0.list_fails.lock().unwrap() {
-                return Err(physalia_backends::Error::Config {
-                    backend: "fake",
-                    detail: "unreachable".into(),
-                });
-            }
-            Ok(self.0.workers.lock().unwrap().clone())
-        }
-        async fn stop(&self, _: &LaunchId, _: usize) -> physalia_backends::Result<()> {
-            Ok(())
-        }
-        async fn stop_all(&self, _: &LaunchId) -> physalia_backends::Result<()> {
-            *self.0.stopped_all.lock().unwrap() += 1;
-            Ok(())
-        }
-        async fn logs(&self, _: &LaunchId, rank: usize) -> physalia_backends::Result<String> {
-            Ok(format!("output of rank {rank}\n"))
-        }
-    }
-
-    fn spec() -> WorkerSpec {
-        WorkerSpec {
-            job_id: "j".into(),
-            segment: 0,
-            image: "img".into(),
-            command: vec![],
-            cpu: 1.0,
-            memory_gib: 1.0,
-            gpu: None,
-            env: BTreeMap::new(),
-            secrets: BTreeMap::new(),
-            network: NetworkSpec {
-                coordinator_addr: "127.0.0.1:1".into(),
-                mesh_port: 7000,
-            },
-        }
-    }
-
-    #[test]
-    fn exits_are_reported_once_with_their_logs_and_nothing_outlives_the_launch() {
-        let fake = Arc::new(Fake::default());
-        let dir = tempfile::tempdir().unwrap();
-        let logs: Vec<PathBuf> = (0..3)
-            .map(|r| dir.path().join(format!("w{r}.log")))
-            .collect();
-        let mut w = BackendWorkers::launch(
-            Box::new(FakeBackend(fake.clone())),
-            &spec(),
-            3,
-            logs.clone(),
-        )
-        .unwrap();
-        let poll = |w: &mut BackendWorkers| {
-            w.last_poll = Instant::now() - Duration::from_secs(1);
-            w.poll_exits()
-        };
-        assert!(poll(&mut w).is_empty());
-        {
-            let mut ws = fake.workers.lock().unwrap();
-            ws[1].state = WorkerState::Failed;
-            ws[1].detail = Some("container exited with signal 9".into());
-            ws.remove(2); // rank 2 vanished from the platform
-        }
-        // the platform not answering is not a loss
-        *fake.list_fails.lock().unwrap() = true;
-        assert!(poll(&mut w).is_empty());
-        *fake.list_fails.lock().unwrap() = false;
-        let exits = poll(&mut w);
-        assert_eq!(
-            exits,
-            [
-                (1, "container exited with signal 9".to_string(), true),
-                (2, "worker disappeared".to_string(), true),
-            ]
-        );
-        assert_eq!(
-            std::fs::read_to_string(&logs[1]).unwrap(),
-            "output of rank 1\n"
-        );
-        assert!(poll(&mut w).is_empty(), "each exit once");
-        assert!(!w.all_exited());
-        fake.workers.lock().unwrap()[0].state = WorkerState::Succeeded;
-        assert_eq!(poll(&mut w), [(0, "worker stopped".to_string(), false)]);
-        assert!(w.all_exited());
-        drop(w);
-        assert_eq!(*fake.stopped_all.lock().unwrap(), 1, "removed on drop");
-    }
 }

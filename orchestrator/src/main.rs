@@ -18,11 +18,11 @@ mod distributed;
 mod docker;
 mod elastic;
 mod jobdir;
-mod local;
 mod plan;
 mod report;
 mod spec;
 mod submit;
+mod workers;
 
 #[derive(Parser)]
 #[command(
@@ -123,7 +123,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Calibrate(a) => calibrate::run(&a),
         Command::Report(a) => report::run(&a),
         Command::Image(ImageCommand::Build) => {
-            let tag = docker::ensure_image(&local::worker_binary()?, false)?;
+            let tag = docker::ensure_image(&workers::worker_binary()?, false)?;
             println!("{tag}");
             Ok(())
         }
