@@ -13,33 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Address of the coordinator's control endpoint (`host:port`); the worker dials it.
-pub const ENV_COORDINATOR: &str = "PHYSALIA_COORDINATOR_ADDR";
-/// The worker's rank, `0..world`.
-pub const ENV_RANK: &str = "PHYSALIA_RANK";
-/// The number of workers in this launch.
-pub const ENV_WORLD: &str = "PHYSALIA_WORLD";
-/// The job's id (the coordinator's, not a platform name).
-pub const ENV_JOB_ID: &str = "PHYSALIA_JOB_ID";
-/// The folder holding the worker's secret files (`ca.pem`, `cert.pem`, `key.pem`).
-pub const ENV_SECRETS_DIR: &str = "PHYSALIA_SECRETS_DIR";
-/// The port the worker's mesh endpoint listens on (UDP, QUIC), on every interface.
-pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
-/// The IP address peers reach this worker at, where the platform can tell it before the process starts
-/// (kubernetes: the pod IP). Where it is absent the worker advertises the local address of its route to
-/// the coordinator.
-pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
-
-/// The variables a backend sets itself; a [`WorkerSpec::env`] naming one of them is refused.
-pub const RESERVED_ENV: [&str; 7] = [
-    ENV_COORDINATOR,
-    ENV_RANK,
-    ENV_WORLD,
-    ENV_JOB_ID,
-    ENV_SECRETS_DIR,
-    ENV_MESH_PORT,
-    ENV_ADVERTISE_IP,
-];
+// The worker's environment contract lives once, with the worker and the coordinator.
+pub use physalia_control::env::{
+    ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT, ENV_RANK, ENV_SECRETS_DIR,
+    ENV_WORLD, RESERVED_ENV,
+};
 
 /// Where the secret files are mounted inside a worker container (kubernetes, aci).
 pub const CONTAINER_SECRETS_DIR: &str = "/var/run/physalia/secrets";

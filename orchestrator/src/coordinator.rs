@@ -70,8 +70,10 @@ pub enum Action {
         summaries: Vec<TrainSummary>,
         peak_rss_bytes: Vec<Option<u64>>,
     },
-    /// The job failed: stop and kill every worker, report this.
-    Fail { error: String },
+    /// The launch failed: stop and kill every worker, report this. `lost`: the cause is a worker that
+    /// died, vanished or went silent (worth retrying from the last checkpoint), not an error a worker
+    /// reported about its own work (bad data, a bad setting: retrying would fail the same way).
+    Fail { error: String, lost: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,14 +312,18 @@ impl Coordinator {
             if now.duration_since(since) >= FAILURE_GRACE
                 || self.evidence.iter().any(|(p, _, _)| *p == 4)
             {
-                let error = self
+                let (priority, error) = self
                     .evidence
                     .iter()
                     .min_by_key(|(p, _, _)| *p)
-                    .map(|(_, e, _)| e.clone())
+                    .map(|(p, e, _)| (*p, e.clone()))
                     .expect("failing implies evidence");
                 self.stage = Stage::Over;
-                out.push(Action::Fail { error });
+                out.push(Action::Fail {
+                    error,
+                    // 2 and 3: the worker reported an error of its own
+                    lost: !matches!(priority, 2 | 3),
+                });
             }
             return out;
         }
@@ -478,7 +484,8 @@ mod tests {
         assert_eq!(
             a,
             vec![Action::Fail {
-                error: "worker 1 (pid 101) exited with signal 9 during epoch 2".into()
+                error: "worker 1 (pid 101) exited with signal 9 during epoch 2".into(),
+                lost: true,
             }]
         );
         assert!(c.is_over());
@@ -526,7 +533,8 @@ mod tests {
         assert_eq!(
             c.handle(Event::Tick, t0 + FAILURE_GRACE),
             vec![Action::Fail {
-                error: "worker 1 (pid 101) exited with signal 9 during epoch 1".into()
+                error: "worker 1 (pid 101) exited with signal 9 during epoch 1".into(),
+                lost: true,
             }]
         );
 
@@ -535,7 +543,7 @@ mod tests {
         exited(&mut c, 0, "exited with code 0", false, t0);
         assert!(matches!(
             &c.handle(Event::Tick, t0 + FAILURE_GRACE)[..],
-            [Action::Fail { error }] if error.contains("worker 0") && error.contains("code 0")
+            [Action::Fail { error, lost: true }] if error.contains("worker 0") && error.contains("code 0")
         ));
     }
 
@@ -554,7 +562,8 @@ mod tests {
         assert_eq!(
             a,
             vec![Action::Fail {
-                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1".into()
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1".into(),
+                lost: true,
             }]
         );
 
@@ -575,7 +584,37 @@ mod tests {
         assert_eq!(
             a,
             vec![Action::Fail {
-                error: "worker 1 did not register within 30 s".into()
+                error: "worker 1 did not register within 30 s".into(),
+                lost: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn an_error_a_worker_reports_is_not_a_lost_worker() {
+        // bad data or a bad setting fails the same way on every retry: the job fails at once
+        let t0 = Instant::now();
+        let mut c = started(2, t0);
+        c.handle(
+            Event::Failed {
+                rank: 1,
+                error: "features row 7 is NaN".into(),
+            },
+            t0,
+        );
+        c.handle(
+            Event::Exited {
+                rank: 1,
+                how: "exited with code 1".into(),
+                by_signal: false,
+            },
+            t0,
+        );
+        assert_eq!(
+            c.handle(Event::Tick, t0 + FAILURE_GRACE),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) failed during epoch 1: features row 7 is NaN".into(),
+                lost: false,
             }]
         );
     }

@@ -1,43 +1,45 @@
-//! `physalia submit` with `workers` above 1: the IO shell around the [`Coordinator`] state machine.
+//! `physalia submit` for every job the coordinator runs (several workers, a scaling policy, containers,
+//! `--resume`): the IO shell around the [`Job`] state machine (`job.rs`).
 //!
-//! Design (local backend): this process is the coordinator. It partitions the dataset
-//! (`ensure_partitions`; a raw folder or a generated graph is first written into the job directory as
-//! `dataset.safetensors`), creates the job CA and one identity per worker, binds its control endpoint on
-//! `127.0.0.1:0` ([`ControlServer`]: QUIC, mutual TLS against the job CA, a certificate named
-//! `coordinator`) and starts N `physalia-worker` processes through the local backend, which writes each
-//! identity under `secrets/` ([`crate::workers`]). The coordinator is not a rank of the mesh: the workers'
-//! collectives run over exactly the N workers, so a separate star of control connections is the simplest
-//! design that keeps the mesh untouched.
+//! This process is the coordinator. It loads the dataset (a raw folder or a generated graph is first written
+//! into the job directory as `dataset.safetensors`) and hands the [`Job`] to a [`Driver`], which carries out
+//! its actions: a launch partitions the dataset for its worker count (`ensure_partitions`, stored beside the
+//! dataset and reused), creates the launch's CA and identities, binds a control endpoint ([`ControlServer`]:
+//! QUIC, mutual TLS against the launch's CA, a certificate named `coordinator`) and starts the workers on
+//! the job's backend from one `WorkerSpec`; an assignment goes to every registered worker; a stopped launch
+//! is told to stop, killed and reaped; a recorded epoch is appended to `metrics.jsonl` and printed. The
+//! driver feeds back what the control servers and the backend say, and ticks the job's clock. The
+//! coordinator is not a rank of the mesh: the workers' collectives run over exactly the N workers.
 //!
-//! Protocol: a worker binds its mesh endpoint (`127.0.0.1:0`), connects to the coordinator and sends
+//! Protocol: a worker binds its mesh endpoint, connects to the coordinator and sends
 //! `Register {rank, pid, mesh_addr}`; once all N have registered the coordinator sends each an
-//! `Assign {peers, part file, model, train config, seed, exchange options, row_normalize}`; workers join the
-//! mesh, train, and send `Epoch {rank, metrics}` per epoch and `Done {rank, summary}` (rank 0 writes the
-//! model first) or `Failed {rank, error}`. On failure the coordinator sends `Stop` to everyone, SIGKILLs
-//! and reaps every worker, and reports one error naming the worker that failed first.
+//! `Assign {peers, part file, model, train config, seed, exchange options, checkpoint to resume from}`;
+//! workers join the mesh, train, and send `Epoch {rank, metrics}` per epoch (rank 0 writes the epoch's
+//! checkpoint first) and `Done {rank, summary}` or `Failed {rank, error}`. Prewarmed workers are told
+//! `Wait {for_s}` after every epoch until a relaunch adopts or discards them.
 //!
 //! Timeouts: `timeouts.register_s` (default 30 s) for all workers to register, `timeouts.epoch_s` (default
 //! 60 s) of silence from any worker during training (also the workers' bound on every wait for a peer),
-//! 10 s for workers to exit after finishing. Nothing waits without a bound.
+//! 10 s for finished workers to exit. Nothing waits without a bound.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
+use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_wire::{Dtype, JobCa};
-use physalia_worker::ExchangeOptions;
-use physalia_worker::control::{
-    Assignment, COORDINATOR_NAME, ControlServer, Outbox, ServerEvent, ToCoordinator, ToWorker,
-    TrainMode,
+use physalia_control::{
+    Artifact, Assignment, MetricsLine, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, Outbox,
+    ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
 };
 use serde_json::{Value, json};
 
 use crate::OutputFormat;
-use crate::coordinator::{Action, Coordinator, Event};
+use crate::coordinator::Event;
 use crate::dataset::{self, Source};
-use crate::elastic::{Elastic, Next, Stop, epoch_usd};
+use crate::elastic::{Elastic, Stop, epoch_usd};
+use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome};
 use crate::jobdir::JobDir;
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::submit::{self, RunResult};
@@ -50,7 +52,7 @@ pub struct ResumePoint {
     pub checkpoint: PathBuf,
     pub workers: usize,
     /// `metrics.jsonl`'s lines of epochs `1..=epoch`.
-    pub lines: Vec<Value>,
+    pub lines: Vec<MetricsLine>,
 }
 
 /// Finds where the job in `dir` can continue.
@@ -58,23 +60,22 @@ pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
     let metrics = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&metrics)
         .with_context(|| format!("{}: not a job directory", dir.display()))?;
-    let mut lines = Vec::new();
-    for (i, line) in text
-        .lines()
+    let mut lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
+        .map_err(anyhow::Error::msg)?;
+    if let Some(i) = lines
+        .iter()
         .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
+        .position(|(i, l)| l.run != 0 || l.metrics.epoch != i + 1)
     {
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a JSON metrics line", metrics.display(), i + 1))?;
-        if v["metrics"]["epoch"].as_u64() != Some(lines.len() as u64 + 1) {
-            bail!(
-                "{}:{}: expected epoch {}; the record is not one run's consecutive epochs",
-                metrics.display(),
-                i + 1,
-                lines.len() + 1
-            );
-        }
-        lines.push(v);
+        bail!(
+            "{}: line {} records run {} epoch {}, expected run 0 epoch {}; the record is not one \
+             run's consecutive epochs",
+            metrics.display(),
+            i + 1,
+            lines[i].run,
+            lines[i].metrics.epoch,
+            i + 1
+        );
     }
     let ck_dir = checkpoints_dir(&std::path::absolute(dir)?);
     let newest = std::fs::read_dir(&ck_dir)
@@ -99,11 +100,11 @@ pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
         );
     };
     lines.truncate(epoch);
-    let workers = lines[epoch - 1]["workers"].as_array().map_or(1, Vec::len);
+    let workers = lines[epoch - 1].worker_count();
     Ok(ResumePoint {
         dir: dir.to_path_buf(),
         epoch,
-        checkpoint: physalia_worker::control::checkpoint_path(&ck_dir, epoch),
+        checkpoint: checkpoint_path(&ck_dir, epoch),
         workers,
         lines,
     })
@@ -162,37 +163,31 @@ pub fn run(
         let load_s = t_load.elapsed().as_secs_f64();
         let dataset_path = std::path::absolute(&dataset_path)?;
         let job_abs = std::path::absolute(dir.path())?;
-        // a resumed job merges its epochs like an elastic one (without a policy: one that never fires)
-        let policy = match (&spec.scaling, &resume) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(_)) => Some(serde_json::from_value(json!({
-                "max_workers": n.max(1),
-                "rules": [],
-            }))?),
-            (None, None) => None,
+        // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
+        // retried and a resumed job merges its epochs all the same.
+        let policy = match &spec.scaling {
+            Some(p) => p.clone(),
+            None => serde_json::from_value(json!({ "max_workers": n.max(1), "rules": [] }))?,
         };
-        let mut elastic = policy.map(|policy| {
-            let x = spec.exchange.clone().unwrap_or_default();
-            Elastic::new(
-                policy,
-                spec.workers,
-                spec.train.epochs,
-                submit::price_per_worker_s(),
-            )
-            .with_exchange(x.boundary_sampling, x.staleness)
-        });
+        let x = spec.exchange.clone().unwrap_or_default();
+        let mut elastic = Elastic::new(
+            policy,
+            spec.workers,
+            spec.train.epochs,
+            submit::price_per_worker_s(),
+        )
+        .with_exchange(x.boundary_sampling, x.staleness)
+        .with_max_retries(spec.max_retries());
         let mut workers_now = n;
-        let mut resume_from: Option<PathBuf> = None;
+        let mut start_epoch = 0;
         // the policy's decision after the last recorded epoch: the coordinator may have died before it
         // acted on it, so it is made again and acted on first
-        let mut pending: Option<(usize, Stop)> = None;
-        if let (Some(rp), Some(el)) = (&resume, elastic.as_mut()) {
-            pending = el
-                .replay(&rp.lines, spec.train.epochs as usize)?
-                .map(|why| (rp.epoch, why));
+        let mut pending: Option<Stop> = None;
+        if let Some(rp) = &resume {
+            pending = elastic.replay(&rp.lines, spec.train.epochs as usize);
             workers_now = rp.workers;
-            resume_from = Some(rp.checkpoint.clone());
-            let line = el.event(
+            start_epoch = rp.epoch;
+            let line = elastic.event(
                 rp.epoch,
                 format!(
                     "resumed from {} on {workers_now} workers",
@@ -205,99 +200,56 @@ pub fn run(
             }
         }
         // a resumed job's launches continue the numbering of the ones before (their logs stay)
-        let mut segment = std::fs::read_dir(dir.path().join("logs"))
+        let first_launch = std::fs::read_dir(dir.path().join("logs"))
             .map(|d| {
                 d.filter_map(|e| e.ok())
                     .filter(|e| e.file_name().to_string_lossy().starts_with("worker-0."))
                     .count()
             })
             .unwrap_or(0);
-        let mut prewarmed: Option<Launch> = None;
-        let runs = loop {
-            if let (Some((after_epoch, why)), Some(el)) = (pending.take(), elastic.as_mut()) {
-                let (next, line) = el.after_stop(workers_now, after_epoch, why);
-                if let (Some(line), false) = (line, quiet) {
-                    eprintln!("{line}");
-                }
-                match next {
-                    Next::Relaunch { workers, .. } => workers_now = workers,
-                    Next::Finish => break finish_early(el, spec.train.seed),
-                    Next::Fail(error) => bail!(error),
-                }
-            }
-            // replica groups keep their k; otherwise the partitioning follows the worker count
-            let k = if matches!(spec.parallelism, ParallelismSpec::Groups(_)) {
-                k
-            } else {
-                workers_now
-            };
-            let sets =
-                physalia_graph::partition::ensure_partitions(&dataset_path, &[k], spec.train.seed)
-                    .with_context(|| {
-                        format!("partitioning {} into {k} parts", dataset_path.display())
-                    })?;
-            let parts = sets.into_iter().next().expect("one set per k").part_files;
-            let end = coordinate(
-                spec,
-                name,
-                &cfg,
-                &parts,
-                workers_now,
-                &dataset_path,
-                &binary,
-                &mut dir,
-                quiet,
-                Segment {
-                    index: segment,
-                    resume_from: resume_from.as_deref(),
-                    elastic: elastic.as_mut(),
-                    prewarmed: prewarmed.take(),
-                },
-            )?;
-            segment += 1;
-            let Some(el) = elastic.as_mut() else {
-                match end {
-                    SegmentEnd::Finished(c) => break c,
-                    SegmentEnd::Stopped { .. } => {
-                        unreachable!("only elastic jobs stop between epochs")
-                    }
-                }
-            };
-            match end {
-                SegmentEnd::Finished(c) => break finish(el, c),
-                SegmentEnd::Stopped {
-                    after_epoch,
-                    why,
-                    prewarmed: warm,
-                } => {
-                    prewarmed = warm.map(|w| *w);
-                    let (next, line) = el.after_stop(workers_now, after_epoch, why);
-                    if let (Some(line), false) = (line, quiet) {
-                        eprintln!("{line}");
-                    }
-                    match next {
-                        Next::Relaunch {
-                            workers,
-                            resume_epoch,
-                        } => {
-                            workers_now = workers;
-                            resume_from = (resume_epoch > 0).then(|| {
-                                physalia_worker::control::checkpoint_path(
-                                    &checkpoints_dir(&job_abs),
-                                    resume_epoch,
-                                )
-                            });
-                        }
-                        Next::Finish => break finish_early(el, spec.train.seed),
-                        Next::Fail(error) => bail!(error),
-                    }
-                }
-            }
+        let timeouts = spec.timeouts.clone().unwrap_or_default();
+        let job = Job::new(
+            JobConfig {
+                workers: workers_now,
+                epochs: spec.train.epochs as usize,
+                seed: spec.train.seed,
+                register_timeout: Duration::from_secs_f64(timeouts.register_s),
+                epoch_timeout: Duration::from_secs_f64(timeouts.epoch_s),
+                // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume`
+                // start there
+                checkpoints: spec.mode() == Parallelism::Partition,
+                start_epoch,
+                price_per_worker_s: submit::price_per_worker_s(),
+            },
+            elastic,
+            first_launch,
+        );
+        let driver = Driver {
+            spec,
+            name,
+            cfg: &cfg,
+            k,
+            dataset_path: &dataset_path,
+            job_abs: &job_abs,
+            binary: &binary,
+            quiet,
+            files: Files::new(Some(job_abs.clone())),
         };
+        let (job, outcome) = driver.run(job, pending, &mut dir)?;
+        let runs = Coordinated {
+            run: RunResult {
+                seed: spec.train.seed,
+                summary: outcome.summary.clone(),
+            },
+            worker_peak_rss: outcome.worker_peak_rss.clone(),
+            bytes_exchanged: outcome.bytes_exchanged,
+            usd: outcome.usd,
+        };
+        let elastic = job.elastic();
         let workers_rss = runs.worker_peak_rss.clone();
         let bytes = runs.bytes_exchanged;
         let usd_total = runs.usd;
-        let scaling_events = elastic.as_ref().map(|e| e.events.clone());
+        let scaling_events = elastic.events.clone();
         let summary = submit::summarize(
             name,
             &data_name,
@@ -313,9 +265,7 @@ pub fn run(
         v["bytes_exchanged"] = json!(bytes);
         v["worker_peak_rss_bytes"] = json!(workers_rss);
         v["usd_total"] = json!(usd_total);
-        if let Some(events) = scaling_events {
-            v["scaling_events"] = json!(events);
-        }
+        v["scaling_events"] = json!(scaling_events);
         Ok(v)
     })();
     if spec.backend == BackendKind::Docker {
@@ -370,23 +320,11 @@ struct Coordinated {
     usd: f64,
 }
 
-/// One launch of the worker set: from scratch or from a checkpoint, until the job ends or it must stop.
-struct Segment<'a> {
-    index: usize,
-    resume_from: Option<&'a Path>,
-    elastic: Option<&'a mut Elastic>,
-    /// Workers started ahead of this launch (a policy's `prewarm`), used when their count is right.
-    prewarmed: Option<Launch>,
-}
-
 /// Started worker processes with their job CA and control endpoint, registering or registered.
 struct Launch {
-    index: usize,
-    n: usize,
     server: ControlServer,
     /// Local processes or containers, through the backend's trait either way.
     workers: BackendWorkers,
-    started: Instant,
 }
 
 impl Launch {
@@ -401,7 +339,7 @@ impl Launch {
         index: usize,
         binary: &Path,
         register_timeout: Duration,
-        dataset_dir: Option<&Path>,
+        files: Files,
     ) -> Result<Launch> {
         let dir = &std::path::absolute(dir)?;
         // The job id names the CA and keys frames: the job directory's name is unique per submission.
@@ -427,6 +365,7 @@ impl Launch {
             n,
             bind,
             register_timeout,
+            files,
         )
         .context("binding the coordinator's control endpoint")?;
         let cores = std::thread::available_parallelism()
@@ -453,12 +392,6 @@ impl Launch {
             }
             Some(net) => {
                 let image = crate::docker::ensure_image(binary, false)?;
-                let uid = crate::docker::worker_uid();
-                let checkpoints = checkpoints_dir(dir);
-                std::fs::create_dir_all(&checkpoints)?;
-                crate::docker::hand_over(&[dir, &checkpoints], uid)?;
-                let data = dataset_dir
-                    .ok_or_else(|| anyhow!("the docker backend needs the dataset's folder"))?;
                 let logs_dir = dir.join("logs");
                 std::fs::create_dir_all(&logs_dir)?;
                 let (backend, worker_spec) = crate::docker::docker_launch(
@@ -469,14 +402,6 @@ impl Launch {
                     server.local_addr(),
                     secrets,
                     threads,
-                    // the job directory, and the dataset's folder unless it is inside it (a generated or
-                    // imported dataset is written there)
-                    if data.starts_with(dir) {
-                        vec![(dir.to_path_buf(), true)]
-                    } else {
-                        vec![(data.to_path_buf(), false), (dir.to_path_buf(), true)]
-                    },
-                    uid,
                 )?;
                 let logs = (0..n)
                     .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
@@ -485,44 +410,7 @@ impl Launch {
             }
         };
         let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;
-        Ok(Launch {
-            index,
-            n,
-            server,
-            workers,
-            started: Instant::now(),
-        })
-    }
-}
-
-enum SegmentEnd {
-    Finished(Coordinated),
-    /// Every worker was stopped after epoch `after_epoch` (all of its reports in, its checkpoint written).
-    /// `prewarmed`: workers started for the next launch during this one.
-    Stopped {
-        after_epoch: usize,
-        why: Stop,
-        prewarmed: Option<Box<Launch>>,
-    },
-}
-
-/// The result of an elastic job from every launch's epochs.
-fn finish(el: &Elastic, c: Coordinated) -> Coordinated {
-    Coordinated {
-        run: el.summary(c.run.seed, c.run.summary.stopped_early),
-        worker_peak_rss: c.worker_peak_rss,
-        bytes_exchanged: el.bytes,
-        usd: el.usd,
-    }
-}
-
-/// The result of an elastic job its policy stopped.
-fn finish_early(el: &Elastic, seed: u64) -> Coordinated {
-    Coordinated {
-        run: el.summary(seed, true),
-        worker_peak_rss: vec![],
-        bytes_exchanged: el.bytes,
-        usd: el.usd,
+        Ok(Launch { server, workers })
     }
 }
 
@@ -554,358 +442,414 @@ impl CoordLog {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn coordinate(
-    spec: &JobSpec,
-    name: &str,
-    cfg: &ModelConfig,
-    parts: &[PathBuf],
-    workers: usize,
-    dataset_path: &Path,
-    binary: &Path,
-    dir: &mut JobDir,
+/// What the job's launches share: the settings, the dataset and where things go.
+struct Driver<'a> {
+    spec: &'a JobSpec,
+    name: &'a str,
+    cfg: &'a ModelConfig,
+    /// Parts of a replica group's partitioning (the worker count otherwise).
+    k: usize,
+    dataset_path: &'a Path,
+    job_abs: &'a Path,
+    binary: &'a Path,
     quiet: bool,
-    mut seg: Segment<'_>,
-) -> Result<SegmentEnd> {
-    let n = workers;
-    // workers (containers especially) get absolute paths: their working folder is not ours
-    let job_abs = std::path::absolute(dir.path())?;
-    let timeouts = spec.timeouts.clone().unwrap_or_default();
-    let (register_timeout, epoch_timeout) = (
-        Duration::from_secs_f64(timeouts.register_s),
-        Duration::from_secs_f64(timeouts.epoch_s),
-    );
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let mut log = CoordLog(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(logs.join("coordinator.log"))
-            .ok(),
-    );
-    if seg.index > 0 {
-        log.line(&format!(
-            "segment {}: {n} workers, resuming from {}",
-            seg.index,
-            seg.resume_from
-                .map(|p| p.display().to_string())
-                .unwrap_or("scratch".into())
-        ));
-    }
-    let launched = match seg.prewarmed.take() {
-        Some(l) if l.n == n && l.index == seg.index => {
-            log.line(&format!(
-                "using the {n} workers prewarmed {:.2} s ago",
-                l.started.elapsed().as_secs_f64()
-            ));
-            l
-        }
-        other => {
-            if let Some(l) = other {
-                log.line(&format!(
-                    "discarding {} prewarmed workers: {n} are needed",
-                    l.n
-                ));
-            }
-            Launch::start(
-                spec,
-                name,
-                dir.path(),
-                n,
-                seg.index,
-                binary,
-                register_timeout,
-                dataset_path.parent(),
-            )?
-        }
-    };
-    let Launch {
-        server,
-        mut workers,
-        ..
-    } = launched;
-    let mut coord = Coordinator::new(n, register_timeout, epoch_timeout, Instant::now());
-    for (rank, pid) in workers.pids().into_iter().enumerate() {
-        if let Some(pid) = pid {
-            coord.set_pid(rank, pid);
-            log.line(&format!("started worker {rank} pid {pid}"));
-        }
-    }
-    log.line(&format!("control endpoint {}", server.local_addr()));
+    /// What the control servers serve (partitions, the dataset, checkpoints) and where rank 0's
+    /// checkpoints and model are stored: the job directory.
+    files: Files,
+}
 
-    let tc = TrainConfig {
-        epochs: spec.train.epochs as usize,
-        lr: spec.train.lr as f32,
-        weight_decay: spec.train.weight_decay as f32,
-        eval_every: spec.train.eval_every as usize,
-        patience: spec.train.patience.map(|p| p as usize),
-    };
-    let seed = spec.train.seed;
-    let mut outboxes: Vec<Option<Outbox>> = vec![None; n];
-    let mut bytes_exchanged = 0u64;
-    let mut usd = 0f64;
-    let mut io_err = None;
-    let start_epoch = match seg.resume_from {
-        Some(path) => {
-            physalia_gnn::save::load_checkpoint(path)
-                .with_context(|| format!("reading the checkpoint {}", path.display()))?
-                .2
-                .epoch
-        }
-        None => 0,
-    };
-    let mut last_complete = start_epoch;
-    let mut stop_now: Option<Stop> = None;
-    let mut prewarmed: Option<Launch> = None;
-    // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume` start there
-    let checkpoint_dir = if spec.mode() == Parallelism::Partition {
-        let d = checkpoints_dir(&job_abs);
-        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-        Some(d)
-    } else {
-        None
-    };
-    let outcome: std::result::Result<(Vec<TrainSummary>, Vec<Option<u64>>), String> = loop {
-        // exits first, messages second: a worker sends its last message before it exits, so whatever it
-        // said is in by the time its exit is handled
-        let exits = workers.poll_exits();
-        let mut events = Vec::new();
-        if let Some(ev) = server.next_event(Duration::from_millis(if exits.is_empty() {
-            100
-        } else {
-            0
-        })) {
-            events.push(ev);
-            while let Some(ev) = server.next_event(Duration::ZERO) {
-                events.push(ev);
-            }
-        }
-        let mut fed: Vec<Event> = Vec::new();
-        for ev in events {
-            match ev {
-                ServerEvent::Registered {
-                    rank,
-                    pid,
-                    mesh_addr,
-                    outbox,
-                } => {
-                    log.line(&format!(
-                        "worker {rank} (pid {pid}) registered, mesh {mesh_addr}"
-                    ));
-                    outboxes[rank] = Some(outbox);
-                    fed.push(Event::Registered {
-                        rank,
-                        pid,
-                        mesh_addr,
-                    });
-                }
-                ServerEvent::Message { msg, .. } => fed.push(match msg {
-                    ToCoordinator::Register { rank, .. } => Event::Failed {
-                        rank,
-                        error: "registered twice".into(),
-                    },
-                    ToCoordinator::Epoch { rank, metrics } => Event::Epoch { rank, metrics },
-                    ToCoordinator::Done {
-                        rank,
-                        summary,
-                        peak_rss_bytes,
-                    } => Event::Done {
-                        rank,
-                        summary,
-                        peak_rss_bytes,
-                    },
-                    ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
-                }),
-                ServerEvent::Lost { rank, reason } => fed.push(Event::Lost { rank, reason }),
-                ServerEvent::Refused { addr, reason } => {
-                    log.line(&format!("refused a connection from {addr}: {reason}"));
-                }
-            }
-        }
-        for (rank, how, by_signal) in exits {
-            log.line(&format!("worker {rank} {how}"));
-            fed.push(Event::Exited {
-                rank,
-                how,
-                by_signal,
-            });
-        }
-        fed.push(Event::Tick);
-        let mut done = None;
-        for ev in fed {
-            for action in coord.handle(ev, Instant::now()) {
+/// A launch the job has not stopped: its workers, their control connections, its partition files.
+struct Live {
+    launch: Launch,
+    outboxes: Vec<Option<Outbox>>,
+    parts: Vec<PathBuf>,
+}
+
+impl Driver<'_> {
+    /// Runs the [`Job`] state machine until it ends: carries out its actions, feeds it what the launches'
+    /// workers and control servers say, and ticks its clock. Every launch is stopped when this returns.
+    fn run(&self, mut job: Job, pending: Option<Stop>, dir: &mut JobDir) -> Result<(Job, Outcome)> {
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        // checkpoints/ exists before any worker writes into it
+        let checkpoints = checkpoints_dir(self.job_abs);
+        std::fs::create_dir_all(&checkpoints)
+            .with_context(|| format!("creating {}", checkpoints.display()))?;
+        let mut log = CoordLog(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(logs.join("coordinator.log"))
+                .ok(),
+        );
+        let mut live: std::collections::BTreeMap<usize, Live> = Default::default();
+        let mut queue: std::collections::VecDeque<JobAction> = job.start(pending, Instant::now()).into();
+        let end: Result<(), String> = loop {
+            // carry out every action, and what answering them makes the job decide
+            let mut end = None;
+            while let Some(action) = queue.pop_front() {
                 match action {
-                    Action::Assign { peers } => {
-                        for (rank, outbox) in outboxes.iter().enumerate() {
-                            let a = Assignment {
-                                peers: peers.clone(),
-                                part_path: std::path::absolute(&parts[rank % parts.len()])?,
-                                model: cfg.clone(),
-                                train: tc.clone(),
-                                seed,
-                                exchange: {
-                                    let mut x = exchange_options(spec);
-                                    if let Some(el) = seg.elastic.as_deref() {
-                                        let (p, staleness) = el.exchange();
-                                        x.boundary_sampling = p as f32;
-                                        x.staleness_epochs = staleness;
-                                    }
-                                    x
-                                },
-                                row_normalize: spec.dataset.row_normalize,
-                                model_out: (rank == 0).then(|| job_abs.join("model.safetensors")),
-                                epoch_timeout_s: epoch_timeout.as_secs_f64(),
-                                mode: match spec.mode() {
-                                    Parallelism::Partition => TrainMode::Partition,
-                                    Parallelism::Data => TrainMode::Data,
-                                    Parallelism::Model => TrainMode::Model,
-                                },
-                                minibatch: spec
-                                    .minibatch
-                                    .clone()
-                                    .unwrap_or_default()
-                                    .options()
-                                    .into(),
-                                dataset_path: Some(dataset_path.to_path_buf()),
-                                resume_from: seg.resume_from.map(Path::to_path_buf),
-                                checkpoint_dir: checkpoint_dir.clone(),
-                            };
+                    JobAction::Launch {
+                        launch,
+                        workers,
+                        prewarm,
+                    } => {
+                        let started = self.launch(launch, workers, dir);
+                        let result = match started {
+                            Ok(l) => {
+                                let pids = l.launch.workers.pids();
+                                log.line(&format!(
+                                    "launch {launch}: control endpoint {}",
+                                    l.launch.server.local_addr()
+                                ));
+                                live.insert(launch, l);
+                                Ok(pids)
+                            }
+                            Err(e) => {
+                                let e = format!("{e:#}");
+                                log.line(&format!(
+                                    "launch {launch} ({workers} workers{}) failed to start: {e}",
+                                    if prewarm { ", prewarm" } else { "" }
+                                ));
+                                Err(e)
+                            }
+                        };
+                        let answer = JobEvent::Started { launch, result };
+                        queue.extend(job.handle(answer, Instant::now()));
+                    }
+                    JobAction::Assign {
+                        launch,
+                        peers,
+                        resume_epoch,
+                        boundary_sampling,
+                        staleness,
+                    } => {
+                        let l = live.get(&launch).expect("the job assigns a live launch");
+                        for (rank, outbox) in l.outboxes.iter().enumerate() {
+                            let a = self.assignment(
+                                rank,
+                                &l.parts,
+                                peers.clone(),
+                                resume_epoch,
+                                boundary_sampling,
+                                staleness,
+                            )?;
                             if let Some(o) = outbox {
                                 o.send(ToWorker::Assign(Box::new(a)));
                             }
                         }
-                        log.line("all workers registered; assignments sent");
+                        log.line(&format!(
+                            "launch {launch}: all workers registered; assignments sent"
+                        ));
                     }
-                    Action::EpochComplete { epoch, by_rank } => {
-                        last_complete = last_complete.max(epoch);
-                        bytes_exchanged +=
-                            by_rank.iter().map(|m| m.exchange.bytes_sent).sum::<u64>();
-                        if !quiet {
-                            eprintln!("{}", epoch_line(tc.epochs, &by_rank));
-                        }
-                        let workers: Vec<Value> = by_rank
-                            .iter()
-                            .enumerate()
-                            .map(|(r, m)| json!({ "rank": r, "train_s": m.train_s, "exchange": m.exchange }))
-                            .collect();
-                        let cost = epoch_usd(&by_rank, submit::price_per_worker_s());
-                        usd += cost;
-                        let line = json!({ "run": 0, "seed": seed, "metrics": by_rank[0], "workers": workers, "usd": cost });
-                        if let Err(e) = dir.append_metrics(&line) {
-                            io_err.get_or_insert(e);
-                        }
-                        if let Some(el) = seg.elastic.as_deref_mut()
-                            && stop_now.is_none()
-                        {
-                            stop_now = el.after_epoch(&by_rank, tc.epochs);
-                            // the policy expects to grow soon: start the next launch's workers now, so
-                            // their cold start overlaps this launch's epochs
-                            if let (None, None, Some(m)) =
-                                (&stop_now, &prewarmed, el.prewarm_target())
-                            {
-                                log.line(&format!("prewarming {m} workers after epoch {epoch}"));
-                                prewarmed = Some(Launch::start(
-                                    spec,
-                                    name,
-                                    dir.path(),
-                                    m,
-                                    seg.index + 1,
-                                    binary,
-                                    register_timeout,
-                                    dataset_path.parent(),
-                                )?);
+                    JobAction::KeepWaiting { launch, for_s } => {
+                        if let Some(l) = live.get(&launch) {
+                            for o in l.outboxes.iter().flatten() {
+                                o.send(ToWorker::Wait { for_s });
                             }
                         }
-                        // older checkpoints are no longer needed
-                        if let Some(d) = &checkpoint_dir
-                            && epoch > 1
-                        {
-                            let _ = std::fs::remove_file(
-                                physalia_worker::control::checkpoint_path(d, epoch - 1),
-                            );
+                    }
+                    JobAction::StopLaunch {
+                        launch,
+                        reason,
+                        finished,
+                    } => {
+                        if let Some(l) = live.remove(&launch) {
+                            stop(l, &reason, finished);
                         }
                     }
-                    Action::Finished {
-                        summaries,
-                        peak_rss_bytes,
-                    } => done = Some(Ok((summaries, peak_rss_bytes))),
-                    Action::Fail { error } if seg.elastic.is_some() => {
-                        stop_now.get_or_insert(Stop::Lost { error });
+                    JobAction::Record {
+                        epoch,
+                        by_rank,
+                        usd,
+                    } => {
+                        if !self.quiet {
+                            eprintln!(
+                                "{}",
+                                epoch_line(self.spec.train.epochs as usize, &by_rank)
+                            );
+                        }
+                        let line = MetricsLine::coordinated(self.spec.train.seed, &by_rank, usd);
+                        if let Err(e) = dir.append_metrics(&line) {
+                            // the record is the job's truth: without it the epoch does not count
+                            end = Some(Err(format!("{e:#}")));
+                            break;
+                        }
+                        // older checkpoints are no longer needed
+                        if epoch > 1 {
+                            let _ = std::fs::remove_file(checkpoint_path(
+                                &checkpoints,
+                                epoch - 1,
+                            ));
+                        }
                     }
-                    Action::Fail { error } => done = Some(Err(error)),
+                    JobAction::Say(line) => {
+                        log.line(&line);
+                        if !self.quiet {
+                            eprintln!("{line}");
+                        }
+                    }
+                    JobAction::Log(line) => log.line(&line),
+                    JobAction::Finish => end = Some(Ok(())),
+                    JobAction::Fail { error } => end = Some(Err(error)),
                 }
             }
-            if stop_now.is_some() {
-                break;
+            if let Some(end) = end {
+                break end;
             }
-        }
-        if let Some(d) = done {
-            break d;
-        }
-        if let Some(why) = stop_now.take() {
-            let reason = match &why {
-                Stop::Rescale { to, rule, .. } => {
-                    format!("rescaling to {to} workers (rule {rule})")
+            // then listen: exits first, messages second (a worker sends its last message before it exits,
+            // so whatever it said is in by the time its exit is handled)
+            let mut fed = Vec::new();
+            let wait = Duration::from_millis(100 / live.len().max(1) as u64);
+            for (&launch, l) in live.iter_mut() {
+                let exits = l.launch.workers.poll_exits();
+                let mut events = Vec::new();
+                let first = if exits.is_empty() { wait } else { Duration::ZERO };
+                if let Some(ev) = l.launch.server.next_event(first) {
+                    events.push(ev);
+                    while let Some(ev) = l.launch.server.next_event(Duration::ZERO) {
+                        events.push(ev);
+                    }
                 }
-                Stop::Lost { error } => format!("retrying after: {error}"),
-                Stop::Reconfigure { what, .. } => format!("relaunching with {what}"),
-                Stop::Finish => "the scaling policy stopped the job".into(),
-            };
-            log.line(&format!(
-                "after epoch {last_complete}: {reason}; stopping every worker"
-            ));
-            for o in outboxes.iter().flatten() {
-                o.send(ToWorker::Stop {
-                    reason: reason.clone(),
-                });
+                for ev in events {
+                    if let Some(event) = worker_event(ev, &mut l.outboxes, &mut log, launch) {
+                        fed.push(JobEvent::Worker { launch, event });
+                    }
+                }
+                for (rank, how, by_signal) in exits {
+                    log.line(&format!("launch {launch}: worker {rank} {how}"));
+                    fed.push(JobEvent::Worker {
+                        launch,
+                        event: Event::Exited {
+                            rank,
+                            how,
+                            by_signal,
+                        },
+                    });
+                }
             }
-            workers.kill_all();
-            drop(server);
-            if let Some(e) = io_err {
-                return Err(e);
+            if live.is_empty() {
+                std::thread::sleep(wait);
             }
-            return Ok(SegmentEnd::Stopped {
-                after_epoch: last_complete,
-                why,
-                prewarmed: prewarmed.map(Box::new),
-            });
+            fed.push(JobEvent::Tick);
+            for ev in fed {
+                queue.extend(job.handle(ev, Instant::now()));
+            }
+        };
+        // nothing outlives the job
+        for (_, l) in std::mem::take(&mut live) {
+            stop(l, "the job ended", false);
         }
-    };
-    match outcome {
-        Err(error) => {
-            log.line(&format!("failed: {error}; stopping every worker"));
-            for o in outboxes.iter().flatten() {
-                o.send(ToWorker::Stop {
-                    reason: error.clone(),
-                });
+        match end {
+            Ok(()) => {
+                log.line("finished");
+                let outcome = job.outcome().cloned().expect("a finished job has an outcome");
+                Ok((job, outcome))
             }
-            workers.kill_all();
-            drop(server);
-            Err(anyhow!(error))
-        }
-        Ok((summaries, peak_rss)) => {
-            // Finished workers exit on their own; give them a bounded moment, then make sure.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !workers.all_exited() && Instant::now() < deadline {
-                workers.poll_exits();
-                std::thread::sleep(Duration::from_millis(20));
+            Err(error) => {
+                log.line(&format!("failed: {error}"));
+                Err(anyhow!(error))
             }
-            workers.kill_all();
-            drop(server);
-            if let Some(e) = io_err {
-                return Err(e);
-            }
-            let summary = summaries.into_iter().next().expect("rank 0 finished");
-            log.line("finished");
-            Ok(SegmentEnd::Finished(Coordinated {
-                run: RunResult { seed, summary },
-                worker_peak_rss: peak_rss,
-                bytes_exchanged,
-                usd,
-            }))
         }
     }
+
+    /// Partitions the graph for `n` workers (stored beside the dataset and reused) and starts them.
+    fn launch(&self, index: usize, n: usize, dir: &JobDir) -> Result<Live> {
+        // replica groups keep their k; otherwise the partitioning follows the worker count
+        let k = if matches!(self.spec.parallelism, ParallelismSpec::Groups(_)) {
+            self.k
+        } else {
+            n
+        };
+        let sets = physalia_graph::partition::ensure_partitions(
+            self.dataset_path,
+            &[k],
+            self.spec.train.seed,
+        )
+        .with_context(|| format!("partitioning {} into {k} parts", self.dataset_path.display()))?;
+        let parts = sets.into_iter().next().expect("one set per k").part_files;
+        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
+        let launch = Launch::start(
+            self.spec,
+            self.name,
+            dir.path(),
+            n,
+            index,
+            self.binary,
+            Duration::from_secs_f64(timeouts.register_s),
+            self.files.clone(),
+        )?;
+        Ok(Live {
+            launch,
+            outboxes: vec![None; n],
+            parts,
+        })
+    }
+
+    /// Serves `path` under `name` to the job's workers.
+    fn serve(&self, name: &str, path: &Path) -> Result<Artifact> {
+        self.files
+            .serve(name, path)
+            .with_context(|| format!("serving {} to the workers", path.display()))
+    }
+
+    fn assignment(
+        &self,
+        rank: usize,
+        parts: &[PathBuf],
+        peers: Vec<SocketAddr>,
+        resume_epoch: usize,
+        boundary_sampling: f64,
+        staleness: u32,
+    ) -> Result<Assignment> {
+        let spec = self.spec;
+        let timeouts = spec.timeouts.clone().unwrap_or_default();
+        let mode = spec.mode();
+        let k = parts.len();
+        let part_path = &parts[rank % k];
+        let part = self.serve(&format!("part-k{k}-{}", rank % k), part_path)?;
+        let partitioning = match mode {
+            Parallelism::Data => {
+                let set = part_path
+                    .parent()
+                    .context("a part file lies in its set's folder")?;
+                Some(self.serve(
+                    &format!("partitioning-k{k}"),
+                    &set.join("partition.safetensors"),
+                )?)
+            }
+            _ => None,
+        };
+        let dataset = match mode {
+            Parallelism::Data | Parallelism::Model => {
+                Some(self.serve("dataset", self.dataset_path)?)
+            }
+            Parallelism::Partition => None,
+        };
+        let resume_from = match resume_epoch {
+            0 => None,
+            e => Some(self.serve(
+                &format!("checkpoint-{e:06}"),
+                &checkpoint_path(&checkpoints_dir(self.job_abs), e),
+            )?),
+        };
+        Ok(Assignment {
+            peers,
+            part,
+            partitioning,
+            dataset,
+            model: self.cfg.clone(),
+            train: TrainConfig {
+                epochs: spec.train.epochs as usize,
+                lr: spec.train.lr as f32,
+                weight_decay: spec.train.weight_decay as f32,
+                eval_every: spec.train.eval_every as usize,
+                patience: spec.train.patience.map(|p| p as usize),
+            },
+            seed: spec.train.seed,
+            exchange: {
+                let mut x = exchange_options(spec);
+                x.boundary_sampling = boundary_sampling as f32;
+                x.staleness_epochs = staleness;
+                x
+            },
+            row_normalize: spec.dataset.row_normalize,
+            epoch_timeout_s: timeouts.epoch_s,
+            mode: match mode {
+                Parallelism::Partition => TrainMode::Partition,
+                Parallelism::Data => TrainMode::Data,
+                Parallelism::Model => TrainMode::Model,
+            },
+            minibatch: spec
+                .minibatch
+                .clone()
+                .unwrap_or_default()
+                .options()
+                .into(),
+            resume_from,
+            // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume`
+            // start there
+            checkpoints: mode == Parallelism::Partition,
+        })
+    }
+}
+
+/// A control server's event as the job sees it (registrations keep the worker's outbox).
+fn worker_event(
+    ev: ServerEvent,
+    outboxes: &mut [Option<Outbox>],
+    log: &mut CoordLog,
+    launch: usize,
+) -> Option<Event> {
+    Some(match ev {
+        ServerEvent::Registered {
+            rank,
+            pid,
+            mesh_addr,
+            outbox,
+        } => {
+            log.line(&format!(
+                "launch {launch}: worker {rank} (pid {pid}) registered, mesh {mesh_addr}"
+            ));
+            if let Some(slot) = outboxes.get_mut(rank) {
+                *slot = Some(outbox);
+            }
+            Event::Registered {
+                rank,
+                pid,
+                mesh_addr,
+            }
+        }
+        ServerEvent::Message { msg, .. } => match msg {
+            ToCoordinator::Register { rank, .. } => Event::Failed {
+                rank,
+                error: "registered twice".into(),
+            },
+            ToCoordinator::Epoch { rank, metrics } => Event::Epoch { rank, metrics },
+            ToCoordinator::Done {
+                rank,
+                summary,
+                peak_rss_bytes,
+            } => Event::Done {
+                rank,
+                summary,
+                peak_rss_bytes,
+            },
+            ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
+        },
+        ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
+        ServerEvent::Refused { addr, reason } => {
+            log.line(&format!(
+                "launch {launch}: refused a connection from {addr}: {reason}"
+            ));
+            return None;
+        }
+        ServerEvent::Transfer { rank, error } => {
+            // the worker sees the same error and fails with it
+            log.line(&format!("launch {launch}: worker {rank}: {error}"));
+            return None;
+        }
+    })
+}
+
+/// Stops a launch: finished workers get a bounded moment to exit on their own, the others are told to
+/// stop; then every one is killed and reaped, and its control endpoint closed.
+fn stop(mut l: Live, reason: &str, finished: bool) {
+    if finished {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !l.launch.workers.all_exited() && Instant::now() < deadline {
+            l.launch.workers.poll_exits();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    } else {
+        for o in l.outboxes.iter().flatten() {
+            o.send(ToWorker::Stop {
+                reason: reason.to_string(),
+            });
+        }
+    }
+    l.launch.workers.kill_all();
+    drop(l.launch.server);
 }
 
 fn fmt_bytes(b: u64) -> String {

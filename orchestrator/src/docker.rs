@@ -15,8 +15,9 @@
 //! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
 //!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
 //!   the image.
-//! * Data: the dataset's folder (read-only) and the job directory are bind-mounted at their own paths, so an
-//!   assignment names the same files inside and outside.
+//! * Data: nothing is mounted. A worker fetches the artifacts its assignment names (its partition, the
+//!   dataset, a checkpoint) over its control connection into `/tmp`, and rank 0 sends its checkpoints and
+//!   the model back the same way: the containers share no disk with this machine.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
-use physalia_backends::docker::{BindMount, DockerBackend, DockerConfig};
+use physalia_backends::docker::{DockerBackend, DockerConfig};
 use physalia_backends::{Backend, SecretValue, WorkerSpec};
 
 /// The worker's user inside the image (non-root).
@@ -252,30 +253,8 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// The user workers run as: [`WORKER_UID`] when this process is root (it then hands the job directory's
-/// writable folders to that user), else this process's own user, so bind-mounted folders stay writable.
-pub fn worker_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if me == 0 { WORKER_UID } else { me }
-}
-
-/// Lets the workers' user write `dirs` (when this process is root; otherwise they are already its own).
-pub fn hand_over(dirs: &[&Path], uid: u32) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    for d in dirs {
-        std::os::unix::fs::chown(d, Some(uid), Some(uid))
-            .with_context(|| format!("letting the workers write {}", d.display()))?;
-    }
-    Ok(())
-}
-
-/// The spec and backend of a docker launch: containers of `image` on `network`, the launch's `secrets`
-/// copied into each, `mounts` at their own paths.
-#[allow(clippy::too_many_arguments)]
+/// The spec and backend of a docker launch: containers of `image` on `network`, running as the image's
+/// non-root user, the launch's `secrets` copied into each, nothing mounted.
 pub fn docker_launch(
     image: &str,
     job_id: &str,
@@ -284,8 +263,6 @@ pub fn docker_launch(
     coordinator: SocketAddr,
     secrets: BTreeMap<String, SecretValue>,
     threads: usize,
-    mounts: Vec<(PathBuf, bool)>,
-    uid: u32,
 ) -> Result<(Box<dyn Backend>, WorkerSpec)> {
     let spec = crate::workers::worker_spec(
         job_id,
@@ -298,15 +275,7 @@ pub fn docker_launch(
         MESH_PORT,
     );
     let mut cfg = DockerConfig::new(network.name.clone());
-    cfg.user = Some((uid, uid));
+    cfg.user = Some((WORKER_UID, WORKER_UID));
     cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
-    cfg.mounts = mounts
-        .into_iter()
-        .map(|(path, writable)| BindMount {
-            host: path.clone(),
-            container: path,
-            read_only: !writable,
-        })
-        .collect();
     Ok((Box::new(DockerBackend::new(cfg)?), spec))
 }

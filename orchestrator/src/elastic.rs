@@ -1,9 +1,10 @@
 //! Elastic jobs, without IO: the scaling policy's view of the epochs so far, its decisions after each
-//! epoch, and what to launch after a launch stopped (a resize, a lost worker, or the policy's stop). The
-//! coordinator (`distributed.rs`) feeds it real epochs; the simulation below feeds it a fake cluster in
-//! virtual time.
+//! epoch, and what to launch after a launch stopped (a resize, a lost worker, or the policy's stop). Every
+//! job the coordinator runs has one (a job without a policy gets one that never fires, so lost workers are
+//! still retried). The job's state machine (`job.rs`) feeds it real epochs; the simulation below feeds it
+//! a fake cluster in virtual time.
 
-use anyhow::{Context, Result};
+use physalia_control::MetricsLine;
 use physalia_gnn::{EpochMetrics, TrainSummary};
 use serde_json::{Value, json};
 
@@ -14,8 +15,8 @@ pub(crate) fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f6
     by_rank.iter().map(|m| m.train_s + m.eval_s).sum::<f64>() * price_per_worker_s
 }
 
-/// Retries in a row (without an epoch completing in between) before a job fails.
-pub(crate) const MAX_RETRIES: usize = 3;
+/// Retries in a row (without an epoch completing in between) before a job fails, unless the job says.
+pub(crate) const MAX_RETRIES: usize = crate::spec::DEFAULT_MAX_RETRIES as usize;
 
 /// Why every worker of a launch was stopped after an epoch.
 #[derive(Debug)]
@@ -49,6 +50,7 @@ pub(crate) struct Elastic {
     pub(crate) usd: f64,
     price_per_worker_s: f64,
     retries: usize,
+    max_retries: usize,
     /// One line per rescale, retry or policy stop, with its epoch.
     pub(crate) events: Vec<Value>,
     /// Spare workers the policy's `prewarm` asked for after the last epoch.
@@ -85,6 +87,7 @@ impl Elastic {
             usd: 0.0,
             price_per_worker_s,
             retries: 0,
+            max_retries: MAX_RETRIES,
             prewarm: 0,
             events: Vec::new(),
         }
@@ -94,39 +97,22 @@ impl Elastic {
     /// recorded epochs was the policy's decision after the first of them: it restarts the cooldown there,
     /// as it did in the run that recorded them. Returns the policy's decision after the last recorded epoch
     /// (made again: the coordinator that recorded it may have died before acting on it).
-    pub(crate) fn replay(&mut self, lines: &[Value], epochs_total: usize) -> Result<Option<Stop>> {
+    pub(crate) fn replay(&mut self, lines: &[MetricsLine], epochs_total: usize) -> Option<Stop> {
         let mut previous: Option<(usize, usize)> = None;
         for line in lines {
-            let m: EpochMetrics = serde_json::from_value(line["metrics"].clone())
-                .context("metrics.jsonl: a recorded epoch does not parse")?;
-            let ranks = line["workers"].as_array().cloned().unwrap_or_default();
-            let by_rank: Vec<EpochMetrics> = if ranks.is_empty() {
-                vec![m.clone()]
-            } else {
-                ranks
-                    .iter()
-                    .map(|r| {
-                        let mut w = m.clone();
-                        w.train_s = r["train_s"].as_f64().unwrap_or(m.train_s);
-                        if let Ok(x) = serde_json::from_value(r["exchange"].clone()) {
-                            w.exchange = x;
-                        }
-                        w
-                    })
-                    .collect()
-            };
+            let by_rank = line.by_rank();
             if let Some((epoch, workers)) = previous
                 && workers != by_rank.len()
             {
                 self.last_change = Some(epoch as u32);
             }
-            previous = Some((m.epoch, by_rank.len()));
+            previous = Some((line.metrics.epoch, by_rank.len()));
             self.after_epoch_record(&by_rank);
         }
         if let Some(last) = lines.last() {
-            self.plan.workers = last["workers"].as_array().map_or(1, Vec::len) as u32;
+            self.plan.workers = last.worker_count() as u32;
         }
-        Ok(self.decide(epochs_total))
+        self.decide(epochs_total)
     }
 
     /// Records an event; returns its line for the terminal.
@@ -274,11 +260,13 @@ impl Elastic {
             }
             Stop::Lost { error } => {
                 self.retries += 1;
-                if self.retries > MAX_RETRIES {
+                if self.retries > self.max_retries {
+                    let error = match self.max_retries {
+                        0 => format!("{error} (max_retries: 0)"),
+                        n => format!("{error}; gave up after {n} retries in a row"),
+                    };
                     return (
-                        Next::Fail(format!(
-                            "{error}; gave up after {MAX_RETRIES} retries in a row"
-                        )),
+                        Next::Fail(error),
                         None,
                     );
                 }
@@ -316,6 +304,12 @@ impl Elastic {
     /// current workers plus the spares it asked for.
     pub(crate) fn prewarm_target(&self) -> Option<usize> {
         (self.prewarm > 0).then(|| (self.plan.workers + self.prewarm) as usize)
+    }
+
+    /// Retries in a row of a lost worker's epoch before the job fails.
+    pub(crate) fn with_max_retries(mut self, max_retries: u32) -> Elastic {
+        self.max_retries = max_retries as usize;
+        self
     }
 
     /// Starts from the job's exchange settings.
@@ -546,14 +540,8 @@ mod simulation {
     }
 
     /// The line `distributed.rs` appends to metrics.jsonl for an epoch.
-    fn metrics_line(by_rank: &[EpochMetrics]) -> Value {
-        json!({
-            "metrics": by_rank[0],
-            "workers": by_rank
-                .iter()
-                .map(|m| json!({ "train_s": m.train_s, "exchange": m.exchange }))
-                .collect::<Vec<_>>(),
-        })
+    fn metrics_line(by_rank: &[EpochMetrics]) -> MetricsLine {
+        MetricsLine::coordinated(0, by_rank, 0.0)
     }
 
     #[test]
@@ -567,7 +555,7 @@ mod simulation {
         .unwrap();
         let epochs = 16;
         // The uninterrupted run: the worker count before every epoch, and the decisions.
-        let run = |el: &mut Elastic, from: usize, mut n: usize, lines: &mut Vec<Value>| {
+        let run = |el: &mut Elastic, from: usize, mut n: usize, lines: &mut Vec<MetricsLine>| {
             let mut changes = Vec::new();
             for epoch in from..=epochs {
                 let by_rank = epoch_metrics(epoch, n);
@@ -586,9 +574,9 @@ mod simulation {
         // The coordinator dies after each epoch in turn; a new one replays the record and goes on.
         for died_after in 1..epochs {
             let mut resumed = Elastic::new(p.clone(), 1, epochs as u32, 0.0);
-            let workers = lines[died_after - 1]["workers"].as_array().unwrap().len();
+            let workers = lines[died_after - 1].worker_count();
             // a change decided after the last recorded epoch is decided again
-            let pending = resumed.replay(&lines[..died_after], epochs).unwrap();
+            let pending = resumed.replay(&lines[..died_after], epochs);
             let workers = match (pending, changes.iter().find(|c| c.0 == died_after)) {
                 (Some(Stop::Rescale { to, .. }), Some(&(_, want))) => {
                     assert_eq!(to, want, "died after epoch {died_after}");
@@ -692,5 +680,23 @@ mod simulation {
             let (next, _) = el.after_stop(1, 1, Stop::Lost { error: "x".into() });
             assert!(matches!(next, Next::Relaunch { .. }), "{next:?}");
         }
+    }
+
+    #[test]
+    fn the_job_sets_how_many_retries_in_a_row() {
+        let lost = || Stop::Lost {
+            error: "worker 1 exited with signal 9".into(),
+        };
+        let mut el = Elastic::new(policy("double-on-plateau"), 2, 10, 0.0).with_max_retries(0);
+        assert_eq!(
+            el.after_stop(2, 3, lost()).0,
+            Next::Fail("worker 1 exited with signal 9 (max_retries: 0)".into())
+        );
+        let mut el = Elastic::new(policy("double-on-plateau"), 2, 10, 0.0).with_max_retries(1);
+        assert!(matches!(el.after_stop(2, 3, lost()).0, Next::Relaunch { .. }));
+        assert_eq!(
+            el.after_stop(2, 3, lost()).0,
+            Next::Fail("worker 1 exited with signal 9; gave up after 1 retries in a row".into())
+        );
     }
 }

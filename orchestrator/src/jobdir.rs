@@ -84,7 +84,7 @@ impl JobDir {
         &self.path
     }
 
-    pub fn append_metrics(&mut self, line: &impl Serialize) -> Result<()> {
+    pub fn append_metrics(&mut self, line: &physalia_control::MetricsLine) -> Result<()> {
         let mut s = serde_json::to_string(line)?;
         s.push('\n');
         self.metrics

@@ -17,6 +17,7 @@ mod dataset;
 mod distributed;
 mod docker;
 mod elastic;
+mod job;
 mod jobdir;
 mod plan;
 mod report;

@@ -51,45 +51,27 @@ fn rows(job: &Path) -> Result<Vec<Row>> {
     let path = job.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("{}: cannot read the job's metrics", path.display()))?;
+    let lines = physalia_control::MetricsLine::parse_all(&text, &path.display().to_string())
+        .map_err(anyhow::Error::msg)?;
     let mut rows = Vec::new();
     let mut elapsed = 0.0;
     let mut usd = 0.0;
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a JSON metrics line", path.display(), i + 1))?;
-        if v["run"].as_u64().unwrap_or(0) != 0 {
-            continue; // repeated runs: the report shows the first
-        }
-        let m = &v["metrics"];
-        let Some(epoch) = m["epoch"].as_u64() else {
-            bail!(
-                "{}:{}: a metrics line without an epoch",
-                path.display(),
-                i + 1
-            );
-        };
-        elapsed += m["train_s"].as_f64().unwrap_or(0.0) + m["eval_s"].as_f64().unwrap_or(0.0);
-        usd += v["usd"].as_f64().unwrap_or(0.0);
-        let (workers, bytes) = match v["workers"].as_array() {
-            Some(w) => (
-                w.len(),
-                w.iter()
-                    .map(|r| r["exchange"]["bytes_sent"].as_u64().unwrap_or(0))
-                    .sum(),
-            ),
-            None => (1, m["exchange"]["bytes_sent"].as_u64().unwrap_or(0)),
+    // repeated runs: the report shows the first
+    for line in lines.iter().filter(|l| l.run == 0) {
+        let m = &line.metrics;
+        elapsed += m.train_s + m.eval_s;
+        usd += line.usd;
+        let bytes = match line.workers.is_empty() {
+            true => m.exchange.bytes_sent,
+            false => line.workers.iter().map(|w| w.exchange.bytes_sent).sum(),
         };
         rows.push(Row {
-            epoch,
+            epoch: m.epoch as u64,
             elapsed_s: elapsed,
-            loss: m["loss"].as_f64().unwrap_or(f64::NAN),
-            val: m["val_acc"].as_f64(),
-            test: m["test_acc"].as_f64(),
-            workers,
+            loss: m.loss,
+            val: m.val_acc,
+            test: m.test_acc,
+            workers: line.worker_count(),
             bytes,
             usd,
         });

@@ -34,6 +34,10 @@ pub const DEFAULT_GAT_OUT_HEADS: u32 = 1;
 pub const DEFAULT_NEGATIVE_SLOPE: f64 = 0.2;
 /// Largest R-MAT scale accepted (2^30 nodes).
 pub const MAX_RMAT_SCALE: u32 = 30;
+/// Retries in a row of a lost worker's epoch when the job file does not say.
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+/// Most retries in a row a job file may ask for.
+pub const MAX_RETRIES_LIMIT: u32 = 100;
 /// Longest job name accepted; job names become directory names.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -85,6 +89,11 @@ pub struct JobSpec {
     /// Failure detection for multi-worker jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<TimeoutsSpec>,
+    /// Times in a row a lost worker's epoch is retried from the last checkpoint before the job fails
+    /// (a worker that died, vanished or went silent; an error a worker reports is not retried).
+    /// Default 3; 0 fails the job at the first lost worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
     /// Where the job runs. Only `local` is supported today.
     #[serde(default)]
     pub backend: BackendKind,
@@ -367,8 +376,8 @@ pub struct MiniBatchSpec {
 }
 
 impl MiniBatchSpec {
-    pub fn options(&self) -> physalia_worker::minibatch::MiniBatchOptions {
-        physalia_worker::minibatch::MiniBatchOptions {
+    pub fn options(&self) -> physalia_control::MiniBatchOptions {
+        physalia_control::MiniBatchOptions {
             fanouts: self
                 .fanouts
                 .iter()
@@ -997,6 +1006,11 @@ fn parse_with_overrides(
 // ---------------------------------------------------------------------------------------------
 
 impl JobSpec {
+    /// Retries in a row of a lost worker's epoch before the job fails.
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries.unwrap_or(DEFAULT_MAX_RETRIES)
+    }
+
     /// The training mode (a replica group trains in its group's mode).
     pub fn mode(&self) -> Parallelism {
         match self.parallelism {
@@ -1190,6 +1204,14 @@ impl JobSpec {
                 "scaling",
                 "scaling policies resize partition-parallel jobs; data, model and replica-group jobs keep \
                  a fixed size for now",
+            ));
+        }
+        if let Some(r) = self.max_retries
+            && r > MAX_RETRIES_LIMIT
+        {
+            return Err(invalid(
+                "max_retries",
+                format!("at most {MAX_RETRIES_LIMIT} retries in a row, got {r}"),
             ));
         }
         if let Some(t) = &self.timeouts {

@@ -177,9 +177,14 @@ fn train_runs(
                 eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
             }
             let usd = (m.train_s + m.eval_s) * price_per_worker_s();
-            if let Err(e) =
-                dir.append_metrics(&json!({ "run": run, "seed": seed, "metrics": m, "usd": usd }))
-            {
+            let line = physalia_control::MetricsLine {
+                run,
+                seed,
+                metrics: m.clone(),
+                workers: Vec::new(),
+                usd,
+            };
+            if let Err(e) = dir.append_metrics(&line) {
                 io_err.get_or_insert(e);
             }
         };

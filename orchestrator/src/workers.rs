@@ -104,7 +104,7 @@ pub fn local_launch(
     if segment > 0 {
         // relaunched workers must not kill themselves again at the test hook's epoch
         cfg.env_remove
-            .push(physalia_worker::run::ENV_TEST_DIE_AT_EPOCH.into());
+            .push(physalia_control::env::ENV_TEST_DIE_AT_EPOCH.into());
     }
     let program = binary.display().to_string();
     let spec = worker_spec(
@@ -268,24 +268,6 @@ mod tests {
     use physalia_backends::{Launched, WorkerStatus};
 
     use super::*;
-
-    /// The worker reads the contract under `physalia_worker::run`'s names; the backends set it under
-    /// their own copies of them.
-    #[test]
-    fn the_backends_set_the_variables_the_worker_reads() {
-        use physalia_worker::run as w;
-        for (backend, worker) in [
-            (physalia_backends::ENV_COORDINATOR, w::ENV_COORDINATOR),
-            (physalia_backends::ENV_RANK, w::ENV_RANK),
-            (physalia_backends::ENV_WORLD, w::ENV_WORLD),
-            (physalia_backends::ENV_JOB_ID, w::ENV_JOB_ID),
-            (physalia_backends::ENV_SECRETS_DIR, w::ENV_SECRETS_DIR),
-            (physalia_backends::ENV_MESH_PORT, w::ENV_MESH_PORT),
-            (physalia_backends::ENV_ADVERTISE_IP, w::ENV_ADVERTISE_IP),
-        ] {
-            assert_eq!(backend, worker);
-        }
-    }
 
     #[test]
     fn identities_give_each_rank_its_own_certificate_and_one_ca() {

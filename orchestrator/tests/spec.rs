@@ -136,6 +136,7 @@ fn full_example_parses() {
         scaling: None,
         scaling_file: None,
         timeouts: None,
+        max_retries: None,
         backend: BackendKind::Local,
         output: OutputSpec {
             dir: PathBuf::from("out/jobs"),

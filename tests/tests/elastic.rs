@@ -197,6 +197,41 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
 }
 
 #[test]
+fn a_plain_three_worker_job_survives_a_sigkilled_worker() {
+    // no scaling policy: every multi-worker job retries a lost worker's epoch from the last checkpoint
+    let t = TempDir::new().unwrap();
+    let three = JOB.replace("output:", "workers: 3\noutput:");
+    write_job(t.path(), "job.yaml", &three);
+    let fixed = submit(t.path(), "job.yaml", &[]);
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
+            ("PHYSALIA_TEST_DIE_RANK", "1"),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_same_curve(&got, &want);
+    assert!(got.iter().all(|e| e.2 == 3), "{got:?}");
+    let events = v["scaling_events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let what = events[0]["event"].as_str().unwrap();
+    assert!(
+        what.contains("signal 9") && what.contains("retrying epoch 5 on 3 workers"),
+        "{what}"
+    );
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
+    assert!(dir.join("model.safetensors").is_file());
+    assert!(
+        fixed["scaling_events"].as_array().unwrap().is_empty(),
+        "{fixed}"
+    );
+}
+
+#[test]
 fn report_refuses_what_is_not_a_job_directory_naming_it() {
     let t = TempDir::new().unwrap();
     let run = |dir: &Path| {
@@ -208,6 +243,7 @@ fn report_refuses_what_is_not_a_job_directory_naming_it() {
     let out = run(&t.path().join("nope"));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope: not a job directory"));
+    // a line that is JSON but not a whole metrics line is refused too (no silent defaults), naming it
     std::fs::write(
         t.path().join("metrics.jsonl"),
         "{\"run\":0,\"metrics\":{\"epoch\":1}}\nnot json\n",
@@ -217,9 +253,12 @@ fn report_refuses_what_is_not_a_job_directory_naming_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("metrics.jsonl:2: not a JSON metrics line"),
+        err.contains("metrics.jsonl:1: not a metrics line: missing field `loss`"),
         "{err}"
     );
+    std::fs::write(t.path().join("metrics.jsonl"), "not json\n").unwrap();
+    let err = String::from_utf8_lossy(&run(t.path()).stderr).into_owned();
+    assert!(err.contains("metrics.jsonl:1: not a metrics line"), "{err}");
     assert!(!t.path().join("report.html").exists());
 }
 

@@ -189,12 +189,22 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn a_worker_killed_mid_training_fails_the_job_naming_it() {
+    // every multi-worker job retries a lost worker's epoch (elastic.rs tests that); with no retries
+    // allowed, the first loss fails the job
     let t = TempDir::new().unwrap();
     write_job(t.path(), "job.yaml", JOB);
     let start = Instant::now();
     let out = Command::new(physalia_tests::physalia_bin())
         .current_dir(t.path())
-        .args(["submit", "job.yaml", "--set", "workers=3", "-q"])
+        .args([
+            "submit",
+            "job.yaml",
+            "--set",
+            "workers=3",
+            "--set",
+            "max_retries=0",
+            "-q",
+        ])
         .env("PHYSALIA_TEST_DIE_AT_EPOCH", "3")
         .env("PHYSALIA_TEST_DIE_RANK", "1")
         .env_remove("RUST_BACKTRACE")

@@ -28,37 +28,7 @@ use physalia_wire::{
 };
 use serde::{Deserialize, Serialize};
 
-/// How halo rows are exchanged.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ExchangeOptions {
-    /// Fraction of boundary rows sent per training epoch (1 = all: exact).
-    pub boundary_sampling: f32,
-    /// Scale sampled rows by `1 / boundary_sampling` (an unbiased estimate of the aggregation, with high
-    /// variance at small rates); off, unsampled boundary nodes simply drop out of the aggregation.
-    #[serde(default)]
-    pub boundary_rescale: bool,
-    /// Reuse halo rows for this many epochs after a refresh (0 = always fresh: exact).
-    pub staleness_epochs: u32,
-    /// With `staleness_epochs` above 0: refresh earlier when rows changed by at least this fraction.
-    #[serde(default)]
-    pub staleness_threshold: Option<f32>,
-    /// Element type of exchanged rows.
-    pub dtype: Dtype,
-    pub seed: u64,
-}
-
-impl Default for ExchangeOptions {
-    fn default() -> Self {
-        ExchangeOptions {
-            boundary_sampling: 1.0,
-            boundary_rescale: false,
-            staleness_epochs: 0,
-            staleness_threshold: None,
-            dtype: Dtype::F32,
-            seed: 0,
-        }
-    }
-}
+pub use physalia_control::ExchangeOptions;
 
 /// Time spent by one worker in an epoch, split by what it waited for.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,6 @@
 //! `physalia-worker` binary wraps it with registration and the QUIC mesh, tests wrap it with threads and
 //! the in-memory link.
 
-pub mod control;
 pub mod exchange;
 pub mod minibatch;
 pub mod run;
@@ -15,7 +14,8 @@ use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig
 use physalia_graph::partition::Part;
 use physalia_wire::Link;
 
-pub use exchange::{ExchangeOptions, MeshExchange};
+pub use exchange::MeshExchange;
+pub use physalia_control::{ExchangeOptions, MiniBatchOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

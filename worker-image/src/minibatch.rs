@@ -44,51 +44,7 @@ use physalia_wire::{Dtype, Link, Phase, Tag, fetch_rows};
 use crate::Error;
 use crate::exchange::MeshExchange;
 
-/// How mini-batches are drawn and prepared.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct MiniBatchOptions {
-    /// Per hop, PyG order: `fanouts[0]` for the seeds. `None` takes every neighbour.
-    pub fanouts: Vec<Option<u32>>,
-    /// Seeds per step over all workers (the global batch; each worker trains its share of it), so what is
-    /// learned does not depend on the worker count.
-    pub batch_size: usize,
-    /// Remote feature rows each worker caches (0: none).
-    pub cache_rows: usize,
-    /// Batches pre-sampled to rank remote rows by how often they are read.
-    pub presample_batches: usize,
-    /// Loader threads and how many batches they may run ahead.
-    pub loader_threads: usize,
-    pub prefetch: usize,
-}
-
-impl MiniBatchOptions {
-    /// One fan-out per layer and a positive batch size.
-    pub fn check(&self, layers: usize) -> Result<(), Error> {
-        if self.fanouts.len() != layers {
-            return Err(Error::Config(format!(
-                "{} fan-outs for a model of {layers} layers: give one per layer",
-                self.fanouts.len()
-            )));
-        }
-        if self.batch_size == 0 {
-            return Err(Error::Config("batch_size must be at least 1".into()));
-        }
-        Ok(())
-    }
-}
-
-impl Default for MiniBatchOptions {
-    fn default() -> Self {
-        MiniBatchOptions {
-            fanouts: vec![Some(25), Some(10)],
-            batch_size: 1024,
-            cache_rows: 0,
-            presample_batches: 8,
-            loader_threads: 1,
-            prefetch: 2,
-        }
-    }
-}
+pub use physalia_control::MiniBatchOptions;
 
 /// What a data-parallel worker holds.
 pub struct Shard<'a> {
@@ -265,7 +221,7 @@ pub fn train_minibatch(
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (mesh.rank(), mesh.world());
     let config = |problem: String| Error::Config(problem);
-    opts.check(cfg.layers)?;
+    opts.check(cfg.layers).map_err(Error::Config)?;
     if shard.train_by_rank.len() != world {
         return Err(config(format!(
             "training seeds for {} ranks in a mesh of {world}",
@@ -819,7 +775,7 @@ pub fn train_p3<L: Link + ?Sized>(
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (link.rank(), link.world());
     let config = |problem: String| Error::Config(problem);
-    opts.check(cfg.layers)?;
+    opts.check(cfg.layers).map_err(Error::Config)?;
     if cfg.layers < 2 {
         return Err(config(
             "model parallelism (P3) needs at least 2 layers: the first is split by columns, the rest run data-parallel".into(),

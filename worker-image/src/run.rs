@@ -1,9 +1,14 @@
 //! What the `physalia-worker` process does: read its environment, register with the coordinator, join the
 //! mesh, train its partition, report every epoch, and finish.
 //!
-//! Environment (set by the backend; certificates and keys are files, never values on the command line):
-//! [`ENV_COORDINATOR`] (address of the coordinator's control endpoint), [`ENV_RANK`], [`ENV_WORLD`],
-//! [`ENV_JOB_ID`], [`ENV_SECRETS_DIR`] (a folder holding `ca.pem`, `cert.pem` and `key.pem`).
+//! Environment: the contract in [`physalia_control::env`] (set by the backend; certificates and keys are
+//! files, never values on the command line).
+//!
+//! Files: the assignment names artifacts (this worker's partition, the partitioning, the dataset, the
+//! checkpoint to resume from), never paths on the coordinator's disk. A worker on the coordinator's machine
+//! reads them in place; any other fetches them over its control connection into its work folder
+//! ([`physalia_control::env::ENV_WORK_DIR`]). Rank 0 sends the coordinator each epoch's checkpoint before
+//! it reports the epoch, and the model before it reports that it is done.
 //!
 //! Test hook: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
@@ -15,67 +20,35 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use physalia_control::env::{ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, WorkerEnv};
+use physalia_control::{
+    Artifact, Assignment, ControlClient, ToCoordinator, ToWorker, TrainMode, Upload,
+};
+use physalia_gnn::EpochMetrics;
 use physalia_graph::partition::Part;
 use physalia_wire::{Link, QuicEndpoint, QuicOptions, TlsIdentity, job_key};
 
-use crate::control::{ControlClient, ToCoordinator, ToWorker};
-
-pub const ENV_COORDINATOR: &str = "PHYSALIA_COORDINATOR_ADDR";
-pub const ENV_RANK: &str = "PHYSALIA_RANK";
-pub const ENV_WORLD: &str = "PHYSALIA_WORLD";
-pub const ENV_JOB_ID: &str = "PHYSALIA_JOB_ID";
-pub const ENV_SECRETS_DIR: &str = "PHYSALIA_SECRETS_DIR";
-/// Port the mesh endpoint binds on every interface (containers); unset: loopback, any port (local processes).
-pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
-/// The IP peers reach this worker at (a pod's IP); unset: the local address of the route to the coordinator.
-pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
-pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
-pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
-
-/// How long a worker waits for its assignment after registering (the coordinator waits for every worker).
+/// How long a worker waits for its assignment after registering, until the coordinator says otherwise
+/// (`ToWorker::Wait`: a prewarmed worker waits for the launch that will use it).
 const ASSIGNMENT_TIMEOUT: Duration = Duration::from_secs(300);
 
 static DONE: AtomicBool = AtomicBool::new(false);
 
-struct WorkerEnv {
-    coordinator: SocketAddr,
-    rank: usize,
-    world: usize,
-    job_id: String,
-    secrets: PathBuf,
-}
-
-fn var(name: &str) -> Result<String> {
-    std::env::var(name).with_context(|| {
-        format!("{name} is not set (physalia-worker is started by `physalia submit`)")
-    })
-}
-
-impl WorkerEnv {
-    fn from_env() -> Result<WorkerEnv> {
-        let coordinator = var(ENV_COORDINATOR)?
-            .parse()
-            .with_context(|| format!("{ENV_COORDINATOR} is not ip:port"))?;
-        let rank: usize = var(ENV_RANK)?
-            .parse()
-            .with_context(|| format!("{ENV_RANK} is not a number"))?;
-        let world: usize = var(ENV_WORLD)?
-            .parse()
-            .with_context(|| format!("{ENV_WORLD} is not a number"))?;
-        if rank >= world {
-            bail!("{ENV_RANK}={rank} is not below {ENV_WORLD}={world}");
-        }
-        Ok(WorkerEnv {
-            coordinator,
-            rank,
-            world,
-            job_id: var(ENV_JOB_ID)?,
-            secrets: var(ENV_SECRETS_DIR)?.into(),
-        })
-    }
+/// What training needs from the coordinator besides the mesh: its files, a place to keep what rank 0
+/// writes, and the per-epoch report. The worker process implements it over its control connection;
+/// tests over a folder.
+pub trait Coordinator {
+    /// `artifact` as a file on this machine, checked against its size and checksum.
+    fn artifact(&mut self, artifact: &Artifact) -> Result<PathBuf>;
+    /// Hands the file at `path` to the coordinator as `what`; returns once the coordinator stored it.
+    fn keep(&mut self, what: Upload, path: &Path) -> Result<()>;
+    /// Reports a finished epoch.
+    fn epoch(&mut self, metrics: &EpochMetrics) -> Result<()>;
+    /// A folder this worker may write.
+    fn scratch(&self) -> &Path;
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -105,32 +78,46 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The whole life of a worker process.
-/// Trains what the coordinator assigned, in the assigned mode.
+/// Trains what the coordinator assigned, in the assigned mode; rank 0 hands the coordinator each epoch's
+/// checkpoint (when asked) and the model.
 pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     link: &mut L,
-    a: &crate::control::Assignment,
-    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
-) -> Result<(physalia_gnn::Model, physalia_gnn::TrainSummary)> {
-    use crate::control::TrainMode;
+    a: &Assignment,
+    io: &mut dyn Coordinator,
+) -> Result<physalia_gnn::TrainSummary> {
     use crate::minibatch::{ColumnShard, ShardData, column_features, column_slice};
     use physalia_graph::{Dataset, Split};
-    let dataset = || -> Result<Dataset> {
-        let path = a
-            .dataset_path
+    let rank = link.rank();
+    let dataset = |io: &mut dyn Coordinator| -> Result<Dataset> {
+        let artifact = a
+            .dataset
             .as_ref()
             .context("the assignment names no dataset (needed for data and model parallelism)")?;
-        Dataset::open(path).with_context(|| format!("opening {}", path.display()))
+        let path = io.artifact(artifact)?;
+        Dataset::open(&path).with_context(|| format!("opening {}", path.display()))
+    };
+    let mut report_error = None;
+    let mut report = |io: &mut dyn Coordinator, m: &EpochMetrics| -> bool {
+        match io.epoch(m) {
+            Ok(()) => true,
+            Err(e) => {
+                report_error.get_or_insert(e);
+                false
+            }
+        }
     };
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
-    Ok(match a.mode {
+    let part_path = io.artifact(&a.part)?;
+    let load_part =
+        || Part::load(&part_path).with_context(|| format!("loading {}", part_path.display()));
+    let (model, summary) = match a.mode {
         TrainMode::Partition => {
-            let part = Part::load(&a.part_path)
-                .with_context(|| format!("loading {}", a.part_path.display()))?;
+            let part = load_part()?;
             let resume = match &a.resume_from {
-                Some(path) => {
-                    let (model, opt, progress) = physalia_gnn::save::load_checkpoint(path)
+                Some(artifact) => {
+                    let path = io.artifact(artifact)?;
+                    let (model, opt, progress) = physalia_gnn::save::load_checkpoint(&path)
                         .with_context(|| format!("resuming from {}", path.display()))?;
                     Some(crate::Resume {
                         model,
@@ -140,7 +127,6 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 }
                 None => None,
             };
-            let rank = link.rank();
             let mut save_err = None;
             let (model, summary, _) = crate::train_part_from(
                 link,
@@ -152,36 +138,37 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 a.row_normalize,
                 resume,
                 &mut |e| {
-                    if rank == 0
-                        && let Some(dir) = &a.checkpoint_dir
-                    {
-                        let path = crate::control::checkpoint_path(dir, e.metrics.epoch);
-                        if let Err(err) =
-                            physalia_gnn::save::save_checkpoint(e.model, e.opt, e.progress, &path)
-                        {
+                    if rank == 0 && a.checkpoints {
+                        let epoch = e.metrics.epoch;
+                        let path = physalia_control::checkpoint_path(io.scratch(), epoch);
+                        let kept = physalia_gnn::save::save_checkpoint(
+                            e.model, e.opt, e.progress, &path,
+                        )
+                        .with_context(|| format!("writing {}", path.display()))
+                        .and_then(|()| io.keep(Upload::Checkpoint { epoch }, &path));
+                        let _ = std::fs::remove_file(&path);
+                        if let Err(err) = kept {
                             save_err = Some(err);
                             return false;
                         }
                     }
-                    on_epoch(e.metrics);
-                    true
+                    report(io, e.metrics)
                 },
             )?;
             if let Some(e) = save_err {
-                return Err(e).context("writing a checkpoint");
+                return Err(e).context("keeping a checkpoint");
             }
             (model, summary)
         }
         TrainMode::Data => {
-            let part = Part::load(&a.part_path)
-                .with_context(|| format!("loading {}", a.part_path.display()))?;
-            let set = a
-                .part_path
-                .parent()
-                .context("a part file lies in its set's folder")?;
+            let part = load_part()?;
+            let map = a
+                .partitioning
+                .as_ref()
+                .context("a data-parallel assignment names the partitioning")?;
             let (_, partitioning) =
-                physalia_graph::partition::load_partitioning(&set.join("partition.safetensors"))?;
-            let ds = dataset()?;
+                physalia_graph::partition::load_partitioning(&io.artifact(map)?)?;
+            let ds = dataset(io)?;
             let csr = ds.csr();
             let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
             let data = ShardData::from_part(
@@ -202,11 +189,13 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 a.seed,
                 &a.train,
                 &options(),
-                on_epoch,
+                &mut |m| {
+                    report(io, m);
+                },
             )?
         }
         TrainMode::Model => {
-            let ds = dataset()?;
+            let ds = dataset(io)?;
             let d = ds.meta().feat_dim;
             let cols = column_slice(d, link.world(), link.rank());
             let x_cols = column_features(ds.features(), d, cols.clone(), a.row_normalize);
@@ -231,23 +220,77 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 a.seed,
                 &a.train,
                 &options(),
-                on_epoch,
+                &mut |m| {
+                    report(io, m);
+                },
             )?
         }
-    })
+    };
+    if let Some(e) = report_error {
+        return Err(e).context("reporting an epoch");
+    }
+    if rank == 0 {
+        let path = io.scratch().join("model.safetensors");
+        physalia_gnn::save::save_model(&model, &path, &[("seed", a.seed.to_string())])
+            .with_context(|| format!("saving the model to {}", path.display()))?;
+        let kept = io.keep(Upload::Model, &path);
+        let _ = std::fs::remove_file(&path);
+        kept.context("handing the model to the coordinator")?;
+    }
+    Ok(summary)
 }
 
-/// The mesh address peers should dial: the bound one, with an unspecified IP replaced by
-/// [`ENV_ADVERTISE_IP`] or by the local address of the route to the coordinator.
-fn advertised(bound: SocketAddr, coordinator: SocketAddr) -> Result<SocketAddr> {
+/// The worker process's [`Coordinator`]: its control connection and work folder.
+struct ControlIo<'a> {
+    control: &'a mut ControlClient,
+    work: PathBuf,
+    rank: usize,
+    die_at: Option<usize>,
+}
+
+impl Coordinator for ControlIo<'_> {
+    fn artifact(&mut self, artifact: &Artifact) -> Result<PathBuf> {
+        Ok(self.control.fetch(artifact, &self.work)?)
+    }
+
+    fn keep(&mut self, what: Upload, path: &Path) -> Result<()> {
+        Ok(self.control.upload(what, path)?)
+    }
+
+    fn epoch(&mut self, m: &EpochMetrics) -> Result<()> {
+        if self.die_at == Some(m.epoch) {
+            eprintln!(
+                "worker {}: test hook: killing myself after epoch {}",
+                self.rank, m.epoch
+            );
+            // SAFETY: kill(2) on our own pid has no memory effects.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        Ok(self.control.send(&ToCoordinator::Epoch {
+            rank: self.rank,
+            metrics: m.clone(),
+        })?)
+    }
+
+    fn scratch(&self) -> &Path {
+        &self.work
+    }
+}
+
+/// The mesh address peers should dial: the bound one, with an unspecified IP replaced by `advertise`
+/// (the platform's word for this worker's address) or by the local address of the route to the
+/// coordinator.
+fn advertised(
+    bound: SocketAddr,
+    coordinator: SocketAddr,
+    advertise: Option<std::net::IpAddr>,
+) -> Result<SocketAddr> {
     if !bound.ip().is_unspecified() {
         return Ok(bound);
     }
-    let ip = match std::env::var(ENV_ADVERTISE_IP) {
-        Ok(ip) => ip
-            .parse()
-            .with_context(|| format!("{ENV_ADVERTISE_IP}: not an IP address: {ip:?}"))?,
-        Err(_) => {
+    let ip = match advertise {
+        Some(ip) => ip,
+        None => {
             let probe = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
             probe
                 .connect(coordinator)
@@ -259,22 +302,17 @@ fn advertised(bound: SocketAddr, coordinator: SocketAddr) -> Result<SocketAddr> 
 }
 
 pub fn run_from_env() -> Result<()> {
-    let env = WorkerEnv::from_env()?;
+    let env = WorkerEnv::from_env().map_err(anyhow::Error::msg)?;
     let identity = read_identity(&env.secrets)?;
     let job = job_key(&env.job_id);
     let rank = env.rank;
-    let bind: std::net::SocketAddr = match std::env::var(ENV_MESH_PORT) {
-        Ok(port) => {
-            let port: u16 = port
-                .parse()
-                .with_context(|| format!("{ENV_MESH_PORT}: not a port: {port:?}"))?;
-            (std::net::Ipv4Addr::UNSPECIFIED, port).into()
-        }
-        Err(_) => "127.0.0.1:0".parse()?,
+    let bind: std::net::SocketAddr = match env.mesh_port {
+        Some(port) => (std::net::Ipv4Addr::UNSPECIFIED, port).into(),
+        None => "127.0.0.1:0".parse()?,
     };
     let endpoint = QuicEndpoint::bind(rank, job, &identity, bind, QuicOptions::default())
         .context("binding the mesh endpoint")?;
-    let mesh_addr = advertised(endpoint.local_addr(), env.coordinator)?;
+    let mesh_addr = advertised(endpoint.local_addr(), env.coordinator, env.advertise_ip)?;
     let mut control = ControlClient::connect(
         env.coordinator,
         &identity,
@@ -288,9 +326,24 @@ pub fn run_from_env() -> Result<()> {
         env.world,
         endpoint.local_addr()
     );
-    let assignment = match control.recv_timeout(ASSIGNMENT_TIMEOUT)? {
-        ToWorker::Assign(a) => a,
-        ToWorker::Stop { reason } => bail!("stopped by the coordinator before training: {reason}"),
+    let mut deadline = Instant::now() + ASSIGNMENT_TIMEOUT;
+    let assignment = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match control.recv_timeout(left)? {
+            ToWorker::Assign(a) => break a,
+            ToWorker::Wait { for_s } => {
+                // a bad value from the coordinator must not turn into a panic or an endless wait
+                let for_s = if for_s.is_finite() {
+                    for_s.clamp(0.0, 7.0 * 86400.0)
+                } else {
+                    0.0
+                };
+                deadline = Instant::now() + Duration::from_secs_f64(for_s);
+            }
+            ToWorker::Stop { reason } => {
+                bail!("stopped by the coordinator before training: {reason}")
+            }
+        }
     };
     if assignment.peers.len() != env.world {
         bail!(
@@ -302,13 +355,19 @@ pub fn run_from_env() -> Result<()> {
     // From here on a stop or a lost coordinator ends the process, whatever training is doing.
     if let Some(incoming) = control.take_incoming() {
         std::thread::spawn(move || {
-            let why = match incoming.recv() {
-                Ok(Ok(ToWorker::Stop { reason })) => {
-                    format!("stopped by the coordinator: {reason}")
-                }
-                Ok(Ok(other)) => format!("unexpected message from the coordinator: {other:?}"),
-                Ok(Err(reason)) => reason,
-                Err(_) => "the control connection is gone".into(),
+            let why = loop {
+                break match incoming.recv() {
+                    Ok(Ok(ToWorker::Stop { reason })) => {
+                        format!("stopped by the coordinator: {reason}")
+                    }
+                    // sent before the assignment and overtaken by it: nothing to wait for now
+                    Ok(Ok(ToWorker::Wait { .. })) => continue,
+                    Ok(Ok(other)) => {
+                        format!("unexpected message from the coordinator: {other:?}")
+                    }
+                    Ok(Err(reason)) => reason,
+                    Err(_) => "the control connection is gone".into(),
+                };
             };
             if DONE.load(Ordering::SeqCst) {
                 std::process::exit(0);
@@ -318,36 +377,20 @@ pub fn run_from_env() -> Result<()> {
         });
     }
     let die_at = test_die_at(rank);
+    std::fs::create_dir_all(&env.work_dir)
+        .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
         let mut link = endpoint
             .join(&assignment.peers)
             .context("joining the mesh")?;
         link.set_timeout(Duration::from_secs_f64(assignment.epoch_timeout_s));
-        let mut report_error = None;
-        let mut on_epoch = |m: &physalia_gnn::EpochMetrics| {
-            if die_at == Some(m.epoch) {
-                eprintln!(
-                    "worker {rank}: test hook: killing myself after epoch {}",
-                    m.epoch
-                );
-                // SAFETY: kill(2) on our own pid has no memory effects.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-            }
-            if let Err(e) = control.send(&ToCoordinator::Epoch {
-                rank,
-                metrics: m.clone(),
-            }) {
-                report_error.get_or_insert(e);
-            }
+        let mut io = ControlIo {
+            control: &mut control,
+            work: env.work_dir.clone(),
+            rank,
+            die_at,
         };
-        let (model, summary) = train_assigned(&mut link, &assignment, &mut on_epoch)?;
-        if let Some(e) = report_error {
-            return Err(e).context("reporting an epoch");
-        }
-        if let Some(path) = &assignment.model_out {
-            physalia_gnn::save::save_model(&model, path, &[("seed", assignment.seed.to_string())])
-                .with_context(|| format!("saving the model to {}", path.display()))?;
-        }
+        let summary = train_assigned(&mut link, &assignment, &mut io)?;
         // Dropping the link waits for the peers to receive our last frames.
         drop(link);
         Ok(summary)
@@ -384,14 +427,17 @@ mod tests {
         let coordinator: SocketAddr = "127.0.0.1:9".parse().unwrap();
         // bound to one address: that one
         let bound: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        assert_eq!(advertised(bound, coordinator).unwrap(), bound);
-        // bound to every interface: the route to the coordinator (unless PHYSALIA_ADVERTISE_IP says)
-        if std::env::var(ENV_ADVERTISE_IP).is_err() {
-            let any: SocketAddr = "0.0.0.0:4001".parse().unwrap();
-            assert_eq!(
-                advertised(any, coordinator).unwrap(),
-                "127.0.0.1:4001".parse::<SocketAddr>().unwrap()
-            );
-        }
+        assert_eq!(advertised(bound, coordinator, None).unwrap(), bound);
+        // bound to every interface: the route to the coordinator, unless the platform said
+        let any: SocketAddr = "0.0.0.0:4001".parse().unwrap();
+        assert_eq!(
+            advertised(any, coordinator, None).unwrap(),
+            "127.0.0.1:4001".parse::<SocketAddr>().unwrap()
+        );
+        let pod: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(
+            advertised(any, coordinator, Some(pod)).unwrap(),
+            "10.1.2.3:4001".parse::<SocketAddr>().unwrap()
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use base64::Engine;
 
-use crate::run::ENV_SECRETS_DIR;
+use physalia_control::env::ENV_SECRETS_DIR;
 
 /// The variable holding the bundle.
 pub const ENV_SECRET_BUNDLE: &str = "PHYSALIA_SECRET_BUNDLE";

@@ -1,5 +1,5 @@
-//! The control channel between the coordinator and its workers: the messages, and both ends of one QUIC
-//! connection per worker carrying them.
+//! The control connection between the coordinator and its workers: both ends of one QUIC connection per
+//! worker, carrying the [messages](crate::messages) and the [files](crate::transfer) of the job.
 //!
 //! The coordinator is not a rank of the training mesh (the mesh's collectives run over exactly the N
 //! workers), so it does not use [`physalia_wire::QuicEndpoint`]: it runs a [`ControlServer`], a plain quinn
@@ -11,29 +11,29 @@
 //! claims. Every refusal becomes a [`ServerEvent::Refused`] (the coordinator logs it) and is counted.
 //!
 //! Messages are [`Frame::control`] JSON frames on one bidirectional stream per worker, so they arrive in
-//! order. Both ends are blocking APIs over a private tokio runtime; neither may be used inside an async
-//! context.
+//! order. Each file transfer ([`ControlClient::fetch`], [`ControlClient::upload`]) is a further stream of
+//! the same connection. Both ends are blocking APIs over a private tokio runtime; neither may be used
+//! inside an async context.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
 use physalia_wire::{
     Dtype, Frame, FrameHeader, HEADER_LEN, Phase, TlsIdentity, WireError, check_cert_name,
     peer_certificates,
 };
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, Incoming, ReadExactError, RecvStream, SendStream, VarInt};
-use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
-use crate::ExchangeOptions;
+use crate::messages::{Artifact, ToCoordinator, ToWorker, Upload};
+use crate::transfer::{self, Files, Reply, Request};
 
 /// The certificate name of the coordinator's control endpoint.
 pub const COORDINATOR_NAME: &str = "coordinator";
@@ -43,87 +43,6 @@ const COORDINATOR_SENDER: u16 = u16::MAX;
 const MAX_CONTROL_BYTES: u64 = 64 << 20;
 const REFUSED: u32 = 1;
 
-/// Worker to coordinator.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ToCoordinator {
-    /// The first message: who I am and where my mesh endpoint listens.
-    Register {
-        rank: usize,
-        pid: u32,
-        mesh_addr: SocketAddr,
-    },
-    /// One training epoch finished (metrics are global; `exchange` is this worker's).
-    Epoch { rank: usize, metrics: EpochMetrics },
-    /// Training finished; rank 0 has written the model.
-    Done {
-        rank: usize,
-        summary: TrainSummary,
-        peak_rss_bytes: Option<u64>,
-    },
-    /// Training failed on this worker.
-    Failed { rank: usize, error: String },
-}
-
-/// What a worker trains: sent once every worker has registered.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Assignment {
-    /// Mesh address of every rank, by rank.
-    pub peers: Vec<SocketAddr>,
-    pub part_path: PathBuf,
-    pub model: ModelConfig,
-    pub train: TrainConfig,
-    pub seed: u64,
-    pub exchange: ExchangeOptions,
-    pub row_normalize: bool,
-    /// Where to write the model (rank 0 only).
-    pub model_out: Option<PathBuf>,
-    /// The bound on every wait for a peer inside an epoch.
-    pub epoch_timeout_s: f64,
-    /// How the job is parallelised; data and model parallelism read the dataset itself (structure, splits,
-    /// and for model parallelism this worker's feature columns).
-    #[serde(default)]
-    pub mode: TrainMode,
-    #[serde(default)]
-    pub minibatch: Option<crate::minibatch::MiniBatchOptions>,
-    #[serde(default)]
-    pub dataset_path: Option<PathBuf>,
-    /// Continue from this checkpoint (partition parallelism).
-    #[serde(default)]
-    pub resume_from: Option<PathBuf>,
-    /// Rank 0 writes `epoch-<e>.safetensors` here after every epoch, before reporting the epoch.
-    #[serde(default)]
-    pub checkpoint_dir: Option<PathBuf>,
-}
-
-/// The checkpoint file of `epoch` in a checkpoint folder.
-pub fn checkpoint_path(dir: &std::path::Path, epoch: usize) -> PathBuf {
-    dir.join(format!("epoch-{epoch:06}.safetensors"))
-}
-
-/// The three ways a job splits its work over workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TrainMode {
-    /// Full-graph training on METIS partitions with halo exchange.
-    #[default]
-    Partition,
-    /// Mini-batches of each worker's own seeds; gradients all-reduced every step.
-    Data,
-    /// P3: features split by column; the first layer's partial products go to the batch owners.
-    Model,
-}
-
-/// Coordinator to worker.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ToWorker {
-    Assign(Box<Assignment>),
-    /// Stop now (another worker failed, or the job was cancelled).
-    Stop {
-        reason: String,
-    },
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -133,6 +52,10 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     #[error("control channel: {0}")]
     Protocol(String),
+}
+
+pub(crate) fn coordinator_header(job: u64) -> FrameHeader {
+    header(COORDINATOR_SENDER, job)
 }
 
 fn header(sender: u16, job: u64) -> FrameHeader {
@@ -148,13 +71,13 @@ fn header(sender: u16, job: u64) -> FrameHeader {
     }
 }
 
-async fn write_frame(send: &mut SendStream, frame: &Frame) -> Result<(), String> {
+pub(crate) async fn write_frame(send: &mut SendStream, frame: &Frame) -> Result<(), String> {
     send.write_chunk(Bytes::from(frame.encode()))
         .await
         .map_err(|e| e.to_string())
 }
 
-async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, String> {
+pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, String> {
     let mut head = [0u8; HEADER_LEN];
     match recv.read_exact(&mut head).await {
         Ok(()) => {}
@@ -218,6 +141,11 @@ pub enum ServerEvent {
         addr: SocketAddr,
         reason: String,
     },
+    /// A registered worker's file transfer failed or was refused (the worker sees the error too).
+    Transfer {
+        rank: usize,
+        error: String,
+    },
 }
 
 /// Sends messages to one registered worker without waiting.
@@ -242,13 +170,15 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Binds `addr` with the coordinator's identity (a certificate named [`COORDINATOR_NAME`]) for a job of
-    /// `world` workers. A connection must register within `register_timeout` of its handshake.
+    /// `world` workers. A connection must register within `register_timeout` of its handshake. Registered
+    /// workers fetch what `files` serves and upload where it says.
     pub fn bind(
         identity: &TlsIdentity,
         job: u64,
         world: usize,
         addr: SocketAddr,
         register_timeout: Duration,
+        files: Files,
     ) -> Result<ControlServer, ControlError> {
         let crypto =
             QuicServerConfig::try_from(physalia_wire::server_config(identity)?).map_err(tls_err)?;
@@ -272,6 +202,7 @@ impl ControlServer {
                     register_timeout,
                     tx.clone(),
                     count.clone(),
+                    files.clone(),
                 ));
             }
         });
@@ -316,6 +247,7 @@ async fn admit(
     register_timeout: Duration,
     events: mpsc::Sender<ServerEvent>,
     refusals: Arc<AtomicU64>,
+    files: Files,
 ) {
     let addr = incoming.remote_address();
     let refuse = |reason: String| {
@@ -371,6 +303,18 @@ async fn admit(
                 return refuse(reason);
             }
         };
+    // every further stream of the connection is one file transfer
+    let (streams, transfer_events) = (conn.clone(), events.clone());
+    tokio::spawn(async move {
+        while let Ok((send, recv)) = streams.accept_bi().await {
+            let (files, events) = (files.clone(), transfer_events.clone());
+            tokio::spawn(async move {
+                if let Err(error) = transfer::serve_stream(rank, job, files, send, recv).await {
+                    let _ = events.send(ServerEvent::Transfer { rank, error });
+                }
+            });
+        }
+    });
     let (tx, mut outgoing) = unbounded_channel::<ToWorker>();
     tokio::spawn(async move {
         while let Some(msg) = outgoing.recv().await {
@@ -531,6 +475,85 @@ impl ControlClient {
         }
     }
 
+    /// `artifact` as a file on this machine: where the coordinator keeps it if this machine holds the same
+    /// bytes there, else a copy in `dir` (fetched now unless an earlier fetch left it), checked against the
+    /// artifact's size and checksum either way.
+    pub fn fetch(&mut self, artifact: &Artifact, dir: &Path) -> Result<PathBuf, ControlError> {
+        if let Some(p) = &artifact.path
+            && transfer::holds(p, artifact)
+        {
+            return Ok(p.clone());
+        }
+        let local = dir.join(transfer::local_name(&artifact.name));
+        if transfer::holds(&local, artifact) {
+            return Ok(local);
+        }
+        let request = Frame::control(
+            header(self.rank as u16, self.job),
+            &Request::Get {
+                name: artifact.name.clone(),
+            },
+        )?;
+        let conn = self.conn.clone();
+        let (size, xxh3) = (artifact.size, artifact.xxh3);
+        let name = artifact.name.clone();
+        let dest = local.clone();
+        self.rt
+            .block_on(async move {
+                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+                write_frame(&mut send, &request).await?;
+                let _ = send.finish();
+                let reply: Reply = read_frame(&mut recv)
+                    .await?
+                    .ok_or("no reply")?
+                    .control_value()
+                    .map_err(|e| e.to_string())?;
+                match reply {
+                    Reply::Sending { size: s, xxh3: h } if (s, h) == (size, xxh3) => {
+                        transfer::receive_file(&mut recv, &dest, size, xxh3).await
+                    }
+                    Reply::Sending { size: s, xxh3: h } => Err(format!(
+                        "the coordinator serves {s} bytes with xxh3 {h:016x}; the assignment \
+                         announced {size} bytes with xxh3 {xxh3:016x}"
+                    )),
+                    Reply::Refused { reason } => Err(reason),
+                    Reply::Stored => Err("unexpected reply".into()),
+                }
+            })
+            .map_err(|e| ControlError::Protocol(format!("fetching {name}: {e}")))?;
+        Ok(local)
+    }
+
+    /// Sends the file at `path` to the coordinator to keep as `what`, and returns once it is stored.
+    pub fn upload(&mut self, what: Upload, path: &Path) -> Result<(), ControlError> {
+        let (size, xxh3) = transfer::file_xxh3(path)?;
+        let request = Frame::control(
+            header(self.rank as u16, self.job),
+            &Request::Put { what, size, xxh3 },
+        )?;
+        let conn = self.conn.clone();
+        let path = path.to_path_buf();
+        self.rt
+            .block_on(async move {
+                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+                write_frame(&mut send, &request).await?;
+                // a refusal may come before every byte is sent: the reply says why either way
+                let sent = transfer::send_file(&mut send, &path, size).await;
+                let reply = match read_frame(&mut recv).await {
+                    Ok(Some(frame)) => frame.control_value::<Reply>().map_err(|e| e.to_string()),
+                    Ok(None) => Err("no reply".to_string()),
+                    Err(e) => Err(e),
+                };
+                match (reply, sent) {
+                    (Ok(Reply::Refused { reason }), _) => Err(reason),
+                    (Ok(Reply::Stored), Ok(())) => Ok(()),
+                    (_, Err(e)) | (Err(e), Ok(())) => Err(e),
+                    (Ok(_), Ok(())) => Err("unexpected reply".into()),
+                }
+            })
+            .map_err(|e| ControlError::Protocol(format!("uploading {what:?}: {e}")))
+    }
+
     /// Hands the stream of incoming messages (ending with an `Err` when the connection ends) to a watcher.
     pub fn take_incoming(&mut self) -> Option<mpsc::Receiver<Result<ToWorker, String>>> {
         self.incoming.take()
@@ -561,6 +584,7 @@ mod tests {
             2,
             "127.0.0.1:0".parse().unwrap(),
             Duration::from_secs(5),
+            Files::default(),
         )
         .unwrap()
     }
@@ -669,5 +693,117 @@ mod tests {
         );
         let reason = next_refusal(&s);
         assert!(reason.contains("claims rank 1"), "{reason}");
+    }
+
+    fn registered(s: &ControlServer, ca: &JobCa, rank: usize) -> ControlClient {
+        let id = ca.identity(&worker_name(rank)).unwrap();
+        let c = ControlClient::connect(
+            s.local_addr(),
+            &id,
+            rank,
+            ca.job_key(),
+            "127.0.0.1:9".parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(matches!(
+            s.next_event(Duration::from_secs(5)),
+            Some(ServerEvent::Registered { .. })
+        ));
+        c
+    }
+
+    fn file_server(ca: &JobCa, files: Files) -> ControlServer {
+        ControlServer::bind(
+            &ca.identity(COORDINATOR_NAME).unwrap(),
+            ca.job_key(),
+            2,
+            "127.0.0.1:0".parse().unwrap(),
+            Duration::from_secs(5),
+            files,
+        )
+        .unwrap()
+    }
+
+    /// Bytes that are not all alike, larger than a few chunks.
+    fn payload(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7919 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_worker_fetches_an_artifact_it_cannot_read_and_gets_exactly_its_bytes() {
+        let served = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let bytes = payload(3 * transfer::CHUNK + 12345);
+        let src = served.path().join("part.safetensors");
+        std::fs::write(&src, &bytes).unwrap();
+        let ca = JobCa::new("job-f").unwrap();
+        let files = Files::new(None);
+        let mut artifact = files.serve("part-1", &src).unwrap();
+        assert_eq!(artifact.size, bytes.len() as u64);
+        let s = file_server(&ca, files);
+        let mut c = registered(&s, &ca, 1);
+        // as a container sees it: the coordinator's path is not there
+        artifact.path = Some(PathBuf::from("/nonexistent/part.safetensors"));
+        let got = c.fetch(&artifact, work.path()).unwrap();
+        assert!(got.starts_with(work.path()), "{got:?}");
+        assert_eq!(std::fs::read(&got).unwrap(), bytes);
+        // nothing but the file is left in the folder
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 1);
+        // on the coordinator's machine the file is read in place
+        artifact.path = Some(src.clone());
+        assert_eq!(c.fetch(&artifact, work.path()).unwrap(), src);
+    }
+
+    #[test]
+    fn a_fetch_that_does_not_match_the_announced_checksum_leaves_nothing() {
+        let served = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let src = served.path().join("ds");
+        std::fs::write(&src, payload(5000)).unwrap();
+        let ca = JobCa::new("job-f").unwrap();
+        let files = Files::new(None);
+        let mut artifact = files.serve("dataset", &src).unwrap();
+        let s = file_server(&ca, files);
+        let mut c = registered(&s, &ca, 0);
+        artifact.path = None;
+        artifact.xxh3 ^= 1;
+        let e = c.fetch(&artifact, work.path()).unwrap_err().to_string();
+        assert!(e.contains("fetching dataset") && e.contains("announced"), "{e}");
+        let unknown = Artifact {
+            name: "secrets".into(),
+            size: 1,
+            xxh3: 0,
+            path: None,
+        };
+        let e = c.fetch(&unknown, work.path()).unwrap_err().to_string();
+        assert!(e.contains("no artifact named \"secrets\""), "{e}");
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn rank_zero_uploads_checkpoints_and_the_model_and_no_other_rank_may() {
+        let job = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let ca = JobCa::new("job-u").unwrap();
+        let s = file_server(&ca, Files::new(Some(job.path().to_path_buf())));
+        let mut c0 = registered(&s, &ca, 0);
+        let mut c1 = registered(&s, &ca, 1);
+        let ck = work.path().join("ck");
+        let bytes = payload(2 * transfer::CHUNK + 1);
+        std::fs::write(&ck, &bytes).unwrap();
+        c0.upload(Upload::Checkpoint { epoch: 5 }, &ck).unwrap();
+        let stored = job.path().join("checkpoints/epoch-000005.safetensors");
+        assert_eq!(std::fs::read(&stored).unwrap(), bytes);
+        c0.upload(Upload::Model, &ck).unwrap();
+        assert_eq!(std::fs::read(job.path().join("model.safetensors")).unwrap(), bytes);
+        let e = c1.upload(Upload::Model, &ck).unwrap_err().to_string();
+        assert!(e.contains("only rank 0"), "{e}");
+        // only the two files, no temporary left over
+        let names: Vec<_> = std::fs::read_dir(job.path().join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["epoch-000005.safetensors"]);
     }
 }

@@ -1,0 +1,180 @@
+//! The worker's environment contract, written once: every backend sets these variables (and refuses a
+//! [`WorkerSpec`](../../physalia_backends/struct.WorkerSpec.html) that sets one itself), and the worker
+//! reads them with [`WorkerEnv::from_env`]. Secrets are never values here: [`ENV_SECRETS_DIR`] names a
+//! folder of files.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Address of the coordinator's control endpoint (`host:port`); the worker dials it.
+pub const ENV_COORDINATOR: &str = "PHYSALIA_COORDINATOR_ADDR";
+/// The worker's rank, `0..world`.
+pub const ENV_RANK: &str = "PHYSALIA_RANK";
+/// The number of workers in this launch.
+pub const ENV_WORLD: &str = "PHYSALIA_WORLD";
+/// The job's id (the coordinator's, not a platform name).
+pub const ENV_JOB_ID: &str = "PHYSALIA_JOB_ID";
+/// The folder holding the worker's secret files (`ca.pem`, `cert.pem`, `key.pem`).
+pub const ENV_SECRETS_DIR: &str = "PHYSALIA_SECRETS_DIR";
+/// The port the worker's mesh endpoint listens on (UDP, QUIC), on every interface. Unset (local
+/// processes): loopback, any port.
+pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
+/// The IP address peers reach this worker at, where the platform can tell it before the process starts
+/// (kubernetes: the pod IP). Where it is absent the worker advertises the local address of its route to
+/// the coordinator.
+pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
+/// A folder the worker may write: fetched artifacts (its partition, the dataset, a checkpoint) and the
+/// files it uploads are kept there. Unset: a folder under the system's temporary directory.
+pub const ENV_WORK_DIR: &str = "PHYSALIA_WORK_DIR";
+
+/// The variables a backend sets itself; a worker spec naming one of them is refused.
+pub const RESERVED_ENV: [&str; 7] = [
+    ENV_COORDINATOR,
+    ENV_RANK,
+    ENV_WORLD,
+    ENV_JOB_ID,
+    ENV_SECRETS_DIR,
+    ENV_MESH_PORT,
+    ENV_ADVERTISE_IP,
+];
+
+/// Test hook: with `PHYSALIA_TEST_DIE_AT_EPOCH=E` and `PHYSALIA_TEST_DIE_RANK=R`, rank `R` kills itself with
+/// SIGKILL right after finishing epoch `E` (before reporting it). Nothing else reads these variables.
+pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
+pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
+
+/// What a worker process learns from its environment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerEnv {
+    pub coordinator: SocketAddr,
+    pub rank: usize,
+    pub world: usize,
+    pub job_id: String,
+    pub secrets: PathBuf,
+    pub mesh_port: Option<u16>,
+    pub advertise_ip: Option<std::net::IpAddr>,
+    pub work_dir: PathBuf,
+}
+
+impl WorkerEnv {
+    /// Reads the contract from this process's environment.
+    pub fn from_env() -> Result<WorkerEnv, String> {
+        WorkerEnv::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the contract through `get` (tests pass a map); every error names the variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<WorkerEnv, String> {
+        let var = |name: &str| {
+            get(name).ok_or_else(|| {
+                format!("{name} is not set (physalia-worker is started by `physalia submit`)")
+            })
+        };
+        let coordinator = var(ENV_COORDINATOR)?
+            .parse()
+            .map_err(|_| format!("{ENV_COORDINATOR} is not ip:port"))?;
+        let rank: usize = var(ENV_RANK)?
+            .parse()
+            .map_err(|_| format!("{ENV_RANK} is not a number"))?;
+        let world: usize = var(ENV_WORLD)?
+            .parse()
+            .map_err(|_| format!("{ENV_WORLD} is not a number"))?;
+        if rank >= world {
+            return Err(format!("{ENV_RANK}={rank} is not below {ENV_WORLD}={world}"));
+        }
+        let job_id = var(ENV_JOB_ID)?;
+        let mesh_port = match get(ENV_MESH_PORT) {
+            Some(p) => Some(
+                p.parse()
+                    .map_err(|_| format!("{ENV_MESH_PORT}: not a port: {p:?}"))?,
+            ),
+            None => None,
+        };
+        let advertise_ip = match get(ENV_ADVERTISE_IP) {
+            Some(ip) => Some(
+                ip.parse()
+                    .map_err(|_| format!("{ENV_ADVERTISE_IP}: not an IP address: {ip:?}"))?,
+            ),
+            None => None,
+        };
+        let work_dir = match get(ENV_WORK_DIR) {
+            Some(d) if !d.is_empty() => PathBuf::from(d),
+            _ => std::env::temp_dir().join(format!(
+                "physalia-{}-worker-{rank}",
+                sanitize(&job_id)
+            )),
+        };
+        Ok(WorkerEnv {
+            coordinator,
+            rank,
+            world,
+            job_id,
+            secrets: var(ENV_SECRETS_DIR)?.into(),
+            mesh_port,
+            advertise_ip,
+            work_dir,
+        })
+    }
+}
+
+/// A job id as a file name part: anything but `[A-Za-z0-9._-]` becomes `_`.
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    const BASE: [(&str, &str); 5] = [
+        (ENV_COORDINATOR, "10.0.0.1:7000"),
+        (ENV_RANK, "1"),
+        (ENV_WORLD, "3"),
+        (ENV_JOB_ID, "cora/1"),
+        (ENV_SECRETS_DIR, "/s"),
+    ];
+
+    #[test]
+    fn the_contract_reads_back_what_a_backend_sets() {
+        let mut pairs = BASE.to_vec();
+        pairs.push((ENV_MESH_PORT, "7001"));
+        pairs.push((ENV_WORK_DIR, "/work"));
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap();
+        assert_eq!(e.coordinator, "10.0.0.1:7000".parse().unwrap());
+        assert_eq!((e.rank, e.world, e.mesh_port), (1, 3, Some(7001)));
+        assert_eq!(e.work_dir, PathBuf::from("/work"));
+        // without a work dir: a private folder under the temporary directory, named safely
+        let e = WorkerEnv::from_lookup(env(&BASE)).unwrap();
+        assert!(e.work_dir.ends_with("physalia-cora_1-worker-1"), "{e:?}");
+    }
+
+    #[test]
+    fn every_error_names_the_variable() {
+        let missing = WorkerEnv::from_lookup(env(&BASE[1..])).unwrap_err();
+        assert!(missing.contains(ENV_COORDINATOR), "{missing}");
+        let mut pairs = BASE.to_vec();
+        pairs[1] = (ENV_RANK, "3");
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
+        assert!(e.contains("PHYSALIA_RANK=3 is not below PHYSALIA_WORLD=3"), "{e}");
+        let mut pairs = BASE.to_vec();
+        pairs.push((ENV_MESH_PORT, "x"));
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
+        assert!(e.contains(ENV_MESH_PORT), "{e}");
+    }
+}

@@ -1,0 +1,209 @@
+//! What the coordinator and a worker say to each other, and the settings an assignment carries.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig, TrainSummary};
+use physalia_wire::Dtype;
+use serde::{Deserialize, Serialize};
+
+/// Worker to coordinator.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToCoordinator {
+    /// The first message: who I am and where my mesh endpoint listens.
+    Register {
+        rank: usize,
+        pid: u32,
+        mesh_addr: SocketAddr,
+    },
+    /// One training epoch finished (metrics are global; `exchange` is this worker's). Rank 0 sends it
+    /// only after the coordinator stored the epoch's checkpoint, when the assignment asks for them.
+    Epoch { rank: usize, metrics: EpochMetrics },
+    /// Training finished; rank 0's model is stored with the coordinator.
+    Done {
+        rank: usize,
+        summary: TrainSummary,
+        peak_rss_bytes: Option<u64>,
+    },
+    /// Training failed on this worker.
+    Failed { rank: usize, error: String },
+}
+
+/// Coordinator to worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ToWorker {
+    Assign(Box<Assignment>),
+    /// Keep waiting for the assignment, up to `for_s` seconds from now: the coordinator started this
+    /// worker ahead of the launch that will use it (a policy's prewarm) and tells it how long to wait.
+    Wait { for_s: f64 },
+    /// Stop now (another worker failed, or the job was cancelled).
+    Stop { reason: String },
+}
+
+/// A file the coordinator serves: a worker that shares no disk with the coordinator fetches it by name
+/// over its control connection and checks what it got against the size and the checksum.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// The name the coordinator serves it under (`part-3`, `dataset`, `checkpoint-000005`, ...).
+    pub name: String,
+    pub size: u64,
+    /// xxh3-64 of the contents.
+    pub xxh3: u64,
+    /// Where the coordinator keeps it. A worker on the same machine whose file at this path has the same
+    /// size and checksum reads it in place instead of fetching a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+}
+
+/// What a worker may send the coordinator to keep (rank 0 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Upload {
+    /// The checkpoint after `epoch` (weights, optimizer state, progress).
+    Checkpoint { epoch: usize },
+    /// The trained model.
+    Model,
+}
+
+impl Upload {
+    /// Where the coordinator stores it, relative to the job directory.
+    pub fn relative_path(self) -> PathBuf {
+        match self {
+            Upload::Checkpoint { epoch } => checkpoint_path(Path::new("checkpoints"), epoch),
+            Upload::Model => PathBuf::from("model.safetensors"),
+        }
+    }
+}
+
+/// The checkpoint file of `epoch` in a checkpoint folder.
+pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
+    dir.join(format!("epoch-{epoch:06}.safetensors"))
+}
+
+/// What a worker trains: sent once every worker has registered. Files are [`Artifact`]s, never paths on
+/// the coordinator's disk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Mesh address of every rank, by rank.
+    pub peers: Vec<SocketAddr>,
+    /// This worker's partition artifact.
+    pub part: Artifact,
+    /// The partitioning's node-to-part map (data parallelism).
+    #[serde(default)]
+    pub partitioning: Option<Artifact>,
+    /// The whole dataset (data and model parallelism read its structure, splits, and for model parallelism
+    /// this worker's feature columns).
+    #[serde(default)]
+    pub dataset: Option<Artifact>,
+    pub model: ModelConfig,
+    pub train: TrainConfig,
+    pub seed: u64,
+    pub exchange: ExchangeOptions,
+    pub row_normalize: bool,
+    /// The bound on every wait for a peer inside an epoch.
+    pub epoch_timeout_s: f64,
+    /// How the job is parallelised.
+    #[serde(default)]
+    pub mode: TrainMode,
+    #[serde(default)]
+    pub minibatch: Option<MiniBatchOptions>,
+    /// Continue from this checkpoint.
+    #[serde(default)]
+    pub resume_from: Option<Artifact>,
+    /// Rank 0 sends the coordinator a checkpoint after every epoch, before reporting the epoch.
+    #[serde(default)]
+    pub checkpoints: bool,
+}
+
+/// The three ways a job splits its work over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainMode {
+    /// Full-graph training on METIS partitions with halo exchange.
+    #[default]
+    Partition,
+    /// Mini-batches of each worker's own seeds; gradients all-reduced every step.
+    Data,
+    /// P3: features split by column; the first layer's partial products go to the batch owners.
+    Model,
+}
+
+/// How halo rows are exchanged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExchangeOptions {
+    /// Fraction of boundary rows sent per training epoch (1 = all: exact).
+    pub boundary_sampling: f32,
+    /// Scale sampled rows by `1 / boundary_sampling` (an unbiased estimate of the aggregation, with high
+    /// variance at small rates); off, unsampled boundary nodes simply drop out of the aggregation.
+    #[serde(default)]
+    pub boundary_rescale: bool,
+    /// Reuse halo rows for this many epochs after a refresh (0 = always fresh: exact).
+    pub staleness_epochs: u32,
+    /// With `staleness_epochs` above 0: refresh earlier when rows changed by at least this fraction.
+    #[serde(default)]
+    pub staleness_threshold: Option<f32>,
+    /// Element type of exchanged rows.
+    pub dtype: Dtype,
+    pub seed: u64,
+}
+
+impl Default for ExchangeOptions {
+    fn default() -> Self {
+        ExchangeOptions {
+            boundary_sampling: 1.0,
+            boundary_rescale: false,
+            staleness_epochs: 0,
+            staleness_threshold: None,
+            dtype: Dtype::F32,
+            seed: 0,
+        }
+    }
+}
+
+/// How mini-batches are drawn and prepared.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MiniBatchOptions {
+    /// Per hop, PyG order: `fanouts[0]` for the seeds. `None` takes every neighbour.
+    pub fanouts: Vec<Option<u32>>,
+    /// Seeds per step over all workers (the global batch; each worker trains its share of it), so what is
+    /// learned does not depend on the worker count.
+    pub batch_size: usize,
+    /// Remote feature rows each worker caches (0: none).
+    pub cache_rows: usize,
+    /// Batches pre-sampled to rank remote rows by how often they are read.
+    pub presample_batches: usize,
+    /// Loader threads and how many batches they may run ahead.
+    pub loader_threads: usize,
+    pub prefetch: usize,
+}
+
+impl MiniBatchOptions {
+    /// One fan-out per layer and a positive batch size.
+    pub fn check(&self, layers: usize) -> Result<(), String> {
+        if self.fanouts.len() != layers {
+            return Err(format!(
+                "{} fan-outs for a model of {layers} layers: give one per layer",
+                self.fanouts.len()
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err("batch_size must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for MiniBatchOptions {
+    fn default() -> Self {
+        MiniBatchOptions {
+            fanouts: vec![Some(25), Some(10)],
+            batch_size: 1024,
+            cache_rows: 0,
+            presample_batches: 8,
+            loader_threads: 1,
+            prefetch: 2,
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Files over the control connection: the data plane that needs no disk shared by the coordinator and
+//! its workers.
+//!
+//! After registering, a worker opens one more bidirectional stream of its (mutually authenticated)
+//! control connection per transfer. The first frame is a [`Request`]: `Get` an artifact the coordinator
+//! serves ([`Files::serve`]), or `Put` an [`Upload`] (rank 0's checkpoints and model). Then the bytes flow
+//! raw, in chunks of [`CHUNK`], written to a temporary file beside the destination and hashed as they go,
+//! so memory stays bounded whatever the file's size (QUIC's flow control holds the sender back). The
+//! receiver checks the size and the xxh3 checksum the request or the reply announced, then renames the file
+//! into place: a transfer is whole or absent. A `Put` is answered once the file is in place, so a worker
+//! that reports an epoch after uploading its checkpoint knows the coordinator holds it.
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use quinn::{RecvStream, SendStream};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::messages::{Artifact, Upload};
+
+/// Bytes read or written at a time.
+pub const CHUNK: usize = 1 << 20;
+
+/// A worker's request on a transfer stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    Get { name: String },
+    Put { what: Upload, size: u64, xxh3: u64 },
+}
+
+/// The coordinator's answer: to a `Get`, before the bytes; to a `Put`, after storing them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    Sending { size: u64, xxh3: u64 },
+    Stored,
+    Refused { reason: String },
+}
+
+/// xxh3-64 and size of a file, read in chunks.
+pub fn file_xxh3(path: &Path) -> std::io::Result<(u64, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Xxh3::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((size, h.digest()))
+}
+
+struct Served {
+    path: PathBuf,
+    size: u64,
+    xxh3: u64,
+}
+
+#[derive(Default)]
+struct Table {
+    served: BTreeMap<String, Served>,
+    /// Checksums by (path, size, modification time): a file served again is not read again.
+    known: BTreeMap<(PathBuf, u64, std::time::SystemTime), u64>,
+    uploads: Option<PathBuf>,
+}
+
+/// What the coordinator serves and where uploads go, shared by every launch of a job (checksums are
+/// computed once per file).
+#[derive(Clone, Default)]
+pub struct Files(Arc<Mutex<Table>>);
+
+impl Files {
+    /// Uploads are stored under `job_dir` (see [`Upload::relative_path`]).
+    pub fn new(job_dir: Option<PathBuf>) -> Files {
+        let files = Files::default();
+        files.0.lock().expect("not poisoned").uploads = job_dir;
+        files
+    }
+
+    /// Serves the file at `path` under `name` and describes it.
+    pub fn serve(&self, name: &str, path: &Path) -> std::io::Result<Artifact> {
+        let path = std::path::absolute(path)?;
+        let meta = std::fs::metadata(&path)?;
+        let key = (path.clone(), meta.len(), meta.modified()?);
+        let cached = self.0.lock().expect("not poisoned").known.get(&key).copied();
+        let (size, xxh3) = match cached {
+            Some(h) => (meta.len(), h),
+            None => {
+                let (size, h) = file_xxh3(&path)?;
+                self.0.lock().expect("not poisoned").known.insert(key, h);
+                (size, h)
+            }
+        };
+        self.0.lock().expect("not poisoned").served.insert(
+            name.to_string(),
+            Served {
+                path: path.clone(),
+                size,
+                xxh3,
+            },
+        );
+        Ok(Artifact {
+            name: name.to_string(),
+            size,
+            xxh3,
+            path: Some(path),
+        })
+    }
+
+    fn lookup(&self, name: &str) -> Option<(PathBuf, u64, u64)> {
+        let t = self.0.lock().expect("not poisoned");
+        t.served
+            .get(name)
+            .map(|s| (s.path.clone(), s.size, s.xxh3))
+    }
+
+    fn upload_path(&self, what: Upload) -> Option<PathBuf> {
+        let t = self.0.lock().expect("not poisoned");
+        t.uploads.as_ref().map(|d| d.join(what.relative_path()))
+    }
+}
+
+/// Receives exactly `size` bytes from `recv` into `dest` (through a temporary file beside it), checking
+/// the checksum; nothing is left at `dest` or beside it on any error.
+pub(crate) async fn receive_file(
+    recv: &mut RecvStream,
+    dest: &Path,
+    size: u64,
+    xxh3: u64,
+) -> Result<(), String> {
+    let dir = dest
+        .parent()
+        .ok_or_else(|| format!("{}: no parent folder", dest.display()))?;
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.partial-{}",
+        dest.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let result = async {
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+        let mut h = Xxh3::new();
+        let mut got = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        while got < size {
+            let want = CHUNK.min((size - got) as usize);
+            let n = match recv.read(&mut buf[..want]).await {
+                Ok(Some(n)) => n,
+                Ok(None) => return Err(format!("the stream ended after {got} of {size} bytes")),
+                Err(e) => return Err(format!("after {got} of {size} bytes: {e}")),
+            };
+            h.update(&buf[..n]);
+            file.write_all(&buf[..n])
+                .await
+                .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+            got += n as u64;
+        }
+        // nothing may follow the announced bytes
+        let mut extra = [0u8; 1];
+        if let Ok(Some(n)) = recv.read(&mut extra).await
+            && n > 0
+        {
+            return Err(format!("more than the announced {size} bytes"));
+        }
+        if h.digest() != xxh3 {
+            return Err(format!(
+                "checksum mismatch: got xxh3 {:016x}, expected {xxh3:016x}",
+                h.digest()
+            ));
+        }
+        file.sync_all()
+            .await
+            .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        drop(file);
+        tokio::fs::rename(&tmp, dest)
+            .await
+            .map_err(|e| format!("renaming into {}: {e}", dest.display()))
+    }
+    .await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(&tmp).await;
+    }
+    result
+}
+
+/// Sends the file at `path` raw, in chunks, then finishes the stream.
+pub(crate) async fn send_file(send: &mut SendStream, path: &Path, size: u64) -> Result<(), String> {
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut sent = 0u64;
+    while sent < size {
+        let want = CHUNK.min((size - sent) as usize);
+        let n = file
+            .read(&mut buf[..want])
+            .await
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            return Err(format!("{} shrank while it was sent", path.display()));
+        }
+        send.write_all(&buf[..n]).await.map_err(|e| e.to_string())?;
+        sent += n as u64;
+    }
+    send.finish().map_err(|e| e.to_string())
+}
+
+/// The coordinator's side of one transfer stream of worker `rank`.
+pub(crate) async fn serve_stream(
+    rank: usize,
+    job: u64,
+    files: Files,
+    mut send: SendStream,
+    mut recv: RecvStream,
+) -> Result<(), String> {
+    let frame = crate::channel::read_frame(&mut recv)
+        .await?
+        .ok_or("the transfer stream ended before its request")?;
+    let request: Request = frame.control_value().map_err(|e| e.to_string())?;
+    let reply = |r: Reply| physalia_wire::Frame::control(crate::channel::coordinator_header(job), &r);
+    match request {
+        Request::Get { name } => {
+            let Some((path, size, xxh3)) = files.lookup(&name) else {
+                let frame = reply(Reply::Refused {
+                    reason: format!("no artifact named {name:?}"),
+                })
+                .map_err(|e| e.to_string())?;
+                crate::channel::write_frame(&mut send, &frame).await?;
+                let _ = send.finish();
+                return Err(format!("worker {rank} asked for an unknown artifact {name:?}"));
+            };
+            let frame = reply(Reply::Sending { size, xxh3 }).map_err(|e| e.to_string())?;
+            crate::channel::write_frame(&mut send, &frame).await?;
+            send_file(&mut send, &path, size).await?;
+            let _ = send.stopped().await;
+            Ok(())
+        }
+        Request::Put { what, size, xxh3 } => {
+            let dest = match files.upload_path(what) {
+                Some(p) if rank == 0 => Ok(p),
+                Some(_) => Err(format!("worker {rank} may not upload; only rank 0 does")),
+                None => Err("this coordinator takes no uploads".to_string()),
+            };
+            let answer = match dest {
+                Ok(dest) => match receive_file(&mut recv, &dest, size, xxh3).await {
+                    Ok(()) => Reply::Stored,
+                    Err(e) => Reply::Refused {
+                        reason: format!("storing {}: {e}", dest.display()),
+                    },
+                },
+                Err(reason) => Reply::Refused { reason },
+            };
+            let refused = match &answer {
+                Reply::Refused { reason } => Some(reason.clone()),
+                _ => None,
+            };
+            let frame = reply(answer).map_err(|e| e.to_string())?;
+            crate::channel::write_frame(&mut send, &frame).await?;
+            let _ = send.finish();
+            let _ = send.stopped().await;
+            refused.map_or(Ok(()), Err)
+        }
+    }
+}
+
+/// True when the file at `path` is `artifact`'s bytes.
+pub fn holds(path: &Path, artifact: &Artifact) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == artifact.size)
+        && file_xxh3(path).is_ok_and(|(size, h)| size == artifact.size && h == artifact.xxh3)
+}
+
+/// The file name a fetched artifact gets in a worker's folder: its name with anything but
+/// `[A-Za-z0-9._-]` replaced, never hidden, never `..`.
+pub fn local_name(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_-".contains(c) || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("a-{s}")
+}

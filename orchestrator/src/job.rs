@@ -1,0 +1,1148 @@
+//! The whole job as one state machine, without IO: launches, assignments, epochs, the scaling policy,
+//! retries of lost workers, prewarmed launches, resume and stop. It is fed [`JobEvent`]s (a launch started
+//! or failed to start, a worker of some launch said or did something, time passed) with the time they
+//! happened, and answers with [`JobAction`]s (start a launch, assign its workers, tell prewarmed workers
+//! to keep waiting, stop a launch, record an epoch, finish, fail). `distributed.rs` runs it over a backend,
+//! the control server and the job directory; the simulation below runs it over a fake cluster in virtual
+//! time with every kind of fault, the coordinator's own death included.
+//!
+//! Within one launch the [`Coordinator`] decides when an epoch is complete and which worker failed first;
+//! between launches the [`Elastic`] policy state decides what runs next. This machine joins them:
+//!
+//! - Every launch has an index (the job's segment; logs and secrets are named after it). A prewarmed
+//!   launch takes the next index when it is started and is adopted by the next relaunch if its worker count
+//!   is the one needed; otherwise it is stopped. A prewarm that fails to start, or loses a worker while it
+//!   waits, is discarded with a line saying why: it never fails the job.
+//! - An epoch is recorded once, when every worker of the current launch reported it (rank 0 wrote its
+//!   checkpoint before reporting). Then the policy decides: keep going, rescale, reconfigure or stop.
+//! - A lost worker (killed, exited, vanished, silent) or a launch that failed to start stops the launch
+//!   and relaunches the same count from the last recorded epoch's checkpoint, `max_retries` times in a row
+//!   at most. An error a worker reports about its own work is not retried. Modes that keep no checkpoint
+//!   retry only before their first recorded epoch.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use physalia_gnn::{EpochMetrics, TrainSummary};
+
+use crate::coordinator::{Action, Coordinator, Event};
+use crate::elastic::{Elastic, Next, Stop, epoch_usd};
+
+/// What the machine needs to know about the job that the policy does not.
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    /// Workers of the first launch (a resumed job: the last recorded epoch's).
+    pub workers: usize,
+    pub epochs: usize,
+    pub seed: u64,
+    pub register_timeout: Duration,
+    pub epoch_timeout: Duration,
+    /// Rank 0 writes a checkpoint after every epoch (partition parallelism), so any epoch can be retried.
+    pub checkpoints: bool,
+    /// The checkpoint the first launch starts from (0: from scratch).
+    pub start_epoch: usize,
+    /// The price of a worker-second, for each epoch's cost.
+    pub price_per_worker_s: f64,
+}
+
+#[derive(Debug, Clone)]
+pub enum JobEvent {
+    /// The backend started launch `launch` (the process ids by rank, where it knows them), or could not.
+    Started {
+        launch: usize,
+        result: Result<Vec<Option<u32>>, String>,
+    },
+    /// A worker of launch `launch` registered, reported, failed or exited.
+    Worker { launch: usize, event: Event },
+    /// Nothing happened; lets timeouts fire.
+    Tick,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobAction {
+    /// Start `workers` workers as launch `launch`. `prewarm`: ahead of the relaunch that may use them.
+    /// The driver answers with [`JobEvent::Started`].
+    Launch {
+        launch: usize,
+        workers: usize,
+        prewarm: bool,
+    },
+    /// Every worker of `launch` registered: send each its assignment, to continue from the checkpoint of
+    /// `resume_epoch` (0: from scratch) with these exchange settings.
+    Assign {
+        launch: usize,
+        peers: Vec<SocketAddr>,
+        resume_epoch: usize,
+        boundary_sampling: f64,
+        staleness: u32,
+    },
+    /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
+    KeepWaiting { launch: usize, for_s: f64 },
+    /// Stop every worker of `launch` and delete what it created. `finished`: its workers are ending on
+    /// their own and may be given a moment to exit.
+    StopLaunch {
+        launch: usize,
+        reason: String,
+        finished: bool,
+    },
+    /// Every worker reported `epoch`: append it to the record (it counts from now on).
+    Record {
+        epoch: usize,
+        by_rank: Vec<EpochMetrics>,
+        usd: f64,
+    },
+    /// A line for the terminal and the coordinator's log (rescales, retries, discarded prewarms).
+    Say(String),
+    /// A line for the coordinator's log only.
+    Log(String),
+    /// The job is over: its result is in [`Job::outcome`].
+    Finish,
+    /// The job failed with this one error.
+    Fail { error: String },
+}
+
+/// How a job ended: rank 0's epochs over every launch, and what the last launch's workers reported.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub summary: TrainSummary,
+    /// Peak memory by rank of the launch that finished (empty when the policy stopped the job).
+    pub worker_peak_rss: Vec<Option<u64>>,
+    pub bytes_exchanged: u64,
+    pub usd: f64,
+}
+
+struct Current {
+    launch: usize,
+    n: usize,
+    resume_epoch: usize,
+    /// Created when the backend says the launch started.
+    coord: Option<Coordinator>,
+    /// Worker events that came before the coordinator existed (a prewarmed launch's registrations).
+    early: Vec<Event>,
+}
+
+struct Prewarm {
+    launch: usize,
+    n: usize,
+    requested: Instant,
+    started: Option<Vec<Option<u32>>>,
+    early: Vec<Event>,
+}
+
+pub struct Job {
+    cfg: JobConfig,
+    elastic: Elastic,
+    next_launch: usize,
+    current: Option<Current>,
+    prewarm: Option<Prewarm>,
+    /// The launch during which a prewarm failed: no second try during it.
+    prewarm_failed_in: Option<usize>,
+    last_complete: usize,
+    outcome: Option<Outcome>,
+    over: bool,
+}
+
+impl Job {
+    /// `first_launch`: the index of the job's first launch (a resumed job continues the numbering).
+    pub fn new(cfg: JobConfig, elastic: Elastic, first_launch: usize) -> Job {
+        let last_complete = cfg.start_epoch;
+        Job {
+            cfg,
+            elastic,
+            next_launch: first_launch,
+            current: None,
+            prewarm: None,
+            prewarm_failed_in: None,
+            last_complete,
+            outcome: None,
+            over: false,
+        }
+    }
+
+    /// Starts the job. `pending`: the policy's decision after the last recorded epoch of a resumed job (its
+    /// coordinator may have died before acting on it), acted on first.
+    pub fn start(&mut self, pending: Option<Stop>, now: Instant) -> Vec<JobAction> {
+        let mut out = Vec::new();
+        match pending {
+            Some(why) => self.after_stop(self.cfg.workers, why, now, &mut out),
+            None => self.relaunch(self.cfg.workers, self.cfg.start_epoch, now, &mut out),
+        }
+        out
+    }
+
+    #[cfg(test)]
+    pub fn is_over(&self) -> bool {
+        self.over
+    }
+
+    /// The result, once [`JobAction::Finish`] was returned.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    /// The policy's state: its events so far, the exchange settings it chose.
+    pub fn elastic(&self) -> &Elastic {
+        &self.elastic
+    }
+
+    /// The workers of the current launch.
+    pub fn workers(&self) -> usize {
+        self.current.as_ref().map_or(self.cfg.workers, |c| c.n)
+    }
+
+    fn prewarm_wait_s(&self) -> f64 {
+        // the next epoch, then the relaunch
+        2.0 * self.cfg.epoch_timeout.as_secs_f64() + self.cfg.register_timeout.as_secs_f64()
+    }
+
+    pub fn handle(&mut self, event: JobEvent, now: Instant) -> Vec<JobAction> {
+        let mut out = Vec::new();
+        if self.over {
+            return out;
+        }
+        match event {
+            JobEvent::Started { launch, result } => self.started(launch, result, now, &mut out),
+            JobEvent::Worker { launch, event } => {
+                if self.current.as_ref().is_some_and(|c| c.launch == launch) {
+                    let cur = self.current.as_mut().expect("checked");
+                    match cur.coord.as_mut() {
+                        Some(coord) => {
+                            let actions = coord.handle(event, now);
+                            self.coordinator_actions(actions, now, &mut out);
+                        }
+                        None => cur.early.push(event),
+                    }
+                } else if self.prewarm.as_ref().is_some_and(|p| p.launch == launch) {
+                    self.prewarm_event(event, &mut out);
+                }
+                // anything else comes from a launch already stopped
+            }
+            JobEvent::Tick => {
+                if let Some(coord) = self.current.as_mut().and_then(|c| c.coord.as_mut()) {
+                    let actions = coord.handle(Event::Tick, now);
+                    self.coordinator_actions(actions, now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    fn started(
+        &mut self,
+        launch: usize,
+        result: Result<Vec<Option<u32>>, String>,
+        now: Instant,
+        out: &mut Vec<JobAction>,
+    ) {
+        if self.current.as_ref().is_some_and(|c| c.launch == launch) {
+            match result {
+                Ok(pids) => self.begin(pids, now, out),
+                // a launch that could not start is retried like a lost worker
+                Err(error) => self.stop_current(
+                    Stop::Lost {
+                        error: format!("starting {} workers failed: {error}", self.workers()),
+                    },
+                    now,
+                    out,
+                ),
+            }
+        } else if let Some(p) = self.prewarm.as_mut().filter(|p| p.launch == launch) {
+            match result {
+                Ok(pids) => p.started = Some(pids),
+                Err(error) => {
+                    let n = p.n;
+                    self.discard_prewarm(format!("prewarming {n} workers failed: {error}"), out);
+                }
+            }
+        }
+    }
+
+    /// The current launch's workers are running: its coordinator starts counting.
+    fn begin(&mut self, pids: Vec<Option<u32>>, now: Instant, out: &mut Vec<JobAction>) {
+        let cfg = &self.cfg;
+        let cur = self.current.as_mut().expect("a current launch");
+        let mut coord = Coordinator::new(cur.n, cfg.register_timeout, cfg.epoch_timeout, now);
+        for (rank, pid) in pids.into_iter().enumerate() {
+            if let Some(pid) = pid {
+                coord.set_pid(rank, pid);
+                out.push(JobAction::Log(format!("started worker {rank} pid {pid}")));
+            }
+        }
+        let early = std::mem::take(&mut cur.early);
+        let mut actions = Vec::new();
+        for ev in early {
+            actions.extend(coord.handle(ev, now));
+        }
+        cur.coord = Some(coord);
+        self.coordinator_actions(actions, now, out);
+    }
+
+    fn prewarm_event(&mut self, event: Event, out: &mut Vec<JobAction>) {
+        let p = self.prewarm.as_mut().expect("checked");
+        let broken = match &event {
+            Event::Exited { rank, how, .. } => Some(format!("worker {rank} {how}")),
+            Event::Lost { rank, reason } => Some(format!("worker {rank} {reason}")),
+            Event::Failed { rank, error } => Some(format!("worker {rank} failed: {error}")),
+            _ => None,
+        };
+        match broken {
+            Some(why) => {
+                let n = p.n;
+                self.discard_prewarm(format!("{n} prewarmed workers discarded: {why}"), out);
+            }
+            None => p.early.push(event),
+        }
+    }
+
+    fn discard_prewarm(&mut self, line: String, out: &mut Vec<JobAction>) {
+        let Some(p) = self.prewarm.take() else { return };
+        self.prewarm_failed_in = self.current.as_ref().map(|c| c.launch);
+        out.push(JobAction::StopLaunch {
+            launch: p.launch,
+            reason: line.clone(),
+            finished: false,
+        });
+        let line = self.elastic.event(self.last_complete, line, None);
+        out.push(JobAction::Say(line));
+    }
+
+    fn coordinator_actions(&mut self, actions: Vec<Action>, now: Instant, out: &mut Vec<JobAction>) {
+        let Some(launch) = self.current.as_ref().map(|c| c.launch) else {
+            return;
+        };
+        for action in actions {
+            // a stop or a relaunch earlier in this batch ends what the old coordinator had to say
+            let cur = match &self.current {
+                Some(c) if c.launch == launch && !self.over => c,
+                _ => return,
+            };
+            let resume_epoch = cur.resume_epoch;
+            match action {
+                Action::Assign { peers } => {
+                    let (boundary_sampling, staleness) = self.elastic.exchange();
+                    out.push(JobAction::Assign {
+                        launch,
+                        peers,
+                        resume_epoch,
+                        boundary_sampling,
+                        staleness,
+                    });
+                }
+                Action::EpochComplete { epoch, by_rank } => {
+                    if epoch <= self.last_complete {
+                        // cannot happen: a launch starts after the last recorded epoch
+                        continue;
+                    }
+                    self.last_complete = epoch;
+                    let usd = epoch_usd(&by_rank, self.cfg.price_per_worker_s);
+                    let stop = self.elastic.after_epoch(&by_rank, self.cfg.epochs);
+                    out.push(JobAction::Record {
+                        epoch,
+                        by_rank,
+                        usd,
+                    });
+                    match stop {
+                        Some(why) => self.stop_current(why, now, out),
+                        None => self.maybe_prewarm(epoch, now, out),
+                    }
+                }
+                Action::Finished {
+                    summaries,
+                    peak_rss_bytes,
+                } => {
+                    let stopped_early = summaries.first().is_some_and(|s| s.stopped_early);
+                    out.push(JobAction::StopLaunch {
+                        launch,
+                        reason: "finished".into(),
+                        finished: true,
+                    });
+                    self.finish(stopped_early, peak_rss_bytes, out);
+                }
+                Action::Fail { error, lost } => {
+                    if lost && (self.cfg.checkpoints || self.last_complete == 0) {
+                        self.stop_current(Stop::Lost { error }, now, out);
+                    } else {
+                        out.push(JobAction::StopLaunch {
+                            launch,
+                            reason: error.clone(),
+                            finished: false,
+                        });
+                        self.fail(error, out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a recorded epoch the policy may expect to grow soon: start the next launch's workers now, so
+    /// their cold start overlaps this launch's epochs; a prewarm already waiting is told to keep waiting.
+    fn maybe_prewarm(&mut self, epoch: usize, now: Instant, out: &mut Vec<JobAction>) {
+        let current = self.current.as_ref().map(|c| c.launch);
+        if let Some(p) = &self.prewarm {
+            out.push(JobAction::KeepWaiting {
+                launch: p.launch,
+                for_s: self.prewarm_wait_s(),
+            });
+            return;
+        }
+        if self.prewarm_failed_in.is_some() && self.prewarm_failed_in == current {
+            return;
+        }
+        let Some(m) = self.elastic.prewarm_target() else {
+            return;
+        };
+        let launch = self.next_launch;
+        self.next_launch += 1;
+        out.push(JobAction::Log(format!(
+            "prewarming {m} workers after epoch {epoch}"
+        )));
+        out.push(JobAction::Launch {
+            launch,
+            workers: m,
+            prewarm: true,
+        });
+        self.prewarm = Some(Prewarm {
+            launch,
+            n: m,
+            requested: now,
+            started: None,
+            early: Vec::new(),
+        });
+    }
+
+    /// Stops the current launch after the last recorded epoch and acts on why.
+    fn stop_current(&mut self, why: Stop, now: Instant, out: &mut Vec<JobAction>) {
+        let Some(cur) = self.current.take() else {
+            return;
+        };
+        let reason = match &why {
+            Stop::Rescale { to, rule, .. } => format!("rescaling to {to} workers (rule {rule})"),
+            Stop::Lost { error } => format!("retrying after: {error}"),
+            Stop::Reconfigure { what, .. } => format!("relaunching with {what}"),
+            Stop::Finish => "the scaling policy stopped the job".into(),
+        };
+        out.push(JobAction::Log(format!(
+            "after epoch {}: {reason}; stopping every worker",
+            self.last_complete
+        )));
+        out.push(JobAction::StopLaunch {
+            launch: cur.launch,
+            reason,
+            finished: false,
+        });
+        self.after_stop(cur.n, why, now, out);
+    }
+
+    /// What runs after a launch of `n` workers stopped (or before the first launch of a resumed job).
+    fn after_stop(&mut self, n: usize, why: Stop, now: Instant, out: &mut Vec<JobAction>) {
+        let (next, line) = self.elastic.after_stop(n, self.last_complete, why);
+        if let Some(line) = line {
+            out.push(JobAction::Say(line));
+        }
+        match next {
+            Next::Relaunch {
+                workers,
+                resume_epoch,
+            } => self.relaunch(workers, resume_epoch, now, out),
+            Next::Finish => self.finish(true, Vec::new(), out),
+            Next::Fail(error) => self.fail(error, out),
+        }
+    }
+
+    fn relaunch(&mut self, n: usize, resume_epoch: usize, now: Instant, out: &mut Vec<JobAction>) {
+        match self.prewarm.take() {
+            Some(p) if p.n == n => {
+                out.push(JobAction::Log(format!(
+                    "segment {}: using the {n} workers prewarmed {:.2} s ago",
+                    p.launch,
+                    now.saturating_duration_since(p.requested).as_secs_f64()
+                )));
+                self.current = Some(Current {
+                    launch: p.launch,
+                    n,
+                    resume_epoch,
+                    coord: None,
+                    early: p.early,
+                });
+                if let Some(pids) = p.started {
+                    self.begin(pids, now, out);
+                }
+            }
+            other => {
+                if let Some(p) = other {
+                    out.push(JobAction::Log(format!(
+                        "discarding {} prewarmed workers: {n} are needed",
+                        p.n
+                    )));
+                    out.push(JobAction::StopLaunch {
+                        launch: p.launch,
+                        reason: format!("{n} workers are needed, not {}", p.n),
+                        finished: false,
+                    });
+                }
+                let launch = self.next_launch;
+                self.next_launch += 1;
+                out.push(JobAction::Log(format!(
+                    "segment {launch}: {n} workers, {}",
+                    match resume_epoch {
+                        0 => "from scratch".to_string(),
+                        e => format!("resuming from the checkpoint of epoch {e}"),
+                    }
+                )));
+                out.push(JobAction::Launch {
+                    launch,
+                    workers: n,
+                    prewarm: false,
+                });
+                self.current = Some(Current {
+                    launch,
+                    n,
+                    resume_epoch,
+                    coord: None,
+                    early: Vec::new(),
+                });
+            }
+        }
+    }
+
+    fn stop_prewarm(&mut self, out: &mut Vec<JobAction>) {
+        if let Some(p) = self.prewarm.take() {
+            out.push(JobAction::StopLaunch {
+                launch: p.launch,
+                reason: "the job ended".into(),
+                finished: false,
+            });
+        }
+    }
+
+    fn finish(&mut self, stopped_early: bool, worker_peak_rss: Vec<Option<u64>>, out: &mut Vec<JobAction>) {
+        self.stop_prewarm(out);
+        self.current = None;
+        self.over = true;
+        self.outcome = Some(Outcome {
+            summary: self.elastic.summary(self.cfg.seed, stopped_early).summary,
+            worker_peak_rss,
+            bytes_exchanged: self.elastic.bytes,
+            usd: self.elastic.usd,
+        });
+        out.push(JobAction::Finish);
+    }
+
+    fn fail(&mut self, error: String, out: &mut Vec<JobAction>) {
+        self.stop_prewarm(out);
+        self.current = None;
+        self.over = true;
+        out.push(JobAction::Fail { error });
+    }
+}
+
+#[cfg(test)]
+mod simulation {
+    //! The whole job in virtual time, TigerBeetle's VOPR in miniature: a seeded fake cluster under the
+    //! real [`Job`] (and through it the real [`Coordinator`] and [`Elastic`]), with launches that fail or
+    //! start slowly, prewarms that fail, workers lost before registering, while waiting for the
+    //! assignment and in any epoch, and the coordinator dying at any step and being resumed from the
+    //! record and the newest checkpoint, as `submit --resume` does. Training is exact, so an epoch's
+    //! metrics are a function of the epoch alone and the uninterrupted loss curve is known.
+    //!
+    //! A failing seed is printed; `PHYSALIA_SIM_SEED=<seed>` replays just that one.
+
+    use std::cmp::Reverse;
+    use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+    use physalia_gnn::rng::Stream;
+    use physalia_policies::PolicySet;
+    use physalia_control::MetricsLine;
+    use serde_json::json;
+
+    use super::*;
+
+    const EPOCHS: usize = 24;
+
+    fn loss(epoch: usize) -> f64 {
+        0.3 + 0.7 * (-(epoch as f64) / 5.0).exp()
+    }
+
+    fn metrics(epoch: usize, n: usize) -> EpochMetrics {
+        EpochMetrics {
+            epoch,
+            loss: loss(epoch),
+            train_acc: None,
+            val_acc: Some(1.0 - loss(epoch) / 2.0),
+            test_acc: Some(1.0 - loss(epoch) / 2.0),
+            train_s: 8.0 / n as f64 + 0.3 * n as f64,
+            eval_s: 0.1,
+            exchange: Default::default(),
+            batches: None,
+        }
+    }
+
+    fn summary() -> TrainSummary {
+        TrainSummary {
+            epochs: vec![],
+            best_epoch: None,
+            best_val_acc: None,
+            test_acc_at_best_val: None,
+            stopped_early: false,
+        }
+    }
+
+    /// Chances of each fault, drawn per seed.
+    #[derive(Debug, Clone, Copy)]
+    struct Faults {
+        launch_fails: f32,
+        slow_start: f32,
+        worker_lost: f32,
+        coordinator_dies: f32,
+    }
+
+    #[derive(Debug, Default)]
+    struct SimLaunch {
+        n: usize,
+        prewarm: bool,
+        stopped: bool,
+        assigned: bool,
+        /// Events of this launch after this virtual time never happen (a worker died: the mesh halts).
+        halted_at: Option<u64>,
+    }
+
+    /// One scheduled thing: (time in ms, sequence, launch, event, bypasses a halt).
+    type Item = (u64, u64, usize, u64);
+
+    struct Sim {
+        rng: Stream,
+        draws: u64,
+        faults: Faults,
+        t0: Instant,
+        now_ms: u64,
+        seq: u64,
+        queue: BinaryHeap<Reverse<Item>>,
+        events: BTreeMap<u64, (JobEvent, bool)>,
+        launches: BTreeMap<usize, SimLaunch>,
+        /// The job store: metrics.jsonl's lines and the checkpoints on disk.
+        record: Vec<MetricsLine>,
+        checkpoints: BTreeSet<usize>,
+        deaths: usize,
+        lines: Vec<String>,
+    }
+
+    impl Sim {
+        fn draw(&mut self) -> f32 {
+            self.draws += 1;
+            self.rng.uniform(self.draws)
+        }
+
+        fn at(&mut self, ms: u64, launch: usize, event: JobEvent, forced: bool) {
+            self.seq += 1;
+            self.events.insert(self.seq, (event, forced));
+            self.queue.push(Reverse((ms, self.seq, launch, self.seq)));
+        }
+
+        fn now(&self) -> Instant {
+            self.t0 + Duration::from_millis(self.now_ms)
+        }
+
+        fn epoch_ms(n: usize) -> u64 {
+            let m = metrics(1, n);
+            ((m.train_s + m.eval_s) * 1000.0) as u64
+        }
+
+        fn launch(&mut self, launch: usize, n: usize, prewarm: bool) {
+            self.launches.insert(
+                launch,
+                SimLaunch {
+                    n,
+                    prewarm,
+                    ..Default::default()
+                },
+            );
+            let t = self.now_ms;
+            if self.draw() < self.faults.launch_fails {
+                self.at(
+                    t + 2_000,
+                    launch,
+                    JobEvent::Started {
+                        launch,
+                        result: Err("no capacity".into()),
+                    },
+                    true,
+                );
+                return;
+            }
+            let cold = if self.draw() < self.faults.slow_start {
+                25_000
+            } else {
+                3_000
+            };
+            let pids = (0..n).map(|r| Some(1000 * launch as u32 + r as u32)).collect();
+            // the backend always answers (its launch call is bounded); a worker dead by then is seen later
+            self.at(
+                t + cold,
+                launch,
+                JobEvent::Started {
+                    launch,
+                    result: Ok(pids),
+                },
+                true,
+            );
+            for rank in 0..n {
+                self.at(
+                    t + cold + 100 + 37 * rank as u64,
+                    launch,
+                    JobEvent::Worker {
+                        launch,
+                        event: Event::Registered {
+                            rank,
+                            pid: 1000 * launch as u32 + rank as u32,
+                            mesh_addr: format!("10.0.{launch}.{rank}:7000").parse().unwrap(),
+                        },
+                    },
+                    false,
+                );
+            }
+            // a worker of this launch may die at any moment of its life: before registering, while
+            // waiting for its assignment, or in any epoch
+            if self.draw() < self.faults.worker_lost {
+                let rank = (self.draw() * n as f32) as usize % n;
+                let life = cold + 200 + Self::epoch_ms(n) * EPOCHS as u64;
+                let at = t + (self.draw() as f64 * life as f64) as u64;
+                self.at(
+                    at,
+                    launch,
+                    JobEvent::Worker {
+                        launch,
+                        event: Event::Exited {
+                            rank,
+                            how: "exited with signal 9".into(),
+                            by_signal: true,
+                        },
+                    },
+                    true,
+                );
+                // its peers notice when they next need it
+                for peer in (0..n).filter(|&p| p != rank) {
+                    self.at(
+                        at + 400,
+                        launch,
+                        JobEvent::Worker {
+                            launch,
+                            event: Event::Failed {
+                                rank: peer,
+                                error: format!("peer {rank} is gone"),
+                            },
+                        },
+                        true,
+                    );
+                }
+                self.launches.get_mut(&launch).unwrap().halted_at = Some(at);
+            }
+        }
+
+        fn assign(&mut self, launch: usize, peers: usize, resume_epoch: usize) {
+            let l = self.launches.get_mut(&launch).expect("assigned a launch never started");
+            assert!(!l.stopped, "assigned a stopped launch {launch}");
+            assert!(!l.assigned, "launch {launch} assigned twice");
+            assert_eq!(peers, l.n, "launch {launch}: peers for another world size");
+            l.assigned = true;
+            let n = l.n;
+            let d = Self::epoch_ms(n);
+            let mut t = self.now_ms + 50;
+            for epoch in resume_epoch + 1..=EPOCHS {
+                t += d;
+                for rank in 0..n {
+                    self.at(
+                        t + 3 * ((rank * 7 + epoch) % n) as u64,
+                        launch,
+                        JobEvent::Worker {
+                            launch,
+                            event: Event::Epoch {
+                                rank,
+                                metrics: metrics(epoch, n),
+                            },
+                        },
+                        false,
+                    );
+                }
+                // rank 0 writes the checkpoint before it reports the epoch
+                self.seq += 1;
+                self.queue.push(Reverse((t - 1, self.seq, launch, u64::MAX - epoch as u64)));
+            }
+            for rank in 0..n {
+                self.at(
+                    t + 20 + rank as u64,
+                    launch,
+                    JobEvent::Worker {
+                        launch,
+                        event: Event::Done {
+                            rank,
+                            summary: summary(),
+                            peak_rss_bytes: Some(1),
+                        },
+                    },
+                    false,
+                );
+                self.at(
+                    t + 40 + rank as u64,
+                    launch,
+                    JobEvent::Worker {
+                        launch,
+                        event: Event::Exited {
+                            rank,
+                            how: "exited with status 0".into(),
+                            by_signal: false,
+                        },
+                    },
+                    false,
+                );
+            }
+        }
+
+        /// Runs the actions; returns true when the job ended (finished or failed: the second in `failed`).
+        fn act(&mut self, actions: Vec<JobAction>, failed: &mut Option<String>) -> bool {
+            let mut over = false;
+            for a in actions {
+                match a {
+                    JobAction::Launch {
+                        launch,
+                        workers,
+                        prewarm,
+                    } => {
+                        assert!(!self.launches.contains_key(&launch), "launch {launch} reused");
+                        self.launch(launch, workers, prewarm);
+                    }
+                    JobAction::Assign {
+                        launch,
+                        peers,
+                        resume_epoch,
+                        ..
+                    } => {
+                        assert_eq!(
+                            resume_epoch,
+                            self.record.len(),
+                            "launch {launch} resumes from epoch {resume_epoch}, the record has {}",
+                            self.record.len()
+                        );
+                        assert!(
+                            resume_epoch == 0 || self.checkpoints.contains(&resume_epoch),
+                            "no checkpoint of epoch {resume_epoch}"
+                        );
+                        self.assign(launch, peers.len(), resume_epoch);
+                    }
+                    JobAction::KeepWaiting { launch, .. } => {
+                        let l = &self.launches[&launch];
+                        assert!(l.prewarm && !l.stopped && !l.assigned, "kept waiting {launch}");
+                    }
+                    JobAction::StopLaunch { launch, .. } => {
+                        if let Some(l) = self.launches.get_mut(&launch) {
+                            l.stopped = true;
+                        }
+                    }
+                    JobAction::Record { epoch, by_rank, .. } => {
+                        assert_eq!(epoch, self.record.len() + 1, "recorded out of order");
+                        assert!(self.checkpoints.contains(&epoch), "epoch {epoch} has no checkpoint");
+                        self.record
+                            .push(MetricsLine::coordinated(0, &by_rank, 0.0));
+                        // the driver deletes the checkpoint before
+                        if epoch > 1 {
+                            self.checkpoints.remove(&(epoch - 1));
+                        }
+                    }
+                    JobAction::Say(line) | JobAction::Log(line) => self.lines.push(line),
+                    JobAction::Finish => over = true,
+                    JobAction::Fail { error } => {
+                        *failed = Some(error);
+                        over = true;
+                    }
+                }
+            }
+            over
+        }
+    }
+
+    fn never() -> PolicySet {
+        serde_json::from_value(json!({ "max_workers": 3, "rules": [] })).unwrap()
+    }
+
+    fn double_on_plateau() -> PolicySet {
+        let text = include_str!("../../examples/policies/double-on-plateau.yaml")
+            .replace("max_workers: 16", "max_workers: 8");
+        physalia_policies::parse_str(&text, "double-on-plateau.yaml").unwrap()
+    }
+
+    fn cfg(workers: usize, start_epoch: usize) -> JobConfig {
+        JobConfig {
+            workers,
+            epochs: EPOCHS,
+            seed: 0,
+            register_timeout: Duration::from_secs(30),
+            epoch_timeout: Duration::from_secs(60),
+            checkpoints: true,
+            start_epoch,
+            price_per_worker_s: 0.0,
+        }
+    }
+
+    /// A new coordinator for the job store's state, as `submit --resume` makes it.
+    fn resume(sim: &mut Sim, policy: &PolicySet, workers: usize) -> (Job, Vec<JobAction>) {
+        let ck = sim
+            .checkpoints
+            .iter()
+            .copied()
+            .filter(|&e| e <= sim.record.len())
+            .max()
+            .unwrap_or(0);
+        sim.record.truncate(ck);
+        let mut el = Elastic::new(policy.clone(), workers as u32, EPOCHS as u32, 0.0)
+            .with_max_retries(50);
+        let mut n = workers;
+        let mut pending = None;
+        if ck > 0 {
+            pending = el.replay(&sim.record, EPOCHS);
+            n = sim.record[ck - 1].worker_count();
+        }
+        let first = sim.launches.keys().next_back().map_or(0, |l| l + 1);
+        let mut job = Job::new(cfg(n, ck), el, first);
+        let actions = job.start(pending, sim.now());
+        (job, actions)
+    }
+
+    struct Run {
+        failed: Option<String>,
+        sim: Sim,
+        outcome: Option<Outcome>,
+    }
+
+    fn run(seed: u64, policy: &PolicySet, workers: usize) -> Run {
+        let rng = Stream::new(seed, &[0x5133]);
+        let f = |i: u64, max: f32| rng.uniform(i) * max;
+        let faults = Faults {
+            launch_fails: f(1, 0.25),
+            slow_start: f(2, 0.5),
+            worker_lost: f(3, 0.6),
+            coordinator_dies: f(4, 0.01),
+        };
+        let mut sim = Sim {
+            rng: Stream::new(seed, &[0xFA17]),
+            draws: 0,
+            faults,
+            t0: Instant::now(),
+            now_ms: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: BTreeMap::new(),
+            launches: BTreeMap::new(),
+            record: Vec::new(),
+            checkpoints: BTreeSet::new(),
+            deaths: 0,
+            lines: Vec::new(),
+        };
+        let mut failed = None;
+        let (mut job, actions) = resume(&mut sim, policy, workers);
+        let mut over = sim.act(actions, &mut failed);
+        let mut next_tick = 500u64;
+        let mut steps = 0;
+        while !over {
+            steps += 1;
+            assert!(steps < 200_000, "seed {seed}: no end in sight");
+            // the coordinator dies: every worker goes with it; a new one resumes from the store
+            if sim.deaths < 5 && sim.draw() < sim.faults.coordinator_dies {
+                sim.deaths += 1;
+                for l in sim.launches.values_mut() {
+                    l.stopped = true;
+                }
+                sim.queue.clear();
+                let (j, actions) = resume(&mut sim, policy, workers);
+                job = j;
+                over = sim.act(actions, &mut failed);
+                continue;
+            }
+            let next = sim.queue.peek().map(|Reverse(i)| i.0);
+            let actions = match next {
+                Some(t) if t <= next_tick => {
+                    let Reverse((t, _, launch, key)) = sim.queue.pop().unwrap();
+                    sim.now_ms = t;
+                    let l = &sim.launches[&launch];
+                    if key > u64::MAX - 1_000_000 {
+                        // a checkpoint write
+                        if !l.stopped && l.halted_at.is_none_or(|h| t < h) {
+                            sim.checkpoints.insert((u64::MAX - key) as usize);
+                        }
+                        continue;
+                    }
+                    let (event, forced) = sim.events.remove(&key).unwrap();
+                    let l = &sim.launches[&launch];
+                    if l.stopped || (!forced && l.halted_at.is_some_and(|h| t >= h)) {
+                        continue;
+                    }
+                    job.handle(event, sim.now())
+                }
+                _ => {
+                    sim.now_ms = next_tick;
+                    next_tick += 500;
+                    job.handle(JobEvent::Tick, sim.now())
+                }
+            };
+            over = sim.act(actions, &mut failed);
+        }
+        let outcome = job.outcome().cloned();
+        Run {
+            failed,
+            sim,
+            outcome,
+        }
+    }
+
+    fn check(seed: u64, policy: &PolicySet, workers: usize) {
+        let r = run(seed, policy, workers);
+        let what = format!(
+            "seed {seed} (replay: PHYSALIA_SIM_SEED={seed}), faults {:?}, coordinator deaths {}",
+            r.sim.faults, r.sim.deaths
+        );
+        assert!(
+            r.failed.is_none(),
+            "{what}: the job failed: {:?}\n{}",
+            r.failed,
+            r.sim.lines.join("\n")
+        );
+        let outcome = r.outcome.expect("a finished job has an outcome");
+        // every epoch recorded exactly once, in order, with the uninterrupted run's loss
+        let epochs: Vec<u64> = r
+            .sim
+            .record
+            .iter()
+            .map(|l| l.metrics.epoch as u64)
+            .collect();
+        let stopped = outcome.summary.stopped_early;
+        assert!(
+            epochs.len() == EPOCHS || stopped,
+            "{what}: {} epochs recorded",
+            epochs.len()
+        );
+        assert_eq!(epochs, (1..=epochs.len() as u64).collect::<Vec<_>>(), "{what}");
+        for l in &r.sim.record {
+            let e = l.metrics.epoch;
+            assert_eq!(l.metrics.loss, loss(e), "{what}: epoch {e}");
+            let n = l.worker_count();
+            assert!(
+                (policy.min_workers.max(1) as usize..=policy.max_workers as usize).contains(&n),
+                "{what}: epoch {e} on {n} workers"
+            );
+        }
+        // the result covers the epochs of the last coordinator's record (a resumed one replays the rest)
+        assert!(outcome.summary.epochs.len() <= epochs.len(), "{what}");
+        // nothing outlives the job
+        for (i, l) in &r.sim.launches {
+            assert!(l.stopped, "{what}: launch {i} was never stopped");
+        }
+    }
+
+    fn seeds() -> Vec<u64> {
+        match std::env::var("PHYSALIA_SIM_SEED") {
+            Ok(s) => vec![s.parse().expect("PHYSALIA_SIM_SEED is a number")],
+            Err(_) => (0..300).collect(),
+        }
+    }
+
+    #[test]
+    fn a_fixed_size_job_survives_every_fault() {
+        for seed in seeds() {
+            check(seed, &never(), 3);
+        }
+    }
+
+    #[test]
+    fn an_elastic_job_with_prewarm_survives_every_fault() {
+        let p = double_on_plateau();
+        for seed in seeds() {
+            check(seed, &p, 1);
+        }
+    }
+
+    #[test]
+    fn the_simulation_exercises_every_fault() {
+        // the faults above must actually happen, or the two tests prove nothing
+        let p = double_on_plateau();
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        for seed in 0..300 {
+            let r = run(seed, &p, 1);
+            let seen_line = |f: &dyn Fn(&str) -> bool| r.sim.lines.iter().any(|l| f(l));
+            for (key, found) in [
+                ("retried lost worker", seen_line(&|l| l.contains("lost a worker"))),
+                ("failed launch", seen_line(&|l| l.contains("starting ") && l.contains("failed"))),
+                ("prewarm used", seen_line(&|l| l.contains("workers prewarmed"))),
+                ("prewarm failed", seen_line(&|l| l.contains("prewarming") && l.contains("failed"))),
+                ("prewarm lost a worker", seen_line(&|l| l.contains("prewarmed workers discarded"))),
+                ("rescale", seen_line(&|l| l.contains("workers 1 -> 2"))),
+            ] {
+                if found {
+                    *seen.entry(key).or_default() += 1;
+                }
+            }
+            if r.sim.deaths > 0 {
+                *seen.entry("coordinator died").or_default() += 1;
+            }
+        }
+        for key in [
+            "retried lost worker",
+            "failed launch",
+            "prewarm used",
+            "prewarm failed",
+            "prewarm lost a worker",
+            "rescale",
+            "coordinator died",
+        ] {
+            assert!(seen.get(key).copied().unwrap_or(0) >= 3, "{key}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn a_worker_error_fails_the_job_without_retrying() {
+        let mut el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
+        el = el.with_max_retries(3);
+        let mut job = Job::new(cfg(2, 0), el, 0);
+        let t0 = Instant::now();
+        let a = job.start(None, t0);
+        assert!(a.contains(&JobAction::Launch {
+            launch: 0,
+            workers: 2,
+            prewarm: false
+        }));
+        job.handle(
+            JobEvent::Started {
+                launch: 0,
+                result: Ok(vec![Some(7), Some(8)]),
+            },
+            t0,
+        );
+        for rank in 0..2 {
+            job.handle(
+                JobEvent::Worker {
+                    launch: 0,
+                    event: Event::Registered {
+                        rank,
+                        pid: 7 + rank as u32,
+                        mesh_addr: "127.0.0.1:1".parse().unwrap(),
+                    },
+                },
+                t0,
+            );
+        }
+        job.handle(
+            JobEvent::Worker {
+                launch: 0,
+                event: Event::Failed {
+                    rank: 1,
+                    error: "labels row 3 is 9, outside 0..7".into(),
+                },
+            },
+            t0,
+        );
+        let a = job.handle(JobEvent::Tick, t0 + Duration::from_secs(2));
+        assert!(
+            matches!(a.last(), Some(JobAction::Fail { error }) if error.contains("labels row 3")),
+            "{a:?}"
+        );
+        assert!(!a.iter().any(|a| matches!(a, JobAction::Launch { .. })));
+        assert!(job.is_over());
+    }
+}
