@@ -10,7 +10,7 @@ use physalia_graph::{
     synth,
 };
 
-use crate::OutputFormat;
+use crate::summary::OutputFormat;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ImportFormat {

@@ -35,14 +35,14 @@ use physalia_control::{
 };
 use serde_json::{Value, json};
 
-use crate::OutputFormat;
+use crate::summary::OutputFormat;
 use crate::coordinator::Event;
 use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop, epoch_usd};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome};
 use crate::jobdir::JobDir;
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
-use crate::submit::{self, RunResult};
+use crate::summary::{self, RunResult};
 use crate::workers::{BackendWorkers, identities, local_launch, worker_binary};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
@@ -129,7 +129,7 @@ pub fn run(
     let source = dataset::load(&spec.dataset)?;
     let stats = source.stats();
     let data_name = source.name().to_string();
-    let cfg = submit::model_config(spec, stats.feat_dim, stats.num_classes)?;
+    let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
     if n > stats.num_nodes {
         bail!(
             "workers: {n} workers for a graph of {} nodes",
@@ -174,7 +174,7 @@ pub fn run(
             policy,
             spec.workers,
             spec.train.epochs,
-            submit::price_per_worker_s(),
+            summary::price_per_worker_s(),
         )
         .with_exchange(x.boundary_sampling, x.staleness)
         .with_max_retries(spec.max_retries());
@@ -219,7 +219,7 @@ pub fn run(
                 // start there
                 checkpoints: spec.mode() == Parallelism::Partition,
                 start_epoch,
-                price_per_worker_s: submit::price_per_worker_s(),
+                price_per_worker_s: summary::price_per_worker_s(),
             },
             elastic,
             first_launch,
@@ -250,7 +250,7 @@ pub fn run(
         let bytes = runs.bytes_exchanged;
         let usd_total = runs.usd;
         let scaling_events = elastic.events.clone();
-        let summary = submit::summarize(
+        let summary = summary::summarize(
             name,
             &data_name,
             &stats,
@@ -867,7 +867,7 @@ fn fmt_bytes(b: u64) -> String {
 /// over workers, the longest halo wait and the longest all-reduce of any worker.
 fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
     let m = &by_rank[0];
-    let mut line = submit::epoch_line(1, 0, epochs, m);
+    let mut line = summary::epoch_line(1, 0, epochs, m);
     let sent: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
     let mut per_layer: std::collections::BTreeMap<(u16, bool), u64> = Default::default();
     for w in by_rank {
@@ -907,7 +907,7 @@ fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
         layers.join(", "),
         halo,
         ar,
-        epoch_usd(by_rank, submit::price_per_worker_s())
+        epoch_usd(by_rank, summary::price_per_worker_s())
     ));
     line
 }

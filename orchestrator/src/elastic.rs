@@ -8,7 +8,7 @@ use physalia_control::MetricsLine;
 use physalia_gnn::{EpochMetrics, TrainSummary};
 use serde_json::{Value, json};
 
-use crate::submit::RunResult;
+use crate::summary::RunResult;
 
 /// What an epoch cost: each worker's wall time in it times the price per worker-second.
 pub(crate) fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f64 {

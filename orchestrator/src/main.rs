@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 mod calibrate;
 mod coordinator;
@@ -23,7 +23,10 @@ mod plan;
 mod report;
 mod spec;
 mod submit;
+mod summary;
 mod workers;
+
+use summary::OutputFormat;
 
 #[derive(Parser)]
 #[command(
@@ -84,12 +87,6 @@ struct ValidateArgs {
     job: PathBuf,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]

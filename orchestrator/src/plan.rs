@@ -12,7 +12,7 @@ use physalia_planner::{
 };
 use serde::Serialize;
 
-use crate::OutputFormat;
+use crate::summary::OutputFormat;
 use crate::dataset::{self, Source};
 use crate::spec::{self, JobSpec, ModelKind, Objective};
 

@@ -2,24 +2,26 @@
 //! job directory, print a per-epoch line and a final summary.
 //!
 //! With `workers: 1` the local backend trains inside this process; with more, `distributed.rs` coordinates
-//! `physalia-worker` processes and reuses this module's summary and epoch line.
+//! `physalia-worker` processes. Both report through `summary.rs`.
 
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use physalia_gnn::{
-    Activation, EpochMetrics, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig,
+    EpochMetrics, LocalExchange, LocalGraph, Matrix, Model, ModelConfig,
     NodeSets, TrainConfig, TrainSummary,
 };
 use physalia_graph::Split;
-use serde::Serialize;
 use serde_json::json;
 
-use crate::OutputFormat;
+use crate::summary::OutputFormat;
 use crate::dataset;
+use crate::summary::{
+    RunResult, epoch_line, fmt_acc, model_config, price_per_worker_s, print_summary, summarize,
+};
 use crate::jobdir::JobDir;
-use crate::spec::{self, JobSpec, ModelKind, Parallelism};
+use crate::spec::{self, JobSpec, Parallelism};
 use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
 /// Continues the job in `dir` (its coordinator died, or it was stopped) from its newest checkpoint whose epochs
@@ -144,11 +146,6 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
     }
 }
 
-pub(crate) struct RunResult {
-    pub seed: u64,
-    pub summary: TrainSummary,
-}
-
 #[allow(clippy::too_many_arguments)]
 fn train_runs(
     spec: &JobSpec,
@@ -266,261 +263,4 @@ fn train_runs(
         out.push(RunResult { seed, summary });
     }
     Ok(out)
-}
-
-pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
-    let prefix = if runs > 1 {
-        format!("run {run} ")
-    } else {
-        String::new()
-    };
-    let w = epochs.to_string().len();
-    let mut line = format!(
-        "{prefix}epoch {:>w$}/{epochs}  loss {:.4}  train {}  val {}  test {}  {:.3}s",
-        m.epoch,
-        m.loss,
-        fmt_acc(m.train_acc),
-        fmt_acc(m.val_acc),
-        fmt_acc(m.test_acc),
-        m.train_s
-    );
-    if let Some(b) = &m.batches {
-        line.push_str(&format!(
-            "  steps {}  sample wait {:.3}s  fetch {:.3}s",
-            b.steps, b.sample_wait_s, b.fetch_s
-        ));
-        if let Some(h) = b.hit_rate() {
-            line.push_str(&format!("  cache hit {:.1}%", 100.0 * h));
-        }
-    }
-    line
-}
-
-fn fmt_acc(a: Option<f64>) -> String {
-    a.map(|a| format!("{:.4}", a))
-        .unwrap_or_else(|| "  -   ".into())
-}
-
-pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<ModelConfig> {
-    let m = &spec.model;
-    if classes < 2 {
-        bail!("the dataset has {classes} class(es); node classification needs at least 2");
-    }
-    let kind = match m.kind {
-        ModelKind::Gcn => LayerKind::Gcn,
-        ModelKind::Sage => LayerKind::Sage,
-        ModelKind::Gat => LayerKind::Gat,
-    };
-    Ok(ModelConfig {
-        kind,
-        in_dim,
-        hidden: m.hidden as usize,
-        out_dim: classes,
-        layers: m.layers as usize,
-        heads: m.heads() as usize,
-        out_heads: m.out_heads() as usize,
-        dropout: m.dropout as f32,
-        input_dropout: m.input_dropout() as f32,
-        attn_dropout: if kind == LayerKind::Gat {
-            m.attn_dropout() as f32
-        } else {
-            0.0
-        },
-        activation: match m.activation {
-            spec::Activation::Relu => Activation::Relu,
-            spec::Activation::Elu => Activation::Elu,
-        },
-        negative_slope: m.negative_slope() as f32,
-    })
-}
-
-#[derive(Serialize)]
-pub(crate) struct Summary {
-    job: String,
-    job_dir: String,
-    dataset: String,
-    nodes: usize,
-    edges: usize,
-    model: ModelConfig,
-    parameters: usize,
-    epochs: u32,
-    runs: Vec<RunSummary>,
-    /// Over runs: mean and population standard deviation of the test accuracy at the best validation epoch.
-    mean_test_acc_at_best_val: Option<f64>,
-    std_test_acc_at_best_val: Option<f64>,
-    mean_final_test_acc: Option<f64>,
-    /// Median over all epochs of all runs of the training time per epoch (forward, backward, step).
-    median_epoch_s: f64,
-    /// Training time per epoch of the first run.
-    epoch_times_s: Vec<f64>,
-    load_s: f64,
-    peak_rss_bytes: Option<u64>,
-    /// Every worker's seconds times its container's price, over all runs.
-    usd_total: f64,
-}
-
-/// USD per worker-second on the local backend, from the planner's built-in catalog (free today).
-pub(crate) fn price_per_worker_s() -> f64 {
-    physalia_planner::Catalog::builtin()
-        .get("local")
-        .map(|s| s.usd_per_s())
-        .unwrap_or(0.0)
-}
-
-#[derive(Serialize)]
-struct RunSummary {
-    seed: u64,
-    final_epoch: usize,
-    final_loss: f64,
-    final_train_acc: Option<f64>,
-    final_val_acc: Option<f64>,
-    final_test_acc: Option<f64>,
-    best_epoch: Option<usize>,
-    best_val_acc: Option<f64>,
-    test_acc_at_best_val: Option<f64>,
-    stopped_early: bool,
-    median_epoch_s: f64,
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn summarize(
-    name: &str,
-    data_name: &str,
-    stats: &physalia_graph::GraphStats,
-    cfg: &ModelConfig,
-    spec: &JobSpec,
-    runs: &[RunResult],
-    dir: &Path,
-    load_s: f64,
-) -> Summary {
-    let run_summaries: Vec<RunSummary> = runs
-        .iter()
-        .map(|r| {
-            let last = r
-                .summary
-                .epochs
-                .last()
-                .expect("a run trains at least one epoch");
-            RunSummary {
-                seed: r.seed,
-                final_epoch: last.epoch,
-                final_loss: last.loss,
-                final_train_acc: last.train_acc,
-                final_val_acc: last.val_acc,
-                final_test_acc: last.test_acc,
-                best_epoch: r.summary.best_epoch,
-                best_val_acc: r.summary.best_val_acc,
-                test_acc_at_best_val: r.summary.test_acc_at_best_val,
-                stopped_early: r.summary.stopped_early,
-                median_epoch_s: median(r.summary.epochs.iter().map(|e| e.train_s).collect()),
-            }
-        })
-        .collect();
-    let (mean, std) = mean_std(
-        run_summaries
-            .iter()
-            .filter_map(|r| r.test_acc_at_best_val)
-            .collect(),
-    );
-    let (mean_final, _) = mean_std(
-        run_summaries
-            .iter()
-            .filter_map(|r| r.final_test_acc)
-            .collect(),
-    );
-    let all_times: Vec<f64> = runs
-        .iter()
-        .flat_map(|r| r.summary.epochs.iter().map(|e| e.train_s))
-        .collect();
-    Summary {
-        job: name.to_string(),
-        job_dir: dir.display().to_string(),
-        dataset: data_name.to_string(),
-        nodes: stats.num_nodes,
-        edges: stats.num_edges,
-        model: cfg.clone(),
-        parameters: Model::new(cfg, 0).map(|m| m.num_parameters()).unwrap_or(0),
-        epochs: spec.train.epochs,
-        runs: run_summaries,
-        mean_test_acc_at_best_val: mean,
-        std_test_acc_at_best_val: std,
-        mean_final_test_acc: mean_final,
-        median_epoch_s: median(all_times),
-        epoch_times_s: runs[0].summary.epochs.iter().map(|e| e.train_s).collect(),
-        load_s,
-        peak_rss_bytes: peak_rss_bytes(),
-        usd_total: runs
-            .iter()
-            .flat_map(|r| &r.summary.epochs)
-            .map(|e| e.train_s + e.eval_s)
-            .sum::<f64>()
-            * price_per_worker_s(),
-    }
-}
-
-fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(s)?),
-        OutputFormat::Text => {
-            println!("job {} finished: {}", s.job, s.job_dir);
-            if s.runs.len() > 1 {
-                println!(
-                    "test accuracy at best val over {} runs: {} +- {}",
-                    s.runs.len(),
-                    fmt_acc(s.mean_test_acc_at_best_val),
-                    fmt_acc(s.std_test_acc_at_best_val)
-                );
-            } else if let Some(r) = s.runs.first() {
-                println!(
-                    "final: loss {:.4} train {} val {} test {}; best val {} at epoch {}, test there {}",
-                    r.final_loss,
-                    fmt_acc(r.final_train_acc),
-                    fmt_acc(r.final_val_acc),
-                    fmt_acc(r.final_test_acc),
-                    fmt_acc(r.best_val_acc),
-                    r.best_epoch.map(|e| e.to_string()).unwrap_or("-".into()),
-                    fmt_acc(r.test_acc_at_best_val)
-                );
-            }
-            println!(
-                "median epoch {:.4}s, peak memory {}",
-                s.median_epoch_s,
-                s.peak_rss_bytes
-                    .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
-                    .unwrap_or("unknown".into())
-            );
-        }
-    }
-    Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn mean_std(v: Vec<f64>) -> (Option<f64>, Option<f64>) {
-    if v.is_empty() {
-        return (None, None);
-    }
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / n;
-    (Some(mean), Some(var.sqrt()))
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`).
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

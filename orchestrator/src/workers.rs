@@ -1,8 +1,8 @@
 //! Workers on any [`Backend`]: the one launch path for every platform (DESIGN invariant 6).
 //!
-//! [`Launch`](crate::distributed) issues the job CA, turns it into the launch's secrets ([`identities`]),
-//! builds one [`WorkerSpec`] ([`worker_spec`]) and hands it to a backend: [`local_backend`] for processes
-//! on this machine (`physalia_backends::local`), `crate::docker::docker_launch` for containers.
+//! A launch (`distributed.rs`) issues the job CA, turns it into the launch's secrets ([`identities`]),
+//! builds one [`WorkerSpec`] ([`worker_spec`]) and hands it to a backend: [`local_launch`] for processes
+//! on this machine (`physalia_backends::local`), `docker.rs` for containers.
 //! [`BackendWorkers`] is the coordinator's blocking view of that backend: exits, pids, logs, kill.
 
 use std::collections::BTreeMap;
