@@ -2,12 +2,13 @@
 //!
 //! Docker has no secrets outside swarm, so a rank's files are streamed into its created (not yet started)
 //! container as a tar archive (`docker cp -`), owned by the worker's user, mode 0400, under
-//! [`DockerConfig::secrets_dir`]: never in an argument, the environment or the image. Data reaches the
-//! workers through bind mounts ([`DockerConfig::mounts`]), which are the platform's business, not the
-//! spec's.
+//! [`DockerConfig::secrets_dir`]: never in an argument, the environment or the image. Workers need no
+//! mount (they fetch their files over the control connection); [`DockerConfig::mounts`] exists for
+//! callers that want one.
 //!
-//! The network is the caller's: the coordinator must bind its control endpoint on the network's gateway
-//! before any worker starts, so it creates the network first (see `physalia`'s `docker.rs`).
+//! The network: [`Backend::prepare`] creates the bridge network [`DockerConfig::network`] (labelled with
+//! the job) unless it exists and answers its gateway, the address the coordinator's control endpoint
+//! binds, which only the job's containers and this machine reach; [`Backend::release`] removes it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use tokio::process::Command;
 
 use crate::error::{BackendName, Error, Result};
 use crate::spec::{ENV_RANK, ENV_SECRETS_DIR};
-use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
+use crate::{Backend, LaunchId, Launched, Prepared, WorkerSpec, WorkerState, WorkerStatus};
 
 const NAME: BackendName = "docker";
 const LABEL_LAUNCH: &str = "physalia.dev/launch";
@@ -39,7 +40,7 @@ pub struct BindMount {
 
 #[derive(Clone, Debug)]
 pub struct DockerConfig {
-    /// The bridge network the containers join (created by the caller).
+    /// The bridge network the containers join ([`Backend::prepare`] creates it).
     pub network: String,
     /// `uid:gid` the workers run as; `None` takes the image's user.
     pub user: Option<(u32, u32)>,
@@ -380,6 +381,53 @@ fn tar_entry(
 impl Backend for DockerBackend {
     fn name(&self) -> BackendName {
         NAME
+    }
+
+    async fn prepare(&self, job_id: &str) -> Result<Prepared> {
+        let net = self.cfg.network.clone();
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        if self.docker(&s(&["network", "inspect", &net]), None).await.is_err() {
+            let label = format!("{LABEL_JOB}={job_id}");
+            let created = self
+                .docker(
+                    &s(&["network", "create", "--driver", "bridge", "--label", &label, &net]),
+                    None,
+                )
+                .await;
+            // another coordinator of the job may have created it meanwhile
+            if let Err(e) = created
+                && self.docker(&s(&["network", "inspect", &net]), None).await.is_err()
+            {
+                return Err(e);
+            }
+        }
+        let gw = self
+            .docker(
+                &s(&[
+                    "network",
+                    "inspect",
+                    "-f",
+                    "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+                    &net,
+                ]),
+                None,
+            )
+            .await?;
+        let control_ip = gw.parse().map_err(|_| Error::Config {
+            backend: NAME,
+            detail: format!("network {net} has no usable gateway: {gw:?}"),
+        })?;
+        Ok(Prepared { control_ip })
+    }
+
+    async fn release(&self, _job_id: &str) -> Result<()> {
+        let net = self.cfg.network.clone();
+        let args = vec!["network".to_string(), "rm".into(), net.clone()];
+        match self.docker(&args, None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("not found") => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {

@@ -14,7 +14,7 @@
 //! - [`local`]: worker processes on this machine, each in its own process group, its secrets as files in
 //!   a private folder, its output in the job's `logs/`.
 //!
-//! The orchestrator builds the docker backend's image and network (`orchestrator/src/docker.rs`). See
+//! The orchestrator builds the docker backend's image (`orchestrator/src/docker.rs`). See
 //! `README.md` for where the coordinator runs on each platform and how each backend is tested without a
 //! cloud.
 //!
@@ -80,6 +80,31 @@ pub trait Backend: Send + Sync {
 
     /// The worker's output (stdout and stderr) so far, as the platform keeps it.
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String>;
+
+    /// Makes what every launch of job `job_id` shares on this platform (docker: the job's bridge network)
+    /// and says where the coordinator's control endpoint must listen for the workers to reach it. Called
+    /// before every launch; a job already prepared gets the same answer. By default: nothing to make,
+    /// and the workers reach the coordinator on loopback (processes on its machine).
+    async fn prepare(&self, job_id: &str) -> Result<Prepared> {
+        let _ = job_id;
+        Ok(Prepared {
+            control_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        })
+    }
+
+    /// Deletes what [`Backend::prepare`] made, after the job's last launch was stopped. Releasing a job
+    /// that holds nothing succeeds.
+    async fn release(&self, job_id: &str) -> Result<()> {
+        let _ = job_id;
+        Ok(())
+    }
+}
+
+/// What [`Backend::prepare`] says about a job's platform.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prepared {
+    /// The address the coordinator's control endpoint binds: one the workers can reach.
+    pub control_ip: std::net::IpAddr,
 }
 
 /// What [`Backend::launch`] started.

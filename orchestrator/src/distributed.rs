@@ -43,7 +43,7 @@ use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome};
 use crate::jobdir::JobDir;
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::summary::{self, RunResult};
-use crate::workers::{BackendWorkers, identities, local_launch, worker_binary};
+use crate::workers::{BackendWorkers, block_on, identities, local_backend, local_spec, worker_binary};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -273,8 +273,13 @@ pub fn run(
         let job_id = dir
             .path()
             .file_name()
-            .map(|s| s.to_string_lossy().into_owned());
-        crate::docker::Network::remove_for(&job_id.unwrap_or_default());
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Ok(backend) = crate::docker::backend(&job_id)
+            && let Ok(Err(e)) = block_on(backend.release(&job_id))
+        {
+            eprintln!("warning: removing the job's docker network: {e}");
+        }
     }
     match result {
         Err(e) => {
@@ -350,20 +355,20 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        // containers reach this machine at their network's gateway; local processes over loopback
-        let network = match spec.backend {
-            BackendKind::Docker => Some(crate::docker::Network::create(&job_id)?),
-            _ => None,
+        let docker = spec.backend == BackendKind::Docker;
+        let backend = match docker {
+            true => crate::docker::backend(&job_id)?,
+            false => local_backend(dir, index),
         };
-        let bind: SocketAddr = match &network {
-            Some(net) => SocketAddr::new(net.gateway, 0),
-            None => "127.0.0.1:0".parse()?,
-        };
+        // where the workers reach this machine: loopback for local processes, the job network's gateway
+        // for containers
+        let prepared = block_on(backend.prepare(&job_id))?
+            .with_context(|| format!("preparing {} for the job", backend.name()))?;
         let server = ControlServer::bind(
             &ca.identity(COORDINATOR_NAME)?,
             ca.job_key(),
             n,
-            bind,
+            SocketAddr::new(prepared.control_ip, 0),
             register_timeout,
             files,
         )
@@ -376,37 +381,24 @@ impl Launch {
             .threads
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
-        let (backend, worker_spec, logs, poll_every) = match &network {
-            None => {
-                let (backend, worker_spec) = local_launch(
-                    binary,
-                    &job_id,
-                    index,
-                    server.local_addr(),
-                    threads,
-                    secrets,
-                    dir,
-                );
+        let coordinator = server.local_addr();
+        let (worker_spec, logs, poll_every) = match docker {
+            false => (
+                local_spec(binary, &job_id, index, coordinator, threads, secrets),
                 // the backend writes each rank's output into logs/ itself, and asking it is cheap
-                (backend, worker_spec, None, Duration::ZERO)
-            }
-            Some(net) => {
+                None,
+                Duration::ZERO,
+            ),
+            true => {
                 let image = crate::docker::ensure_image(binary, false)?;
                 let logs_dir = dir.join("logs");
                 std::fs::create_dir_all(&logs_dir)?;
-                let (backend, worker_spec) = crate::docker::docker_launch(
-                    &image,
-                    &job_id,
-                    index,
-                    net,
-                    server.local_addr(),
-                    secrets,
-                    threads,
-                )?;
                 let logs = (0..n)
                     .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
                     .collect();
-                (backend, worker_spec, Some(logs), Duration::from_millis(500))
+                let spec =
+                    crate::docker::spec(&image, &job_id, index, coordinator, secrets, threads);
+                (spec, Some(logs), Duration::from_millis(500))
             }
         };
         let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;

@@ -5,12 +5,13 @@
 //!   from this machine, `/etc/passwd` with the non-root user 65532, `/tmp`, `/run`) by `docker import`, then
 //!   builds `worker-image/Dockerfile` on it (`BASE` is a build argument), adding the binary. A job uses the
 //!   image tagged with the worker binary's content hash and builds it when missing.
-//! * Network: one bridge network per job (`physalia-<job>`); the coordinator's control endpoint binds the
-//!   network's gateway address, which only the job's containers and this machine reach. Each worker binds its
-//!   mesh on port 7000 of its own container address and advertises it.
+//! * Network: one bridge network per job (`physalia-<job>`), made and removed by the backend
+//!   (`Backend::prepare` and `release`); the coordinator's control endpoint binds the network's gateway
+//!   address, which only the job's containers and this machine reach. Each worker binds its mesh on port 7000
+//!   of its own container address and advertises it.
 //! * Containers: launched, listed, stopped and read through `physalia_backends::docker::DockerBackend`, the
 //!   `Backend` trait every platform implements, from a `WorkerSpec` (DESIGN invariant 6); this module makes
-//!   the image and the network, and `crate::workers::BackendWorkers` gives the coordinator a blocking view
+//!   the image, and `crate::workers::BackendWorkers` gives the coordinator a blocking view
 //!   of it, as of every backend.
 //! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
 //!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
@@ -20,7 +21,7 @@
 //!   the model back the same way: the containers share no disk with this machine.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -196,51 +197,6 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-/// The job's bridge network and the gateway address its containers reach this machine at.
-pub struct Network {
-    pub name: String,
-    pub gateway: IpAddr,
-}
-
-impl Network {
-    pub fn create(job_id: &str) -> Result<Network> {
-        if !available() {
-            bail!(
-                "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
-            );
-        }
-        let name = format!("physalia-{}", sanitize(job_id));
-        if docker(&["network", "inspect", &name]).is_err() {
-            docker(&[
-                "network",
-                "create",
-                "--driver",
-                "bridge",
-                "--label",
-                "physalia.job",
-                &name,
-            ])
-            .with_context(|| format!("creating the network {name}"))?;
-        }
-        let gw = docker(&[
-            "network",
-            "inspect",
-            "-f",
-            "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
-            &name,
-        ])?;
-        let gateway = gw
-            .parse()
-            .with_context(|| format!("network {name} has no usable gateway: {gw:?}"))?;
-        Ok(Network { name, gateway })
-    }
-
-    /// Removes the job's network (after its last launch).
-    pub fn remove_for(job_id: &str) {
-        let _ = docker(&["network", "rm", &format!("physalia-{}", sanitize(job_id))]);
-    }
-}
-
 fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| {
@@ -253,18 +209,30 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-/// The spec and backend of a docker launch: containers of `image` on `network`, running as the image's
-/// non-root user, the launch's `secrets` copied into each, nothing mounted.
-pub fn docker_launch(
+/// The docker backend of a job: its containers on the job's own bridge network (made by
+/// `Backend::prepare`), running as the image's non-root user, secrets copied in, nothing mounted.
+pub fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
+    if !available() {
+        bail!(
+            "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
+        );
+    }
+    let mut cfg = DockerConfig::new(format!("physalia-{}", sanitize(job_id)));
+    cfg.user = Some((WORKER_UID, WORKER_UID));
+    cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
+    Ok(Box::new(DockerBackend::new(cfg)?))
+}
+
+/// The spec of a docker launch: containers of `image`, each binding the mesh on its own address.
+pub fn spec(
     image: &str,
     job_id: &str,
     segment: usize,
-    network: &Network,
     coordinator: SocketAddr,
     secrets: BTreeMap<String, SecretValue>,
     threads: usize,
-) -> Result<(Box<dyn Backend>, WorkerSpec)> {
-    let spec = crate::workers::worker_spec(
+) -> WorkerSpec {
+    crate::workers::worker_spec(
         job_id,
         segment,
         image.to_string(),
@@ -273,9 +241,5 @@ pub fn docker_launch(
         threads,
         secrets,
         MESH_PORT,
-    );
-    let mut cfg = DockerConfig::new(network.name.clone());
-    cfg.user = Some((WORKER_UID, WORKER_UID));
-    cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
-    Ok((Box::new(DockerBackend::new(cfg)?), spec))
+    )
 }

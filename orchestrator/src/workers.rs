@@ -89,25 +89,29 @@ pub fn worker_spec(
 /// host's ports; each worker binds an ephemeral loopback one), but a spec always names one.
 const LOCAL_MESH_PORT: u16 = 7000;
 
-/// The spec and backend of a local launch: `binary` as N processes, secrets under `job_dir/secrets/`,
-/// output in `job_dir/logs/`.
-pub fn local_launch(
-    binary: &Path,
-    job_id: &str,
-    segment: usize,
-    coordinator: SocketAddr,
-    threads: usize,
-    secrets: BTreeMap<String, SecretValue>,
-    job_dir: &Path,
-) -> (Box<dyn Backend>, WorkerSpec) {
+/// The local backend for launch `segment` of a job: worker processes on this machine, secrets under
+/// `job_dir/secrets/`, output in `job_dir/logs/`.
+pub fn local_backend(job_dir: &Path, segment: usize) -> Box<dyn Backend> {
     let mut cfg = LocalConfig::new(job_dir.join("secrets"), job_dir.join("logs"));
     if segment > 0 {
         // relaunched workers must not kill themselves again at the test hook's epoch
         cfg.env_remove
             .push(physalia_control::env::ENV_TEST_DIE_AT_EPOCH.into());
     }
+    Box::new(LocalBackend::new(cfg))
+}
+
+/// The spec of a local launch: `binary` as N processes.
+pub fn local_spec(
+    binary: &Path,
+    job_id: &str,
+    segment: usize,
+    coordinator: SocketAddr,
+    threads: usize,
+    secrets: BTreeMap<String, SecretValue>,
+) -> WorkerSpec {
     let program = binary.display().to_string();
-    let spec = worker_spec(
+    worker_spec(
         job_id,
         segment,
         program.clone(),
@@ -116,8 +120,16 @@ pub fn local_launch(
         threads,
         secrets,
         LOCAL_MESH_PORT,
-    );
-    (Box::new(LocalBackend::new(cfg)), spec)
+    )
+}
+
+/// Runs one call of the async [`Backend`] trait to its end on a runtime of its own.
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the backend's runtime")?
+        .block_on(f))
 }
 
 /// This machine's memory, GiB (8 if it cannot be read).
@@ -414,14 +426,17 @@ mod tests {
     fn local_processes_through_the_backend() {
         let dir = tempfile::tempdir().unwrap();
         let ca = JobCa::new("job").unwrap();
-        let (backend, mut spec) = local_launch(
+        let backend = local_backend(dir.path(), 0);
+        // local workers reach the coordinator on loopback
+        let prepared = block_on(backend.prepare("job")).unwrap().unwrap();
+        assert!(prepared.control_ip.is_loopback());
+        let mut spec = local_spec(
             Path::new("/bin/sh"),
             "job",
             0,
             "127.0.0.1:9".parse().unwrap(),
             1,
             identities(&ca, 2).unwrap(),
-            dir.path(),
         );
         spec.command.extend([
             "-c".into(),
