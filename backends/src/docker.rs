@@ -386,17 +386,26 @@ impl Backend for DockerBackend {
     async fn prepare(&self, job_id: &str) -> Result<Prepared> {
         let net = self.cfg.network.clone();
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-        if self.docker(&s(&["network", "inspect", &net]), None).await.is_err() {
+        if self
+            .docker(&s(&["network", "inspect", &net]), None)
+            .await
+            .is_err()
+        {
             let label = format!("{LABEL_JOB}={job_id}");
             let created = self
                 .docker(
-                    &s(&["network", "create", "--driver", "bridge", "--label", &label, &net]),
+                    &s(&[
+                        "network", "create", "--driver", "bridge", "--label", &label, &net,
+                    ]),
                     None,
                 )
                 .await;
             // another coordinator of the job may have created it meanwhile
             if let Err(e) = created
-                && self.docker(&s(&["network", "inspect", &net]), None).await.is_err()
+                && self
+                    .docker(&s(&["network", "inspect", &net]), None)
+                    .await
+                    .is_err()
             {
                 return Err(e);
             }

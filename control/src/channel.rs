@@ -43,7 +43,6 @@ const COORDINATOR_SENDER: u16 = u16::MAX;
 const MAX_CONTROL_BYTES: u64 = 64 << 20;
 const REFUSED: u32 = 1;
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error(transparent)]
@@ -769,7 +768,10 @@ mod tests {
         artifact.path = None;
         artifact.xxh3 ^= 1;
         let e = c.fetch(&artifact, work.path()).unwrap_err().to_string();
-        assert!(e.contains("fetching dataset") && e.contains("announced"), "{e}");
+        assert!(
+            e.contains("fetching dataset") && e.contains("announced"),
+            "{e}"
+        );
         let unknown = Artifact {
             name: "secrets".into(),
             size: 1,
@@ -796,7 +798,10 @@ mod tests {
         let stored = job.path().join("checkpoints/epoch-000005.safetensors");
         assert_eq!(std::fs::read(&stored).unwrap(), bytes);
         c0.upload(Upload::Model, &ck).unwrap();
-        assert_eq!(std::fs::read(job.path().join("model.safetensors")).unwrap(), bytes);
+        assert_eq!(
+            std::fs::read(job.path().join("model.safetensors")).unwrap(),
+            bytes
+        );
         let e = c1.upload(Upload::Model, &ck).unwrap_err().to_string();
         assert!(e.contains("only rank 0"), "{e}");
         // only the two files, no temporary left over

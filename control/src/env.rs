@@ -79,7 +79,9 @@ impl WorkerEnv {
             .parse()
             .map_err(|_| format!("{ENV_WORLD} is not a number"))?;
         if rank >= world {
-            return Err(format!("{ENV_RANK}={rank} is not below {ENV_WORLD}={world}"));
+            return Err(format!(
+                "{ENV_RANK}={rank} is not below {ENV_WORLD}={world}"
+            ));
         }
         let job_id = var(ENV_JOB_ID)?;
         let mesh_port = match get(ENV_MESH_PORT) {
@@ -98,10 +100,7 @@ impl WorkerEnv {
         };
         let work_dir = match get(ENV_WORK_DIR) {
             Some(d) if !d.is_empty() => PathBuf::from(d),
-            _ => std::env::temp_dir().join(format!(
-                "physalia-{}-worker-{rank}",
-                sanitize(&job_id)
-            )),
+            _ => std::env::temp_dir().join(format!("physalia-{}-worker-{rank}", sanitize(&job_id))),
         };
         Ok(WorkerEnv {
             coordinator,
@@ -171,7 +170,10 @@ mod tests {
         let mut pairs = BASE.to_vec();
         pairs[1] = (ENV_RANK, "3");
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
-        assert!(e.contains("PHYSALIA_RANK=3 is not below PHYSALIA_WORLD=3"), "{e}");
+        assert!(
+            e.contains("PHYSALIA_RANK=3 is not below PHYSALIA_WORLD=3"),
+            "{e}"
+        );
         let mut pairs = BASE.to_vec();
         pairs.push((ENV_MESH_PORT, "x"));
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();

@@ -12,7 +12,9 @@ pub mod messages;
 pub mod record;
 pub mod transfer;
 
-pub use channel::{COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Outbox, ServerEvent};
+pub use channel::{
+    COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Outbox, ServerEvent,
+};
 pub use messages::{
     Artifact, Assignment, ExchangeOptions, MiniBatchOptions, ToCoordinator, ToWorker, TrainMode,
     Upload, checkpoint_path,

@@ -37,9 +37,13 @@ pub enum ToWorker {
     Assign(Box<Assignment>),
     /// Keep waiting for the assignment, up to `for_s` seconds from now: the coordinator started this
     /// worker ahead of the launch that will use it (a policy's prewarm) and tells it how long to wait.
-    Wait { for_s: f64 },
+    Wait {
+        for_s: f64,
+    },
     /// Stop now (another worker failed, or the job was cancelled).
-    Stop { reason: String },
+    Stop {
+        reason: String,
+    },
 }
 
 /// A file the coordinator serves: a worker that shares no disk with the coordinator fetches it by name

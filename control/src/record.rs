@@ -130,8 +130,12 @@ mod tests {
     fn a_bad_line_names_the_file_and_line() {
         let good = serde_json::to_string(&MetricsLine::coordinated(0, &[metrics(1, 0.1, 0)], 0.0))
             .unwrap();
-        let e = MetricsLine::parse_all(&format!("{good}\n{{\"run\": 0}}\n"), "jobs/x/metrics.jsonl")
-            .unwrap_err();
-        assert!(e.starts_with("jobs/x/metrics.jsonl:2: not a metrics line"), "{e}");
+        let e =
+            MetricsLine::parse_all(&format!("{good}\n{{\"run\": 0}}\n"), "jobs/x/metrics.jsonl")
+                .unwrap_err();
+        assert!(
+            e.starts_with("jobs/x/metrics.jsonl:2: not a metrics line"),
+            "{e}"
+        );
     }
 }

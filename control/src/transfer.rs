@@ -91,7 +91,13 @@ impl Files {
         let path = std::path::absolute(path)?;
         let meta = std::fs::metadata(&path)?;
         let key = (path.clone(), meta.len(), meta.modified()?);
-        let cached = self.0.lock().expect("not poisoned").known.get(&key).copied();
+        let cached = self
+            .0
+            .lock()
+            .expect("not poisoned")
+            .known
+            .get(&key)
+            .copied();
         let (size, xxh3) = match cached {
             Some(h) => (meta.len(), h),
             None => {
@@ -118,9 +124,7 @@ impl Files {
 
     fn lookup(&self, name: &str) -> Option<(PathBuf, u64, u64)> {
         let t = self.0.lock().expect("not poisoned");
-        t.served
-            .get(name)
-            .map(|s| (s.path.clone(), s.size, s.xxh3))
+        t.served.get(name).map(|s| (s.path.clone(), s.size, s.xxh3))
     }
 
     fn upload_path(&self, what: Upload) -> Option<PathBuf> {
@@ -145,7 +149,9 @@ pub(crate) async fn receive_file(
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let tmp = dir.join(format!(
         ".{}.partial-{}",
-        dest.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        dest.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
         std::process::id()
     ));
     let result = async {
@@ -230,7 +236,8 @@ pub(crate) async fn serve_stream(
         .await?
         .ok_or("the transfer stream ended before its request")?;
     let request: Request = frame.control_value().map_err(|e| e.to_string())?;
-    let reply = |r: Reply| physalia_wire::Frame::control(crate::channel::coordinator_header(job), &r);
+    let reply =
+        |r: Reply| physalia_wire::Frame::control(crate::channel::coordinator_header(job), &r);
     match request {
         Request::Get { name } => {
             let Some((path, size, xxh3)) = files.lookup(&name) else {
@@ -240,7 +247,9 @@ pub(crate) async fn serve_stream(
                 .map_err(|e| e.to_string())?;
                 crate::channel::write_frame(&mut send, &frame).await?;
                 let _ = send.finish();
-                return Err(format!("worker {rank} asked for an unknown artifact {name:?}"));
+                return Err(format!(
+                    "worker {rank} asked for an unknown artifact {name:?}"
+                ));
             };
             let frame = reply(Reply::Sending { size, xxh3 }).map_err(|e| e.to_string())?;
             crate::channel::write_frame(&mut send, &frame).await?;

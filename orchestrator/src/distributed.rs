@@ -27,23 +27,25 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use physalia_control::{
+    Artifact, Assignment, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, MetricsLine,
+    Outbox, ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
+};
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_wire::{Dtype, JobCa};
-use physalia_control::{
-    Artifact, Assignment, MetricsLine, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, Outbox,
-    ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
-};
 use serde_json::{Value, json};
 
-use crate::summary::OutputFormat;
 use crate::coordinator::Event;
 use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop, epoch_usd};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome};
 use crate::jobdir::JobDir;
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
+use crate::summary::OutputFormat;
 use crate::summary::{self, RunResult};
-use crate::workers::{BackendWorkers, block_on, identities, local_backend, local_spec, worker_binary};
+use crate::workers::{
+    BackendWorkers, block_on, identities, local_backend, local_spec, worker_binary,
+};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -93,9 +95,9 @@ pub fn resume_point(dir: &Path) -> Result<ResumePoint> {
         .max();
     let Some(epoch) = newest else {
         bail!(
-            "{}: no checkpoint to resume from (partition-parallel jobs run by the coordinator, with several \
-             workers or a scaling policy, write checkpoints/ after every epoch; single-worker jobs without a \
-             policy and data or model parallelism keep none)",
+            "{}: no checkpoint to resume from (jobs run by the coordinator, with several workers, a \
+             scaling policy or `backend: docker`, write checkpoints/ after every epoch; single-worker jobs \
+             without a policy keep none)",
             dir.display()
         );
     };
@@ -215,9 +217,9 @@ pub fn run(
                 seed: spec.train.seed,
                 register_timeout: Duration::from_secs_f64(timeouts.register_s),
                 epoch_timeout: Duration::from_secs_f64(timeouts.epoch_s),
-                // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume`
+                // every coordinated job checkpoints every epoch: rescales, retries and `submit --resume`
                 // start there
-                checkpoints: spec.mode() == Parallelism::Partition,
+                checkpoints: true,
                 start_epoch,
                 price_per_worker_s: summary::price_per_worker_s(),
             },
@@ -475,7 +477,8 @@ impl Driver<'_> {
                 .ok(),
         );
         let mut live: std::collections::BTreeMap<usize, Live> = Default::default();
-        let mut queue: std::collections::VecDeque<JobAction> = job.start(pending, Instant::now()).into();
+        let mut queue: std::collections::VecDeque<JobAction> =
+            job.start(pending, Instant::now()).into();
         let end: Result<(), String> = loop {
             // carry out every action, and what answering them makes the job decide
             let mut end = None;
@@ -556,10 +559,7 @@ impl Driver<'_> {
                         usd,
                     } => {
                         if !self.quiet {
-                            eprintln!(
-                                "{}",
-                                epoch_line(self.spec.train.epochs as usize, &by_rank)
-                            );
+                            eprintln!("{}", epoch_line(self.spec.train.epochs as usize, &by_rank));
                         }
                         let line = MetricsLine::coordinated(self.spec.train.seed, &by_rank, usd);
                         if let Err(e) = dir.append_metrics(&line) {
@@ -569,10 +569,7 @@ impl Driver<'_> {
                         }
                         // older checkpoints are no longer needed
                         if epoch > 1 {
-                            let _ = std::fs::remove_file(checkpoint_path(
-                                &checkpoints,
-                                epoch - 1,
-                            ));
+                            let _ = std::fs::remove_file(checkpoint_path(&checkpoints, epoch - 1));
                         }
                     }
                     JobAction::Say(line) => {
@@ -596,7 +593,11 @@ impl Driver<'_> {
             for (&launch, l) in live.iter_mut() {
                 let exits = l.launch.workers.poll_exits();
                 let mut events = Vec::new();
-                let first = if exits.is_empty() { wait } else { Duration::ZERO };
+                let first = if exits.is_empty() {
+                    wait
+                } else {
+                    Duration::ZERO
+                };
                 if let Some(ev) = l.launch.server.next_event(first) {
                     events.push(ev);
                     while let Some(ev) = l.launch.server.next_event(Duration::ZERO) {
@@ -635,7 +636,10 @@ impl Driver<'_> {
         match end {
             Ok(()) => {
                 log.line("finished");
-                let outcome = job.outcome().cloned().expect("a finished job has an outcome");
+                let outcome = job
+                    .outcome()
+                    .cloned()
+                    .expect("a finished job has an outcome");
                 Ok((job, outcome))
             }
             Err(error) => {
@@ -658,7 +662,12 @@ impl Driver<'_> {
             &[k],
             self.spec.train.seed,
         )
-        .with_context(|| format!("partitioning {} into {k} parts", self.dataset_path.display()))?;
+        .with_context(|| {
+            format!(
+                "partitioning {} into {k} parts",
+                self.dataset_path.display()
+            )
+        })?;
         let parts = sets.into_iter().next().expect("one set per k").part_files;
         let timeouts = self.spec.timeouts.clone().unwrap_or_default();
         let launch = Launch::start(
@@ -752,16 +761,11 @@ impl Driver<'_> {
                 Parallelism::Data => TrainMode::Data,
                 Parallelism::Model => TrainMode::Model,
             },
-            minibatch: spec
-                .minibatch
-                .clone()
-                .unwrap_or_default()
-                .options()
-                .into(),
+            minibatch: spec.minibatch.clone().unwrap_or_default().options().into(),
             resume_from,
-            // partition-parallel jobs checkpoint every epoch: rescales, retries and `submit --resume`
-            // start there
-            checkpoints: mode == Parallelism::Partition,
+            // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and
+            // `submit --resume` start there
+            checkpoints: true,
         })
     }
 }

@@ -265,10 +265,7 @@ impl Elastic {
                         0 => format!("{error} (max_retries: 0)"),
                         n => format!("{error}; gave up after {n} retries in a row"),
                     };
-                    return (
-                        Next::Fail(error),
-                        None,
-                    );
+                    return (Next::Fail(error), None);
                 }
                 let line = self.event(
                     after_epoch,
@@ -693,7 +690,10 @@ mod simulation {
             Next::Fail("worker 1 exited with signal 9 (max_retries: 0)".into())
         );
         let mut el = Elastic::new(policy("double-on-plateau"), 2, 10, 0.0).with_max_retries(1);
-        assert!(matches!(el.after_stop(2, 3, lost()).0, Next::Relaunch { .. }));
+        assert!(matches!(
+            el.after_stop(2, 3, lost()).0,
+            Next::Relaunch { .. }
+        ));
         assert_eq!(
             el.after_stop(2, 3, lost()).0,
             Next::Fail("worker 1 exited with signal 9; gave up after 1 retries in a row".into())

@@ -306,7 +306,12 @@ impl Job {
         out.push(JobAction::Say(line));
     }
 
-    fn coordinator_actions(&mut self, actions: Vec<Action>, now: Instant, out: &mut Vec<JobAction>) {
+    fn coordinator_actions(
+        &mut self,
+        actions: Vec<Action>,
+        now: Instant,
+        out: &mut Vec<JobAction>,
+    ) {
         let Some(launch) = self.current.as_ref().map(|c| c.launch) else {
             return;
         };
@@ -515,7 +520,12 @@ impl Job {
         }
     }
 
-    fn finish(&mut self, stopped_early: bool, worker_peak_rss: Vec<Option<u64>>, out: &mut Vec<JobAction>) {
+    fn finish(
+        &mut self,
+        stopped_early: bool,
+        worker_peak_rss: Vec<Option<u64>>,
+        out: &mut Vec<JobAction>,
+    ) {
         self.stop_prewarm(out);
         self.current = None;
         self.over = true;
@@ -550,9 +560,9 @@ mod simulation {
     use std::cmp::Reverse;
     use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
+    use physalia_control::MetricsLine;
     use physalia_gnn::rng::Stream;
     use physalia_policies::PolicySet;
-    use physalia_control::MetricsLine;
     use serde_json::json;
 
     use super::*;
@@ -674,7 +684,9 @@ mod simulation {
             } else {
                 3_000
             };
-            let pids = (0..n).map(|r| Some(1000 * launch as u32 + r as u32)).collect();
+            let pids = (0..n)
+                .map(|r| Some(1000 * launch as u32 + r as u32))
+                .collect();
             // the backend always answers (its launch call is bounded); a worker dead by then is seen later
             self.at(
                 t + cold,
@@ -739,7 +751,10 @@ mod simulation {
         }
 
         fn assign(&mut self, launch: usize, peers: usize, resume_epoch: usize) {
-            let l = self.launches.get_mut(&launch).expect("assigned a launch never started");
+            let l = self
+                .launches
+                .get_mut(&launch)
+                .expect("assigned a launch never started");
             assert!(!l.stopped, "assigned a stopped launch {launch}");
             assert!(!l.assigned, "launch {launch} assigned twice");
             assert_eq!(peers, l.n, "launch {launch}: peers for another world size");
@@ -765,7 +780,8 @@ mod simulation {
                 }
                 // rank 0 writes the checkpoint before it reports the epoch
                 self.seq += 1;
-                self.queue.push(Reverse((t - 1, self.seq, launch, u64::MAX - epoch as u64)));
+                self.queue
+                    .push(Reverse((t - 1, self.seq, launch, u64::MAX - epoch as u64)));
             }
             for rank in 0..n {
                 self.at(
@@ -807,7 +823,10 @@ mod simulation {
                         workers,
                         prewarm,
                     } => {
-                        assert!(!self.launches.contains_key(&launch), "launch {launch} reused");
+                        assert!(
+                            !self.launches.contains_key(&launch),
+                            "launch {launch} reused"
+                        );
                         self.launch(launch, workers, prewarm);
                     }
                     JobAction::Assign {
@@ -830,7 +849,10 @@ mod simulation {
                     }
                     JobAction::KeepWaiting { launch, .. } => {
                         let l = &self.launches[&launch];
-                        assert!(l.prewarm && !l.stopped && !l.assigned, "kept waiting {launch}");
+                        assert!(
+                            l.prewarm && !l.stopped && !l.assigned,
+                            "kept waiting {launch}"
+                        );
                     }
                     JobAction::StopLaunch { launch, .. } => {
                         if let Some(l) = self.launches.get_mut(&launch) {
@@ -839,9 +861,11 @@ mod simulation {
                     }
                     JobAction::Record { epoch, by_rank, .. } => {
                         assert_eq!(epoch, self.record.len() + 1, "recorded out of order");
-                        assert!(self.checkpoints.contains(&epoch), "epoch {epoch} has no checkpoint");
-                        self.record
-                            .push(MetricsLine::coordinated(0, &by_rank, 0.0));
+                        assert!(
+                            self.checkpoints.contains(&epoch),
+                            "epoch {epoch} has no checkpoint"
+                        );
+                        self.record.push(MetricsLine::coordinated(0, &by_rank, 0.0));
                         // the driver deletes the checkpoint before
                         if epoch > 1 {
                             self.checkpoints.remove(&(epoch - 1));
@@ -892,8 +916,8 @@ mod simulation {
             .max()
             .unwrap_or(0);
         sim.record.truncate(ck);
-        let mut el = Elastic::new(policy.clone(), workers as u32, EPOCHS as u32, 0.0)
-            .with_max_retries(50);
+        let mut el =
+            Elastic::new(policy.clone(), workers as u32, EPOCHS as u32, 0.0).with_max_retries(50);
         let mut n = workers;
         let mut pending = None;
         if ck > 0 {
@@ -1018,7 +1042,11 @@ mod simulation {
             "{what}: {} epochs recorded",
             epochs.len()
         );
-        assert_eq!(epochs, (1..=epochs.len() as u64).collect::<Vec<_>>(), "{what}");
+        assert_eq!(
+            epochs,
+            (1..=epochs.len() as u64).collect::<Vec<_>>(),
+            "{what}"
+        );
         for l in &r.sim.record {
             let e = l.metrics.epoch;
             assert_eq!(l.metrics.loss, loss(e), "{what}: epoch {e}");
@@ -1067,11 +1095,26 @@ mod simulation {
             let r = run(seed, &p, 1);
             let seen_line = |f: &dyn Fn(&str) -> bool| r.sim.lines.iter().any(|l| f(l));
             for (key, found) in [
-                ("retried lost worker", seen_line(&|l| l.contains("lost a worker"))),
-                ("failed launch", seen_line(&|l| l.contains("starting ") && l.contains("failed"))),
-                ("prewarm used", seen_line(&|l| l.contains("workers prewarmed"))),
-                ("prewarm failed", seen_line(&|l| l.contains("prewarming") && l.contains("failed"))),
-                ("prewarm lost a worker", seen_line(&|l| l.contains("prewarmed workers discarded"))),
+                (
+                    "retried lost worker",
+                    seen_line(&|l| l.contains("lost a worker")),
+                ),
+                (
+                    "failed launch",
+                    seen_line(&|l| l.contains("starting ") && l.contains("failed")),
+                ),
+                (
+                    "prewarm used",
+                    seen_line(&|l| l.contains("workers prewarmed")),
+                ),
+                (
+                    "prewarm failed",
+                    seen_line(&|l| l.contains("prewarming") && l.contains("failed")),
+                ),
+                (
+                    "prewarm lost a worker",
+                    seen_line(&|l| l.contains("prewarmed workers discarded")),
+                ),
                 ("rescale", seen_line(&|l| l.contains("workers 1 -> 2"))),
             ] {
                 if found {

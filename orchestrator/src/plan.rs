@@ -12,9 +12,9 @@ use physalia_planner::{
 };
 use serde::Serialize;
 
-use crate::summary::OutputFormat;
 use crate::dataset::{self, Source};
 use crate::spec::{self, JobSpec, ModelKind, Objective};
+use crate::summary::OutputFormat;
 
 #[derive(Args)]
 pub struct PlanArgs {

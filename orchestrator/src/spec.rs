@@ -1197,13 +1197,29 @@ impl JobSpec {
         {
             check_policy_workers(self, policy)?;
         }
+        // Partition, data and model parallelism checkpoint every epoch and resume exactly with any worker
+        // count (batch_size is the global batch), so a policy may resize them. Replica groups may not: a
+        // resize sets any count in min_workers..max_workers (set, add or multiply, clamped), while their
+        // ranks must be replica * k + part with the job file's k, so most counts cannot be laid out, and
+        // `replicas` would no longer say how many groups run.
         if (self.scaling.is_some() || self.scaling_file.is_some())
-            && self.parallelism != ParallelismSpec::Mode(Parallelism::Partition)
+            && let ParallelismSpec::Groups(g) = self.parallelism
         {
+            let k = g.partition.or(g.data).unwrap_or(1);
+            let mode = if g.data.is_some() {
+                "data"
+            } else {
+                "partition"
+            };
             return Err(invalid(
                 "scaling",
-                "scaling policies resize partition-parallel jobs; data, model and replica-group jobs keep \
-                 a fixed size for now",
+                format!(
+                    "scaling policies resize partition-, data- and model-parallel jobs, not replica groups: a \
+                     resize may pick any worker count in min_workers..max_workers, but {k} parts x {} \
+                     replicas need a multiple of {k}; use `parallelism: {mode}` to let the policy choose \
+                     the worker count",
+                    g.replicas,
+                ),
             ));
         }
         if let Some(r) = self.max_retries

@@ -9,19 +9,19 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use physalia_gnn::{
-    EpochMetrics, LocalExchange, LocalGraph, Matrix, Model, ModelConfig,
-    NodeSets, TrainConfig, TrainSummary,
+    EpochMetrics, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
+    TrainSummary,
 };
 use physalia_graph::Split;
 use serde_json::json;
 
-use crate::summary::OutputFormat;
 use crate::dataset;
+use crate::jobdir::JobDir;
+use crate::spec::{self, JobSpec, Parallelism};
+use crate::summary::OutputFormat;
 use crate::summary::{
     RunResult, epoch_line, fmt_acc, model_config, price_per_worker_s, print_summary, summarize,
 };
-use crate::jobdir::JobDir;
-use crate::spec::{self, JobSpec, Parallelism};
 use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
 /// Continues the job in `dir` (its coordinator died, or it was stopped) from its newest checkpoint whose epochs
@@ -203,7 +203,11 @@ fn train_runs(
                     seed,
                     &tc,
                     &options,
-                    &mut on_epoch,
+                    None,
+                    &mut |e| {
+                        on_epoch(e.metrics);
+                        true
+                    },
                 )
                 .map_err(Into::into)
             }
@@ -217,8 +221,20 @@ fn train_runs(
                     sets: &sets,
                 };
                 let mut link = physalia_wire::MemLink::mesh(1).pop().expect("one rank");
-                train_p3(&mut link, &shard, cfg, seed, &tc, &options, &mut on_epoch)
-                    .map_err(Into::into)
+                train_p3(
+                    &mut link,
+                    &shard,
+                    cfg,
+                    seed,
+                    &tc,
+                    &options,
+                    None,
+                    &mut |e| {
+                        on_epoch(e.metrics);
+                        true
+                    },
+                )
+                .map_err(Into::into)
             }
             _ => {
                 let mut model = Model::new(cfg, seed)?;

@@ -78,9 +78,12 @@ fn cora_on_three_containers_trains_like_three_processes() {
     let dir = t.path().join(docker["job_dir"].as_str().unwrap());
     // rank 0 sent the model and its last checkpoint back over its control connection
     let model = std::fs::read(dir.join("model.safetensors")).unwrap();
-    let local_model =
-        std::fs::read(t.path().join(local["job_dir"].as_str().unwrap()).join("model.safetensors"))
-            .unwrap();
+    let local_model = std::fs::read(
+        t.path()
+            .join(local["job_dir"].as_str().unwrap())
+            .join("model.safetensors"),
+    )
+    .unwrap();
     assert_eq!(model.len(), local_model.len());
     assert!(dir.join("checkpoints/epoch-000030.safetensors").is_file());
     let log = std::fs::read_to_string(dir.join("logs/worker-1.log")).unwrap();

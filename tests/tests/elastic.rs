@@ -1,6 +1,7 @@
 //! Elastic epochs through `physalia submit`: a scaling policy resizes the worker set between epochs from the
 //! last checkpoint, and a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint.
-//! Exact partition parallelism makes both invisible in the loss curve: it equals a fixed-size run's.
+//! Exact partition parallelism, and mini-batch training whose batch is global (data parallelism, P3), make
+//! both invisible in the loss curve: it equals a fixed-size run's.
 
 use std::path::Path;
 
@@ -94,6 +95,21 @@ fn rescaling_cora_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         cora.display()
     );
     rescale_like_fixed(&job);
+}
+
+/// Mini-batch training learns the same on any worker count (the batch is global, a seed's sample does not
+/// depend on who draws it), and its checkpoints hold the whole model: data parallelism and P3 rescale
+/// through them like partition parallelism.
+const MINIBATCH: &str = "minibatch: {fanouts: [5, 5], batch_size: 256}\n";
+
+#[test]
+fn data_parallel_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
+    rescale_like_fixed(&format!("{JOB}parallelism: data\n{MINIBATCH}"));
+}
+
+#[test]
+fn p3_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
+    rescale_like_fixed(&format!("{JOB}parallelism: model\n{MINIBATCH}"));
 }
 
 fn rescale_like_fixed(job: &str) {

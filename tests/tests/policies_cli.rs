@@ -98,6 +98,8 @@ fn bad_policies_fail_validate_with_line_and_column() {
 
 #[test]
 fn policies_on_modes_that_cannot_rescale_are_refused_and_nothing_is_written() {
+    // data and model parallelism rescale now (they checkpoint every epoch); replica groups cannot, since a
+    // resize may pick a count that is no multiple of their parts
     let t = TempDir::new().unwrap();
     let policy =
         std::fs::read_to_string(repo_root().join("examples/policies/double-on-plateau.yaml"))
@@ -106,10 +108,13 @@ fn policies_on_modes_that_cannot_rescale_are_refused_and_nothing_is_written() {
     write_job(
         t.path(),
         "job.yaml",
-        &format!("{JOB}parallelism: data\nscaling_file: policy.yaml\noutput:\n  dir: jobs\n"),
+        &format!(
+            "{JOB}workers: 4\nparallelism: {{data: 2, replicas: 2}}\nscaling_file: policy.yaml\n\
+             output:\n  dir: jobs\n"
+        ),
     );
     let out = physalia(t.path(), ["submit", "job.yaml"]);
     assert!(!out.success());
-    out.one_line_error(&["scaling", "partition-parallel"]);
+    out.one_line_error(&["scaling", "replica groups"]);
     assert!(!t.path().join("jobs").exists());
 }

@@ -119,6 +119,48 @@ pub struct Resume {
     pub progress: physalia_gnn::Progress,
 }
 
+impl Resume {
+    /// The state training starts from: `resume`, checked to be for this model configuration and seed,
+    /// or (without one) a new model and optimizer before epoch 1. Every parallelism starts here.
+    pub fn or_fresh(
+        resume: Option<Resume>,
+        cfg: &ModelConfig,
+        seed: u64,
+        tc: &TrainConfig,
+    ) -> Result<Resume, Error> {
+        match resume {
+            Some(r) => {
+                if r.model.config() != cfg || r.model.seed() != seed {
+                    return Err(Error::Config(
+                        "the checkpoint was written for another model configuration or seed".into(),
+                    ));
+                }
+                Ok(r)
+            }
+            None => {
+                let model = Model::new(cfg, seed)?;
+                let opt = physalia_gnn::Adam::new(&model.params, tc.lr, tc.weight_decay);
+                Ok(Resume {
+                    model,
+                    opt,
+                    progress: Default::default(),
+                })
+            }
+        }
+    }
+
+    /// An empty summary for the epochs after `self.progress`, carrying its best-validation fields (as
+    /// [`physalia_gnn::train_resumable`] starts one).
+    pub fn summary(&self, tc: &TrainConfig) -> TrainSummary {
+        let p = &self.progress;
+        let mut summary = TrainSummary::new(tc.epochs.saturating_sub(p.epoch));
+        summary.best_epoch = p.best_epoch;
+        summary.best_val_acc = p.best_val_acc;
+        summary.test_acc_at_best_val = p.test_acc_at_best_val;
+        summary
+    }
+}
+
 /// [`train_part`] from a checkpoint (or from scratch), with a callback that sees the model and optimizer
 /// after every epoch (to checkpoint them) and may stop training there.
 #[allow(clippy::too_many_arguments)]
@@ -151,25 +193,7 @@ pub fn train_part_from<L: Link + ?Sized>(
         mut model,
         mut opt,
         progress,
-    } = match resume {
-        Some(r) => {
-            if r.model.config() != cfg || r.model.seed() != seed {
-                return Err(Error::Config(
-                    "the checkpoint was written for another model configuration or seed".into(),
-                ));
-            }
-            r
-        }
-        None => {
-            let model = Model::new(cfg, seed)?;
-            let opt = physalia_gnn::Adam::new(&model.params, tc.lr, tc.weight_decay);
-            Resume {
-                model,
-                opt,
-                progress: Default::default(),
-            }
-        }
-    };
+    } = Resume::or_fresh(resume, cfg, seed, tc)?;
     let mut ex = MeshExchange::new(link, part, opts.clone());
     let (summary, progress) = physalia_gnn::train_resumable(
         &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,

@@ -29,20 +29,28 @@
 //!
 //! P3 model parallelism ([`train_p3`]) reuses the sampler and the same steps: features are split by column
 //! instead of by node, and each step's global batch is split into one contiguous part per worker.
+//!
+//! Checkpoints: both trainers take an optional [`crate::Resume`] and hand their callback the model, the
+//! optimizer and the [`Progress`] after every epoch (a [`physalia_gnn::EpochEnd`], as partition
+//! parallelism does), so a job can stop after any epoch and continue from its checkpoint with any worker
+//! count. Nothing random is kept between epochs: the epoch's order, each step's sampling key and dropout
+//! key are functions of (seed, epoch, step), so a resumed run draws what the uninterrupted one draws. The
+//! remote-row cache is chosen again at the start of each run; it changes where rows come from, never what
+//! is trained.
 
 use std::time::Instant;
 
 use physalia_gnn::loss::cross_entropy;
 use physalia_gnn::rng::Stream;
 use physalia_gnn::{
-    Adam, BatchStats, EpochMetrics, Exchange, ExchangeError, LayerKind, LocalExchange, LocalGraph,
-    Matrix, Model, ModelConfig, NodeSets, Pass, TrainConfig, TrainSummary,
+    Adam, BatchStats, EpochEnd, EpochMetrics, Exchange, ExchangeError, LayerKind, LocalExchange,
+    LocalGraph, Matrix, Model, ModelConfig, NodeSets, Pass, Progress, TrainConfig, TrainSummary,
 };
 use physalia_graph::sample::{MiniBatch, Sampler, batch_key, with_prefetch_keyed};
 use physalia_wire::{Dtype, Link, Phase, Tag, fetch_rows};
 
-use crate::Error;
 use crate::exchange::MeshExchange;
+use crate::{Error, Resume};
 
 pub use physalia_control::MiniBatchOptions;
 
@@ -209,7 +217,15 @@ pub fn engine_blocks(kind: LayerKind, mb: &MiniBatch, indptr: &[i64]) -> Vec<Loc
         .collect()
 }
 
-/// Trains with data parallelism: see the module doc. Every rank calls this with the same configuration.
+/// Trains with data parallelism: see the module doc. Every rank calls this with the same configuration (and
+/// the same `resume`, if any).
+///
+/// Training runs epochs `progress.epoch + 1 ..= tc.epochs` of `resume` (all of them without one). After
+/// each, `on_epoch` sees its metrics, the progress, the model and the optimizer (identical on every rank:
+/// any rank's are the checkpoint) and returns whether to go on; every rank must answer the same. Stopping
+/// there and resuming from that state, with any number of workers, continues as if training had not
+/// stopped. The summary holds this call's epochs, with the best-validation fields over all of them.
+#[allow(clippy::too_many_arguments)]
 pub fn train_minibatch(
     mesh: &mut dyn Mesh,
     shard: &Shard<'_>,
@@ -217,7 +233,8 @@ pub fn train_minibatch(
     seed: u64,
     tc: &TrainConfig,
     opts: &MiniBatchOptions,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (mesh.rank(), mesh.world());
     let config = |problem: String| Error::Config(problem);
@@ -240,6 +257,13 @@ pub fn train_minibatch(
     let d = cfg.in_dim;
     let num_nodes = shard.owner.len();
     let all = training_seeds(&shard.train_by_rank.concat(), num_nodes)?;
+    let start = Resume::or_fresh(resume, cfg, seed, tc)?;
+    let mut summary = start.summary(tc);
+    let Resume {
+        mut model,
+        mut opt,
+        mut progress,
+    } = start;
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;
     let n_train = all.len();
     let steps = n_train.div_ceil(opts.batch_size);
@@ -252,11 +276,7 @@ pub fn train_minibatch(
         mine[v as usize] = true;
     }
 
-    let mut model = Model::new(cfg, seed)?;
-    let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
-    let mut summary = TrainSummary::new(tc.epochs);
-    let mut since_best = 0usize;
-    for epoch in 1..=tc.epochs {
+    for epoch in progress.epoch + 1..=tc.epochs {
         let t0 = Instant::now();
         // this rank's share of every step's global batch, in the global order
         let batches: Vec<Vec<u32>> = epoch_order(&all, seed, epoch)
@@ -330,10 +350,11 @@ pub fn train_minibatch(
         if end.finish(
             mesh,
             &mut model,
+            &opt,
             tc,
             &mut eval,
             &mut summary,
-            &mut since_best,
+            &mut progress,
             on_epoch,
         )? {
             break;
@@ -353,18 +374,20 @@ struct EpochDone {
 }
 
 impl EpochDone {
-    /// The global mean loss, evaluation when due, best-validation tracking and the metrics callback, as the
-    /// full-graph loop does them. Returns whether training stops early.
+    /// The global mean loss, evaluation when due, best-validation tracking, the progress and the callback,
+    /// as the full-graph loop ([`physalia_gnn::train_resumable`]) does them. Returns whether training stops
+    /// here (patience ran out, or the callback said stop).
     #[allow(clippy::too_many_arguments)]
     fn finish(
         self,
         mesh: &mut dyn Exchange,
         model: &mut Model,
+        opt: &Adam,
         tc: &TrainConfig,
         evaluate: &mut Evaluate<'_>,
         summary: &mut TrainSummary,
-        since_best: &mut usize,
-        on_epoch: &mut dyn FnMut(&EpochMetrics),
+        progress: &mut Progress,
+        on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
     ) -> Result<bool, Error> {
         let epoch = self.epoch;
         mesh.begin_pass(Pass::Train {
@@ -396,17 +419,26 @@ impl EpochDone {
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
             if summary.observe(epoch, va, te) {
-                *since_best = 0;
+                progress.since_best = 0;
             } else if va.is_some() {
-                *since_best += 1;
+                progress.since_best += 1;
             }
         }
         m.exchange = mesh.take_stats();
-        on_epoch(&m);
+        progress.epoch = epoch;
+        progress.best_epoch = summary.best_epoch;
+        progress.best_val_acc = summary.best_val_acc;
+        progress.test_acc_at_best_val = summary.test_acc_at_best_val;
+        let go_on = on_epoch(&EpochEnd {
+            metrics: &m,
+            progress,
+            model,
+            opt,
+        });
         summary.epochs.push(m);
-        let stop = tc.patience.is_some_and(|p| *since_best >= p);
+        let stop = tc.patience.is_some_and(|p| progress.since_best >= p);
         summary.stopped_early = stop;
-        Ok(stop)
+        Ok(stop || !go_on)
     }
 }
 
@@ -761,8 +793,13 @@ struct P3Batch {
 /// gradient of its rows of the first layer's weights. The remaining layers' gradients are all-reduced.
 /// Evaluation is layer-wise full-graph inference with the first layer's partial products all-reduced.
 ///
-/// The first layer's weight rows stay with their column owner during training and are gathered to every
-/// worker at the end, so the returned model is complete.
+/// The first layer's weight rows (and their Adam moments) are trained by their column owner; after every
+/// epoch each worker sends its rows to every other (`gather_first_layer`), so at every epoch's end, and
+/// on return, every rank holds the complete model and optimizer state, bitwise the same on all ranks.
+/// `on_epoch` (called on every rank, which must all answer the same) therefore sees a complete checkpoint
+/// on any rank; it runs like [`train_minibatch`]'s. Resuming takes the complete state on every rank, and
+/// each worker trains the rows of its own columns of it, so the worker count may differ from the run that
+/// wrote the checkpoint.
 #[allow(clippy::too_many_arguments)]
 pub fn train_p3<L: Link + ?Sized>(
     link: &mut L,
@@ -771,7 +808,8 @@ pub fn train_p3<L: Link + ?Sized>(
     seed: u64,
     tc: &TrainConfig,
     opts: &MiniBatchOptions,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (link.rank(), link.world());
     let config = |problem: String| Error::Config(problem);
@@ -801,17 +839,20 @@ pub fn train_p3<L: Link + ?Sized>(
     let sets = shard.sets;
     let all = training_seeds(&sets.train, shard.indptr.len() - 1)?;
     let n_train = all.len();
+    let start = Resume::or_fresh(resume, cfg, seed, tc)?;
+    let mut summary = start.summary(tc);
+    let Resume {
+        mut model,
+        mut opt,
+        mut progress,
+    } = start;
     let empty = no_part(rank, world);
     let mut mesh = MeshExchange::new(link, &empty, crate::ExchangeOptions::default());
-    let mut model = Model::new(cfg, seed)?;
-    let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
     let first = model.first_layer_weights();
     let col0 = shard.cols.start;
     let whole = LocalGraph::whole(cfg.kind, shard.indptr, shard.indices);
     let steps = n_train.div_ceil(opts.batch_size);
-    let mut summary = TrainSummary::new(tc.epochs);
-    let mut since_best = 0usize;
-    for epoch in 1..=tc.epochs {
+    for epoch in progress.epoch + 1..=tc.epochs {
         let t0 = Instant::now();
         // batch s * world + w is rank w's part of step s's global batch: contiguous, sizes within one
         let mut batches: Vec<Vec<u32>> = Vec::with_capacity(steps * world);
@@ -950,6 +991,8 @@ pub fn train_p3<L: Link + ?Sized>(
             },
         );
         result?;
+        // every rank gets the whole first layer and its moments: the epoch's state is complete everywhere
+        gather_first_layer(&mut mesh, &mut model, &mut opt, &first, epoch)?;
         let mut eval =
             |model: &mut Model, ex: &mut dyn Exchange| p3_evaluate(model, &whole, shard, ex);
         let end = EpochDone {
@@ -962,34 +1005,84 @@ pub fn train_p3<L: Link + ?Sized>(
         if end.finish(
             &mut mesh,
             &mut model,
+            &opt,
             tc,
             &mut eval,
             &mut summary,
-            &mut since_best,
+            &mut progress,
             on_epoch,
         )? {
             break;
         }
     }
-    // gather the first layer's rows from their column owners
-    let mut w1: Vec<Matrix> = first
-        .iter()
-        .map(|&i| {
-            let p = &model.params[i].value;
-            let mut own = Matrix::zeros(p.rows(), p.cols());
-            let cols = p.cols();
-            own.data_mut()[col0 * cols..shard.cols.end * cols]
-                .copy_from_slice(&p.data()[col0 * cols..shard.cols.end * cols]);
-            own
-        })
-        .collect();
-    mesh.begin_pass(Pass::Eval);
-    mesh.all_reduce(&mut w1)
-        .map_err(physalia_gnn::Error::Exchange)?;
-    for (&i, w) in first.iter().zip(w1) {
-        model.params[i].value = w;
-    }
+    // the last epoch's gather (or the checkpoint resumed from) left the model complete
     Ok((model, summary))
+}
+
+/// P3's end of an epoch: every worker sends the rows of its columns of the first layer's weights, and of
+/// their Adam moments, to every other worker, which writes them over its own copies of those rows. Only
+/// the rows of a worker's own columns enter its products, so training is unchanged; what the rows of other
+/// workers' columns held (their initial values, moved by weight decay alone) is replaced by the owners'
+/// values, bit for bit, and every rank ends with the same complete model and optimizer state.
+fn gather_first_layer<L: Link + ?Sized>(
+    mesh: &mut MeshExchange<'_, L>,
+    model: &mut Model,
+    opt: &mut Adam,
+    first: &[usize],
+    epoch: usize,
+) -> Result<(), Error> {
+    let (rank, world) = (mesh.link().rank(), mesh.link().world());
+    if world == 1 {
+        return Ok(());
+    }
+    let d = model.config().in_dim;
+    // the flat range of rows `cols` of each first-layer parameter
+    let spans = |model: &Model, rank: usize| -> Vec<(usize, std::ops::Range<usize>)> {
+        let c = column_slice(d, world, rank);
+        first
+            .iter()
+            .map(|&i| {
+                let w = model.params[i].value.cols();
+                (i, c.start * w..c.end * w)
+            })
+            .collect()
+    };
+    let (m, v) = opt.moments();
+    let (mut m, mut v) = (m.to_vec(), v.to_vec());
+    let mut mine = Vec::new();
+    for (i, span) in spans(model, rank) {
+        for buf in [model.params[i].value.data(), &m[i], &v[i]] {
+            mine.extend_from_slice(&buf[span.clone()]);
+        }
+    }
+    let sizes: Vec<usize> = (0..world)
+        .map(|w| spans(model, w).iter().map(|(_, s)| 3 * s.len()).sum())
+        .collect();
+    // flat values as rows of one column: any layer width travels the same way
+    let got = swap_rows(
+        mesh,
+        Tag::all_reduce(epoch as u32, 0),
+        |_| mine.as_slice(),
+        |w| sizes[w],
+        1,
+    )?;
+    for (w, rows) in got {
+        let mut rows = rows.into_iter();
+        for (i, span) in spans(model, w) {
+            let n = span.len();
+            for dst in [
+                &mut model.params[i].value.data_mut()[span.clone()],
+                &mut m[i][span.clone()],
+                &mut v[i][span],
+            ] {
+                for (o, x) in dst.iter_mut().zip(rows.by_ref().take(n)) {
+                    *o = x;
+                }
+            }
+        }
+    }
+    let step = opt.steps();
+    opt.restore(step, m, v).map_err(Error::Config)
 }
 
 /// Sends every peer `w` its rows `send(w)` and receives `recv_rows(w)` rows from it (P3's partial products and

@@ -78,8 +78,55 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The training state the assignment resumes from (`resume_from`), loaded; `None` when it starts afresh.
+fn load_resume(a: &Assignment, io: &mut dyn Coordinator) -> Result<Option<crate::Resume>> {
+    let Some(artifact) = &a.resume_from else {
+        return Ok(None);
+    };
+    let path = io.artifact(artifact)?;
+    let (model, opt, progress) = physalia_gnn::save::load_checkpoint(&path)
+        .with_context(|| format!("resuming from {}", path.display()))?;
+    Ok(Some(crate::Resume {
+        model,
+        opt,
+        progress,
+    }))
+}
+
+/// What every mode does after an epoch: when `checkpoint` (rank 0 of a job that keeps checkpoints), write
+/// the epoch's checkpoint, hand it to the coordinator and delete the local copy, before the epoch is
+/// reported (so every reported epoch has one); then report the epoch. Returns whether training goes on:
+/// the first failure is kept in `failed` and stops it.
+fn end_epoch(
+    io: &mut dyn Coordinator,
+    checkpoint: bool,
+    e: &physalia_gnn::EpochEnd<'_>,
+    failed: &mut Option<anyhow::Error>,
+) -> bool {
+    if checkpoint {
+        let epoch = e.metrics.epoch;
+        let path = physalia_control::checkpoint_path(io.scratch(), epoch);
+        let kept = physalia_gnn::save::save_checkpoint(e.model, e.opt, e.progress, &path)
+            .with_context(|| format!("writing {}", path.display()))
+            .and_then(|()| io.keep(Upload::Checkpoint { epoch }, &path));
+        let _ = std::fs::remove_file(&path);
+        if let Err(err) = kept {
+            failed.get_or_insert(err.context("keeping a checkpoint"));
+            return false;
+        }
+    }
+    match io.epoch(e.metrics) {
+        Ok(()) => true,
+        Err(err) => {
+            failed.get_or_insert(err.context("reporting an epoch"));
+            false
+        }
+    }
+}
+
 /// Trains what the coordinator assigned, in the assigned mode; rank 0 hands the coordinator each epoch's
-/// checkpoint (when asked) and the model.
+/// checkpoint (when asked) and the model. Every mode resumes from `resume_from` when the assignment names
+/// one.
 pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     link: &mut L,
     a: &Assignment,
@@ -96,16 +143,9 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
         let path = io.artifact(artifact)?;
         Dataset::open(&path).with_context(|| format!("opening {}", path.display()))
     };
-    let mut report_error = None;
-    let mut report = |io: &mut dyn Coordinator, m: &EpochMetrics| -> bool {
-        match io.epoch(m) {
-            Ok(()) => true,
-            Err(e) => {
-                report_error.get_or_insert(e);
-                false
-            }
-        }
-    };
+    // rank 0 writes the checkpoints; every rank reports its epochs
+    let checkpoint = rank == 0 && a.checkpoints;
+    let mut failed = None;
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
     let part_path = io.artifact(&a.part)?;
@@ -114,20 +154,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     let (model, summary) = match a.mode {
         TrainMode::Partition => {
             let part = load_part()?;
-            let resume = match &a.resume_from {
-                Some(artifact) => {
-                    let path = io.artifact(artifact)?;
-                    let (model, opt, progress) = physalia_gnn::save::load_checkpoint(&path)
-                        .with_context(|| format!("resuming from {}", path.display()))?;
-                    Some(crate::Resume {
-                        model,
-                        opt,
-                        progress,
-                    })
-                }
-                None => None,
-            };
-            let mut save_err = None;
+            let resume = load_resume(a, io)?;
             let (model, summary, _) = crate::train_part_from(
                 link,
                 &part,
@@ -137,27 +164,8 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.exchange,
                 a.row_normalize,
                 resume,
-                &mut |e| {
-                    if rank == 0 && a.checkpoints {
-                        let epoch = e.metrics.epoch;
-                        let path = physalia_control::checkpoint_path(io.scratch(), epoch);
-                        let kept = physalia_gnn::save::save_checkpoint(
-                            e.model, e.opt, e.progress, &path,
-                        )
-                        .with_context(|| format!("writing {}", path.display()))
-                        .and_then(|()| io.keep(Upload::Checkpoint { epoch }, &path));
-                        let _ = std::fs::remove_file(&path);
-                        if let Err(err) = kept {
-                            save_err = Some(err);
-                            return false;
-                        }
-                    }
-                    report(io, e.metrics)
-                },
+                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
             )?;
-            if let Some(e) = save_err {
-                return Err(e).context("keeping a checkpoint");
-            }
             (model, summary)
         }
         TrainMode::Data => {
@@ -181,6 +189,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 replica,
             );
             let shard = data.shard(csr.indptr, csr.indices);
+            let resume = load_resume(a, io)?;
             let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
             crate::minibatch::train_minibatch(
                 &mut mesh,
@@ -189,9 +198,8 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 a.seed,
                 &a.train,
                 &options(),
-                &mut |m| {
-                    report(io, m);
-                },
+                resume,
+                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
             )?
         }
         TrainMode::Model => {
@@ -213,6 +221,8 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 cols,
                 sets: &sets,
             };
+            // the checkpoint holds the whole model; each worker trains its columns' rows of it
+            let resume = load_resume(a, io)?;
             crate::minibatch::train_p3(
                 link,
                 &shard,
@@ -220,14 +230,13 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 a.seed,
                 &a.train,
                 &options(),
-                &mut |m| {
-                    report(io, m);
-                },
+                resume,
+                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
             )?
         }
     };
-    if let Some(e) = report_error {
-        return Err(e).context("reporting an epoch");
+    if let Some(e) = failed {
+        return Err(e);
     }
     if rank == 0 {
         let path = io.scratch().join("model.safetensors");
