@@ -185,6 +185,12 @@ def run_ours(n, st, model, dropout, rep, args):
     if res is None or "median_epoch_s" not in res:
         raise ChildFailed(f"{tag}: the last stdout line of physalia submit is not a JSON object with "
                           f"median_epoch_s ({o})\n--- stdout tail ---\n{tail(o, 10)}\n--- stderr tail ---\n{tail(e)}")
+    # The job runs as a coordinator (this child) and its worker process (a grandchild it reaps): wait4's
+    # ru_maxrss is the larger of the two, so the footprint is the coordinator's own peak plus its workers'
+    # peaks, as the summary reports them (an upper bound: the peaks need not coincide).
+    workers = [w for w in (res.get("worker_peak_rss_bytes") or []) if w]
+    if workers:
+        rss = max(rss, (res.get("peak_rss_bytes") or 0) + sum(workers))
     return {"impl": "ours", "median_epoch_s": float(res["median_epoch_s"]),
             "epoch_times_s": res.get("epoch_times_s"), "peak_rss_bytes": rss, "wall_s": wall,
             "cpu_s": run_child.last_cpu_s,

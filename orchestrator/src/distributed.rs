@@ -44,7 +44,8 @@ use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismS
 use crate::summary::OutputFormat;
 use crate::summary::{self, RunResult};
 use crate::workers::{
-    BackendWorkers, block_on, identities, local_backend, local_spec, worker_binary,
+    BackendWorkers, block_on, identities, local_backend, local_spec, local_worker_command,
+    worker_binary,
 };
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
@@ -126,7 +127,7 @@ pub fn run(
     let n = spec.workers as usize;
     // replica groups train on a partitioning into fewer parts than workers: rank = replica * k + part
     let k = spec.parts() as usize;
-    let binary = worker_binary()?;
+    let local_command = local_worker_command()?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
     let stats = source.stats();
@@ -233,7 +234,7 @@ pub fn run(
             k,
             dataset_path: &dataset_path,
             job_abs: &job_abs,
-            binary: &binary,
+            local_command: &local_command,
             quiet,
             files: Files::new(Some(job_abs.clone())),
         };
@@ -344,7 +345,7 @@ impl Launch {
         dir: &Path,
         n: usize,
         index: usize,
-        binary: &Path,
+        local_command: &[String],
         register_timeout: Duration,
         files: Files,
     ) -> Result<Launch> {
@@ -386,13 +387,13 @@ impl Launch {
         let coordinator = server.local_addr();
         let (worker_spec, logs, poll_every) = match docker {
             false => (
-                local_spec(binary, &job_id, index, coordinator, threads, secrets),
+                local_spec(local_command, &job_id, index, coordinator, threads, secrets),
                 // the backend writes each rank's output into logs/ itself, and asking it is cheap
                 None,
                 Duration::ZERO,
             ),
             true => {
-                let image = crate::docker::ensure_image(binary, false)?;
+                let image = crate::docker::ensure_image(&worker_binary()?, false)?;
                 let logs_dir = dir.join("logs");
                 std::fs::create_dir_all(&logs_dir)?;
                 let logs = (0..n)
@@ -445,7 +446,8 @@ struct Driver<'a> {
     k: usize,
     dataset_path: &'a Path,
     job_abs: &'a Path,
-    binary: &'a Path,
+    /// How a worker process starts on this machine.
+    local_command: &'a [String],
     quiet: bool,
     /// What the control servers serve (partitions, the dataset, checkpoints) and where rank 0's
     /// checkpoints and model are stored: the job directory.
@@ -676,7 +678,7 @@ impl Driver<'_> {
             dir.path(),
             n,
             index,
-            self.binary,
+            self.local_command,
             Duration::from_secs_f64(timeouts.register_s),
             self.files.clone(),
         )?;

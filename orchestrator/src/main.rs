@@ -60,6 +60,10 @@ enum Command {
     /// Import, generate, inspect and partition datasets.
     #[command(subcommand)]
     Data(DataCommand),
+    /// Run one worker of a job (started by the coordinator with the job in its environment; see
+    /// `physalia_control::env`).
+    #[command(hide = true)]
+    Worker,
 }
 
 #[derive(Args)]
@@ -149,6 +153,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Synth(c)) => data::synth(&c),
         Command::Data(DataCommand::Inspect(a)) => data::inspect(&a),
         Command::Data(DataCommand::Partition(a)) => data::partition(&a),
+        // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
+        Command::Worker => physalia_worker::run::run_from_env(),
     }
 }
 

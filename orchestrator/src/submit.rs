@@ -56,11 +56,9 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         }
         spec = planned;
     }
-    // a scaling policy may grow a one-worker job, and containers are workers: the coordinator runs them
-    if spec.workers > 1
-        || spec.scaling.is_some()
-        || spec.backend == crate::spec::BackendKind::Docker
-    {
+    // Every job is the coordinator's (its workers checkpoint every epoch, a lost one is retried, a stopped
+    // job resumes) except repeated seeds (`train.runs` > 1), a statistics loop that trains in this process.
+    if spec.train.runs.max(1) == 1 {
         return crate::distributed::run(&spec, &spec.job_name(job), output, quiet, None);
     }
     if let Some(t) = spec.train.threads {

@@ -18,14 +18,21 @@ use physalia_backends::{
 };
 use physalia_wire::{JobCa, worker_name};
 
-/// The worker binary: `physalia-worker` beside this executable.
+/// The command that runs a worker process on this machine: this executable's hidden `worker` subcommand
+/// (the CLI links the worker), so a build of `physalia` alone runs every local job.
+pub fn local_worker_command() -> Result<Vec<String>> {
+    let exe = std::env::current_exe().context("locating the physalia executable")?;
+    Ok(vec![exe.display().to_string(), "worker".into()])
+}
+
+/// The worker binary the container image is built from: `physalia-worker` beside this executable.
 pub fn worker_binary() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the physalia executable")?;
     let bin = exe.with_file_name("physalia-worker");
     if !bin.is_file() {
         bail!(
-            "multi-worker jobs need the physalia-worker binary beside {}, and it is not there; \
-             build it with `cargo build -p physalia-worker` (same profile as physalia)",
+            "the worker image is built from the physalia-worker binary beside {}, and it is not \
+             there; build it with `cargo build -p physalia-worker` (same profile as physalia)",
             exe.display()
         );
     }
@@ -101,21 +108,20 @@ pub fn local_backend(job_dir: &Path, segment: usize) -> Box<dyn Backend> {
     Box::new(LocalBackend::new(cfg))
 }
 
-/// The spec of a local launch: `binary` as N processes.
+/// The spec of a local launch: `command` (program first) as N processes.
 pub fn local_spec(
-    binary: &Path,
+    command: &[String],
     job_id: &str,
     segment: usize,
     coordinator: SocketAddr,
     threads: usize,
     secrets: BTreeMap<String, SecretValue>,
 ) -> WorkerSpec {
-    let program = binary.display().to_string();
     worker_spec(
         job_id,
         segment,
-        program.clone(),
-        vec![program],
+        command.first().cloned().unwrap_or_default(),
+        command.to_vec(),
         coordinator,
         threads,
         secrets,
@@ -431,7 +437,7 @@ mod tests {
         let prepared = block_on(backend.prepare("job")).unwrap().unwrap();
         assert!(prepared.control_ip.is_loopback());
         let mut spec = local_spec(
-            Path::new("/bin/sh"),
+            &["/bin/sh".to_string()],
             "job",
             0,
             "127.0.0.1:9".parse().unwrap(),

@@ -150,7 +150,9 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
     // tensors tile the data section exactly
     let end = names.iter().map(|n| h.tensor_range(n).end).max().unwrap();
     assert_eq!(end, model.len());
-    // no temporary files left behind
+    // A one-worker job is the coordinator's like any other: beside the record it keeps the last checkpoint
+    // (for `submit --resume`), the logs, and the (emptied) secrets folder; the dataset is a file, so its
+    // partition lies beside it, not here. No temporary file is left behind, at any depth.
     let mut files: Vec<String> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -159,13 +161,37 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
     assert_eq!(
         files,
         [
+            "checkpoints",
             "job.json",
+            "logs",
             "metrics.jsonl",
             "model.safetensors",
+            "secrets",
             "status.json",
             "summary.json"
         ]
     );
+    fn no_temporaries(d: &Path) {
+        for e in fs::read_dir(d).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with('.') && !name.contains("partial") && !name.ends_with(".tmp"),
+                "left behind: {}",
+                e.path().display()
+            );
+            if e.file_type().unwrap().is_dir() {
+                no_temporaries(&e.path());
+            }
+        }
+    }
+    no_temporaries(&dir);
+    assert_eq!(
+        fs::read_dir(dir.join("checkpoints")).unwrap().count(),
+        1,
+        "only the last checkpoint is kept"
+    );
+    assert_eq!(fs::read_dir(dir.join("secrets")).unwrap().count(), 0);
     dir
 }
 

@@ -214,29 +214,41 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
 
 #[test]
 fn a_plain_three_worker_job_survives_a_sigkilled_worker() {
-    // no scaling policy: every multi-worker job retries a lost worker's epoch from the last checkpoint
+    plain_job_survives_a_sigkilled_worker(3);
+}
+
+#[test]
+fn a_one_worker_job_survives_its_worker_sigkilled() {
+    plain_job_survives_a_sigkilled_worker(1);
+}
+
+fn plain_job_survives_a_sigkilled_worker(workers: usize) {
+    // no scaling policy: every job the coordinator runs retries a lost worker's epoch from the last
+    // checkpoint
     let t = TempDir::new().unwrap();
-    let three = JOB.replace("output:", "workers: 3\noutput:");
-    write_job(t.path(), "job.yaml", &three);
+    let job = JOB.replace("output:", &format!("workers: {workers}\noutput:"));
+    write_job(t.path(), "job.yaml", &job);
     let fixed = submit(t.path(), "job.yaml", &[]);
+    let last = (workers - 1).to_string();
     let v = submit(
         t.path(),
         "job.yaml",
         &[
             ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
-            ("PHYSALIA_TEST_DIE_RANK", "1"),
+            ("PHYSALIA_TEST_DIE_RANK", &last),
         ],
     );
     let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
     let dir = t.path().join(v["job_dir"].as_str().unwrap());
     let got = losses(&dir);
     assert_same_curve(&got, &want);
-    assert!(got.iter().all(|e| e.2 == 3), "{got:?}");
+    assert!(got.iter().all(|e| e.2 == workers), "{got:?}");
     let events = v["scaling_events"].as_array().unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     let what = events[0]["event"].as_str().unwrap();
     assert!(
-        what.contains("signal 9") && what.contains("retrying epoch 5 on 3 workers"),
+        what.contains("signal 9")
+            && what.contains(&format!("retrying epoch 5 on {workers} workers")),
         "{what}"
     );
     assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
@@ -280,11 +292,21 @@ fn report_refuses_what_is_not_a_job_directory_naming_it() {
 
 #[test]
 fn a_job_whose_coordinator_died_resumes_from_its_directory() {
+    coordinator_dies_and_the_job_resumes(2);
+}
+
+#[test]
+fn a_one_worker_job_whose_coordinator_died_resumes_from_its_directory() {
+    // one worker is the coordinator's job like any other: it checkpoints every epoch
+    coordinator_dies_and_the_job_resumes(1);
+}
+
+fn coordinator_dies_and_the_job_resumes(workers: usize) {
     let t = TempDir::new().unwrap();
     let job = JOB
         .replace("nodes: 3000", "nodes: 12000")
         .replace("epochs: 12", "epochs: 120")
-        .replace("output:", "workers: 2\noutput:");
+        .replace("output:", &format!("workers: {workers}\noutput:"));
     write_job(t.path(), "job.yaml", &job);
     let fixed = submit(t.path(), "job.yaml", &[]);
     let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
