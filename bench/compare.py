@@ -186,11 +186,14 @@ def run_ours(n, st, model, dropout, rep, args):
         raise ChildFailed(f"{tag}: the last stdout line of physalia submit is not a JSON object with "
                           f"median_epoch_s ({o})\n--- stdout tail ---\n{tail(o, 10)}\n--- stderr tail ---\n{tail(e)}")
     # The job runs as a coordinator (this child) and its worker process (a grandchild it reaps): wait4's
-    # ru_maxrss is the larger of the two, so the footprint is the coordinator's own peak plus its workers'
-    # peaks, as the summary reports them (an upper bound: the peaks need not coincide).
+    # ru_maxrss is the larger of the two peaks. The coordinator peaks while it loads and checks the dataset,
+    # before the worker starts, then holds little while the worker trains; the footprint is the larger of
+    # its own peak and its resident set during training plus the workers' peaks, as the summary reports
+    # them.
     workers = [w for w in (res.get("worker_peak_rss_bytes") or []) if w]
     if workers:
-        rss = max(rss, (res.get("peak_rss_bytes") or 0) + sum(workers))
+        during = (res.get("coordinator_rss_bytes") or res.get("peak_rss_bytes") or 0) + sum(workers)
+        rss = max(rss, res.get("peak_rss_bytes") or 0, during)
     return {"impl": "ours", "median_epoch_s": float(res["median_epoch_s"]),
             "epoch_times_s": res.get("epoch_times_s"), "peak_rss_bytes": rss, "wall_s": wall,
             "cpu_s": run_child.last_cpu_s,

@@ -267,6 +267,8 @@ pub fn run(
         v["workers"] = json!(n);
         v["bytes_exchanged"] = json!(bytes);
         v["worker_peak_rss_bytes"] = json!(workers_rss);
+        // what this process holds while its workers train (its peak was reached loading the dataset)
+        v["coordinator_rss_bytes"] = json!(summary::rss_bytes());
         v["usd_total"] = json!(usd_total);
         v["scaling_events"] = json!(scaling_events);
         Ok(v)

@@ -274,8 +274,17 @@ fn mean_std(v: Vec<f64>) -> (Option<f64>, Option<f64>) {
 
 /// Peak resident set size of this process (Linux `VmHWM`).
 fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// This process's resident set now (Linux `VmRSS`): a coordinator's while its workers train.
+pub(crate) fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -175,6 +175,36 @@ pub fn train_part_from<L: Link + ?Sized>(
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+    check_width(part, cfg)?;
+    let (graph, x, sets) = local_inputs(part, cfg, row_normalize_features);
+    train_inputs(
+        link, part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
+    )
+}
+
+/// [`train_part_from`] for a worker that owns its part: the part's feature rows are released as soon as
+/// the engine holds its own (normalised f32) copy, so one copy of the features is resident, not two.
+#[allow(clippy::too_many_arguments)]
+pub fn train_owned_part<L: Link + ?Sized>(
+    link: &mut L,
+    mut part: Part,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    row_normalize_features: bool,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
+) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+    check_width(&part, cfg)?;
+    let (graph, x, sets) = local_inputs(&part, cfg, row_normalize_features);
+    part.features = physalia_graph::Features::F32(Vec::new());
+    train_inputs(
+        link, &part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
+    )
+}
+
+fn check_width(part: &Part, cfg: &ModelConfig) -> Result<(), Error> {
     if cfg.in_dim != part.feat_dim {
         return Err(Error::Part {
             part: part.part,
@@ -184,7 +214,24 @@ pub fn train_part_from<L: Link + ?Sized>(
             ),
         });
     }
-    let (graph, x, mut sets) = local_inputs(part, cfg, row_normalize_features);
+    Ok(())
+}
+
+/// Trains `part` from its engine inputs (which no longer need the part's features).
+#[allow(clippy::too_many_arguments)]
+fn train_inputs<L: Link + ?Sized>(
+    link: &mut L,
+    part: &Part,
+    graph: LocalGraph,
+    x: Matrix,
+    mut sets: NodeSets,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
+) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     let (replicas, replica) = replica_of(part, link.rank(), link.world())?;
     // replicas of the partitioning split the training nodes; the all-reduce sums their gradients
     sets.train

@@ -155,9 +155,9 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
         TrainMode::Partition => {
             let part = load_part()?;
             let resume = load_resume(a, io)?;
-            let (model, summary, _) = crate::train_part_from(
+            let (model, summary, _) = crate::train_owned_part(
                 link,
-                &part,
+                part,
                 &a.model,
                 a.seed,
                 &a.train,
