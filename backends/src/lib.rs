@@ -44,8 +44,8 @@ pub use error::{BackendName, Error, Result};
 pub use names::LaunchId;
 pub use spec::{
     CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT, ENV_RANK,
-    ENV_SECRETS_DIR, ENV_WORLD, GpuRequest, NetworkSpec, RESERVED_ENV, SecretBytes, SecretValue,
-    WorkerSpec,
+    ENV_SECRETS_DIR, ENV_WORK_DIR, ENV_WORLD, GpuRequest, NetworkSpec, RESERVED_ENV, SecretBytes,
+    SecretValue, WorkerSpec,
 };
 
 /// Starts, lists and stops the workers of a job on one platform.

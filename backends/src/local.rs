@@ -10,8 +10,9 @@
 //! - Secrets: rank r's files are written under `<secrets_root>/<launch base name>/worker-<r>/` (folders
 //!   mode 0700, files 0400), and [`ENV_SECRETS_DIR`] names that folder: only the path reaches the
 //!   environment, never the bytes. Ranks run as the same user, so this keeps other users out, not other
-//!   ranks (as on every platform, a rank's folder holds only its own files). `stop_all` deletes the
-//!   launch's folder.
+//!   ranks (as on every platform, a rank's folder holds only its own files). Rank r's scratch
+//!   ([`ENV_WORK_DIR`](crate::ENV_WORK_DIR)) is `<launch folder>/work-<r>/`. `stop_all` deletes the launch's
+//!   folder, scratch included, even of workers killed before they could clean up.
 //! - Mesh port: a port is per container on the other platforms; N processes cannot all bind one port of
 //!   one host, so [`ENV_MESH_PORT`] is not set and each worker binds an ephemeral loopback port and
 //!   registers it. Workers are reached at 127.0.0.1.
@@ -36,7 +37,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::error::{BackendName, Error, Result};
-use crate::spec::{ENV_MESH_PORT, ENV_RANK, ENV_SECRETS_DIR, RESERVED_ENV};
+use crate::spec::{ENV_MESH_PORT, ENV_RANK, ENV_SECRETS_DIR, ENV_WORK_DIR, RESERVED_ENV};
 use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
 
 const NAME: BackendName = "local";
@@ -211,6 +212,12 @@ impl LocalBackend {
         env.remove(ENV_MESH_PORT);
         env.insert(ENV_RANK.into(), rank.to_string());
         env.insert(ENV_SECRETS_DIR.into(), secrets.display().to_string());
+        // scratch beside the rank's secrets, in the launch's folder: `stop_all` deletes both, even when
+        // the worker was killed before it could clean up
+        if let Some(launch_dir) = secrets.parent() {
+            let work = launch_dir.join(format!("work-{rank}"));
+            env.insert(ENV_WORK_DIR.into(), work.display().to_string());
+        }
         let mut cmd = Command::new(program);
         cmd.args(args);
         for name in RESERVED_ENV

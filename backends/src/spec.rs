@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 // The worker's environment contract lives once, with the worker and the coordinator.
 pub use physalia_control::env::{
     ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT, ENV_RANK, ENV_SECRETS_DIR,
-    ENV_WORLD, RESERVED_ENV,
+    ENV_WORK_DIR, ENV_WORLD, RESERVED_ENV,
 };
 
 /// Where the secret files are mounted inside a worker container (kubernetes, aci).

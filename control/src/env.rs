@@ -24,7 +24,9 @@ pub const ENV_MESH_PORT: &str = "PHYSALIA_MESH_PORT";
 /// the coordinator.
 pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
 /// A folder the worker may write: fetched artifacts (its partition, the dataset, a checkpoint) and the
-/// files it uploads are kept there. Unset: a folder under the system's temporary directory.
+/// files it uploads are kept there. Unset: a folder of its own under the system's temporary directory
+/// (named after the job, the rank and the process, so two jobs' workers on one machine never share one),
+/// which the worker removes when it ends.
 pub const ENV_WORK_DIR: &str = "PHYSALIA_WORK_DIR";
 
 /// The variables a backend sets itself; a worker spec naming one of them is refused.
@@ -54,6 +56,8 @@ pub struct WorkerEnv {
     pub mesh_port: Option<u16>,
     pub advertise_ip: Option<std::net::IpAddr>,
     pub work_dir: PathBuf,
+    /// The work folder is the worker's own (not the platform's): it is removed at the end.
+    pub work_dir_owned: bool,
 }
 
 impl WorkerEnv {
@@ -98,9 +102,16 @@ impl WorkerEnv {
             ),
             None => None,
         };
-        let work_dir = match get(ENV_WORK_DIR) {
-            Some(d) if !d.is_empty() => PathBuf::from(d),
-            _ => std::env::temp_dir().join(format!("physalia-{}-worker-{rank}", sanitize(&job_id))),
+        let (work_dir, work_dir_owned) = match get(ENV_WORK_DIR) {
+            Some(d) if !d.is_empty() => (PathBuf::from(d), false),
+            _ => (
+                std::env::temp_dir().join(format!(
+                    "physalia-{}-worker-{rank}-{}",
+                    sanitize(&job_id),
+                    std::process::id()
+                )),
+                true,
+            ),
         };
         Ok(WorkerEnv {
             coordinator,
@@ -111,6 +122,7 @@ impl WorkerEnv {
             mesh_port,
             advertise_ip,
             work_dir,
+            work_dir_owned,
         })
     }
 }
@@ -158,9 +170,21 @@ mod tests {
         assert_eq!(e.coordinator, "10.0.0.1:7000".parse().unwrap());
         assert_eq!((e.rank, e.world, e.mesh_port), (1, 3, Some(7001)));
         assert_eq!(e.work_dir, PathBuf::from("/work"));
-        // without a work dir: a private folder under the temporary directory, named safely
+        assert!(!e.work_dir_owned, "the platform's folder is not removed");
+        // without a work dir: a private folder under the temporary directory, named safely and per process
         let e = WorkerEnv::from_lookup(env(&BASE)).unwrap();
-        assert!(e.work_dir.ends_with("physalia-cora_1-worker-1"), "{e:?}");
+        let name = e
+            .work_dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            name,
+            format!("physalia-cora_1-worker-1-{}", std::process::id()),
+            "{e:?}"
+        );
+        assert!(e.work_dir.starts_with(std::env::temp_dir()) && e.work_dir_owned);
     }
 
     #[test]

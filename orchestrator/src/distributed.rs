@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use crate::coordinator::Event;
 use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop, epoch_usd};
-use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome};
+use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::JobDir;
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::summary::OutputFormat;
@@ -223,6 +223,7 @@ pub fn run(
                 checkpoints: true,
                 start_epoch,
                 price_per_worker_s: summary::price_per_worker_s(),
+                mode: train_mode(spec.mode()),
             },
             elastic,
             first_launch,
@@ -237,6 +238,7 @@ pub fn run(
             local_command: &local_command,
             quiet,
             files: Files::new(Some(job_abs.clone())),
+            minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
         };
         let (job, outcome) = driver.run(job, pending, &mut dir)?;
         let runs = Coordinated {
@@ -249,6 +251,7 @@ pub fn run(
             usd: outcome.usd,
         };
         let elastic = job.elastic();
+        let ended_on = elastic.workers();
         let workers_rss = runs.worker_peak_rss.clone();
         let bytes = runs.bytes_exchanged;
         let usd_total = runs.usd;
@@ -264,7 +267,7 @@ pub fn run(
             load_s,
         );
         let mut v = serde_json::to_value(&summary)?;
-        v["workers"] = json!(n);
+        v["workers"] = json!(ended_on);
         v["bytes_exchanged"] = json!(bytes);
         v["worker_peak_rss_bytes"] = json!(workers_rss);
         // what this process holds while its workers train (its peak was reached loading the dataset)
@@ -302,7 +305,8 @@ pub fn run(
                 OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
                 OutputFormat::Text => {
                     println!(
-                        "job {name} finished on {n} workers: {}",
+                        "job {name} finished on {} workers: {}",
+                        v["workers"],
                         dir.path().display()
                     );
                     println!(
@@ -454,6 +458,8 @@ struct Driver<'a> {
     /// What the control servers serve (partitions, the dataset, checkpoints) and where rank 0's
     /// checkpoints and model are stored: the job directory.
     files: Files,
+    /// Mini-batch settings of the next assignments: the job file's, or a replan's choice.
+    minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
 }
 
 /// A launch the job has not stopped: its workers, their control connections, its partition files.
@@ -520,6 +526,7 @@ impl Driver<'_> {
                         launch,
                         peers,
                         resume_epoch,
+                        mode,
                         boundary_sampling,
                         staleness,
                     } => {
@@ -530,6 +537,7 @@ impl Driver<'_> {
                                 &l.parts,
                                 peers.clone(),
                                 resume_epoch,
+                                mode,
                                 boundary_sampling,
                                 staleness,
                             )?;
@@ -540,6 +548,20 @@ impl Driver<'_> {
                         log.line(&format!(
                             "launch {launch}: all workers registered; assignments sent"
                         ));
+                    }
+                    JobAction::Replan {
+                        epoch,
+                        objective,
+                        workers,
+                        mode,
+                        by_rank,
+                    } => {
+                        log.line(&format!(
+                            "after epoch {epoch}: asking the planner again ({})",
+                            objective.as_str()
+                        ));
+                        let answer = self.replan(objective, workers, mode, &by_rank);
+                        queue.extend(job.handle(JobEvent::Replanned(answer), Instant::now()));
                     }
                     JobAction::KeepWaiting { launch, for_s } => {
                         if let Some(l) = live.get(&launch) {
@@ -691,6 +713,44 @@ impl Driver<'_> {
         })
     }
 
+    /// Asks the planner again for the job as it runs (`workers` in `mode`, with the exchange the policy set)
+    /// under `objective`, from its workers' measurements of the last epoch; the choice's mini-batch settings
+    /// are kept for the next launches.
+    fn replan(
+        &self,
+        objective: physalia_policies::Objective,
+        workers: usize,
+        mode: TrainMode,
+        by_rank: &[EpochMetrics],
+    ) -> std::result::Result<Replan, String> {
+        let mut now = self.spec.clone();
+        now.workers = workers as u32;
+        now.parallelism = ParallelismSpec::Mode(match mode {
+            TrainMode::Partition => Parallelism::Partition,
+            TrainMode::Data => Parallelism::Data,
+            TrainMode::Model => Parallelism::Model,
+        });
+        now.minibatch = self.minibatch.borrow().clone();
+        now.goal = None;
+        let max_workers = self
+            .spec
+            .scaling
+            .as_ref()
+            .map_or(now.workers, |p| p.max_workers);
+        let (chosen, why) =
+            crate::plan::replan(&now, self.dataset_path, objective, by_rank, max_workers)
+                .map_err(|e| format!("{e:#}"))?;
+        let x = chosen.exchange.clone().unwrap_or_default();
+        *self.minibatch.borrow_mut() = chosen.minibatch.clone();
+        Ok(Replan {
+            workers: chosen.workers as usize,
+            mode: train_mode(chosen.mode()),
+            boundary_sampling: x.boundary_sampling,
+            staleness: x.staleness,
+            why,
+        })
+    }
+
     /// Serves `path` under `name` to the job's workers.
     fn serve(&self, name: &str, path: &Path) -> Result<Artifact> {
         self.files
@@ -704,17 +764,17 @@ impl Driver<'_> {
         parts: &[PathBuf],
         peers: Vec<SocketAddr>,
         resume_epoch: usize,
+        mode: TrainMode,
         boundary_sampling: f64,
         staleness: u32,
     ) -> Result<Assignment> {
         let spec = self.spec;
         let timeouts = spec.timeouts.clone().unwrap_or_default();
-        let mode = spec.mode();
         let k = parts.len();
         let part_path = &parts[rank % k];
         let part = self.serve(&format!("part-k{k}-{}", rank % k), part_path)?;
         let partitioning = match mode {
-            Parallelism::Data => {
+            TrainMode::Data => {
                 let set = part_path
                     .parent()
                     .context("a part file lies in its set's folder")?;
@@ -726,10 +786,8 @@ impl Driver<'_> {
             _ => None,
         };
         let dataset = match mode {
-            Parallelism::Data | Parallelism::Model => {
-                Some(self.serve("dataset", self.dataset_path)?)
-            }
-            Parallelism::Partition => None,
+            TrainMode::Data | TrainMode::Model => Some(self.serve("dataset", self.dataset_path)?),
+            TrainMode::Partition => None,
         };
         let resume_from = match resume_epoch {
             0 => None,
@@ -760,17 +818,28 @@ impl Driver<'_> {
             },
             row_normalize: spec.dataset.row_normalize,
             epoch_timeout_s: timeouts.epoch_s,
-            mode: match mode {
-                Parallelism::Partition => TrainMode::Partition,
-                Parallelism::Data => TrainMode::Data,
-                Parallelism::Model => TrainMode::Model,
-            },
-            minibatch: spec.minibatch.clone().unwrap_or_default().options().into(),
+            mode,
+            // the planner's choice after a replan, else the job file's
+            minibatch: self
+                .minibatch
+                .borrow()
+                .clone()
+                .unwrap_or_default()
+                .options()
+                .into(),
             resume_from,
             // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and
             // `submit --resume` start there
             checkpoints: true,
         })
+    }
+}
+
+fn train_mode(p: Parallelism) -> TrainMode {
+    match p {
+        Parallelism::Partition => TrainMode::Partition,
+        Parallelism::Data => TrainMode::Data,
+        Parallelism::Model => TrainMode::Model,
     }
 }
 

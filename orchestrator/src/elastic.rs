@@ -35,6 +35,13 @@ pub(crate) enum Stop {
         rule: String,
         values: Value,
     },
+    /// Ask the planner again under `to`, with the measured epochs; the job applies its choice (mode,
+    /// workers, exchange) or keeps going as it is.
+    Replan {
+        to: physalia_policies::Objective,
+        rule: String,
+        values: Value,
+    },
     Finish,
 }
 
@@ -51,6 +58,8 @@ pub(crate) struct Elastic {
     price_per_worker_s: f64,
     retries: usize,
     max_retries: usize,
+    /// Every worker's metrics of the last recorded epoch, for a replan.
+    last_by_rank: Vec<EpochMetrics>,
     /// One line per rescale, retry or policy stop, with its epoch.
     pub(crate) events: Vec<Value>,
     /// Spare workers the policy's `prewarm` asked for after the last epoch.
@@ -88,6 +97,7 @@ impl Elastic {
             price_per_worker_s,
             retries: 0,
             max_retries: MAX_RETRIES,
+            last_by_rank: Vec::new(),
             prewarm: 0,
             events: Vec::new(),
         }
@@ -143,6 +153,7 @@ impl Elastic {
     }
 
     fn after_epoch_record(&mut self, by_rank: &[EpochMetrics]) {
+        self.last_by_rank = by_rank.to_vec();
         self.retries = 0;
         let m = &by_rank[0];
         let bytes: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
@@ -212,14 +223,13 @@ impl Elastic {
                     values: json!(change.values),
                 })
             }
-            other => {
-                // re-planning needs `submit` to consult the planner: recorded, not applied
-                self.events.push(json!({
-                    "epoch": m.epoch,
-                    "rule": change.rule,
-                    "event": format!("not applied (not supported yet): {other:?}"),
-                }));
-                None
+            Effect::Replan { to, .. } => {
+                self.plan.objective = *to;
+                Some(Stop::Replan {
+                    to: *to,
+                    rule: change.rule.clone(),
+                    values: json!(change.values),
+                })
             }
         }
     }
@@ -293,6 +303,22 @@ impl Elastic {
                     Some(line),
                 )
             }
+            // the job asks the planner before it stops anything (`Elastic::replanned`); a replan that
+            // reaches here relaunches what ran
+            Stop::Replan { to, rule, values } => {
+                let line = self.event(
+                    after_epoch,
+                    format!("replan ({}): relaunching as it was", to.as_str()),
+                    Some((rule, values)),
+                );
+                (
+                    Next::Relaunch {
+                        workers,
+                        resume_epoch: after_epoch,
+                    },
+                    Some(line),
+                )
+            }
             Stop::Finish => (Next::Finish, None),
         }
     }
@@ -301,6 +327,35 @@ impl Elastic {
     /// current workers plus the spares it asked for.
     pub(crate) fn prewarm_target(&self) -> Option<usize> {
         (self.prewarm > 0).then(|| (self.plan.workers + self.prewarm) as usize)
+    }
+
+    /// Records what a replan after `epoch` chose (`what`), and takes its workers and exchange settings as
+    /// the plan's; returns the line for the terminal.
+    pub(crate) fn replanned(
+        &mut self,
+        epoch: usize,
+        what: String,
+        choice: Option<(u32, f64, u32)>,
+        rule: String,
+        values: Value,
+    ) -> String {
+        if let Some((workers, boundary_sampling, staleness)) = choice {
+            self.plan.workers = workers;
+            self.plan.boundary_sampling = boundary_sampling;
+            self.plan.staleness = staleness;
+            self.last_change = Some(epoch as u32);
+        }
+        self.event(epoch, what, Some((rule, values)))
+    }
+
+    /// Workers of the plan now (the last launch's, or the next one's).
+    pub(crate) fn workers(&self) -> u32 {
+        self.plan.workers
+    }
+
+    /// Every worker's metrics of the last recorded epoch (empty before the first).
+    pub(crate) fn last_by_rank(&self) -> &[EpochMetrics] {
+        &self.last_by_rank
     }
 
     /// Retries in a row of a lost worker's epoch before the job fails.

@@ -23,7 +23,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use physalia_control::TrainMode;
 use physalia_gnn::{EpochMetrics, TrainSummary};
+use physalia_policies::Objective;
+use serde_json::Value;
 
 use crate::coordinator::{Action, Coordinator, Event};
 use crate::elastic::{Elastic, Next, Stop, epoch_usd};
@@ -43,6 +46,19 @@ pub struct JobConfig {
     pub start_epoch: usize,
     /// The price of a worker-second, for each epoch's cost.
     pub price_per_worker_s: f64,
+    /// How the first launch trains (a replan may change it).
+    pub mode: TrainMode,
+}
+
+/// What a replan chose: the next launches' shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replan {
+    pub workers: usize,
+    pub mode: TrainMode,
+    pub boundary_sampling: f64,
+    pub staleness: u32,
+    /// One line on the choice and why (the planner's prediction against the measured epochs).
+    pub why: String,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +70,8 @@ pub enum JobEvent {
     },
     /// A worker of launch `launch` registered, reported, failed or exited.
     Worker { launch: usize, event: Event },
+    /// The planner's answer to [`JobAction::Replan`].
+    Replanned(Result<Replan, String>),
     /// Nothing happened; lets timeouts fire.
     Tick,
 }
@@ -73,8 +91,19 @@ pub enum JobAction {
         launch: usize,
         peers: Vec<SocketAddr>,
         resume_epoch: usize,
+        mode: TrainMode,
         boundary_sampling: f64,
         staleness: u32,
+    },
+    /// The policy asked for a new plan under `objective` after `epoch`: ask the planner, with the job as it
+    /// runs now (`workers`, `mode`) and what every worker measured in that epoch, and answer with
+    /// [`JobEvent::Replanned`]. The job keeps running meanwhile.
+    Replan {
+        epoch: usize,
+        objective: Objective,
+        workers: usize,
+        mode: TrainMode,
+        by_rank: Vec<EpochMetrics>,
     },
     /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
     KeepWaiting { launch: usize, for_s: f64 },
@@ -140,12 +169,16 @@ pub struct Job {
     last_complete: usize,
     outcome: Option<Outcome>,
     over: bool,
+    mode: TrainMode,
+    /// A replan asked for and not answered yet: its epoch, rule, values and objective.
+    replanning: Option<(usize, String, Value, Objective)>,
 }
 
 impl Job {
     /// `first_launch`: the index of the job's first launch (a resumed job continues the numbering).
     pub fn new(cfg: JobConfig, elastic: Elastic, first_launch: usize) -> Job {
         let last_complete = cfg.start_epoch;
+        let mode = cfg.mode;
         Job {
             cfg,
             elastic,
@@ -156,6 +189,8 @@ impl Job {
             last_complete,
             outcome: None,
             over: false,
+            mode,
+            replanning: None,
         }
     }
 
@@ -164,6 +199,18 @@ impl Job {
     pub fn start(&mut self, pending: Option<Stop>, now: Instant) -> Vec<JobAction> {
         let mut out = Vec::new();
         match pending {
+            // asked again with the last recorded epoch's measurements; the first launch waits for it
+            Some(Stop::Replan { to, rule, values }) => {
+                let epoch = self.cfg.start_epoch;
+                self.replanning = Some((epoch, rule, values, to));
+                out.push(JobAction::Replan {
+                    epoch,
+                    objective: to,
+                    workers: self.cfg.workers,
+                    mode: self.mode,
+                    by_rank: self.elastic.last_by_rank().to_vec(),
+                });
+            }
             Some(why) => self.after_stop(self.cfg.workers, why, now, &mut out),
             None => self.relaunch(self.cfg.workers, self.cfg.start_epoch, now, &mut out),
         }
@@ -217,6 +264,7 @@ impl Job {
                 }
                 // anything else comes from a launch already stopped
             }
+            JobEvent::Replanned(answer) => self.replanned(answer, now, &mut out),
             JobEvent::Tick => {
                 if let Some(coord) = self.current.as_mut().and_then(|c| c.coord.as_mut()) {
                     let actions = coord.handle(Event::Tick, now);
@@ -329,6 +377,7 @@ impl Job {
                         launch,
                         peers,
                         resume_epoch,
+                        mode: self.mode,
                         boundary_sampling,
                         staleness,
                     });
@@ -341,12 +390,23 @@ impl Job {
                     self.last_complete = epoch;
                     let usd = epoch_usd(&by_rank, self.cfg.price_per_worker_s);
                     let stop = self.elastic.after_epoch(&by_rank, self.cfg.epochs);
+                    let measured = by_rank.clone();
                     out.push(JobAction::Record {
                         epoch,
                         by_rank,
                         usd,
                     });
                     match stop {
+                        Some(Stop::Replan { to, rule, values }) => {
+                            self.replanning = Some((epoch, rule, values, to));
+                            out.push(JobAction::Replan {
+                                epoch,
+                                objective: to,
+                                workers: self.workers(),
+                                mode: self.mode,
+                                by_rank: measured,
+                            });
+                        }
                         Some(why) => self.stop_current(why, now, out),
                         None => self.maybe_prewarm(epoch, now, out),
                     }
@@ -424,6 +484,7 @@ impl Job {
             Stop::Rescale { to, rule, .. } => format!("rescaling to {to} workers (rule {rule})"),
             Stop::Lost { error } => format!("retrying after: {error}"),
             Stop::Reconfigure { what, .. } => format!("relaunching with {what}"),
+            Stop::Replan { to, .. } => format!("replanning ({})", to.as_str()),
             Stop::Finish => "the scaling policy stopped the job".into(),
         };
         out.push(JobAction::Log(format!(
@@ -510,6 +571,86 @@ impl Job {
         }
     }
 
+    /// The planner answered: a different shape stops the current launch and relaunches the new one from
+    /// the last recorded epoch; the same shape, or no answer, keeps the job running as it is.
+    fn replanned(
+        &mut self,
+        answer: Result<Replan, String>,
+        now: Instant,
+        out: &mut Vec<JobAction>,
+    ) {
+        let Some((epoch, rule, values, objective)) = self.replanning.take() else {
+            return;
+        };
+        let (boundary_sampling, staleness) = self.elastic.exchange();
+        let workers = self.workers();
+        let now_shape = |r: &Replan| {
+            r.workers == workers
+                && r.mode == self.mode
+                && r.boundary_sampling == boundary_sampling
+                && r.staleness == staleness
+        };
+        let o = objective.as_str();
+        match answer {
+            Ok(r) if !now_shape(&r) => {
+                let line = self.elastic.replanned(
+                    epoch,
+                    format!(
+                        "replanned ({o}): {} on {workers} -> {} on {} workers ({})",
+                        mode_name(self.mode),
+                        mode_name(r.mode),
+                        r.workers,
+                        r.why
+                    ),
+                    Some((r.workers as u32, r.boundary_sampling, r.staleness)),
+                    rule,
+                    values,
+                );
+                out.push(JobAction::Say(line));
+                self.mode = r.mode;
+                if let Some(cur) = self.current.take() {
+                    out.push(JobAction::StopLaunch {
+                        launch: cur.launch,
+                        reason: format!("replanned ({o})"),
+                        finished: false,
+                    });
+                }
+                self.relaunch(r.workers, self.last_complete, now, out);
+            }
+            Ok(r) => {
+                let line = self.elastic.replanned(
+                    epoch,
+                    format!(
+                        "replan ({o}) keeps {} on {workers} workers ({})",
+                        mode_name(r.mode),
+                        r.why
+                    ),
+                    None,
+                    rule,
+                    values,
+                );
+                out.push(JobAction::Say(line));
+                match self.current {
+                    Some(_) => self.maybe_prewarm(epoch, now, out),
+                    None => self.relaunch(workers, self.last_complete, now, out),
+                }
+            }
+            Err(e) => {
+                let line = self.elastic.replanned(
+                    epoch,
+                    format!("replan ({o}) failed, keeping the job as it runs: {e}"),
+                    None,
+                    rule,
+                    values,
+                );
+                out.push(JobAction::Say(line));
+                if self.current.is_none() {
+                    self.relaunch(workers, self.last_complete, now, out);
+                }
+            }
+        }
+    }
+
     fn stop_prewarm(&mut self, out: &mut Vec<JobAction>) {
         if let Some(p) = self.prewarm.take() {
             out.push(JobAction::StopLaunch {
@@ -546,6 +687,14 @@ impl Job {
     }
 }
 
+fn mode_name(m: TrainMode) -> &'static str {
+    match m {
+        TrainMode::Partition => "partition",
+        TrainMode::Data => "data",
+        TrainMode::Model => "model",
+    }
+}
+
 #[cfg(test)]
 mod simulation {
     //! The whole job in virtual time, TigerBeetle's VOPR in miniature: a seeded fake cluster under the
@@ -573,18 +722,56 @@ mod simulation {
         0.3 + 0.7 * (-(epoch as f64) / 5.0).exp()
     }
 
-    fn metrics(epoch: usize, n: usize) -> EpochMetrics {
+    /// An epoch's metrics: training is exact, so the loss depends on the epoch alone; a partition-parallel
+    /// epoch spends most of its time waiting for halo rows (this cluster's network is slow), a data-parallel
+    /// one little.
+    fn metrics(epoch: usize, n: usize, mode: TrainMode) -> EpochMetrics {
+        let train_s = 8.0 / n as f64 + 0.3 * n as f64;
+        let halo_share = if mode == TrainMode::Partition {
+            0.7
+        } else {
+            0.1
+        };
         EpochMetrics {
             epoch,
             loss: loss(epoch),
             train_acc: None,
             val_acc: Some(1.0 - loss(epoch) / 2.0),
             test_acc: Some(1.0 - loss(epoch) / 2.0),
-            train_s: 8.0 / n as f64 + 0.3 * n as f64,
+            train_s,
             eval_s: 0.1,
-            exchange: Default::default(),
+            exchange: physalia_gnn::ExchangeStats {
+                halo_s: halo_share * train_s,
+                ..Default::default()
+            },
             batches: None,
         }
+    }
+
+    /// The planner of the simulated cluster: when the measured epochs spend most of their time on the
+    /// halo exchange, data parallelism on twice the workers (at most 4) is faster; otherwise keep.
+    fn fake_planner(
+        workers: usize,
+        mode: TrainMode,
+        by_rank: &[EpochMetrics],
+    ) -> Result<Replan, String> {
+        if by_rank.is_empty() {
+            return Err("no measured epoch".into());
+        }
+        let halo: f64 = by_rank.iter().map(|m| m.exchange.halo_s).sum();
+        let train: f64 = by_rank.iter().map(|m| m.train_s).sum();
+        let (workers, mode) = if halo > 0.5 * train {
+            ((2 * workers).min(4), TrainMode::Data)
+        } else {
+            (workers, mode)
+        };
+        Ok(Replan {
+            workers,
+            mode,
+            boundary_sampling: 1.0,
+            staleness: 0,
+            why: format!("measured halo share {:.2}", halo / train),
+        })
     }
 
     fn summary() -> TrainSummary {
@@ -634,6 +821,10 @@ mod simulation {
         checkpoints: BTreeSet<usize>,
         deaths: usize,
         lines: Vec<String>,
+        /// Answers of the fake planner, handed to the job after the actions that asked.
+        answers: Vec<JobEvent>,
+        /// Every assignment: (launch, resume epoch, workers, mode).
+        assigned: Vec<(usize, usize, usize, TrainMode)>,
     }
 
     impl Sim {
@@ -653,7 +844,7 @@ mod simulation {
         }
 
         fn epoch_ms(n: usize) -> u64 {
-            let m = metrics(1, n);
+            let m = metrics(1, n, TrainMode::Partition);
             ((m.train_s + m.eval_s) * 1000.0) as u64
         }
 
@@ -750,7 +941,8 @@ mod simulation {
             }
         }
 
-        fn assign(&mut self, launch: usize, peers: usize, resume_epoch: usize) {
+        fn assign(&mut self, launch: usize, peers: usize, resume_epoch: usize, mode: TrainMode) {
+            self.assigned.push((launch, resume_epoch, peers, mode));
             let l = self
                 .launches
                 .get_mut(&launch)
@@ -772,7 +964,7 @@ mod simulation {
                             launch,
                             event: Event::Epoch {
                                 rank,
-                                metrics: metrics(epoch, n),
+                                metrics: metrics(epoch, n, mode),
                             },
                         },
                         false,
@@ -813,7 +1005,24 @@ mod simulation {
             }
         }
 
-        /// Runs the actions; returns true when the job ended (finished or failed: the second in `failed`).
+        /// Runs the actions, and hands the job the planner's answers to them; returns true when the job
+        /// ended (finished or failed: the second in `failed`).
+        fn feed(
+            &mut self,
+            job: &mut Job,
+            actions: Vec<JobAction>,
+            failed: &mut Option<String>,
+        ) -> bool {
+            let mut over = self.act(actions, failed);
+            while !over && !self.answers.is_empty() {
+                let answer = self.answers.remove(0);
+                let actions = job.handle(answer, self.now());
+                over = self.act(actions, failed);
+            }
+            self.answers.clear();
+            over
+        }
+
         fn act(&mut self, actions: Vec<JobAction>, failed: &mut Option<String>) -> bool {
             let mut over = false;
             for a in actions {
@@ -833,6 +1042,7 @@ mod simulation {
                         launch,
                         peers,
                         resume_epoch,
+                        mode,
                         ..
                     } => {
                         assert_eq!(
@@ -845,7 +1055,7 @@ mod simulation {
                             resume_epoch == 0 || self.checkpoints.contains(&resume_epoch),
                             "no checkpoint of epoch {resume_epoch}"
                         );
-                        self.assign(launch, peers.len(), resume_epoch);
+                        self.assign(launch, peers.len(), resume_epoch, mode);
                     }
                     JobAction::KeepWaiting { launch, .. } => {
                         let l = &self.launches[&launch];
@@ -871,6 +1081,14 @@ mod simulation {
                             self.checkpoints.remove(&(epoch - 1));
                         }
                     }
+                    JobAction::Replan {
+                        workers,
+                        mode,
+                        by_rank,
+                        ..
+                    } => self
+                        .answers
+                        .push(JobEvent::Replanned(fake_planner(workers, mode, &by_rank))),
                     JobAction::Say(line) | JobAction::Log(line) => self.lines.push(line),
                     JobAction::Finish => over = true,
                     JobAction::Fail { error } => {
@@ -903,6 +1121,7 @@ mod simulation {
             checkpoints: true,
             start_epoch,
             price_per_worker_s: 0.0,
+            mode: TrainMode::Partition,
         }
     }
 
@@ -945,6 +1164,10 @@ mod simulation {
             worker_lost: f(3, 0.6),
             coordinator_dies: f(4, 0.01),
         };
+        run_with(seed, policy, workers, faults)
+    }
+
+    fn run_with(seed: u64, policy: &PolicySet, workers: usize, faults: Faults) -> Run {
         let mut sim = Sim {
             rng: Stream::new(seed, &[0xFA17]),
             draws: 0,
@@ -959,10 +1182,12 @@ mod simulation {
             checkpoints: BTreeSet::new(),
             deaths: 0,
             lines: Vec::new(),
+            answers: Vec::new(),
+            assigned: Vec::new(),
         };
         let mut failed = None;
         let (mut job, actions) = resume(&mut sim, policy, workers);
-        let mut over = sim.act(actions, &mut failed);
+        let mut over = sim.feed(&mut job, actions, &mut failed);
         let mut next_tick = 500u64;
         let mut steps = 0;
         while !over {
@@ -977,7 +1202,7 @@ mod simulation {
                 sim.queue.clear();
                 let (j, actions) = resume(&mut sim, policy, workers);
                 job = j;
-                over = sim.act(actions, &mut failed);
+                over = sim.feed(&mut job, actions, &mut failed);
                 continue;
             }
             let next = sim.queue.peek().map(|Reverse(i)| i.0);
@@ -1006,7 +1231,7 @@ mod simulation {
                     job.handle(JobEvent::Tick, sim.now())
                 }
             };
-            over = sim.act(actions, &mut failed);
+            over = sim.feed(&mut job, actions, &mut failed);
         }
         let outcome = job.outcome().cloned();
         Run {
@@ -1187,5 +1412,132 @@ mod simulation {
         );
         assert!(!a.iter().any(|a| matches!(a, JobAction::Launch { .. })));
         assert!(job.is_over());
+    }
+
+    fn replan_at(epoch: usize) -> PolicySet {
+        physalia_policies::parse_str(
+            &format!(
+                "min_workers: 1\nmax_workers: 4\nrules:\n  - name: faster\n    when: epoch == {epoch}\n    \
+                 then: {{replan: min_time}}\n"
+            ),
+            "replan.yaml",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_replan_changes_the_mode_when_the_measured_epochs_say_another_is_faster() {
+        let none = Faults {
+            launch_fails: 0.0,
+            slow_start: 0.0,
+            worker_lost: 0.0,
+            coordinator_dies: 0.0,
+        };
+        let r = run_with(1, &replan_at(5), 2, none);
+        assert!(
+            r.failed.is_none(),
+            "{:?}\n{}",
+            r.failed,
+            r.sim.lines.join("\n")
+        );
+        // partition on 2 until epoch 5, then what the planner chose from epoch 5's measurements
+        let shapes: Vec<(usize, usize, TrainMode)> =
+            r.sim.assigned.iter().map(|a| (a.1, a.2, a.3)).collect();
+        assert_eq!(
+            shapes,
+            [(0, 2, TrainMode::Partition), (5, 4, TrainMode::Data)],
+            "{}",
+            r.sim.lines.join("\n")
+        );
+        let line = r
+            .sim
+            .lines
+            .iter()
+            .find(|l| l.contains("replanned"))
+            .expect("a replan line");
+        assert!(
+            line.contains("replanned (min_time): partition on 2 -> data on 4 workers (measured halo share 0.70)"),
+            "{line}"
+        );
+        // every epoch once, the loss curve unchanged
+        assert_eq!(r.sim.record.len(), EPOCHS);
+        assert!(
+            r.sim
+                .record
+                .iter()
+                .enumerate()
+                .all(|(i, l)| l.metrics.epoch == i + 1 && l.metrics.loss == loss(i + 1))
+        );
+        assert_eq!(r.sim.record[4].worker_count(), 2);
+        assert_eq!(r.sim.record[5].worker_count(), 4);
+        // a replan whose answer is the job as it runs keeps the launch going
+        let r = run_with(2, &replan_at(EPOCHS + 5), 2, none);
+        assert_eq!(r.sim.assigned.len(), 1);
+    }
+
+    #[test]
+    fn a_replanning_job_survives_every_fault() {
+        for seed in seeds() {
+            check(seed, &replan_at(5), 2);
+        }
+    }
+
+    #[test]
+    fn a_failed_replan_keeps_the_job_running() {
+        let t0 = Instant::now();
+        let el = Elastic::new(replan_at(1), 2, EPOCHS as u32, 0.0);
+        let mut job = Job::new(cfg(2, 0), el, 0);
+        let a = job.start(None, t0);
+        assert!(
+            matches!(
+                a[..],
+                [JobAction::Log(_), JobAction::Launch { launch: 0, .. }]
+            ),
+            "{a:?}"
+        );
+        job.handle(
+            JobEvent::Started {
+                launch: 0,
+                result: Ok(vec![None, None]),
+            },
+            t0,
+        );
+        for rank in 0..2 {
+            job.handle(
+                JobEvent::Worker {
+                    launch: 0,
+                    event: Event::Registered {
+                        rank,
+                        pid: 1,
+                        mesh_addr: "127.0.0.1:1".parse().unwrap(),
+                    },
+                },
+                t0,
+            );
+        }
+        let mut asked = Vec::new();
+        for rank in 0..2 {
+            asked.extend(job.handle(
+                JobEvent::Worker {
+                    launch: 0,
+                    event: Event::Epoch {
+                        rank,
+                        metrics: metrics(1, 2, TrainMode::Partition),
+                    },
+                },
+                t0,
+            ));
+        }
+        assert!(
+            asked.iter().any(|a| matches!(a, JobAction::Replan { epoch: 1, workers: 2, by_rank, .. } if by_rank.len() == 2)),
+            "{asked:?}"
+        );
+        let a = job.handle(JobEvent::Replanned(Err("no SKU fits".into())), t0);
+        assert!(
+            matches!(&a[..], [JobAction::Say(l)] if l.contains("replan (min_time) failed, keeping the job as it runs: no SKU fits")),
+            "{a:?}"
+        );
+        assert!(!job.is_over());
+        assert_eq!(job.workers(), 2);
     }
 }

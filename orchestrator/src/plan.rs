@@ -321,8 +321,6 @@ fn as_written(
 /// worker count (parts and replicas), the exchange options and the data-parallel cache. Returns the
 /// adjusted job and one line saying what was chosen.
 pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
-    use crate::spec::{ExchangeDtype, ExchangeSpec, GroupsSpec, Parallelism, ParallelismSpec};
-    use physalia_planner::{Mode, RowDtype};
     let Some(goal) = &spec.goal else {
         return Ok(None);
     };
@@ -340,7 +338,28 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
         );
     }
     let plan = physalia_planner::plan(&req, &Catalog::builtin(), None)?;
+    let out = apply_choice(spec, &plan.chosen.candidate)?;
     let c = &plan.chosen.candidate;
+    let p = &plan.chosen.prediction;
+    let line = format!(
+        "plan ({}): {} on {} x {} — predicted {:.3} s per epoch, ${:.4} in all (`physalia plan` explains)",
+        serde_json::to_value(goal.objective)?
+            .as_str()
+            .unwrap_or("?"),
+        c.kind(),
+        c.workers,
+        c.sku,
+        p.time.epoch_s,
+        p.usd_total
+    );
+    Ok(Some((out, line)))
+}
+
+/// The job file with the planner's choice `c` applied: the mode, the worker count (parts and replicas), the
+/// exchange options and the data-parallel cache.
+fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
+    use crate::spec::{ExchangeDtype, ExchangeSpec, GroupsSpec, Parallelism, ParallelismSpec};
+    use physalia_planner::{Mode, RowDtype};
     let mut out = spec.clone();
     out.workers = c.workers;
     let mode = match c.mode {
@@ -379,17 +398,83 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
     }
     out.validate()
         .context("the planner's choice does not fit the job file")?;
-    let p = &plan.chosen.prediction;
-    let line = format!(
-        "plan ({}): {} on {} x {} — predicted {:.3} s per epoch, ${:.4} in all (`physalia plan` explains)",
-        serde_json::to_value(goal.objective)?
-            .as_str()
-            .unwrap_or("?"),
-        c.kind(),
-        c.workers,
-        c.sku,
-        p.time.epoch_s,
-        p.usd_total
+    Ok(out)
+}
+
+/// A running job's plan again, under `objective`, from what its workers measured in one epoch
+/// (`by_rank`): the planner's model of this machine is scaled so that it predicts the measured compute and
+/// network time of the job as it runs (`spec`, read from `dataset`), then every candidate is ranked with
+/// it, between `min_workers` and `max_workers`. Returns the job with the choice applied and a line on why.
+pub fn replan(
+    spec: &JobSpec,
+    dataset: &std::path::Path,
+    objective: physalia_policies::Objective,
+    by_rank: &[physalia_gnn::EpochMetrics],
+    max_workers: u32,
+) -> Result<(JobSpec, String)> {
+    let source = Source::File(
+        physalia_graph::Dataset::open_unverified(dataset)
+            .with_context(|| format!("reading {}", dataset.display()))?,
     );
-    Ok(Some((out, line)))
+    let mut file = spec.clone();
+    file.dataset.path = Some(dataset.to_path_buf());
+    let mut req = request(&file, &source)?;
+    drop(source);
+    let backend = serde_json::to_value(spec.backend)?;
+    req.constraints.backends = vec![serde_json::from_value(backend).context("backend")?];
+    req.constraints.max_workers = max_workers;
+    req.constraints.objective = match objective {
+        physalia_policies::Objective::MinCost => physalia_planner::Objective::MinCost,
+        physalia_policies::Objective::MinTime => physalia_planner::Objective::MinTime,
+    };
+    req.constraints.budget_usd = None;
+    req.constraints.deadline_s = None;
+    let catalog = Catalog::builtin();
+    let sku = (spec.backend == spec::BackendKind::Docker).then_some("local");
+    let base = CalibrationProfile::dev_vm_2026_11();
+    let now = as_written(spec, &req, &catalog, sku, Some(&base))?;
+    // what the model predicted for the job as it runs, against what its workers measured
+    let t = &now.prediction.time;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let compute = median(
+        by_rank
+            .iter()
+            .map(|m| (m.train_s - m.exchange.halo_s - m.exchange.all_reduce_s).max(0.0))
+            .collect(),
+    );
+    let network = median(
+        by_rank
+            .iter()
+            .map(|m| m.exchange.halo_s + m.exchange.all_reduce_s)
+            .collect(),
+    );
+    let ratio = |measured: f64, predicted: f64| {
+        if measured > 0.0 && predicted > 0.0 {
+            (measured / predicted).clamp(0.01, 100.0)
+        } else {
+            1.0
+        }
+    };
+    let fc = ratio(compute, t.compute_s + t.sample_s);
+    let fnet = ratio(network, t.exchange_s + t.allreduce_s);
+    let profile = CalibrationProfile {
+        gemm_gflop_s: base.gemm_gflop_s / fc,
+        spmm_gb_s: base.spmm_gb_s / fc,
+        stream_gb_s: base.stream_gb_s / fc,
+        sampler_edges_per_s: base.sampler_edges_per_s / fc,
+        loopback_gbit_s: base.loopback_gbit_s / fnet,
+        loopback_latency_us: base.loopback_latency_us * fnet,
+        ..base
+    };
+    let plan = physalia_planner::plan(&req, &catalog, Some(&profile))?;
+    let out = apply_choice(spec, &plan.chosen.candidate)?;
+    let why = format!(
+        "measured compute {compute:.3} s and network {network:.3} s per epoch, {fc:.2}x and {fnet:.2}x the \
+         model's; predicted {:.3} s per epoch",
+        plan.chosen.prediction.time.epoch_s
+    );
+    Ok((out, why))
 }

@@ -129,6 +129,10 @@ fn rescale_like_fixed(job: &str) {
     assert_same_curve(&got, &want);
     let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
     assert_eq!(workers, [1, 1, 1, 2, 2, 2, 4, 4, 4, 2, 2, 2]);
+    assert_eq!(
+        elastic["workers"], 2,
+        "the summary names the workers the job ended on"
+    );
     let events = elastic["scaling_events"].as_array().unwrap();
     let rules: Vec<&str> = events.iter().filter_map(|e| e["rule"].as_str()).collect();
     assert_eq!(rules, ["two-at-3", "four-at-6", "two-at-9"]);
@@ -257,6 +261,49 @@ fn plain_job_survives_a_sigkilled_worker(workers: usize) {
         fixed["scaling_events"].as_array().unwrap().is_empty(),
         "{fixed}"
     );
+}
+
+#[test]
+fn a_replan_asks_the_planner_with_the_measured_epochs_and_applies_its_choice() {
+    // what the planner chooses depends on this machine's measured epochs; whatever it is, it is applied
+    // from the last checkpoint, every epoch is recorded once, and the line says what and why
+    let t = TempDir::new().unwrap();
+    let job = JOB.replace("output:", "workers: 2\noutput:");
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 1\nmax_workers: 4\nrules:\n  - name: faster\n    when: epoch == 4\n    then: {replan: min_time}\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}scaling_file: policy.yaml\n"),
+    );
+    let v = submit(t.path(), "job.yaml", &[]);
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    let epochs: Vec<u64> = got.iter().map(|e| e.0).collect();
+    assert_eq!(
+        epochs,
+        (1..=12).collect::<Vec<_>>(),
+        "every epoch exactly once"
+    );
+    let events = v["scaling_events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["rule"], "faster");
+    assert_eq!(events[0]["epoch"], 4);
+    let what = events[0]["event"].as_str().unwrap();
+    assert!(
+        (what.starts_with("replanned (min_time): partition on 2 -> ")
+            || what.starts_with("replan (min_time) keeps partition on 2 workers"))
+            && what.contains("measured compute"),
+        "{what}"
+    );
+    // the epochs after the replan ran on what it chose
+    let after = got[4].2;
+    assert_eq!(v["workers"], after);
+    assert!(got[4..].iter().all(|e| e.2 == after), "{got:?}");
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
 }
 
 #[test]

@@ -363,6 +363,7 @@ pub fn run_from_env() -> Result<()> {
     }
     // From here on a stop or a lost coordinator ends the process, whatever training is doing.
     if let Some(incoming) = control.take_incoming() {
+        let own_work_dir = env.work_dir_owned.then(|| env.work_dir.clone());
         std::thread::spawn(move || {
             let why = loop {
                 break match incoming.recv() {
@@ -382,6 +383,9 @@ pub fn run_from_env() -> Result<()> {
                 std::process::exit(0);
             }
             eprintln!("worker {rank}: {why}; exiting");
+            if let Some(dir) = &own_work_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
             std::process::exit(3);
         });
     }
@@ -404,6 +408,10 @@ pub fn run_from_env() -> Result<()> {
         drop(link);
         Ok(summary)
     })();
+    if env.work_dir_owned {
+        // fetched artifacts and leftovers go with the worker
+        let _ = std::fs::remove_dir_all(&env.work_dir);
+    }
     match trained {
         Ok(summary) => {
             DONE.store(true, Ordering::SeqCst);
