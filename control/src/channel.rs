@@ -24,11 +24,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use physalia_wire::{
-    Dtype, Frame, FrameHeader, HEADER_LEN, Phase, TlsIdentity, WireError, check_cert_name,
-    peer_certificates,
+    Dtype, Frame, FrameHeader, Phase, TlsIdentity, WireError, check_cert_name, peer_certificates,
 };
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use quinn::{Connection, Endpoint, Incoming, ReadExactError, RecvStream, SendStream, VarInt};
+use quinn::{Connection, Endpoint, Incoming, RecvStream, SendStream, VarInt};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
@@ -39,8 +38,9 @@ use crate::transfer::{self, Files, Reply, Request};
 pub const COORDINATOR_NAME: &str = "coordinator";
 /// The `sender` field of frames the coordinator sends.
 const COORDINATOR_SENDER: u16 = u16::MAX;
-/// Control messages are small (a summary with per-epoch metrics is the largest); anything bigger is garbage.
-const MAX_CONTROL_BYTES: u64 = 64 << 20;
+/// Control messages are small (a summary with per-epoch metrics is the largest, about 1 KiB an epoch);
+/// anything bigger is garbage.
+pub const MAX_CONTROL_BYTES: u64 = 16 << 20;
 const REFUSED: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -76,25 +76,20 @@ pub(crate) async fn write_frame(send: &mut SendStream, frame: &Frame) -> Result<
         .map_err(|e| e.to_string())
 }
 
+/// The next control message's frame, or `None` at the end of the stream. A header announcing more than
+/// [`MAX_CONTROL_BYTES`] is refused before anything is read, and memory grows with the bytes that arrive,
+/// as on the mesh.
 pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, String> {
-    let mut head = [0u8; HEADER_LEN];
-    match recv.read_exact(&mut head).await {
-        Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    }
-    let (header, len) = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
-    if header.phase != Phase::Control || len > MAX_CONTROL_BYTES {
+    let Some(frame) = physalia_wire::read_frame_bounded(recv, MAX_CONTROL_BYTES).await? else {
+        return Ok(None);
+    };
+    if frame.header.phase != Phase::Control {
         return Err(format!(
-            "expected a control message, got a {} frame of {len} bytes",
-            header.phase
+            "expected a control message, got a {} frame",
+            frame.header.phase
         ));
     }
-    let mut payload = vec![0u8; len as usize];
-    recv.read_exact(&mut payload)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(Some(Frame { header, payload }))
+    Ok(Some(frame))
 }
 
 fn transport() -> Arc<quinn::TransportConfig> {
@@ -810,5 +805,35 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["epoch-000005.safetensors"]);
+    }
+
+    #[test]
+    fn a_peer_announcing_a_huge_frame_is_refused_before_anything_is_read() {
+        let ca = JobCa::new("job-h").unwrap();
+        let s = file_server(&ca, Files::default());
+        let c = registered(&s, &ca, 1);
+        // a transfer stream whose first header announces 1 GiB and sends nothing more
+        let head = physalia_wire::FrameHeader {
+            sender: 1,
+            job: ca.job_key(),
+            ..coordinator_header(ca.job_key())
+        }
+        .encode(1 << 30);
+        let conn = c.conn.clone();
+        c.rt.block_on(async move {
+            let (mut send, _recv) = conn.open_bi().await.unwrap();
+            send.write_all(&head).await.unwrap();
+        });
+        let error = loop {
+            match s.next_event(Duration::from_secs(5)) {
+                Some(ServerEvent::Transfer { rank: 1, error }) => break error,
+                Some(_) => {}
+                None => panic!("no refusal"),
+            }
+        };
+        assert!(
+            error.contains("announces 1073741824 bytes, more than the 16777216 allowed"),
+            "{error}"
+        );
     }
 }

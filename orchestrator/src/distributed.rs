@@ -538,8 +538,7 @@ impl Driver<'_> {
                                 peers.clone(),
                                 resume_epoch,
                                 mode,
-                                boundary_sampling,
-                                staleness,
+                                (boundary_sampling, staleness),
                             )?;
                             if let Some(o) = outbox {
                                 o.send(ToWorker::Assign(Box::new(a)));
@@ -765,8 +764,7 @@ impl Driver<'_> {
         peers: Vec<SocketAddr>,
         resume_epoch: usize,
         mode: TrainMode,
-        boundary_sampling: f64,
-        staleness: u32,
+        (boundary_sampling, staleness): (f64, u32),
     ) -> Result<Assignment> {
         let spec = self.spec;
         let timeouts = spec.timeouts.clone().unwrap_or_default();

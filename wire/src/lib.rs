@@ -30,7 +30,9 @@ pub use frame::{
     encode_f32,
 };
 pub use link::{Link, MemLink, Traffic, TrafficCounts};
-pub use quic::{QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates};
+pub use quic::{
+    QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates, read_frame_bounded,
+};
 pub use tls::{
     JobCa, TlsIdentity, check_cert_name, client_config, install_crypto_provider, job_key,
     server_config, worker_name,

@@ -375,7 +375,7 @@ impl Peer {
         });
         let reader = tokio::spawn(async move {
             loop {
-                let next = match read_frame(&mut recv).await {
+                let next = match read_frame_bounded(&mut recv, u64::MAX).await {
                     Ok(Some(frame)) => Ok(frame),
                     Ok(None) => Err("it closed its link".to_string()),
                     Err(e) => Err(e),
@@ -556,7 +556,7 @@ fn hello_frame(rank: usize, job: u64, world: usize) -> Result<Frame, WireError> 
 
 /// Reads a hello and returns `(claimed rank, claimed world)`.
 async fn read_hello(recv: &mut RecvStream, job: u64) -> Result<(usize, usize), String> {
-    let frame = read_frame(recv)
+    let frame = read_frame_bounded(recv, u64::MAX)
         .await?
         .ok_or("the stream ended before the hello")?;
     if frame.header.phase != Phase::Control {
@@ -587,8 +587,12 @@ async fn write_frame(send: &mut SendStream, frame: Frame) -> Result<(), String> 
 }
 
 /// The next frame on `recv`, or `None` if the peer finished the stream between frames. Memory grows with the
-/// bytes that actually arrive, never with what a header announces.
-async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, String> {
+/// bytes that actually arrive, never with what a header announces; a header announcing more than
+/// `max_payload` bytes is refused before any of them is read.
+pub async fn read_frame_bounded(
+    recv: &mut RecvStream,
+    max_payload: u64,
+) -> Result<Option<Frame>, String> {
     let mut head = [0u8; HEADER_LEN];
     match recv.read_exact(&mut head).await {
         Ok(()) => {}
@@ -596,6 +600,12 @@ async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, String> {
         Err(e) => return Err(e.to_string()),
     }
     let (header, len) = FrameHeader::decode(&head).map_err(|e| e.to_string())?;
+    if len > max_payload {
+        return Err(format!(
+            "a {} frame announces {len} bytes, more than the {max_payload} allowed",
+            header.phase
+        ));
+    }
     let len = usize::try_from(len).map_err(|_| format!("a payload of {len} bytes"))?;
     const STEP: usize = 4 << 20;
     let mut payload = Vec::with_capacity(len.min(STEP));
