@@ -182,8 +182,9 @@ pub fn train_part_from<L: Link + ?Sized>(
     )
 }
 
-/// [`train_part_from`] for a worker that owns its part: the part's feature rows are released as soon as
-/// the engine holds its own (normalised f32) copy, so one copy of the features is resident, not two.
+/// [`train_part_from`] for a worker that owns its part: the part's feature rows and structure are released
+/// as soon as the engine holds its own copies (normalised f32 rows, its operators), so one copy of each is
+/// resident, not two.
 #[allow(clippy::too_many_arguments)]
 pub fn train_owned_part<L: Link + ?Sized>(
     link: &mut L,
@@ -198,7 +199,12 @@ pub fn train_owned_part<L: Link + ?Sized>(
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     check_width(&part, cfg)?;
     let (graph, x, sets) = local_inputs(&part, cfg, row_normalize_features);
+    // the engine holds its own copies now; the exchange needs only the part's ids and send/receive lists
     part.features = physalia_graph::Features::F32(Vec::new());
+    part.indptr = Vec::new();
+    part.indices = Vec::new();
+    part.src_in_degree = Vec::new();
+    part.labels = Vec::new();
     train_inputs(
         link, &part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
     )
