@@ -1363,18 +1363,8 @@ mod simulation {
         }
     }
 
-    #[test]
-    fn a_worker_error_fails_the_job_without_retrying() {
-        let mut el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
-        el = el.with_max_retries(3);
-        let mut job = Job::new(cfg(2, 0), el, 0);
-        let t0 = Instant::now();
-        let a = job.start(None, t0);
-        assert!(a.contains(&JobAction::Launch {
-            launch: 0,
-            workers: 2,
-            prewarm: false
-        }));
+    /// Launch 0's two workers (pids 7 and 8) start and register.
+    fn start_two_workers(job: &mut Job, t0: Instant) {
         job.handle(
             JobEvent::Started {
                 launch: 0,
@@ -1395,6 +1385,21 @@ mod simulation {
                 t0,
             );
         }
+    }
+
+    #[test]
+    fn a_worker_error_fails_the_job_without_retrying() {
+        let mut el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
+        el = el.with_max_retries(3);
+        let mut job = Job::new(cfg(2, 0), el, 0);
+        let t0 = Instant::now();
+        let a = job.start(None, t0);
+        assert!(a.contains(&JobAction::Launch {
+            launch: 0,
+            workers: 2,
+            prewarm: false
+        }));
+        start_two_workers(&mut job, t0);
         job.handle(
             JobEvent::Worker {
                 launch: 0,
@@ -1495,26 +1500,7 @@ mod simulation {
             ),
             "{a:?}"
         );
-        job.handle(
-            JobEvent::Started {
-                launch: 0,
-                result: Ok(vec![None, None]),
-            },
-            t0,
-        );
-        for rank in 0..2 {
-            job.handle(
-                JobEvent::Worker {
-                    launch: 0,
-                    event: Event::Registered {
-                        rank,
-                        pid: 1,
-                        mesh_addr: "127.0.0.1:1".parse().unwrap(),
-                    },
-                },
-                t0,
-            );
-        }
+        start_two_workers(&mut job, t0);
         let mut asked = Vec::new();
         for rank in 0..2 {
             asked.extend(job.handle(
