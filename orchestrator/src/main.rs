@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 mod calibrate;
@@ -131,6 +131,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Validate(a) => {
             let spec = spec::load(&a.job, &a.overrides)?;
+            // what `submit` would open first: the dataset must be there and readable
+            if let Some(path) = &spec.dataset.path {
+                readable(path).with_context(|| {
+                    format!("{}: dataset.path: {}", a.job.display(), path.display())
+                })?;
+            }
             println!(
                 "{}: ok ({} {} layers, {} epochs)",
                 a.job.display(),
@@ -155,6 +161,15 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Partition(a)) => data::partition(&a),
         // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
         Command::Worker => physalia_worker::run::run_from_env(),
+    }
+}
+
+/// A file that opens for reading, or a folder that lists.
+fn readable(path: &std::path::Path) -> std::io::Result<()> {
+    if std::fs::metadata(path)?.is_dir() {
+        std::fs::read_dir(path).map(|_| ())
+    } else {
+        std::fs::File::open(path).map(|_| ())
     }
 }
 

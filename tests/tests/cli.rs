@@ -460,6 +460,17 @@ fn yaml_typo_is_reported_with_file_line_column_and_field() {
     );
 }
 
+#[test]
+fn validate_names_a_dataset_that_is_not_there() {
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "missing.yaml", &job_on("nope.safetensors"));
+    for cmd in ["validate", "submit"] {
+        physalia(t.path(), [cmd, "missing.yaml"])
+            .one_line_error(&["dataset.path", "nope.safetensors"]);
+    }
+    assert!(!t.path().join("jobs").exists());
+}
+
 // -------------------------------------------------------------------------------------------------
 // 5. negative learning rate
 
