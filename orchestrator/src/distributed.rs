@@ -223,6 +223,8 @@ pub fn run(
                 checkpoints: true,
                 start_epoch,
                 price_per_worker_s: summary::price_per_worker_s(),
+                // the coordinator is this process, on the user's machine
+                coordinator_price_per_s: 0.0,
                 mode: train_mode(spec.mode()),
             },
             elastic,
@@ -272,7 +274,9 @@ pub fn run(
         v["worker_peak_rss_bytes"] = json!(workers_rss);
         // what this process holds while its workers train (its peak was reached loading the dataset)
         v["coordinator_rss_bytes"] = json!(summary::rss_bytes());
+        // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
         v["usd_total"] = json!(usd_total);
+        v["worker_seconds"] = json!(outcome.worker_s);
         v["scaling_events"] = json!(scaling_events);
         Ok(v)
     })();

@@ -44,8 +44,12 @@ pub struct JobConfig {
     pub checkpoints: bool,
     /// The checkpoint the first launch starts from (0: from scratch).
     pub start_epoch: usize,
-    /// The price of a worker-second, for each epoch's cost.
+    /// The price of a worker-second: each epoch's cost, and the bill (every worker from its start to its
+    /// stop, prewarmed and idle ones included).
     pub price_per_worker_s: f64,
+    /// The price of the coordinator's second, from the job's start to its end (0 where it runs on the
+    /// user's machine).
+    pub coordinator_price_per_s: f64,
     /// How the first launch trains (a replan may change it).
     pub mode: TrainMode,
 }
@@ -137,7 +141,59 @@ pub struct Outcome {
     /// Peak memory by rank of the launch that finished (empty when the policy stopped the job).
     pub worker_peak_rss: Vec<Option<u64>>,
     pub bytes_exchanged: u64,
+    /// The bill: every launch's workers from their start to their stop, and the coordinator's time, at
+    /// their prices.
     pub usd: f64,
+    /// Worker-seconds billed (every launch, prewarmed and idle workers included).
+    pub worker_s: f64,
+}
+
+/// What the job costs as it runs: each launch's workers are billed from the moment the platform started
+/// them to the moment the job stopped them, whatever they did meanwhile (trained, waited as a prewarm,
+/// sat idle before a relaunch); the coordinator from the job's start to its end.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Workers of each launch asked for, by launch.
+    sizes: std::collections::BTreeMap<usize, usize>,
+    /// When each running launch started.
+    running: std::collections::BTreeMap<usize, Instant>,
+    coordinator_since: Option<Instant>,
+    worker_s: f64,
+    coordinator_s: f64,
+}
+
+impl Ledger {
+    /// Takes in what one step of the job decided at `now` (and the launch it heard started, if any).
+    fn account(&mut self, started: Option<usize>, out: &[JobAction], now: Instant) {
+        if let Some(launch) = started {
+            self.running.insert(launch, now);
+        }
+        for a in out {
+            match a {
+                JobAction::Launch {
+                    launch, workers, ..
+                } => {
+                    self.sizes.insert(*launch, *workers);
+                }
+                JobAction::StopLaunch { launch, .. } => {
+                    if let Some(t) = self.running.remove(launch) {
+                        let n = self.sizes.get(launch).copied().unwrap_or(0);
+                        self.worker_s += n as f64 * now.saturating_duration_since(t).as_secs_f64();
+                    }
+                }
+                JobAction::Finish | JobAction::Fail { .. } => {
+                    if let Some(t) = self.coordinator_since.take() {
+                        self.coordinator_s += now.saturating_duration_since(t).as_secs_f64();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn usd(&self, cfg: &JobConfig) -> f64 {
+        self.worker_s * cfg.price_per_worker_s + self.coordinator_s * cfg.coordinator_price_per_s
+    }
 }
 
 struct Current {
@@ -172,6 +228,7 @@ pub struct Job {
     mode: TrainMode,
     /// A replan asked for and not answered yet: its epoch, rule, values and objective.
     replanning: Option<(usize, String, Value, Objective)>,
+    ledger: Ledger,
 }
 
 impl Job {
@@ -191,6 +248,7 @@ impl Job {
             over: false,
             mode,
             replanning: None,
+            ledger: Ledger::default(),
         }
     }
 
@@ -198,6 +256,7 @@ impl Job {
     /// coordinator may have died before acting on it), acted on first.
     pub fn start(&mut self, pending: Option<Stop>, now: Instant) -> Vec<JobAction> {
         let mut out = Vec::new();
+        self.ledger.coordinator_since = Some(now);
         match pending {
             // asked again with the last recorded epoch's measurements; the first launch waits for it
             Some(Stop::Replan { to, rule, values }) => {
@@ -214,7 +273,18 @@ impl Job {
             Some(why) => self.after_stop(self.cfg.workers, why, now, &mut out),
             None => self.relaunch(self.cfg.workers, self.cfg.start_epoch, now, &mut out),
         }
+        self.account(None, &out, now);
         out
+    }
+
+    /// Bills what this step decided; the outcome of a finished job carries the whole bill.
+    fn account(&mut self, started: Option<usize>, out: &[JobAction], now: Instant) {
+        self.ledger.account(started, out, now);
+        let usd = self.ledger.usd(&self.cfg);
+        if let Some(o) = self.outcome.as_mut() {
+            o.usd = usd;
+            o.worker_s = self.ledger.worker_s;
+        }
     }
 
     #[cfg(test)]
@@ -247,32 +317,44 @@ impl Job {
         if self.over {
             return out;
         }
+        let started = match &event {
+            JobEvent::Started {
+                launch,
+                result: Ok(_),
+            } => Some(*launch),
+            _ => None,
+        };
+        self.step(event, now, &mut out);
+        self.account(started, &out, now);
+        out
+    }
+
+    fn step(&mut self, event: JobEvent, now: Instant, out: &mut Vec<JobAction>) {
         match event {
-            JobEvent::Started { launch, result } => self.started(launch, result, now, &mut out),
+            JobEvent::Started { launch, result } => self.started(launch, result, now, out),
             JobEvent::Worker { launch, event } => {
                 if self.current.as_ref().is_some_and(|c| c.launch == launch) {
                     let cur = self.current.as_mut().expect("checked");
                     match cur.coord.as_mut() {
                         Some(coord) => {
                             let actions = coord.handle(event, now);
-                            self.coordinator_actions(actions, now, &mut out);
+                            self.coordinator_actions(actions, now, out);
                         }
                         None => cur.early.push(event),
                     }
                 } else if self.prewarm.as_ref().is_some_and(|p| p.launch == launch) {
-                    self.prewarm_event(event, &mut out);
+                    self.prewarm_event(event, out);
                 }
                 // anything else comes from a launch already stopped
             }
-            JobEvent::Replanned(answer) => self.replanned(answer, now, &mut out),
+            JobEvent::Replanned(answer) => self.replanned(answer, now, out),
             JobEvent::Tick => {
                 if let Some(coord) = self.current.as_mut().and_then(|c| c.coord.as_mut()) {
                     let actions = coord.handle(Event::Tick, now);
-                    self.coordinator_actions(actions, now, &mut out);
+                    self.coordinator_actions(actions, now, out);
                 }
             }
         }
-        out
     }
 
     fn started(
@@ -674,7 +756,9 @@ impl Job {
             summary: self.elastic.summary(self.cfg.seed, stopped_early).summary,
             worker_peak_rss,
             bytes_exchanged: self.elastic.bytes,
-            usd: self.elastic.usd,
+            // billed once this step's stops are accounted (`Job::account`)
+            usd: 0.0,
+            worker_s: 0.0,
         });
         out.push(JobAction::Finish);
     }
@@ -825,6 +909,12 @@ mod simulation {
         answers: Vec<JobEvent>,
         /// Every assignment: (launch, resume epoch, workers, mode).
         assigned: Vec<(usize, usize, usize, TrainMode)>,
+        /// Prices of a worker-second and of the coordinator's second.
+        prices: (f64, f64),
+        /// The bill as the platform sees it: when each launch's workers came up, and worker-milliseconds
+        /// from then to the job's stop.
+        started_ms: BTreeMap<usize, u64>,
+        billed_worker_ms: u64,
     }
 
     impl Sim {
@@ -1067,6 +1157,9 @@ mod simulation {
                     JobAction::StopLaunch { launch, .. } => {
                         if let Some(l) = self.launches.get_mut(&launch) {
                             l.stopped = true;
+                            if let Some(t) = self.started_ms.remove(&launch) {
+                                self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
+                            }
                         }
                     }
                     JobAction::Record { epoch, by_rank, .. } => {
@@ -1121,6 +1214,7 @@ mod simulation {
             checkpoints: true,
             start_epoch,
             price_per_worker_s: 0.0,
+            coordinator_price_per_s: 0.0,
             mode: TrainMode::Partition,
         }
     }
@@ -1144,7 +1238,9 @@ mod simulation {
             n = sim.record[ck - 1].worker_count();
         }
         let first = sim.launches.keys().next_back().map_or(0, |l| l + 1);
-        let mut job = Job::new(cfg(n, ck), el, first);
+        let mut c = cfg(n, ck);
+        (c.price_per_worker_s, c.coordinator_price_per_s) = sim.prices;
+        let mut job = Job::new(c, el, first);
         let actions = job.start(pending, sim.now());
         (job, actions)
     }
@@ -1168,6 +1264,16 @@ mod simulation {
     }
 
     fn run_with(seed: u64, policy: &PolicySet, workers: usize, faults: Faults) -> Run {
+        run_priced(seed, policy, workers, faults, (0.0, 0.0))
+    }
+
+    fn run_priced(
+        seed: u64,
+        policy: &PolicySet,
+        workers: usize,
+        faults: Faults,
+        prices: (f64, f64),
+    ) -> Run {
         let mut sim = Sim {
             rng: Stream::new(seed, &[0xFA17]),
             draws: 0,
@@ -1184,6 +1290,9 @@ mod simulation {
             lines: Vec::new(),
             answers: Vec::new(),
             assigned: Vec::new(),
+            prices,
+            started_ms: BTreeMap::new(),
+            billed_worker_ms: 0,
         };
         let mut failed = None;
         let (mut job, actions) = resume(&mut sim, policy, workers);
@@ -1222,6 +1331,9 @@ mod simulation {
                     let l = &sim.launches[&launch];
                     if l.stopped || (!forced && l.halted_at.is_some_and(|h| t >= h)) {
                         continue;
+                    }
+                    if let JobEvent::Started { result: Ok(_), .. } = &event {
+                        sim.started_ms.insert(launch, t);
                     }
                     job.handle(event, sim.now())
                 }
@@ -1525,5 +1637,40 @@ mod simulation {
         );
         assert!(!job.is_over());
         assert_eq!(job.workers(), 2);
+    }
+
+    #[test]
+    fn the_bill_counts_every_started_worker_from_its_start_to_its_stop() {
+        // prewarmed workers that wait, workers idle between a loss and the relaunch, launches that never
+        // start (not billed) and the coordinator's own time: the job's bill is what the platform would charge
+        for seed in seeds() {
+            let rng = Stream::new(seed, &[0x5133]);
+            let f = |i: u64, max: f32| rng.uniform(i) * max;
+            let faults = Faults {
+                launch_fails: f(1, 0.25),
+                slow_start: f(2, 0.5),
+                worker_lost: f(3, 0.6),
+                coordinator_dies: 0.0,
+            };
+            let r = run_priced(seed, &double_on_plateau(), 2, faults, (2.0, 0.5));
+            let outcome = r.outcome.expect("a finished job has an outcome");
+            let worker_s = r.sim.billed_worker_ms as f64 / 1000.0;
+            let coordinator_s = r.sim.now_ms as f64 / 1000.0;
+            let want = 2.0 * worker_s + 0.5 * coordinator_s;
+            assert!(
+                (outcome.usd - want).abs() <= 1e-9 * want.max(1.0),
+                "seed {seed}: billed {} for {worker_s} worker-s and {coordinator_s} s, want {want}",
+                outcome.usd
+            );
+            assert!((outcome.worker_s - worker_s).abs() <= 1e-9 * worker_s.max(1.0));
+            // at least the epochs' own time: training is part of the bill
+            let trained: f64 = r
+                .sim
+                .record
+                .iter()
+                .map(|l| l.worker_count() as f64 * l.metrics.train_s)
+                .sum();
+            assert!(worker_s >= trained, "seed {seed}: {worker_s} < {trained}");
+        }
     }
 }

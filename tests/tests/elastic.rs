@@ -146,6 +146,14 @@ fn rescale_like_fixed(job: &str) {
     assert!(dir.join("model.safetensors").is_file());
     // cost is accounted per epoch and in total (the local backend's catalog price is 0)
     assert_eq!(elastic["usd_total"].as_f64(), Some(0.0));
+    // the bill's worker-seconds cover at least every worker's training time
+    let trained: f64 = metrics(&dir)
+        .iter()
+        .flat_map(|m| m["workers"].as_array().unwrap().clone())
+        .map(|w| w["train_s"].as_f64().unwrap())
+        .sum();
+    let billed = elastic["worker_seconds"].as_f64().unwrap();
+    assert!(billed >= trained && billed > 0.0, "{billed} < {trained}");
     assert!(metrics(&dir).iter().all(|m| m["usd"].as_f64() == Some(0.0)));
     assert!(
         dir.join("logs/worker-3.seg2.log").is_file(),
