@@ -53,7 +53,10 @@ pub struct JobSpec {
     /// and `-` only. Default: the job file's stem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// The graph to train on: a dataset on disk (`path`) or a generated one (`synth`).
+    /// The graph to train on: a dataset on disk (`path`) or a generated one (`synth`). A bare string is
+    /// short for `{path: ...}`.
+    #[serde(deserialize_with = "dataset_or_path")]
+    #[schemars(schema_with = "dataset_schema")]
     pub dataset: DatasetSpec,
     /// The graph neural network to train.
     pub model: ModelSpec,
@@ -120,6 +123,43 @@ pub struct DatasetSpec {
     /// Generate a synthetic dataset instead of reading one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synth: Option<SynthSpec>,
+}
+
+/// `dataset: PATH` as well as `dataset: {path: PATH, ...}`; any other value is an error naming what is
+/// expected.
+fn dataset_or_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DatasetSpec, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = DatasetSpec;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a dataset path, or a mapping with `path` or `synth`")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DatasetSpec, E> {
+            Ok(DatasetSpec {
+                path: Some(PathBuf::from(v)),
+                format: DatasetFormat::default(),
+                row_normalize: false,
+                synth: None,
+            })
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<DatasetSpec, A::Error> {
+            DatasetSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+fn dataset_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let full = g.subschema_for::<DatasetSpec>();
+    schemars::json_schema!({
+        "anyOf": [
+            { "type": "string", "description": "A dataset path: short for `{path: ...}`." },
+            full,
+        ]
+    })
 }
 
 /// On-disk layout of a dataset.

@@ -230,6 +230,40 @@ fn typo_field_has_line_column_and_name() {
 }
 
 #[test]
+fn a_bare_dataset_path_is_short_for_a_path_mapping() {
+    let short = ok(
+        "dataset: graph.safetensors\nmodel:\n  kind: gcn\ntrain:\n  epochs: 2\n",
+        &[],
+    );
+    let long = ok(
+        "dataset:\n  path: graph.safetensors\nmodel:\n  kind: gcn\ntrain:\n  epochs: 2\n",
+        &[],
+    );
+    assert_eq!(short, long);
+    assert_eq!(short.dataset.path, Some(PathBuf::from("graph.safetensors")));
+    // through an override too
+    let set = ok(MINIMAL, &["dataset=other.safetensors"]);
+    assert_eq!(set.dataset.path, Some(PathBuf::from("other.safetensors")));
+    // the mapping keeps its located errors, and a value of another kind says what is expected
+    let text = "dataset:\n  pth: graph.safetensors\nmodel:\n  kind: gcn\n";
+    let message = err(text, &[]);
+    assert!(
+        message.starts_with("cora.yaml:2:3: dataset.pth: unknown field `pth`"),
+        "{message}"
+    );
+    let message = err("dataset: [a, b]\nmodel:\n  kind: gcn\n", &[]);
+    assert!(
+        message.contains("dataset")
+            && message.contains("a dataset path, or a mapping with `path` or `synth`"),
+        "{message}"
+    );
+    // the schema offers both forms
+    let schema = json_schema();
+    let any = &schema["properties"]["dataset"]["anyOf"];
+    assert_eq!(any[0]["type"], "string", "{schema}");
+}
+
+#[test]
 fn typo_at_top_level() {
     let text = format!("{MINIMAL}worker: 2\n");
     let message = err(&text, &[]);
