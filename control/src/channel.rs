@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use physalia_wire::{
-    Dtype, Frame, FrameHeader, Phase, TlsIdentity, WireError, check_cert_name, peer_certificates,
+    Frame, FrameHeader, Phase, TlsIdentity, WireError, check_cert_name, peer_certificates,
 };
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, Incoming, RecvStream, SendStream, VarInt};
@@ -58,16 +58,7 @@ pub(crate) fn coordinator_header(job: u64) -> FrameHeader {
 }
 
 fn header(sender: u16, job: u64) -> FrameHeader {
-    FrameHeader {
-        sender,
-        job,
-        epoch: 0,
-        layer: 0,
-        phase: Phase::Control,
-        dtype: Dtype::F32,
-        rows: 0,
-        cols: 0,
-    }
+    FrameHeader::control(sender, job)
 }
 
 pub(crate) async fn write_frame(send: &mut SendStream, frame: &Frame) -> Result<(), String> {

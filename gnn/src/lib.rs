@@ -26,8 +26,8 @@ pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
-    BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, evaluate,
-    train, train_resumable,
+    BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, close_epoch,
+    evaluate, train, train_resumable,
 };
 
 #[derive(Debug, thiserror::Error)]

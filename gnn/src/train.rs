@@ -185,6 +185,18 @@ pub struct Progress {
     pub since_best: usize,
 }
 
+impl Progress {
+    /// An empty summary for the epochs after this point of a run of `epochs`, carrying its best-validation
+    /// record, as a run that never stopped would have it.
+    pub fn summary(&self, epochs: usize) -> TrainSummary {
+        let mut summary = TrainSummary::new(epochs.saturating_sub(self.epoch));
+        summary.best_epoch = self.best_epoch;
+        summary.best_val_acc = self.best_val_acc;
+        summary.test_acc_at_best_val = self.test_acc_at_best_val;
+        summary
+    }
+}
+
 /// Trains from `start` (epochs `start.epoch + 1 ..= cfg.epochs`) with the given optimizer. After each epoch
 /// `on_epoch` sees its metrics and the progress so far and returns whether to go on; stopping there leaves
 /// `model`, `opt` and the returned progress ready to be checkpointed and resumed, with results identical to
@@ -214,10 +226,7 @@ pub fn train_resumable(
     if n_train[0] == 0.0 {
         return Err(Error::Config("the training split is empty".into()));
     }
-    let mut summary = TrainSummary::new(cfg.epochs.saturating_sub(start.epoch));
-    summary.best_epoch = start.best_epoch;
-    summary.best_val_acc = start.best_val_acc;
-    summary.test_acc_at_best_val = start.test_acc_at_best_val;
+    let mut summary = start.summary(cfg.epochs);
     let mut progress = start;
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
@@ -251,36 +260,66 @@ pub fn train_resumable(
             exchange: Default::default(),
             batches: None,
         };
-        if epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs {
+        let evaluated = epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs;
+        if evaluated {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, g, x, sets, ex)?;
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
-            if summary.observe(epoch, va, te) {
-                progress.since_best = 0;
-            } else if va.is_some() {
-                progress.since_best += 1;
-            }
         }
         m.exchange = ex.take_stats();
-        progress.epoch = epoch;
-        progress.best_epoch = summary.best_epoch;
-        progress.best_val_acc = summary.best_val_acc;
-        progress.test_acc_at_best_val = summary.test_acc_at_best_val;
-        let go_on = on_epoch(&EpochEnd {
-            metrics: &m,
-            progress: &progress,
+        if close_epoch(
+            &mut summary,
+            &mut progress,
+            cfg.patience,
+            m,
+            evaluated,
             model,
             opt,
-        });
-        summary.epochs.push(m);
-        if cfg.patience.is_some_and(|p| progress.since_best >= p) {
-            summary.stopped_early = true;
-            break;
-        }
-        if !go_on {
+            on_epoch,
+        ) {
             break;
         }
     }
     Ok((summary, progress))
+}
+
+/// An epoch's end, the same for every trainer (full graph, mini-batch, P3): takes in its evaluation when
+/// there was one (best validation, patience), advances `progress`, hands the callback the epoch, the model
+/// and the optimizer, and records the epoch. Returns whether training stops here: patience ran out (the
+/// summary says it stopped early) or the callback said so.
+#[allow(clippy::too_many_arguments)]
+pub fn close_epoch(
+    summary: &mut TrainSummary,
+    progress: &mut Progress,
+    patience: Option<usize>,
+    m: EpochMetrics,
+    evaluated: bool,
+    model: &Model,
+    opt: &Adam,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> bool {
+    if evaluated {
+        if summary.observe(m.epoch, m.val_acc, m.test_acc) {
+            progress.since_best = 0;
+        } else if m.val_acc.is_some() {
+            progress.since_best += 1;
+        }
+    }
+    progress.epoch = m.epoch;
+    progress.best_epoch = summary.best_epoch;
+    progress.best_val_acc = summary.best_val_acc;
+    progress.test_acc_at_best_val = summary.test_acc_at_best_val;
+    let go_on = on_epoch(&EpochEnd {
+        metrics: &m,
+        progress,
+        model,
+        opt,
+    });
+    summary.epochs.push(m);
+    let out_of_patience = patience.is_some_and(|p| progress.since_best >= p);
+    if out_of_patience {
+        summary.stopped_early = true;
+    }
+    out_of_patience || !go_on
 }

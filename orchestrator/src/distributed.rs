@@ -243,41 +243,30 @@ pub fn run(
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
         };
         let (job, outcome) = driver.run(job, pending, &mut dir)?;
-        let runs = Coordinated {
-            run: RunResult {
-                seed: spec.train.seed,
-                summary: outcome.summary.clone(),
-            },
-            worker_peak_rss: outcome.worker_peak_rss.clone(),
-            bytes_exchanged: outcome.bytes_exchanged,
-            usd: outcome.usd,
-        };
         let elastic = job.elastic();
-        let ended_on = elastic.workers();
-        let workers_rss = runs.worker_peak_rss.clone();
-        let bytes = runs.bytes_exchanged;
-        let usd_total = runs.usd;
-        let scaling_events = elastic.events.clone();
         let summary = summary::summarize(
             name,
             &data_name,
             &stats,
             &cfg,
             spec,
-            &[runs.run],
+            &[RunResult {
+                seed: spec.train.seed,
+                summary: outcome.summary.clone(),
+            }],
             dir.path(),
             load_s,
         );
         let mut v = serde_json::to_value(&summary)?;
-        v["workers"] = json!(ended_on);
-        v["bytes_exchanged"] = json!(bytes);
-        v["worker_peak_rss_bytes"] = json!(workers_rss);
+        v["workers"] = json!(elastic.workers());
+        v["bytes_exchanged"] = json!(outcome.bytes_exchanged);
+        v["worker_peak_rss_bytes"] = json!(outcome.worker_peak_rss);
         // what this process holds while its workers train (its peak was reached loading the dataset)
         v["coordinator_rss_bytes"] = json!(summary::rss_bytes());
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
-        v["usd_total"] = json!(usd_total);
+        v["usd_total"] = json!(outcome.usd);
         v["worker_seconds"] = json!(outcome.worker_s);
-        v["scaling_events"] = json!(scaling_events);
+        v["scaling_events"] = json!(elastic.events);
         Ok(v)
     })();
     if spec.backend == BackendKind::Docker {
@@ -328,14 +317,6 @@ pub fn run(
             Ok(())
         }
     }
-}
-
-struct Coordinated {
-    run: RunResult,
-    worker_peak_rss: Vec<Option<u64>>,
-    bytes_exchanged: u64,
-    /// Every worker's seconds times its container's price (the catalog's; `local` is free).
-    usd: f64,
 }
 
 /// Started worker processes with their job CA and control endpoint, registering or registered.

@@ -472,7 +472,6 @@ impl Job {
                     self.last_complete = epoch;
                     let usd = epoch_usd(&by_rank, self.cfg.price_per_worker_s);
                     let stop = self.elastic.after_epoch(&by_rank, self.cfg.epochs);
-                    let measured = by_rank.clone();
                     out.push(JobAction::Record {
                         epoch,
                         by_rank,
@@ -486,7 +485,8 @@ impl Job {
                                 objective: to,
                                 workers: self.workers(),
                                 mode: self.mode,
-                                by_rank: measured,
+                                // what the policy just saw: this epoch, every rank
+                                by_rank: self.elastic.last_by_rank().to_vec(),
                             });
                         }
                         Some(why) => self.stop_current(why, now, out),

@@ -139,6 +139,21 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// The header of a control message (a JSON payload, [`Frame::control`]) from `sender` in `job`: no
+    /// epoch, layer or shape.
+    pub fn control(sender: u16, job: u64) -> FrameHeader {
+        FrameHeader {
+            sender,
+            job,
+            epoch: 0,
+            layer: 0,
+            phase: Phase::Control,
+            dtype: Dtype::F32,
+            rows: 0,
+            cols: 0,
+        }
+    }
+
     pub fn encode(&self, payload_len: u64) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0..4].copy_from_slice(&MAGIC);

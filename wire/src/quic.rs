@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::WireError;
-use crate::frame::{Dtype, Frame, FrameHeader, HEADER_LEN, Phase};
+use crate::frame::{Frame, FrameHeader, HEADER_LEN, Phase};
 use crate::link::{Link, Traffic, check_incoming, check_outgoing, check_peer};
 use crate::tls::{TlsIdentity, check_cert_name, client_config, server_config, worker_name};
 
@@ -541,17 +541,7 @@ impl Drop for QuicLink {
 }
 
 fn hello_frame(rank: usize, job: u64, world: usize) -> Result<Frame, WireError> {
-    let header = FrameHeader {
-        sender: rank as u16,
-        job,
-        epoch: 0,
-        layer: 0,
-        phase: Phase::Control,
-        dtype: Dtype::F32,
-        rows: 0,
-        cols: 0,
-    };
-    Frame::control(header, &Hello { world })
+    Frame::control(FrameHeader::control(rank as u16, job), &Hello { world })
 }
 
 /// Reads a hello and returns `(claimed rank, claimed world)`.

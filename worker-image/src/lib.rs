@@ -148,17 +148,6 @@ impl Resume {
             }
         }
     }
-
-    /// An empty summary for the epochs after `self.progress`, carrying its best-validation fields (as
-    /// [`physalia_gnn::train_resumable`] starts one).
-    pub fn summary(&self, tc: &TrainConfig) -> TrainSummary {
-        let p = &self.progress;
-        let mut summary = TrainSummary::new(tc.epochs.saturating_sub(p.epoch));
-        summary.best_epoch = p.best_epoch;
-        summary.best_val_acc = p.best_val_acc;
-        summary.test_acc_at_best_val = p.test_acc_at_best_val;
-        summary
-    }
 }
 
 /// [`train_part`] from a checkpoint (or from scratch), with a callback that sees the model and optimizer

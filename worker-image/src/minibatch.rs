@@ -45,6 +45,7 @@ use physalia_gnn::rng::Stream;
 use physalia_gnn::{
     Adam, BatchStats, EpochEnd, EpochMetrics, Exchange, ExchangeError, LayerKind, LocalExchange,
     LocalGraph, Matrix, Model, ModelConfig, NodeSets, Pass, Progress, TrainConfig, TrainSummary,
+    close_epoch,
 };
 use physalia_graph::sample::{MiniBatch, Sampler, batch_key, with_prefetch_keyed};
 use physalia_wire::{Dtype, Link, Phase, Tag, fetch_rows};
@@ -257,13 +258,12 @@ pub fn train_minibatch(
     let d = cfg.in_dim;
     let num_nodes = shard.owner.len();
     let all = training_seeds(&shard.train_by_rank.concat(), num_nodes)?;
-    let start = Resume::or_fresh(resume, cfg, seed, tc)?;
-    let mut summary = start.summary(tc);
     let Resume {
         mut model,
         mut opt,
         mut progress,
-    } = start;
+    } = Resume::or_fresh(resume, cfg, seed, tc)?;
+    let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;
     let n_train = all.len();
     let steps = n_train.div_ceil(opts.batch_size);
@@ -413,32 +413,24 @@ impl EpochDone {
             exchange: Default::default(),
             batches: Some(self.stats),
         };
-        if epoch.is_multiple_of(tc.eval_every.max(1)) || epoch == tc.epochs {
+        let evaluated = epoch.is_multiple_of(tc.eval_every.max(1)) || epoch == tc.epochs;
+        if evaluated {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, mesh)?;
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
-            if summary.observe(epoch, va, te) {
-                progress.since_best = 0;
-            } else if va.is_some() {
-                progress.since_best += 1;
-            }
         }
         m.exchange = mesh.take_stats();
-        progress.epoch = epoch;
-        progress.best_epoch = summary.best_epoch;
-        progress.best_val_acc = summary.best_val_acc;
-        progress.test_acc_at_best_val = summary.test_acc_at_best_val;
-        let go_on = on_epoch(&EpochEnd {
-            metrics: &m,
+        Ok(close_epoch(
+            summary,
             progress,
+            tc.patience,
+            m,
+            evaluated,
             model,
             opt,
-        });
-        summary.epochs.push(m);
-        let stop = tc.patience.is_some_and(|p| progress.since_best >= p);
-        summary.stopped_early = stop;
-        Ok(stop || !go_on)
+            on_epoch,
+        ))
     }
 }
 
@@ -839,13 +831,12 @@ pub fn train_p3<L: Link + ?Sized>(
     let sets = shard.sets;
     let all = training_seeds(&sets.train, shard.indptr.len() - 1)?;
     let n_train = all.len();
-    let start = Resume::or_fresh(resume, cfg, seed, tc)?;
-    let mut summary = start.summary(tc);
     let Resume {
         mut model,
         mut opt,
         mut progress,
-    } = start;
+    } = Resume::or_fresh(resume, cfg, seed, tc)?;
+    let mut summary = progress.summary(tc.epochs);
     let empty = no_part(rank, world);
     let mut mesh = MeshExchange::new(link, &empty, crate::ExchangeOptions::default());
     let first = model.first_layer_weights();
