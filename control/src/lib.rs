@@ -19,5 +19,5 @@ pub use messages::{
     Artifact, Assignment, ExchangeOptions, MiniBatchOptions, ToCoordinator, ToWorker, TrainMode,
     Upload, checkpoint_path,
 };
-pub use record::{MetricsLine, WorkerLine};
+pub use record::{CoordinatorRef, HEARTBEAT_S, JobState, JobStatus, MetricsLine, WorkerLine};
 pub use transfer::Files;

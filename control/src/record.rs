@@ -139,3 +139,140 @@ mod tests {
         );
     }
 }
+
+/// How often a running coordinator rewrites `status.json` (its heartbeat), at most.
+pub const HEARTBEAT_S: f64 = 5.0;
+
+/// `status.json`: what a job is doing, as its coordinator last wrote it (whole files, renamed into
+/// place). A running coordinator rewrites it at least every [`HEARTBEAT_S`] seconds, so a reader can tell
+/// a job that runs from one whose coordinator died (`running`, but silent).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobStatus {
+    pub state: JobState,
+    /// Why a failed job failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The platform (`local`, `docker`, ...). Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Epochs recorded in `metrics.jsonl`, of `epochs`.
+    #[serde(default)]
+    pub epoch: usize,
+    #[serde(default)]
+    pub epochs: usize,
+    /// Workers of the launch that trains now (0 between launches).
+    #[serde(default)]
+    pub workers: usize,
+    /// The bill so far (USD).
+    #[serde(default)]
+    pub usd: f64,
+    /// Unix seconds: when the coordinator started, and when it last wrote this.
+    #[serde(default)]
+    pub started_unix_s: f64,
+    #[serde(default)]
+    pub updated_unix_s: f64,
+    /// Where the coordinator runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<CoordinatorRef>,
+    /// The launches (segments) that may have workers running; with the job's id (its directory's name)
+    /// they are the backend's launch ids: what `physalia cancel` stops when the coordinator is gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub launches: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Running,
+    Succeeded,
+    Failed,
+    /// Stopped by `physalia cancel`.
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The job will not change any more.
+    pub fn is_final(self) -> bool {
+        self != JobState::Running
+    }
+}
+
+/// The process that coordinates a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorRef {
+    /// The host's name (`/proc/sys/kernel/hostname`).
+    pub host: String,
+    pub pid: u32,
+}
+
+impl CoordinatorRef {
+    /// This process.
+    pub fn this_process() -> CoordinatorRef {
+        CoordinatorRef {
+            host: host_name(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether the process is known to be gone: it ran on this host and no process with its id is
+    /// alive. `false` where that cannot be told (another host).
+    pub fn is_gone_here(&self) -> bool {
+        self.host == host_name() && !Path::new(&format!("/proc/{}", self.pid)).exists()
+    }
+}
+
+/// This machine's name, or `localhost` where it cannot be read.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl JobStatus {
+    /// A job that starts now on `backend`, coordinated by this process.
+    pub fn starting(backend: &str, epoch: usize, epochs: usize) -> JobStatus {
+        let now = unix_now();
+        JobStatus {
+            state: JobState::Running,
+            error: None,
+            backend: Some(backend.to_string()),
+            epoch,
+            epochs,
+            workers: 0,
+            usd: 0.0,
+            started_unix_s: now,
+            updated_unix_s: now,
+            coordinator: Some(CoordinatorRef::this_process()),
+            launches: Vec::new(),
+        }
+    }
+
+    /// Reads `status.json`; an unreadable or malformed file is an error naming it.
+    pub fn read(path: &Path) -> Result<JobStatus, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a job status: {e}", path.display()))
+    }
+}

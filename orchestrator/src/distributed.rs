@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use physalia_control::{
-    Artifact, Assignment, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, MetricsLine,
-    Outbox, ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
+    Artifact, Assignment, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, JobState,
+    MetricsLine, Outbox, ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
 };
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_wire::{Dtype, JobCa};
@@ -37,9 +37,9 @@ use serde_json::{Value, json};
 
 use crate::coordinator::Event;
 use crate::dataset::{self, Source};
-use crate::elastic::{Elastic, Stop, epoch_usd};
+use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
-use crate::jobdir::JobDir;
+use crate::jobdir::{Cancelled, JobDir};
 use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
 use crate::summary::OutputFormat;
 use crate::summary::{self, RunResult};
@@ -125,6 +125,7 @@ pub fn run(
     resume: Option<ResumePoint>,
 ) -> Result<()> {
     let n = spec.workers as usize;
+    let price = summary::price(spec)?;
     // replica groups train on a partitioning into fewer parts than workers: rank = replica * k + part
     let k = spec.parts() as usize;
     let local_command = local_worker_command()?;
@@ -147,7 +148,11 @@ pub fn run(
             dir
         }
     };
-    dir.write_json("status.json", &json!({ "state": "running" }))?;
+    dir.begin(
+        spec.backend.name.as_str(),
+        resume.as_ref().map_or(0, |rp| rp.epoch),
+        spec.train.epochs as usize,
+    )?;
     let result = (|| -> Result<Value> {
         let dataset_path = match &source {
             Source::File(_) => spec
@@ -163,6 +168,7 @@ pub fn run(
             }
         };
         drop(source);
+        crate::release_freed_memory();
         let load_s = t_load.elapsed().as_secs_f64();
         let dataset_path = std::path::absolute(&dataset_path)?;
         let job_abs = std::path::absolute(dir.path())?;
@@ -177,7 +183,7 @@ pub fn run(
             policy,
             spec.workers,
             spec.train.epochs,
-            summary::price_per_worker_s(),
+            price.usd_per_worker_s,
         )
         .with_exchange(x.boundary_sampling, x.staleness)
         .with_max_retries(spec.max_retries());
@@ -222,7 +228,7 @@ pub fn run(
                 // start there
                 checkpoints: true,
                 start_epoch,
-                price_per_worker_s: summary::price_per_worker_s(),
+                price_per_worker_s: price.usd_per_worker_s,
                 // the coordinator is this process, on the user's machine
                 coordinator_price_per_s: 0.0,
                 mode: train_mode(spec.mode()),
@@ -256,6 +262,7 @@ pub fn run(
             }],
             dir.path(),
             load_s,
+            &price,
         );
         let mut v = serde_json::to_value(&summary)?;
         v["workers"] = json!(elastic.workers());
@@ -269,7 +276,7 @@ pub fn run(
         v["scaling_events"] = json!(elastic.events);
         Ok(v)
     })();
-    if spec.backend == BackendKind::Docker {
+    if spec.backend.name == BackendKind::Docker {
         // every launch's containers are gone by now; the network goes with the job
         let job_id = dir
             .path()
@@ -283,9 +290,16 @@ pub fn run(
         }
     }
     match result {
+        Err(e) if e.is::<Cancelled>() => {
+            dir.end(JobState::Cancelled, None)?;
+            Err(e.context(format!(
+                "job {name} was cancelled; its record is in {}",
+                dir.path().display()
+            )))
+        }
         Err(e) => {
             let msg = format!("{e:#}");
-            dir.write_json("status.json", &json!({ "state": "failed", "error": msg }))?;
+            dir.end(JobState::Failed, Some(msg))?;
             Err(e.context(format!(
                 "job {name} failed; its record is in {}",
                 dir.path().display()
@@ -293,7 +307,7 @@ pub fn run(
         }
         Ok(v) => {
             dir.write_json("summary.json", &v)?;
-            dir.write_json("status.json", &json!({ "state": "succeeded" }))?;
+            dir.end(JobState::Succeeded, None)?;
             match output {
                 OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
                 OutputFormat::Text => {
@@ -349,11 +363,8 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        let docker = spec.backend == BackendKind::Docker;
-        let backend = match docker {
-            true => crate::docker::backend(&job_id)?,
-            false => local_backend(dir, index),
-        };
+        let docker = spec.backend.name == BackendKind::Docker;
+        let backend = job_backend(spec, dir, index)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
         // for containers
         let prepared = block_on(backend.prepare(&job_id))?
@@ -397,6 +408,27 @@ impl Launch {
         };
         let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;
         Ok(Launch { server, workers })
+    }
+}
+
+/// The job's backend for launch `segment` of the job in `job_dir` (named after the directory).
+pub(crate) fn job_backend(
+    spec: &JobSpec,
+    job_dir: &Path,
+    segment: usize,
+) -> Result<Box<dyn physalia_backends::Backend>> {
+    let job_dir = std::path::absolute(job_dir)?;
+    let job_id = job_dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match spec.backend.name {
+        BackendKind::Local => Ok(local_backend(&job_dir, segment)),
+        BackendKind::Docker => crate::docker::backend(&job_id),
+        other => bail!(
+            "the {} backend does not run jobs from this version of physalia",
+            other.as_str()
+        ),
     }
 }
 
@@ -474,7 +506,8 @@ impl Driver<'_> {
         let mut live: std::collections::BTreeMap<usize, Live> = Default::default();
         let mut queue: std::collections::VecDeque<JobAction> =
             job.start(pending, Instant::now()).into();
-        let end: Result<(), String> = loop {
+        // `None`: cancelled
+        let end: Result<(), Option<String>> = loop {
             // carry out every action, and what answering them makes the job decide
             let mut end = None;
             while let Some(action) = queue.pop_front() {
@@ -493,6 +526,7 @@ impl Driver<'_> {
                                     l.launch.server.local_addr()
                                 ));
                                 live.insert(launch, l);
+                                let _ = dir.update(|s| s.launches.push(launch as u32));
                                 Ok(pids)
                             }
                             Err(e) => {
@@ -532,6 +566,7 @@ impl Driver<'_> {
                         log.line(&format!(
                             "launch {launch}: all workers registered; assignments sent"
                         ));
+                        let _ = dir.update(|s| s.workers = l.outboxes.len());
                     }
                     JobAction::Replan {
                         epoch,
@@ -562,6 +597,7 @@ impl Driver<'_> {
                         if let Some(l) = live.remove(&launch) {
                             stop(l, &reason, finished);
                         }
+                        let _ = dir.update(|s| s.launches.retain(|&l| l != launch as u32));
                     }
                     JobAction::Record {
                         epoch,
@@ -569,14 +605,22 @@ impl Driver<'_> {
                         usd,
                     } => {
                         if !self.quiet {
-                            eprintln!("{}", epoch_line(self.spec.train.epochs as usize, &by_rank));
+                            eprintln!(
+                                "{}",
+                                epoch_line(self.spec.train.epochs as usize, &by_rank, usd)
+                            );
                         }
                         let line = MetricsLine::coordinated(self.spec.train.seed, &by_rank, usd);
                         if let Err(e) = dir.append_metrics(&line) {
                             // the record is the job's truth: without it the epoch does not count
-                            end = Some(Err(format!("{e:#}")));
+                            end = Some(Err(Some(format!("{e:#}"))));
                             break;
                         }
+                        let bill = job.usd_at(Instant::now());
+                        let _ = dir.update(|s| {
+                            s.epoch = epoch;
+                            s.usd = bill;
+                        });
                         // older checkpoints are no longer needed
                         if epoch > 1 {
                             let _ = std::fs::remove_file(checkpoint_path(&checkpoints, epoch - 1));
@@ -590,12 +634,21 @@ impl Driver<'_> {
                     }
                     JobAction::Log(line) => log.line(&line),
                     JobAction::Finish => end = Some(Ok(())),
-                    JobAction::Fail { error } => end = Some(Err(error)),
+                    JobAction::Fail { error } => end = Some(Err(Some(error))),
                 }
             }
             if let Some(end) = end {
                 break end;
             }
+            if dir.cancel_requested() {
+                log.line("cancel requested (physalia cancel): stopping every launch");
+                if !self.quiet {
+                    eprintln!("cancel requested: stopping every worker");
+                }
+                break Err(None);
+            }
+            let bill = job.usd_at(Instant::now());
+            let _ = dir.update_if_stale(|s| s.usd = bill);
             // then listen: exits first, messages second (a worker sends its last message before it exits,
             // so whatever it said is in by the time its exit is handled)
             let mut fed = Vec::new();
@@ -652,9 +705,13 @@ impl Driver<'_> {
                     .expect("a finished job has an outcome");
                 Ok((job, outcome))
             }
-            Err(error) => {
+            Err(Some(error)) => {
                 log.line(&format!("failed: {error}"));
                 Err(anyhow!(error))
+            }
+            Err(None) => {
+                log.line("cancelled");
+                Err(anyhow!(Cancelled))
             }
         }
     }
@@ -679,6 +736,8 @@ impl Driver<'_> {
             )
         })?;
         let parts = sets.into_iter().next().expect("one set per k").part_files;
+        // partitioning's buffers are free now; the coordinator holds little while its workers train
+        crate::release_freed_memory();
         let timeouts = self.spec.timeouts.clone().unwrap_or_default();
         let launch = Launch::start(
             self.spec,
@@ -917,7 +976,7 @@ fn fmt_bytes(b: u64) -> String {
 
 /// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed
 /// over workers, the longest halo wait and the longest all-reduce of any worker.
-fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
+fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> String {
     let m = &by_rank[0];
     let mut line = summary::epoch_line(1, 0, epochs, m);
     let sent: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
@@ -959,7 +1018,7 @@ fn epoch_line(epochs: usize, by_rank: &[EpochMetrics]) -> String {
         layers.join(", "),
         halo,
         ar,
-        epoch_usd(by_rank, summary::price_per_worker_s())
+        usd
     ));
     line
 }

@@ -194,6 +194,23 @@ impl Ledger {
     fn usd(&self, cfg: &JobConfig) -> f64 {
         self.worker_s * cfg.price_per_worker_s + self.coordinator_s * cfg.coordinator_price_per_s
     }
+
+    /// The bill as of `now`: the running launches' workers and the coordinator counted up to `now`.
+    fn usd_at(&self, cfg: &JobConfig, now: Instant) -> f64 {
+        let running: f64 = self
+            .running
+            .iter()
+            .map(|(launch, since)| {
+                let n = self.sizes.get(launch).copied().unwrap_or(0);
+                n as f64 * now.saturating_duration_since(*since).as_secs_f64()
+            })
+            .sum();
+        let coordinator = self
+            .coordinator_since
+            .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        (self.worker_s + running) * cfg.price_per_worker_s
+            + (self.coordinator_s + coordinator) * cfg.coordinator_price_per_s
+    }
 }
 
 struct Current {
@@ -300,6 +317,11 @@ impl Job {
     /// The policy's state: its events so far, the exchange settings it chose.
     pub fn elastic(&self) -> &Elastic {
         &self.elastic
+    }
+
+    /// The bill so far, as of `now` (the job's status shows it while the job runs).
+    pub fn usd_at(&self, now: Instant) -> f64 {
+        self.ledger.usd_at(&self.cfg, now)
     }
 
     /// The workers of the current launch.

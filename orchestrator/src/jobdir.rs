@@ -1,21 +1,36 @@
 //! The job directory: the record of one submitted job.
 //!
-//! Layout: `job.json` (the resolved job spec), `status.json` (`running`, `succeeded` or `failed` with the
-//! error), `metrics.jsonl` (one line per epoch, flushed as it happens), `model.safetensors` and
-//! `summary.json` (written when training ends). Whole files are written to a temporary name and renamed, so
-//! a reader never sees half a file.
+//! Layout: `job.json` (the resolved job spec), `status.json` (`physalia_control::JobStatus`: running,
+//! succeeded, failed with the error, or cancelled; rewritten by a running coordinator at least every
+//! `HEARTBEAT_S` seconds), `metrics.jsonl` (one line per epoch, flushed as it happens), `model.safetensors`
+//! and `summary.json` (written when training ends), `cancel` (a request from `physalia cancel`, which the
+//! coordinator acts on). Whole files are written to a temporary name and renamed, so a reader never sees
+//! half a file.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::time::Instant;
+
 use anyhow::{Context, Result};
+use physalia_control::{HEARTBEAT_S, JobState, JobStatus};
 use serde::Serialize;
+
+/// The file `physalia cancel` writes to ask the job's coordinator to stop.
+pub const CANCEL_FILE: &str = "cancel";
+
+/// A job stopped because `physalia cancel` asked.
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled by `physalia cancel`")]
+pub struct Cancelled;
 
 pub struct JobDir {
     path: PathBuf,
     metrics: File,
+    /// What `status.json` says, and when it was last written.
+    status: Option<(JobStatus, Instant)>,
 }
 
 impl JobDir {
@@ -59,7 +74,11 @@ impl JobDir {
             .append(true)
             .open(&metrics_path)
             .with_context(|| format!("creating {}", metrics_path.display()))?;
-        Ok(JobDir { path, metrics })
+        Ok(JobDir {
+            path,
+            metrics,
+            status: None,
+        })
     }
 
     /// Reopens an existing job directory to continue it, keeping `metrics.jsonl`'s first `keep` lines (the
@@ -77,6 +96,7 @@ impl JobDir {
         Ok(JobDir {
             path: path.to_path_buf(),
             metrics,
+            status: None,
         })
     }
 
@@ -92,6 +112,59 @@ impl JobDir {
             .context("appending to metrics.jsonl")?;
         self.metrics.flush()?;
         Ok(())
+    }
+
+    /// Records that this process now coordinates the job (on `backend`, `epoch` of `epochs` recorded),
+    /// and clears a cancel request left by an earlier coordinator of it.
+    pub fn begin(&mut self, backend: &str, epoch: usize, epochs: usize) -> Result<()> {
+        let _ = fs::remove_file(self.path.join(CANCEL_FILE));
+        self.status = Some((JobStatus::starting(backend, epoch, epochs), Instant::now()));
+        self.write_status()
+    }
+
+    /// Changes the status and writes it.
+    pub fn update(&mut self, f: impl FnOnce(&mut JobStatus)) -> Result<()> {
+        if let Some((status, _)) = &mut self.status {
+            f(status);
+        }
+        self.write_status()
+    }
+
+    /// Changes the status and rewrites it when it is older than the heartbeat, so readers see the
+    /// coordinator alive.
+    pub fn update_if_stale(&mut self, f: impl FnOnce(&mut JobStatus)) -> Result<()> {
+        match &mut self.status {
+            Some((status, at)) if at.elapsed().as_secs_f64() >= HEARTBEAT_S => {
+                f(status);
+                self.write_status()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The job's last status: it will not change any more.
+    pub fn end(&mut self, state: JobState, error: Option<String>) -> Result<()> {
+        self.update(|s| {
+            s.state = state;
+            s.error = error;
+            s.workers = 0;
+            s.launches.clear();
+        })
+    }
+
+    /// Whether `physalia cancel` asked this job to stop.
+    pub fn cancel_requested(&self) -> bool {
+        self.path.join(CANCEL_FILE).exists()
+    }
+
+    fn write_status(&mut self) -> Result<()> {
+        let Some((status, at)) = &mut self.status else {
+            return Ok(());
+        };
+        status.updated_unix_s = physalia_control::record::unix_now();
+        *at = Instant::now();
+        let status = status.clone();
+        self.write_json("status.json", &status)
     }
 
     pub fn write_json(&self, name: &str, value: &impl Serialize) -> Result<()> {

@@ -19,6 +19,7 @@ mod docker;
 mod elastic;
 mod job;
 mod jobdir;
+mod jobs;
 mod plan;
 mod report;
 mod spec;
@@ -50,6 +51,15 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Measure this machine's engine and loopback network once, for `physalia plan --calibration`.
     Calibrate(calibrate::CalibrateArgs),
+    /// The jobs recorded in a folder of job directories, oldest first.
+    List(jobs::ListArgs),
+    /// What a job is doing, from its record: state, epoch, workers, cost so far, last epoch's numbers.
+    Status(jobs::StatusArgs),
+    /// A job's coordinator log, or a worker's output with `--rank`; `--follow` until it ends.
+    Logs(jobs::LogsArgs),
+    /// Stop a running job: its coordinator stops every worker and records it as cancelled (a job whose
+    /// coordinator is gone is cleaned up here).
+    Cancel(jobs::CancelArgs),
     /// Write a self-contained HTML report of a job directory: curves, workers, bytes, cost, scaling events.
     Report(report::ReportArgs),
     /// Build the worker container image (for `backend: docker`) from the physalia-worker beside this binary.
@@ -78,6 +88,9 @@ struct SubmitArgs {
     /// Override a field of the job file, e.g. `--set train.lr=0.005` (repeatable).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
+    /// Run on this platform instead of the job file's `backend.name` (the file's section for it applies).
+    #[arg(long, value_enum, value_name = "NAME", conflicts_with = "resume")]
+    backend: Option<spec::BackendKind>,
     /// `json` prints a machine-readable summary as the last line of standard output.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
@@ -118,12 +131,16 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => match (&a.resume, &a.job) {
             (Some(dir), _) => submit::resume(dir, a.output, a.quiet),
-            (None, Some(job)) => submit::run(job, &a.overrides, a.output, a.quiet),
+            (None, Some(job)) => submit::run(job, &a.overrides, a.backend, a.output, a.quiet),
             (None, None) => unreachable!("clap requires a job file or --resume"),
         },
         Command::Plan(a) => plan::run(&a),
         Command::Calibrate(a) => calibrate::run(&a),
         Command::Report(a) => report::run(&a),
+        Command::List(a) => jobs::list(&a),
+        Command::Status(a) => jobs::status(&a),
+        Command::Logs(a) => jobs::logs(&a),
+        Command::Cancel(a) => jobs::cancel(&a),
         Command::Image(ImageCommand::Build) => {
             let tag = docker::ensure_image(&workers::worker_binary()?, false)?;
             println!("{tag}");
@@ -192,6 +209,16 @@ fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+/// Hands the heap's free pages back to the OS once. The coordinator calls it after loading, checking and
+/// partitioning the dataset: with [`keep_freed_memory`] that memory would otherwise stay resident while
+/// its workers train (half a gigabyte at a million nodes).
+pub(crate) fn release_freed_memory() {
+    // SAFETY: malloc_trim only returns free heap pages to the OS; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -22,6 +22,10 @@ pub struct PlanArgs {
     job: PathBuf,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
+    /// Plan for this platform only (and, with `--as-written`, predict on its section's SKU) instead of the
+    /// job file's `goal.backends`.
+    #[arg(long, value_enum, value_name = "NAME")]
+    backend: Option<spec::BackendKind>,
     /// A catalog of your own (YAML, the format of `infra/catalog/`), merged with the built-in one.
     #[arg(long)]
     catalog: Option<PathBuf>,
@@ -43,9 +47,12 @@ pub struct PlanArgs {
 }
 
 pub fn run(a: &PlanArgs) -> Result<()> {
-    let spec = spec::load(&a.job, &a.overrides)?;
+    let spec = spec::load_on(&a.job, &a.overrides, a.backend)?;
     let source = dataset::load(&spec.dataset)?;
-    let req = request(&spec, &source)?;
+    let mut req = request(&spec, &source)?;
+    if let Some(b) = a.backend {
+        req.constraints.backends = vec![planner_backend(b)?];
+    }
     let mut catalog = Catalog::builtin();
     if let Some(path) = &a.catalog {
         let text = std::fs::read_to_string(path)
@@ -239,6 +246,11 @@ impl AsWritten {
     }
 }
 
+/// The planner's name for a job file's platform.
+fn planner_backend(b: spec::BackendKind) -> Result<Backend> {
+    serde_json::from_value(serde_json::to_value(b)?).context("the job's backend")
+}
+
 /// The planner's prediction for the job's own settings on its backend's SKU.
 fn as_written(
     spec: &JobSpec,
@@ -248,9 +260,13 @@ fn as_written(
     calibration: Option<&CalibrationProfile>,
 ) -> Result<AsWritten> {
     use crate::spec::{Parallelism, ParallelismSpec};
-    let backend: Backend =
-        serde_json::from_value(serde_json::to_value(spec.backend)?).context("the job's backend")?;
-    let sku = match sku {
+    let backend = planner_backend(spec.backend.name)?;
+    // `--sku`, else the SKU the job's section names (local and docker: this machine)
+    let named = match spec.backend.name {
+        spec::BackendKind::Local => None,
+        _ => spec.backend.sku(),
+    };
+    let sku = match sku.or(named) {
         Some(name) => catalog
             .get(name)
             .with_context(|| format!("--sku: no SKU named `{name}` in the catalog"))?,
@@ -328,8 +344,7 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
     let mut req = request(spec, &source)?;
     drop(source);
     // only the backend the job runs on
-    let backend = serde_json::to_value(spec.backend)?;
-    req.constraints.backends = vec![serde_json::from_value(backend).context("backend")?];
+    req.constraints.backends = vec![planner_backend(spec.backend.name)?];
     let name = req.constraints.backends[0].as_str();
     if !goal.backends.is_empty() && !goal.backends.iter().any(|b| b == name) {
         anyhow::bail!(
@@ -337,7 +352,14 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
             goal.backends
         );
     }
-    let plan = physalia_planner::plan(&req, &Catalog::builtin(), None)?;
+    // a SKU the job's section names is the only one the planner may pick
+    let mut catalog = Catalog::builtin();
+    if spec.backend.name != spec::BackendKind::Local
+        && let Some(sku) = spec.backend.sku()
+    {
+        catalog.skus.retain(|s| s.name == sku);
+    }
+    let plan = physalia_planner::plan(&req, &catalog, None)?;
     let out = apply_choice(spec, &plan.chosen.candidate)?;
     let c = &plan.chosen.candidate;
     let p = &plan.chosen.prediction;
@@ -362,6 +384,16 @@ fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
     use physalia_planner::{Mode, RowDtype};
     let mut out = spec.clone();
     out.workers = c.workers;
+    // the container the planner chose is the one the job is billed at
+    let sku = match spec.backend.name {
+        spec::BackendKind::Kubernetes => out.backend.kubernetes.as_mut().map(|k| &mut k.sku),
+        spec::BackendKind::Ecs => out.backend.ecs.as_mut().map(|e| &mut e.sku),
+        spec::BackendKind::Aci => out.backend.aci.as_mut().map(|a| &mut a.sku),
+        spec::BackendKind::Local | spec::BackendKind::Docker => None,
+    };
+    if let Some(sku) = sku {
+        *sku = Some(c.sku.clone());
+    }
     let mode = match c.mode {
         Mode::Partition => Parallelism::Partition,
         Mode::Data => Parallelism::Data,
@@ -420,8 +452,7 @@ pub fn replan(
     file.dataset.path = Some(dataset.to_path_buf());
     let mut req = request(&file, &source)?;
     drop(source);
-    let backend = serde_json::to_value(spec.backend)?;
-    req.constraints.backends = vec![serde_json::from_value(backend).context("backend")?];
+    req.constraints.backends = vec![planner_backend(spec.backend.name)?];
     req.constraints.max_workers = max_workers;
     req.constraints.objective = match objective {
         physalia_policies::Objective::MinCost => physalia_planner::Objective::MinCost,
@@ -430,7 +461,7 @@ pub fn replan(
     req.constraints.budget_usd = None;
     req.constraints.deadline_s = None;
     let catalog = Catalog::builtin();
-    let sku = (spec.backend == spec::BackendKind::Docker).then_some("local");
+    let sku = (spec.backend.name == spec::BackendKind::Docker).then_some("local");
     let base = CalibrationProfile::dev_vm_2026_11();
     let now = as_written(spec, &req, &catalog, sku, Some(&base))?;
     // what the model predicted for the job as it runs, against what its workers measured

@@ -26,6 +26,16 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+// by path: `tests/spec.rs` compiles this file on its own
+#[path = "spec/backend.rs"]
+mod backend;
+
+#[allow(unused_imports)] // the settings types are the schema's; `tests/spec.rs` names them
+pub use backend::{
+    AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Priced,
+    is_fargate,
+};
+
 /// Default number of attention heads of a GAT hidden layer.
 pub const DEFAULT_GAT_HEADS: u32 = 8;
 /// Default number of attention heads of a GAT output layer (their outputs are averaged).
@@ -97,9 +107,12 @@ pub struct JobSpec {
     /// Default 3; 0 fails the job at the first lost worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
-    /// Where the job runs. Only `local` is supported today.
-    #[serde(default)]
-    pub backend: BackendKind,
+    /// Where the job runs (default `local`): a platform name, or `{name: NAME}` with each platform's
+    /// settings (`docker`, `kubernetes`, `ecs`, `aci` sections: where its workers go, their image and
+    /// their container SKU, whose catalog price the job is billed at).
+    #[serde(default, deserialize_with = "backend::backend_or_name")]
+    #[schemars(schema_with = "backend::backend_schema")]
+    pub backend: BackendSpec,
     /// Where job directories are written.
     #[serde(default)]
     pub output: OutputSpec,
@@ -508,7 +521,9 @@ impl Default for TimeoutsSpec {
 }
 
 /// Where a job runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// In this process, on this machine.
@@ -516,11 +531,11 @@ pub enum BackendKind {
     Local,
     /// Containers on the local Docker Engine, on a private bridge network.
     Docker,
-    /// Pods on a Kubernetes cluster (not built yet).
+    /// Pods on a Kubernetes cluster.
     Kubernetes,
-    /// AWS Elastic Container Service tasks (not built yet).
+    /// AWS Elastic Container Service tasks.
     Ecs,
-    /// Azure Container Instances (not built yet).
+    /// Azure Container Instances.
     Aci,
 }
 
@@ -723,11 +738,21 @@ fn one_line(text: &str) -> String {
 /// Reads the job file at `path`, applies the `--set key.path=value` `overrides` in order, and
 /// validates the result. Error messages name the file as `path` was written.
 pub fn load(path: &Path, overrides: &[String]) -> Result<JobSpec, SpecError> {
+    load_on(path, overrides, None)
+}
+
+/// [`load`], run on `backend` instead of the job file's `backend.name` (`--backend NAME`): the job file's
+/// section for that platform applies.
+pub fn load_on(
+    path: &Path,
+    overrides: &[String],
+    backend: Option<BackendKind>,
+) -> Result<JobSpec, SpecError> {
     let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    let mut spec = parse_str(&text, &path.display().to_string(), overrides)?;
+    let mut spec = parse_str_on(&text, &path.display().to_string(), overrides, backend)?;
     if let Some(file) = spec.scaling_file.take() {
         let file = path.parent().unwrap_or(Path::new(".")).join(file);
         let policy = load_policy(&file)?;
@@ -797,13 +822,27 @@ fn check_policy_workers(
 /// Parses a job from YAML `text`, applies `overrides` (each `key.path=value`, the value read as
 /// YAML, so `train.lr=0.005` is a number and `model.kind=gat` a string; missing mapping keys
 /// are created) and validates the result. `origin` names the text in error messages.
+#[allow(dead_code)] // the tests' entry point; the CLI reads files through `load_on`
 pub fn parse_str(text: &str, origin: &str, overrides: &[String]) -> Result<JobSpec, SpecError> {
+    parse_str_on(text, origin, overrides, None)
+}
+
+/// [`parse_str`] on `backend` instead of the file's `backend.name`.
+pub fn parse_str_on(
+    text: &str,
+    origin: &str,
+    overrides: &[String],
+    backend: Option<BackendKind>,
+) -> Result<JobSpec, SpecError> {
     let origin = one_line(origin);
-    let spec = if overrides.is_empty() {
+    let mut spec = if overrides.is_empty() {
         parse_located::<JobSpec>(text).map_err(|e| e.in_file(&origin))?
     } else {
         parse_with_overrides(text, &origin, overrides)?
     };
+    if let Some(backend) = backend {
+        spec.backend.name = backend;
+    }
     spec.validate().map_err(|e| match e {
         SpecError::Invalid {
             field, reason, set, ..
@@ -1289,19 +1328,19 @@ impl JobSpec {
                 ),
             ));
         }
-        if !matches!(self.backend, BackendKind::Local | BackendKind::Docker) {
-            return Err(invalid(
-                "backend",
-                format!(
-                    "the {} backend is not wired into submit yet: `local` and `docker` run today",
-                    self.backend.as_str()
-                ),
-            ));
+        self.backend.validate()?;
+        // with a `goal:` and no SKU named, the planner picks the SKU
+        if self.goal.is_none() || self.backend.sku().is_some() {
+            self.backend
+                .priced(&physalia_planner::Catalog::builtin(), None)?;
         }
-        if self.backend == BackendKind::Docker && self.train.runs > 1 {
+        if self.backend.name != BackendKind::Local && self.train.runs > 1 {
             return Err(invalid(
                 "train.runs",
-                "repeated runs run in this process; the docker backend runs one job of containers",
+                format!(
+                    "repeated runs run in this process; the {} backend runs one job of workers",
+                    self.backend.name.as_str()
+                ),
             ));
         }
         if self.output.dir.as_os_str().is_empty() {

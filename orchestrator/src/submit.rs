@@ -7,20 +7,20 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use physalia_gnn::{
     EpochMetrics, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
     TrainSummary,
 };
 use physalia_graph::Split;
-use serde_json::json;
+use physalia_control::JobState;
 
 use crate::dataset;
 use crate::jobdir::JobDir;
-use crate::spec::{self, JobSpec, Parallelism};
+use crate::spec::{self, BackendKind, JobSpec, Parallelism};
 use crate::summary::OutputFormat;
 use crate::summary::{
-    RunResult, epoch_line, fmt_acc, model_config, price_per_worker_s, print_summary, summarize,
+    RunResult, epoch_line, fmt_acc, model_config, price, print_summary, summarize,
 };
 use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
@@ -48,8 +48,27 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool) -> Result<()> {
     crate::distributed::run(&spec, &name, output, quiet, Some(point))
 }
 
-pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) -> Result<()> {
-    let mut spec = spec::load(job, overrides)?;
+pub fn run(
+    job: &Path,
+    overrides: &[String],
+    backend: Option<BackendKind>,
+    output: OutputFormat,
+    quiet: bool,
+) -> Result<()> {
+    let mut spec = spec::load_on(job, overrides, backend)?;
+    if matches!(
+        spec.backend.name,
+        BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci
+    ) {
+        let name = spec.backend.name.as_str();
+        bail!(
+            "{}: backend.{name}: the settings are valid (`physalia plan {} --backend {name}` prices \
+             the job), but submit does not start jobs on {name} yet: the coordinator cannot run inside \
+             the platform; `local` and `docker` run today",
+            job.display(),
+            job.display()
+        );
+    }
     if let Some((planned, line)) = crate::plan::apply_goal(&spec)? {
         if !quiet {
             eprintln!("{line}");
@@ -68,6 +87,7 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
             .context("train.threads: starting the thread pool")?;
     }
     let name = spec.job_name(job);
+    let price = price(&spec)?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
     let stats = source.stats();
@@ -104,7 +124,7 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
 
     let mut dir = JobDir::create(&spec.output.dir, &name)?;
     dir.write_json("job.json", &spec)?;
-    dir.write_json("status.json", &json!({ "state": "running" }))?;
+    dir.begin(spec.backend.name.as_str(), 0, spec.train.epochs as usize)?;
     let result = train_runs(
         &spec,
         &cfg,
@@ -114,11 +134,12 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
         &sets,
         &mut dir,
         quiet,
+        price.usd_per_worker_s,
     );
     match result {
         Err(e) => {
             let msg = format!("{e:#}");
-            dir.write_json("status.json", &json!({ "state": "failed", "error": msg }))?;
+            dir.end(JobState::Failed, Some(msg))?;
             Err(e.context(format!(
                 "job {} failed; its record is in {}",
                 name,
@@ -135,9 +156,10 @@ pub fn run(job: &Path, overrides: &[String], output: OutputFormat, quiet: bool) 
                 &runs,
                 dir.path(),
                 load_s,
+                &price,
             );
             dir.write_json("summary.json", &summary)?;
-            dir.write_json("status.json", &json!({ "state": "succeeded" }))?;
+            dir.end(JobState::Succeeded, None)?;
             print_summary(&summary, output)?;
             Ok(())
         }
@@ -154,6 +176,7 @@ fn train_runs(
     sets: &NodeSets,
     dir: &mut JobDir,
     quiet: bool,
+    usd_per_worker_s: f64,
 ) -> Result<Vec<RunResult>> {
     let tc = TrainConfig {
         epochs: spec.train.epochs as usize,
@@ -171,7 +194,7 @@ fn train_runs(
             if !quiet {
                 eprintln!("{}", epoch_line(runs, run, tc.epochs, m));
             }
-            let usd = (m.train_s + m.eval_s) * price_per_worker_s();
+            let usd = (m.train_s + m.eval_s) * usd_per_worker_s;
             let line = physalia_control::MetricsLine {
                 run,
                 seed,
@@ -180,6 +203,16 @@ fn train_runs(
                 usd,
             };
             if let Err(e) = dir.append_metrics(&line) {
+                io_err.get_or_insert(e);
+            }
+            // the status counts epochs over all runs
+            let done = run as usize * tc.epochs + m.epoch;
+            if let Err(e) = dir.update(|s| {
+                s.epoch = done;
+                s.epochs = runs as usize * tc.epochs;
+                s.workers = 1;
+                s.usd += usd;
+            }) {
                 io_err.get_or_insert(e);
             }
         };

@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use physalia_gnn::{Activation, EpochMetrics, LayerKind, Model, ModelConfig, TrainSummary};
 use serde::Serialize;
 
-use crate::spec::{self, JobSpec, ModelKind};
+use crate::spec::{self, JobSpec, ModelKind, Priced};
 
 /// How a command prints its result.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -112,14 +112,17 @@ pub(crate) struct Summary {
     peak_rss_bytes: Option<u64>,
     /// Every worker's seconds times its container's price, over all runs.
     usd_total: f64,
+    /// The workers' container (a catalog SKU) and its price.
+    sku: String,
+    usd_per_worker_hour: f64,
 }
 
-/// USD per worker-second on the local backend, from the planner's built-in catalog (free today).
-pub(crate) fn price_per_worker_s() -> f64 {
-    physalia_planner::Catalog::builtin()
-        .get("local")
-        .map(|s| s.usd_per_s())
-        .unwrap_or(0.0)
+/// The job's worker container (its platform's SKU) and its price per worker-second, from the planner's
+/// built-in catalog. Validation made sure the job names one (a `goal:` job gets the planner's).
+pub(crate) fn price(spec: &JobSpec) -> Result<Priced> {
+    spec.backend
+        .priced(&physalia_planner::Catalog::builtin(), None)
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 #[derive(Serialize)]
@@ -147,6 +150,7 @@ pub(crate) fn summarize(
     runs: &[RunResult],
     dir: &Path,
     load_s: f64,
+    price: &Priced,
 ) -> Summary {
     let run_summaries: Vec<RunSummary> = runs
         .iter()
@@ -209,7 +213,9 @@ pub(crate) fn summarize(
             .flat_map(|r| &r.summary.epochs)
             .map(|e| e.train_s + e.eval_s)
             .sum::<f64>()
-            * price_per_worker_s(),
+            * price.usd_per_worker_s,
+        sku: price.sku.clone(),
+        usd_per_worker_hour: price.usd_per_worker_s * 3600.0,
     }
 }
 

@@ -137,7 +137,7 @@ fn full_example_parses() {
         scaling_file: None,
         timeouts: None,
         max_retries: None,
-        backend: BackendKind::Local,
+        backend: BackendSpec::default(),
         output: OutputSpec {
             dir: PathBuf::from("out/jobs"),
         },
@@ -171,7 +171,7 @@ fn defaults_are_filled() {
     assert_eq!((spec.train.runs, spec.train.eval_every), (1, 1));
     assert_eq!((spec.train.threads, spec.train.patience), (None, None));
     assert_eq!(spec.workers, 1);
-    assert_eq!(spec.backend, BackendKind::Local);
+    assert_eq!(spec.backend.name, BackendKind::Local);
     assert_eq!(spec.output.dir, PathBuf::from("jobs"));
 }
 
@@ -405,7 +405,9 @@ fn validation_errors() {
         (
             "backend:",
             "backend: ecs",
-            "cora.yaml: backend: the ecs backend is not wired into submit yet: `local` and `docker` run today",
+            "cora.yaml: backend.ecs: the ecs backend needs its settings: cluster, subnets, \
+             security_groups, execution_role_arn, image, sku (`terraform output` of infra/ecs gives \
+             most of them; see infra/README.md)",
         ),
         (
             "name:",
@@ -798,11 +800,11 @@ fn multi_worker_jobs_with_exchange_options() {
     );
     let message = err(&format!("{MINIMAL}workers: 2\nbackend: kubernetes\n"), &[]);
     assert!(
-        message.contains("the kubernetes backend is not wired into submit yet"),
+        message.contains("backend.kubernetes: the kubernetes backend needs its settings"),
         "{message}"
     );
     let spec = ok(&format!("{MINIMAL}workers: 2\nbackend: docker\n"), &[]);
-    assert_eq!(spec.backend, BackendKind::Docker);
+    assert_eq!(spec.backend.name, BackendKind::Docker);
     let message = err(&format!("{MINIMAL}exchange:\n  dtype: f64\n"), &[]);
     assert!(message.contains("exchange.dtype"), "{message}");
     let schema = json_schema();
@@ -859,4 +861,125 @@ fn scaling_policies_resize_partition_data_and_model_jobs_but_not_replica_groups(
             );
         }
     }
+}
+
+
+const CLOUD: &str = "\
+dataset: cora.safetensors
+model:
+  kind: gcn
+workers: 2
+backend:
+  name: local
+  ecs:
+    cluster: physalia
+    subnets: [subnet-0a1]
+    security_groups: [sg-0c2]
+    execution_role_arn: arn:aws:iam::123456789012:role/physalia-task-execution
+    image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia-worker:0.1.0
+    sku: ecs-g5.xlarge
+  kubernetes:
+    image: registry.example/physalia-worker:0.1.0
+    sku: gke-g2-standard-8
+  aci:
+    subscription_id: 00000000-0000-0000-0000-000000000000
+    resource_group: physalia
+    location: eastus
+    subnet_id: /subscriptions/0/resourceGroups/physalia/providers/Microsoft.Network/virtualNetworks/v/subnets/w
+    image: physalia.azurecr.io/physalia-worker:0.1.0
+    sku: aci-cpu-2x8
+";
+
+fn on(text: &str, overrides: &[&str], backend: BackendKind) -> Result<JobSpec, SpecError> {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    parse_str_on(text, "cora.yaml", &overrides, Some(backend))
+}
+
+/// One job file holds a section per platform; `--backend` picks one, its settings are checked, and its
+/// SKU's catalog price is what a worker-second costs.
+#[test]
+fn a_backend_section_per_platform_prices_the_job_at_its_sku() {
+    let catalog = physalia_planner::Catalog::builtin();
+    let local = ok(CLOUD, &[]);
+    assert_eq!(local.backend.name, BackendKind::Local);
+    let p = local.backend.priced(&catalog, None).unwrap();
+    assert_eq!((p.sku.as_str(), p.usd_per_worker_s), ("local", 0.0));
+    for (backend, sku) in [
+        (BackendKind::Ecs, "ecs-g5.xlarge"),
+        (BackendKind::Kubernetes, "gke-g2-standard-8"),
+        (BackendKind::Aci, "aci-cpu-2x8"),
+    ] {
+        let spec = on(CLOUD, &[], backend).unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        assert_eq!(spec.backend.name, backend);
+        let p = spec.backend.priced(&catalog, None).unwrap();
+        let expected = catalog.get(sku).unwrap().usd_per_s();
+        assert!(expected > 0.0, "{sku} has a price");
+        assert_eq!((p.sku.as_str(), p.usd_per_worker_s), (sku, expected));
+    }
+    // ecs-g5.xlarge: $1.006 an hour
+    let ecs = on(CLOUD, &[], BackendKind::Ecs).unwrap();
+    let p = ecs.backend.priced(&catalog, None).unwrap();
+    assert!((p.usd_per_worker_s * 3600.0 - 1.006).abs() < 1e-9, "{p:?}");
+    // the defaults of a section
+    let k = ecs.backend.kubernetes.as_ref().unwrap();
+    assert_eq!(k.namespace, "physalia");
+    assert_eq!(ecs.backend.ecs.as_ref().unwrap().log_group, "/physalia/workers");
+    // a bare name is short for {name: NAME}
+    let short = ok(&format!("{MINIMAL}backend: docker\n"), &[]);
+    assert_eq!(short.backend, BackendSpec { name: BackendKind::Docker, ..BackendSpec::default() });
+    // the schema offers both forms
+    let schema = json_schema();
+    assert!(schema["properties"]["backend"]["anyOf"].is_array(), "{schema}");
+}
+
+/// Bad platform settings are refused before anything is created, each naming the field and what fits.
+#[test]
+fn bad_platform_settings_name_the_field_and_what_fits() {
+    let message = |backend, overrides: &[&str]| match on(CLOUD, overrides, backend) {
+        Ok(spec) => panic!("expected an error, got {spec:?}"),
+        Err(e) => e.to_string(),
+    };
+    let m = message(BackendKind::Ecs, &["backend.ecs.capacity=fargate"]);
+    assert!(
+        m.contains("backend.ecs.capacity") && m.contains("fargate runs no GPUs") && m.contains("A10G"),
+        "{m}"
+    );
+    // Fargate's capacity providers are Fargate too; a GPU capacity provider is fine
+    let m = message(BackendKind::Ecs, &["backend.ecs.capacity=FARGATE_SPOT"]);
+    assert!(m.contains("runs no GPUs"), "{m}");
+    on(CLOUD, &["backend.ecs.capacity=physalia-gpu"], BackendKind::Ecs).unwrap();
+    let m = message(BackendKind::Aci, &["backend.aci.sku=ecs-g5.xlarge"]);
+    assert!(
+        m.contains("backend.aci.sku") && m.contains("one of the ecs backend's, not aci"),
+        "{m}"
+    );
+    let m = message(BackendKind::Ecs, &["backend.ecs.sku=nope"]);
+    assert!(
+        m.contains("backend.ecs.sku") && m.contains("no SKU named \"nope\"") && m.contains("ecs-g4dn.xlarge"),
+        "{m}"
+    );
+    let m = message(BackendKind::Ecs, &["backend.ecs.subnets=[]"]);
+    assert!(m.contains("backend.ecs.subnets: must name at least one"), "{m}");
+    let m = message(BackendKind::Ecs, &["backend.ecs.execution_role_arn=physalia-task-execution"]);
+    assert!(m.contains("backend.ecs.execution_role_arn: must be an IAM role ARN"), "{m}");
+    let m = message(BackendKind::Kubernetes, &["backend.kubernetes.namespace=Physalia"]);
+    assert!(m.contains("backend.kubernetes.namespace: must be a DNS label"), "{m}");
+    let m = message(BackendKind::Aci, &["backend.aci.subnet_id=workers"]);
+    assert!(m.contains("backend.aci.subnet_id: must be a subnet's resource id"), "{m}");
+    // a cloud job names its container, unless the planner chooses it
+    let m = message(BackendKind::Kubernetes, &["backend.kubernetes.sku=null"]);
+    assert!(
+        m.contains("backend.kubernetes.sku: name the worker container: one of") && m.contains("gke-g2-standard-8"),
+        "{m}"
+    );
+    on(
+        CLOUD,
+        &["backend.kubernetes.sku=null", "goal.objective=min_cost"],
+        BackendKind::Kubernetes,
+    )
+    .unwrap();
+    // an unknown field of a section is located in the file
+    let text = CLOUD.replace("    cluster: physalia", "    clustr: physalia");
+    let m = err(&text, &[]);
+    assert!(m.contains("backend.ecs") && m.contains("clustr"), "{m}");
 }

@@ -1,0 +1,468 @@
+//! Following and stopping jobs from their record: `physalia list`, `status`, `logs` and `cancel`.
+//!
+//! Each reads the job directory only (`job.json`, `status.json`, `metrics.jsonl`, `logs/`), so it works
+//! from any process that can read the job store, whether the job's coordinator runs, died or ended. A
+//! job is named by its directory, or by its directory's name or job name under the output folder (the
+//! newest job of that name).
+//!
+//! A record that says `running` may outlive its coordinator (killed, machine lost): its heartbeat
+//! (`updated_unix_s`, rewritten every few seconds) goes stale, and on the coordinator's own host its
+//! process is gone. These commands report such a job as `lost` and say how to continue it; `cancel`
+//! then stops what the dead coordinator left (containers, secrets) and records the job as cancelled.
+
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use physalia_control::record::unix_now;
+use physalia_control::{HEARTBEAT_S, JobState, JobStatus, MetricsLine};
+use serde::Serialize;
+
+use crate::jobdir::{CANCEL_FILE, write_atomic};
+use crate::spec::JobSpec;
+use crate::summary::OutputFormat;
+
+/// A coordinator on another host is taken for dead after this much silence.
+const SILENT_S: f64 = 12.0 * HEARTBEAT_S;
+
+#[derive(Args)]
+pub struct ListArgs {
+    /// The folder of job directories (a job file's `output.dir`).
+    #[arg(long, default_value = "jobs")]
+    dir: PathBuf,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// A job directory, or a job's (directory) name under `--dir`.
+    job: String,
+    #[arg(long, default_value = "jobs")]
+    dir: PathBuf,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
+}
+
+#[derive(Args)]
+pub struct LogsArgs {
+    /// A job directory, or a job's (directory) name under `--dir`.
+    job: String,
+    /// A worker's output (every launch of that rank, in order); without it, the coordinator's log.
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Keep printing what is written until the job ends.
+    #[arg(long, short)]
+    follow: bool,
+    #[arg(long, default_value = "jobs")]
+    dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct CancelArgs {
+    /// A job directory, or a job's (directory) name under `--dir`.
+    job: String,
+    #[arg(long, default_value = "jobs")]
+    dir: PathBuf,
+    /// Seconds to wait for the coordinator to stop the job.
+    #[arg(long, default_value_t = 60.0)]
+    wait: f64,
+}
+
+/// A job as its record shows it.
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    /// The job directory's name: the job's id.
+    pub job: String,
+    pub dir: PathBuf,
+    /// `running`, `succeeded`, `failed`, `cancelled`, or `lost` (recorded as running, but its
+    /// coordinator is gone).
+    pub state: String,
+    pub status: JobStatus,
+    /// The last recorded epoch's numbers.
+    pub last_epoch: Option<EpochView>,
+    /// Seconds since the coordinator last wrote the status.
+    pub updated_s_ago: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EpochView {
+    pub epoch: usize,
+    pub loss: f64,
+    pub train_acc: Option<f64>,
+    pub val_acc: Option<f64>,
+    pub test_acc: Option<f64>,
+    pub train_s: f64,
+    pub workers: usize,
+}
+
+impl JobView {
+    /// Reads the job in `dir`.
+    pub fn read(dir: &Path) -> Result<JobView> {
+        let status = JobStatus::read(&dir.join("status.json")).map_err(anyhow::Error::msg)?;
+        let metrics = dir.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&metrics)
+            .with_context(|| format!("{}: cannot read", metrics.display()))?;
+        let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
+            .map_err(anyhow::Error::msg)?;
+        let last_epoch = lines.last().map(|l| EpochView {
+            epoch: l.metrics.epoch,
+            loss: l.metrics.loss,
+            train_acc: l.metrics.train_acc,
+            val_acc: l.metrics.val_acc,
+            test_acc: l.metrics.test_acc,
+            train_s: l.metrics.train_s,
+            workers: l.worker_count(),
+        });
+        let updated_s_ago = (unix_now() - status.updated_unix_s).max(0.0);
+        let lost = status.state == JobState::Running
+            && match &status.coordinator {
+                Some(c) if c.is_gone_here() => true,
+                Some(c) if c.host == physalia_control::record::host_name() => false,
+                _ => updated_s_ago > SILENT_S,
+            };
+        Ok(JobView {
+            job: job_id(dir),
+            dir: dir.to_path_buf(),
+            state: if lost {
+                "lost".into()
+            } else {
+                status.state.as_str().into()
+            },
+            status,
+            last_epoch,
+            updated_s_ago,
+        })
+    }
+
+    fn is_lost(&self) -> bool {
+        self.state == "lost"
+    }
+
+    /// The few lines `physalia status` prints.
+    fn render(&self) -> String {
+        let s = &self.status;
+        let mut out = format!("job {} ({})\n", self.job, self.dir.display());
+        let backend = s.backend.as_deref().unwrap_or("local");
+        let mut line = format!("state: {}, epoch {} of {}", self.state, s.epoch, s.epochs);
+        if s.state == JobState::Running && s.workers > 0 && !self.is_lost() {
+            line.push_str(&format!(" on {} workers", s.workers));
+        }
+        line.push_str(&format!(", {backend} backend, ${:.4} so far\n", s.usd));
+        out.push_str(&line);
+        if let Some(e) = &s.error {
+            out.push_str(&format!("error: {e}\n"));
+        }
+        if let Some(e) = &self.last_epoch {
+            out.push_str(&format!(
+                "last epoch {}: loss {:.4}, train {}, val {}, test {}, {:.3} s on {} workers\n",
+                e.epoch,
+                e.loss,
+                acc(e.train_acc),
+                acc(e.val_acc),
+                acc(e.test_acc),
+                e.train_s,
+                e.workers.max(1)
+            ));
+        }
+        if let Some(c) = &s.coordinator {
+            out.push_str(&format!(
+                "coordinator: pid {} on {}, last heard {:.0} s ago\n",
+                c.pid, c.host, self.updated_s_ago
+            ));
+        }
+        if self.is_lost() {
+            out.push_str(&format!(
+                "its coordinator is gone: `physalia submit --resume {}` continues it from its last \
+                 checkpoint, `physalia cancel {}` ends it\n",
+                self.dir.display(),
+                self.dir.display()
+            ));
+        }
+        out
+    }
+}
+
+fn acc(a: Option<f64>) -> String {
+    a.map(|a| format!("{a:.4}")).unwrap_or_else(|| "-".into())
+}
+
+fn job_id(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
+}
+
+/// Whether `dir` holds a job record.
+fn is_job_dir(dir: &Path) -> bool {
+    dir.join("job.json").is_file() && dir.join("status.json").is_file()
+}
+
+/// The job directory `job` names: a path to one, a directory name under `root`, or a job name under
+/// `root` (its newest job).
+pub fn resolve(job: &str, root: &Path) -> Result<PathBuf> {
+    let as_path = Path::new(job);
+    if is_job_dir(as_path) {
+        return Ok(as_path.to_path_buf());
+    }
+    let under = root.join(job);
+    if is_job_dir(&under) {
+        return Ok(under);
+    }
+    // `<name>-<unix seconds>[-k]`: the newest of that name
+    let newest = job_dirs(root)
+        .into_iter()
+        .filter(|d| {
+            let id = job_id(d);
+            id.strip_prefix(job)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|rest| rest.split('-').all(|p| p.parse::<u64>().is_ok()))
+        })
+        .max_by_key(|d| started(d));
+    match newest {
+        Some(d) => Ok(d),
+        None if as_path.exists() => bail!("{job}: not a job directory (no job.json and status.json)"),
+        None => bail!(
+            "{job}: no such job (neither a job directory nor a job under {}; `physalia list --dir DIR` \
+             shows the jobs of another folder)",
+            root.display()
+        ),
+    }
+}
+
+fn job_dirs(root: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| is_job_dir(p))
+        .collect()
+}
+
+/// Unix seconds the job started (0 where its status does not say).
+fn started(dir: &Path) -> (u64, String) {
+    let s = JobStatus::read(&dir.join("status.json"))
+        .map(|s| s.started_unix_s)
+        .unwrap_or(0.0);
+    (s as u64, job_id(dir))
+}
+
+pub fn list(a: &ListArgs) -> Result<()> {
+    if !a.dir.is_dir() {
+        bail!("{}: no such folder of jobs", a.dir.display());
+    }
+    let mut dirs = job_dirs(&a.dir);
+    dirs.sort_by_key(|d| started(d));
+    let mut views = Vec::new();
+    let mut unreadable = Vec::new();
+    for d in dirs {
+        match JobView::read(&d) {
+            Ok(v) => views.push(v),
+            Err(e) => unreadable.push(format!("{e:#}")),
+        }
+    }
+    match a.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&views)?),
+        OutputFormat::Text => {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "{:<40} {:<10} {:>11} {:>7} {:<10} {:>10}",
+                "JOB", "STATE", "EPOCH", "WORKERS", "BACKEND", "USD"
+            )?;
+            for v in &views {
+                let s = &v.status;
+                writeln!(
+                    out,
+                    "{:<40} {:<10} {:>11} {:>7} {:<10} {:>10.4}",
+                    v.job,
+                    v.state,
+                    format!("{}/{}", s.epoch, s.epochs),
+                    if s.state == JobState::Running && !v.is_lost() {
+                        s.workers.to_string()
+                    } else {
+                        "-".into()
+                    },
+                    s.backend.as_deref().unwrap_or("local"),
+                    s.usd
+                )?;
+            }
+        }
+    }
+    for e in unreadable {
+        eprintln!("warning: {e}");
+    }
+    Ok(())
+}
+
+pub fn status(a: &StatusArgs) -> Result<()> {
+    let dir = resolve(&a.job, &a.dir)?;
+    let view = JobView::read(&dir)?;
+    match a.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(&view)?),
+        OutputFormat::Text => print!("{}", view.render()),
+    }
+    Ok(())
+}
+
+/// A rank's log files, launch by launch (`worker-R.log`, `worker-R.seg1.log`, ...).
+fn rank_logs(logs: &Path, rank: usize) -> Vec<PathBuf> {
+    let mut segs: Vec<(u32, PathBuf)> = std::fs::read_dir(logs)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let rest = name
+                .strip_prefix(&format!("worker-{rank}"))?
+                .strip_suffix(".log")?;
+            let seg = match rest {
+                "" => 0,
+                r => r.strip_prefix(".seg")?.parse().ok()?,
+            };
+            Some((seg, e.path()))
+        })
+        .collect();
+    segs.sort();
+    segs.into_iter().map(|(_, p)| p).collect()
+}
+
+pub fn logs(a: &LogsArgs) -> Result<()> {
+    let dir = resolve(&a.job, &a.dir)?;
+    let logs = dir.join("logs");
+    let files = || match a.rank {
+        Some(r) => rank_logs(&logs, r),
+        None => vec![logs.join("coordinator.log")]
+            .into_iter()
+            .filter(|p| p.exists())
+            .collect(),
+    };
+    let first = files();
+    if first.is_empty() && !a.follow {
+        match a.rank {
+            Some(r) => bail!(
+                "job {}: no output of rank {r} (logs/worker-{r}*.log); ranks start at 0",
+                job_id(&dir)
+            ),
+            None => bail!("job {}: no coordinator log yet", job_id(&dir)),
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    // how far each file has been printed
+    let mut printed: Vec<(PathBuf, u64)> = Vec::new();
+    let mut print_new = |out: &mut std::io::StdoutLock<'_>| -> Result<()> {
+        for path in files() {
+            let done = match printed.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, n)) => n,
+                None => {
+                    printed.push((path.clone(), 0));
+                    &mut printed.last_mut().expect("just pushed").1
+                }
+            };
+            let mut f = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(_) => continue,
+            };
+            f.seek(std::io::SeekFrom::Start(*done))?;
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)?;
+            *done += buf.len() as u64;
+            match out.write_all(&buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                r => r?,
+            }
+        }
+        out.flush().or_else(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Ok(()),
+            _ => Err(e),
+        })?;
+        Ok(())
+    };
+    print_new(&mut out)?;
+    if !a.follow {
+        return Ok(());
+    }
+    loop {
+        let view = JobView::read(&dir)?;
+        let over = view.status.state.is_final() || view.is_lost();
+        print_new(&mut out)?;
+        if over {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+pub fn cancel(a: &CancelArgs) -> Result<()> {
+    let dir = resolve(&a.job, &a.dir)?;
+    let view = JobView::read(&dir)?;
+    let id = job_id(&dir);
+    if view.status.state.is_final() {
+        println!("job {id} already {}", view.status.state.as_str());
+        return Ok(());
+    }
+    write_atomic(&dir.join(CANCEL_FILE), b"cancel\n")
+        .with_context(|| format!("asking job {id} to stop"))?;
+    if view.is_lost() {
+        // nobody will act on the request: stop what the dead coordinator left, then say so in the record
+        clean_up_after(&dir, &view.status)?;
+        let mut status = view.status;
+        status.state = JobState::Cancelled;
+        status.workers = 0;
+        status.launches.clear();
+        status.updated_unix_s = unix_now();
+        let mut bytes = serde_json::to_vec_pretty(&status)?;
+        bytes.push(b'\n');
+        write_atomic(&dir.join("status.json"), &bytes)?;
+        println!(
+            "job {id} cancelled (its coordinator was gone; its workers were stopped here)"
+        );
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    loop {
+        let view = JobView::read(&dir)?;
+        if view.status.state.is_final() {
+            println!("job {id} {}", view.status.state.as_str());
+            return Ok(());
+        }
+        if t0.elapsed().as_secs_f64() > a.wait {
+            bail!(
+                "job {id}: asked its coordinator to stop, and it has not within {} s; `physalia status \
+                 {}` shows when it does",
+                a.wait,
+                dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Stops every launch a dead coordinator left running and releases the job's platform objects.
+fn clean_up_after(dir: &Path, status: &JobStatus) -> Result<()> {
+    let spec_path = dir.join("job.json");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("{}: cannot read", spec_path.display()))?;
+    let spec: JobSpec = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a job record", spec_path.display()))?;
+    let id = job_id(dir);
+    let mut failures = Vec::new();
+    for &segment in &status.launches {
+        let backend = crate::distributed::job_backend(&spec, dir, segment as usize)?;
+        let launch = physalia_backends::LaunchId::new(id.clone(), segment);
+        if let Err(e) = crate::workers::block_on(backend.stop_all(&launch))? {
+            failures.push(format!("launch {segment}: {e}"));
+        }
+    }
+    let backend = crate::distributed::job_backend(&spec, dir, 0)?;
+    if let Err(e) = crate::workers::block_on(backend.release(&id))? {
+        failures.push(format!("releasing the job's platform objects: {e}"));
+    }
+    if !failures.is_empty() {
+        bail!("job {id}: {}", failures.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! `backend:`: where a job runs, and each platform's settings.
+//!
+//! A job file names the platform it runs on (`backend: docker`, or `backend: {name: ecs, ...}`) and may
+//! hold a section for each platform it can run on (`ecs:`, `kubernetes:`, `aci:`, `docker:`), so the same
+//! file runs anywhere with `submit --backend NAME`. The platform's section says where its workers go (the
+//! `infra/` outputs: cluster or namespace, subnets and security groups, resource group), which image they
+//! run, and which container SKU of `infra/catalog/` they are: the SKU's catalog price is what the job
+//! costs per worker-second.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{BackendKind, SpecError, invalid, one_line};
+
+/// Where a job runs: the platform (`name`) and, per platform, its settings. A bare platform name is
+/// short for `{name: NAME}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    /// The platform this job runs on (default `local`); `submit --backend NAME` and `plan --backend
+    /// NAME` pick another, whose section must then be here.
+    #[serde(default)]
+    pub name: BackendKind,
+    /// Containers on this machine's Docker Engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker: Option<DockerSettings>,
+    /// Pods of an Indexed Job on a Kubernetes cluster (`infra/k8s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesSettings>,
+    /// AWS ECS tasks (`infra/ecs`'s outputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecs: Option<EcsSettings>,
+    /// Azure Container Instances container groups (`infra/azure`'s outputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aci: Option<AciSettings>,
+}
+
+/// `backend.docker`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DockerSettings {
+    /// The worker image. Default: built on this machine from the `physalia-worker` beside `physalia`
+    /// (`physalia image build`); an image named here must already be in the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// `backend.kubernetes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// The kubeconfig context; default: the current one (or the in-cluster ServiceAccount).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Namespace of every object (`infra/k8s/namespace.yaml` makes `physalia`).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The worker image as the cluster pulls it (`physalia image push REGISTRY` prints it).
+    pub image: String,
+    /// The worker container, a SKU of `infra/catalog/kubernetes.yaml` (or a `--catalog`); its price is
+    /// the job's cost per worker-second. May be left out when the job has a `goal:` (the planner picks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sku: Option<String>,
+    /// A pull secret in the namespace, for a private registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<String>,
+}
+
+/// `backend.ecs`: `terraform output` of `infra/ecs` gives every field but `image` and `sku`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EcsSettings {
+    /// AWS region; default: the standard chain's (`AWS_REGION`, the profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Cluster name or ARN.
+    pub cluster: String,
+    /// Private subnets of the workers and the coordinator.
+    pub subnets: Vec<String>,
+    /// Security groups (only the QUIC ports, only from themselves).
+    pub security_groups: Vec<String>,
+    /// The role ECS pulls the image, writes logs and reads each rank's secret with.
+    pub execution_role_arn: String,
+    /// The workers' task role (no permissions: workers hold no cloud credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_role_arn: Option<String>,
+    /// CloudWatch Logs group of the workers' output.
+    #[serde(default = "default_log_group")]
+    pub log_group: String,
+    /// `fargate` (CPU only), `ec2` (the cluster's registered instances), or a capacity provider's name
+    /// (`physalia-gpu`, infra/ecs's `gpu_capacity_provider`, scales GPU instances from zero; `FARGATE`
+    /// and `FARGATE_SPOT` are Fargate). Default: the GPU capacity provider `physalia-gpu` for a GPU SKU,
+    /// `fargate` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
+    /// The worker image as ECS pulls it (an ECR reference).
+    pub image: String,
+    /// The worker container, a SKU of `infra/catalog/aws-ecs.yaml` (or a `--catalog`). May be left out
+    /// when the job has a `goal:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sku: Option<String>,
+}
+
+/// `backend.aci`: `terraform output` of `infra/azure` gives every field but `image` and `sku`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AciSettings {
+    pub subscription_id: String,
+    pub resource_group: String,
+    /// Azure region of the container groups, e.g. `eastus`; the subnet must be in it.
+    pub location: String,
+    /// Resource id of the subnet delegated to `Microsoft.ContainerInstance/containerGroups`.
+    pub subnet_id: String,
+    /// A private registry the groups pull from with a user-assigned identity (no password).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<AciRegistry>,
+    /// The worker image as ACI pulls it.
+    pub image: String,
+    /// The worker container, a SKU of `infra/catalog/azure-aci.yaml` (or a `--catalog`). May be left out
+    /// when the job has a `goal:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sku: Option<String>,
+}
+
+/// `backend.aci.registry`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AciRegistry {
+    /// e.g. `physalia.azurecr.io`.
+    pub server: String,
+    /// Resource id of the user-assigned identity holding `AcrPull` (infra/azure's `pull_identity_id`).
+    pub identity_id: String,
+}
+
+fn default_namespace() -> String {
+    "physalia".into()
+}
+
+fn default_log_group() -> String {
+    "/physalia/workers".into()
+}
+
+/// `backend: NAME` as well as the mapping.
+pub(super) fn backend_or_name<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BackendSpec, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = BackendSpec;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(
+                "a backend name (local, docker, kubernetes, ecs, aci), or a mapping with `name` and \
+                 the platforms' sections",
+            )
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BackendSpec, E> {
+            let name = BackendKind::deserialize(serde::de::value::StrDeserializer::<E>::new(v))?;
+            Ok(BackendSpec {
+                name,
+                ..BackendSpec::default()
+            })
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<BackendSpec, A::Error> {
+            BackendSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+pub(super) fn backend_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let name = g.subschema_for::<BackendKind>();
+    let full = g.subschema_for::<BackendSpec>();
+    schemars::json_schema!({ "anyOf": [name, full] })
+}
+
+/// What a job is billed per worker-second on its platform, and the SKU that price comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Priced {
+    pub sku: String,
+    pub usd_per_worker_s: f64,
+}
+
+impl BackendSpec {
+    /// The named platform's SKU setting (`local` and `docker` run on this machine: the `local` SKU).
+    pub fn sku(&self) -> Option<&str> {
+        match self.name {
+            BackendKind::Local | BackendKind::Docker => Some("local"),
+            BackendKind::Kubernetes => self.kubernetes.as_ref()?.sku.as_deref(),
+            BackendKind::Ecs => self.ecs.as_ref()?.sku.as_deref(),
+            BackendKind::Aci => self.aci.as_ref()?.sku.as_deref(),
+        }
+    }
+
+    /// The platform's SKU and its catalog price, or why there is none. `planned` is the SKU the planner
+    /// chose (a job with a `goal:`), used when the section names none.
+    pub fn priced(
+        &self,
+        catalog: &physalia_planner::Catalog,
+        planned: Option<&str>,
+    ) -> Result<Priced, SpecError> {
+        let field = format!("backend.{}.sku", self.name.as_str());
+        let Some(name) = self.sku().or(planned) else {
+            return Err(invalid(
+                &field,
+                format!(
+                    "name the worker container: one of {} (infra/catalog), or add a `goal:` for the \
+                     planner to choose",
+                    skus_of(catalog, self.name).join(", ")
+                ),
+            ));
+        };
+        let Some(sku) = catalog.get(name) else {
+            return Err(invalid(
+                &field,
+                format!(
+                    "no SKU named {:?} in the catalog; the {} backend's are {}",
+                    one_line(name),
+                    self.name.as_str(),
+                    skus_of(catalog, self.name).join(", ")
+                ),
+            ));
+        };
+        if sku.backend.as_str() != self.name.as_str()
+            && !(self.name == BackendKind::Docker && sku.backend.as_str() == "local")
+        {
+            return Err(invalid(
+                &field,
+                format!(
+                    "the SKU {name} is one of the {} backend's, not {}; the {} backend's are {}",
+                    sku.backend.as_str(),
+                    self.name.as_str(),
+                    self.name.as_str(),
+                    skus_of(catalog, self.name).join(", ")
+                ),
+            ));
+        }
+        if let Some(gpu) = &sku.gpu {
+            match self.name {
+                BackendKind::Aci => {
+                    return Err(invalid(
+                        &field,
+                        format!(
+                            "{name} has a GPU ({}); Azure Container Instances runs no GPUs since July \
+                             2025: pick a CPU SKU, or run GPU workers on kubernetes (AKS) or ecs",
+                            gpu.model
+                        ),
+                    ));
+                }
+                BackendKind::Ecs => {
+                    let capacity = self.ecs.as_ref().and_then(|e| e.capacity.as_deref());
+                    if let Some(c) = capacity
+                        && is_fargate(c)
+                    {
+                        return Err(invalid(
+                            "backend.ecs.capacity",
+                            format!(
+                                "{c} runs no GPUs, and the SKU {name} has one ({}): use the GPU capacity \
+                                 provider (infra/ecs's `gpu_capacity_provider`, `physalia-gpu`) or `ec2`",
+                                gpu.model
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Priced {
+            sku: sku.name.clone(),
+            usd_per_worker_s: sku.usd_per_s(),
+        })
+    }
+
+    /// Checks the named platform's section: present where the platform needs settings, every list
+    /// non-empty and every name well-formed. The SKU is checked by [`BackendSpec::priced`].
+    pub(super) fn validate(&self) -> Result<(), SpecError> {
+        let missing = |what: &str| {
+            invalid(
+                &format!("backend.{}", self.name.as_str()),
+                format!(
+                    "the {} backend needs its settings: {what} (`terraform output` of infra/{} gives \
+                     most of them; see infra/README.md)",
+                    self.name.as_str(),
+                    match self.name {
+                        BackendKind::Kubernetes => "k8s",
+                        BackendKind::Aci => "azure",
+                        _ => self.name.as_str(),
+                    }
+                ),
+            )
+        };
+        match self.name {
+            BackendKind::Local => {}
+            BackendKind::Docker => {
+                if let Some(d) = &self.docker
+                    && let Some(image) = &d.image
+                {
+                    not_blank("backend.docker.image", image)?;
+                }
+            }
+            BackendKind::Kubernetes => {
+                let Some(k) = &self.kubernetes else {
+                    return Err(missing("namespace, image, sku"));
+                };
+                dns_label("backend.kubernetes.namespace", &k.namespace)?;
+                not_blank("backend.kubernetes.image", &k.image)?;
+            }
+            BackendKind::Ecs => {
+                let Some(e) = &self.ecs else {
+                    return Err(missing(
+                        "cluster, subnets, security_groups, execution_role_arn, image, sku",
+                    ));
+                };
+                not_blank("backend.ecs.cluster", &e.cluster)?;
+                not_empty("backend.ecs.subnets", &e.subnets, "subnet-")?;
+                not_empty("backend.ecs.security_groups", &e.security_groups, "sg-")?;
+                arn("backend.ecs.execution_role_arn", &e.execution_role_arn)?;
+                if let Some(r) = &e.task_role_arn {
+                    arn("backend.ecs.task_role_arn", r)?;
+                }
+                not_blank("backend.ecs.log_group", &e.log_group)?;
+                not_blank("backend.ecs.image", &e.image)?;
+                if let Some(c) = &e.capacity {
+                    not_blank("backend.ecs.capacity", c)?;
+                }
+            }
+            BackendKind::Aci => {
+                let Some(a) = &self.aci else {
+                    return Err(missing(
+                        "subscription_id, resource_group, location, subnet_id, image, sku",
+                    ));
+                };
+                not_blank("backend.aci.subscription_id", &a.subscription_id)?;
+                not_blank("backend.aci.resource_group", &a.resource_group)?;
+                not_blank("backend.aci.location", &a.location)?;
+                if !a.subnet_id.starts_with("/subscriptions/") {
+                    return Err(invalid(
+                        "backend.aci.subnet_id",
+                        format!(
+                            "must be a subnet's resource id (/subscriptions/.../subnets/NAME, \
+                             infra/azure's `subnet_id`), got {:?}",
+                            one_line(&a.subnet_id)
+                        ),
+                    ));
+                }
+                not_blank("backend.aci.image", &a.image)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `fargate`, or one of Fargate's capacity providers.
+pub fn is_fargate(capacity: &str) -> bool {
+    capacity.eq_ignore_ascii_case("fargate") || capacity == "FARGATE_SPOT"
+}
+
+fn skus_of(catalog: &physalia_planner::Catalog, backend: BackendKind) -> Vec<String> {
+    let of = |b: &str| {
+        catalog
+            .skus
+            .iter()
+            .filter(|s| s.backend.as_str() == b)
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>()
+    };
+    match backend {
+        BackendKind::Docker => of("local"),
+        b => of(b.as_str()),
+    }
+}
+
+fn not_blank(field: &str, value: &str) -> Result<(), SpecError> {
+    if value.trim().is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(
+            field,
+            format!("must be one line, got {:?}", one_line(value)),
+        ));
+    }
+    Ok(())
+}
+
+fn not_empty(field: &str, values: &[String], prefix: &str) -> Result<(), SpecError> {
+    if values.is_empty() {
+        return Err(invalid(
+            field,
+            format!("must name at least one ({prefix}...)"),
+        ));
+    }
+    for (i, v) in values.iter().enumerate() {
+        not_blank(&format!("{field}[{i}]"), v)?;
+    }
+    Ok(())
+}
+
+fn arn(field: &str, value: &str) -> Result<(), SpecError> {
+    if !value.starts_with("arn:") || value.split(':').count() < 6 {
+        return Err(invalid(
+            field,
+            format!(
+                "must be an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME), got {:?}",
+                one_line(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn dns_label(field: &str, value: &str) -> Result<(), SpecError> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if !ok {
+        return Err(invalid(
+            field,
+            format!(
+                "must be a DNS label (lowercase letters, digits and '-', at most 63), got {:?}",
+                one_line(value)
+            ),
+        ));
+    }
+    Ok(())
+}
