@@ -959,17 +959,17 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
         "{m}"
     );
     let m = message(BackendKind::Ecs, &["backend.ecs.subnets=[]"]);
-    assert!(m.contains("backend.ecs.subnets: must name at least one"), "{m}");
+    assert!(m.contains("backend.ecs.subnets") && m.contains("must name at least one"), "{m}");
     let m = message(BackendKind::Ecs, &["backend.ecs.execution_role_arn=physalia-task-execution"]);
-    assert!(m.contains("backend.ecs.execution_role_arn: must be an IAM role ARN"), "{m}");
+    assert!(m.contains("backend.ecs.execution_role_arn") && m.contains("must be an IAM role ARN"), "{m}");
     let m = message(BackendKind::Kubernetes, &["backend.kubernetes.namespace=Physalia"]);
-    assert!(m.contains("backend.kubernetes.namespace: must be a DNS label"), "{m}");
+    assert!(m.contains("backend.kubernetes.namespace") && m.contains("must be a DNS label"), "{m}");
     let m = message(BackendKind::Aci, &["backend.aci.subnet_id=workers"]);
-    assert!(m.contains("backend.aci.subnet_id: must be a subnet's resource id"), "{m}");
+    assert!(m.contains("backend.aci.subnet_id") && m.contains("must be a subnet's resource id"), "{m}");
     // a cloud job names its container, unless the planner chooses it
     let m = message(BackendKind::Kubernetes, &["backend.kubernetes.sku=null"]);
     assert!(
-        m.contains("backend.kubernetes.sku: name the worker container: one of") && m.contains("gke-g2-standard-8"),
+        m.contains("backend.kubernetes.sku") && m.contains("name the worker container: one of") && m.contains("gke-g2-standard-8"),
         "{m}"
     );
     on(
@@ -982,4 +982,20 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
     let text = CLOUD.replace("    cluster: physalia", "    clustr: physalia");
     let m = err(&text, &[]);
     assert!(m.contains("backend.ecs") && m.contains("clustr"), "{m}");
+}
+
+/// The example with every platform's section is valid on each of them.
+#[test]
+fn the_cloud_example_is_valid_on_every_backend() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cloud.yaml");
+    for backend in [
+        BackendKind::Local,
+        BackendKind::Docker,
+        BackendKind::Kubernetes,
+        BackendKind::Ecs,
+        BackendKind::Aci,
+    ] {
+        let spec = load_on(&file, &[], Some(backend)).unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        assert_eq!(spec.backend.name, backend);
+    }
 }
