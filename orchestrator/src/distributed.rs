@@ -395,7 +395,15 @@ impl Launch {
                 Duration::ZERO,
             ),
             true => {
-                let image = crate::docker::ensure_image(&worker_binary()?, false)?;
+                let named = spec
+                    .backend
+                    .docker
+                    .as_ref()
+                    .and_then(|d| d.image.as_deref());
+                let image = match named {
+                    Some(image) => crate::docker::named_image(image)?,
+                    None => crate::docker::ensure_image(&worker_binary()?, false)?,
+                };
                 let logs_dir = dir.join("logs");
                 std::fs::create_dir_all(&logs_dir)?;
                 let logs = (0..n)

@@ -61,6 +61,18 @@ pub fn available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The job file's own worker image (`backend.docker.image`), checked to be in the engine: no registry is
+/// pulled from, so an image that is not there is an error naming the field, before anything is started.
+pub fn named_image(image: &str) -> Result<String> {
+    docker(&["image", "inspect", "--format", "{{.Id}}", image]).with_context(|| {
+        format!(
+            "backend.docker.image: {image} is not in the Docker Engine (build it, or leave the field out \
+             for the image built from this physalia)"
+        )
+    })?;
+    Ok(image.to_string())
+}
+
 /// The worker image for `worker` (the physalia-worker binary): `physalia-worker:<content hash>`, built when
 /// missing. Returns its tag.
 pub fn ensure_image(worker: &Path, quiet: bool) -> Result<String> {

@@ -223,7 +223,9 @@ pub fn resolve(job: &str, root: &Path) -> Result<PathBuf> {
         .max_by_key(|d| started(d));
     match newest {
         Some(d) => Ok(d),
-        None if as_path.exists() => bail!("{job}: not a job directory (no job.json and status.json)"),
+        None if as_path.exists() => {
+            bail!("{job}: not a job directory (no job.json and status.json)")
+        }
         None => bail!(
             "{job}: no such job (neither a job directory nor a job under {}; `physalia list --dir DIR` \
              shows the jobs of another folder)",
@@ -417,9 +419,7 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
         let mut bytes = serde_json::to_vec_pretty(&status)?;
         bytes.push(b'\n');
         write_atomic(&dir.join("status.json"), &bytes)?;
-        println!(
-            "job {id} cancelled (its coordinator was gone; its workers were stopped here)"
-        );
+        println!("job {id} cancelled (its coordinator was gone; its workers were stopped here)");
         return Ok(());
     }
     let t0 = Instant::now();

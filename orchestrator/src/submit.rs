@@ -8,12 +8,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use physalia_control::JobState;
 use physalia_gnn::{
     EpochMetrics, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
     TrainSummary,
 };
 use physalia_graph::Split;
-use physalia_control::JobState;
 
 use crate::dataset;
 use crate::jobdir::JobDir;

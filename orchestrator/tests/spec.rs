@@ -863,7 +863,6 @@ fn scaling_policies_resize_partition_data_and_model_jobs_but_not_replica_groups(
     }
 }
 
-
 const CLOUD: &str = "\
 dataset: cora.safetensors
 model:
@@ -923,13 +922,25 @@ fn a_backend_section_per_platform_prices_the_job_at_its_sku() {
     // the defaults of a section
     let k = ecs.backend.kubernetes.as_ref().unwrap();
     assert_eq!(k.namespace, "physalia");
-    assert_eq!(ecs.backend.ecs.as_ref().unwrap().log_group, "/physalia/workers");
+    assert_eq!(
+        ecs.backend.ecs.as_ref().unwrap().log_group,
+        "/physalia/workers"
+    );
     // a bare name is short for {name: NAME}
     let short = ok(&format!("{MINIMAL}backend: docker\n"), &[]);
-    assert_eq!(short.backend, BackendSpec { name: BackendKind::Docker, ..BackendSpec::default() });
+    assert_eq!(
+        short.backend,
+        BackendSpec {
+            name: BackendKind::Docker,
+            ..BackendSpec::default()
+        }
+    );
     // the schema offers both forms
     let schema = json_schema();
-    assert!(schema["properties"]["backend"]["anyOf"].is_array(), "{schema}");
+    assert!(
+        schema["properties"]["backend"]["anyOf"].is_array(),
+        "{schema}"
+    );
 }
 
 /// Bad platform settings are refused before anything is created, each naming the field and what fits.
@@ -941,13 +952,20 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
     };
     let m = message(BackendKind::Ecs, &["backend.ecs.capacity=fargate"]);
     assert!(
-        m.contains("backend.ecs.capacity") && m.contains("fargate runs no GPUs") && m.contains("A10G"),
+        m.contains("backend.ecs.capacity")
+            && m.contains("fargate runs no GPUs")
+            && m.contains("A10G"),
         "{m}"
     );
     // Fargate's capacity providers are Fargate too; a GPU capacity provider is fine
     let m = message(BackendKind::Ecs, &["backend.ecs.capacity=FARGATE_SPOT"]);
     assert!(m.contains("runs no GPUs"), "{m}");
-    on(CLOUD, &["backend.ecs.capacity=physalia-gpu"], BackendKind::Ecs).unwrap();
+    on(
+        CLOUD,
+        &["backend.ecs.capacity=physalia-gpu"],
+        BackendKind::Ecs,
+    )
+    .unwrap();
     let m = message(BackendKind::Aci, &["backend.aci.sku=ecs-g5.xlarge"]);
     assert!(
         m.contains("backend.aci.sku") && m.contains("one of the ecs backend's, not aci"),
@@ -955,21 +973,43 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
     );
     let m = message(BackendKind::Ecs, &["backend.ecs.sku=nope"]);
     assert!(
-        m.contains("backend.ecs.sku") && m.contains("no SKU named \"nope\"") && m.contains("ecs-g4dn.xlarge"),
+        m.contains("backend.ecs.sku")
+            && m.contains("no SKU named \"nope\"")
+            && m.contains("ecs-g4dn.xlarge"),
         "{m}"
     );
     let m = message(BackendKind::Ecs, &["backend.ecs.subnets=[]"]);
-    assert!(m.contains("backend.ecs.subnets") && m.contains("must name at least one"), "{m}");
-    let m = message(BackendKind::Ecs, &["backend.ecs.execution_role_arn=physalia-task-execution"]);
-    assert!(m.contains("backend.ecs.execution_role_arn") && m.contains("must be an IAM role ARN"), "{m}");
-    let m = message(BackendKind::Kubernetes, &["backend.kubernetes.namespace=Physalia"]);
-    assert!(m.contains("backend.kubernetes.namespace") && m.contains("must be a DNS label"), "{m}");
+    assert!(
+        m.contains("backend.ecs.subnets") && m.contains("must name at least one"),
+        "{m}"
+    );
+    let m = message(
+        BackendKind::Ecs,
+        &["backend.ecs.execution_role_arn=physalia-task-execution"],
+    );
+    assert!(
+        m.contains("backend.ecs.execution_role_arn") && m.contains("must be an IAM role ARN"),
+        "{m}"
+    );
+    let m = message(
+        BackendKind::Kubernetes,
+        &["backend.kubernetes.namespace=Physalia"],
+    );
+    assert!(
+        m.contains("backend.kubernetes.namespace") && m.contains("must be a DNS label"),
+        "{m}"
+    );
     let m = message(BackendKind::Aci, &["backend.aci.subnet_id=workers"]);
-    assert!(m.contains("backend.aci.subnet_id") && m.contains("must be a subnet's resource id"), "{m}");
+    assert!(
+        m.contains("backend.aci.subnet_id") && m.contains("must be a subnet's resource id"),
+        "{m}"
+    );
     // a cloud job names its container, unless the planner chooses it
     let m = message(BackendKind::Kubernetes, &["backend.kubernetes.sku=null"]);
     assert!(
-        m.contains("backend.kubernetes.sku") && m.contains("name the worker container: one of") && m.contains("gke-g2-standard-8"),
+        m.contains("backend.kubernetes.sku")
+            && m.contains("name the worker container: one of")
+            && m.contains("gke-g2-standard-8"),
         "{m}"
     );
     on(
@@ -995,7 +1035,8 @@ fn the_cloud_example_is_valid_on_every_backend() {
         BackendKind::Ecs,
         BackendKind::Aci,
     ] {
-        let spec = load_on(&file, &[], Some(backend)).unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        let spec =
+            load_on(&file, &[], Some(backend)).unwrap_or_else(|e| panic!("{backend:?}: {e}"));
         assert_eq!(spec.backend.name, backend);
     }
 }

@@ -215,3 +215,32 @@ fn a_container_killed_mid_training_is_recovered() {
         "{events:?}"
     );
 }
+
+/// `backend.docker.image` names the image to run; one the engine does not have is refused naming the
+/// field, and the job's record says it failed (nothing is pulled, no container is left).
+#[test]
+fn a_named_docker_image_that_is_not_there_is_refused() {
+    if !docker_available() {
+        return;
+    }
+    let t = TempDir::new().unwrap();
+    write_job(
+        t.path(),
+        "job.yaml",
+        "name: img\ndataset:\n  synth:\n    kind: sbm\n    nodes: 500\n    classes: 2\n    avg_degree: 4\n    \
+         feat_dim: 8\nmodel:\n  kind: gcn\n  hidden: 8\ntrain:\n  epochs: 1\nworkers: 2\nbackend:\n  name: \
+         docker\n  docker:\n    image: physalia-no-such-image:0\noutput:\n  dir: jobs\n",
+    );
+    let out = physalia(t.path(), ["submit", "job.yaml", "-q"]);
+    let line = out.one_line_error(&["backend.docker.image", "physalia-no-such-image:0"]);
+    assert!(line.contains("not in the Docker Engine"), "{line}");
+    let dir = job_dirs(&t.path().join("jobs")).remove(0);
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("status.json")).unwrap()).unwrap();
+    assert_eq!(status["state"], "failed", "{status}");
+    let left = Command::new("docker")
+        .args(["ps", "-aq", "--filter", "name=img-"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&left.stdout).trim().is_empty());
+}

@@ -43,7 +43,10 @@ fn wait_for_an_epoch(dir: &Path, child: &mut Child) -> PathBuf {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("submit ended before its first epoch: {status}");
         }
-        assert!(t0.elapsed() < Duration::from_secs(120), "no epoch within 120 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no epoch within 120 s"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -53,7 +56,14 @@ fn worker_pids(job: &Path) -> Vec<u32> {
     std::fs::read_to_string(job.join("logs/coordinator.log"))
         .unwrap_or_default()
         .lines()
-        .filter_map(|l| l.split_once("started worker ")?.1.split_once(" pid ")?.1.parse().ok())
+        .filter_map(|l| {
+            l.split_once("started worker ")?
+                .1
+                .split_once(" pid ")?
+                .1
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
@@ -79,7 +89,9 @@ fn status_list_and_logs_read_a_finished_job() {
 
     // by job name (the newest of that name), by directory name, by path: the same job
     for name in ["small", id.as_str(), dir.to_str().unwrap()] {
-        let v = physalia(t.path(), ["status", name, "--output", "json"]).ok().last_json();
+        let v = physalia(t.path(), ["status", name, "--output", "json"])
+            .ok()
+            .last_json();
         assert_eq!(v["job"], id.as_str(), "{name}");
         assert_eq!(v["state"], "succeeded");
         assert_eq!(v["status"]["epoch"], 3);
@@ -91,7 +103,9 @@ fn status_list_and_logs_read_a_finished_job() {
     let text = physalia(t.path(), ["status", "small"]).ok().stdout;
     assert!(text.contains("state: succeeded, epoch 3 of 3"), "{text}");
 
-    let list = physalia(t.path(), ["list", "--output", "json"]).ok().last_json();
+    let list = physalia(t.path(), ["list", "--output", "json"])
+        .ok()
+        .last_json();
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list[0]["job"], id.as_str());
     let text = physalia(t.path(), ["list"]).ok().stdout;
@@ -99,11 +113,18 @@ fn status_list_and_logs_read_a_finished_job() {
     assert!(text.contains("succeeded"), "{text}");
 
     let coordinator = physalia(t.path(), ["logs", "small"]).ok().stdout;
-    assert!(coordinator.contains("launch 0: all workers registered"), "{coordinator}");
-    let rank1 = physalia(t.path(), ["logs", "small", "--rank", "1"]).ok().stdout;
+    assert!(
+        coordinator.contains("launch 0: all workers registered"),
+        "{coordinator}"
+    );
+    let rank1 = physalia(t.path(), ["logs", "small", "--rank", "1"])
+        .ok()
+        .stdout;
     assert!(rank1.contains("worker 1/2"), "{rank1}");
     // following an ended job prints what there is and returns
-    let followed = physalia(t.path(), ["logs", "small", "--rank", "1", "--follow"]).ok().stdout;
+    let followed = physalia(t.path(), ["logs", "small", "--rank", "1", "--follow"])
+        .ok()
+        .stdout;
     assert_eq!(followed, rank1);
     physalia(t.path(), ["logs", "small", "--rank", "5"]).one_line_error(&["rank 5"]);
     physalia(t.path(), ["status", "nosuch"]).one_line_error(&["nosuch", "no such job"]);
@@ -119,7 +140,9 @@ fn cancel_stops_a_running_job_and_every_worker() {
     write_job(t.path(), "small.yaml", &job(1_000_000, 2));
     let mut child = spawn_submit(t.path(), "small.yaml");
     let dir = wait_for_an_epoch(t.path(), &mut child);
-    let running = physalia(t.path(), ["status", "small", "--output", "json"]).ok().last_json();
+    let running = physalia(t.path(), ["status", "small", "--output", "json"])
+        .ok()
+        .last_json();
     assert_eq!(running["state"], "running", "{running}");
     assert_eq!(running["status"]["workers"], 2, "{running}");
     let pids = worker_pids(&dir);
@@ -152,7 +175,9 @@ fn a_job_whose_coordinator_died_is_lost_and_cancel_ends_it() {
     child.wait().unwrap();
     // the record still says running; the commands see through it
     assert_eq!(read_json(&dir.join("status.json"))["state"], "running");
-    let v = physalia(t.path(), ["status", "small", "--output", "json"]).ok().last_json();
+    let v = physalia(t.path(), ["status", "small", "--output", "json"])
+        .ok()
+        .last_json();
     assert_eq!(v["state"], "lost", "{v}");
     let text = physalia(t.path(), ["status", "small"]).ok().stdout;
     assert!(text.contains("submit --resume"), "{text}");
@@ -160,7 +185,10 @@ fn a_job_whose_coordinator_died_is_lost_and_cancel_ends_it() {
     assert!(list.contains("lost"), "{list}");
 
     let out = physalia(t.path(), ["cancel", "small"]).ok().stdout;
-    assert!(out.contains("cancelled") && out.contains("coordinator was gone"), "{out}");
+    assert!(
+        out.contains("cancelled") && out.contains("coordinator was gone"),
+        "{out}"
+    );
     let status = read_json(&dir.join("status.json"));
     assert_eq!(status["state"], "cancelled", "{status}");
     // no worker outlives its coordinator, and the launch's secrets are gone
