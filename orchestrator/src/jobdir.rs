@@ -168,10 +168,15 @@ impl JobDir {
     }
 
     pub fn write_json(&self, name: &str, value: &impl Serialize) -> Result<()> {
-        let mut bytes = serde_json::to_vec_pretty(value)?;
-        bytes.push(b'\n');
-        write_atomic(&self.path.join(name), &bytes)
+        write_json(&self.path.join(name), value)
     }
+}
+
+/// `value` as pretty JSON, whole or not at all.
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value)?;
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {

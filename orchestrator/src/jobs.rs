@@ -20,7 +20,7 @@ use physalia_control::record::unix_now;
 use physalia_control::{HEARTBEAT_S, JobState, JobStatus, MetricsLine};
 use serde::Serialize;
 
-use crate::jobdir::{CANCEL_FILE, write_atomic};
+use crate::jobdir::{CANCEL_FILE, write_atomic, write_json};
 use crate::spec::JobSpec;
 use crate::summary::OutputFormat;
 
@@ -82,19 +82,16 @@ pub struct JobView {
     pub state: String,
     pub status: JobStatus,
     /// The last recorded epoch's numbers.
-    pub last_epoch: Option<EpochView>,
+    pub last_epoch: Option<LastEpoch>,
     /// Seconds since the coordinator last wrote the status.
     pub updated_s_ago: f64,
 }
 
+/// The last recorded epoch: rank 0's metrics (loss and accuracies are global) and the worker count.
 #[derive(Debug, Serialize)]
-pub struct EpochView {
-    pub epoch: usize,
-    pub loss: f64,
-    pub train_acc: Option<f64>,
-    pub val_acc: Option<f64>,
-    pub test_acc: Option<f64>,
-    pub train_s: f64,
+pub struct LastEpoch {
+    #[serde(flatten)]
+    pub metrics: physalia_gnn::EpochMetrics,
     pub workers: usize,
 }
 
@@ -107,13 +104,8 @@ impl JobView {
             .with_context(|| format!("{}: cannot read", metrics.display()))?;
         let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
             .map_err(anyhow::Error::msg)?;
-        let last_epoch = lines.last().map(|l| EpochView {
-            epoch: l.metrics.epoch,
-            loss: l.metrics.loss,
-            train_acc: l.metrics.train_acc,
-            val_acc: l.metrics.val_acc,
-            test_acc: l.metrics.test_acc,
-            train_s: l.metrics.train_s,
+        let last_epoch = lines.last().map(|l| LastEpoch {
+            metrics: l.metrics.clone(),
             workers: l.worker_count(),
         });
         let updated_s_ago = (unix_now() - status.updated_unix_s).max(0.0);
@@ -155,16 +147,19 @@ impl JobView {
         if let Some(e) = &s.error {
             out.push_str(&format!("error: {e}\n"));
         }
-        if let Some(e) = &self.last_epoch {
+        if let Some(LastEpoch {
+            metrics: e,
+            workers,
+        }) = &self.last_epoch
+        {
             out.push_str(&format!(
-                "last epoch {}: loss {:.4}, train {}, val {}, test {}, {:.3} s on {} workers\n",
+                "last epoch {}: loss {:.4}, train {}, val {}, test {}, {:.3} s on {workers} workers\n",
                 e.epoch,
                 e.loss,
                 acc(e.train_acc),
                 acc(e.val_acc),
                 acc(e.test_acc),
                 e.train_s,
-                e.workers.max(1)
             ));
         }
         if let Some(c) = &s.coordinator {
@@ -256,16 +251,20 @@ pub fn list(a: &ListArgs) -> Result<()> {
     if !a.dir.is_dir() {
         bail!("{}: no such folder of jobs", a.dir.display());
     }
-    let mut dirs = job_dirs(&a.dir);
-    dirs.sort_by_key(|d| started(d));
     let mut views = Vec::new();
     let mut unreadable = Vec::new();
-    for d in dirs {
+    for d in job_dirs(&a.dir) {
         match JobView::read(&d) {
             Ok(v) => views.push(v),
             Err(e) => unreadable.push(format!("{e:#}")),
         }
     }
+    views.sort_by(|a, b| {
+        a.status
+            .started_unix_s
+            .total_cmp(&b.status.started_unix_s)
+            .then_with(|| a.job.cmp(&b.job))
+    });
     match a.output {
         OutputFormat::Json => println!("{}", serde_json::to_string(&views)?),
         OutputFormat::Text => {
@@ -416,9 +415,7 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
         status.workers = 0;
         status.launches.clear();
         status.updated_unix_s = unix_now();
-        let mut bytes = serde_json::to_vec_pretty(&status)?;
-        bytes.push(b'\n');
-        write_atomic(&dir.join("status.json"), &bytes)?;
+        write_json(&dir.join("status.json"), &status)?;
         println!("job {id} cancelled (its coordinator was gone; its workers were stopped here)");
         return Ok(());
     }

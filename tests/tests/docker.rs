@@ -235,8 +235,7 @@ fn a_named_docker_image_that_is_not_there_is_refused() {
     let line = out.one_line_error(&["backend.docker.image", "physalia-no-such-image:0"]);
     assert!(line.contains("not in the Docker Engine"), "{line}");
     let dir = job_dirs(&t.path().join("jobs")).remove(0);
-    let status: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("status.json")).unwrap()).unwrap();
+    let status = physalia_tests::read_json(&dir.join("status.json"));
     assert_eq!(status["state"], "failed", "{status}");
     let left = Command::new("docker")
         .args(["ps", "-aq", "--filter", "name=img-"])
