@@ -2,7 +2,8 @@
 """Physalia's CUDA engine against PyTorch Geometric on the same GPU and the same graph.
 
   python3 gnn-cuda/bench/gpu_bench.py [--nodes 2000000] [--avg-degree 20] [--feat-dim 128]
-        [--hidden 256] [--models gcn,sage] [--epochs 10] [--ours PATH] [--skip-ours] [--skip-pyg]
+        [--hidden 256] [--models gcn,sage] [--dropouts 0.5,0] [--epochs 10] [--ours PATH]
+        [--skip-ours] [--skip-pyg]
 
 1. bench/gen_sbm.py writes the stochastic block model graph to bench/out/sbm-<N>-d<D>/ (skipped when
    present): 2M nodes, average degree 20, 128 features, 16 classes, seed 0 by default.
@@ -17,7 +18,9 @@
    written with torch.sparse.mm (what PyG's layers call for a sparse adjacency) runs instead, labelled
    "torch".
 
-Prints a table and writes bench/out/gpu/results.json. Targets (issue 8): our epoch time at most 0.7x PyG's,
+Every model runs once per dropout rate (between layers; 0 = none). Memory is compared two ways: the device's
+used memory (total - free, CUDA context and allocator caches included) for both, and torch's
+max_memory_allocated for PyG alone (tensors only). Prints a table and writes bench/out/gpu/results.json. Targets (issue 8): our epoch time at most 0.7x PyG's,
 SpMM's achieved bandwidth at least 60% of the measured copy bandwidth.
 """
 
@@ -48,9 +51,10 @@ def graph_dir(a):
     return d
 
 
-def run_ours(a, d):
+def run_ours(a, d, dropout):
     binary = a.ours or os.path.join(ROOT, "target", "release", "examples", "gpu_epoch")
-    cmd = [binary, "--data", d, "--models", a.models, "--hidden", str(a.hidden), "--epochs", str(a.epochs)]
+    cmd = [binary, "--data", d, "--models", a.models, "--hidden", str(a.hidden), "--epochs", str(a.epochs),
+           "--dropout", str(dropout)]
     say("$ " + " ".join(cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode == 2:
@@ -66,9 +70,9 @@ def run_ours(a, d):
     return out
 
 
-def run_pyg_child(a, d, model):
+def run_pyg_child(a, d, model, dropout):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model, "--data", d, "--hidden",
-           str(a.hidden), "--epochs", str(a.epochs)]
+           str(a.hidden), "--epochs", str(a.epochs), "--dropout", str(dropout)]
     say("$ " + " ".join(cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -106,7 +110,7 @@ def child(a):
 
         impl = "pyg"
         version = torch_geometric.__version__
-        net = Net(a.child, f, a.hidden, classes, 2, 0.5).to(dev)
+        net = Net(a.child, f, a.hidden, classes, 2, a.dropout).to(dev)
         forward = lambda: net(x, adj)  # noqa: E731
         params = net.parameters()
         train_mode = net.train
@@ -143,7 +147,9 @@ def child(a):
                     out = out + root[i](h)
                 h = out
                 if i == 0:
-                    h = F.dropout(F.relu(h), 0.5, training=True)
+                    h = F.relu(h)
+                    if a.dropout > 0:
+                        h = F.dropout(h, a.dropout, training=True)
             return h
 
         params = mods.parameters()
@@ -167,8 +173,10 @@ def child(a):
             times.append(dt)
         losses.append(float(loss))
         print(f"[{impl}] {a.child} epoch {ep + 1}: loss {losses[-1]:.4f} {dt * 1e3:.1f} ms", file=sys.stderr)
+    free, total = torch.cuda.mem_get_info()
     print(json.dumps({
         "impl": impl, "version": version, "torch": torch.__version__, "model": a.child, "nodes": int(n),
+        "dropout": a.dropout, "device_used_bytes": total - free,
         "median_epoch_s": statistics.median(times), "epoch_s": times, "final_loss": losses[-1],
         "peak_cuda_bytes": torch.cuda.max_memory_allocated(), "gpu": torch.cuda.get_device_name(),
     }), flush=True)
@@ -183,6 +191,8 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--models", default="gcn,sage")
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--dropouts", default="0.5,0", help="dropout rates between layers, one run each")
+    p.add_argument("--dropout", type=float, default=0.5, help=argparse.SUPPRESS)
     p.add_argument("--ours", help="path of the built gpu_epoch example")
     p.add_argument("--skip-ours", action="store_true")
     p.add_argument("--skip-pyg", action="store_true")
@@ -193,31 +203,38 @@ def main():
         return child(a)
 
     d = graph_dir(a)
-    ours = {} if a.skip_ours else run_ours(a, d)
     rows = []
-    for model in a.models.split(","):
-        theirs = None if a.skip_pyg else run_pyg_child(a, d, model)
-        mine = ours.get(model)
-        row = {"model": model, "ours": mine, "baseline": theirs}
-        if mine and theirs:
-            row["time_ratio"] = mine["median_epoch_s"] / theirs["median_epoch_s"]
-        if mine:
-            fwd = [s for s in mine["spmm"] if s["d"] == a.hidden and not s["transpose"]]
-            if fwd:
-                row["spmm_fraction_of_copy"] = fwd[0]["fraction_of_copy"]
-        rows.append(row)
+    for dropout in [float(p) for p in a.dropouts.split(",")]:
+        ours = {} if a.skip_ours else run_ours(a, d, dropout)
+        for model in a.models.split(","):
+            theirs = None if a.skip_pyg else run_pyg_child(a, d, model, dropout)
+            mine = ours.get(model)
+            row = {"model": model, "dropout": dropout, "ours": mine, "baseline": theirs}
+            if mine and theirs:
+                row["time_ratio"] = mine["median_epoch_s"] / theirs["median_epoch_s"]
+                row["device_memory_ratio"] = mine["device_used_bytes"] / theirs["device_used_bytes"]
+            if mine:
+                fwd = [s for s in mine["spmm"] if s["d"] == a.hidden and not s["transpose"]]
+                if fwd:
+                    row["spmm_fraction_of_copy"] = fwd[0]["fraction_of_copy"]
+            rows.append(row)
 
     os.makedirs(os.path.join(OUT, "gpu"), exist_ok=True)
     with open(os.path.join(OUT, "gpu", "results.json"), "w") as fo:
         json.dump({"graph": d, "rows": rows}, fo, indent=2)
-    print(f"| model | baseline | baseline epoch ms | ours epoch ms | ratio (<= 0.7) | SpMM d={a.hidden} % of copy (>= 60) |")
-    print("|---|---|---:|---:|---:|---:|")
+    gib = lambda v: f"{v / 2**30:.2f}" if v else "-"  # noqa: E731
+    print(f"| model | dropout | baseline | baseline epoch ms | ours epoch ms | time ratio (<= 0.7) | baseline device GiB "
+          f"(tensors GiB) | ours device GiB | memory ratio | SpMM d={a.hidden} % of copy (>= 60) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         b, o = r["baseline"], r["ours"]
         fmt = lambda v, k=1e3: f"{v * k:.1f}" if v is not None else "-"  # noqa: E731
-        print(f"| {r['model']} | {b['impl'] + ' ' + b['version'] if b else '-'} | "
+        print(f"| {r['model']} | {r['dropout']:g} | {b['impl'] + ' ' + b['version'] if b else '-'} | "
               f"{fmt(b['median_epoch_s']) if b else '-'} | {fmt(o['median_epoch_s']) if o else '-'} | "
-              f"{r.get('time_ratio', float('nan')):.2f} | {100 * r.get('spmm_fraction_of_copy', float('nan')):.0f} |")
+              f"{r.get('time_ratio', float('nan')):.2f} | "
+              f"{gib(b['device_used_bytes']) + ' (' + gib(b['peak_cuda_bytes']) + ')' if b else '-'} | "
+              f"{gib(o['device_used_bytes']) if o else '-'} | {r.get('device_memory_ratio', float('nan')):.2f} | "
+              f"{100 * r.get('spmm_fraction_of_copy', float('nan')):.0f} |")
 
 
 if __name__ == "__main__":

@@ -230,6 +230,8 @@ fn run(a: &Args) -> Result<(), String> {
         e.recycle(w);
         e.recycle(out);
         drop(csr);
+        // the measurements' buffers go back to the driver, so the peak below is the training's alone
+        e.trim_pool();
 
         // training epochs as physalia_gnn::train runs them (dropout between layers only, like PyG's model)
         let mut cfg = ModelConfig::new(kind, f, a.hidden, classes);

@@ -35,6 +35,9 @@ fn engine() -> Option<CudaEngine> {
             );
             Some(e)
         }
+        Err(e) if std::env::var_os("PHYSALIA_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("PHYSALIA_REQUIRE_GPU=1 but no usable GPU: {e}")
+        }
         Err(e) => {
             eprintln!("skipping: {e}");
             None
