@@ -44,6 +44,9 @@ pub const RESERVED_ENV: [&str; 7] = [
 /// SIGKILL right after finishing epoch `E` (before reporting it). Nothing else reads these variables.
 pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
 pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
+/// Test hook: `1` makes a worker asked for a GPU train on the CUDA engine's host emulation instead of
+/// looking for one, so the GPU path of a whole job runs on machines without a GPU (slowly).
+pub const ENV_TEST_EMULATE_GPU: &str = "PHYSALIA_TEST_EMULATE_GPU";
 
 /// What a worker process learns from its environment.
 #[derive(Debug, Clone, PartialEq)]

@@ -119,6 +119,21 @@ pub struct Assignment {
     /// Rank 0 sends the coordinator a checkpoint after every epoch, before reporting the epoch.
     #[serde(default)]
     pub checkpoints: bool,
+    /// The device this worker trains on.
+    #[serde(default)]
+    pub device: DeviceRequest,
+}
+
+/// GPUs for a worker, from the job's `resources.gpu` (or the GPU SKU it runs on).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRequest {
+    /// GPUs visible to the worker; 0 trains on the CPU. Workers sharing a machine share its GPUs
+    /// round-robin by rank.
+    #[serde(default)]
+    pub gpus: u32,
+    /// Train on the CPU when no usable GPU is found (saying so in every epoch), instead of failing.
+    #[serde(default)]
+    pub fallback_cpu: bool,
 }
 
 /// The three ways a job splits its work over workers.

@@ -112,6 +112,7 @@ mod tests {
                 ..Default::default()
             },
             batches: None,
+            device: None,
         }
     }
 

@@ -45,6 +45,9 @@ pub enum GpuError {
     Blas(String),
     #[error("shape mismatch: {0}")]
     Shape(String),
+    /// The exchange with peers failed (partition-parallel training on the device).
+    #[error("exchange with peers failed: {0}")]
+    Exchange(String),
 }
 
 impl From<DriverError> for GpuError {

@@ -11,7 +11,9 @@
 //! - [`engine`]: [`CudaEngine`]: context, compute and copy streams, compiled module, cuBLAS, a buffer pool
 //!   reused across epochs, pinned halo buffers.
 //! - [`launch`]: kernel launches whose argument types are checked against the CUDA signatures.
-//! - [`model`]: [`DeviceModel`]: `physalia_gnn::Model`'s forward, backward and Adam composed from [`Ops`].
+//! - [`model`]: [`DeviceModel`]: `physalia_gnn::Model`'s forward, backward and Adam composed from [`Ops`], on the
+//!   whole graph or a worker's partition (halo rows through a `physalia_gnn::Exchange`).
+//! - [`train`]: [`train_resumable_on`]: the CPU's full-graph training loop on a device.
 //!
 //! cudarc loads the CUDA libraries at run time, so this crate builds and its host tests run with no CUDA
 //! installed; the GPU tests (`tests/gpu.rs`) skip with the reason when [`probe`] finds no device.
@@ -23,6 +25,7 @@ pub mod kernels;
 pub mod launch;
 pub mod model;
 pub mod ops;
+pub mod train;
 
 pub use device::{
     DeviceInfo, DevicePreference, GpuError, GpuInfo, Selected, decide, probe, select,
@@ -32,3 +35,4 @@ pub use engine::{
 };
 pub use model::{AdamConfig, DeviceGraph, DeviceModel};
 pub use ops::{Emulator, HostCsr, Ops, View};
+pub use train::{TrainError, train_resumable_on};

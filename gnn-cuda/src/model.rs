@@ -4,11 +4,17 @@
 //! Every step follows `gnn/src/model.rs` (layer order, which side of the product is aggregated, dropout keys,
 //! the GAT split into messages, edge softmax and the two backward passes) and `optim.rs`, so the parameters,
 //! logits, loss and gradients equal the CPU engine's up to float reordering; `tests/emulate.rs` checks that
-//! on the [`crate::Emulator`] and `tests/gpu.rs` on the GPU. Partitions (halo rows through an `Exchange`) are
-//! not composed here yet: see the crate README for how they map.
+//! on the [`crate::Emulator`] and `tests/gpu.rs` on the GPU.
+//!
+//! Partitions: a [`DeviceGraph::local`] holds a worker's owned rows and halo sources. At every aggregation the
+//! owned messages go to the host, through `physalia_gnn::Exchange::forward`, and the halo rows it returns come
+//! back as the SpMM's second source buffer; backward sends the halo rows' gradients through
+//! `Exchange::backward` and adds what peers computed for our rows; weight gradients are all-reduced on the
+//! host. Dropout and attention dropout are keyed by global node ids, so every partitioning draws the masks
+//! of one worker. With a local exchange (one worker, the whole graph) nothing leaves the device.
 
 use physalia_gnn::sparse::{Norm, SparseOp};
-use physalia_gnn::{LayerKind, Matrix, Model, ModelConfig, Pass};
+use physalia_gnn::{Exchange, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass};
 
 use crate::cpu_emulate::{AdamStep, GatShape};
 use crate::device::GpuError;
@@ -74,11 +80,15 @@ fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<String>) {
     (layers, names)
 }
 
-/// The sparse operator of one layer kind over the whole graph, resident on the device.
+/// The sparse operator of one layer kind, resident on the device: `n` destination rows (the owned nodes)
+/// over `n_src` sources (the owned nodes, then the halo).
 pub struct DeviceGraph<O: Ops> {
     pub n: usize,
+    pub n_src: usize,
     pub op: O::Csr,
     pub nnz: usize,
+    /// Every source row's global node id (dropout keys); `None` on the whole graph.
+    pub gids: Option<O::Idx>,
 }
 
 impl<O: Ops> DeviceGraph<O> {
@@ -98,10 +108,102 @@ impl<O: Ops> DeviceGraph<O> {
         let op = SparseOp::build(n, n, indptr, indices, norm, None);
         Ok(DeviceGraph {
             n,
+            n_src: n,
             nnz: op.nnz(),
             op: ops.upload_csr(&op)?,
+            gids: None,
         })
     }
+
+    /// A worker's part of the graph as the CPU engine holds it (`LocalGraph` built for `kind`).
+    pub fn local(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, GpuError> {
+        let op = g.op(kind);
+        let gids = g.global_ids().map(|ids| ops.upload_idx(ids)).transpose()?;
+        Ok(DeviceGraph {
+            n: g.n_dst(),
+            n_src: g.n_src(),
+            nnz: op.nnz(),
+            op: ops.upload_csr(op)?,
+            gids,
+        })
+    }
+}
+
+fn exchange_error(e: physalia_gnn::ExchangeError) -> GpuError {
+    GpuError::Exchange(e.to_string())
+}
+
+/// The halo rows of `layer`'s messages from the peers (`None`: no halo), given the owned rows on the device.
+fn exchange_forward<O: Ops>(
+    ops: &mut O,
+    ex: &mut dyn Exchange,
+    g: &DeviceGraph<O>,
+    layer: usize,
+    own: &O::Mat,
+) -> Result<Option<O::Mat>, GpuError> {
+    if ex.is_local() {
+        return Ok(None);
+    }
+    let host = ops.download(own)?;
+    let Some(halo) = ex.forward(layer, &host).map_err(exchange_error)? else {
+        return Ok(None);
+    };
+    if halo.shape() != (g.n_src - g.n, host.cols()) {
+        return Err(GpuError::Shape(format!(
+            "the exchange returned {}x{} halo rows, the partition has {} halo sources {} wide",
+            halo.rows(),
+            halo.cols(),
+            g.n_src - g.n,
+            host.cols()
+        )));
+    }
+    Ok(Some(ops.upload(&halo)?))
+}
+
+/// The owned rows' gradient from the gradient over every source (`n_src` rows): the halo rows' part goes to
+/// their owners, and what peers computed for our rows is added.
+fn exchange_backward<O: Ops>(
+    ops: &mut O,
+    ex: &mut dyn Exchange,
+    g: &DeviceGraph<O>,
+    layer: usize,
+    ext: O::Mat,
+) -> Result<O::Mat, GpuError> {
+    let (rows, cols) = ops.dims(&ext);
+    if ex.is_local() && rows == g.n {
+        return Ok(ext);
+    }
+    let n = g.n;
+    let rows_of = |m, offset, rows| View {
+        m,
+        offset,
+        rows,
+        cols,
+        ld: cols,
+        trans: false,
+    };
+    let mut own = ops.alloc(n, cols)?;
+    ops.copy2d(rows_of(&ext, 0, n), &mut own, 0, cols)?;
+    let halo = if rows > n {
+        let mut h = ops.alloc(rows - n, cols)?;
+        ops.copy2d(rows_of(&ext, n * cols, rows - n), &mut h, 0, cols)?;
+        let host = ops.download(&h)?;
+        ops.recycle(h);
+        host
+    } else {
+        Matrix::zeros(0, cols)
+    };
+    ops.recycle(ext);
+    if ex.is_local() {
+        return Ok(own);
+    }
+    let mut from_peers = Matrix::zeros(n, cols);
+    ex.backward(layer, halo, &mut from_peers)
+        .map_err(exchange_error)?;
+    let up = ops.upload(&from_peers)?;
+    ops.add_assign(&mut own, &up)?;
+    ops.recycle(up);
+    Ok(own)
 }
 
 /// What backward needs from a layer's forward.
@@ -111,6 +213,7 @@ enum Cache<M> {
     Transformed,
     Gat {
         m_own: M,
+        m_halo: Option<M>,
         s_dst: M,
         alpha: M,
     },
@@ -245,6 +348,18 @@ impl<O: Ops> DeviceModel<O> {
         x: &'x O::Mat,
         pass: Pass,
     ) -> Result<DeviceForward<'x, O>, GpuError> {
+        self.forward_ex(ops, g, x, pass, &mut LocalExchange)
+    }
+
+    /// Forward over a worker's part: `x` holds the owned rows; halo rows come through `ex`.
+    pub fn forward_ex<'x>(
+        &mut self,
+        ops: &mut O,
+        g: &DeviceGraph<O>,
+        x: &'x O::Mat,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<DeviceForward<'x, O>, GpuError> {
         let (rows, cols) = ops.dims(x);
         if (rows, cols) != (g.n, self.cfg.in_dim) {
             return Err(GpuError::Shape(format!(
@@ -252,9 +367,14 @@ impl<O: Ops> DeviceModel<O> {
                 g.n, self.cfg.in_dim
             )));
         }
+        ex.begin_pass(pass);
         if self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
+            let halo = exchange_forward(ops, ex, g, 0, x)?;
             let mut agg = ops.alloc(g.n, cols)?;
-            ops.spmm(&g.op, x, None, &mut agg)?;
+            ops.spmm(&g.op, x, halo.as_ref(), &mut agg)?;
+            if let Some(h) = halo {
+                ops.recycle(h);
+            }
             self.input_agg = Some(agg);
         }
         let input = match pass {
@@ -264,7 +384,7 @@ impl<O: Ops> DeviceModel<O> {
                     key: self.dropout_key(epoch, 0),
                     p: self.cfg.input_dropout,
                 };
-                ops.dropout(&mut xd, None, 0, 0, cols, d)?;
+                ops.dropout(&mut xd, g.gids.as_ref(), 0, 0, cols, d)?;
                 Input::Owned(xd)
             }
             _ => Input::Borrowed(x),
@@ -273,7 +393,7 @@ impl<O: Ops> DeviceModel<O> {
         let mut caches = Vec::with_capacity(self.layers.len());
         for li in 0..self.layers.len() {
             let l = self.layers[li].clone();
-            let (mut out, cache) = self.layer_forward(ops, &l, g, inputs[li].get(), pass)?;
+            let (mut out, cache) = self.layer_forward(ops, &l, g, inputs[li].get(), pass, ex)?;
             caches.push(cache);
             if li + 1 == self.layers.len() {
                 return Ok(DeviceForward {
@@ -292,7 +412,7 @@ impl<O: Ops> DeviceModel<O> {
                     key: self.dropout_key(epoch, li as u64 + 1),
                     p: self.cfg.dropout,
                 };
-                ops.dropout(&mut out, None, 0, 0, cols, d)?;
+                ops.dropout(&mut out, g.gids.as_ref(), 0, 0, cols, d)?;
             }
             inputs.push(Input::Owned(out));
         }
@@ -306,9 +426,10 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         h: &O::Mat,
         pass: Pass,
+        ex: &mut dyn Exchange,
     ) -> Result<(O::Mat, Cache<O::Mat>), GpuError> {
         if l.kind == LayerKind::Gat {
-            return self.gat_forward(ops, l, g, h, pass);
+            return self.gat_forward(ops, l, g, h, pass, ex);
         }
         let n = g.n;
         let d_in = ops.dims(h).1;
@@ -318,8 +439,12 @@ impl<O: Ops> DeviceModel<O> {
             let agg = if l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
             } else {
+                let halo = exchange_forward(ops, ex, g, l.index, h)?;
                 let mut a = ops.alloc(n, d_in)?;
-                ops.spmm(&g.op, h, None, &mut a)?;
+                ops.spmm(&g.op, h, halo.as_ref(), &mut a)?;
+                if let Some(h) = halo {
+                    ops.recycle(h);
+                }
                 Some(a)
             };
             let a = match &agg {
@@ -340,9 +465,13 @@ impl<O: Ops> DeviceModel<O> {
         } else {
             let mut m = ops.alloc(n, hc)?;
             ops.gemm(View::full(h, n, d_in), View::full(w, d_in, hc), 0.0, &mut m)?;
+            let halo = exchange_forward(ops, ex, g, l.index, &m)?;
             let mut out = ops.alloc(n, hc)?;
-            ops.spmm(&g.op, &m, None, &mut out)?;
+            ops.spmm(&g.op, &m, halo.as_ref(), &mut out)?;
             ops.recycle(m);
+            if let Some(h) = halo {
+                ops.recycle(h);
+            }
             (out, Cache::Transformed)
         };
         if let Some(r) = l.w_root {
@@ -384,6 +513,7 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         h: &O::Mat,
         pass: Pass,
+        ex: &mut dyn Exchange,
     ) -> Result<(O::Mat, Cache<O::Mat>), GpuError> {
         let (heads, hc) = (l.heads, l.hc());
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
@@ -407,15 +537,16 @@ impl<O: Ops> DeviceModel<O> {
             &mut s_dst,
         )?;
         ops.recycle(z);
+        let m_halo = exchange_forward(ops, ex, g, l.index, &m_own)?;
         let d_out = if l.concat { hc } else { l.head_dim };
         let mut alpha = ops.alloc(g.nnz, heads)?;
         let mut out = ops.alloc(g.n, d_out)?;
         ops.gat_forward(
             &g.op,
             &m_own,
-            None,
+            m_halo.as_ref(),
             &s_dst,
-            None,
+            g.gids.as_ref(),
             self.attn_dropout(l, pass),
             shape,
             &mut alpha,
@@ -426,6 +557,7 @@ impl<O: Ops> DeviceModel<O> {
             out,
             Cache::Gat {
                 m_own,
+                m_halo,
                 s_dst,
                 alpha,
             },
@@ -439,6 +571,19 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
+    ) -> Result<Vec<O::Mat>, GpuError> {
+        self.backward_ex(ops, g, fwd, d_logits, &mut LocalExchange)
+    }
+
+    /// [`DeviceModel::backward`] of a worker's part: halo gradients go to their owners through `ex`, and the
+    /// parameter gradients are all-reduced through it.
+    pub fn backward_ex(
+        &self,
+        ops: &mut O,
+        g: &DeviceGraph<O>,
+        fwd: DeviceForward<'_, O>,
+        d_logits: O::Mat,
+        ex: &mut dyn Exchange,
     ) -> Result<Vec<O::Mat>, GpuError> {
         let DeviceForward {
             inputs,
@@ -461,8 +606,18 @@ impl<O: Ops> DeviceModel<O> {
             let li = caches.len();
             let l = &self.layers[li];
             let h = inputs.pop().expect("one input per layer");
-            let dx =
-                self.layer_backward(ops, l, g, h.get(), cache, &d_out, li > 0, pass, &mut grads)?;
+            let dx = self.layer_backward(
+                ops,
+                l,
+                g,
+                h.get(),
+                cache,
+                &d_out,
+                li > 0,
+                pass,
+                &mut grads,
+                ex,
+            )?;
             ops.recycle(d_out);
             let y = match h {
                 Input::Owned(m) if li > 0 => m,
@@ -478,17 +633,26 @@ impl<O: Ops> DeviceModel<O> {
                 key: self.dropout_key(epoch, li as u64),
                 p,
             });
-            ops.activation_backward(&mut dx, &y, None, 0, self.cfg.activation, d)?;
+            ops.activation_backward(&mut dx, &y, g.gids.as_ref(), 0, self.cfg.activation, d)?;
             ops.recycle(y);
             d_out = dx;
         }
-        grads
+        let mut grads = grads
             .into_iter()
             .enumerate()
             .map(|(i, g)| {
                 g.ok_or_else(|| GpuError::Shape(format!("no gradient for {}", self.names[i])))
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        if !ex.is_local() {
+            let mut host = download_all(ops, &grads)?;
+            ex.all_reduce(&mut host).map_err(exchange_error)?;
+            for (d, h) in grads.iter_mut().zip(&host) {
+                let up = ops.upload(h)?;
+                ops.recycle(std::mem::replace(d, up));
+            }
+        }
+        Ok(grads)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -503,6 +667,7 @@ impl<O: Ops> DeviceModel<O> {
         need_dx: bool,
         pass: Pass,
         grads: &mut [Option<O::Mat>],
+        ex: &mut dyn Exchange,
     ) -> Result<Option<O::Mat>, GpuError> {
         let (n, d_in) = ops.dims(h);
         let d_o = ops.dims(d_out).1;
@@ -511,12 +676,13 @@ impl<O: Ops> DeviceModel<O> {
         grads[l.bias] = Some(gb);
         if let Cache::Gat {
             m_own,
+            m_halo,
             s_dst,
             alpha,
         } = cache
         {
             return self.gat_backward(
-                ops, l, g, h, m_own, s_dst, alpha, d_out, need_dx, pass, grads,
+                ops, l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
             );
         }
         let hc = l.hc();
@@ -566,9 +732,10 @@ impl<O: Ops> DeviceModel<O> {
                         0.0,
                         &mut d_agg,
                     )?;
-                    let mut d_own = ops.alloc(n, d_in)?;
-                    ops.spmm_t(&g.op, &d_agg, &mut d_own)?;
+                    let mut d_ext = ops.alloc(g.n_src, d_in)?;
+                    ops.spmm_t(&g.op, &d_agg, &mut d_ext)?;
                     ops.recycle(d_agg);
+                    let d_own = exchange_backward(ops, ex, g, l.index, d_ext)?;
                     match &mut dx {
                         Some(dx) => {
                             ops.add_assign(dx, &d_own)?;
@@ -582,8 +749,9 @@ impl<O: Ops> DeviceModel<O> {
                 }
             }
             Cache::Transformed => {
-                let mut dm = ops.alloc(n, hc)?;
-                ops.spmm_t(&g.op, d_out, &mut dm)?;
+                let mut dm_ext = ops.alloc(g.n_src, hc)?;
+                ops.spmm_t(&g.op, d_out, &mut dm_ext)?;
+                let dm = exchange_backward(ops, ex, g, l.index, dm_ext)?;
                 let mut gw = ops.alloc(d_in, hc)?;
                 ops.gemm(
                     View::full(h, n, d_in).t(),
@@ -619,12 +787,14 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         h: &O::Mat,
         m_own: O::Mat,
+        m_halo: Option<O::Mat>,
         s_dst: O::Mat,
         alpha: O::Mat,
         d_out: &O::Mat,
         need_dx: bool,
         pass: Pass,
         grads: &mut [Option<O::Mat>],
+        ex: &mut dyn Exchange,
     ) -> Result<Option<O::Mat>, GpuError> {
         let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let width = hc + heads;
@@ -639,11 +809,11 @@ impl<O: Ops> DeviceModel<O> {
         ops.gat_backward_edges(
             &g.op,
             &m_own,
-            None,
+            m_halo.as_ref(),
             &s_dst,
             &alpha,
             d_out,
-            None,
+            g.gids.as_ref(),
             self.attn_dropout(l, pass),
             shape,
             &mut d_score,
@@ -652,8 +822,12 @@ impl<O: Ops> DeviceModel<O> {
         )?;
         ops.recycle(alpha);
         ops.recycle(s_dst);
-        let mut dm = ops.alloc(g.n, width)?;
-        ops.gat_backward_sources(&g.op, &a_used, &d_score, d_out, shape, &mut dm)?;
+        if let Some(m) = m_halo {
+            ops.recycle(m);
+        }
+        let mut dm_ext = ops.alloc(g.n_src, width)?;
+        ops.gat_backward_sources(&g.op, &a_used, &d_score, d_out, shape, &mut dm_ext)?;
+        let dm = exchange_backward(ops, ex, g, l.index, dm_ext)?;
         ops.recycle(d_score);
         ops.recycle(a_used);
         // through the scores into Z and the attention vectors
@@ -717,6 +891,52 @@ impl<O: Ops> DeviceModel<O> {
         };
         ops.recycle(dz);
         Ok(dx)
+    }
+
+    /// Continues from `opt`'s state (a resumed checkpoint): its step count and moments go to the device.
+    pub fn restore_adam(&mut self, ops: &mut O, opt: &physalia_gnn::Adam) -> Result<(), GpuError> {
+        let (m, v) = opt.moments();
+        let mut up = |bufs: &[Vec<f32>]| -> Result<Vec<O::Mat>, GpuError> {
+            self.params
+                .iter()
+                .zip(bufs)
+                .map(|(p, b)| {
+                    let (r, c) = ops.dims(p);
+                    if b.len() != r * c {
+                        return Err(GpuError::Shape(
+                            "optimizer state does not match the model's parameters".into(),
+                        ));
+                    }
+                    ops.upload(&Matrix::from_vec(r, c, b.clone()))
+                })
+                .collect()
+        };
+        let (m, v) = (up(m)?, up(v)?);
+        if m.len() != self.params.len() || v.len() != self.params.len() {
+            return Err(GpuError::Shape(
+                "optimizer state does not match the model's parameters".into(),
+            ));
+        }
+        self.adam = Some(AdamState {
+            step: opt.steps(),
+            m,
+            v,
+        });
+        Ok(())
+    }
+
+    /// Copies the device's optimizer state into `opt` (for checkpoints); nothing before the first step.
+    pub fn download_adam(&self, ops: &mut O, opt: &mut physalia_gnn::Adam) -> Result<(), GpuError> {
+        let Some(st) = &self.adam else {
+            return Ok(());
+        };
+        let take = |ops: &mut O, ms: &[O::Mat]| -> Result<Vec<Vec<f32>>, GpuError> {
+            ms.iter()
+                .map(|m| ops.download(m).map(|h| h.data().to_vec()))
+                .collect()
+        };
+        let (m, v) = (take(ops, &st.m)?, take(ops, &st.v)?);
+        opt.restore(st.step, m, v).map_err(GpuError::Shape)
     }
 
     /// One Adam step (`physalia_gnn::Adam::step`) on the device.
@@ -785,7 +1005,20 @@ impl<O: Ops> DeviceModel<O> {
         labels: &O::Labels,
         sets: &[&O::Idx],
     ) -> Result<Vec<u64>, GpuError> {
-        let fwd = self.forward(ops, g, x, Pass::Eval)?;
+        self.evaluate_ex(ops, g, x, labels, sets, &mut LocalExchange)
+    }
+
+    /// [`DeviceModel::evaluate`] on a worker's part (this worker's rows only; the caller sums over workers).
+    pub fn evaluate_ex(
+        &mut self,
+        ops: &mut O,
+        g: &DeviceGraph<O>,
+        x: &O::Mat,
+        labels: &O::Labels,
+        sets: &[&O::Idx],
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<u64>, GpuError> {
+        let fwd = self.forward_ex(ops, g, x, Pass::Eval, ex)?;
         let out = sets
             .iter()
             .map(|rows| ops.correct(&fwd.logits, labels, rows))

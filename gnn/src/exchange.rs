@@ -65,6 +65,12 @@ pub trait Exchange {
     fn take_stats(&mut self) -> ExchangeStats {
         ExchangeStats::default()
     }
+
+    /// True when every call is a no-op (one worker owns the whole graph), so a device engine can skip
+    /// copying rows to the host for it.
+    fn is_local(&self) -> bool {
+        false
+    }
 }
 
 /// The exchange of a worker that owns the whole graph.
@@ -92,5 +98,9 @@ impl Exchange for LocalExchange {
 
     fn all_reduce_scalars(&mut self, _values: &mut [f64]) -> Result<(), ExchangeError> {
         Ok(())
+    }
+
+    fn is_local(&self) -> bool {
+        true
     }
 }

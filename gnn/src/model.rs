@@ -144,7 +144,13 @@ impl LocalGraph {
         }
     }
 
-    fn op(&self, kind: LayerKind) -> &SparseOp {
+    /// Every source row's global node id (`None`: the row index is the id).
+    pub fn global_ids(&self) -> Option<&[u32]> {
+        self.global_ids.as_deref()
+    }
+
+    /// The sparse operator of `kind`'s layers (built by [`LocalGraph::new`] for that kind).
+    pub fn op(&self, kind: LayerKind) -> &SparseOp {
         let op = match kind {
             LayerKind::Gcn => self.sym.as_ref(),
             LayerKind::Sage => self.mean.as_ref(),

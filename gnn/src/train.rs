@@ -51,6 +51,10 @@ pub struct EpochMetrics {
     /// Mini-batch training only: steps, sampling, feature fetching and the remote-row cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batches: Option<BatchStats>,
+    /// The device the epoch trained on when it is not the CPU that was asked for: `cuda:0 (NVIDIA H100 ..)`,
+    /// or `cpu (fallback: ...)` when a GPU was asked for and could not be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// One epoch of mini-batch training on one worker.
@@ -259,6 +263,7 @@ pub fn train_resumable(
             eval_s: 0.0,
             exchange: Default::default(),
             batches: None,
+            device: None,
         };
         let evaluated = epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs;
         if evaluated {

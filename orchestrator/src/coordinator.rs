@@ -358,6 +358,7 @@ mod tests {
             eval_s: 0.0,
             exchange: Default::default(),
             batches: None,
+            device: None,
         }
     }
 

@@ -326,6 +326,9 @@ pub fn run(
                         v["median_epoch_s"].as_f64().unwrap_or(0.0),
                         fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
                     );
+                    if let Some(d) = v["device"].as_str() {
+                        println!("rank 0 trained on {d}");
+                    }
                 }
             }
             Ok(())
@@ -414,6 +417,8 @@ impl Launch {
                 (spec, Some(logs), Duration::from_millis(500))
             }
         };
+        let mut worker_spec = worker_spec;
+        worker_spec.gpu = gpu_request(spec);
         let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;
         Ok(Launch { server, workers })
     }
@@ -881,7 +886,36 @@ impl Driver<'_> {
             // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and
             // `submit --resume` start there
             checkpoints: true,
+            device: device_request(spec),
         })
+    }
+}
+
+/// The GPUs each worker of `spec` gets: `resources.gpu`, else one when the job's SKU is a GPU container.
+pub(crate) fn gpu_request(spec: &JobSpec) -> Option<physalia_backends::GpuRequest> {
+    if let Some(g) = spec.resources.as_ref().and_then(|r| r.gpu.as_ref()) {
+        return Some(physalia_backends::GpuRequest {
+            count: g.count,
+            kind: g.model.clone(),
+        });
+    }
+    let priced = summary::price(spec).ok()?;
+    let catalog = physalia_planner::Catalog::builtin();
+    let gpu = catalog.get(&priced.sku)?.gpu.as_ref()?;
+    Some(physalia_backends::GpuRequest {
+        count: 1,
+        kind: Some(gpu.model.clone()),
+    })
+}
+
+/// What each worker trains on: its GPUs (none: the CPU) and whether it may fall back to the CPU.
+pub(crate) fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest {
+    physalia_control::DeviceRequest {
+        gpus: gpu_request(spec).map_or(0, |g| g.count),
+        fallback_cpu: spec
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.gpu_fallback == crate::spec::GpuFallback::Cpu),
     }
 }
 

@@ -419,6 +419,7 @@ mod simulation {
                     eval_s: 0.1,
                     exchange: Default::default(),
                     batches: None,
+                    device: None,
                 };
                 m.exchange.bytes_sent = 1_000_000 * (workers as u64 - 1);
                 m.exchange.halo_s = 0.05 * workers as f64;

@@ -851,6 +851,7 @@ mod simulation {
                 ..Default::default()
             },
             batches: None,
+            device: None,
         }
     }
 

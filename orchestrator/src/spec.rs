@@ -99,6 +99,10 @@ pub struct JobSpec {
     /// Scaling policy in its own file, relative to the job file (instead of `scaling`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling_file: Option<PathBuf>,
+    /// What each worker needs besides cores: GPUs (`resources: {gpu: {count: 1}}`), and what a worker
+    /// that finds none does (`gpu_fallback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
     /// Failure detection for multi-worker jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<TimeoutsSpec>,
@@ -499,6 +503,48 @@ pub enum ExchangeDtype {
     F32,
     F16,
     Bf16,
+}
+
+/// A worker's devices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesSpec {
+    /// GPUs per worker: each worker trains on a GPU (local workers on one machine share its GPUs
+    /// round-robin). Partition parallelism only so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSpec>,
+    /// When a worker finds no usable GPU (no driver, no device, too little memory, a CUDA library
+    /// missing): `none` fails the job naming what is missing; `cpu` trains on the CPU instead, saying so
+    /// in every epoch line and the summary.
+    #[serde(default)]
+    pub gpu_fallback: GpuFallback,
+}
+
+/// GPUs per worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    /// GPUs each worker sees (>= 1; a worker trains on one of them).
+    #[serde(default = "one")]
+    pub count: u32,
+    /// The GPU model as the platform names it (kubernetes: the `nvidia.com/gpu.product` label); any
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuFallback {
+    /// Fail.
+    #[default]
+    None,
+    /// Train on the CPU.
+    Cpu,
 }
 
 /// How long the coordinator waits before it declares a worker lost.
@@ -1163,6 +1209,34 @@ impl JobSpec {
                         "cannot be combined with exchange.boundary_sampling below 1".to_string(),
                     ));
                 }
+            }
+        }
+        if let Some(r) = &self.resources {
+            if let Some(g) = &r.gpu {
+                if g.count == 0 || g.count > 16 {
+                    return Err(invalid(
+                        "resources.gpu.count",
+                        format!("must be 1 to 16, got {}", g.count),
+                    ));
+                }
+                if g.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                    return Err(invalid(
+                        "resources.gpu.model",
+                        "must name a GPU model (or be left out for any)",
+                    ));
+                }
+                if self.mode() != Parallelism::Partition {
+                    return Err(invalid(
+                        "resources.gpu",
+                        "GPU workers train full-graph (`parallelism: partition`) so far; data and model \
+                         parallelism run on the CPU: drop `resources.gpu` or use partition parallelism",
+                    ));
+                }
+            } else if r.gpu_fallback == GpuFallback::Cpu {
+                return Err(invalid(
+                    "resources.gpu_fallback",
+                    "applies to GPU workers: set `resources.gpu` too",
+                ));
             }
         }
         if let Some(mb) = &self.minibatch {

@@ -48,6 +48,9 @@ pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -
             line.push_str(&format!("  cache hit {:.1}%", 100.0 * h));
         }
     }
+    if let Some(d) = &m.device {
+        line.push_str(&format!("  on {d}"));
+    }
     line
 }
 
@@ -115,6 +118,9 @@ pub(crate) struct Summary {
     /// The workers' container (a catalog SKU) and its price.
     sku: String,
     usd_per_worker_hour: f64,
+    /// Rank 0's device when it is not the CPU that was asked for (a GPU, or the CPU a GPU job fell back to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
 }
 
 /// The job's worker container (its platform's SKU) and its price per worker-second, from the planner's
@@ -216,6 +222,10 @@ pub(crate) fn summarize(
             * price.usd_per_worker_s,
         sku: price.sku.clone(),
         usd_per_worker_hour: price.usd_per_worker_s * 3600.0,
+        device: runs
+            .iter()
+            .flat_map(|r| &r.summary.epochs)
+            .find_map(|e| e.device.clone()),
     }
 }
 
@@ -250,6 +260,9 @@ pub(crate) fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
                     .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
                     .unwrap_or("unknown".into())
             );
+            if let Some(d) = &s.device {
+                println!("trained on {d}");
+            }
         }
     }
     Ok(())

@@ -498,6 +498,11 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         Ok(())
     }
 
+    fn is_local(&self) -> bool {
+        // one worker: no peers, every collective is the identity
+        self.link.world() == 1
+    }
+
     fn take_stats(&mut self) -> ExchangeStats {
         let now = self.link.traffic().clone();
         let times = self.take_times();

@@ -21,6 +21,10 @@ pub use physalia_control::{ExchangeOptions, MiniBatchOptions};
 pub enum Error {
     #[error(transparent)]
     Engine(#[from] physalia_gnn::Error),
+    #[error(transparent)]
+    Device(#[from] physalia_gnn_cuda::TrainError),
+    #[error(transparent)]
+    Gpu(#[from] physalia_gnn_cuda::GpuError),
     #[error("partition {part}: {problem}")]
     Part { part: usize, problem: String },
     #[error("{0}")]
@@ -82,6 +86,18 @@ pub fn owner_replica(v: u32, replicas: usize) -> usize {
     (physalia_gnn::rng::mix64(u64::from(v)) % replicas.max(1) as u64) as usize
 }
 
+/// Where a worker's full-graph training runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU engine (`physalia_gnn`).
+    Cpu,
+    /// The CUDA engine (`physalia_gnn_cuda`) on GPU `index` as the driver numbers the visible devices.
+    Cuda { index: usize },
+    /// The CUDA engine's kernels emulated on the host, thread by thread: the device path without a GPU
+    /// (tests; far slower than either engine).
+    Emulated,
+}
+
 /// Trains this worker's partition with its peers over `link`. Every worker of the job calls this with the
 /// same configuration and seed; the model's weights stay identical on all of them.
 #[allow(clippy::too_many_arguments)]
@@ -95,7 +111,34 @@ pub fn train_part<L: Link + ?Sized>(
     row_normalize_features: bool,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
 ) -> Result<(Model, TrainSummary), Error> {
+    train_part_on(
+        Device::Cpu,
+        link,
+        part,
+        cfg,
+        seed,
+        tc,
+        opts,
+        row_normalize_features,
+        on_epoch,
+    )
+}
+
+/// [`train_part`] on `device`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_part_on<L: Link + ?Sized>(
+    device: Device,
+    link: &mut L,
+    part: &Part,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    row_normalize_features: bool,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochMetrics),
+) -> Result<(Model, TrainSummary), Error> {
     let (model, summary, _) = train_part_from(
+        device,
         link,
         part,
         cfg,
@@ -154,6 +197,7 @@ impl Resume {
 /// after every epoch (to checkpoint them) and may stop training there.
 #[allow(clippy::too_many_arguments)]
 pub fn train_part_from<L: Link + ?Sized>(
+    device: Device,
     link: &mut L,
     part: &Part,
     cfg: &ModelConfig,
@@ -167,7 +211,7 @@ pub fn train_part_from<L: Link + ?Sized>(
     check_width(part, cfg)?;
     let (graph, x, sets) = local_inputs(part, cfg, row_normalize_features);
     train_inputs(
-        link, part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
+        device, link, part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
     )
 }
 
@@ -176,6 +220,7 @@ pub fn train_part_from<L: Link + ?Sized>(
 /// resident, not two.
 #[allow(clippy::too_many_arguments)]
 pub fn train_owned_part<L: Link + ?Sized>(
+    device: Device,
     link: &mut L,
     mut part: Part,
     cfg: &ModelConfig,
@@ -195,7 +240,7 @@ pub fn train_owned_part<L: Link + ?Sized>(
     part.src_in_degree = Vec::new();
     part.labels = Vec::new();
     train_inputs(
-        link, &part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
+        device, link, &part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
     )
 }
 
@@ -215,6 +260,7 @@ fn check_width(part: &Part, cfg: &ModelConfig) -> Result<(), Error> {
 /// Trains `part` from its engine inputs (which no longer need the part's features).
 #[allow(clippy::too_many_arguments)]
 fn train_inputs<L: Link + ?Sized>(
+    device: Device,
     link: &mut L,
     part: &Part,
     graph: LocalGraph,
@@ -237,8 +283,37 @@ fn train_inputs<L: Link + ?Sized>(
         progress,
     } = Resume::or_fresh(resume, cfg, seed, tc)?;
     let mut ex = MeshExchange::new(link, part, opts.clone());
-    let (summary, progress) = physalia_gnn::train_resumable(
-        &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
-    )?;
+    let (summary, progress) = match device {
+        Device::Cpu => physalia_gnn::train_resumable(
+            &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
+        )?,
+        Device::Cuda { index } => {
+            let mut engine = physalia_gnn_cuda::CudaEngine::new(index)?;
+            physalia_gnn_cuda::train_resumable_on(
+                &mut engine,
+                &mut model,
+                &mut opt,
+                progress,
+                &graph,
+                &x,
+                &sets,
+                tc,
+                &mut ex,
+                on_epoch,
+            )?
+        }
+        Device::Emulated => physalia_gnn_cuda::train_resumable_on(
+            &mut physalia_gnn_cuda::Emulator::default(),
+            &mut model,
+            &mut opt,
+            progress,
+            &graph,
+            &x,
+            &sets,
+            tc,
+            &mut ex,
+            on_epoch,
+        )?,
+    };
     Ok((model, summary, progress))
 }

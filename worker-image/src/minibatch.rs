@@ -412,6 +412,7 @@ impl EpochDone {
             eval_s: 0.0,
             exchange: Default::default(),
             batches: Some(self.stats),
+            device: None,
         };
         let evaluated = epoch.is_multiple_of(tc.eval_every.max(1)) || epoch == tc.epochs;
         if evaluated {

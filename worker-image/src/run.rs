@@ -10,9 +10,15 @@
 //! ([`physalia_control::env::ENV_WORK_DIR`]). Rank 0 sends the coordinator each epoch's checkpoint before
 //! it reports the epoch, and the model before it reports that it is done.
 //!
-//! Test hook: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
+//! Devices: a worker asked for GPUs ([`Assignment::device`]) trains full-graph on the CUDA engine, on GPU
+//! `rank % gpus` of those it sees (workers on one machine share them), or on the CPU when none is usable
+//! and the job allows the fallback; every epoch it reports names the device (`cuda:0 (...)`, `cpu
+//! (fallback: why)`).
+//!
+//! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
-//! crashing mid-training. Nothing else reads these variables.
+//! crashing mid-training; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the CUDA engine's host
+//! emulation instead of looking for a GPU. Nothing else reads these variables.
 //!
 //! The worker never outlives its job: when the coordinator says stop, or its control connection ends
 //! before training is done, the process exits at once (the coordinator also kills and reaps it).
@@ -23,9 +29,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use physalia_control::env::{ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, WorkerEnv};
+use physalia_control::env::{
+    ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, ENV_TEST_EMULATE_GPU, WorkerEnv,
+};
 use physalia_control::{
-    Artifact, Assignment, ControlClient, ToCoordinator, ToWorker, TrainMode, Upload,
+    Artifact, Assignment, ControlClient, DeviceRequest, ToCoordinator, ToWorker, TrainMode, Upload,
 };
 use physalia_gnn::EpochMetrics;
 use physalia_graph::partition::Part;
@@ -101,6 +109,7 @@ fn end_epoch(
     io: &mut dyn Coordinator,
     checkpoint: bool,
     e: &physalia_gnn::EpochEnd<'_>,
+    device: Option<&str>,
     failed: &mut Option<anyhow::Error>,
 ) -> bool {
     if checkpoint {
@@ -115,13 +124,51 @@ fn end_epoch(
             return false;
         }
     }
-    match io.epoch(e.metrics) {
+    let labelled;
+    let metrics = match device {
+        Some(d) => {
+            let mut m = e.metrics.clone();
+            m.device = Some(d.to_string());
+            labelled = m;
+            &labelled
+        }
+        None => e.metrics,
+    };
+    match io.epoch(metrics) {
         Ok(()) => true,
         Err(err) => {
             failed.get_or_insert(err.context("reporting an epoch"));
             false
         }
     }
+}
+
+/// The device a worker of `rank` trains on for `req`, and the label its epochs carry (`None`: the CPU, as
+/// asked). A GPU that cannot be used is an error naming what is missing, or the CPU when the job allows it.
+pub fn choose_device(req: &DeviceRequest, rank: usize) -> Result<(crate::Device, Option<String>)> {
+    use physalia_gnn_cuda::{DevicePreference, Selected};
+    if req.gpus == 0 {
+        return Ok((crate::Device::Cpu, None));
+    }
+    if std::env::var_os(ENV_TEST_EMULATE_GPU).is_some_and(|v| v == "1") {
+        return Ok((crate::Device::Emulated, Some("emulated GPU (test hook)".into())));
+    }
+    let pref = DevicePreference::for_worker(req.gpus, None, rank, req.fallback_cpu);
+    let selected = physalia_gnn_cuda::select(pref, 0).map_err(|e| {
+        anyhow::anyhow!(
+            "resources.gpu: worker {rank} found no usable GPU: {e} (or set `resources.gpu_fallback: cpu` \
+             to train on the CPU instead)"
+        )
+    })?;
+    Ok(match &selected {
+        Selected::Cuda { device, .. } => (
+            crate::Device::Cuda {
+                index: device.index,
+            },
+            Some(selected.describe()),
+        ),
+        Selected::Cpu { .. } => (crate::Device::Cpu, Some(selected.describe())),
+    })
 }
 
 /// Trains what the coordinator assigned, in the assigned mode; rank 0 hands the coordinator each epoch's
@@ -151,11 +198,30 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     let part_path = io.artifact(&a.part)?;
     let load_part =
         || Part::load(&part_path).with_context(|| format!("loading {}", part_path.display()));
-    let (model, summary) = match a.mode {
+    // GPU workers train full-graph; mini-batch modes run on the CPU (the job file's validation says so)
+    let (device, label) = match a.mode {
+        TrainMode::Partition => choose_device(&a.device, rank)?,
+        _ if a.device.gpus > 0 && a.device.fallback_cpu => (
+            crate::Device::Cpu,
+            Some("cpu (fallback: GPU training is full-graph only)".to_string()),
+        ),
+        _ if a.device.gpus > 0 => bail!(
+            "resources.gpu: GPU workers train full-graph (partition parallelism) only; this assignment is \
+             {:?} parallelism",
+            a.mode
+        ),
+        _ => (crate::Device::Cpu, None),
+    };
+    let label = label.as_deref();
+    if let Some(l) = label {
+        eprintln!("worker {rank}: training on {l}");
+    }
+    let (model, mut summary) = match a.mode {
         TrainMode::Partition => {
             let part = load_part()?;
             let resume = load_resume(a, io)?;
             let (model, summary, _) = crate::train_owned_part(
+                device,
                 link,
                 part,
                 &a.model,
@@ -164,7 +230,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.exchange,
                 a.row_normalize,
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
             )?;
             (model, summary)
         }
@@ -199,7 +265,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &options(),
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
             )?
         }
         TrainMode::Model => {
@@ -231,12 +297,15 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &options(),
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
             )?
         }
     };
     if let Some(e) = failed {
         return Err(e);
+    }
+    for m in &mut summary.epochs {
+        m.device = label.map(str::to_string);
     }
     if rank == 0 {
         let path = io.scratch().join("model.safetensors");

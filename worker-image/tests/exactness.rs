@@ -14,7 +14,7 @@ use physalia_gnn::{
 use physalia_graph::partition::{DatasetRef, Partitioning, build_parts, partition_metis};
 use physalia_graph::{OwnedDataset, SbmParams, Split};
 use physalia_wire::{Dtype, MemLink};
-use physalia_worker::{ExchangeOptions, train_part};
+use physalia_worker::{Device, ExchangeOptions, train_part, train_part_on};
 
 const EPOCHS: usize = 30;
 
@@ -92,6 +92,18 @@ fn distributed(
     normalize: bool,
     opts: &ExchangeOptions,
 ) -> Vec<WorkerRun> {
+    distributed_on(Device::Cpu, ds, p, cfg, normalize, opts)
+}
+
+/// [`distributed`] with every worker training on `device`.
+fn distributed_on(
+    device: Device,
+    ds: &OwnedDataset,
+    p: &Partitioning,
+    cfg: &ModelConfig,
+    normalize: bool,
+    opts: &ExchangeOptions,
+) -> Vec<WorkerRun> {
     let parts = build_parts(DatasetRef::from(ds), p).unwrap();
     let links = MemLink::mesh(p.k);
     std::thread::scope(|s| {
@@ -103,7 +115,8 @@ fn distributed(
                     let mut losses = vec![];
                     let mut vals = vec![];
                     let mut bytes = 0;
-                    let (model, _) = train_part(
+                    let (model, _) = train_part_on(
+                        device,
                         &mut link,
                         part,
                         cfg,
@@ -142,12 +155,23 @@ fn assert_close(what: &str, a: &[f64], b: &[f64]) {
 }
 
 fn check_exact(name: &str, ds: &OwnedDataset, normalize: bool) {
+    check_exact_on(Device::Cpu, 1..=4, name, ds, normalize);
+}
+
+/// Every worker count in `ks`, on `device`, against one CPU worker on the whole graph.
+fn check_exact_on(
+    device: Device,
+    ks: std::ops::RangeInclusive<usize>,
+    name: &str,
+    ds: &OwnedDataset,
+    normalize: bool,
+) {
     for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
         let cfg = model_cfg(kind, ds.meta.feat_dim, ds.meta.num_classes);
         let (loss1, w1, val1) = single(ds, &cfg, normalize);
-        for k in 1..=4 {
+        for k in ks.clone() {
             let p = partition_metis(ds.csr(), k, 0).unwrap();
-            let runs = distributed(ds, &p, &cfg, normalize, &ExchangeOptions::default());
+            let runs = distributed_on(device, ds, &p, &cfg, normalize, &ExchangeOptions::default());
             for (rank, (loss, w, val, _)) in runs.iter().enumerate() {
                 let what = format!("{name} {kind:?} k={k} worker {rank}");
                 assert_close(&what, loss, &loss1);
@@ -197,6 +221,36 @@ fn partition_parallel_equals_single_worker_on_cora() {
 #[test]
 fn partition_parallel_equals_single_worker_on_sbm() {
     check_exact("sbm", &sbm(), false);
+}
+
+/// The device engine (its kernels emulated on the host) inside the worker: halo rows leave and enter the
+/// device through the exchange, dropout keys by global id, gradients all-reduced on the host. Same
+/// invariant as on the CPU, against one CPU worker.
+#[test]
+fn device_partition_parallel_equals_single_cpu_worker() {
+    check_exact_on(Device::Emulated, 1..=3, "sbm on the emulated device", &sbm(), false);
+}
+
+/// The same on a GPU, when there is one (`PHYSALIA_REQUIRE_GPU=1` turns "skipping" into a failure): the
+/// workers share GPU 0, one CUDA engine each.
+#[test]
+fn gpu_partition_parallel_equals_single_cpu_worker() {
+    match physalia_gnn_cuda::probe() {
+        Ok(info) if !info.devices.is_empty() => {}
+        found => {
+            let why = match found {
+                Ok(_) => "the driver sees no device".to_string(),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                std::env::var_os("PHYSALIA_REQUIRE_GPU").is_none_or(|v| v != "1"),
+                "PHYSALIA_REQUIRE_GPU=1 but no usable GPU: {why}"
+            );
+            eprintln!("skipping: {why}");
+            return;
+        }
+    }
+    check_exact_on(Device::Cuda { index: 0 }, 1..=3, "sbm on the GPU", &sbm(), false);
 }
 
 #[test]

@@ -1,0 +1,143 @@
+//! Full-graph training on a device: `physalia_gnn::train_resumable`'s loop with the model, its activations and
+//! the optimizer state on an [`Ops`] device, for one worker holding the whole graph or one partition of it.
+//!
+//! The loop is the CPU's, step for step: the global number of training rows and every epoch's loss are summed
+//! through the exchange, the loss is checked for divergence, evaluation runs every `eval_every` epochs and
+//! after the last, and [`physalia_gnn::close_epoch`] keeps the best-validation record and patience. After each
+//! epoch the parameters and Adam's moments are copied into the host `Model` and `Adam` the callback sees, so a
+//! checkpoint written there resumes on either device.
+
+use std::time::Instant;
+
+use physalia_gnn::{
+    Adam, EpochEnd, EpochMetrics, Exchange, LocalGraph, Matrix, Model, NodeSets, Pass, Progress,
+    TrainConfig, TrainSummary,
+};
+
+use crate::device::GpuError;
+use crate::model::{AdamConfig, DeviceGraph, DeviceModel};
+use crate::ops::Ops;
+
+/// Why device training stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Device(#[from] GpuError),
+    #[error(transparent)]
+    Engine(#[from] physalia_gnn::Error),
+}
+
+fn exchange(e: physalia_gnn::ExchangeError) -> TrainError {
+    TrainError::Engine(physalia_gnn::Error::Exchange(e))
+}
+
+/// Trains `model` from `start` (epochs `start.epoch + 1 ..= cfg.epochs`) on `ops`, as
+/// `physalia_gnn::train_resumable` does on the CPU: same arguments, same results up to float reordering
+/// (1e-4 on the losses), same callback. `model` and `opt` hold the device's state after every epoch.
+#[allow(clippy::too_many_arguments)]
+pub fn train_resumable_on<O: Ops>(
+    ops: &mut O,
+    model: &mut Model,
+    opt: &mut Adam,
+    start: Progress,
+    g: &LocalGraph,
+    x: &Matrix,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(TrainSummary, Progress), TrainError> {
+    if sets.labels.len() != g.n_dst() {
+        return Err(physalia_gnn::Error::Shape(format!(
+            "{} labels for {} nodes",
+            sets.labels.len(),
+            g.n_dst()
+        ))
+        .into());
+    }
+    let mut n_train = [sets.train.len() as f64];
+    ex.all_reduce_scalars(&mut n_train).map_err(exchange)?;
+    if n_train[0] == 0.0 {
+        return Err(physalia_gnn::Error::Config("the training split is empty".into()).into());
+    }
+    let kind = model.config().kind;
+    let dg = DeviceGraph::local(ops, g, kind)?;
+    let xd = ops.upload(x)?;
+    let labels = ops.upload_labels(&sets.labels)?;
+    let rows = [&sets.train, &sets.val, &sets.test].map(|r| ops.upload_idx(r));
+    let [train, val, test] = rows;
+    let (train, val, test) = (train?, val?, test?);
+    let mut dm = DeviceModel::from_model(ops, model)?;
+    if opt.steps() > 0 {
+        dm.restore_adam(ops, opt)?;
+    }
+    let adam = AdamConfig {
+        lr: opt.lr,
+        weight_decay: opt.weight_decay,
+        beta1: opt.beta1,
+        beta2: opt.beta2,
+        eps: opt.eps,
+    };
+    let mut summary = start.summary(cfg.epochs);
+    let mut progress = start;
+    for epoch in progress.epoch + 1..=cfg.epochs {
+        let t0 = Instant::now();
+        let fwd = dm.forward_ex(ops, &dg, &xd, Pass::Train { epoch: epoch as u64 }, ex)?;
+        let (r, c) = ops.dims(&fwd.logits);
+        let mut d_logits = ops.alloc(r, c)?;
+        let loss_sum = ops.cross_entropy(&fwd.logits, &labels, &train, n_train[0], &mut d_logits)?;
+        let grads = dm.backward_ex(ops, &dg, fwd, d_logits, ex)?;
+        dm.adam_step(ops, grads, adam)?;
+        let mut loss = [loss_sum];
+        ex.all_reduce_scalars(&mut loss).map_err(exchange)?;
+        ops.synchronize()?;
+        let train_s = t0.elapsed().as_secs_f64();
+        let loss = loss[0] / n_train[0];
+        if !loss.is_finite() {
+            return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
+        }
+        let mut m = EpochMetrics {
+            epoch,
+            loss,
+            train_acc: None,
+            val_acc: None,
+            test_acc: None,
+            train_s,
+            eval_s: 0.0,
+            exchange: Default::default(),
+            batches: None,
+            device: None,
+        };
+        let evaluated = epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs;
+        if evaluated {
+            let t1 = Instant::now();
+            let correct = dm.evaluate_ex(ops, &dg, &xd, &labels, &[&train, &val, &test], ex)?;
+            let mut counts = [0f64; 6];
+            for (k, rows) in [&sets.train, &sets.val, &sets.test].into_iter().enumerate() {
+                counts[2 * k] = correct[k] as f64;
+                counts[2 * k + 1] = rows.len() as f64;
+            }
+            ex.all_reduce_scalars(&mut counts).map_err(exchange)?;
+            let acc = |k: usize| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1]);
+            (m.train_acc, m.val_acc, m.test_acc) = (acc(0), acc(1), acc(2));
+            m.eval_s = t1.elapsed().as_secs_f64();
+        }
+        m.exchange = ex.take_stats();
+        // the callback sees the device's state (a checkpoint written from it resumes on either device)
+        dm.download_into(ops, model)?;
+        dm.download_adam(ops, opt)?;
+        if physalia_gnn::close_epoch(
+            &mut summary,
+            &mut progress,
+            cfg.patience,
+            m,
+            evaluated,
+            model,
+            opt,
+            on_epoch,
+        ) {
+            break;
+        }
+    }
+    Ok((summary, progress))
+}
