@@ -51,6 +51,9 @@ pub struct DockerConfig {
     pub start_timeout: Duration,
     /// The `docker` executable.
     pub docker: String,
+    /// The image GPU workers run (a [`WorkerSpec`] with `gpu`): the CUDA worker image
+    /// (`worker-image/Dockerfile.cuda`, `physalia image build --cuda`). `None` runs the spec's image.
+    pub gpu_image: Option<String>,
 }
 
 impl DockerConfig {
@@ -62,6 +65,7 @@ impl DockerConfig {
             secrets_dir: "/run/secrets/physalia".into(),
             start_timeout: Duration::from_secs(60),
             docker: "docker".into(),
+            gpu_image: None,
         }
     }
 }
@@ -181,12 +185,13 @@ impl DockerBackend {
             }
             args.extend(["--volume".into(), v]);
         }
+        let image = spec.image_for(self.cfg.gpu_image.as_deref()).to_string();
         if let Some((argv0, rest)) = spec.command.split_first() {
             args.extend(["--entrypoint".into(), argv0.clone()]);
-            args.push(spec.image.clone());
+            args.push(image);
             args.extend(rest.iter().cloned());
         } else {
-            args.push(spec.image.clone());
+            args.push(image);
         }
         args
     }
@@ -229,7 +234,7 @@ impl DockerBackend {
                 {
                     Error::ImageMissing {
                         backend: NAME,
-                        image: spec.image.clone(),
+                        image: spec.image_for(self.cfg.gpu_image.as_deref()).to_string(),
                         rank,
                         detail,
                     }
@@ -644,6 +649,35 @@ mod tests {
             assert!(args.contains(want), "{want:?} missing from {args}");
         }
         assert!(!args.contains("KEY"), "{args}");
+    }
+
+    #[test]
+    fn gpu_workers_run_the_gpu_image() {
+        let mut cfg = DockerConfig::new("physalia-net");
+        cfg.gpu_image = Some("physalia-worker:0123456789abcdef-cuda".into());
+        let backend = DockerBackend::new(cfg).unwrap();
+        let mut s = spec();
+        s.command = Vec::new();
+        let cpu = backend.create_args(&s, 1, 0);
+        assert_eq!(cpu.last().unwrap(), "ghcr.io/physalia/worker:0.1.0");
+        assert!(!cpu.contains(&"--gpus".to_string()), "{cpu:?}");
+        s.gpu = Some(GpuRequest {
+            count: 1,
+            kind: None,
+        });
+        let gpu = backend.create_args(&s, 1, 0);
+        assert_eq!(gpu.last().unwrap(), "physalia-worker:0123456789abcdef-cuda");
+        assert!(gpu.join(" ").contains("--gpus 1"), "{gpu:?}");
+        assert!(!gpu.contains(&"ghcr.io/physalia/worker:0.1.0".to_string()));
+        // with a command, the image still comes right after the entrypoint
+        s.command = vec!["/usr/local/bin/physalia-worker".into(), "--flag".into()];
+        let gpu = backend.create_args(&s, 1, 0).join(" ");
+        assert!(
+            gpu.ends_with(
+                "--entrypoint /usr/local/bin/physalia-worker physalia-worker:0123456789abcdef-cuda --flag"
+            ),
+            "{gpu}"
+        );
     }
 
     #[test]

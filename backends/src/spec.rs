@@ -191,6 +191,16 @@ impl WorkerSpec {
         Ok(())
     }
 
+    /// The image a backend runs: `gpu_image` (the backend's CUDA image) when the spec asks for a GPU and
+    /// the backend names one, [`WorkerSpec::image`] otherwise. A backend with no GPU image runs `image` on
+    /// GPUs too, which must then be a CUDA image (`worker-image/Dockerfile.cuda`).
+    pub fn image_for<'a>(&'a self, gpu_image: Option<&'a str>) -> &'a str {
+        match (&self.gpu, gpu_image) {
+            (Some(_), Some(gpu_image)) => gpu_image,
+            _ => &self.image,
+        }
+    }
+
     /// The environment of rank `rank` as backends set it literally (all but what a platform fills in
     /// itself, like kubernetes's rank from the completion index), sorted by name.
     pub fn base_env(&self, n_workers: usize) -> BTreeMap<String, String> {
@@ -289,6 +299,21 @@ pub(crate) mod tests {
             2,
             "1 per-rank values for 2 workers",
         );
+    }
+
+    #[test]
+    fn a_gpu_spec_takes_the_gpu_image() {
+        let mut s = spec();
+        assert_eq!(
+            s.image_for(Some("worker:cuda")),
+            "ghcr.io/physalia/worker:0.1.0"
+        );
+        s.gpu = Some(GpuRequest {
+            count: 1,
+            kind: None,
+        });
+        assert_eq!(s.image_for(Some("worker:cuda")), "worker:cuda");
+        assert_eq!(s.image_for(None), "ghcr.io/physalia/worker:0.1.0");
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //!   from this machine, `/etc/passwd` with the non-root user 65532, `/tmp`, `/run`) by `docker import`, then
 //!   builds `worker-image/Dockerfile` on it (`BASE` is a build argument), adding the binary. A job uses the
 //!   image tagged with the worker binary's content hash and builds it when missing.
+//! * GPU image: `physalia image build --cuda` makes `physalia-worker:<hash>-cuda` the same way from
+//!   `worker-image/Dockerfile.cuda`, adding the CUDA libraries the worker loads (NVRTC, cuBLAS) from
+//!   NVIDIA's PyPI wheels, downloaded on this machine with `pip download` into a cache
+//!   ([`wheel_cache`]) and unpacked into the build context; the runtime base then also holds the host
+//!   libraries those need. No CUDA base image is pulled; the driver comes from the host at run time.
+//!   The backend runs it for workers whose spec asks for a GPU (`DockerConfig::gpu_image`).
 //! * Network: one bridge network per job (`physalia-<job>`), made and removed by the backend
 //!   (`Backend::prepare` and `release`); the coordinator's control endpoint binds the network's gateway
 //!   address, which only the job's containers and this machine reach. Each worker binds its mesh on port 7000
@@ -20,7 +26,7 @@
 //!   dataset, a checkpoint) over its control connection into `/tmp`, and rank 0 sends its checkpoints and
 //!   the model back the same way: the containers share no disk with this machine.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -76,9 +82,13 @@ pub fn named_image(image: &str) -> Result<String> {
 /// The worker image for `worker` (the physalia-worker binary): `physalia-worker:<content hash>`, built when
 /// missing. Returns its tag.
 pub fn ensure_image(worker: &Path, quiet: bool) -> Result<String> {
-    let bytes = std::fs::read(worker).with_context(|| format!("reading {}", worker.display()))?;
-    let hash = blake3_like(&bytes);
-    let tag = format!("physalia-worker:{hash}");
+    ensure_image_tagged(worker, &image_tag(worker)?, quiet)
+}
+
+/// [`ensure_image`] under another tag.
+pub fn ensure_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result<String> {
+    tag_of(tag)?;
+    let tag = tag.to_string();
     if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
         return Ok(tag);
     }
@@ -87,6 +97,212 @@ pub fn ensure_image(worker: &Path, quiet: bool) -> Result<String> {
     }
     build_image(worker, &tag)?;
     Ok(tag)
+}
+
+/// `physalia-worker:<content hash of worker>`.
+fn image_tag(worker: &Path) -> Result<String> {
+    let bytes = std::fs::read(worker).with_context(|| format!("reading {}", worker.display()))?;
+    Ok(format!("physalia-worker:{}", blake3_like(&bytes)))
+}
+
+/// The CUDA worker image's tag for `worker`: `physalia-worker:<content hash>-cuda`.
+pub fn cuda_image_tag(worker: &Path) -> Result<String> {
+    Ok(format!("{}{CUDA_SUFFIX}", image_tag(worker)?))
+}
+
+const CUDA_SUFFIX: &str = "-cuda";
+
+/// The CUDA worker image for `worker` (`physalia-worker:<content hash>-cuda`, for GPU workers), built when
+/// missing from `worker-image/Dockerfile.cuda` and the wheels of [`CUDA_WHEELS`] (downloaded into
+/// [`wheel_cache`] when not there). Returns its tag.
+pub fn ensure_cuda_image(worker: &Path, quiet: bool) -> Result<String> {
+    ensure_cuda_image_tagged(worker, &cuda_image_tag(worker)?, quiet)
+}
+
+/// [`ensure_cuda_image`] under another tag.
+pub fn ensure_cuda_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result<String> {
+    tag_of(tag)?;
+    let tag = tag.to_string();
+    if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
+        return Ok(tag);
+    }
+    let cache = wheel_cache()?;
+    let wheels = cuda_wheels(&cache, quiet)?;
+    if !quiet {
+        eprintln!("building the CUDA worker image {tag}...");
+    }
+    build(worker, &tag, Some(&wheels))?;
+    Ok(tag)
+}
+
+/// The image of GPU workers: the job file's `backend.docker.gpu_image` (checked to be in the engine), or
+/// the CUDA image of `worker`, built when missing.
+#[allow(dead_code)] // for the GPU launch path (issue 15): `submit` asks for no GPU yet
+pub fn gpu_image(named: Option<&str>, worker: &Path, quiet: bool) -> Result<String> {
+    match named {
+        Some(image) => {
+            docker(&["image", "inspect", "--format", "{{.Id}}", image]).with_context(|| {
+                format!(
+                    "backend.docker.gpu_image: {image} is not in the Docker Engine (build it, or leave \
+                     the field out for `physalia image build --cuda`'s)"
+                )
+            })?;
+            Ok(image.to_string())
+        }
+        None => ensure_cuda_image(worker, quiet),
+    }
+}
+
+/// The PyPI wheels the CUDA image's libraries come from (CUDA 12.8, what the worker's cudarc is built
+/// for): `(distribution, version)`.
+pub const CUDA_WHEELS: [(&str, &str); 2] = [
+    ("nvidia-cuda-nvrtc-cu12", "12.8.93"),
+    ("nvidia-cublas-cu12", "12.8.4.1"),
+];
+
+/// The shared libraries taken from the wheels (each under `nvidia/<package>/lib/` in its wheel) into
+/// `/usr/local/lib/physalia-cuda`: NVRTC and the builtins it opens, cuBLAS and cuBLASLt.
+pub const CUDA_LIBRARIES: [&str; 4] = [
+    "libnvrtc.so.12",
+    "libnvrtc-builtins.so.12.8",
+    "libcublas.so.12",
+    "libcublasLt.so.12",
+];
+
+/// Unversioned names beside them (link -> target): cudarc opens `libnvrtc.so` and `libcublas.so` first.
+pub const CUDA_LINKS: [(&str, &str); 3] = [
+    ("libnvrtc.so", "libnvrtc.so.12"),
+    ("libcublas.so", "libcublas.so.12"),
+    ("libcublasLt.so", "libcublasLt.so.12"),
+];
+
+/// Where downloaded wheels are kept: `$PHYSALIA_WHEEL_CACHE`, else `$XDG_CACHE_HOME/physalia/wheels`,
+/// else `~/.cache/physalia/wheels` (outside any checkout).
+pub fn wheel_cache() -> Result<PathBuf> {
+    let nonempty = |v: &str| {
+        std::env::var_os(v)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = nonempty("PHYSALIA_WHEEL_CACHE") {
+        return Ok(dir);
+    }
+    if let Some(dir) = nonempty("XDG_CACHE_HOME") {
+        return Ok(dir.join("physalia/wheels"));
+    }
+    match nonempty("HOME") {
+        Some(home) => Ok(home.join(".cache/physalia/wheels")),
+        None => bail!("no HOME for the wheel cache; set PHYSALIA_WHEEL_CACHE to a folder"),
+    }
+}
+
+/// The cached wheel file of `dist==version` in `cache`, if there: pip names it
+/// `<dist with _>-<version>-<tags>.whl`.
+fn cached_wheel(cache: &Path, dist: &str, version: &str) -> Option<PathBuf> {
+    let prefix = format!("{}-{version}-", dist.replace('-', "_"));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// The wheels of [`CUDA_WHEELS`] in `cache`, each downloaded with `python3 -m pip download` when not
+/// there (binary wheels for this machine, no dependencies: the libraries are all that is used).
+pub fn cuda_wheels(cache: &Path, quiet: bool) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let mut wheels = Vec::new();
+    for (dist, version) in CUDA_WHEELS {
+        if let Some(w) = cached_wheel(cache, dist, version) {
+            wheels.push(w);
+            continue;
+        }
+        if !quiet {
+            eprintln!(
+                "downloading {dist}=={version} into {} (once)...",
+                cache.display()
+            );
+        }
+        let out = Command::new("python3")
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+            .arg("--dest")
+            .arg(cache)
+            .arg(format!("{dist}=={version}"))
+            .stdin(Stdio::null())
+            .output()
+            .context("running python3 -m pip (the CUDA image's libraries come from PyPI wheels)")?;
+        if !out.status.success() {
+            bail!(
+                "pip download {dist}=={version} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        wheels.push(cached_wheel(cache, dist, version).with_context(|| {
+            format!(
+                "pip downloaded {dist}=={version}, but no {}-{version}-*.whl is in {}",
+                dist.replace('-', "_"),
+                cache.display()
+            )
+        })?);
+    }
+    Ok(wheels)
+}
+
+/// Unpacks [`CUDA_LIBRARIES`] from `wheels` (zip files) into `dest`, mode 0755, and makes
+/// [`CUDA_LINKS`]. Python's zipfile, as pip needs Python anyway.
+pub fn unpack_cuda_libraries(wheels: &[PathBuf], dest: &Path) -> Result<()> {
+    const UNPACK: &str = r#"
+import os, shutil, sys, zipfile
+dest, wanted = sys.argv[1], set(sys.argv[2].split(","))
+for wheel in sys.argv[3:]:
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            parts = info.filename.split("/")
+            if len(parts) == 4 and parts[0] == "nvidia" and parts[2] == "lib" and parts[3] in wanted:
+                with z.open(info) as src, open(os.path.join(dest, parts[3]), "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+"#;
+    std::fs::create_dir_all(dest)?;
+    let out = Command::new("python3")
+        .args(["-c", UNPACK])
+        .arg(dest)
+        .arg(CUDA_LIBRARIES.join(","))
+        .args(wheels)
+        .stdin(Stdio::null())
+        .output()
+        .context("running python3 to unpack the CUDA wheels")?;
+    if !out.status.success() {
+        bail!(
+            "unpacking the CUDA wheels failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for lib in CUDA_LIBRARIES {
+        let path = dest.join(lib);
+        if !path.is_file() {
+            bail!(
+                "no nvidia/*/lib/{lib} in the wheels {}",
+                wheels
+                    .iter()
+                    .map(|w| w.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    for (link, target) in CUDA_LINKS {
+        std::os::unix::fs::symlink(target, dest.join(link))
+            .with_context(|| format!("linking {link} to {target}"))?;
+    }
+    Ok(())
 }
 
 /// A short content hash (xxh3 via std's hasher is not stable across releases; FNV-1a 64 is, and is enough
@@ -101,7 +317,24 @@ fn blake3_like(bytes: &[u8]) -> String {
 
 /// Builds the runtime base from this machine's libraries and the image from `worker-image/Dockerfile`.
 pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
+    build(worker, tag, None)
+}
+
+/// Builds the runtime base and the image `tag`: from `worker-image/Dockerfile`, or with `cuda_wheels`
+/// from `worker-image/Dockerfile.cuda` with the wheels' libraries in the context's `cuda/` folder and
+/// the host libraries they need in the base.
+fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()> {
     let stage = tempfile::tempdir().context("creating a staging folder")?;
+    let ctx = stage.path().join("context");
+    std::fs::create_dir_all(&ctx)?;
+    let mut libs: BTreeSet<PathBuf> = shared_libraries(worker)?.into_iter().collect();
+    if let Some(wheels) = cuda_wheels {
+        let cuda = ctx.join("cuda");
+        unpack_cuda_libraries(wheels, &cuda)?;
+        for lib in CUDA_LIBRARIES {
+            libs.extend(host_libraries_of(&cuda.join(lib), &cuda)?);
+        }
+    }
     let root = stage.path().join("rootfs");
     for d in ["etc", "tmp", "run/secrets", "usr/local/bin"] {
         std::fs::create_dir_all(root.join(d))?;
@@ -122,7 +355,7 @@ pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
         root.join("etc/group"),
         format!("root:x:0:\nphysalia:x:{WORKER_UID}:\n"),
     )?;
-    for lib in shared_libraries(worker)? {
+    for lib in libs {
         let dest = root.join(lib.strip_prefix("/").unwrap_or(&lib));
         std::fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
         std::fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
@@ -140,7 +373,7 @@ pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
     if !status.success() {
         bail!("tar could not pack the runtime base");
     }
-    let base = format!("physalia-runtime:{}", &tag[tag.len() - 16..]);
+    let base = format!("physalia-runtime:{}", tag_of(tag)?);
     docker(&[
         "import",
         "--change",
@@ -149,10 +382,11 @@ pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
         &base,
     ])
     .context("importing the runtime base")?;
-    // the build context: the Dockerfile and the stripped binary
-    let ctx = stage.path().join("context");
-    std::fs::create_dir_all(&ctx)?;
-    let dockerfile = crate_dockerfile()?;
+    // the build context: the Dockerfile and the stripped binary (and cuda/)
+    let dockerfile = match cuda_wheels {
+        None => crate_dockerfile()?,
+        Some(_) => include_str!("../../worker-image/Dockerfile.cuda"),
+    };
     std::fs::write(ctx.join("Dockerfile"), dockerfile)?;
     let bin = ctx.join("physalia-worker");
     let stripped = Command::new("strip")
@@ -180,9 +414,40 @@ pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
     Ok(())
 }
 
+/// The tag part of an image reference `[registry/]name:tag`.
+fn tag_of(image: &str) -> Result<&str> {
+    let last = image.rsplit_once('/').map_or(image, |(_, l)| l);
+    match last.split_once(':') {
+        Some((name, tag)) if !name.is_empty() && !tag.is_empty() => Ok(tag),
+        _ => bail!("the image {image:?} needs a tag: NAME:TAG"),
+    }
+}
+
 /// `worker-image/Dockerfile`, embedded so an installed `physalia` can build images anywhere.
 fn crate_dockerfile() -> Result<&'static str> {
     Ok(include_str!("../../worker-image/Dockerfile"))
+}
+
+/// The host libraries `lib` (a CUDA library in `dir`) needs, from `ldd` with `dir` searched first: those
+/// outside `dir`, which the runtime base must hold too. One the host lacks is an error naming it.
+fn host_libraries_of(lib: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(lib)
+        .env("LD_LIBRARY_PATH", dir)
+        .output()
+        .context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if let Some(missing) = text.lines().find(|l| l.contains("not found")) {
+        bail!(
+            "{} needs a library this machine lacks: {}",
+            lib.display(),
+            missing.trim()
+        );
+    }
+    Ok(parse_ldd(&text)
+        .into_iter()
+        .filter(|p| !p.starts_with(dir))
+        .collect())
 }
 
 /// The shared libraries `bin` loads (and the loader), from `ldd`.
@@ -191,7 +456,15 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
         .arg(bin)
         .output()
         .context("running ldd")?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let libs = parse_ldd(&String::from_utf8_lossy(&out.stdout));
+    if libs.is_empty() {
+        bail!("ldd found no libraries for {}", bin.display());
+    }
+    Ok(libs)
+}
+
+/// The absolute paths in `ldd`'s output.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
     let mut libs = Vec::new();
     for line in text.lines() {
         // "libm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
@@ -203,10 +476,7 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>> {
             libs.push(PathBuf::from(p));
         }
     }
-    if libs.is_empty() {
-        bail!("ldd found no libraries for {}", bin.display());
-    }
-    Ok(libs)
+    libs
 }
 
 fn sanitize(s: &str) -> String {
@@ -223,16 +493,32 @@ fn sanitize(s: &str) -> String {
 
 /// The docker backend of a job: its containers on the job's own bridge network (made by
 /// `Backend::prepare`), running as the image's non-root user, secrets copied in, nothing mounted.
+/// Workers that ask for a GPU run the CUDA image of the `physalia-worker` beside `physalia`
+/// ([`cuda_image_tag`]; `physalia image build --cuda` or [`ensure_cuda_image`] builds it).
 pub fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
+    let gpu_image = crate::workers::worker_binary()
+        .ok()
+        .and_then(|w| cuda_image_tag(&w).ok());
+    backend_with(job_id, gpu_image)
+}
+
+/// [`backend`] with the image of GPU workers named (the job's `backend.docker.gpu_image`, see
+/// [`gpu_image`]); `None` runs the spec's image on GPUs too.
+pub fn backend_with(job_id: &str, gpu_image: Option<String>) -> Result<Box<dyn Backend>> {
     if !available() {
         bail!(
             "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
         );
     }
+    Ok(Box::new(DockerBackend::new(config(job_id, gpu_image))?))
+}
+
+fn config(job_id: &str, gpu_image: Option<String>) -> DockerConfig {
     let mut cfg = DockerConfig::new(format!("physalia-{}", sanitize(job_id)));
     cfg.user = Some((WORKER_UID, WORKER_UID));
     cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
-    Ok(Box::new(DockerBackend::new(cfg)?))
+    cfg.gpu_image = gpu_image;
+    cfg
 }
 
 /// The spec of a docker launch: containers of `image`, each binding the mesh on its own address.
@@ -254,4 +540,155 @@ pub fn spec(
         secrets,
         MESH_PORT,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wheel-shaped zip at `dir/name` holding `files` (path in the zip -> bytes), made with Python's
+    /// zipfile like the real ones are read.
+    fn zip(dir: &Path, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let path = dir.join(name);
+        let src = dir.join(format!("{name}.src"));
+        std::fs::create_dir_all(&src).unwrap();
+        let mut args = Vec::new();
+        for (i, (inner, bytes)) in files.iter().enumerate() {
+            let f = src.join(i.to_string());
+            std::fs::write(&f, bytes).unwrap();
+            args.push(f.display().to_string());
+            args.push(inner.to_string());
+        }
+        let ok = Command::new("python3")
+            .args([
+                "-c",
+                "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\n\
+                 for f, name in zip(sys.argv[2::2], sys.argv[3::2]): z.write(f, name)\nz.close()",
+            ])
+            .arg(&path)
+            .args(&args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        path
+    }
+
+    #[test]
+    fn the_wheels_libraries_are_unpacked_with_their_unversioned_links() {
+        let t = tempfile::tempdir().unwrap();
+        let nvrtc = zip(
+            t.path(),
+            "nvidia_cuda_nvrtc_cu12-12.8.93-py3-none-manylinux_2_12_x86_64.whl",
+            &[
+                ("nvidia/cuda_nvrtc/lib/libnvrtc.so.12", b"nvrtc"),
+                (
+                    "nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.8",
+                    b"builtins",
+                ),
+                ("nvidia/cuda_nvrtc/lib/libnvrtc.alt.so.12", b"alt"),
+                ("nvidia/cuda_nvrtc/include/nvrtc.h", b"header"),
+            ],
+        );
+        let cublas = zip(
+            t.path(),
+            "nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl",
+            &[
+                ("nvidia/cublas/lib/libcublas.so.12", b"cublas"),
+                ("nvidia/cublas/lib/libcublasLt.so.12", b"cublasLt"),
+                ("nvidia/cublas/lib/libnvblas.so.12", b"nvblas"),
+            ],
+        );
+        // found in the cache by pip's file names, whatever the platform tag
+        for (dist, version) in CUDA_WHEELS {
+            assert!(cached_wheel(t.path(), dist, version).is_some(), "{dist}");
+        }
+        assert_eq!(
+            cached_wheel(t.path(), "nvidia-cublas-cu12", "12.6.4.1"),
+            None
+        );
+        let wheels = cuda_wheels(t.path(), true).unwrap();
+        assert_eq!(wheels, [nvrtc.clone(), cublas.clone()]);
+
+        let dest = t.path().join("cuda");
+        unpack_cuda_libraries(&wheels, &dest).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&dest)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "libcublas.so",
+                "libcublas.so.12",
+                "libcublasLt.so",
+                "libcublasLt.so.12",
+                "libnvrtc-builtins.so.12.8",
+                "libnvrtc.so",
+                "libnvrtc.so.12"
+            ]
+        );
+        assert_eq!(std::fs::read(dest.join("libnvrtc.so")).unwrap(), b"nvrtc");
+        assert_eq!(
+            std::fs::read_link(dest.join("libcublas.so")).unwrap(),
+            Path::new("libcublas.so.12")
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dest.join("libcublasLt.so.12"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+
+        // a wheel without one of the libraries is an error naming it
+        let dest = t.path().join("cuda2");
+        let err = unpack_cuda_libraries(&[nvrtc], &dest)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("libcublas.so.12"), "{err}");
+    }
+
+    #[test]
+    fn gpu_workers_of_a_docker_job_run_the_gpu_image() {
+        let cfg = config(
+            "cora 1",
+            Some("physalia-worker:0123456789abcdef-cuda".into()),
+        );
+        assert_eq!(cfg.network, "physalia-cora-1");
+        assert_eq!(
+            cfg.gpu_image.as_deref(),
+            Some("physalia-worker:0123456789abcdef-cuda")
+        );
+        let t = tempfile::tempdir().unwrap();
+        let worker = t.path().join("physalia-worker");
+        std::fs::write(&worker, b"a worker binary").unwrap();
+        let cpu = image_tag(&worker).unwrap();
+        let gpu = cuda_image_tag(&worker).unwrap();
+        assert_eq!(gpu, format!("{cpu}-cuda"));
+        assert!(cpu.starts_with("physalia-worker:") && cpu.len() == "physalia-worker:".len() + 16);
+    }
+
+    #[test]
+    fn an_image_tag_is_the_part_after_the_names_colon() {
+        assert_eq!(tag_of("physalia-worker:0123-cuda").unwrap(), "0123-cuda");
+        assert_eq!(tag_of("localhost:5000/w:cuda").unwrap(), "cuda");
+        for bad in ["localhost:5000/w", "w", "w:", ":t"] {
+            assert!(tag_of(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ldd_output_gives_absolute_paths() {
+        let text = "\tlinux-vdso.so.1 (0x00007f)\n\tlibcublasLt.so.12 => /ctx/cuda/libcublasLt.so.12 (0x1)\n\
+                    \tlibrt.so.1 => /lib/x86_64-linux-gnu/librt.so.1 (0x2)\n\t/lib64/ld-linux-x86-64.so.2 (0x3)\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                PathBuf::from("/ctx/cuda/libcublasLt.so.12"),
+                PathBuf::from("/lib/x86_64-linux-gnu/librt.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+    }
 }

@@ -109,8 +109,21 @@ struct ValidateArgs {
 #[derive(Subcommand)]
 enum ImageCommand {
     /// Build (or find) `physalia-worker:<hash>` with no registry: a runtime base from this machine's
-    /// libraries, then worker-image/Dockerfile.
-    Build,
+    /// libraries, then worker-image/Dockerfile. `--cuda`: `physalia-worker:<hash>-cuda` for GPU workers.
+    Build(ImageBuildArgs),
+}
+
+#[derive(Args)]
+struct ImageBuildArgs {
+    /// The CUDA image (worker-image/Dockerfile.cuda): the same runtime base plus NVRTC and cuBLAS from
+    /// NVIDIA's PyPI wheels, which `pip download` fetches once into ~/.cache/physalia/wheels
+    /// (PHYSALIA_WHEEL_CACHE elsewhere). No base image is pulled.
+    #[arg(long)]
+    cuda: bool,
+    /// Tag the image NAME:TAG instead of `physalia-worker:<hash>[-cuda]` (an image already under it is
+    /// kept).
+    #[arg(long, value_name = "NAME:TAG")]
+    tag: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -141,8 +154,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status(a) => jobs::status(&a),
         Command::Logs(a) => jobs::logs(&a),
         Command::Cancel(a) => jobs::cancel(&a),
-        Command::Image(ImageCommand::Build) => {
-            let tag = docker::ensure_image(&workers::worker_binary()?, false)?;
+        Command::Image(ImageCommand::Build(a)) => {
+            let worker = workers::worker_binary()?;
+            let tag = match (a.cuda, &a.tag) {
+                (true, None) => docker::ensure_cuda_image(&worker, false)?,
+                (true, Some(t)) => docker::ensure_cuda_image_tagged(&worker, t, false)?,
+                (false, None) => docker::ensure_image(&worker, false)?,
+                (false, Some(t)) => docker::ensure_image_tagged(&worker, t, false)?,
+            };
             println!("{tag}");
             Ok(())
         }

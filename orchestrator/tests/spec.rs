@@ -1024,6 +1024,70 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
     assert!(m.contains("backend.ecs") && m.contains("clustr"), "{m}");
 }
 
+/// `gpu_image` names the image of GPU workers beside `image` on docker, kubernetes and ecs (ACI runs no
+/// GPUs and has none); a blank one is refused naming the field.
+#[test]
+fn gpu_image_is_a_setting_of_the_gpu_platforms() {
+    let ecs = on(
+        CLOUD,
+        &["backend.ecs.gpu_image=ecr.example/physalia-worker:0.1.0-cuda"],
+        BackendKind::Ecs,
+    )
+    .unwrap();
+    assert_eq!(
+        ecs.backend.ecs.as_ref().unwrap().gpu_image.as_deref(),
+        Some("ecr.example/physalia-worker:0.1.0-cuda")
+    );
+    assert_eq!(
+        ecs.backend.gpu_image(),
+        Some("ecr.example/physalia-worker:0.1.0-cuda")
+    );
+    // left out: the platform's default (`image` on the clouds)
+    let k = on(CLOUD, &[], BackendKind::Kubernetes).unwrap();
+    assert_eq!(k.backend.gpu_image(), None);
+    let k = on(
+        CLOUD,
+        &["backend.kubernetes.gpu_image=registry.example/physalia-worker:0.1.0-cuda"],
+        BackendKind::Kubernetes,
+    )
+    .unwrap();
+    assert_eq!(
+        k.backend.gpu_image(),
+        Some("registry.example/physalia-worker:0.1.0-cuda")
+    );
+    let docker = ok(
+        &format!("{MINIMAL}backend: {{name: docker, docker: {{gpu_image: mine:cuda}}}}\n"),
+        &[],
+    );
+    assert_eq!(docker.backend.gpu_image(), Some("mine:cuda"));
+    assert_eq!(docker.backend.docker.as_ref().unwrap().image, None);
+    // a blank one names its field
+    for (backend, field) in [
+        (BackendKind::Ecs, "backend.ecs.gpu_image"),
+        (BackendKind::Kubernetes, "backend.kubernetes.gpu_image"),
+    ] {
+        let m = on(CLOUD, &[&format!("{field}=' '")], backend)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains(field) && m.contains("must not be empty"), "{m}");
+    }
+    let m = err(
+        &format!("{MINIMAL}backend: {{name: docker, docker: {{gpu_image: ''}}}}\n"),
+        &[],
+    );
+    assert!(m.contains("backend.docker.gpu_image"), "{m}");
+    // ACI has no GPUs, so no gpu_image: an unknown field
+    let text = CLOUD.replace(
+        "    image: physalia.azurecr.io/physalia-worker:0.1.0\n",
+        "    image: physalia.azurecr.io/physalia-worker:0.1.0\n    gpu_image: physalia.azurecr.io/w:cuda\n",
+    );
+    let m = err(&text, &[]);
+    assert!(m.contains("backend.aci") && m.contains("gpu_image"), "{m}");
+    // the schema describes it
+    let schema = serde_json::to_string(&json_schema()).unwrap();
+    assert!(schema.contains("The image of GPU workers"), "{schema}");
+}
+
 /// The example with every platform's section is valid on each of them.
 #[test]
 fn the_cloud_example_is_valid_on_every_backend() {

@@ -243,3 +243,194 @@ fn a_named_docker_image_that_is_not_there_is_refused() {
         .unwrap();
     assert!(String::from_utf8_lossy(&left.stdout).trim().is_empty());
 }
+
+/// Runs `physalia image build ARGS` with the wheel cache `cache`; the tag it prints.
+fn image_build(cwd: &Path, cache: &Path, args: &[&str]) -> String {
+    let out = Command::new(physalia_tests::physalia_bin())
+        .current_dir(cwd)
+        .args(["image", "build"])
+        .args(args)
+        .env("PHYSALIA_WHEEL_CACHE", cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image build {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The dynamic loader of the image (the runtime base copies the host's) listing what `lib` loads: each
+/// dependency found, through the image's `LD_LIBRARY_PATH` for the CUDA ones.
+fn loads_in_image(image: &str, lib: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--entrypoint",
+            "/lib64/ld-linux-x86-64.so.2",
+            image,
+        ])
+        .args(["--list", lib])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("not found"),
+        "{lib} does not load in {image}: {text}"
+    );
+    text
+}
+
+/// Every CUDA library the worker opens, by the names cudarc tries.
+const CUDA_NAMES: [&str; 7] = [
+    "libnvrtc.so",
+    "libnvrtc.so.12",
+    "libnvrtc-builtins.so.12.8",
+    "libcublas.so",
+    "libcublas.so.12",
+    "libcublasLt.so",
+    "libcublasLt.so.12",
+];
+
+fn remove_images(images: &[&str]) {
+    let _ = Command::new("docker")
+        .args(["image", "rm", "-f"])
+        .args(images)
+        .output();
+}
+
+/// The wiring of the CUDA image, cheaply: `physalia image build --cuda` builds Dockerfile.cuda on the
+/// locally made runtime base (nothing pulled) from wheels found in the cache, here stand-ins whose
+/// "CUDA libraries" are copies of a small host library (libdl): each lands in /usr/local/lib/physalia-cuda
+/// with its unversioned link, loads with what it needs, the image sets LD_LIBRARY_PATH and the NVIDIA
+/// toolkit's variables, and the worker runs (`--health`). The real wheels: the ignored test below.
+#[test]
+fn the_cuda_image_is_built_from_wheels_in_the_cache() {
+    if !docker_available() {
+        return;
+    }
+    let t = TempDir::new().unwrap();
+    let cache = t.path().join("wheels");
+    std::fs::create_dir_all(&cache).unwrap();
+    let stand_in = Path::new("/lib/x86_64-linux-gnu/libdl.so.2");
+    if !stand_in.is_file() {
+        eprintln!("skipping: {} is absent", stand_in.display());
+        return;
+    }
+    let stage = t.path().join("stage");
+    for (wheel, package, libs) in [
+        (
+            "nvidia_cuda_nvrtc_cu12-12.8.93-py3-none-manylinux_2_12_x86_64.whl",
+            "cuda_nvrtc",
+            &["libnvrtc.so.12", "libnvrtc-builtins.so.12.8"][..],
+        ),
+        (
+            "nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl",
+            "cublas",
+            &["libcublas.so.12", "libcublasLt.so.12"][..],
+        ),
+    ] {
+        let lib_dir = stage.join("nvidia").join(package).join("lib");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        for lib in libs {
+            std::fs::copy(stand_in, lib_dir.join(lib)).unwrap();
+        }
+        let zipped = Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\n\
+                 for d, _, fs in os.walk(sys.argv[2]):\n    for f in fs:\n        \
+                 p = os.path.join(d, f); z.write(p, os.path.relpath(p, sys.argv[2]))\nz.close()",
+            ])
+            .arg(cache.join(wheel))
+            .arg(&stage)
+            .status()
+            .unwrap();
+        assert!(zipped.success());
+        std::fs::remove_dir_all(&stage).unwrap();
+    }
+    let tag = format!("physalia-test-cuda:wiring-{}", std::process::id());
+    let base = format!("physalia-runtime:wiring-{}", std::process::id());
+    let built = image_build(t.path(), &cache, &["--cuda", "--tag", &tag]);
+    assert_eq!(built, tag);
+    let checks = std::panic::catch_unwind(|| {
+        for name in CUDA_NAMES {
+            loads_in_image(&tag, &format!("/usr/local/lib/physalia-cuda/{name}"));
+        }
+        let env = Command::new("docker")
+            .args(["image", "inspect", "--format", "{{json .Config.Env}}", &tag])
+            .output()
+            .unwrap();
+        let env = String::from_utf8_lossy(&env.stdout);
+        for want in [
+            "LD_LIBRARY_PATH=/usr/local/lib/physalia-cuda",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+        ] {
+            assert!(env.contains(want), "{want} missing from {env}");
+        }
+        let health = Command::new("docker")
+            .args(["run", "--rm", &tag, "--health"])
+            .output()
+            .unwrap();
+        assert!(
+            health.status.success(),
+            "{}",
+            String::from_utf8_lossy(&health.stderr)
+        );
+    });
+    remove_images(&[&tag, &base]);
+    if let Err(e) = checks {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// The CUDA image from NVIDIA's real wheels (about 680 MB downloaded once into ~/.cache/physalia/wheels,
+/// a 1 GB image): NVRTC and cuBLAS load in it with their dependencies, cuBLASLt found through
+/// LD_LIBRARY_PATH. Needs no GPU (nothing is run on one); too large for CI, so run it by hand:
+///
+///   cargo test -p physalia-tests --test docker the_cuda_image_from_the_real_wheels -- --ignored
+///
+/// It keeps the image it builds (`physalia-worker:<hash>-cuda`, what `physalia image build --cuda` makes).
+#[test]
+#[ignore = "downloads ~680 MB of CUDA wheels and builds a 1 GB image; run by hand"]
+fn the_cuda_image_from_the_real_wheels() {
+    if !docker_available() {
+        return;
+    }
+    let t = TempDir::new().unwrap();
+    let cache = std::env::var_os("PHYSALIA_WHEEL_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/physalia/wheels"))
+        })
+        .unwrap();
+    let tag = image_build(t.path(), &cache, &["--cuda"]);
+    assert!(
+        tag.starts_with("physalia-worker:") && tag.ends_with("-cuda"),
+        "{tag}"
+    );
+    let cublas = loads_in_image(&tag, "/usr/local/lib/physalia-cuda/libcublas.so");
+    assert!(
+        cublas.contains("libcublasLt.so.12 => /usr/local/lib/physalia-cuda/libcublasLt.so.12"),
+        "{cublas}"
+    );
+    for name in CUDA_NAMES {
+        loads_in_image(&tag, &format!("/usr/local/lib/physalia-cuda/{name}"));
+    }
+    let health = Command::new("docker")
+        .args(["run", "--rm", &tag, "--health"])
+        .output()
+        .unwrap();
+    assert!(
+        health.status.success(),
+        "{}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+}

@@ -94,6 +94,9 @@ pub struct EcsConfig {
     pub secrets_owner: String,
     /// The `secrets` container's command (argv); the worker image's binary.
     pub unpack_command: Vec<String>,
+    /// The image GPU workers run (a [`WorkerSpec`] with `gpu`), both containers of their tasks: the
+    /// CUDA worker image (`worker-image/Dockerfile.cuda`) in ECR. `None` runs the spec's image.
+    pub gpu_image: Option<String>,
     /// Ranks launched at once.
     pub max_parallel: usize,
     /// Wait between `DescribeTasks` polls.
@@ -130,6 +133,7 @@ impl EcsConfig {
                 "/usr/local/bin/physalia-worker".into(),
                 "unpack-secrets".into(),
             ],
+            gpu_image: None,
             max_parallel: 8,
             poll_interval: Duration::from_secs(5),
             start_timeout: Duration::from_secs(900),
@@ -390,9 +394,11 @@ impl EcsBackend {
 
         let mut env = spec.base_env(n);
         env.insert(ENV_RANK.into(), rank.to_string());
+        // one image for both containers: a GPU task pulls only the CUDA image
+        let image = spec.image_for(self.cfg.gpu_image.as_deref());
         let mut worker = ecs::ContainerDefinition::builder()
             .name(WORKER)
-            .image(&spec.image)
+            .image(image)
             .essential(true)
             .set_environment(Some(
                 env.iter()
@@ -447,7 +453,7 @@ impl EcsBackend {
             .expect("checked in new");
         let unpacker = ecs::ContainerDefinition::builder()
             .name(UNPACKER)
-            .image(&spec.image)
+            .image(image)
             .essential(false)
             // root, to chown the files to the worker's user on a volume root owns
             .user("0")
@@ -728,7 +734,11 @@ impl EcsBackend {
                         ));
                     }
                     WorkerState::Succeeded | WorkerState::Failed => {
-                        return Err(stopped_error(spec, *rank, t));
+                        return Err(stopped_error(
+                            spec.image_for(self.cfg.gpu_image.as_deref()),
+                            *rank,
+                            t,
+                        ));
                     }
                 }
             }
@@ -1196,7 +1206,8 @@ fn worker_status(rank: usize, t: &ecs::Task) -> WorkerStatus {
 }
 
 /// Why a task stopped while the launch waited for it, as the variant a user can act on.
-fn stopped_error(spec: &WorkerSpec, rank: usize, t: &ecs::Task) -> Error {
+/// `image` is the one the task runs.
+fn stopped_error(image: &str, rank: usize, t: &ecs::Task) -> Error {
     let status = worker_status(rank, t);
     let detail = status
         .detail
@@ -1204,7 +1215,7 @@ fn stopped_error(spec: &WorkerSpec, rank: usize, t: &ecs::Task) -> Error {
     if detail.contains("CannotPullContainer") || detail.contains("pull image") {
         return Error::ImageMissing {
             backend: NAME,
-            image: spec.image.clone(),
+            image: image.to_string(),
             rank,
             detail,
         };
@@ -1241,6 +1252,58 @@ mod tests {
             .build()
     }
 
+    /// Both containers of a GPU worker's task definition run the GPU image; a CPU worker's run the spec's.
+    #[tokio::test]
+    async fn gpu_task_definitions_run_the_gpu_image() {
+        let sdk = aws_config::SdkConfig::builder()
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .build();
+        let mut cfg = EcsConfig::new(
+            "physalia",
+            vec!["subnet-1".into()],
+            vec!["sg-1".into()],
+            "arn:aws:iam::123456789012:role/x",
+            "/physalia/workers",
+        );
+        cfg.capacity = Capacity::Provider("physalia-gpu".into());
+        cfg.gpu_image =
+            Some("123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia:0.1.0-cuda".into());
+        let backend = EcsBackend::new(cfg, &sdk).unwrap();
+        let images = |s: &WorkerSpec| {
+            let input = backend
+                .register_input(s, 1, 0, "arn:aws:secretsmanager:us-east-1:1:secret:x")
+                .unwrap()
+                .build()
+                .unwrap();
+            input
+                .container_definitions()
+                .iter()
+                .map(|c| {
+                    (
+                        c.name().unwrap().to_string(),
+                        c.image().unwrap().to_string(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut s = spec();
+        let cpu = "ghcr.io/physalia/worker:0.1.0";
+        assert_eq!(
+            images(&s),
+            [(UNPACKER.into(), cpu.into()), (WORKER.into(), cpu.into())]
+        );
+        s.gpu = Some(crate::GpuRequest {
+            count: 1,
+            kind: None,
+        });
+        let gpu = "123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia:0.1.0-cuda";
+        assert_eq!(
+            images(&s),
+            [(UNPACKER.into(), gpu.into()), (WORKER.into(), gpu.into())]
+        );
+    }
+
     #[test]
     fn why_a_task_stopped_is_named() {
         let s = spec();
@@ -1248,7 +1311,7 @@ mod tests {
             "CannotPullContainerError: pull image manifest has been retried 7 time(s): not found",
             None,
         );
-        let err = stopped_error(&s, 3, &pull);
+        let err = stopped_error(&s.image, 3, &pull);
         assert!(
             matches!(&err, Error::ImageMissing { rank: 3, image, .. } if image == &s.image),
             "{err}"
@@ -1257,13 +1320,13 @@ mod tests {
             "ResourceInitializationError: unable to pull secrets or registry auth",
             None,
         );
-        let err = stopped_error(&s, 0, &secrets).to_string();
+        let err = stopped_error(&s.image, 0, &secrets).to_string();
         assert!(err.contains("execution role"), "{err}");
         let exited = stopped(
             "Essential container in task exited",
             Some("OutOfMemoryError"),
         );
-        let err = stopped_error(&s, 1, &exited).to_string();
+        let err = stopped_error(&s.image, 1, &exited).to_string();
         assert!(
             err.contains("Essential container in task exited")
                 && err.contains("worker: OutOfMemoryError")

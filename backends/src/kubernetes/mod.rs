@@ -52,6 +52,9 @@ pub struct KubernetesConfig {
     pub gpu_product_label: String,
     /// A pull secret for a private registry, in the namespace.
     pub image_pull_secret: Option<String>,
+    /// The image GPU workers run (a [`WorkerSpec`] with `gpu`): the CUDA worker image
+    /// (`worker-image/Dockerfile.cuda`). `None` runs the spec's image.
+    pub gpu_image: Option<String>,
     /// Pod `fsGroup`: set it when the image runs as a non-root user, so the secret files (mode 0440, this
     /// group) are readable. Without it they are 0400, owned by root.
     pub fs_group: Option<i64>,
@@ -66,6 +69,7 @@ impl Default for KubernetesConfig {
             ttl_after_finished_s: Some(3600),
             gpu_product_label: "nvidia.com/gpu.product".into(),
             image_pull_secret: None,
+            gpu_image: None,
             fs_group: None,
         }
     }
@@ -174,7 +178,7 @@ impl KubernetesBackend {
                 if let Some(reason) = image_error(pod) {
                     return Err(Error::ImageMissing {
                         backend: NAME,
-                        image: spec.image.clone(),
+                        image: spec.image_for(self.cfg.gpu_image.as_deref()).to_string(),
                         rank,
                         detail: reason,
                     });

@@ -174,7 +174,7 @@ pub fn launch_objects(
 
     let container = Container {
         name: CONTAINER.into(),
-        image: Some(spec.image.clone()),
+        image: Some(spec.image_for(cfg.gpu_image.as_deref()).to_string()),
         image_pull_policy: Some("IfNotPresent".into()),
         command: (!spec.command.is_empty()).then(|| spec.command.clone()),
         env: Some(env),
@@ -352,6 +352,35 @@ mod tests {
             SecretValue::PerRank((0..n).map(|_| SecretBytes::new(vec![b'k'; 1000])).collect()),
         );
         assert!(launch_objects(&KubernetesConfig::default(), &s, n).is_ok());
+    }
+
+    #[test]
+    fn gpu_pods_run_the_gpu_image() {
+        use crate::GpuRequest;
+        use crate::spec::tests::spec;
+        let cfg = KubernetesConfig {
+            gpu_image: Some("ghcr.io/physalia/worker:0.1.0-cuda".into()),
+            ..KubernetesConfig::default()
+        };
+        let image = |s: &WorkerSpec| {
+            let objects = launch_objects(&cfg, s, 2).unwrap();
+            let pod = objects.job.spec.unwrap().template.spec.unwrap();
+            pod.containers[0].image.clone().unwrap()
+        };
+        let mut s = spec();
+        assert_eq!(image(&s), "ghcr.io/physalia/worker:0.1.0");
+        s.gpu = Some(GpuRequest {
+            count: 1,
+            kind: None,
+        });
+        assert_eq!(image(&s), "ghcr.io/physalia/worker:0.1.0-cuda");
+        // no GPU image configured: the spec's image runs on the GPU
+        let objects = launch_objects(&KubernetesConfig::default(), &s, 2).unwrap();
+        let pod = objects.job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            pod.containers[0].image.as_deref(),
+            Some("ghcr.io/physalia/worker:0.1.0")
+        );
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub struct DockerSettings {
     /// (`physalia image build`); an image named here must already be in the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The image of GPU workers: the CUDA worker image (`worker-image/Dockerfile.cuda`). Default: built on
+    /// this machine by `physalia image build --cuda` (`physalia-worker:<hash>-cuda`, its CUDA libraries
+    /// from NVIDIA's PyPI wheels); an image named here must already be in the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_image: Option<String>,
 }
 
 /// `backend.kubernetes`.
@@ -57,6 +62,11 @@ pub struct KubernetesSettings {
     pub namespace: String,
     /// The worker image as the cluster pulls it (`physalia image push REGISTRY` prints it).
     pub image: String,
+    /// The image of GPU workers as the cluster pulls it: the CUDA worker image
+    /// (`worker-image/Dockerfile.cuda`, `physalia image build --cuda`). Default: `image`, which must
+    /// then be a CUDA image for a GPU SKU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_image: Option<String>,
     /// The worker container, a SKU of `infra/catalog/kubernetes.yaml` (or a `--catalog`); its price is
     /// the job's cost per worker-second. May be left out when the job has a `goal:` (the planner picks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -95,6 +105,10 @@ pub struct EcsSettings {
     pub capacity: Option<String>,
     /// The worker image as ECS pulls it (an ECR reference).
     pub image: String,
+    /// The image of GPU workers as ECS pulls it (an ECR reference of the CUDA worker image,
+    /// `worker-image/Dockerfile.cuda`). Default: `image`, which must then be a CUDA image for a GPU SKU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_image: Option<String>,
     /// The worker container, a SKU of `infra/catalog/aws-ecs.yaml` (or a `--catalog`). May be left out
     /// when the job has a `goal:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -114,7 +128,7 @@ pub struct AciSettings {
     /// A private registry the groups pull from with a user-assigned identity (no password).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry: Option<AciRegistry>,
-    /// The worker image as ACI pulls it.
+    /// The worker image as ACI pulls it (a CPU image: ACI runs no GPUs, so there is no `gpu_image`).
     pub image: String,
     /// The worker container, a SKU of `infra/catalog/azure-aci.yaml` (or a `--catalog`). May be left out
     /// when the job has a `goal:`.
@@ -184,6 +198,18 @@ pub struct Priced {
 }
 
 impl BackendSpec {
+    /// The named platform's `gpu_image` setting, the image its GPU workers run (`None`: the platform's
+    /// default, see each section; ACI runs no GPUs).
+    #[allow(dead_code)] // for the GPU launch path (issue 15): `submit` asks for no GPU yet
+    pub fn gpu_image(&self) -> Option<&str> {
+        match self.name {
+            BackendKind::Local | BackendKind::Aci => None,
+            BackendKind::Docker => self.docker.as_ref()?.gpu_image.as_deref(),
+            BackendKind::Kubernetes => self.kubernetes.as_ref()?.gpu_image.as_deref(),
+            BackendKind::Ecs => self.ecs.as_ref()?.gpu_image.as_deref(),
+        }
+    }
+
     /// The named platform's SKU setting (`local` and `docker` run on this machine: the `local` SKU).
     pub fn sku(&self) -> Option<&str> {
         match self.name {
@@ -294,10 +320,13 @@ impl BackendSpec {
         match self.name {
             BackendKind::Local => {}
             BackendKind::Docker => {
-                if let Some(d) = &self.docker
-                    && let Some(image) = &d.image
-                {
-                    not_blank("backend.docker.image", image)?;
+                if let Some(d) = &self.docker {
+                    if let Some(image) = &d.image {
+                        not_blank("backend.docker.image", image)?;
+                    }
+                    if let Some(image) = &d.gpu_image {
+                        not_blank("backend.docker.gpu_image", image)?;
+                    }
                 }
             }
             BackendKind::Kubernetes => {
@@ -306,6 +335,9 @@ impl BackendSpec {
                 };
                 dns_label("backend.kubernetes.namespace", &k.namespace)?;
                 not_blank("backend.kubernetes.image", &k.image)?;
+                if let Some(image) = &k.gpu_image {
+                    not_blank("backend.kubernetes.gpu_image", image)?;
+                }
             }
             BackendKind::Ecs => {
                 let Some(e) = &self.ecs else {
@@ -322,6 +354,9 @@ impl BackendSpec {
                 }
                 not_blank("backend.ecs.log_group", &e.log_group)?;
                 not_blank("backend.ecs.image", &e.image)?;
+                if let Some(image) = &e.gpu_image {
+                    not_blank("backend.ecs.gpu_image", image)?;
+                }
                 if let Some(c) = &e.capacity {
                     not_blank("backend.ecs.capacity", c)?;
                 }
