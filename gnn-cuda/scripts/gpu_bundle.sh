@@ -20,11 +20,18 @@ for l in sys.stdin:
     if j.get("executable"): print(j["executable"])' | tail -1)
   cp "$exe" "$out/$t"
 done
-strip "$out"/gpu_epoch "$out"/gpu "$out"/emulate
+exe=$(cargo test --release -p physalia-worker --test exactness --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import sys, json
+for l in sys.stdin:
+    j = json.loads(l)
+    if j.get("executable"): print(j["executable"])' | tail -1)
+cp "$exe" "$out/exactness"
+strip "$out"/gpu_epoch "$out"/gpu "$out"/emulate "$out"/exactness
 cora=${PHYSALIA_CORA:-../shared/data/cora}
 if [ -f "$cora/edges.csv" ]; then
   tar czf "$out/cora.tar.gz" -C "$(dirname "$cora")" --exclude raw "$(basename "$cora")"
 fi
 cp gnn-cuda/scripts/run_bundle.sh "$out/run.sh"
+cp gnn-cuda/scripts/cuda_env.sh gnn-cuda/scripts/gpu_jobs.sh "$out/"
 du -sh "$out"
 ls -la "$out"

@@ -437,6 +437,11 @@ pub(crate) fn job_backend(
         .unwrap_or_default();
     match spec.backend.name {
         BackendKind::Local => Ok(local_backend(&job_dir, segment)),
+        // GPU workers run the CUDA image (the job's `gpu_image`, or the one built from this physalia-worker)
+        BackendKind::Docker if gpu_request(spec).is_some() => {
+            let image = crate::docker::gpu_image(spec.backend.gpu_image(), &worker_binary()?, false)?;
+            crate::docker::backend_with(&job_id, Some(image))
+        }
         BackendKind::Docker => crate::docker::backend(&job_id),
         other => bail!(
             "the {} backend does not run jobs from this version of physalia",

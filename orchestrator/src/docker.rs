@@ -137,7 +137,6 @@ pub fn ensure_cuda_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result
 
 /// The image of GPU workers: the job file's `backend.docker.gpu_image` (checked to be in the engine), or
 /// the CUDA image of `worker`, built when missing.
-#[allow(dead_code)] // for the GPU launch path (issue 15): `submit` asks for no GPU yet
 pub fn gpu_image(named: Option<&str>, worker: &Path, quiet: bool) -> Result<String> {
     match named {
         Some(image) => {

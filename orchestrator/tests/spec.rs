@@ -135,6 +135,7 @@ fn full_example_parses() {
         goal: None,
         scaling: None,
         scaling_file: None,
+        resources: None,
         timeouts: None,
         max_retries: None,
         backend: BackendSpec::default(),

@@ -160,15 +160,33 @@ pub fn choose_device(req: &DeviceRequest, rank: usize) -> Result<(crate::Device,
              to train on the CPU instead)"
         )
     })?;
-    Ok(match &selected {
+    // the worker's log has the whole story; epoch lines carry a short label
+    eprintln!("worker {rank}: device {}", selected.describe());
+    Ok(match selected {
         Selected::Cuda { device, .. } => (
             crate::Device::Cuda {
                 index: device.index,
             },
-            Some(selected.describe()),
+            Some(format!("cuda:{} ({})", device.index, device.name)),
         ),
-        Selected::Cpu { .. } => (crate::Device::Cpu, Some(selected.describe())),
+        Selected::Cpu { fallback } => (
+            crate::Device::Cpu,
+            Some(match fallback {
+                Some(why) => format!("cpu (fallback: {})", short_reason(&why.to_string())),
+                None => "cpu".into(),
+            }),
+        ),
     })
+}
+
+/// The head of an error message: up to its first `:` or ` (` (`no CUDA driver`, `no CUDA device 1`).
+fn short_reason(text: &str) -> &str {
+    let end = [text.find(':'), text.find(" (")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(text.len());
+    &text[..end]
 }
 
 /// Trains what the coordinator assigned, in the assigned mode; rank 0 hands the coordinator each epoch's
@@ -507,6 +525,26 @@ pub fn run_from_env() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fallback_labels_keep_the_head_of_the_reason() {
+        assert_eq!(
+            short_reason("no CUDA driver: libcuda could not be loaded (no NVIDIA driver)"),
+            "no CUDA driver"
+        );
+        assert_eq!(
+            short_reason("the CUDA library nvrtc could not be loaded (install it)"),
+            "the CUDA library nvrtc could not be loaded"
+        );
+        assert_eq!(short_reason("plain"), "plain");
+    }
+
+    #[test]
+    fn a_cpu_worker_stays_on_the_cpu_and_names_no_device() {
+        let (d, label) = choose_device(&DeviceRequest::default(), 3).unwrap();
+        assert_eq!(d, crate::Device::Cpu);
+        assert_eq!(label, None);
+    }
 
     #[test]
     fn a_worker_advertises_a_dialable_mesh_address() {

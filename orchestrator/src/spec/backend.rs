@@ -200,7 +200,6 @@ pub struct Priced {
 impl BackendSpec {
     /// The named platform's `gpu_image` setting, the image its GPU workers run (`None`: the platform's
     /// default, see each section; ACI runs no GPUs).
-    #[allow(dead_code)] // for the GPU launch path (issue 15): `submit` asks for no GPU yet
     pub fn gpu_image(&self) -> Option<&str> {
         match self.name {
             BackendKind::Local | BackendKind::Aci => None,
