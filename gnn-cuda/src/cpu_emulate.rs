@@ -56,9 +56,11 @@ fn src_row<'a>(own: &'a [f32], halo: &'a [f32], n_own: u32, j: u32, d: u32) -> &
     }
 }
 
-/// A CSR in the device layout: what [`spmm_v4`] and [`spmm_scalar`] read.
+/// The edges of a SpMM launch in the device layout: row `r` covers edges `lo[r]..hi[r]` (a CSR's `indptr`
+/// and `indptr[1..]`, or the chunks of its heavy rows).
 pub struct CsrRef<'a> {
-    pub indptr: &'a [i64],
+    pub lo: &'a [i64],
+    pub hi: &'a [i64],
     pub indices: &'a [u32],
     pub values: &'a [f32],
 }
@@ -75,6 +77,7 @@ pub fn spmm_v4(
     n_rows: u32,
     d: u32,
     lanes: u32,
+    heavy: u64,
 ) {
     assert_eq!(d % 4, 0, "spmm_v4 reads float4");
     for tid in 0..threads(n_rows as usize, lanes) {
@@ -83,7 +86,10 @@ pub fn spmm_v4(
         if row >= n_rows {
             continue;
         }
-        let (lo, hi) = (a.indptr[row as usize], a.indptr[row as usize + 1]);
+        let (lo, hi) = (a.lo[row as usize], a.hi[row as usize]);
+        if (hi - lo) as u64 > heavy {
+            continue;
+        }
         let pass = 4 * lanes * SPMM_VEC;
         let mut c0 = 0;
         while c0 < d {
@@ -124,6 +130,7 @@ pub fn spmm_scalar(
     n_rows: u32,
     d: u32,
     lanes: u32,
+    heavy: u64,
 ) {
     for tid in 0..threads(n_rows as usize, lanes) {
         let row = tid / lanes;
@@ -131,7 +138,10 @@ pub fn spmm_scalar(
         if row >= n_rows {
             continue;
         }
-        let (lo, hi) = (a.indptr[row as usize], a.indptr[row as usize + 1]);
+        let (lo, hi) = (a.lo[row as usize], a.hi[row as usize]);
+        if (hi - lo) as u64 > heavy {
+            continue;
+        }
         let pass = lanes * SPMM_VEC;
         let mut c0 = 0;
         while c0 < d {
@@ -155,6 +165,25 @@ pub fn spmm_scalar(
             }
             c0 += pass;
         }
+    }
+}
+
+pub fn spmm_heavy_reduce(
+    rows: &[u32],
+    first: &[u32],
+    partial: &[f32],
+    y: &mut [f32],
+    n_heavy: u32,
+    d: u32,
+) {
+    let d = d as usize;
+    for t in 0..n_heavy as usize * d {
+        let (h, c) = (t / d, t % d);
+        let mut acc = 0f32;
+        for k in first[h]..first[h + 1] {
+            acc += partial[k as usize * d + c];
+        }
+        y[rows[h] as usize * d + c] = acc;
     }
 }
 

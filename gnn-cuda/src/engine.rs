@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PinnedHostSlice, ValidAsZeroBits, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr,
+    LaunchConfig, PinnedHostSlice, ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
@@ -27,8 +27,8 @@ use physalia_gnn::{Activation, Matrix};
 use crate::cpu_emulate::{AdamStep, GatShape};
 use crate::device::{DeviceInfo, GpuError, describe, nvrtc_arch, probe};
 use crate::kernels::{
-    BLOCK, COLSUM_CHUNK_ROWS, KERNELS, REDUCE_THREADS, SOURCE, colsum_chunks, elementwise_launch,
-    mask_threshold, rows_launch, spmm_lanes,
+    BLOCK, COLSUM_CHUNK_ROWS, HEAVY_ROW_EDGES, HeavyPlan, KERNELS, REDUCE_THREADS, SOURCE,
+    colsum_chunks, elementwise_launch, mask_threshold, rows_launch, spmm_lanes,
 };
 use crate::launch::{Launch, signatures};
 use crate::ops::{
@@ -64,6 +64,19 @@ pub struct DeviceCsr {
     t_indices: CudaSlice<u32>,
     t_perm: CudaSlice<u32>,
     t_values: CudaSlice<f32>,
+    /// The rows with more than `HEAVY_ROW_EDGES` edges, forward and over the transpose.
+    heavy: Option<DeviceHeavy>,
+    t_heavy: Option<DeviceHeavy>,
+}
+
+/// A [`HeavyPlan`] in device memory.
+struct DeviceHeavy {
+    rows: CudaSlice<u32>,
+    first: CudaSlice<u32>,
+    lo: CudaSlice<i64>,
+    hi: CudaSlice<i64>,
+    n_heavy: u32,
+    n_chunks: usize,
 }
 
 impl DeviceCsr {
@@ -443,13 +456,31 @@ impl CudaEngine {
         Ok(out)
     }
 
-    /// SpMM over `indptr`/`indices`/`values` (either direction).
+    /// The heavy rows of `indptr` and their chunks on the device (`None`: no row is heavy).
+    fn upload_heavy(&self, indptr: &[i64]) -> Result<Option<DeviceHeavy>, GpuError> {
+        let plan = HeavyPlan::of(indptr);
+        if plan.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(DeviceHeavy {
+            rows: self.upload_vec(&plan.rows)?,
+            first: self.upload_vec(&plan.first)?,
+            lo: self.upload_vec(&plan.lo)?,
+            hi: self.upload_vec(&plan.hi)?,
+            n_heavy: plan.rows.len() as u32,
+            n_chunks: plan.chunks(),
+        }))
+    }
+
+    /// SpMM over `indptr`/`indices`/`values` (either direction): the light rows in one pass; the heavy rows'
+    /// chunks in a second into partial rows, summed per row in chunk order by a third.
     #[allow(clippy::too_many_arguments)]
     fn launch_spmm(
-        &self,
+        &mut self,
         indptr: &CudaSlice<i64>,
         indices: &CudaSlice<u32>,
         values: &CudaSlice<f32>,
+        heavy: Option<&DeviceHeavy>,
         own: &DeviceMatrix,
         halo: Option<&DeviceMatrix>,
         y: &mut DeviceMatrix,
@@ -458,26 +489,72 @@ impl CudaEngine {
         if y.rows == 0 || d == 0 {
             return Ok(());
         }
+        let n_rows = y.rows;
+        let lo = indptr.slice(0..n_rows);
+        let hi = indptr.slice(1..n_rows + 1);
+        let threshold = heavy.map_or(u64::MAX, |_| HEAVY_ROW_EDGES);
+        let edges = (&lo, &hi, indices, values);
+        self.spmm_pass(edges, own, halo, &mut y.buf, n_rows, d, threshold)?;
+        let Some(h) = heavy else {
+            return Ok(());
+        };
+        let mut partial = self.take(h.n_chunks * d)?;
+        let edges = (&h.lo.slice(..), &h.hi.slice(..), indices, values);
+        self.spmm_pass(edges, own, halo, &mut partial, h.n_chunks, d, u64::MAX)?;
+        let d32 = u32_size(d, "width")?;
+        let mut b = self.launch("spmm_heavy_reduce");
+        b.arg(&h.rows)
+            .arg(&h.first)
+            .arg(&partial)
+            .arg(&mut y.buf)
+            .arg(&h.n_heavy)
+            .arg(&d32);
+        // SAFETY: `partial` holds n_chunks x d floats, `first` n_heavy + 1 chunk bounds, `rows` < y.rows.
+        unsafe { b.launch(launch_cfg(elementwise_launch(h.n_heavy as usize * d))) }?;
+        self.stats.cached_bytes += partial.len() as u64 * 4;
+        self.pool.entry(partial.len()).or_default().push(partial);
+        Ok(())
+    }
+
+    /// One SpMM launch: output row `r` sums edges `lo[r]..hi[r]`, skipping rows of more than `heavy` edges.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn spmm_pass(
+        &self,
+        (lo, hi, indices, values): (
+            &CudaView<'_, i64>,
+            &CudaView<'_, i64>,
+            &CudaSlice<u32>,
+            &CudaSlice<f32>,
+        ),
+        own: &DeviceMatrix,
+        halo: Option<&DeviceMatrix>,
+        y: &mut CudaSlice<f32>,
+        rows: usize,
+        d: usize,
+        heavy: u64,
+    ) -> Result<(), GpuError> {
         let vec4 = d.is_multiple_of(4);
         let lanes = spmm_lanes(d, vec4);
         let kernel = if vec4 { "spmm_v4" } else { "spmm_scalar" };
         let n_own = u32_size(own.rows, "source rows")?;
-        let n_rows = u32_size(y.rows, "output rows")?;
+        let n_rows = u32_size(rows, "output rows")?;
         let d32 = u32_size(d, "width")?;
         let halo_buf = halo.map_or(&self.dummy_f32, |h| &h.buf);
         let mut b = self.launch(kernel);
-        b.arg(indptr)
+        b.arg(lo)
+            .arg(hi)
             .arg(indices)
             .arg(values)
             .arg(&own.buf)
             .arg(halo_buf)
             .arg(&n_own)
-            .arg(&mut y.buf)
+            .arg(y)
             .arg(&n_rows)
             .arg(&d32)
-            .arg(&lanes);
+            .arg(&lanes)
+            .arg(&heavy);
         // SAFETY: shapes checked by the callers; buffers hold rows x d floats, 16-byte aligned for float4.
-        unsafe { b.launch(launch_cfg(rows_launch(y.rows, lanes))) }?;
+        unsafe { b.launch(launch_cfg(rows_launch(rows, lanes))) }?;
         Ok(())
     }
 }
@@ -570,6 +647,8 @@ impl Ops for CudaEngine {
             t_indices: self.upload_vec(&h.t_indices)?,
             t_perm: self.upload_vec(&h.t_perm)?,
             t_values: self.upload_vec(&h.t_values)?,
+            heavy: self.upload_heavy(&h.indptr)?,
+            t_heavy: self.upload_heavy(&h.t_indptr)?,
         })
     }
 
@@ -654,7 +733,15 @@ impl Ops for CudaEngine {
                 && halo.is_none_or(|h| h.cols == d),
             || format!("spmm: {} + {n_halo} source rows for {}", own.rows, a.n_src),
         )?;
-        self.launch_spmm(&a.indptr, &a.indices, &a.values, own, halo, y)
+        self.launch_spmm(
+            &a.indptr,
+            &a.indices,
+            &a.values,
+            a.heavy.as_ref(),
+            own,
+            halo,
+            y,
+        )
     }
 
     fn spmm_t(
@@ -666,7 +753,15 @@ impl Ops for CudaEngine {
         check(x.rows == a.n_dst && y.shape() == (a.n_src, x.cols), || {
             format!("spmm_t: {} rows for {} destinations", x.rows, a.n_dst)
         })?;
-        self.launch_spmm(&a.t_indptr, &a.t_indices, &a.t_values, x, None, y)
+        self.launch_spmm(
+            &a.t_indptr,
+            &a.t_indices,
+            &a.t_values,
+            a.t_heavy.as_ref(),
+            x,
+            None,
+            y,
+        )
     }
 
     fn gat_messages(

@@ -33,6 +33,55 @@ pub fn spmm_lanes(d: usize, vec4: bool) -> u32 {
     1 << (31 - units.leading_zeros())
 }
 
+/// Rows with more in-edges than this are not walked by one group of lanes alone: their edges are cut into
+/// chunks of [`HEAVY_CHUNK_EDGES`] that run in parallel, and a second kernel sums each row's chunks in order
+/// (a hub row of 100k edges would otherwise keep one warp busy for the whole SpMM).
+pub const HEAVY_ROW_EDGES: u64 = 2048;
+pub const HEAVY_CHUNK_EDGES: i64 = 1024;
+
+/// The heavy rows of a CSR and their chunks: `rows[h]`'s chunks are `first[h]..first[h + 1]`, chunk `k`
+/// covers edges `lo[k]..hi[k]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeavyPlan {
+    pub rows: Vec<u32>,
+    pub first: Vec<u32>,
+    pub lo: Vec<i64>,
+    pub hi: Vec<i64>,
+}
+
+impl HeavyPlan {
+    /// The rows of `indptr` with more than [`HEAVY_ROW_EDGES`] edges (empty when there are none).
+    pub fn of(indptr: &[i64]) -> HeavyPlan {
+        let mut p = HeavyPlan::default();
+        for (row, w) in indptr.windows(2).enumerate() {
+            let (lo, hi) = (w[0], w[1]);
+            if (hi - lo) as u64 <= HEAVY_ROW_EDGES {
+                continue;
+            }
+            p.first.push(p.lo.len() as u32);
+            p.rows.push(row as u32);
+            let mut e = lo;
+            while e < hi {
+                p.lo.push(e);
+                p.hi.push((e + HEAVY_CHUNK_EDGES).min(hi));
+                e += HEAVY_CHUNK_EDGES;
+            }
+        }
+        if !p.rows.is_empty() {
+            p.first.push(p.lo.len() as u32);
+        }
+        p
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.lo.len()
+    }
+}
+
 /// `(grid, block)` for `n_rows` rows of `lanes` threads each.
 pub fn rows_launch(n_rows: usize, lanes: u32) -> (u32, u32) {
     let threads = n_rows as u64 * lanes as u64;
@@ -95,6 +144,7 @@ pub const ACT_ELU: u32 = 1;
 pub const KERNELS: &[&str] = &[
     "spmm_v4",
     "spmm_scalar",
+    "spmm_heavy_reduce",
     "gat_messages",
     "gat_forward",
     "gat_backward_edges",
@@ -175,17 +225,20 @@ __device__ __forceinline__ const float* src_row(const float* own, const float* h
 // ---- SpMM: Y = A X over a CSR (rows = outputs). Forward uses the CSR, backward the explicit transpose,
 // so neither scatters. `lanes` threads (a power of two <= 32) share a row: a warp holds 32 / lanes rows,
 // so narrow outputs (16 classes) do not leave most of a warp idle. Each lane accumulates SPMM_VEC column
-// groups per pass over the row's edges, in edge order (the CPU's order). ----
+// groups per pass over the row's edges, in edge order (the CPU's order). Row r covers edges
+// lo[r]..hi[r] (the CSR's indptr and indptr + 1, or the chunks of heavy rows); rows of more than `heavy`
+// edges are left to the chunked pass. ----
 
-extern "C" __global__ void spmm_v4(const i64* __restrict__ indptr, const u32* __restrict__ indices,
-                                   const float* __restrict__ values, const float* __restrict__ own,
-                                   const float* __restrict__ halo, u32 n_own, float* __restrict__ y,
-                                   u32 n_rows, u32 d, u32 lanes) {
+extern "C" __global__ void spmm_v4(const i64* __restrict__ lo_at, const i64* __restrict__ hi_at,
+                                   const u32* __restrict__ indices, const float* __restrict__ values,
+                                   const float* __restrict__ own, const float* __restrict__ halo, u32 n_own,
+                                   float* __restrict__ y, u32 n_rows, u32 d, u32 lanes, u64 heavy) {
     const u32 tid = blockIdx.x * blockDim.x + threadIdx.x;
     const u32 row = tid / lanes;
     const u32 gl = tid % lanes;
     if (row >= n_rows) return;
-    const i64 lo = indptr[row], hi = indptr[row + 1];
+    const i64 lo = lo_at[row], hi = hi_at[row];
+    if ((u64)(hi - lo) > heavy) return;
     const u32 pass = 4 * lanes * SPMM_VEC;
     for (u32 c0 = 0; c0 < d; c0 += pass) {
         float4 acc[SPMM_VEC];
@@ -216,15 +269,17 @@ extern "C" __global__ void spmm_v4(const i64* __restrict__ indptr, const u32* __
 }
 
 // The same for widths that are not a multiple of 4.
-extern "C" __global__ void spmm_scalar(const i64* __restrict__ indptr, const u32* __restrict__ indices,
-                                       const float* __restrict__ values, const float* __restrict__ own,
-                                       const float* __restrict__ halo, u32 n_own, float* __restrict__ y,
-                                       u32 n_rows, u32 d, u32 lanes) {
+extern "C" __global__ void spmm_scalar(const i64* __restrict__ lo_at, const i64* __restrict__ hi_at,
+                                       const u32* __restrict__ indices, const float* __restrict__ values,
+                                       const float* __restrict__ own, const float* __restrict__ halo,
+                                       u32 n_own, float* __restrict__ y, u32 n_rows, u32 d, u32 lanes,
+                                       u64 heavy) {
     const u32 tid = blockIdx.x * blockDim.x + threadIdx.x;
     const u32 row = tid / lanes;
     const u32 gl = tid % lanes;
     if (row >= n_rows) return;
-    const i64 lo = indptr[row], hi = indptr[row + 1];
+    const i64 lo = lo_at[row], hi = hi_at[row];
+    if ((u64)(hi - lo) > heavy) return;
     const u32 pass = lanes * SPMM_VEC;
     for (u32 c0 = 0; c0 < d; c0 += pass) {
         float acc[SPMM_VEC];
@@ -245,6 +300,19 @@ extern "C" __global__ void spmm_scalar(const i64* __restrict__ indptr, const u32
             const u32 c = c0 + gl + lanes * v;
             if (c < d) y[(u64)row * d + c] = acc[v];
         }
+    }
+}
+
+// Heavy rows: y[rows[h]] = the sum of its chunks' partial rows first[h]..first[h + 1], in chunk order.
+extern "C" __global__ void spmm_heavy_reduce(const u32* __restrict__ rows, const u32* __restrict__ first,
+                                             const float* __restrict__ partial, float* __restrict__ y,
+                                             u32 n_heavy, u32 d) {
+    const u64 total = (u64)n_heavy * d;
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (u64)gridDim.x * blockDim.x) {
+        const u32 h = (u32)(t / d), c = (u32)(t % d);
+        float acc = 0.f;
+        for (u32 k = first[h]; k < first[h + 1]; ++k) acc += partial[(u64)k * d + c];
+        y[(u64)rows[h] * d + c] = acc;
     }
 }
 

@@ -182,7 +182,8 @@ mod tests {
         assert_eq!(
             s["spmm_v4"],
             v(&[
-                "i64*", "u32*", "float*", "float*", "float*", "u32", "float*", "u32", "u32", "u32"
+                "i64*", "i64*", "u32*", "float*", "float*", "float*", "u32", "float*", "u32",
+                "u32", "u32", "u64"
             ])
         );
         assert_eq!(s["gat_forward"].len(), 19);

@@ -14,7 +14,9 @@
 //! of one worker. With a local exchange (one worker, the whole graph) nothing leaves the device.
 
 use physalia_gnn::sparse::{Norm, SparseOp};
-use physalia_gnn::{Exchange, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass};
+use physalia_gnn::{
+    Exchange, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass,
+};
 
 use crate::cpu_emulate::{AdamStep, GatShape};
 use crate::device::GpuError;

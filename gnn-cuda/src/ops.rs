@@ -344,6 +344,62 @@ impl HostCsr {
 #[derive(Debug, Default)]
 pub struct Emulator;
 
+/// The engine's SpMM as it launches it: one pass over the light rows, the heavy rows' chunks into partial
+/// rows, and their in-order sums.
+fn emu_spmm(
+    (indptr, indices, values): (&[i64], &[u32], &[f32]),
+    own: &[f32],
+    halo: &[f32],
+    n_own: u32,
+    y: &mut [f32],
+    d: usize,
+) {
+    let n_rows = indptr.len().saturating_sub(1);
+    if n_rows == 0 || d == 0 {
+        return;
+    }
+    let vec4 = d.is_multiple_of(4);
+    let lanes = spmm_lanes(d, vec4);
+    let plan = crate::kernels::HeavyPlan::of(indptr);
+    let heavy = if plan.is_empty() {
+        u64::MAX
+    } else {
+        crate::kernels::HEAVY_ROW_EDGES
+    };
+    let pass = |a: &emu::CsrRef<'_>, y: &mut [f32], n: u32, heavy: u64| {
+        if vec4 {
+            emu::spmm_v4(a, own, halo, n_own, y, n, d as u32, lanes, heavy);
+        } else {
+            emu::spmm_scalar(a, own, halo, n_own, y, n, d as u32, lanes, heavy);
+        }
+    };
+    let rows = emu::CsrRef {
+        lo: &indptr[..n_rows],
+        hi: &indptr[1..],
+        indices,
+        values,
+    };
+    pass(&rows, y, n_rows as u32, heavy);
+    if !plan.is_empty() {
+        let chunks = emu::CsrRef {
+            lo: &plan.lo,
+            hi: &plan.hi,
+            indices,
+            values,
+        };
+        let mut partial = vec![0f32; plan.chunks() * d];
+        pass(&chunks, &mut partial, plan.chunks() as u32, u64::MAX);
+        emu::spmm_heavy_reduce(
+            &plan.rows,
+            &plan.first,
+            &partial,
+            y,
+            plan.rows.len() as u32,
+            d as u32,
+        );
+    }
+}
+
 fn view_to_matrix(v: &View<'_, Matrix>) -> Matrix {
     let d = v.m.data();
     let mut out = Vec::with_capacity(v.rows * v.cols);
@@ -448,38 +504,15 @@ impl Ops for Emulator {
                 )
             },
         )?;
-        let csr = emu::CsrRef {
-            indptr: &a.indptr,
-            indices: &a.indices,
-            values: &a.values,
-        };
         let h = halo.map_or(&[][..], |h| h.data());
-        let vec4 = d.is_multiple_of(4);
-        let lanes = spmm_lanes(d, vec4);
-        let n_own = own.rows() as u32;
-        if vec4 {
-            emu::spmm_v4(
-                &csr,
-                own.data(),
-                h,
-                n_own,
-                y.data_mut(),
-                a.n_dst as u32,
-                d as u32,
-                lanes,
-            );
-        } else {
-            emu::spmm_scalar(
-                &csr,
-                own.data(),
-                h,
-                n_own,
-                y.data_mut(),
-                a.n_dst as u32,
-                d as u32,
-                lanes,
-            );
-        }
+        emu_spmm(
+            (&a.indptr, &a.indices, &a.values),
+            own.data(),
+            h,
+            own.rows() as u32,
+            y.data_mut(),
+            d,
+        );
         Ok(())
     }
 
@@ -488,20 +521,14 @@ impl Ops for Emulator {
         check(x.rows() == a.n_dst && y.shape() == (a.n_src, d), || {
             format!("spmm_t: {} rows for {} destinations", x.rows(), a.n_dst)
         })?;
-        let csr = emu::CsrRef {
-            indptr: &a.t_indptr,
-            indices: &a.t_indices,
-            values: &a.t_values,
-        };
-        let vec4 = d.is_multiple_of(4);
-        let lanes = spmm_lanes(d, vec4);
-        let (n, d32) = (a.n_src as u32, d as u32);
-        let n_own = x.rows() as u32;
-        if vec4 {
-            emu::spmm_v4(&csr, x.data(), &[], n_own, y.data_mut(), n, d32, lanes);
-        } else {
-            emu::spmm_scalar(&csr, x.data(), &[], n_own, y.data_mut(), n, d32, lanes);
-        }
+        emu_spmm(
+            (&a.t_indptr, &a.t_indices, &a.t_values),
+            x.data(),
+            &[],
+            x.rows() as u32,
+            y.data_mut(),
+            d,
+        );
         Ok(())
     }
 

@@ -82,10 +82,19 @@ pub fn train_resumable_on<O: Ops>(
     let mut progress = start;
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
-        let fwd = dm.forward_ex(ops, &dg, &xd, Pass::Train { epoch: epoch as u64 }, ex)?;
+        let fwd = dm.forward_ex(
+            ops,
+            &dg,
+            &xd,
+            Pass::Train {
+                epoch: epoch as u64,
+            },
+            ex,
+        )?;
         let (r, c) = ops.dims(&fwd.logits);
         let mut d_logits = ops.alloc(r, c)?;
-        let loss_sum = ops.cross_entropy(&fwd.logits, &labels, &train, n_train[0], &mut d_logits)?;
+        let loss_sum =
+            ops.cross_entropy(&fwd.logits, &labels, &train, n_train[0], &mut d_logits)?;
         let grads = dm.backward_ex(ops, &dg, fwd, d_logits, ex)?;
         dm.adam_step(ops, grads, adam)?;
         let mut loss = [loss_sum];
@@ -118,7 +127,8 @@ pub fn train_resumable_on<O: Ops>(
                 counts[2 * k + 1] = rows.len() as f64;
             }
             ex.all_reduce_scalars(&mut counts).map_err(exchange)?;
-            let acc = |k: usize| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1]);
+            let acc =
+                |k: usize| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1]);
             (m.train_acc, m.val_acc, m.test_acc) = (acc(0), acc(1), acc(2));
             m.eval_s = t1.elapsed().as_secs_f64();
         }

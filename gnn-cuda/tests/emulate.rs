@@ -15,6 +15,11 @@ fn spmm_forward_transposed_and_with_halo_rows() {
 }
 
 #[test]
+fn spmm_splits_heavy_rows_into_chunks() {
+    check_heavy_spmm(&mut Emulator, 7000, TOL);
+}
+
+#[test]
 fn products_in_every_transpose_and_on_views() {
     check_gemm(&mut Emulator, TOL);
 }

@@ -52,6 +52,12 @@ fn spmm_against_cpu() {
 }
 
 #[test]
+fn heavy_spmm_against_cpu() {
+    let Some(mut e) = engine() else { return };
+    check_heavy_spmm(&mut e, 7000, TOL);
+}
+
+#[test]
 fn gemm_against_cpu() {
     let Some(mut e) = engine() else { return };
     check_gemm(&mut e, TOL);

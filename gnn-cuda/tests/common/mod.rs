@@ -102,6 +102,64 @@ const WIDTHS: &[usize] = &[1, 3, 4, 16, 40, 128, 130, 600];
 
 /// SpMM forward (with and without halo rows) and over the transpose, every normalisation, widths from 1 to
 /// past one pass of a warp (512 columns).
+/// SpMM where node 1 is a hub of `n / 3` edges, more than `HEAVY_ROW_EDGES` (its row and its column are
+/// split into chunks, forward and transposed), on the whole graph and on a partition with halo sources.
+pub fn check_heavy_spmm<O: Ops>(ops: &mut O, n: usize, tol: f32) {
+    let p = problem(n, 1, 2, 5);
+    let hub = (p.indptr[2] - p.indptr[1]) as u64;
+    assert!(
+        hub > physalia_gnn_cuda::kernels::HEAVY_ROW_EDGES,
+        "the hub has {hub} edges: not heavy"
+    );
+    for norm in [Norm::Symmetric, Norm::Mean] {
+        let op = SparseOp::build(n, n, &p.indptr, &p.indices, norm, None);
+        let d_op = ops.upload_csr(&op).unwrap();
+        for d in [4usize, 7, 64, 130] {
+            let x = random(n, d, d as u64);
+            let dx = ops.upload(&x).unwrap();
+            let mut y = ops.alloc(n, d).unwrap();
+            ops.spmm(&d_op, &dx, None, &mut y).unwrap();
+            assert_close(
+                &format!("heavy spmm {norm:?} d={d}"),
+                &ops.download(&y).unwrap(),
+                &op.spmm(&x),
+                tol,
+            );
+            ops.spmm_t(&d_op, &dx, &mut y).unwrap();
+            assert_close(
+                &format!("heavy spmm_t {norm:?} d={d}"),
+                &ops.download(&y).unwrap(),
+                &op.spmm_t(&x),
+                tol,
+            );
+        }
+    }
+    // the hub owned, most of its neighbours halo rows
+    let n_dst = n / 4;
+    let deg: Vec<u32> = (0..n)
+        .map(|j| (p.indptr[j + 1] - p.indptr[j]) as u32)
+        .collect();
+    let op = SparseOp::build(
+        n_dst,
+        n,
+        &p.indptr[..=n_dst],
+        &p.indices[..p.indptr[n_dst] as usize],
+        Norm::Symmetric,
+        Some(&deg),
+    );
+    let d_op = ops.upload_csr(&op).unwrap();
+    let (own, halo) = (random(n_dst, 64, 1), random(n - n_dst, 64, 2));
+    let (d_own, d_halo) = (ops.upload(&own).unwrap(), ops.upload(&halo).unwrap());
+    let mut y = ops.alloc(n_dst, 64).unwrap();
+    ops.spmm(&d_op, &d_own, Some(&d_halo), &mut y).unwrap();
+    assert_close(
+        "heavy spmm with halo rows",
+        &ops.download(&y).unwrap(),
+        &op.spmm_ext(&own, Some(&halo)),
+        tol,
+    );
+}
+
 pub fn check_spmm<O: Ops>(ops: &mut O, n: usize, tol: f32) {
     let p = problem(n, 1, 2, 11);
     for norm in [Norm::Symmetric, Norm::Mean, Norm::SelfLoopsOnly] {
