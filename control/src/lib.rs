@@ -16,8 +16,8 @@ pub use channel::{
     COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Outbox, ServerEvent,
 };
 pub use messages::{
-    Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, ToCoordinator, ToWorker,
-    TrainMode, Upload, checkpoint_path,
+    Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, ToCoordinator,
+    ToWorker, TrainMode, Upload, checkpoint_path,
 };
 pub use record::{CoordinatorRef, HEARTBEAT_S, JobState, JobStatus, MetricsLine, WorkerLine};
 pub use transfer::Files;

@@ -439,7 +439,8 @@ pub(crate) fn job_backend(
         BackendKind::Local => Ok(local_backend(&job_dir, segment)),
         // GPU workers run the CUDA image (the job's `gpu_image`, or the one built from this physalia-worker)
         BackendKind::Docker if gpu_request(spec).is_some() => {
-            let image = crate::docker::gpu_image(spec.backend.gpu_image(), &worker_binary()?, false)?;
+            let image =
+                crate::docker::gpu_image(spec.backend.gpu_image(), &worker_binary()?, false)?;
             crate::docker::backend_with(&job_id, Some(image))
         }
         BackendKind::Docker => crate::docker::backend(&job_id),

@@ -25,7 +25,9 @@ fn field_of(e: SpecError) -> (String, String) {
 
 #[test]
 fn gpus_and_the_fallback_are_read() {
-    let s = parse("resources: {gpu: {count: 2, model: NVIDIA-H100-80GB-HBM3}, gpu_fallback: cpu}\n").unwrap();
+    let s =
+        parse("resources: {gpu: {count: 2, model: NVIDIA-H100-80GB-HBM3}, gpu_fallback: cpu}\n")
+            .unwrap();
     let r = s.resources.unwrap();
     assert_eq!(
         r.gpu,
@@ -46,10 +48,26 @@ fn gpus_and_the_fallback_are_read() {
 #[test]
 fn bad_gpu_settings_name_the_field() {
     let cases = [
-        ("resources: {gpu: {count: 0}}\n", "resources.gpu.count", "1 to 16"),
-        ("resources: {gpu: {count: 17}}\n", "resources.gpu.count", "1 to 16"),
-        ("resources: {gpu: {model: ' '}}\n", "resources.gpu.model", "GPU model"),
-        ("resources: {gpu_fallback: cpu}\n", "resources.gpu_fallback", "resources.gpu"),
+        (
+            "resources: {gpu: {count: 0}}\n",
+            "resources.gpu.count",
+            "1 to 16",
+        ),
+        (
+            "resources: {gpu: {count: 17}}\n",
+            "resources.gpu.count",
+            "1 to 16",
+        ),
+        (
+            "resources: {gpu: {model: ' '}}\n",
+            "resources.gpu.model",
+            "GPU model",
+        ),
+        (
+            "resources: {gpu_fallback: cpu}\n",
+            "resources.gpu_fallback",
+            "resources.gpu",
+        ),
         (
             "resources: {gpu: {}}\nparallelism: data\nminibatch: {fanouts: [5, 5]}\n",
             "resources.gpu",
@@ -64,6 +82,8 @@ fn bad_gpu_settings_name_the_field() {
     // unknown keys and values are refused by the parser, naming them
     let e = parse("resources: {gpus: 1}\n").unwrap_err().to_string();
     assert!(e.contains("gpus"), "{e}");
-    let e = parse("resources: {gpu: {}, gpu_fallback: tpu}\n").unwrap_err().to_string();
+    let e = parse("resources: {gpu: {}, gpu_fallback: tpu}\n")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("tpu"), "{e}");
 }

@@ -27,8 +27,19 @@ fn setup() -> TempDir {
     physalia(
         t.path(),
         [
-            "data", "synth", "sbm", "--nodes", "1500", "--classes", "4", "--feat-dim", "16", "--seed",
-            "1", "--out", "x.safetensors",
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "1500",
+            "--classes",
+            "4",
+            "--feat-dim",
+            "16",
+            "--seed",
+            "1",
+            "--out",
+            "x.safetensors",
         ],
     )
     .ok();
@@ -82,10 +93,17 @@ fn a_gpu_job_trains_on_the_device_and_equals_the_cpu_job() {
     assert_eq!(got.len(), 6);
     for (g, w) in got.iter().zip(&want) {
         let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
-        assert!((a - b).abs() <= 1e-4 * b.abs(), "epoch {}: loss {a} on the device, {b} on the CPU", g["epoch"]);
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "epoch {}: loss {a} on the device, {b} on the CPU",
+            g["epoch"]
+        );
         assert_eq!(g["val_acc"], w["val_acc"], "epoch {}", g["epoch"]);
         assert_eq!(g["device"], "emulated GPU (test hook)", "{g}");
-        assert!(w.get("device").is_none(), "a CPU job's epochs name no device: {w}");
+        assert!(
+            w.get("device").is_none(),
+            "a CPU job's epochs name no device: {w}"
+        );
     }
     assert_eq!(gpu["device"], "emulated GPU (test hook)");
     assert!(cpu.get("device").is_none(), "{cpu}");

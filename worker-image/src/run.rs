@@ -151,7 +151,10 @@ pub fn choose_device(req: &DeviceRequest, rank: usize) -> Result<(crate::Device,
         return Ok((crate::Device::Cpu, None));
     }
     if std::env::var_os(ENV_TEST_EMULATE_GPU).is_some_and(|v| v == "1") {
-        return Ok((crate::Device::Emulated, Some("emulated GPU (test hook)".into())));
+        return Ok((
+            crate::Device::Emulated,
+            Some("emulated GPU (test hook)".into()),
+        ));
     }
     let pref = DevicePreference::for_worker(req.gpus, None, rank, req.fallback_cpu);
     let selected = physalia_gnn_cuda::select(pref, 0).map_err(|e| {

@@ -228,7 +228,13 @@ fn partition_parallel_equals_single_worker_on_sbm() {
 /// invariant as on the CPU, against one CPU worker.
 #[test]
 fn device_partition_parallel_equals_single_cpu_worker() {
-    check_exact_on(Device::Emulated, 1..=3, "sbm on the emulated device", &sbm(), false);
+    check_exact_on(
+        Device::Emulated,
+        1..=3,
+        "sbm on the emulated device",
+        &sbm(),
+        false,
+    );
 }
 
 /// The same on a GPU, when there is one (`PHYSALIA_REQUIRE_GPU=1` turns "skipping" into a failure): the
@@ -250,7 +256,13 @@ fn gpu_partition_parallel_equals_single_cpu_worker() {
             return;
         }
     }
-    check_exact_on(Device::Cuda { index: 0 }, 1..=3, "sbm on the GPU", &sbm(), false);
+    check_exact_on(
+        Device::Cuda { index: 0 },
+        1..=3,
+        "sbm on the GPU",
+        &sbm(),
+        false,
+    );
 }
 
 #[test]
