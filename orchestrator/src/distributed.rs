@@ -123,6 +123,7 @@ pub fn run(
     output: OutputFormat,
     quiet: bool,
     resume: Option<ResumePoint>,
+    memory_check: bool,
 ) -> Result<()> {
     let n = spec.workers as usize;
     let price = summary::price(spec)?;
@@ -139,6 +140,10 @@ pub fn run(
             "workers: {n} workers for a graph of {} nodes",
             stats.num_nodes
         );
+    }
+    // before anything is written or launched
+    if memory_check {
+        crate::admission::check(spec, &source, crate::admission::available_bytes())?;
     }
     let mut dir = match &resume {
         Some(rp) => JobDir::reopen(&rp.dir, rp.epoch)?,

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+mod admission;
 mod calibrate;
 mod coordinator;
 mod data;
@@ -97,6 +98,9 @@ struct SubmitArgs {
     /// No per-epoch lines.
     #[arg(long, short)]
     quiet: bool,
+    /// Launch even when the planner predicts the job does not fit in this machine's memory.
+    #[arg(long)]
+    skip_memory_check: bool,
 }
 
 #[derive(Args)]
@@ -143,8 +147,15 @@ enum DataCommand {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => match (&a.resume, &a.job) {
-            (Some(dir), _) => submit::resume(dir, a.output, a.quiet),
-            (None, Some(job)) => submit::run(job, &a.overrides, a.backend, a.output, a.quiet),
+            (Some(dir), _) => submit::resume(dir, a.output, a.quiet, !a.skip_memory_check),
+            (None, Some(job)) => submit::run(
+                job,
+                &a.overrides,
+                a.backend,
+                a.output,
+                a.quiet,
+                !a.skip_memory_check,
+            ),
             (None, None) => unreachable!("clap requires a job file or --resume"),
         },
         Command::Plan(a) => plan::run(&a),

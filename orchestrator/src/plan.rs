@@ -94,7 +94,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
 }
 
 /// The planner's view of a job: graph statistics, stored partitionings, model, training and goal.
-fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
+pub(crate) fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
     let stats = source.stats();
     let graph = GraphStats {
         nodes: stats.num_nodes as u64,
@@ -191,10 +191,10 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
 /// What `physalia plan --as-written` prints: the job's own settings as a candidate, the SKU it runs on, and
 /// the cost model's prediction for it.
 #[derive(Serialize)]
-struct AsWritten {
+pub(crate) struct AsWritten {
     candidate: Candidate,
     sku: Sku,
-    prediction: Prediction,
+    pub(crate) prediction: Prediction,
     /// Whether a calibration profile replaced the catalog's rates (local SKUs).
     calibrated: bool,
 }
@@ -252,7 +252,7 @@ fn planner_backend(b: spec::BackendKind) -> Result<Backend> {
 }
 
 /// The planner's prediction for the job's own settings on its backend's SKU.
-fn as_written(
+pub(crate) fn as_written(
     spec: &JobSpec,
     req: &PlanRequest,
     catalog: &Catalog,

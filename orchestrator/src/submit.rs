@@ -26,7 +26,7 @@ use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_
 
 /// Continues the job in `dir` (its coordinator died, or it was stopped) from its newest checkpoint whose epochs
 /// are all recorded; later records are dropped and those epochs trained again.
-pub fn resume(dir: &Path, output: OutputFormat, quiet: bool) -> Result<()> {
+pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool) -> Result<()> {
     let spec_path = dir.join("job.json");
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("{}: not a job directory", dir.display()))?;
@@ -45,7 +45,7 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool) -> Result<()> {
             point.epoch, point.workers
         );
     }
-    crate::distributed::run(&spec, &name, output, quiet, Some(point))
+    crate::distributed::run(&spec, &name, output, quiet, Some(point), memory_check)
 }
 
 pub fn run(
@@ -54,6 +54,7 @@ pub fn run(
     backend: Option<BackendKind>,
     output: OutputFormat,
     quiet: bool,
+    memory_check: bool,
 ) -> Result<()> {
     let mut spec = spec::load_on(job, overrides, backend)?;
     if matches!(
@@ -78,7 +79,14 @@ pub fn run(
     // Every job is the coordinator's (its workers checkpoint every epoch, a lost one is retried, a stopped
     // job resumes) except repeated seeds (`train.runs` > 1), a statistics loop that trains in this process.
     if spec.train.runs.max(1) == 1 {
-        return crate::distributed::run(&spec, &spec.job_name(job), output, quiet, None);
+        return crate::distributed::run(
+            &spec,
+            &spec.job_name(job),
+            output,
+            quiet,
+            None,
+            memory_check,
+        );
     }
     if let Some(t) = spec.train.threads {
         rayon::ThreadPoolBuilder::new()
@@ -90,6 +98,9 @@ pub fn run(
     let price = price(&spec)?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
+    if memory_check {
+        crate::admission::check(&spec, &source, crate::admission::available_bytes())?;
+    }
     let stats = source.stats();
     let data_name = source.name().to_string();
     let mut x = Matrix::from_vec(
