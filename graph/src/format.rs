@@ -183,6 +183,20 @@ impl<'a> FeatureView<'a> {
         }
     }
 
+    /// The first value that is NaN or infinite, as (element index, value widened to f32).
+    pub fn first_non_finite(&self) -> Option<(usize, f32)> {
+        fn find<T: Copy>(v: &[T], f: impl Fn(T) -> f32) -> Option<(usize, f32)> {
+            v.iter()
+                .position(|&x| !f(x).is_finite())
+                .map(|i| (i, f(v[i])))
+        }
+        match *self {
+            FeatureView::F32(v) => find(v, |x| x),
+            FeatureView::F16(v) => find(v, |x| x.to_f32()),
+            FeatureView::BF16(v) => find(v, |x| x.to_f32()),
+        }
+    }
+
     /// Borrowed when already f32, widened otherwise.
     pub fn to_f32(&self) -> Cow<'a, [f32]> {
         match *self {

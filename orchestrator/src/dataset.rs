@@ -66,9 +66,43 @@ impl Source {
             Source::Memory(d) => d.features.view().to_f32(),
         }
     }
+
+    /// What training needs beyond the file's own invariants (which opening it checked): finite features
+    /// and a non-empty training split. The error names the tensor and the first bad row.
+    pub fn check_trainable(&self) -> Result<()> {
+        let features = match self {
+            Source::File(d) => d.features(),
+            Source::Memory(d) => d.features.view(),
+        };
+        let dim = self.stats().feat_dim.max(1);
+        if let Some((i, v)) = features.first_non_finite() {
+            bail!(
+                "tensor 'features': row {} column {} is {v}; features must be finite numbers (replace \
+                 missing values before importing)",
+                i / dim,
+                i % dim
+            );
+        }
+        if self.split(Split::Train).is_empty() {
+            bail!("tensor 'train_idx' is empty: training needs labelled training nodes");
+        }
+        Ok(())
+    }
 }
 
 pub fn load(spec: &DatasetSpec) -> Result<Source> {
+    let source = load_unchecked(spec)?;
+    if let Err(e) = source.check_trainable() {
+        let what = match &spec.path {
+            Some(p) => format!("dataset.path: {}", p.display()),
+            None => "dataset.synth".to_string(),
+        };
+        return Err(e.context(what));
+    }
+    Ok(source)
+}
+
+fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
     match spec.source() {
         Some(DatasetSource::Path(path)) => load_path(path, spec.format),
         Some(DatasetSource::Synth(s)) => {
