@@ -1110,15 +1110,17 @@ impl Ops for CudaEngine {
     }
 
     fn add_assign(&mut self, a: &mut DeviceMatrix, other: &DeviceMatrix) -> Result<(), GpuError> {
-        check(a.shape() == other.shape(), || "add_assign shapes".into())?;
-        if a.len() == 0 {
+        check(a.cols == other.cols && other.rows <= a.rows, || {
+            "add_assign shapes".into()
+        })?;
+        if other.len() == 0 {
             return Ok(());
         }
-        let n = u32_size(a.len(), "elements")?;
-        let cfg = launch_cfg(elementwise_launch(a.len()));
+        let n = u32_size(other.len(), "elements")?;
+        let cfg = launch_cfg(elementwise_launch(other.len()));
         let mut b = self.launch("add_assign");
         b.arg(&mut a.buf).arg(&other.buf).arg(&n);
-        // SAFETY: equal shapes.
+        // SAFETY: `other`'s rows are a prefix of `a`'s (row-major, same width).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }

@@ -91,6 +91,8 @@ pub struct DeviceGraph<O: Ops> {
     pub nnz: usize,
     /// Every source row's global node id (dropout keys); `None` on the whole graph.
     pub gids: Option<O::Idx>,
+    /// A sampled block: every source row is in the layer's input (no exchange of rows).
+    pub complete: bool,
 }
 
 impl<O: Ops> DeviceGraph<O> {
@@ -114,6 +116,7 @@ impl<O: Ops> DeviceGraph<O> {
             nnz: op.nnz(),
             op: ops.upload_csr(&op)?,
             gids: None,
+            complete: false,
         })
     }
 
@@ -127,7 +130,48 @@ impl<O: Ops> DeviceGraph<O> {
             nnz: op.nnz(),
             op: ops.upload_csr(op)?,
             gids,
+            complete: false,
         })
+    }
+
+    /// A sampled mini-batch block (`LocalGraph::block`): its input holds every source row.
+    pub fn block(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, GpuError> {
+        Ok(DeviceGraph {
+            complete: true,
+            ..DeviceGraph::local(ops, g, kind)?
+        })
+    }
+}
+
+/// The graphs a pass runs over: one for every layer, or a sampled block per layer.
+enum Graphs<'g, O: Ops> {
+    Whole(&'g DeviceGraph<O>),
+    Blocks(&'g [DeviceGraph<O>]),
+}
+
+// by hand: derived impls would ask `O: Copy`
+impl<O: Ops> Clone for Graphs<'_, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O: Ops> Copy for Graphs<'_, O> {}
+
+impl<'g, O: Ops> Graphs<'g, O> {
+    fn layer(self, l: usize) -> &'g DeviceGraph<O> {
+        match self {
+            Graphs::Whole(g) => g,
+            Graphs::Blocks(b) => &b[l],
+        }
+    }
+
+    /// Rows of layer `l`'s input: the owned rows, or every source of the block.
+    fn input_rows(self, l: usize) -> usize {
+        match self {
+            Graphs::Whole(g) => g.n,
+            Graphs::Blocks(b) => b[l].n_src,
+        }
     }
 }
 
@@ -143,7 +187,7 @@ fn exchange_forward<O: Ops>(
     layer: usize,
     own: &O::Mat,
 ) -> Result<Option<O::Mat>, GpuError> {
-    if ex.is_local() {
+    if ex.is_local() || g.complete {
         return Ok(None);
     }
     let host = ops.download(own)?;
@@ -172,7 +216,7 @@ fn exchange_backward<O: Ops>(
     ext: O::Mat,
 ) -> Result<O::Mat, GpuError> {
     let (rows, cols) = ops.dims(&ext);
-    if ex.is_local() && rows == g.n {
+    if g.complete || (ex.is_local() && rows == g.n) {
         return Ok(ext);
     }
     let n = g.n;
@@ -362,15 +406,48 @@ impl<O: Ops> DeviceModel<O> {
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<DeviceForward<'x, O>, GpuError> {
-        let (rows, cols) = ops.dims(x);
-        if (rows, cols) != (g.n, self.cfg.in_dim) {
+        self.forward_graphs(ops, Graphs::Whole(g), x, pass, ex)
+    }
+
+    /// Forward over sampled blocks (`Model::forward_blocks`): `x` holds block 0's source rows; the logits
+    /// are the last block's destinations.
+    pub fn forward_blocks<'x>(
+        &mut self,
+        ops: &mut O,
+        blocks: &[DeviceGraph<O>],
+        x: &'x O::Mat,
+        pass: Pass,
+    ) -> Result<DeviceForward<'x, O>, GpuError> {
+        if blocks.len() != self.layers.len() {
             return Err(GpuError::Shape(format!(
-                "input features are {rows}x{cols}, the model expects {}x{}",
-                g.n, self.cfg.in_dim
+                "{} blocks for {} layers",
+                blocks.len(),
+                self.layers.len()
             )));
         }
+        self.forward_graphs(ops, Graphs::Blocks(blocks), x, pass, &mut LocalExchange)
+    }
+
+    fn forward_graphs<'x>(
+        &mut self,
+        ops: &mut O,
+        gs: Graphs<'_, O>,
+        x: &'x O::Mat,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<DeviceForward<'x, O>, GpuError> {
+        let (rows, cols) = ops.dims(x);
+        if (rows, cols) != (gs.input_rows(0), self.cfg.in_dim) {
+            return Err(GpuError::Shape(format!(
+                "input features are {rows}x{cols}, the model expects {}x{}",
+                gs.input_rows(0),
+                self.cfg.in_dim
+            )));
+        }
+        let g = gs.layer(0);
         ex.begin_pass(pass);
-        if self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
+        let whole = matches!(gs, Graphs::Whole(_));
+        if whole && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
             let halo = exchange_forward(ops, ex, g, 0, x)?;
             let mut agg = ops.alloc(g.n, cols)?;
             ops.spmm(&g.op, x, halo.as_ref(), &mut agg)?;
@@ -395,7 +472,9 @@ impl<O: Ops> DeviceModel<O> {
         let mut caches = Vec::with_capacity(self.layers.len());
         for li in 0..self.layers.len() {
             let l = self.layers[li].clone();
-            let (mut out, cache) = self.layer_forward(ops, &l, g, inputs[li].get(), pass, ex)?;
+            let g = gs.layer(li);
+            let (mut out, cache) =
+                self.layer_forward(ops, &l, g, inputs[li].get(), pass, whole, ex)?;
             caches.push(cache);
             if li + 1 == self.layers.len() {
                 return Ok(DeviceForward {
@@ -428,17 +507,19 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         h: &O::Mat,
         pass: Pass,
+        whole: bool,
         ex: &mut dyn Exchange,
     ) -> Result<(O::Mat, Cache<O::Mat>), GpuError> {
         if l.kind == LayerKind::Gat {
             return self.gat_forward(ops, l, g, h, pass, ex);
         }
+        // `n` destinations; the input has `n_in` rows (more than `n` on a block: every source)
         let n = g.n;
-        let d_in = ops.dims(h).1;
+        let (n_in, d_in) = ops.dims(h);
         let hc = l.hc();
         let w = &self.params[l.w];
         let (mut out, cache) = if l.aggregate_first {
-            let agg = if l.index == 0 && self.first_aggregation_is_constant(pass) {
+            let agg = if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
             } else {
                 let halo = exchange_forward(ops, ex, g, l.index, h)?;
@@ -465,8 +546,13 @@ impl<O: Ops> DeviceModel<O> {
             )?;
             (out, Cache::Aggregated(agg))
         } else {
-            let mut m = ops.alloc(n, hc)?;
-            ops.gemm(View::full(h, n, d_in), View::full(w, d_in, hc), 0.0, &mut m)?;
+            let mut m = ops.alloc(n_in, hc)?;
+            ops.gemm(
+                View::full(h, n_in, d_in),
+                View::full(w, d_in, hc),
+                0.0,
+                &mut m,
+            )?;
             let halo = exchange_forward(ops, ex, g, l.index, &m)?;
             let mut out = ops.alloc(n, hc)?;
             ops.spmm(&g.op, &m, halo.as_ref(), &mut out)?;
@@ -587,6 +673,60 @@ impl<O: Ops> DeviceModel<O> {
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<O::Mat>, GpuError> {
+        self.backward_graphs(ops, Graphs::Whole(g), fwd, d_logits, ex)
+    }
+
+    /// Backward of [`DeviceModel::forward_blocks`]; the parameter gradients are all-reduced through `ex`
+    /// (data parallelism: every worker trained its share of the batch).
+    pub fn backward_blocks(
+        &self,
+        ops: &mut O,
+        blocks: &[DeviceGraph<O>],
+        fwd: DeviceForward<'_, O>,
+        d_logits: O::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<O::Mat>, GpuError> {
+        self.backward_graphs(ops, Graphs::Blocks(blocks), fwd, d_logits, ex)
+    }
+
+    /// Zero gradients of every parameter, all-reduced through `ex` (a worker with no seeds in a step).
+    pub fn zero_grads(&self, ops: &mut O, ex: &mut dyn Exchange) -> Result<Vec<O::Mat>, GpuError> {
+        let grads = self
+            .params
+            .iter()
+            .map(|p| {
+                let (r, c) = ops.dims(p);
+                ops.zeros(r, c)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.all_reduce(ops, grads, ex)
+    }
+
+    fn all_reduce(
+        &self,
+        ops: &mut O,
+        mut grads: Vec<O::Mat>,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<O::Mat>, GpuError> {
+        if !ex.is_local() {
+            let mut host = download_all(ops, &grads)?;
+            ex.all_reduce(&mut host).map_err(exchange_error)?;
+            for (d, h) in grads.iter_mut().zip(&host) {
+                let up = ops.upload(h)?;
+                ops.recycle(std::mem::replace(d, up));
+            }
+        }
+        Ok(grads)
+    }
+
+    fn backward_graphs(
+        &self,
+        ops: &mut O,
+        gs: Graphs<'_, O>,
+        fwd: DeviceForward<'_, O>,
+        d_logits: O::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Vec<O::Mat>, GpuError> {
         let DeviceForward {
             inputs,
             mut caches,
@@ -608,6 +748,7 @@ impl<O: Ops> DeviceModel<O> {
             let li = caches.len();
             let l = &self.layers[li];
             let h = inputs.pop().expect("one input per layer");
+            let g = gs.layer(li);
             let dx = self.layer_backward(
                 ops,
                 l,
@@ -639,22 +780,14 @@ impl<O: Ops> DeviceModel<O> {
             ops.recycle(y);
             d_out = dx;
         }
-        let mut grads = grads
+        let grads = grads
             .into_iter()
             .enumerate()
             .map(|(i, g)| {
                 g.ok_or_else(|| GpuError::Shape(format!("no gradient for {}", self.names[i])))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if !ex.is_local() {
-            let mut host = download_all(ops, &grads)?;
-            ex.all_reduce(&mut host).map_err(exchange_error)?;
-            for (d, h) in grads.iter_mut().zip(&host) {
-                let up = ops.upload(h)?;
-                ops.recycle(std::mem::replace(d, up));
-            }
-        }
-        Ok(grads)
+        self.all_reduce(ops, grads, ex)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -671,7 +804,9 @@ impl<O: Ops> DeviceModel<O> {
         grads: &mut [Option<O::Mat>],
         ex: &mut dyn Exchange,
     ) -> Result<Option<O::Mat>, GpuError> {
-        let (n, d_in) = ops.dims(h);
+        // `n` destinations (d_out's rows); the input has `n_in` rows (every source on a block)
+        let n = g.n;
+        let (n_in, d_in) = ops.dims(h);
         let d_o = ops.dims(d_out).1;
         let mut gb = ops.alloc(1, d_o)?;
         ops.col_sums(d_out, &mut gb)?;
@@ -689,7 +824,8 @@ impl<O: Ops> DeviceModel<O> {
         }
         let hc = l.hc();
         let w = &self.params[l.w];
-        let mut dx = None;
+        // the root weight reads the destinations' rows of the input (a prefix of it on a block)
+        let mut d_root = None;
         if let Some(r) = l.w_root {
             let mut gr = ops.alloc(d_in, hc)?;
             ops.gemm(
@@ -708,9 +844,10 @@ impl<O: Ops> DeviceModel<O> {
                     0.0,
                     &mut d,
                 )?;
-                dx = Some(d);
+                d_root = Some(d);
             }
         }
+        let mut dx = None;
         match cache {
             Cache::Gat { .. } => unreachable!("handled above"),
             Cache::Aggregated(agg) => {
@@ -737,14 +874,7 @@ impl<O: Ops> DeviceModel<O> {
                     let mut d_ext = ops.alloc(g.n_src, d_in)?;
                     ops.spmm_t(&g.op, &d_agg, &mut d_ext)?;
                     ops.recycle(d_agg);
-                    let d_own = exchange_backward(ops, ex, g, l.index, d_ext)?;
-                    match &mut dx {
-                        Some(dx) => {
-                            ops.add_assign(dx, &d_own)?;
-                            ops.recycle(d_own);
-                        }
-                        None => dx = Some(d_own),
-                    }
+                    dx = Some(exchange_backward(ops, ex, g, l.index, d_ext)?);
                 }
                 if let Some(a) = agg {
                     ops.recycle(a);
@@ -756,27 +886,30 @@ impl<O: Ops> DeviceModel<O> {
                 let dm = exchange_backward(ops, ex, g, l.index, dm_ext)?;
                 let mut gw = ops.alloc(d_in, hc)?;
                 ops.gemm(
-                    View::full(h, n, d_in).t(),
-                    View::full(&dm, n, hc),
+                    View::full(h, n_in, d_in).t(),
+                    View::full(&dm, n_in, hc),
                     0.0,
                     &mut gw,
                 )?;
                 grads[l.w] = Some(gw);
                 if need_dx {
-                    let (beta, mut d) = match dx.take() {
-                        Some(d) => (1.0, d),
-                        None => (0.0, ops.alloc(n, d_in)?),
-                    };
+                    let mut d = ops.alloc(n_in, d_in)?;
                     ops.gemm(
-                        View::full(&dm, n, hc),
+                        View::full(&dm, n_in, hc),
                         View::full(w, d_in, hc).t(),
-                        beta,
+                        0.0,
                         &mut d,
                     )?;
                     dx = Some(d);
                 }
                 ops.recycle(dm);
             }
+        }
+        if let (Some(dx), Some(d)) = (&mut dx, &d_root) {
+            ops.add_assign(dx, d)?;
+        }
+        if let Some(d) = d_root {
+            ops.recycle(d);
         }
         Ok(dx)
     }

@@ -218,6 +218,7 @@ pub trait Ops {
         act: Activation,
         d: Option<Dropout>,
     ) -> Result<(), GpuError>;
+    /// `a += b`; `b` may have fewer rows than `a` (of the same width): it adds into `a`'s first rows.
     fn add_assign(&mut self, a: &mut Self::Mat, b: &Self::Mat) -> Result<(), GpuError>;
     /// `out (1 x cols) = column sums of x`.
     fn col_sums(&mut self, x: &Self::Mat, out: &mut Self::Mat) -> Result<(), GpuError>;
@@ -779,8 +780,11 @@ impl Ops for Emulator {
     }
 
     fn add_assign(&mut self, a: &mut Matrix, b: &Matrix) -> Result<(), GpuError> {
-        check(a.shape() == b.shape(), || "add_assign shapes".into())?;
-        emu::add_assign(a.data_mut(), b.data());
+        check(a.cols() == b.cols() && b.rows() <= a.rows(), || {
+            "add_assign shapes".into()
+        })?;
+        let n = b.data().len();
+        emu::add_assign(&mut a.data_mut()[..n], b.data());
         Ok(())
     }
 

@@ -510,7 +510,7 @@ pub enum ExchangeDtype {
 #[serde(deny_unknown_fields)]
 pub struct ResourcesSpec {
     /// GPUs per worker: each worker trains on a GPU (local workers on one machine share its GPUs
-    /// round-robin). Partition parallelism only so far.
+    /// round-robin). Partition and data parallelism (P3 runs on the CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSpec>,
     /// When a worker finds no usable GPU (no driver, no device, too little memory, a CUDA library
@@ -1225,11 +1225,12 @@ impl JobSpec {
                         "must name a GPU model (or be left out for any)",
                     ));
                 }
-                if self.mode() != Parallelism::Partition {
+                if self.mode() == Parallelism::Model {
                     return Err(invalid(
                         "resources.gpu",
-                        "GPU workers train full-graph (`parallelism: partition`) so far; data and model \
-                         parallelism run on the CPU: drop `resources.gpu` or use partition parallelism",
+                        "GPU workers train full-graph (`parallelism: partition`) and data-parallel \
+                         mini-batches (`parallelism: data`); model parallelism (P3) runs on the CPU: drop \
+                         `resources.gpu` or use another parallelism",
                     ));
                 }
             } else if r.gpu_fallback == GpuFallback::Cpu {

@@ -43,6 +43,8 @@ fn gpus_and_the_fallback_are_read() {
     assert_eq!(r.gpu_fallback, GpuFallback::None);
     // no section: the CPU
     assert!(parse("").unwrap().resources.is_none());
+    // data parallelism trains its mini-batches on the GPU too
+    parse("resources: {gpu: {}}\nparallelism: data\nminibatch: {fanouts: [5, 5]}\n").unwrap();
 }
 
 #[test]
@@ -69,9 +71,9 @@ fn bad_gpu_settings_name_the_field() {
             "resources.gpu",
         ),
         (
-            "resources: {gpu: {}}\nparallelism: data\nminibatch: {fanouts: [5, 5]}\n",
+            "resources: {gpu: {}}\nparallelism: model\nminibatch: {fanouts: [5, 5]}\n",
             "resources.gpu",
-            "parallelism: partition",
+            "model parallelism (P3) runs on the CPU",
         ),
     ];
     for (extra, field, says) in cases {

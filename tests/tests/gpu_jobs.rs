@@ -112,6 +112,34 @@ fn a_gpu_job_trains_on_the_device_and_equals_the_cpu_job() {
 }
 
 #[test]
+fn a_data_parallel_gpu_job_trains_its_minibatches_on_the_device_like_the_cpu() {
+    let t = setup();
+    let job = format!("{JOB}parallelism: data\nminibatch: {{fanouts: [5, 5], batch_size: 64}}\n");
+    write_job(t.path(), "cpu.yaml", &job);
+    write_job(
+        t.path(),
+        "gpu.yaml",
+        &format!("{job}resources: {{gpu: {{count: 1}}}}\n"),
+    );
+    let (ok, cpu, err) = submit(t.path(), "cpu.yaml", &[]);
+    assert!(ok, "{err}");
+    let (ok, gpu, err) = submit(t.path(), "gpu.yaml", &[("PHYSALIA_TEST_EMULATE_GPU", "1")]);
+    assert!(ok, "{err}");
+    let (want, got) = (epochs(t.path(), &cpu), epochs(t.path(), &gpu));
+    assert_eq!(got.len(), 6);
+    for (g, w) in got.iter().zip(&want) {
+        let (a, b) = (g["loss"].as_f64().unwrap(), w["loss"].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "epoch {}: loss {a} on the device, {b} on the CPU",
+            g["epoch"]
+        );
+        assert_eq!(g["device"], "emulated GPU (test hook)", "{g}");
+        assert!(g["batches"]["steps"].as_u64().unwrap() > 1, "{g}");
+    }
+}
+
+#[test]
 fn a_gpu_job_without_a_gpu_fails_naming_it_or_falls_back_when_allowed() {
     let t = setup();
     let gpu = format!("{JOB}resources: {{gpu: {{count: 1}}}}\n");

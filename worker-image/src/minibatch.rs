@@ -237,6 +237,129 @@ pub fn train_minibatch(
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary), Error> {
+    train_minibatch_on(
+        crate::Device::Cpu,
+        mesh,
+        shard,
+        cfg,
+        seed,
+        tc,
+        opts,
+        resume,
+        on_epoch,
+    )
+}
+
+/// A mini-batch step on a device: the batch's blocks, input rows and labels are uploaded, forward,
+/// backward and Adam run there; the host `Model` and `Adam` get the device's state at each epoch's end
+/// (evaluation, checkpoints).
+trait DeviceSteps {
+    /// Trains one step's batch; returns this worker's share of the step's loss (a mean over `batch_size`).
+    fn step(
+        &mut self,
+        blocks: &[LocalGraph],
+        x: &Matrix,
+        labels: &[i64],
+        seeds: usize,
+        batch_size: f64,
+        pass: Pass,
+        mesh: &mut dyn Exchange,
+    ) -> Result<f64, Error>;
+    /// A step with none of this worker's seeds: zero gradients all-reduced, then Adam.
+    fn empty_step(&mut self, mesh: &mut dyn Exchange) -> Result<(), Error>;
+    /// Copies the device's parameters and optimizer state into the host's.
+    fn sync(&mut self, model: &mut Model, opt: &mut Adam) -> Result<(), Error>;
+}
+
+struct OnDevice<O: physalia_gnn_cuda::Ops> {
+    ops: O,
+    model: physalia_gnn_cuda::DeviceModel<O>,
+    adam: physalia_gnn_cuda::AdamConfig,
+    kind: LayerKind,
+}
+
+impl<O: physalia_gnn_cuda::Ops> OnDevice<O> {
+    fn new(mut ops: O, model: &Model, opt: &Adam) -> Result<Self, Error> {
+        let mut dm = physalia_gnn_cuda::DeviceModel::from_model(&mut ops, model)?;
+        if opt.steps() > 0 {
+            dm.restore_adam(&mut ops, opt)?;
+        }
+        Ok(OnDevice {
+            ops,
+            model: dm,
+            adam: physalia_gnn_cuda::AdamConfig {
+                lr: opt.lr,
+                weight_decay: opt.weight_decay,
+                beta1: opt.beta1,
+                beta2: opt.beta2,
+                eps: opt.eps,
+            },
+            kind: model.config().kind,
+        })
+    }
+}
+
+impl<O: physalia_gnn_cuda::Ops> DeviceSteps for OnDevice<O> {
+    fn step(
+        &mut self,
+        blocks: &[LocalGraph],
+        x: &Matrix,
+        labels: &[i64],
+        seeds: usize,
+        batch_size: f64,
+        pass: Pass,
+        mesh: &mut dyn Exchange,
+    ) -> Result<f64, Error> {
+        use physalia_gnn_cuda::DeviceGraph;
+        let ops = &mut self.ops;
+        let blocks = blocks
+            .iter()
+            .map(|b| DeviceGraph::block(ops, b, self.kind))
+            .collect::<Result<Vec<_>, _>>()?;
+        let xd = ops.upload(x)?;
+        let labels = ops.upload_labels(labels)?;
+        let rows: Vec<u32> = (0..seeds as u32).collect();
+        let rows = ops.upload_idx(&rows)?;
+        let fwd = self.model.forward_blocks(ops, &blocks, &xd, pass)?;
+        let (r, c) = ops.dims(&fwd.logits);
+        let mut d_logits = ops.alloc(r, c)?;
+        let loss = ops.cross_entropy(&fwd.logits, &labels, &rows, batch_size, &mut d_logits)?;
+        let grads = self
+            .model
+            .backward_blocks(ops, &blocks, fwd, d_logits, mesh)?;
+        self.model.adam_step(ops, grads, self.adam)?;
+        ops.recycle(xd);
+        Ok(loss / batch_size)
+    }
+
+    fn empty_step(&mut self, mesh: &mut dyn Exchange) -> Result<(), Error> {
+        let grads = self.model.zero_grads(&mut self.ops, mesh)?;
+        self.model.adam_step(&mut self.ops, grads, self.adam)?;
+        Ok(())
+    }
+
+    fn sync(&mut self, model: &mut Model, opt: &mut Adam) -> Result<(), Error> {
+        self.ops.synchronize()?;
+        self.model.download_into(&mut self.ops, model)?;
+        self.model.download_adam(&mut self.ops, opt)?;
+        Ok(())
+    }
+}
+
+/// [`train_minibatch`] with every step on `device` (evaluation stays on the CPU: the full-graph forward
+/// of each worker's part).
+#[allow(clippy::too_many_arguments)]
+pub fn train_minibatch_on(
+    device: crate::Device,
+    mesh: &mut dyn Mesh,
+    shard: &Shard<'_>,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &MiniBatchOptions,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(Model, TrainSummary), Error> {
     let (rank, world) = (mesh.rank(), mesh.world());
     let config = |problem: String| Error::Config(problem);
     opts.check(cfg.layers).map_err(Error::Config)?;
@@ -263,6 +386,19 @@ pub fn train_minibatch(
         mut opt,
         mut progress,
     } = Resume::or_fresh(resume, cfg, seed, tc)?;
+    let mut on_device: Option<Box<dyn DeviceSteps>> = match device {
+        crate::Device::Cpu => None,
+        crate::Device::Cuda { index } => Some(Box::new(OnDevice::new(
+            physalia_gnn_cuda::CudaEngine::new(index)?,
+            &model,
+            &opt,
+        )?)),
+        crate::Device::Emulated => Some(Box::new(OnDevice::new(
+            physalia_gnn_cuda::Emulator,
+            &model,
+            &opt,
+        )?)),
+    };
     let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;
     let n_train = all.len();
@@ -317,6 +453,17 @@ pub fn train_minibatch(
                     stats.cache_misses += p.missing.len() as u64;
                     let pass = step_pass(epoch, step);
                     mesh.begin_pass(pass);
+                    if let Some(dev) = on_device.as_mut() {
+                        if p.seeds == 0 {
+                            dev.empty_step(mesh)?;
+                        } else {
+                            loss_sum += dev.step(
+                                &p.blocks, &p.x, &p.labels, p.seeds, batch_size, pass, mesh,
+                            )?;
+                        }
+                        stats.compute_s += tc0.elapsed().as_secs_f64();
+                        continue;
+                    }
                     let grads = if p.seeds == 0 {
                         let mut g = model.zero_grads();
                         mesh.all_reduce(&mut g)
@@ -336,6 +483,9 @@ pub fn train_minibatch(
             },
         );
         result?;
+        if let Some(dev) = on_device.as_mut() {
+            dev.sync(&mut model, &mut opt)?;
+        }
         let mut eval = |model: &mut Model, ex: &mut dyn Exchange| {
             physalia_gnn::evaluate(model, shard.eval_graph, shard.features, shard.eval_sets, ex)
                 .map_err(Error::from)

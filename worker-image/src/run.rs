@@ -219,17 +219,17 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     let part_path = io.artifact(&a.part)?;
     let load_part =
         || Part::load(&part_path).with_context(|| format!("loading {}", part_path.display()));
-    // GPU workers train full-graph; mini-batch modes run on the CPU (the job file's validation says so)
+    // GPU workers train full-graph and data-parallel mini-batches; P3 runs on the CPU (the job file's
+    // validation says so)
     let (device, label) = match a.mode {
-        TrainMode::Partition => choose_device(&a.device, rank)?,
+        TrainMode::Partition | TrainMode::Data => choose_device(&a.device, rank)?,
         _ if a.device.gpus > 0 && a.device.fallback_cpu => (
             crate::Device::Cpu,
-            Some("cpu (fallback: GPU training is full-graph only)".to_string()),
+            Some("cpu (fallback: P3 trains on the CPU)".to_string()),
         ),
         _ if a.device.gpus > 0 => bail!(
-            "resources.gpu: GPU workers train full-graph (partition parallelism) only; this assignment is \
-             {:?} parallelism",
-            a.mode
+            "resources.gpu: GPU workers train full-graph and data-parallel mini-batches; this assignment \
+             is model (P3) parallelism"
         ),
         _ => (crate::Device::Cpu, None),
     };
@@ -278,7 +278,8 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
             let shard = data.shard(csr.indptr, csr.indices);
             let resume = load_resume(a, io)?;
             let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
-            crate::minibatch::train_minibatch(
+            crate::minibatch::train_minibatch_on(
+                device,
                 &mut mesh,
                 &shard,
                 &a.model,

@@ -25,7 +25,8 @@ use physalia_gnn::{
 use physalia_graph::partition::{DatasetRef, build_parts, partition_metis};
 use physalia_graph::{OwnedDataset, SbmParams, Split};
 use physalia_wire::{Link, MemLink};
-use physalia_worker::minibatch::{MiniBatchOptions, ShardData, train_minibatch};
+use physalia_worker::Device;
+use physalia_worker::minibatch::{MiniBatchOptions, ShardData, train_minibatch_on};
 use physalia_worker::{ExchangeOptions, MeshExchange, Resume};
 
 const EPOCHS: usize = 6;
@@ -240,7 +241,7 @@ fn data_parallel_segment(
     tc: &TrainConfig,
     seg: Segment<'_>,
 ) -> Vec<Run> {
-    hybrid_segment(ds, cfg, k, 1, opts, tc, 7, false, seg)
+    hybrid_segment(Device::Cpu, ds, cfg, k, 1, opts, tc, 7, false, seg)
 }
 
 /// [`hybrid`] with the training seed and feature row normalisation given.
@@ -256,12 +257,24 @@ fn hybrid_seeded(
     row_normalize: bool,
 ) -> Vec<Run> {
     let seg = Segment::default();
-    hybrid_segment(ds, cfg, k, replicas, opts, tc, seed, row_normalize, seg)
+    hybrid_segment(
+        Device::Cpu,
+        ds,
+        cfg,
+        k,
+        replicas,
+        opts,
+        tc,
+        seed,
+        row_normalize,
+        seg,
+    )
 }
 
 /// [`hybrid_seeded`] over `seg`.
 #[allow(clippy::too_many_arguments)]
 fn hybrid_segment(
+    device: Device,
     ds: &OwnedDataset,
     cfg: &ModelConfig,
     k: usize,
@@ -295,7 +308,8 @@ fn hybrid_segment(
                     let shard = data.shard(&ds.indptr, &ds.indices);
                     let mut mesh = MeshExchange::new(&mut link, part, ExchangeOptions::default());
                     let mut run = Run::new();
-                    let (model, summary) = train_minibatch(
+                    let (model, summary) = train_minibatch_on(
+                        device,
                         &mut mesh,
                         &shard,
                         cfg,
@@ -551,6 +565,40 @@ fn sampled(batch_size: usize) -> MiniBatchOptions {
 fn assert_same_run(what: &str, run: &Run, want: &Run) {
     assert_eq!(run.losses.len(), want.losses.len(), "{what}: epochs");
     assert_same(what, run, &(want.losses.clone(), want.weights.clone()));
+}
+
+/// Data parallelism with every step on the device engine (its kernels emulated on the host): the same
+/// sampled batches, losses and weights as on the CPU, on 1 and 2 workers, for every layer kind; a GPU
+/// runs the same when there is one.
+#[test]
+fn device_data_parallel_equals_the_cpu() {
+    let ds = sbm();
+    let opts = MiniBatchOptions {
+        cache_rows: 40,
+        ..sampled(48)
+    };
+    let gpu = physalia_gnn_cuda::probe()
+        .ok()
+        .filter(|i| !i.devices.is_empty())
+        .map(|_| Device::Cuda { index: 0 });
+    let tc = train_for(3);
+    for kind in [LayerKind::Sage, LayerKind::Gcn, LayerKind::Gat] {
+        let cfg = model_cfg(kind);
+        for k in [1, 2] {
+            let seg = || Segment::default();
+            let cpu = hybrid_segment(Device::Cpu, &ds, &cfg, k, 1, &opts, &tc, 7, false, seg());
+            for device in std::iter::once(Device::Emulated).chain(gpu) {
+                let runs = hybrid_segment(device, &ds, &cfg, k, 1, &opts, &tc, 7, false, seg());
+                for (rank, run) in runs.iter().enumerate() {
+                    assert_same_run(
+                        &format!("{device:?} {kind:?} k={k} rank {rank}"),
+                        run,
+                        &cpu[rank],
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -1057,6 +1105,7 @@ fn assigned(
                         minibatch: Some(opts.clone()),
                         resume_from: resume_from.map(artifact),
                         checkpoints: true,
+                        device: Default::default(),
                     };
                     let mut io = FolderCoordinator {
                         scratch: scratch.path().to_path_buf(),
