@@ -26,7 +26,13 @@ for l in sys.stdin:
     j = json.loads(l)
     if j.get("executable"): print(j["executable"])' | tail -1)
 cp "$exe" "$out/exactness"
-strip "$out"/gpu_epoch "$out"/gpu "$out"/emulate "$out"/exactness
+exe=$(cargo test --release -p physalia-worker --test minibatch --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import sys, json
+for l in sys.stdin:
+    j = json.loads(l)
+    if j.get("executable"): print(j["executable"])' | tail -1)
+cp "$exe" "$out/minibatch"
+strip "$out"/gpu_epoch "$out"/gpu "$out"/emulate "$out"/exactness "$out"/minibatch
 cora=${PHYSALIA_CORA:-../shared/data/cora}
 if [ -f "$cora/edges.csv" ]; then
   tar czf "$out/cora.tar.gz" -C "$(dirname "$cora")" --exclude raw "$(basename "$cora")"

@@ -17,7 +17,8 @@ out=${OUT:-$here/out}
 mkdir -p "$out"
 rc=0
 echo "== exactness on the GPU"
-PHYSALIA_REQUIRE_GPU=1 "$here/exactness" gpu_partition --nocapture --test-threads=1 2>&1 | tail -5 || rc=1
+PHYSALIA_REQUIRE_GPU=1 "$here/exactness" gpu_partition --nocapture --test-threads=1 2>&1 | tail -3 || rc=1
+PHYSALIA_REQUIRE_GPU=1 "$here/minibatch" device_data_parallel --nocapture --test-threads=1 2>&1 | tail -3 || rc=1
 if [ -f "$here/cora.tar.gz" ] && [ ! -d "$here/cora" ]; then tar xzf "$here/cora.tar.gz" -C "$here"; fi
 work=$(mktemp -d)
 cd "$work" || exit 1
@@ -30,6 +31,7 @@ submit() { # name, then the job file's text on stdin
   echo "$1: exit $code, $(( ($(date +%s%N) - t0) / 1000000 )) ms"
   [ $code = 0 ] || { tail -3 "$1.err"; rc=1; }
 }
+if [ -z "${ONLY_MINIBATCH:-}" ]; then
 echo "== Cora"
 for ex in gcn gat; do
   for dev in gpu cpu; do
@@ -50,6 +52,19 @@ for kind in gcn sage gat; do
     [ $dev = gpu ] && res="resources: {gpu: {count: 1}}"
     printf 'name: sbm-%s-%s\ndataset: sbm.safetensors\nmodel: %s\ntrain: {epochs: 12, seed: 0, eval_every: 4, lr: 0.01}\nworkers: %s\n%s\noutput: {dir: jobs}\n' \
       "$kind" "$tag" "$model" "$w" "$res" | submit "sbm-$kind-$tag"
+  done
+done
+else
+"$bin/physalia" data synth sbm --nodes "${NODES:-1000000}" --classes 16 --feat-dim 128 --seed 0 --out sbm.safetensors | tail -1
+fi
+echo "== SBM ${NODES:-1000000}, data parallelism (fan-outs 25,10, batch 1024)"
+for kind in gcn sage; do
+  for run in gpu-w1:1:gpu gpu-w2:2:gpu cpu-w1:1:cpu; do
+    IFS=: read -r tag w dev <<<"$run"
+    res=""
+    [ $dev = gpu ] && res="resources: {gpu: {count: 1}}"
+    printf 'name: mb-%s-%s\ndataset: sbm.safetensors\nmodel: {kind: %s, layers: 2, hidden: 256, dropout: 0.5}\ntrain: {epochs: 4, seed: 0, eval_every: 4, lr: 0.01}\nworkers: %s\nparallelism: data\nminibatch: {fanouts: [25, 10], batch_size: 1024}\n%s\noutput: {dir: jobs}\n' \
+      "$kind" "$tag" "$kind" "$w" "$res" | submit "mb-$kind-$tag"
   done
 done
 python3 - "$out" <<'PY'
@@ -74,11 +89,15 @@ for f in sorted(glob.glob("*.json")):
         "final_test": s["runs"][0].get("final_test_acc"),
         "exchanged": s.get("bytes_exchanged"),
     }
-for kind in ["gcn", "sage", "gat"]:
-    a, b = res.get(f"sbm-{kind}-gpu-w1"), res.get(f"sbm-{kind}-gpu-w2")
+for kind, pre in [("gcn", "sbm"), ("sage", "sbm"), ("gat", "sbm"), ("gcn", "mb"), ("sage", "mb")]:
+    a, b = res.get(f"{pre}-{kind}-gpu-w1"), res.get(f"{pre}-{kind}-gpu-w2")
+    c = res.get(f"{pre}-{kind}-cpu-w1")
+    if a and c and "losses" in a and "losses" in c:
+        d = max(abs(x - y) / max(abs(y), 1e-3) for x, y in zip(a["losses"], c["losses"]))
+        res[f"{pre}-{kind}-gpu-vs-cpu"] = {"max_rel_loss_diff": d}
     if a and b and "losses" in a and "losses" in b:
         d = max(abs(x - y) / max(abs(y), 1e-3) for x, y in zip(b["losses"], a["losses"]))
-        res[f"sbm-{kind}-two-vs-one"] = {"max_rel_loss_diff": d, "within_1e-4": d <= 1e-4}
+        res[f"{pre}-{kind}-two-vs-one"] = {"max_rel_loss_diff": d, "within_1e-4": d <= 1e-4}
 for k, v in res.items():
     short = {kk: vv for kk, vv in v.items() if kk not in ("losses", "epoch_s", "test_acc")}
     print(k, json.dumps(short))
