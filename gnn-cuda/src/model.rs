@@ -500,6 +500,7 @@ impl<O: Ops> DeviceModel<O> {
         unreachable!("a model has at least one layer")
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         ops: &mut O,

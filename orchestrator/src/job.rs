@@ -66,6 +66,8 @@ pub struct Replan {
 }
 
 #[derive(Debug, Clone)]
+// an epoch report is the large variant, and the common one: boxing it would allocate per epoch for nothing
+#[allow(clippy::large_enum_variant)]
 pub enum JobEvent {
     /// The backend started launch `launch` (the process ids by rank, where it knows them), or could not.
     Started {

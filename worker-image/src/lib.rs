@@ -303,7 +303,7 @@ fn train_inputs<L: Link + ?Sized>(
             )?
         }
         Device::Emulated => physalia_gnn_cuda::train_resumable_on(
-            &mut physalia_gnn_cuda::Emulator::default(),
+            &mut physalia_gnn_cuda::Emulator,
             &mut model,
             &mut opt,
             progress,

@@ -255,6 +255,7 @@ pub fn train_minibatch(
 /// (evaluation, checkpoints).
 trait DeviceSteps {
     /// Trains one step's batch; returns this worker's share of the step's loss (a mean over `batch_size`).
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         blocks: &[LocalGraph],
