@@ -10,7 +10,8 @@
 //! ([`physalia_control::env::ENV_WORK_DIR`]). Rank 0 sends the coordinator each epoch's checkpoint before
 //! it reports the epoch, and the model before it reports that it is done.
 //!
-//! Devices: a worker asked for GPUs ([`Assignment::device`]) trains full-graph on the CUDA engine, on GPU
+//! Devices: a worker asked for GPUs ([`Assignment::device`]) trains full-graph partitions and data-parallel
+//! mini-batches on the CUDA engine (P3 stays on the CPU), on GPU
 //! `rank % gpus` of those it sees (workers on one machine share them), or on the CPU when none is usable
 //! and the job allows the fallback; every epoch it reports names the device (`cuda:0 (...)`, `cpu
 //! (fallback: why)`).
