@@ -104,6 +104,11 @@ pub fn load(spec: &DatasetSpec) -> Result<Source> {
 
 fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
     match spec.source() {
+        Some(DatasetSource::Stats(st)) => bail!(
+            "dataset.stats: {} describes a graph that is not here, for `physalia plan`; training needs \
+             the graph itself (`dataset.path`, or `dataset.synth` to generate one)",
+            st.name.as_deref().unwrap_or("the statistics")
+        ),
         Some(DatasetSource::Path(path)) => load_path(path, spec.format),
         Some(DatasetSource::Synth(s)) => {
             let ds = match s.kind {

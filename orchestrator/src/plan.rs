@@ -48,8 +48,11 @@ pub struct PlanArgs {
 
 pub fn run(a: &PlanArgs) -> Result<()> {
     let spec = spec::load_on(&a.job, &a.overrides, a.backend)?;
-    let source = dataset::load(&spec.dataset)?;
-    let mut req = request(&spec, &source)?;
+    // a graph given by its statistics alone is planned without loading anything
+    let mut req = match &spec.dataset.stats {
+        Some(st) => request_from(&spec, stats_graph(st), Vec::new())?,
+        None => request(&spec, &dataset::load(&spec.dataset)?)?,
+    };
     if let Some(b) = a.backend {
         req.constraints.backends = vec![planner_backend(b)?];
     }
@@ -93,6 +96,18 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// The planner's graph of `dataset.stats` (f32 features).
+fn stats_graph(st: &spec::StatsSpec) -> GraphStats {
+    GraphStats {
+        nodes: st.nodes,
+        edges: st.edges,
+        feat_dim: st.feat_dim,
+        classes: st.classes,
+        train_nodes: st.train_nodes,
+        feature_bytes_per_value: 4,
+    }
+}
+
 /// The planner's view of a job: graph statistics, stored partitionings, model, training and goal.
 pub(crate) fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
     let stats = source.stats();
@@ -123,6 +138,15 @@ pub(crate) fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
             .collect(),
         _ => Vec::new(),
     };
+    request_from(spec, graph, partitions)
+}
+
+/// [`request`] from the graph's statistics and its stored partitionings.
+fn request_from(
+    spec: &JobSpec,
+    graph: GraphStats,
+    partitions: Vec<PartitionStats>,
+) -> Result<PlanRequest> {
     let model = serde_json::from_value::<ModelShape>(serde_json::json!({
         "kind": match spec.model.kind {
             ModelKind::Gcn => "gcn",

@@ -140,6 +140,100 @@ pub struct DatasetSpec {
     /// Generate a synthetic dataset instead of reading one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synth: Option<SynthSpec>,
+    /// Only the graph's statistics, for `physalia plan` before the data is here: `{nodes, edges,
+    /// feat_dim, classes, train_nodes}`, or an OGB node-property dataset by name (`ogbn-arxiv`,
+    /// `ogbn-products`, `ogbn-papers100M`) with its published sizes. `submit` needs the graph itself.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "stats_or_name"
+    )]
+    #[schemars(schema_with = "stats_schema")]
+    pub stats: Option<StatsSpec>,
+}
+
+/// A graph's size as the planner needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatsSpec {
+    /// The published dataset these sizes are of, when given by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub nodes: u64,
+    /// Directed edges of the training graph (an undirected edge counts twice).
+    pub edges: u64,
+    pub feat_dim: u32,
+    pub classes: u32,
+    pub train_nodes: u64,
+}
+
+/// The OGB node-property datasets by name, with the sizes the OGB paper and leaderboards publish (edges
+/// counted in both directions, as they are trained: PyG's `ToUndirected`).
+pub const KNOWN_GRAPHS: [(&str, u64, u64, u32, u32, u64); 3] = [
+    ("ogbn-arxiv", 169_343, 2 * 1_166_243, 128, 40, 90_941),
+    ("ogbn-products", 2_449_029, 2 * 61_859_140, 100, 47, 196_615),
+    (
+        "ogbn-papers100M",
+        111_059_956,
+        2 * 1_615_685_872,
+        128,
+        172,
+        1_207_179,
+    ),
+];
+
+impl StatsSpec {
+    /// A known dataset's statistics by name.
+    pub fn named(name: &str) -> Option<StatsSpec> {
+        KNOWN_GRAPHS.iter().find(|k| k.0 == name).map(
+            |&(n, nodes, edges, feat_dim, classes, train_nodes)| StatsSpec {
+                name: Some(n.to_string()),
+                nodes,
+                edges,
+                feat_dim,
+                classes,
+                train_nodes,
+            },
+        )
+    }
+}
+
+/// `stats: NAME` as well as `stats: {nodes, edges, ...}`.
+fn stats_or_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StatsSpec>, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = Option<StatsSpec>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a known dataset's name or a mapping {nodes, edges, feat_dim, classes, train_nodes}")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            StatsSpec::named(v).map(Some).ok_or_else(|| {
+                let known: Vec<&str> = KNOWN_GRAPHS.iter().map(|k| k.0).collect();
+                E::custom(format!(
+                    "unknown dataset {v:?}: known by name are {}; or give \
+                     {{nodes, edges, feat_dim, classes, train_nodes}}",
+                    known.join(", ")
+                ))
+            })
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            StatsSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+fn stats_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let known: Vec<&str> = KNOWN_GRAPHS.iter().map(|k| k.0).collect();
+    schemars::json_schema!({
+        "anyOf": [
+            {"type": "string", "enum": known},
+            g.subschema_for::<StatsSpec>(),
+        ]
+    })
 }
 
 /// `dataset: PATH` as well as `dataset: {path: PATH, ...}`; any other value is an error naming what is
@@ -150,7 +244,7 @@ fn dataset_or_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DatasetSpec
         type Value = DatasetSpec;
 
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a dataset path, or a mapping with `path` or `synth`")
+            f.write_str("a dataset path, or a mapping with `path` or `synth` (or `stats`, for planning only)")
         }
 
         fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DatasetSpec, E> {
@@ -159,6 +253,7 @@ fn dataset_or_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DatasetSpec
                 format: DatasetFormat::default(),
                 row_normalize: false,
                 synth: None,
+                stats: None,
             })
         }
 
@@ -635,15 +730,18 @@ pub enum DatasetSource<'a> {
     Path(&'a Path),
     /// Generate.
     Synth(&'a SynthSpec),
+    /// Only statistics (planning).
+    Stats(&'a StatsSpec),
 }
 
 impl DatasetSpec {
     /// The one source of the dataset; `None` unless exactly one of `path` and `synth` is set
     /// (which [`JobSpec::validate`] guarantees).
     pub fn source(&self) -> Option<DatasetSource<'_>> {
-        match (&self.path, &self.synth) {
-            (Some(path), None) => Some(DatasetSource::Path(path)),
-            (None, Some(synth)) => Some(DatasetSource::Synth(synth)),
+        match (&self.path, &self.synth, &self.stats) {
+            (Some(path), None, None) => Some(DatasetSource::Path(path)),
+            (None, Some(synth), None) => Some(DatasetSource::Synth(synth)),
+            (None, None, Some(stats)) => Some(DatasetSource::Stats(stats)),
             _ => None,
         }
     }
@@ -1464,6 +1562,52 @@ fn is_valid_name(name: &str) -> bool {
 
 impl DatasetSpec {
     fn validate(&self) -> Result<(), SpecError> {
+        if let Some(st) = &self.stats {
+            if self.path.is_some() || self.synth.is_some() {
+                return Err(invalid(
+                    "dataset",
+                    "set exactly one of `path`, `synth` or `stats`; `stats` describes a graph that is \
+                     not here",
+                ));
+            }
+            if self.format != DatasetFormat::Auto {
+                return Err(invalid(
+                    "dataset.format",
+                    "applies only to `dataset.path`, not to `stats`",
+                ));
+            }
+            let positive = [
+                ("nodes", st.nodes),
+                ("edges", st.edges),
+                ("feat_dim", u64::from(st.feat_dim)),
+                ("train_nodes", st.train_nodes),
+            ];
+            if let Some((field, _)) = positive.iter().find(|(_, v)| *v == 0) {
+                return Err(invalid(
+                    &format!("dataset.stats.{field}"),
+                    "must be >= 1, got 0",
+                ));
+            }
+            if st.classes < 2 {
+                return Err(invalid(
+                    "dataset.stats.classes",
+                    format!(
+                        "node classification needs at least 2 classes, got {}",
+                        st.classes
+                    ),
+                ));
+            }
+            if st.train_nodes > st.nodes {
+                return Err(invalid(
+                    "dataset.stats.train_nodes",
+                    format!(
+                        "{} training nodes in a graph of {} nodes",
+                        st.train_nodes, st.nodes
+                    ),
+                ));
+            }
+            return Ok(());
+        }
         match (&self.path, &self.synth) {
             (Some(_), Some(_)) => Err(invalid(
                 "dataset",

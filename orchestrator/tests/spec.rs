@@ -105,6 +105,7 @@ fn full_example_parses() {
             format: DatasetFormat::Generic,
             row_normalize: true,
             synth: None,
+            stats: None,
         },
         model: ModelSpec {
             kind: ModelKind::Gat,

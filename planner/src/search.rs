@@ -697,8 +697,9 @@ fn explain(
     }
     if sku.is_gpu() {
         out.push(
-            "GPU times assume a CUDA engine at the assumed efficiencies; today's kernels run on \
-             the CPU (docs/ARCHITECTURE.md), so treat GPU plans as the target design's"
+            "GPU times assume the CUDA engine at the assumed efficiencies (its measured compute on an \
+             H100 came within 40% of them, bench/RESULTS.md); GPU workers train full-graph and \
+             data-parallel, P3 runs on the CPU"
                 .to_string(),
         );
     }
