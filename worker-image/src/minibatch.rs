@@ -361,6 +361,28 @@ pub fn train_minibatch_on(
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary), Error> {
+    // A GPU worker's cores have nothing to do but prepare batches: with the default single loader the GPU
+    // waited for it 55-80% of every epoch (SBM 1M, bench/RESULTS.md). As many loaders as the worker's
+    // cores allow (up to 8), two batches in flight each; what is learned does not depend on it (steps are
+    // keyed by (seed, epoch, step), not by the loader that prepared them).
+    let gpu_opts;
+    let opts = match device {
+        crate::Device::Cpu => opts,
+        _ => {
+            let cores = std::env::var("RAYON_NUM_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+                .unwrap_or(1);
+            let loaders = opts.loader_threads.max(cores.saturating_sub(1).clamp(1, 8));
+            gpu_opts = MiniBatchOptions {
+                loader_threads: loaders,
+                prefetch: opts.prefetch.max(2 * loaders),
+                ..opts.clone()
+            };
+            &gpu_opts
+        }
+    };
     let (rank, world) = (mesh.rank(), mesh.world());
     let config = |problem: String| Error::Config(problem);
     opts.check(cfg.layers).map_err(Error::Config)?;
