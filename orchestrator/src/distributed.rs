@@ -312,13 +312,23 @@ pub fn run(
         }
         Ok(v) => {
             dir.write_json("summary.json", &v)?;
+            // the report is a view of the record: a failure to render it does not fail the job
+            let report = dir.path().join("report.html");
+            let report = match crate::report::write(dir.path(), &report) {
+                Ok(()) => Some(report),
+                Err(e) => {
+                    eprintln!("warning: writing the job's report: {e:#}");
+                    None
+                }
+            };
             dir.end(JobState::Succeeded, None)?;
             match output {
                 OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
                 OutputFormat::Text => {
+                    let workers = v["workers"].as_u64().unwrap_or(0);
                     println!(
-                        "job {name} finished on {} workers: {}",
-                        v["workers"],
+                        "job {name} finished on {workers} worker{}: {}",
+                        if workers == 1 { "" } else { "s" },
                         dir.path().display()
                     );
                     println!(
@@ -333,6 +343,9 @@ pub fn run(
                     );
                     if let Some(d) = v["device"].as_str() {
                         println!("rank 0 trained on {d}");
+                    }
+                    if let Some(r) = &report {
+                        println!("report: {}", r.display());
                     }
                 }
             }

@@ -35,11 +35,17 @@ struct Row {
 
 pub fn run(a: &ReportArgs) -> Result<()> {
     let out = a.out.clone().unwrap_or_else(|| a.job.join("report.html"));
-    let html = render(&a.job)?;
+    write(&a.job, &out)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Renders the report of the job in `job` to `out` (whole or not at all).
+pub(crate) fn write(job: &Path, out: &Path) -> Result<()> {
+    let html = render(job)?;
     let tmp = out.with_extension("html.tmp");
     std::fs::write(&tmp, html).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
-    println!("wrote {}", out.display());
+    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
 

@@ -151,7 +151,7 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
     let end = names.iter().map(|n| h.tensor_range(n).end).max().unwrap();
     assert_eq!(end, model.len());
     // A one-worker job is the coordinator's like any other: beside the record it keeps the last checkpoint
-    // (for `submit --resume`), the logs, and the (emptied) secrets folder; the dataset is a file, so its
+    // (for `submit --resume`), the logs, its HTML report, and the (emptied) secrets folder; the dataset is a file, so its
     // partition lies beside it, not here. No temporary file is left behind, at any depth.
     let mut files: Vec<String> = fs::read_dir(&dir)
         .unwrap()
@@ -166,6 +166,7 @@ fn check_single_run(cwd: &Path, s: &Value, epochs: usize, kind: &str) -> PathBuf
             "logs",
             "metrics.jsonl",
             "model.safetensors",
+            "report.html",
             "secrets",
             "status.json",
             "summary.json"
