@@ -1325,6 +1325,10 @@ impl Ops for CudaEngine {
         self.copy.synchronize()?;
         Ok(())
     }
+
+    fn release_cached(&mut self) {
+        self.trim_pool();
+    }
 }
 
 impl CudaEngine {

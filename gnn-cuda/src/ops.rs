@@ -267,6 +267,10 @@ pub trait Ops {
         Ok(())
     }
 
+    /// Returns every recycled buffer to the device's allocator: shapes that change every step (sampled
+    /// mini-batches) would otherwise each keep a cached buffer of their own.
+    fn release_cached(&mut self) {}
+
     /// A copy of `m`.
     fn duplicate(&mut self, m: &Self::Mat) -> Result<Self::Mat, GpuError> {
         let (r, c) = self.dims(m);

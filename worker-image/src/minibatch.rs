@@ -330,6 +330,8 @@ impl<O: physalia_gnn_cuda::Ops> DeviceSteps for OnDevice<O> {
             .backward_blocks(ops, &blocks, fwd, d_logits, mesh)?;
         self.model.adam_step(ops, grads, self.adam)?;
         ops.recycle(xd);
+        // every step's blocks have new shapes: keep no buffer cached for shapes that will not come back
+        ops.release_cached();
         Ok(loss / batch_size)
     }
 
