@@ -105,31 +105,14 @@ pub fn train_resumable_on<O: Ops>(
         if !loss.is_finite() {
             return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
         }
-        let mut m = EpochMetrics {
-            epoch,
-            loss,
-            train_acc: None,
-            val_acc: None,
-            test_acc: None,
-            train_s,
-            eval_s: 0.0,
-            exchange: Default::default(),
-            batches: None,
-            device: None,
-        };
-        let evaluated = epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs;
+        let mut m = EpochMetrics::trained(epoch, loss, train_s);
+        let evaluated = cfg.evaluates(epoch);
         if evaluated {
             let t1 = Instant::now();
             let correct = dm.evaluate_ex(ops, &dg, &xd, &labels, &[&train, &val, &test], ex)?;
-            let mut counts = [0f64; 6];
-            for (k, rows) in [&sets.train, &sets.val, &sets.test].into_iter().enumerate() {
-                counts[2 * k] = correct[k] as f64;
-                counts[2 * k + 1] = rows.len() as f64;
-            }
-            ex.all_reduce_scalars(&mut counts).map_err(exchange)?;
-            let acc =
-                |k: usize| (counts[2 * k + 1] > 0.0).then(|| counts[2 * k] / counts[2 * k + 1]);
-            (m.train_acc, m.val_acc, m.test_acc) = (acc(0), acc(1), acc(2));
+            let correct = [0, 1, 2].map(|k| correct[k] as usize);
+            [m.train_acc, m.val_acc, m.test_acc] =
+                physalia_gnn::global_accuracies(correct, sets, ex)?;
             m.eval_s = t1.elapsed().as_secs_f64();
         }
         m.exchange = ex.take_stats();

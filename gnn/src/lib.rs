@@ -27,7 +27,7 @@ pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
     BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, close_epoch,
-    evaluate, train, train_resumable,
+    evaluate, global_accuracies, train, train_resumable,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -26,6 +26,13 @@ pub struct TrainConfig {
     pub patience: Option<usize>,
 }
 
+impl TrainConfig {
+    /// Whether epoch `epoch` (1-based) ends with an evaluation: every `eval_every`, and the last.
+    pub fn evaluates(&self, epoch: usize) -> bool {
+        epoch.is_multiple_of(self.eval_every.max(1)) || epoch == self.epochs
+    }
+}
+
 /// The labelled rows of the owned nodes, as local row indices.
 pub struct NodeSets {
     pub labels: Vec<i64>,
@@ -96,6 +103,24 @@ pub struct TrainSummary {
     pub stopped_early: bool,
 }
 
+impl EpochMetrics {
+    /// A training epoch's metrics before evaluation and exchange statistics are added.
+    pub fn trained(epoch: usize, loss: f64, train_s: f64) -> EpochMetrics {
+        EpochMetrics {
+            epoch,
+            loss,
+            train_acc: None,
+            val_acc: None,
+            test_acc: None,
+            train_s,
+            eval_s: 0.0,
+            exchange: Default::default(),
+            batches: None,
+            device: None,
+        }
+    }
+}
+
 impl TrainSummary {
     pub fn new(epochs: usize) -> TrainSummary {
         TrainSummary {
@@ -130,9 +155,23 @@ pub fn evaluate(
     ex: &mut dyn Exchange,
 ) -> Result<[Option<f64>; 3]> {
     let fwd = model.forward(g, x, Pass::Eval, ex)?;
+    let rows = [&sets.train, &sets.val, &sets.test];
+    global_accuracies(
+        rows.map(|r| correct(&fwd.logits, &sets.labels, r)),
+        sets,
+        ex,
+    )
+}
+
+/// Train, val and test accuracy over all workers from this worker's correct counts on its rows of each.
+pub fn global_accuracies(
+    correct: [usize; 3],
+    sets: &NodeSets,
+    ex: &mut dyn Exchange,
+) -> Result<[Option<f64>; 3]> {
     let mut counts = [0f64; 6];
     for (k, rows) in [&sets.train, &sets.val, &sets.test].into_iter().enumerate() {
-        counts[2 * k] = correct(&fwd.logits, &sets.labels, rows) as f64;
+        counts[2 * k] = correct[k] as f64;
         counts[2 * k + 1] = rows.len() as f64;
     }
     ex.all_reduce_scalars(&mut counts)
@@ -253,19 +292,8 @@ pub fn train_resumable(
         if !loss.is_finite() {
             return Err(Error::Diverged { epoch, loss });
         }
-        let mut m = EpochMetrics {
-            epoch,
-            loss,
-            train_acc: None,
-            val_acc: None,
-            test_acc: None,
-            train_s,
-            eval_s: 0.0,
-            exchange: Default::default(),
-            batches: None,
-            device: None,
-        };
-        let evaluated = epoch % cfg.eval_every.max(1) == 0 || epoch == cfg.epochs;
+        let mut m = EpochMetrics::trained(epoch, loss, train_s);
+        let evaluated = cfg.evaluates(epoch);
         if evaluated {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, g, x, sets, ex)?;

@@ -283,37 +283,20 @@ fn train_inputs<L: Link + ?Sized>(
         progress,
     } = Resume::or_fresh(resume, cfg, seed, tc)?;
     let mut ex = MeshExchange::new(link, part, opts.clone());
+    // the device loop is generic over the engine: the same call for the GPU and its host emulation
+    macro_rules! on_device {
+        ($ops:expr) => {
+            physalia_gnn_cuda::train_resumable_on(
+                $ops, &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
+            )?
+        };
+    }
     let (summary, progress) = match device {
         Device::Cpu => physalia_gnn::train_resumable(
             &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
         )?,
-        Device::Cuda { index } => {
-            let mut engine = physalia_gnn_cuda::CudaEngine::new(index)?;
-            physalia_gnn_cuda::train_resumable_on(
-                &mut engine,
-                &mut model,
-                &mut opt,
-                progress,
-                &graph,
-                &x,
-                &sets,
-                tc,
-                &mut ex,
-                on_epoch,
-            )?
-        }
-        Device::Emulated => physalia_gnn_cuda::train_resumable_on(
-            &mut physalia_gnn_cuda::Emulator,
-            &mut model,
-            &mut opt,
-            progress,
-            &graph,
-            &x,
-            &sets,
-            tc,
-            &mut ex,
-            on_epoch,
-        )?,
+        Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
+        Device::Emulated => on_device!(&mut physalia_gnn_cuda::Emulator),
     };
     Ok((model, summary, progress))
 }

@@ -577,19 +577,9 @@ impl EpochDone {
         if !loss.is_finite() {
             return Err(physalia_gnn::Error::Diverged { epoch, loss }.into());
         }
-        let mut m = EpochMetrics {
-            epoch,
-            loss,
-            train_acc: None,
-            val_acc: None,
-            test_acc: None,
-            train_s,
-            eval_s: 0.0,
-            exchange: Default::default(),
-            batches: Some(self.stats),
-            device: None,
-        };
-        let evaluated = epoch.is_multiple_of(tc.eval_every.max(1)) || epoch == tc.epochs;
+        let mut m = EpochMetrics::trained(epoch, loss, train_s);
+        m.batches = Some(self.stats);
+        let evaluated = tc.evaluates(epoch);
         if evaluated {
             let t1 = Instant::now();
             let [tr, va, te] = evaluate(model, mesh)?;
