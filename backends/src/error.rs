@@ -84,6 +84,13 @@ pub enum Error {
         detail: String,
     },
 
+    /// The coordinator could not start (its image, its container, the platform's refusal).
+    #[error("{backend}: the coordinator could not start: {detail}")]
+    CoordinatorFailed {
+        backend: BackendName,
+        detail: String,
+    },
+
     #[error("{backend}: gave up after {waited_s} s waiting for {what}")]
     Timeout {
         backend: BackendName,

@@ -18,6 +18,19 @@
 //! `README.md` for where the coordinator runs on each platform and how each backend is tested without a
 //! cloud.
 //!
+//! Cluster mode: the same trait starts the job's coordinator on the platform, next to its workers
+//! ([`Backend::launch_coordinator`] from a [`CoordinatorSpec`], then [`Backend::coordinator_status`],
+//! [`Backend::coordinator_logs`], [`Backend::stop_coordinator`] with the [`CoordinatorHandle`] the job store
+//! keeps): a Job as ServiceAccount `physalia-coordinator` on kubernetes, a Fargate task with the coordinator
+//! task role on ecs, a container group with a user-assigned identity on aci. They are methods of
+//! [`Backend`] rather than a second trait because the orchestrator holds one `Box<dyn Backend>` chosen from
+//! the job file; local and docker answer [`Error::Unsupported`] (the `physalia` process is the
+//! coordinator there). [`Backend::check`] is the preflight the orchestrator calls before the first launch.
+//!
+//! Credentials come only from the platform's standard chain (aws-config's; kubeconfig or in-cluster; the
+//! managed identity or the Azure CLI), never from arguments, the job file or a spec: absent or expired
+//! ones are an [`Error::Credentials`] with what to run (`aws configure`, `az login`).
+//!
 //! Architecture Invariant: a launch either returns with every worker started or fails with nothing of it
 //! left running. Every backend deletes what a failed launch created before it returns the error (and says
 //! so with [`Error::CleanupFailed`] when the platform refuses even that).
@@ -32,6 +45,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod aci;
+mod coordinator;
 pub mod docker;
 pub mod ecs;
 mod error;
@@ -40,6 +54,7 @@ pub mod local;
 mod names;
 mod spec;
 
+pub use coordinator::{CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, PlatformObject};
 pub use error::{BackendName, Error, Result};
 pub use names::LaunchId;
 pub use spec::{
@@ -97,6 +112,53 @@ pub trait Backend: Send + Sync {
     async fn release(&self, job_id: &str) -> Result<()> {
         let _ = job_id;
         Ok(())
+    }
+
+    /// Preflight, before the job's first launch: refuses, with the platform's reason and a hint, what
+    /// would fail anyway (credentials the platform refuses, an unknown cluster, GPUs where the platform
+    /// has none, a size it does not sell), having created nothing. By default: nothing to check.
+    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+        let _ = spec;
+        Ok(())
+    }
+
+    /// Cluster mode: starts the job's coordinator on the platform, next to where its workers will run,
+    /// and returns once it runs (with its private IP) or fails having deleted everything it made. The
+    /// handle is plain data for the job store. By default (local, docker) unsupported: there the
+    /// `physalia` process is the coordinator.
+    async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {
+        let _ = spec;
+        Err(no_cluster_mode(self.name()))
+    }
+
+    /// Where the coordinator is: pending, running, succeeded, failed, with the platform's detail and its
+    /// IP once assigned.
+    async fn coordinator_status(&self, handle: &CoordinatorHandle) -> Result<CoordinatorStatus> {
+        let _ = handle;
+        Err(no_cluster_mode(self.name()))
+    }
+
+    /// The coordinator's output (stdout and stderr) so far, as the platform keeps it.
+    async fn coordinator_logs(&self, handle: &CoordinatorHandle) -> Result<String> {
+        let _ = handle;
+        Err(no_cluster_mode(self.name()))
+    }
+
+    /// Stops the coordinator and deletes every object [`Backend::launch_coordinator`] made. Stopping one
+    /// that is already gone succeeds.
+    async fn stop_coordinator(&self, handle: &CoordinatorHandle) -> Result<()> {
+        let _ = handle;
+        Err(no_cluster_mode(self.name()))
+    }
+}
+
+fn no_cluster_mode(backend: BackendName) -> Error {
+    Error::Unsupported {
+        backend,
+        detail:
+            "the coordinator runs inside the `physalia` process on this backend (client mode); \
+                 cluster mode needs kubernetes, ecs or aci"
+                .into(),
     }
 }
 

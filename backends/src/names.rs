@@ -29,24 +29,35 @@ impl LaunchId {
     /// `physalia-<job>-s<segment>`: the Job, Service and Secret name on kubernetes, the container group
     /// prefix on aci. Also used as a label value (at most 63 characters of `[a-z0-9-]`).
     pub fn base_name(&self) -> String {
-        let suffix = format!("-s{}", self.segment);
-        let safe = sanitize(&self.job_id);
-        let exact = safe == self.job_id;
-        let room = MAX_BASE - "physalia-".len() - suffix.len();
-        let body = if exact && safe.len() <= room {
-            safe
-        } else {
-            let hash = format!("{:08x}", fnv1a(self.job_id.as_bytes()) as u32);
-            let keep = room - hash.len() - 1;
-            let cut = safe[..safe.len().min(keep)].trim_end_matches('-');
-            if cut.is_empty() {
-                hash
-            } else {
-                format!("{cut}-{hash}")
-            }
-        };
-        format!("physalia-{body}{suffix}")
+        with_suffix(&self.job_id, &format!("-s{}", self.segment))
     }
+
+    /// `physalia-<job>-coordinator`: the name of job `job_id`'s coordinator object (kubernetes Job, ECS
+    /// task definition family, ACI container group). Worker launches end in `-s<segment>`, so no worker
+    /// object shares it.
+    pub fn coordinator_name(job_id: &str) -> String {
+        with_suffix(job_id, "-coordinator")
+    }
+}
+
+/// `physalia-<job made safe>{suffix}`, at most [`MAX_BASE`] characters.
+fn with_suffix(job_id: &str, suffix: &str) -> String {
+    let safe = sanitize(job_id);
+    let exact = safe == job_id;
+    let room = MAX_BASE - "physalia-".len() - suffix.len();
+    let body = if exact && safe.len() <= room {
+        safe
+    } else {
+        let hash = format!("{:08x}", fnv1a(job_id.as_bytes()) as u32);
+        let keep = room - hash.len() - 1;
+        let cut = safe[..safe.len().min(keep)].trim_end_matches('-');
+        if cut.is_empty() {
+            hash
+        } else {
+            format!("{cut}-{hash}")
+        }
+    };
+    format!("physalia-{body}{suffix}")
 }
 
 impl fmt::Display for LaunchId {
@@ -109,5 +120,11 @@ mod tests {
         let a = LaunchId::new(format!("{long}a"), 4_000_000_000).base_name();
         let b = LaunchId::new(format!("{long}b"), 4_000_000_000).base_name();
         assert!(valid(&a) && valid(&b) && a != b, "{a} {b}");
+        assert_eq!(
+            LaunchId::coordinator_name("cora-1732000000"),
+            "physalia-cora-1732000000-coordinator"
+        );
+        let c = LaunchId::coordinator_name(&long);
+        assert!(valid(&c) && c.ends_with("-coordinator"), "{c}");
     }
 }

@@ -217,12 +217,44 @@ impl WorkerSpec {
     }
 }
 
-fn is_env_name(s: &str) -> bool {
+pub(crate) fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A Kubernetes label value (also a valid ECS and ARM tag value): empty, or at most 63 characters of
+/// `[A-Za-z0-9-_.]` starting and ending alphanumeric.
+pub(crate) fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a non-empty label value.
+pub(crate) fn is_label_key(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    prefix_ok && !name.is_empty() && is_label_value(name)
 }
 
 /// A Kubernetes Secret key and a file name on every platform.

@@ -166,6 +166,24 @@ pub struct ExchangeOptions {
     /// Element type of exchanged rows.
     pub dtype: Dtype,
     pub seed: u64,
+    /// SAR: aggregate halo rows one peer at a time and drop them, fetching them again in backward instead
+    /// of keeping them (GAT), so a worker holds one peer's halo rows at a time. Exact.
+    #[serde(default)]
+    pub rematerialize: bool,
+}
+
+impl ExchangeOptions {
+    /// Options that cannot be combined, as a message naming them: rematerialisation fetches halo rows again
+    /// in backward, which must be the rows forward used, so it takes every row fresh.
+    pub fn check(&self) -> Result<(), String> {
+        if self.rematerialize && (self.boundary_sampling < 1.0 || self.staleness_epochs > 0) {
+            return Err(
+                "exchange.rematerialize cannot be combined with boundary_sampling below 1 or staleness above 0"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ExchangeOptions {
@@ -177,6 +195,7 @@ impl Default for ExchangeOptions {
             staleness_threshold: None,
             dtype: Dtype::F32,
             seed: 0,
+            rematerialize: false,
         }
     }
 }

@@ -8,6 +8,8 @@
 //! A single worker owns every node, so [`LocalExchange`] moves nothing; the QUIC mesh implements the same
 //! trait for partition-parallel training.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 
 use crate::tensor::Matrix;
@@ -37,6 +39,12 @@ pub struct LayerBytes {
 
 pub type ExchangeError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Receives halo rows `range` (halo indices, a contiguous range of one peer's rows) of a layer's messages.
+pub type VisitRows<'a> = dyn FnMut(Range<usize>, Matrix) -> Result<(), ExchangeError> + 'a;
+
+/// Produces the gradients of halo rows `range` (halo indices) for their owner.
+pub type HaloGrads<'a> = dyn FnMut(Range<usize>) -> Matrix + 'a;
+
 pub trait Exchange {
     /// Called at the start of every forward pass, so the exchange can tag its messages and draw per-epoch
     /// choices (boundary sampling, staleness). Evaluation passes are `Pass::Eval`.
@@ -54,6 +62,55 @@ pub trait Exchange {
         halo_grad: Matrix,
         own_grad: &mut Matrix,
     ) -> Result<(), ExchangeError>;
+
+    /// Whether halo rows are dropped once aggregated and fetched again in backward (SAR: sequential
+    /// aggregation and rematerialisation). Layers then take halo rows through [`Exchange::forward_each`],
+    /// return their gradients through [`Exchange::backward_each`], and get them again for backward with
+    /// [`Exchange::refetch_each`] instead of keeping them.
+    fn rematerializes(&self) -> bool {
+        false
+    }
+
+    /// The rows of the halo nodes of `layer`'s messages, handed to `visit` one contiguous range of halo
+    /// rows at a time (one peer's rows), so a layer can aggregate them and drop them before the next range
+    /// arrives. Ranges are disjoint and cover every halo row; their order is the exchange's. The default
+    /// hands over [`Exchange::forward`]'s rows as one range.
+    fn forward_each(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        visit: &mut VisitRows<'_>,
+    ) -> Result<(), ExchangeError> {
+        if let Some(halo) = self.forward(layer, own)? {
+            visit(0..halo.rows(), halo)?;
+        }
+        Ok(())
+    }
+
+    /// [`Exchange::forward_each`] again in backward: every worker sends its owned rows `own` (the same
+    /// messages as in forward) once more and `visit` sees the same halo rows as forward did. The default has
+    /// nothing to fetch from and fails.
+    fn refetch_each(
+        &mut self,
+        layer: usize,
+        _own: &Matrix,
+        _visit: &mut VisitRows<'_>,
+    ) -> Result<(), ExchangeError> {
+        Err(format!("layer {layer}: this exchange cannot fetch halo rows again").into())
+    }
+
+    /// [`Exchange::backward`] with the halo gradients produced one range of halo rows at a time by `grad`
+    /// (the ranges cover `0..n_halo`), so a layer never holds all of them. The default asks for all at once.
+    fn backward_each(
+        &mut self,
+        layer: usize,
+        n_halo: usize,
+        own_grad: &mut Matrix,
+        grad: &mut HaloGrads<'_>,
+    ) -> Result<(), ExchangeError> {
+        let halo = grad(0..n_halo);
+        self.backward(layer, halo, own_grad)
+    }
 
     /// Sums the weight gradients over all workers, in place.
     fn all_reduce(&mut self, grads: &mut [Matrix]) -> Result<(), ExchangeError>;

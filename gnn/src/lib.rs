@@ -21,13 +21,15 @@ pub mod tensor;
 pub mod train;
 
 pub use config::{Activation, LayerKind, ModelConfig};
-pub use exchange::{Exchange, ExchangeError, ExchangeStats, LayerBytes, LocalExchange};
+pub use exchange::{
+    Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, LocalExchange, VisitRows,
+};
 pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
     BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, close_epoch,
-    evaluate, global_accuracies, train, train_resumable,
+    evaluate, global_accuracies, train, train_resumable, train_resumable_owned,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -25,6 +25,8 @@ use crate::sparse::{Norm, SparseOp};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
 use crate::{Error, Result};
 
+mod sar;
+
 /// Rows per task in the row-parallel GAT kernels.
 const GAT_ROWS: usize = 128;
 
@@ -247,6 +249,15 @@ enum Cache {
         s_dst: Vec<f32>,
         alpha: Vec<f32>,
     },
+    /// GAT with rematerialised halo rows (see `sar`): the owned messages, the halo rows' scores only, and
+    /// each destination's softmax maximum and sum per head.
+    GatRemat {
+        m_own: Matrix,
+        s_halo: Matrix,
+        s_dst: Vec<f32>,
+        row_max: Vec<f32>,
+        row_sum: Vec<f32>,
+    },
 }
 
 /// Whether a forward pass trains (dropout on, keyed by epoch) or evaluates.
@@ -382,6 +393,17 @@ impl Model {
             .iter()
             .map(|p| Matrix::zeros(p.value.rows(), p.value.cols()))
             .collect()
+    }
+
+    /// Whether later passes read the input features: false once the first layer's `A X` is cached for
+    /// training and evaluation alike and nothing else reads `X` (no root weight, no input dropout), so a
+    /// caller may free the features and pass an empty matrix from then on.
+    pub fn needs_input(&self) -> bool {
+        let l = &self.layers[0];
+        !(self.input_agg.is_some()
+            && l.order == Order::AggregateFirst
+            && l.w_root.is_none()
+            && self.cfg.input_dropout == 0.0)
     }
 
     /// Forgets the cached `A X` (call when the graph or the features change).
@@ -566,7 +588,9 @@ impl Model {
         ex: &mut dyn Exchange,
     ) -> Result<Forward<'x>> {
         let rows = gs.input_rows(0);
-        if x.shape() != (rows, self.cfg.in_dim) {
+        // freed features are an empty matrix once the model no longer reads them
+        let released = x.shape() == (0, 0) && !gs.complete() && !self.needs_input();
+        if x.shape() != (rows, self.cfg.in_dim) && !released {
             return Err(Error::Shape(format!(
                 "input features are {}x{}, the model expects {}x{}",
                 x.rows(),
@@ -575,13 +599,7 @@ impl Model {
                 self.cfg.in_dim
             )));
         }
-        ex.begin_pass(pass);
-        if self.first_aggregation_is_constant(gs, pass) && self.input_agg.is_none() {
-            let g = gs.layer(0);
-            let halo = ex.forward(0, x).map_err(Error::Exchange)?;
-            let l = &self.layers[0];
-            self.input_agg = Some(g.op(l.kind).spmm_ext(x, halo.as_ref()));
-        }
+        self.cache_input_aggregation_in(gs, x, pass, ex)?;
         let train_epoch = match pass {
             Pass::Train { epoch } => Some(epoch),
             Pass::Eval => None,
@@ -601,6 +619,44 @@ impl Model {
         };
         let inputs = vec![input];
         self.run_layers(gs, inputs, Vec::with_capacity(self.layers.len()), pass, ex)
+    }
+
+    /// Starts `pass` on `ex` and computes the first layer's `A X` when it is constant across epochs and not
+    /// cached yet (what [`Model::forward`] does first), so a caller can free the features before the pass
+    /// when [`Model::needs_input`] says nothing reads them any more.
+    pub fn cache_input_aggregation(
+        &mut self,
+        g: &LocalGraph,
+        x: &Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<()> {
+        if x.shape() != (g.n_dst, self.cfg.in_dim) {
+            return Err(Error::Shape(format!(
+                "input features are {}x{}, the model expects {}x{}",
+                x.rows(),
+                x.cols(),
+                g.n_dst,
+                self.cfg.in_dim
+            )));
+        }
+        self.cache_input_aggregation_in(Graphs::Whole(g), x, pass, ex)
+    }
+
+    fn cache_input_aggregation_in(
+        &mut self,
+        gs: Graphs<'_>,
+        x: &Matrix,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<()> {
+        ex.begin_pass(pass);
+        if self.first_aggregation_is_constant(gs, pass) && self.input_agg.is_none() {
+            let g = gs.layer(0);
+            let l = &self.layers[0];
+            self.input_agg = Some(sar::aggregate(g.op(l.kind), 0, x, ex)?);
+        }
+        Ok(())
     }
 
     /// P3: the first layer's output is `z0 + bias`; the remaining layers run as usual.
@@ -704,8 +760,7 @@ impl Model {
                 } else if complete {
                     Some(op.spmm(h))
                 } else {
-                    let halo = ex.forward(l.index, h).map_err(Error::Exchange)?;
-                    Some(op.spmm_ext(h, halo.as_ref()))
+                    Some(sar::aggregate(op, l.index, h, ex)?)
                 };
                 let a = match &agg {
                     Some(a) => a,
@@ -742,8 +797,7 @@ impl Model {
                     }
                     None => (matmul(h, w), None),
                 };
-                let halo = ex.forward(l.index, &m).map_err(Error::Exchange)?;
-                let mut out = op.spmm_ext(&m, halo.as_ref());
+                let mut out = sar::aggregate(op, l.index, &m, ex)?;
                 if let Some(root) = root {
                     out.add_assign(&root);
                 }
@@ -970,14 +1024,24 @@ impl Model {
             )?;
             return Ok(dx.map(Dx::Dense));
         }
+        if let Cache::GatRemat {
+            m_own,
+            s_halo,
+            s_dst,
+            row_max,
+            row_sum,
+        } = cache
+        {
+            let dx = self.gat_backward_remat(
+                l, g, h, m_own, s_halo, s_dst, row_max, row_sum, d_out, need_dx, pass, grads, ex,
+            )?;
+            return Ok(dx.map(Dx::Dense));
+        }
         grads[l.bias] = d_out.column_sums();
         let w = &self.params[l.w].value;
         let op = g.op(l.kind);
         if let (true, Cache::Transformed) = (need_dx && factored_ok, &cache) {
-            let d_ext = op.spmm_t(&d_out);
-            let (mut dm, halo) = split_rows(d_ext, g.n_dst);
-            ex.backward(l.index, halo, &mut dm)
-                .map_err(Error::Exchange)?;
+            let dm = sar::aggregate_backward(op, l.index, &d_out, ex)?;
             let mut terms = vec![];
             match l.w_root {
                 Some(r) => {
@@ -1003,7 +1067,9 @@ impl Model {
             }
         }
         match cache {
-            Cache::Gat { .. } | Cache::External => unreachable!("handled above"),
+            Cache::Gat { .. } | Cache::GatRemat { .. } | Cache::External => {
+                unreachable!("handled above")
+            }
             Cache::Aggregated(agg) => {
                 let agg = agg
                     .as_ref()
@@ -1012,10 +1078,7 @@ impl Model {
                 grads[l.w] = matmul_at(agg, &d_out);
                 if need_dx {
                     let d_agg = matmul_bt(&d_out, w);
-                    let d_ext = op.spmm_t(&d_agg);
-                    let (mut d_own, halo) = split_rows(d_ext, g.n_dst);
-                    ex.backward(l.index, halo, &mut d_own)
-                        .map_err(Error::Exchange)?;
+                    let d_own = sar::aggregate_backward(op, l.index, &d_agg, ex)?;
                     match &mut dx {
                         Some(dx) => dx.add_assign(&d_own),
                         None => dx = Some(d_own),
@@ -1023,10 +1086,7 @@ impl Model {
                 }
             }
             Cache::Transformed => {
-                let d_ext = op.spmm_t(&d_out);
-                let (mut dm, halo) = split_rows(d_ext, g.n_dst);
-                ex.backward(l.index, halo, &mut dm)
-                    .map_err(Error::Exchange)?;
+                let dm = sar::aggregate_backward(op, l.index, &d_out, ex)?;
                 grads[l.w] = matmul_at(h, &dm);
                 if need_dx {
                     match &mut dx {
@@ -1065,7 +1125,9 @@ impl Model {
                 grads[l.w] = matmul_at(h, &dm);
                 need_dx.then(|| matmul_bt(&dm, w))
             }
-            Cache::Gat { .. } | Cache::External => unreachable!("handled by the caller"),
+            Cache::Gat { .. } | Cache::GatRemat { .. } | Cache::External => {
+                unreachable!("handled by the caller")
+            }
         };
         if let Some(r) = l.w_root {
             let h_dst = h.top_rows(g.n_dst);
@@ -1080,23 +1142,15 @@ impl Model {
         dx
     }
 
-    fn gat_forward(
-        &self,
-        l: &Layer,
-        g: &LocalGraph,
-        h: &Matrix,
-        complete: bool,
-        pass: Pass,
-        ex: &mut dyn Exchange,
-    ) -> Result<(Matrix, Cache)> {
+    /// GAT's messages for the input rows `h`: `[Z | s_src]` with `Z = h W` and `s_src = Z . a_src` per head,
+    /// and `s_dst = Z . a_dst` (one per row and head).
+    fn gat_messages(&self, l: &Layer, h: &Matrix) -> (Matrix, Vec<f32>) {
         let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let a_src = self.params[ia].value.data();
         let a_dst = self.params[id].value.data();
         let z = matmul(h, &self.params[l.w].value);
         let width = hc + heads;
-        let n = g.n_dst;
-        // messages: [Z | s_src] for the input rows, and s_dst (kept for the destinations)
         let n_in = h.rows();
         let mut m_own = Matrix::zeros(n_in, width);
         let mut s_dst = vec![0f32; n_in * heads];
@@ -1113,7 +1167,27 @@ impl Model {
                     sd[k] = dot(zh, &a_dst[k * c..(k + 1) * c]);
                 }
             });
-        drop(z);
+        (m_own, s_dst)
+    }
+
+    fn gat_forward(
+        &self,
+        l: &Layer,
+        g: &LocalGraph,
+        h: &Matrix,
+        complete: bool,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<(Matrix, Cache)> {
+        if !complete && ex.rematerializes() {
+            return self.gat_forward_remat(l, g, h, pass, ex);
+        }
+        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let width = hc + heads;
+        let n = g.n_dst;
+        // messages: [Z | s_src] for the input rows, and s_dst (kept for the destinations)
+        let n_in = h.rows();
+        let (m_own, mut s_dst) = self.gat_messages(l, h);
         s_dst.truncate(n * heads);
         let m_halo = if complete {
             None
@@ -1341,6 +1415,27 @@ impl Model {
                 .map_err(Error::Exchange)?;
             dm
         };
+        Ok(self.gat_backward_tail(l, h, n, &m_own, dm, ds_dst, need_dx, grads))
+    }
+
+    /// The end of GAT's backward, once the gradients of the messages of the input rows (`dm`, `[dZ | ds_src]`
+    /// for the owned rows, peers' contributions included) and of `s_dst` are known: through the scores into
+    /// `Z` and the attention vectors, then through `Z = h W`.
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward_tail(
+        &self,
+        l: &Layer,
+        h: &Matrix,
+        n: usize,
+        m_own: &Matrix,
+        dm: Matrix,
+        ds_dst: Vec<f32>,
+        need_dx: bool,
+        grads: &mut [Matrix],
+    ) -> Option<Matrix> {
+        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let width = hc + heads;
+        let n_in = m_own.rows();
         // through the scores s = Z . a into Z and the attention vectors
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let a_src = self.params[ia].value.data();
@@ -1397,7 +1492,7 @@ impl Model {
             }
         }
         grads[l.w] = matmul_at(h, &dz);
-        Ok(need_dx.then(|| matmul_bt(&dz, &self.params[l.w].value)))
+        need_dx.then(|| matmul_bt(&dz, &self.params[l.w].value))
     }
 }
 

@@ -100,6 +100,21 @@ pub fn load_checkpoint(path: &Path) -> Result<(Model, Adam, Progress)> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     };
+    // The configuration says how big the model is. The file must hold its weights and their two Adam
+    // moments before anything that size is allocated: a damaged or hostile header cannot ask for more.
+    let holds = bytes.len() / 12;
+    if weight_values_exceed(&cfg, holds) {
+        return Err(bad(format!(
+            "metadata `model` ({:?}, in {} hidden {} out {} x {} layers) needs more weights than the \
+             file's {} bytes hold",
+            cfg.kind,
+            cfg.in_dim,
+            cfg.hidden,
+            cfg.out_dim,
+            cfg.layers,
+            bytes.len()
+        )));
+    }
     let mut model = Model::new(&cfg, seed)?;
     let (mut ms, mut vs) = (Vec::new(), Vec::new());
     for p in &mut model.params {
@@ -117,6 +132,31 @@ pub fn load_checkpoint(path: &Path) -> Result<(Model, Adam, Progress)> {
     let step = num("adam_step")? as u64;
     opt.restore(step, ms, vs).map_err(bad)?;
     Ok((model, opt, progress))
+}
+
+/// Whether the weight matrices of `cfg` (a lower bound of its parameters, as [`Model::new`] shapes them)
+/// have more than `limit` values; stops counting once they do, so a huge `layers` costs nothing.
+fn weight_values_exceed(cfg: &crate::ModelConfig, limit: usize) -> bool {
+    use crate::LayerKind;
+    let mut total = 0usize;
+    let mut d_in = cfg.in_dim;
+    for index in 0..cfg.layers {
+        let last = index + 1 == cfg.layers;
+        let hc = match cfg.kind {
+            LayerKind::Gat if last => cfg.out_heads.checked_mul(cfg.out_dim),
+            LayerKind::Gat => cfg.heads.checked_mul(cfg.hidden),
+            _ => Some(if last { cfg.out_dim } else { cfg.hidden }),
+        };
+        let Some(w) = hc.and_then(|hc| d_in.checked_mul(hc)) else {
+            return true;
+        };
+        total = total.saturating_add(w.max(1));
+        if total > limit {
+            return true;
+        }
+        d_in = hc.unwrap_or(usize::MAX);
+    }
+    false
 }
 
 fn write_tensors(

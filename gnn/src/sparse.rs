@@ -264,6 +264,63 @@ impl SparseOp {
         y
     }
 
+    /// `Y += A[:, col0..col0 + X.rows()] X`: the part of the aggregation over one contiguous range of source
+    /// columns (sequential aggregation: owned rows, then one peer's halo rows at a time). Rows are sorted, so
+    /// each row's entries in the range are contiguous, and adding the ranges in ascending order sums every
+    /// row's terms in the order [`SparseOp::spmm`] does.
+    pub fn spmm_cols_into(&self, x: &Matrix, col0: usize, y: &mut Matrix) {
+        let d = x.cols();
+        let col1 = col0 + x.rows();
+        assert!(col1 <= self.n_src, "source columns beyond n_src");
+        assert_eq!(y.shape(), (self.n_dst, d), "spmm_cols_into output shape");
+        if d == 0 {
+            return;
+        }
+        let (indptr, indices, values) = (&self.indptr, &self.indices, &self.values);
+        let xd = x.data();
+        y.data_mut()
+            .par_chunks_mut(SPMM_ROWS * d)
+            .enumerate()
+            .for_each(|(chunk, out)| {
+                let first = chunk * SPMM_ROWS;
+                for (r, orow) in out.chunks_exact_mut(d).enumerate() {
+                    let i = first + r;
+                    let (lo, hi) = col_range(indices, indptr[i], indptr[i + 1], col0, col1);
+                    for k in lo..hi {
+                        let w = values[k];
+                        let j = indices[k] as usize - col0;
+                        for (o, &v) in orow.iter_mut().zip(&xd[j * d..(j + 1) * d]) {
+                            *o += w * v;
+                        }
+                    }
+                }
+            });
+    }
+
+    /// Rows `src0..src1` of `A^T X` (X has `n_dst` rows): the gradients of one range of sources.
+    pub fn spmm_t_range(&self, x: &Matrix, src0: usize, src1: usize) -> Matrix {
+        assert_eq!(x.rows(), self.n_dst, "spmm_t input rows must equal n_dst");
+        assert!(
+            src0 <= src1 && src1 <= self.n_src,
+            "source range beyond n_src"
+        );
+        let mut y = Matrix::zeros(src1 - src0, x.cols());
+        let src = Src {
+            own: x.data(),
+            halo: &[],
+            n_own: x.rows(),
+            d: x.cols(),
+        };
+        spmm_rows(
+            &self.t_indptr[src0..=src1],
+            &self.t_indices,
+            &self.t_values,
+            &src,
+            &mut y,
+        );
+        y
+    }
+
     /// `Y = A^T X`: X has `n_dst` rows, Y `n_src` rows.
     pub fn spmm_t(&self, x: &Matrix) -> Matrix {
         assert_eq!(x.rows(), self.n_dst, "spmm_t input rows must equal n_dst");
@@ -283,6 +340,21 @@ impl SparseOp {
         );
         y
     }
+}
+
+/// The entries `lo..hi` of a sorted row whose columns lie in `col0..col1`.
+#[inline]
+pub(crate) fn col_range(
+    indices: &[u32],
+    start: usize,
+    end: usize,
+    col0: usize,
+    col1: usize,
+) -> (usize, usize) {
+    let row = &indices[start..end];
+    let lo = row.partition_point(|&j| (j as usize) < col0);
+    let hi = lo + row[lo..].partition_point(|&j| (j as usize) < col1);
+    (start + lo, start + hi)
 }
 
 fn row_has_self(indptr: &[i64], indices: &[i32], i: usize) -> bool {
@@ -378,6 +450,36 @@ mod tests {
         let atz = a.spmm_t(&z);
         let rhs: f32 = x.data().iter().zip(atz.data()).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-5);
+    }
+
+    #[test]
+    fn column_ranges_sum_to_the_whole_product() {
+        // two owned rows, three halo sources in two ranges (as two peers would send them)
+        let a = SparseOp::build(
+            2,
+            5,
+            &[0, 3, 6],
+            &[1, 2, 4, 0, 3, 4],
+            Norm::Symmetric,
+            Some(&[2, 2, 3, 1, 4]),
+        );
+        let x = Matrix::from_vec(5, 2, (0..10).map(|v| v as f32 * 0.5 - 1.0).collect());
+        let whole = a.spmm(&x);
+        let mut y = Matrix::zeros(2, 2);
+        a.spmm_cols_into(&x.row_block(0, 2), 0, &mut y);
+        a.spmm_cols_into(&x.row_block(2, 4), 2, &mut y);
+        a.spmm_cols_into(&x.row_block(4, 5), 4, &mut y);
+        assert_eq!(
+            y.data(),
+            whole.data(),
+            "ascending ranges add terms in spmm's order"
+        );
+        let z = Matrix::from_vec(2, 2, vec![1.0, -2.0, 0.5, 3.0]);
+        let t = a.spmm_t(&z);
+        let mut parts = a.spmm_t_range(&z, 0, 2).into_vec();
+        parts.extend(a.spmm_t_range(&z, 2, 4).into_vec());
+        parts.extend(a.spmm_t_range(&z, 4, 5).into_vec());
+        assert_eq!(parts, t.data());
     }
 
     #[test]

@@ -256,6 +256,83 @@ pub fn train_resumable(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
+    train_loop(
+        model,
+        opt,
+        start,
+        g,
+        &mut Features::Borrowed(x),
+        sets,
+        cfg,
+        ex,
+        on_epoch,
+    )
+}
+
+/// [`train_resumable`] owning the input features, so it can free them as soon as the model no longer reads
+/// them ([`Model::needs_input`]: GCN's first layer once `A X` is cached), instead of holding them all run.
+#[allow(clippy::too_many_arguments)]
+pub fn train_resumable_owned(
+    model: &mut Model,
+    opt: &mut Adam,
+    start: Progress,
+    g: &LocalGraph,
+    x: Matrix,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(TrainSummary, Progress)> {
+    train_loop(
+        model,
+        opt,
+        start,
+        g,
+        &mut Features::Owned(x),
+        sets,
+        cfg,
+        ex,
+        on_epoch,
+    )
+}
+
+/// The input features of a training loop: borrowed, or owned and freed once the model no longer needs them.
+enum Features<'x> {
+    Borrowed(&'x Matrix),
+    Owned(Matrix),
+}
+
+impl Features<'_> {
+    fn get(&self) -> &Matrix {
+        match self {
+            Features::Borrowed(x) => x,
+            Features::Owned(x) => x,
+        }
+    }
+
+    /// Frees owned features the model will not read again (an empty matrix stands in for them).
+    fn release_if_unneeded(&mut self, model: &Model) {
+        if let Features::Owned(x) = self
+            && x.rows() > 0
+            && !model.needs_input()
+        {
+            *x = Matrix::zeros(0, 0);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_loop(
+    model: &mut Model,
+    opt: &mut Adam,
+    start: Progress,
+    g: &LocalGraph,
+    x: &mut Features<'_>,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(TrainSummary, Progress)> {
     if sets.labels.len() != g.n_dst() {
         return Err(Error::Shape(format!(
             "{} labels for {} nodes",
@@ -271,11 +348,22 @@ pub fn train_resumable(
     }
     let mut summary = start.summary(cfg.epochs);
     let mut progress = start;
+    if let Features::Owned(_) = x
+        && progress.epoch < cfg.epochs
+    {
+        // compute a constant `A X` before the first epoch, so owned features the model no longer reads are
+        // freed before any activation exists (the epoch reuses their memory)
+        let first = Pass::Train {
+            epoch: progress.epoch as u64 + 1,
+        };
+        model.cache_input_aggregation(g, x.get(), first, ex)?;
+        x.release_if_unneeded(model);
+    }
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
         let fwd = model.forward(
             g,
-            x,
+            x.get(),
             Pass::Train {
                 epoch: epoch as u64,
             },
@@ -284,6 +372,7 @@ pub fn train_resumable(
         let (loss_sum, d_logits) =
             cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
         let grads = model.backward(g, fwd, d_logits, ex)?;
+        x.release_if_unneeded(model);
         opt.step(&mut model.params, &grads);
         let mut loss = [loss_sum];
         ex.all_reduce_scalars(&mut loss).map_err(Error::Exchange)?;
@@ -296,7 +385,8 @@ pub fn train_resumable(
         let evaluated = cfg.evaluates(epoch);
         if evaluated {
             let t1 = Instant::now();
-            let [tr, va, te] = evaluate(model, g, x, sets, ex)?;
+            let [tr, va, te] = evaluate(model, g, x.get(), sets, ex)?;
+            x.release_if_unneeded(model);
             m.eval_s = t1.elapsed().as_secs_f64();
             (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
         }

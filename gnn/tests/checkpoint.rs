@@ -3,8 +3,8 @@
 
 use physalia_gnn::save::{load_checkpoint, save_checkpoint, save_model};
 use physalia_gnn::{
-    Adam, LayerKind, LocalExchange, LocalGraph, Model, ModelConfig, NodeSets, Progress,
-    TrainConfig, train_resumable,
+    Adam, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, Pass,
+    Progress, TrainConfig, train_resumable, train_resumable_owned,
 };
 
 mod common;
@@ -146,4 +146,60 @@ fn damaged_or_foreign_files_are_refused_naming_the_file() {
     // missing file
     let err = error(&dir.path().join("nope"));
     assert!(err.contains("nope"), "{err}");
+}
+
+/// A loop that owns the features frees them once the model stops reading them (GCN without input dropout,
+/// once `A X` is cached) and trains exactly as the borrowing loop; where the features are still read (input
+/// dropout, GraphSAGE's root weight) the model says so.
+#[test]
+fn owned_features_are_freed_once_unneeded_and_change_nothing() {
+    for (kind, input_dropout, freed) in [
+        (LayerKind::Gcn, 0.0, true),
+        (LayerKind::Gcn, 0.5, false),
+        (LayerKind::Sage, 0.0, false),
+    ] {
+        let (p, g, sets, mut cfg, tc) = setup(kind);
+        cfg.input_dropout = input_dropout;
+        let mut a = Model::new(&cfg, 3).unwrap();
+        let mut oa = Adam::new(&a.params, tc.lr, tc.weight_decay);
+        let (sa, _) = train_resumable(
+            &mut a,
+            &mut oa,
+            Progress::default(),
+            &g,
+            &p.x,
+            &sets,
+            &tc,
+            &mut LocalExchange,
+            &mut |_| true,
+        )
+        .unwrap();
+        let mut b = Model::new(&cfg, 3).unwrap();
+        let mut ob = Adam::new(&b.params, tc.lr, tc.weight_decay);
+        let (sb, _) = train_resumable_owned(
+            &mut b,
+            &mut ob,
+            Progress::default(),
+            &g,
+            p.x.clone(),
+            &sets,
+            &tc,
+            &mut LocalExchange,
+            &mut |_| true,
+        )
+        .unwrap();
+        let what = format!("{kind:?} input dropout {input_dropout}");
+        let losses = |s: &physalia_gnn::TrainSummary| -> Vec<f64> {
+            s.epochs.iter().map(|e| e.loss).collect()
+        };
+        assert_eq!(losses(&sa), losses(&sb), "{what}: losses");
+        for (x, y) in a.params.iter().zip(&b.params) {
+            assert_eq!(x.value, y.value, "{what}: {}", x.name);
+        }
+        assert_eq!(!b.needs_input(), freed, "{what}");
+        // freed features are an empty matrix from then on, and the model runs without them
+        let empty = Matrix::zeros(0, 0);
+        let run = b.forward(&g, &empty, Pass::Eval, &mut LocalExchange);
+        assert_eq!(run.is_ok(), freed, "{what}: forward without features");
+    }
 }

@@ -575,6 +575,98 @@ fn gather_rows(features: FeatureView<'_>, rows: &[u32], dim: usize) -> Features 
     }
 }
 
+/// Checks that a stored part (read from `part_path`) was cut from `ds`, the dataset a worker opened beside
+/// it: the node count, feature width and class count agree, every owned and halo id is a node of `ds`, and
+/// every owned row's label is the dataset's. With `partitioning` (read from `partitioning_path`, as a
+/// data-parallel worker gets it), its assignment must cover every node of `ds` and give every owned node to
+/// this part. Errors name the artifact, the tensor and the first bad row, so a part left over from another
+/// dataset (or another partitioning) is refused before training instead of indexing out of bounds.
+pub fn check_part_matches_dataset(
+    part: &Part,
+    part_path: &Path,
+    partitioning: Option<(&Partitioning, &Path)>,
+    ds: &Dataset,
+) -> Result<(), Error> {
+    let meta = ds.meta();
+    let n = meta.num_nodes;
+    let bad = |tensor: &str, problem: String| {
+        Error::tensor(
+            part_path,
+            tensor,
+            format!("{problem}; the part does not match the dataset {}", ds.path().display()),
+        )
+    };
+    if part.num_nodes_global != n {
+        return Err(bad(
+            "owned",
+            format!("cut from a graph of {} nodes, the dataset has {n}", part.num_nodes_global),
+        ));
+    }
+    if part.feat_dim != meta.feat_dim {
+        return Err(bad(
+            "features",
+            format!("rows of {} features, the dataset's have {}", part.feat_dim, meta.feat_dim),
+        ));
+    }
+    if part.num_classes != meta.num_classes {
+        return Err(bad(
+            "labels",
+            format!("{} classes, the dataset has {}", part.num_classes, meta.num_classes),
+        ));
+    }
+    for (tensor, ids) in [("owned", &part.owned), ("halo", &part.halo)] {
+        if let Some((i, v)) = ids.iter().enumerate().find(|(_, v)| **v as usize >= n) {
+            return Err(bad(tensor, format!("row {i}: node {v} is outside 0..{n}")));
+        }
+    }
+    let labels = ds.labels();
+    if let Some((i, (&v, &l))) = part
+        .owned
+        .iter()
+        .zip(&part.labels)
+        .enumerate()
+        .find(|(_, (v, l))| labels[**v as usize] != **l)
+    {
+        return Err(bad(
+            "labels",
+            format!("row {i} (node {v}) has label {l}, the dataset says {}", labels[v as usize]),
+        ));
+    }
+    if let Some((p, path)) = partitioning {
+        if p.parts.len() != n {
+            return Err(Error::tensor(
+                path,
+                "parts",
+                format!(
+                    "assigns {} nodes, the dataset {} has {n}",
+                    p.parts.len(),
+                    ds.path().display()
+                ),
+            ));
+        }
+        if p.k != part.k {
+            return Err(bad("owned", format!("one of {} parts, the partitioning {} has {}", part.k, path.display(), p.k)));
+        }
+        if let Some((i, v)) = part
+            .owned
+            .iter()
+            .enumerate()
+            .find(|(_, v)| p.parts[**v as usize] as usize != part.part)
+        {
+            return Err(bad(
+                "owned",
+                format!(
+                    "row {i}: node {v} belongs to part {} in {}, this is part {}",
+                    p.parts[*v as usize],
+                    path.display(),
+                    part.part
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Part {
     pub fn n_owned(&self) -> usize {
         self.owned.len()

@@ -560,3 +560,79 @@ fn features_keep_the_dataset_dtype() {
         assert!(matches!(part.features.view(), FeatureView::F16(_)));
     }
 }
+
+#[test]
+fn a_part_that_does_not_match_its_dataset_is_refused_naming_the_tensor_and_row() {
+    use physalia_graph::Dataset;
+    use physalia_graph::partition::check_part_matches_dataset;
+    let tmp = tempfile::tempdir().unwrap();
+    let (a_path, b_path, c_path) = (
+        tmp.path().join("a.safetensors"),
+        tmp.path().join("b.safetensors"),
+        tmp.path().join("c.safetensors"),
+    );
+    random_dataset(21, 300, 5, 4.0, false)
+        .write(&a_path)
+        .unwrap();
+    // same size, other labels and edges
+    random_dataset(22, 300, 5, 4.0, false)
+        .write(&b_path)
+        .unwrap();
+    // another size
+    random_dataset(23, 200, 5, 4.0, false)
+        .write(&c_path)
+        .unwrap();
+    let sets = ensure_partitions(&a_path, &[2], 3).unwrap();
+    let (part_path, map_path) = (
+        &sets[0].part_files[1],
+        sets[0].dir.join("partition.safetensors"),
+    );
+    let part = Part::load(part_path).unwrap();
+    let (_, map) = load_partitioning(&map_path).unwrap();
+    let a = Dataset::open(&a_path).unwrap();
+    // the dataset it was cut from, and its own partitioning: fine
+    check_part_matches_dataset(&part, part_path, Some((&map, &map_path)), &a).unwrap();
+
+    let b = Dataset::open(&b_path).unwrap();
+    let e = check_part_matches_dataset(&part, part_path, None, &b)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("part1.safetensors: tensor 'labels': row ")
+            && e.contains("the dataset says")
+            && e.contains("does not match the dataset"),
+        "{e}"
+    );
+    let c = Dataset::open(&c_path).unwrap();
+    let e = check_part_matches_dataset(&part, part_path, None, &c)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tensor 'owned'") && e.contains("300 nodes, the dataset has 200"),
+        "{e}"
+    );
+    // the partitioning of another dataset: its size is named on the `parts` tensor
+    let c_sets = ensure_partitions(&c_path, &[2], 3).unwrap();
+    let c_map_path = c_sets[0].dir.join("partition.safetensors");
+    let (_, c_map) = load_partitioning(&c_map_path).unwrap();
+    let e = check_part_matches_dataset(&part, part_path, Some((&c_map, &c_map_path)), &a)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tensor 'parts'") && e.contains("assigns 200 nodes"),
+        "{e}"
+    );
+    // a partitioning of the same dataset that gives this part's nodes elsewhere: the first such row
+    let mut other = map.clone();
+    let first = part.owned[0] as usize;
+    other.parts[first] = 0;
+    let e = check_part_matches_dataset(&part, part_path, Some((&other, &map_path)), &a)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "tensor 'owned': row 0: node {first} belongs to part 0"
+        )),
+        "{e}"
+    );
+}

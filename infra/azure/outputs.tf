@@ -15,6 +15,11 @@ output "subnet_id" {
   value = azurerm_subnet.workers.id
 }
 
+output "coordinator_identity_id" {
+  description = "AciConfig.coordinator_identity_id: the user-assigned identity cluster mode's coordinator group runs as."
+  value       = azurerm_user_assigned_identity.coordinator.id
+}
+
 output "coordinator_identity_client_id" {
   description = "AZURE_CLIENT_ID for azure_identity's ManagedIdentityCredential in the coordinator."
   value       = azurerm_user_assigned_identity.coordinator.client_id

@@ -531,6 +531,13 @@ data "aws_iam_policy_document" "coordinator" {
     }
   }
 
+  # The preflight (Backend::check) and the coordinator's launch ask whether the cluster exists first.
+  statement {
+    sid       = "FindCluster"
+    actions   = ["ecs:DescribeClusters"]
+    resources = [aws_ecs_cluster.physalia.arn]
+  }
+
   statement {
     sid       = "WatchAndStopWorkers"
     actions   = ["ecs:DescribeTasks", "ecs:StopTask"]

@@ -139,10 +139,10 @@ pub fn import(a: &ImportArgs) -> Result<()> {
         ImportFormat::Auto => detect_format(&a.dir)?,
         f => f,
     };
-    let ds = match format {
+    let ds = crate::progress::step("importing the dataset", || match format {
         ImportFormat::Ogb => import::ogb(&a.dir, &opts),
         _ => import::generic(&a.dir, &opts),
-    }
+    })
     .with_context(|| format!("importing {}", a.dir.display()))?;
     write(&ds, &a.out)
 }
@@ -175,7 +175,11 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
                 seed: a.seed,
                 ..SbmParams::default()
             };
-            write(&synth::sbm(&p).context("generating the SBM graph")?, &a.out)
+            write(
+                &crate::progress::step("generating the SBM graph", || synth::sbm(&p))
+                    .context("generating the SBM graph")?,
+                &a.out,
+            )
         }
         SynthCommand::Rmat(a) => {
             let p = RmatParams {
@@ -187,7 +191,8 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
                 ..RmatParams::default()
             };
             write(
-                &synth::rmat(&p).context("generating the R-MAT graph")?,
+                &crate::progress::step("generating the R-MAT graph", || synth::rmat(&p))
+                    .context("generating the R-MAT graph")?,
                 &a.out,
             )
         }
@@ -195,7 +200,7 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
 }
 
 fn write(ds: &OwnedDataset, out: &Path) -> Result<()> {
-    ds.write(out)?;
+    crate::progress::step(&format!("writing {}", out.display()), || ds.write(out))?;
     let s = ds.stats();
     eprintln!(
         "wrote {}: {} nodes, {} directed edges, {} features ({:?}), {} classes, split {}/{}/{}",
@@ -332,7 +337,9 @@ fn parts_json(m: &PartitionMeta) -> serde_json::Value {
 /// `physalia data partition`: computes the missing or stale partition sets, reuses the rest, and reports
 /// each one.
 pub fn partition(a: &PartitionArgs) -> Result<()> {
-    let sets = partition::ensure_partitions(&a.file, &a.k, a.seed)?;
+    let sets = crate::progress::step("partitioning (METIS)", || {
+        partition::ensure_partitions(&a.file, &a.k, a.seed)
+    })?;
     match a.output {
         OutputFormat::Json => {
             let v = serde_json::json!({

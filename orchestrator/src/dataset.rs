@@ -126,7 +126,8 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
                     if let Some(h) = s.homophily {
                         p.homophily = h;
                     }
-                    synth::sbm(&p).context("generating dataset.synth (sbm)")?
+                    crate::progress::step("generating the SBM graph", || synth::sbm(&p))
+                        .context("generating dataset.synth (sbm)")?
                 }
                 SynthKind::Rmat => {
                     let mut p = RmatParams {
@@ -141,7 +142,8 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
                     if let Some(e) = s.edge_factor {
                         p.edge_factor = e as usize;
                     }
-                    synth::rmat(&p).context("generating dataset.synth (rmat)")?
+                    crate::progress::step("generating the R-MAT graph", || synth::rmat(&p))
+                        .context("generating dataset.synth (rmat)")?
                 }
             };
             Ok(Source::Memory(ds))
@@ -161,15 +163,16 @@ fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
     };
     let opts = ImportOptions::default();
     Ok(match format {
-        DatasetFormat::Safetensors | DatasetFormat::Auto => {
-            Source::File(Dataset::open(path).context("dataset.path")?)
-        }
+        DatasetFormat::Safetensors | DatasetFormat::Auto => Source::File(
+            crate::progress::step("verifying the dataset", || Dataset::open(path))
+                .context("dataset.path")?,
+        ),
         DatasetFormat::Generic => Source::Memory(
-            import::generic(path, &opts)
+            crate::progress::step("importing the dataset", || import::generic(path, &opts))
                 .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
         DatasetFormat::Ogb => Source::Memory(
-            import::ogb(path, &opts)
+            crate::progress::step("importing the OGB dataset", || import::ogb(path, &opts))
                 .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
     })

@@ -145,19 +145,39 @@ pub fn run(
     if memory_check {
         crate::admission::check(spec, &source, crate::admission::available_bytes())?;
     }
+    // a job store at a URL: the record is kept in a staging folder here and mirrored there
+    let remote = match crate::store::is_url(&spec.output.dir) {
+        true => {
+            let r = crate::store::Remote::open(&spec.output.dir.to_string_lossy())
+                .context("output.dir")?;
+            r.check_writable().context("output.dir")?;
+            Some(r)
+        }
+        false => None,
+    };
     let mut dir = match &resume {
         Some(rp) => JobDir::reopen(&rp.dir, rp.epoch)?,
         None => {
-            let dir = JobDir::create(&spec.output.dir, name)?;
+            let root = match &remote {
+                Some(_) => crate::store::staging_root(),
+                None => spec.output.dir.clone(),
+            };
+            let dir = JobDir::create(&root, name)?;
             dir.write_json("job.json", spec)?;
             dir
         }
     };
+    let job_url = remote
+        .as_ref()
+        .map(|r| format!("{}/{}", r.url(), jobdir_id(dir.path())));
     dir.begin(
         spec.backend.name.as_str(),
         resume.as_ref().map_or(0, |rp| rp.epoch),
         spec.train.epochs as usize,
     )?;
+    // from here the record has its status: the store's copy is readable from the first pass
+    let mirror = remote
+        .map(|r| crate::store::Mirror::start(r, jobdir_id(dir.path()), dir.path().to_path_buf()));
     let result = (|| -> Result<Value> {
         let dataset_path = match &source {
             Source::File(_) => spec
@@ -167,7 +187,7 @@ pub fn run(
                 .expect("a file source comes from dataset.path"),
             Source::Memory(ds) => {
                 let path = dir.path().join("dataset.safetensors");
-                ds.write(&path)
+                crate::progress::step("writing the generated dataset", || ds.write(&path))
                     .with_context(|| format!("writing {}", path.display()))?;
                 path
             }
@@ -279,6 +299,10 @@ pub fn run(
         v["usd_total"] = json!(outcome.usd);
         v["worker_seconds"] = json!(outcome.worker_s);
         v["scaling_events"] = json!(elastic.events);
+        // when each launch ran and each epoch ended: `plan --replay` fits its model to them
+        v["launches"] = json!(outcome.launches);
+        v["epoch_ends"] = json!(outcome.epochs);
+        v["workers_range"] = json!(elastic.workers_range());
         Ok(v)
     })();
     if spec.backend.name == BackendKind::Docker {
@@ -294,9 +318,11 @@ pub fn run(
             eprintln!("warning: removing the job's docker network: {e}");
         }
     }
+    let mut mirror = mirror;
     match result {
         Err(e) if e.is::<Cancelled>() => {
             dir.end(JobState::Cancelled, None)?;
+            finish_mirror(&mut mirror, job_url.as_deref());
             Err(e.context(format!(
                 "job {name} was cancelled; its record is in {}",
                 dir.path().display()
@@ -305,14 +331,20 @@ pub fn run(
         Err(e) => {
             let msg = format!("{e:#}");
             dir.end(JobState::Failed, Some(msg))?;
+            finish_mirror(&mut mirror, job_url.as_deref());
             Err(e.context(format!(
                 "job {name} failed; its record is in {}",
                 dir.path().display()
             )))
         }
-        Ok(v) => {
+        Ok(mut v) => {
+            if let Some(url) = &job_url {
+                v["job_url"] = json!(url);
+            }
             dir.write_json("summary.json", &v)?;
-            // the report is a view of the record: a failure to render it does not fail the job
+            dir.end(JobState::Succeeded, None)?;
+            // the report is a view of the record (its state included): a failure to render it does not
+            // fail the job
             let report = dir.path().join("report.html");
             let report = match crate::report::write(dir.path(), &report) {
                 Ok(()) => Some(report),
@@ -321,15 +353,16 @@ pub fn run(
                     None
                 }
             };
-            dir.end(JobState::Succeeded, None)?;
+            finish_mirror(&mut mirror, job_url.as_deref());
             match output {
                 OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
                 OutputFormat::Text => {
-                    let workers = v["workers"].as_u64().unwrap_or(0);
                     println!(
-                        "job {name} finished on {workers} worker{}: {}",
-                        if workers == 1 { "" } else { "s" },
-                        dir.path().display()
+                        "job {name} {}: {}",
+                        summary::finished_on(&v),
+                        job_url
+                            .clone()
+                            .unwrap_or_else(|| dir.path().display().to_string())
                     );
                     println!(
                         "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
@@ -352,6 +385,26 @@ pub fn run(
             Ok(())
         }
     }
+}
+
+/// Uploads what the job's record gained since the mirror's last pass, and stops it. A record that
+/// cannot be uploaded stays whole here, and the warning says where.
+fn finish_mirror(mirror: &mut Option<crate::store::Mirror>, url: Option<&str>) {
+    if let Some(m) = mirror.take()
+        && let Err(e) = m.finish()
+    {
+        eprintln!(
+            "warning: the job's record could not be written to {}: {e:#}",
+            url.unwrap_or("the job store")
+        );
+    }
+}
+
+/// The job id: the job directory's name.
+fn jobdir_id(dir: &Path) -> String {
+    dir.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Started worker processes with their job CA and control endpoint, registering or registered.
@@ -384,17 +437,23 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        let docker = spec.backend.name == BackendKind::Docker;
         let backend = job_backend(spec, dir, index)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
-        // for containers
+        // for containers, every interface (advertising one) for a cloud platform's
         let prepared = block_on(backend.prepare(&job_id))?
             .with_context(|| format!("preparing {} for the job", backend.name()))?;
+        let reach = match crate::platform::is_cloud(spec.backend.name) {
+            true => crate::platform::reach(spec)?,
+            false => crate::platform::Reach {
+                bind: prepared.control_ip,
+                advertise: prepared.control_ip,
+            },
+        };
         let server = ControlServer::bind(
             &ca.identity(COORDINATOR_NAME)?,
             ca.job_key(),
             n,
-            SocketAddr::new(prepared.control_ip, 0),
+            SocketAddr::new(reach.bind, 0),
             register_timeout,
             files,
         )
@@ -407,15 +466,23 @@ impl Launch {
             .threads
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
-        let coordinator = server.local_addr();
-        let (worker_spec, logs, poll_every) = match docker {
-            false => (
+        let coordinator = SocketAddr::new(reach.advertise, server.local_addr().port());
+        // where each rank's output is copied when it ends, for platforms that keep it themselves
+        let copied_logs = || -> Result<Vec<PathBuf>> {
+            let logs_dir = dir.join("logs");
+            std::fs::create_dir_all(&logs_dir)?;
+            Ok((0..n)
+                .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
+                .collect())
+        };
+        let (worker_spec, logs, poll_every) = match spec.backend.name {
+            BackendKind::Local => (
                 local_spec(local_command, &job_id, index, coordinator, threads, secrets),
                 // the backend writes each rank's output into logs/ itself, and asking it is cheap
                 None,
                 Duration::ZERO,
             ),
-            true => {
+            BackendKind::Docker => {
                 let named = spec
                     .backend
                     .docker
@@ -425,15 +492,15 @@ impl Launch {
                     Some(image) => crate::docker::named_image(image)?,
                     None => crate::docker::ensure_image(&worker_binary()?, false)?,
                 };
-                let logs_dir = dir.join("logs");
-                std::fs::create_dir_all(&logs_dir)?;
-                let logs = (0..n)
-                    .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
-                    .collect();
                 let spec =
                     crate::docker::spec(&image, &job_id, index, coordinator, secrets, threads);
-                (spec, Some(logs), Duration::from_millis(500))
+                (spec, Some(copied_logs()?), Duration::from_millis(500))
             }
+            BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci => (
+                crate::platform::worker_spec(spec, &job_id, index, coordinator, secrets)?,
+                Some(copied_logs()?),
+                crate::platform::POLL_EVERY,
+            ),
         };
         let mut worker_spec = worker_spec;
         worker_spec.gpu = gpu_request(spec);
@@ -462,10 +529,9 @@ pub(crate) fn job_backend(
             crate::docker::backend_with(&job_id, Some(image))
         }
         BackendKind::Docker => crate::docker::backend(&job_id),
-        other => bail!(
-            "the {} backend does not run jobs from this version of physalia",
-            other.as_str()
-        ),
+        BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci => {
+            crate::platform::backend(spec)
+        }
     }
 }
 
@@ -482,6 +548,7 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
             ExchangeDtype::Bf16 => Dtype::BF16,
         },
         seed: spec.train.seed,
+        rematerialize: x.rematerialize,
     }
 }
 
@@ -761,11 +828,13 @@ impl Driver<'_> {
         } else {
             n
         };
-        let sets = physalia_graph::partition::ensure_partitions(
-            self.dataset_path,
-            &[k],
-            self.spec.train.seed,
-        )
+        let sets = crate::progress::step(&format!("partitioning into {k} parts"), || {
+            physalia_graph::partition::ensure_partitions(
+                self.dataset_path,
+                &[k],
+                self.spec.train.seed,
+            )
+        })
         .with_context(|| {
             format!(
                 "partitioning {} into {k} parts",

@@ -373,14 +373,7 @@ fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()
         bail!("tar could not pack the runtime base");
     }
     let base = format!("physalia-runtime:{}", tag_of(tag)?);
-    docker(&[
-        "import",
-        "--change",
-        "ENV PATH=/usr/local/bin",
-        &tar.to_string_lossy(),
-        &base,
-    ])
-    .context("importing the runtime base")?;
+    import_base(&tar, &base).context("importing the runtime base")?;
     // the build context: the Dockerfile and the stripped binary (and cuda/)
     let dockerfile = match cuda_wheels {
         None => crate_dockerfile()?,
@@ -398,18 +391,51 @@ fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()
     if !stripped {
         std::fs::copy(worker, &bin)?;
     }
-    let out = Command::new("docker")
-        .args(["build", "--build-arg", &format!("BASE={base}"), "-t", tag])
-        .arg(&ctx)
-        .env("DOCKER_BUILDKIT", "0")
-        .output()
-        .context("running docker build")?;
+    let out = crate::progress::step(&format!("building {tag}"), || {
+        Command::new("docker")
+            .args(["build", "--build-arg", &format!("BASE={base}"), "-t", tag])
+            .arg(&ctx)
+            .env("DOCKER_BUILDKIT", "0")
+            .output()
+    })
+    .context("running docker build")?;
     if !out.status.success() {
         bail!(
             "docker build of the worker image failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    Ok(())
+}
+
+/// `docker import` of the runtime base's tar as `base`, streamed through standard input so the bar
+/// counts the bytes docker has taken.
+fn import_base(tar: &Path, base: &str) -> Result<()> {
+    let size = std::fs::metadata(tar)
+        .with_context(|| format!("reading {}", tar.display()))?
+        .len();
+    let mut child = Command::new("docker")
+        .args(["import", "--change", "ENV PATH=/usr/local/bin", "-", base])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running docker")?;
+    let bar = crate::progress::bytes("importing the runtime base", size);
+    let file = std::fs::File::open(tar).with_context(|| format!("reading {}", tar.display()))?;
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // a write error is docker having stopped reading: its own message says why
+    let copied = std::io::copy(&mut bar.wrap_read(file), &mut stdin);
+    drop(stdin);
+    bar.finish_and_clear();
+    let out = child.wait_with_output().context("running docker")?;
+    if !out.status.success() {
+        bail!(
+            "docker import failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    copied.with_context(|| format!("sending {} to docker import", tar.display()))?;
     Ok(())
 }
 

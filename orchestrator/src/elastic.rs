@@ -348,6 +348,13 @@ impl Elastic {
         self.event(epoch, what, Some((rule, values)))
     }
 
+    /// The fewest and the most workers any recorded epoch trained on (`None` before the first).
+    pub(crate) fn workers_range(&self) -> Option<[u32; 2]> {
+        let min = self.history.iter().map(|h| h.workers).min()?;
+        let max = self.history.iter().map(|h| h.workers).max()?;
+        Some([min, max])
+    }
+
     /// Workers of the plan now (the last launch's, or the next one's).
     pub(crate) fn workers(&self) -> u32 {
         self.plan.workers

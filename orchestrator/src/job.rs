@@ -148,6 +148,30 @@ pub struct Outcome {
     pub usd: f64,
     /// Worker-seconds billed (every launch, prewarmed and idle workers included).
     pub worker_s: f64,
+    /// Every launch the platform started, with when (seconds since the job started).
+    pub launches: Vec<LaunchSpan>,
+    /// When each recorded epoch completed (seconds since the job started).
+    pub epochs: Vec<EpochEnd>,
+}
+
+/// One launch as the bill counts it: `workers` workers from `start_s` to `stop_s`, seconds since the job
+/// started (`physalia plan --replay` fits its model to these).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LaunchSpan {
+    pub launch: usize,
+    pub workers: usize,
+    /// Started ahead of a relaunch (a policy's `prewarm`).
+    pub prewarm: bool,
+    pub start_s: f64,
+    /// `None` while it runs.
+    pub stop_s: Option<f64>,
+}
+
+/// When every worker had reported an epoch (seconds since the job started).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EpochEnd {
+    pub epoch: usize,
+    pub end_s: f64,
 }
 
 /// What the job costs as it runs: each launch's workers are billed from the moment the platform started
@@ -162,27 +186,52 @@ struct Ledger {
     coordinator_since: Option<Instant>,
     worker_s: f64,
     coordinator_s: f64,
+    /// When the job started: the spans' and epochs' origin.
+    t0: Option<Instant>,
+    /// Whether each launch asked for was a prewarm.
+    prewarm: std::collections::BTreeMap<usize, bool>,
+    spans: Vec<LaunchSpan>,
+    epochs: Vec<EpochEnd>,
 }
 
 impl Ledger {
     /// Takes in what one step of the job decided at `now` (and the launch it heard started, if any).
     fn account(&mut self, started: Option<usize>, out: &[JobAction], now: Instant) {
+        let t0 = *self.t0.get_or_insert(now);
+        let at = now.saturating_duration_since(t0).as_secs_f64();
         if let Some(launch) = started {
             self.running.insert(launch, now);
+            self.spans.push(LaunchSpan {
+                launch,
+                workers: self.sizes.get(&launch).copied().unwrap_or(0),
+                prewarm: self.prewarm.get(&launch).copied().unwrap_or(false),
+                start_s: at,
+                stop_s: None,
+            });
         }
         for a in out {
             match a {
                 JobAction::Launch {
-                    launch, workers, ..
+                    launch,
+                    workers,
+                    prewarm,
                 } => {
                     self.sizes.insert(*launch, *workers);
+                    self.prewarm.insert(*launch, *prewarm);
                 }
                 JobAction::StopLaunch { launch, .. } => {
                     if let Some(t) = self.running.remove(launch) {
                         let n = self.sizes.get(launch).copied().unwrap_or(0);
                         self.worker_s += n as f64 * now.saturating_duration_since(t).as_secs_f64();
+                        if let Some(s) = self.spans.iter_mut().rev().find(|s| s.launch == *launch) {
+                            s.stop_s = Some(at);
+                        }
                     }
                 }
+                JobAction::Record { epoch, .. } => self.epochs.push(EpochEnd {
+                    epoch: *epoch,
+                    end_s: at,
+                }),
                 JobAction::Finish | JobAction::Fail { .. } => {
                     if let Some(t) = self.coordinator_since.take() {
                         self.coordinator_s += now.saturating_duration_since(t).as_secs_f64();
@@ -303,6 +352,8 @@ impl Job {
         if let Some(o) = self.outcome.as_mut() {
             o.usd = usd;
             o.worker_s = self.ledger.worker_s;
+            o.launches = self.ledger.spans.clone();
+            o.epochs = self.ledger.epochs.clone();
         }
     }
 
@@ -783,6 +834,8 @@ impl Job {
             // billed once this step's stops are accounted (`Job::account`)
             usd: 0.0,
             worker_s: 0.0,
+            launches: Vec::new(),
+            epochs: Vec::new(),
         });
         out.push(JobAction::Finish);
     }

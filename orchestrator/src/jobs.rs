@@ -3,7 +3,8 @@
 //! Each reads the job directory only (`job.json`, `status.json`, `metrics.jsonl`, `logs/`), so it works
 //! from any process that can read the job store, whether the job's coordinator runs, died or ended. A
 //! job is named by its directory, or by its directory's name or job name under the output folder (the
-//! newest job of that name).
+//! newest job of that name). With `--dir URL` (or a job's URL), the job is in an object store: its
+//! record is downloaded (`store::Fetched`) and read the same way, and `cancel` puts its request there.
 //!
 //! A record that says `running` may outlive its coordinator (killed, machine lost): its heartbeat
 //! (`updated_unix_s`, rewritten every few seconds) goes stale, and on the coordinator's own host its
@@ -22,6 +23,7 @@ use serde::Serialize;
 
 use crate::jobdir::{CANCEL_FILE, write_atomic, write_json};
 use crate::spec::JobSpec;
+use crate::store::{self, Fetched};
 use crate::summary::OutputFormat;
 
 /// A coordinator on another host is taken for dead after this much silence.
@@ -247,16 +249,53 @@ fn started(dir: &Path) -> (u64, String) {
     (s as u64, job_id(dir))
 }
 
-pub fn list(a: &ListArgs) -> Result<()> {
-    if !a.dir.is_dir() {
-        bail!("{}: no such folder of jobs", a.dir.display());
+/// The job `job` names under `root` as a local folder: the job directory itself, or a copy of a job in
+/// an object store (`root` or `job` a URL), kept as long as the [`Fetched`] lives.
+fn located(job: &str, root: &Path) -> Result<(PathBuf, Option<Fetched>)> {
+    if store::is_url(root) || job.contains("://") {
+        let f = Fetched::locate(job, root)?;
+        Ok((f.dir.clone(), Some(f)))
+    } else {
+        Ok((resolve(job, root)?, None))
     }
+}
+
+/// Reads the job in `dir`, naming it by its URL when it was fetched from a store.
+fn view_of(dir: &Path, fetched: Option<&Fetched>) -> Result<JobView> {
+    let mut view = JobView::read(dir)?;
+    if let Some(f) = fetched {
+        view.dir = PathBuf::from(f.url());
+    }
+    Ok(view)
+}
+
+pub fn list(a: &ListArgs) -> Result<()> {
     let mut views = Vec::new();
     let mut unreadable = Vec::new();
-    for d in job_dirs(&a.dir) {
-        match JobView::read(&d) {
-            Ok(v) => views.push(v),
-            Err(e) => unreadable.push(format!("{e:#}")),
+    if store::is_url(&a.dir) {
+        let remote = store::Remote::open(&a.dir.to_string_lossy())?;
+        let tmp = tempfile::tempdir()?;
+        for id in remote.jobs()? {
+            match remote
+                .fetch(&id, tmp.path())
+                .and_then(|d| JobView::read(&d))
+            {
+                Ok(mut v) => {
+                    v.dir = PathBuf::from(format!("{}/{id}", remote.url()));
+                    views.push(v)
+                }
+                Err(e) => unreadable.push(format!("{e:#}")),
+            }
+        }
+    } else {
+        if !a.dir.is_dir() {
+            bail!("{}: no such folder of jobs", a.dir.display());
+        }
+        for d in job_dirs(&a.dir) {
+            match JobView::read(&d) {
+                Ok(v) => views.push(v),
+                Err(e) => unreadable.push(format!("{e:#}")),
+            }
         }
     }
     views.sort_by(|a, b| {
@@ -300,8 +339,8 @@ pub fn list(a: &ListArgs) -> Result<()> {
 }
 
 pub fn status(a: &StatusArgs) -> Result<()> {
-    let dir = resolve(&a.job, &a.dir)?;
-    let view = JobView::read(&dir)?;
+    let (dir, fetched) = located(&a.job, &a.dir)?;
+    let view = view_of(&dir, fetched.as_ref())?;
     match a.output {
         OutputFormat::Json => println!("{}", serde_json::to_string(&view)?),
         OutputFormat::Text => print!("{}", view.render()),
@@ -332,7 +371,7 @@ fn rank_logs(logs: &Path, rank: usize) -> Vec<PathBuf> {
 }
 
 pub fn logs(a: &LogsArgs) -> Result<()> {
-    let dir = resolve(&a.job, &a.dir)?;
+    let (dir, fetched) = located(&a.job, &a.dir)?;
     let logs = dir.join("logs");
     let files = || match a.rank {
         Some(r) => rank_logs(&logs, r),
@@ -387,6 +426,9 @@ pub fn logs(a: &LogsArgs) -> Result<()> {
         return Ok(());
     }
     loop {
+        if let Some(f) = &fetched {
+            f.refresh()?;
+        }
         let view = JobView::read(&dir)?;
         let over = view.status.state.is_final() || view.is_lost();
         print_new(&mut out)?;
@@ -398,15 +440,19 @@ pub fn logs(a: &LogsArgs) -> Result<()> {
 }
 
 pub fn cancel(a: &CancelArgs) -> Result<()> {
-    let dir = resolve(&a.job, &a.dir)?;
+    let (dir, fetched) = located(&a.job, &a.dir)?;
     let view = JobView::read(&dir)?;
     let id = job_id(&dir);
     if view.status.state.is_final() {
         println!("job {id} already {}", view.status.state.as_str());
         return Ok(());
     }
-    write_atomic(&dir.join(CANCEL_FILE), b"cancel\n")
-        .with_context(|| format!("asking job {id} to stop"))?;
+    match &fetched {
+        // the coordinator's mirror copies it into the job's folder
+        Some(f) => f.remote.put(&id, CANCEL_FILE, b"cancel\n".to_vec()),
+        None => write_atomic(&dir.join(CANCEL_FILE), b"cancel\n"),
+    }
+    .with_context(|| format!("asking job {id} to stop"))?;
     if view.is_lost() {
         // nobody will act on the request: stop what the dead coordinator left, then say so in the record
         clean_up_after(&dir, &view.status)?;
@@ -416,11 +462,18 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
         status.launches.clear();
         status.updated_unix_s = unix_now();
         write_json(&dir.join("status.json"), &status)?;
+        if let Some(f) = &fetched {
+            f.remote
+                .put(&id, "status.json", std::fs::read(dir.join("status.json"))?)?;
+        }
         println!("job {id} cancelled (its coordinator was gone; its workers were stopped here)");
         return Ok(());
     }
     let t0 = Instant::now();
     loop {
+        if let Some(f) = &fetched {
+            f.refresh()?;
+        }
         let view = JobView::read(&dir)?;
         if view.status.state.is_final() {
             println!("job {id} {}", view.status.state.as_str());

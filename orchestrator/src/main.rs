@@ -22,8 +22,12 @@ mod job;
 mod jobdir;
 mod jobs;
 mod plan;
+mod platform;
+mod progress;
+mod replay;
 mod report;
 mod spec;
+mod store;
 mod submit;
 mod summary;
 mod workers;
@@ -39,6 +43,10 @@ use summary::OutputFormat;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Show more of what happens, live on stderr: `-v` info, `-vv` debug, `-vvv` trace (warnings are
+    /// always shown; PHYSALIA_LOG=LEVEL sets the level too).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -108,6 +116,9 @@ struct ValidateArgs {
     job: PathBuf,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
+    /// A catalog of further SKUs (as `physalia plan --catalog` takes): checked to be readable and valid.
+    #[arg(long, value_name = "FILE")]
+    catalog: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -183,6 +194,17 @@ fn run(cli: Cli) -> Result<()> {
                 readable(path).with_context(|| {
                     format!("{}: dataset.path: {}", a.job.display(), path.display())
                 })?;
+            }
+            // the scaling policy file was read by `spec::load` (a missing one names `scaling_file`)
+            if let Some(path) = &a.catalog {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--catalog: {}: cannot read", path.display()))?;
+                let extra =
+                    physalia_planner::Catalog::from_yaml_str(&text, &path.display().to_string())
+                        .with_context(|| format!("--catalog: {}", path.display()))?;
+                physalia_planner::Catalog::builtin()
+                    .merge(extra)
+                    .with_context(|| format!("--catalog: {}", path.display()))?;
             }
             println!(
                 "{}: ok ({} {} layers, {} epochs)",
@@ -272,6 +294,7 @@ fn one_line(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
+    physalia_worker::logging::init(cli.verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -19,7 +19,13 @@ use crate::summary::OutputFormat;
 #[derive(Args)]
 pub struct PlanArgs {
     /// The job file (YAML).
-    job: PathBuf,
+    #[arg(required_unless_present = "replay")]
+    job: Option<PathBuf>,
+    /// Price a finished job otherwise: the planner's model fitted to its record (JOB_DIR as `submit`
+    /// printed it), then its own launches, other worker counts and SKUs, its scaling policy replayed, and a
+    /// fixed cluster sized for its peak.
+    #[arg(long, value_name = "JOB_DIR", conflicts_with_all = ["job", "as_written", "overrides", "backend", "catalog", "calibration"])]
+    replay: Option<PathBuf>,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
     /// Plan for this platform only (and, with `--as-written`, predict on its section's SKU) instead of the
@@ -40,14 +46,30 @@ pub struct PlanArgs {
     #[arg(long)]
     as_written: bool,
     /// With `--as-written`: the SKU to predict on, when the job's backend has more than one in the catalog.
-    #[arg(long, requires = "as_written")]
-    sku: Option<String>,
+    /// With `--replay`: a SKU to price the job on besides its own (repeatable; default: every CPU SKU of
+    /// the cloud platforms when the job's costs nothing).
+    #[arg(long)]
+    sku: Vec<String>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
 }
 
 pub fn run(a: &PlanArgs) -> Result<()> {
-    let spec = spec::load_on(&a.job, &a.overrides, a.backend)?;
+    if let Some(dir) = &a.replay {
+        let r = crate::replay::replay(dir, &a.sku)?;
+        match a.output {
+            OutputFormat::Json => println!("{}", serde_json::to_string(&r)?),
+            OutputFormat::Text => print!("{}", r.render()),
+        }
+        return Ok(());
+    }
+    let Some(job) = &a.job else {
+        anyhow::bail!("name a job file, or --replay JOB_DIR");
+    };
+    if a.sku.len() > 1 || (!a.sku.is_empty() && !a.as_written) {
+        anyhow::bail!("--sku: one SKU, with --as-written (or several with --replay)");
+    }
+    let spec = spec::load_on(job, &a.overrides, a.backend)?;
     // a graph given by its statistics alone is planned without loading anything
     let mut req = match &spec.dataset.stats {
         Some(st) => request_from(&spec, stats_graph(st), Vec::new())?,
@@ -79,7 +101,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             &spec,
             &req,
             &catalog,
-            a.sku.as_deref(),
+            a.sku.first().map(String::as_str),
             calibration.as_ref(),
         )?;
         match a.output {
@@ -208,6 +230,7 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
                 ExchangeDtype::F16 => RowDtype::F16,
                 ExchangeDtype::Bf16 => RowDtype::Bf16,
             },
+            rematerialize: x.rematerialize,
         },
     }
 }
@@ -435,10 +458,14 @@ fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
     if mode == Parallelism::Partition {
         out.minibatch = None;
         let x = &c.exchange;
-        let exact = x.boundary_sampling >= 1.0 && x.staleness == 0 && x.dtype == RowDtype::F32;
+        let exact = x.boundary_sampling >= 1.0
+            && x.staleness == 0
+            && x.dtype == RowDtype::F32
+            && !x.rematerialize;
         out.exchange = (!exact).then(|| ExchangeSpec {
             boundary_sampling: x.boundary_sampling,
             staleness: x.staleness,
+            rematerialize: x.rematerialize,
             dtype: match x.dtype {
                 RowDtype::F32 => ExchangeDtype::F32,
                 RowDtype::F16 => ExchangeDtype::F16,

@@ -576,6 +576,12 @@ pub struct ExchangeSpec {
     pub staleness_threshold: Option<f64>,
     /// Element type of exchanged rows: `f32` (exact), `f16` or `bf16` (half the bytes, rounded).
     pub dtype: ExchangeDtype,
+    /// SAR's sequential aggregation and rematerialisation: halo rows are aggregated one peer at a time and
+    /// dropped, and fetched again in backward where a layer needs them (GAT), so a worker holds one peer's
+    /// halo rows at a time instead of all. Exact; costs GAT's halo rows a second time in backward. CPU
+    /// workers only; not with boundary sampling or staleness.
+    #[serde(default)]
+    pub rematerialize: bool,
 }
 
 impl Default for ExchangeSpec {
@@ -586,6 +592,7 @@ impl Default for ExchangeSpec {
             staleness: 0,
             staleness_threshold: None,
             dtype: ExchangeDtype::F32,
+            rematerialize: false,
         }
     }
 }
@@ -899,7 +906,19 @@ pub fn load_on(
     let mut spec = parse_str_on(&text, &path.display().to_string(), overrides, backend)?;
     if let Some(file) = spec.scaling_file.take() {
         let file = path.parent().unwrap_or(Path::new(".")).join(file);
-        let policy = load_policy(&file)?;
+        // a policy file that is not there or not readable is named with the job file and the field
+        let policy = load_policy(&file).map_err(|e| match e {
+            SpecError::Read { path: file, source } => SpecError::Invalid {
+                origin: Some(path.display().to_string()),
+                field: "scaling_file".into(),
+                reason: format!(
+                    "{}: cannot read the scaling policy: {source}",
+                    file.display()
+                ),
+                set: None,
+            },
+            other => other,
+        })?;
         check_policy_workers(&spec, &policy).map_err(|e| match e {
             SpecError::Invalid { field, reason, .. } => SpecError::Invalid {
                 origin: Some(path.display().to_string()),
@@ -1305,6 +1324,24 @@ impl JobSpec {
                     return Err(invalid(
                         "exchange.staleness_threshold",
                         "cannot be combined with exchange.boundary_sampling below 1".to_string(),
+                    ));
+                }
+            }
+            if x.rematerialize {
+                if p < 1.0 || x.staleness > 0 {
+                    return Err(invalid(
+                        "exchange.rematerialize",
+                        "fetches halo rows again in backward, so it cannot be combined with \
+                         exchange.boundary_sampling below 1 or exchange.staleness above 0"
+                            .to_string(),
+                    ));
+                }
+                if self.resources.as_ref().is_some_and(|r| r.gpu.is_some()) {
+                    return Err(invalid(
+                        "exchange.rematerialize",
+                        "runs on CPU workers only (the GPU engine keeps every halo row on the device); \
+                         drop resources.gpu or the option"
+                            .to_string(),
                     ));
                 }
             }

@@ -59,13 +59,13 @@ pub fn run(
     let mut spec = spec::load_on(job, overrides, backend)?;
     if matches!(
         spec.backend.name,
-        BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci
+        BackendKind::Kubernetes | BackendKind::Aci
     ) {
         let name = spec.backend.name.as_str();
         bail!(
             "{}: backend.{name}: the settings are valid (`physalia plan {} --backend {name}` prices \
-             the job), but submit does not start jobs on {name} yet: the coordinator cannot run inside \
-             the platform; `local` and `docker` run today",
+             the job), but submit does not start jobs on {name} yet; `local`, `docker` and `ecs` run \
+             today",
             job.display(),
             job.display()
         );

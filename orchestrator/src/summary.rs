@@ -268,6 +268,24 @@ pub(crate) fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
     Ok(())
 }
 
+/// The final line's "finished on 4 workers (1-4 during the job)" from a coordinated job's summary: the
+/// workers of the last launch, and the range its recorded epochs used when it changed.
+pub(crate) fn finished_on(v: &serde_json::Value) -> String {
+    let workers = v["workers"].as_u64().unwrap_or(0);
+    let mut line = format!(
+        "finished on {workers} worker{}",
+        if workers == 1 { "" } else { "s" }
+    );
+    if let (Some(lo), Some(hi)) = (
+        v["workers_range"][0].as_u64(),
+        v["workers_range"][1].as_u64(),
+    ) && lo != hi
+    {
+        line.push_str(&format!(" ({lo}-{hi} during the job)"));
+    }
+    line
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -306,4 +324,28 @@ fn status_bytes(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::finished_on;
+    use serde_json::json;
+
+    #[test]
+    fn the_final_line_names_the_last_workers_and_the_range_used() {
+        let line = |v| finished_on(&v);
+        assert_eq!(
+            line(json!({"workers": 4, "workers_range": [1, 4]})),
+            "finished on 4 workers (1-4 during the job)"
+        );
+        assert_eq!(
+            line(json!({"workers": 2, "workers_range": [2, 4]})),
+            "finished on 2 workers (2-4 during the job)"
+        );
+        assert_eq!(
+            line(json!({"workers": 1, "workers_range": [1, 1]})),
+            "finished on 1 worker"
+        );
+        assert_eq!(line(json!({"workers": 3})), "finished on 3 workers");
+    }
 }

@@ -91,7 +91,10 @@ impl Candidate {
             self.workers.to_string()
         };
         let mut out = format!("{} {} on {}", self.kind(), shape, self.sku);
-        if self.mode == Mode::Partition && self.parts > 1 && !self.exchange.is_exact() {
+        if self.mode == Mode::Partition
+            && self.parts > 1
+            && (!self.exchange.is_exact() || self.exchange.rematerialize)
+        {
             out.push_str(&format!(" ({})", self.exchange.label()));
         }
         out
@@ -714,12 +717,17 @@ fn widest_gradient(layers: &[Layer]) -> f64 {
 
 /// Saved activations of a full-graph pass over `rows` owned and `halo` rows (the features
 /// themselves are counted apart).
+///
+/// With rematerialisation `halo` is the halo rows held at once (one peer's), and GAT keeps
+/// per destination its softmax's maximum and sum and per halo row its scores instead of a
+/// coefficient per edge; backward's per-edge buffers exist one layer at a time.
 fn full_graph_activations(
     layers: &[Layer],
     rows: f64,
     halo: f64,
     edges: f64,
     backward: bool,
+    remat: Option<f64>,
 ) -> f64 {
     if !backward {
         // Layer-wise inference keeps one layer's input (owned and halo rows; the first
@@ -734,14 +742,21 @@ fn full_graph_activations(
             .fold(0.0, f64::max);
     }
     let mut bytes = 0.0;
+    let mut edge_buffers: f64 = 0.0;
     for l in layers {
         bytes += rows * (l.agg + 2.0 * l.output) * F32;
         if l.gat {
-            bytes += (edges + rows) * l.heads * F32 * 2.0;
+            match remat {
+                None => bytes += (edges + rows) * l.heads * F32 * 2.0,
+                Some(all_halo) => {
+                    bytes += (3.0 * rows + all_halo) * l.heads * F32;
+                    edge_buffers = edge_buffers.max((edges + rows) * l.heads * F32 * 2.0);
+                }
+            }
         }
     }
     // Gradient buffers over owned and halo rows.
-    bytes + 2.0 * (rows + halo) * widest_gradient(layers) * F32
+    bytes + edge_buffers + 2.0 * (rows + halo) * widest_gradient(layers) * F32
 }
 
 fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64) -> Prediction {
@@ -757,9 +772,28 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
 
     // Training epoch.
     let (compute_s, halo_f32, rounds) = full_graph_pass(r, ls, &p, cached, true, passes);
+    // Rematerialisation (SAR): every exchange runs in `peers` rounds of one peer each; a worker
+    // holds one peer's halo rows at a time; GAT sends its scores ahead of its rows and its rows
+    // again in backward, and recomputes its attention there.
+    let remat = x.rematerialize && c.parts > 1;
+    let (remat_f32, remat_s) = if remat {
+        let mut w = Work::default();
+        let mut extra = 0.0;
+        for l in ls.iter().filter(|l| l.gat) {
+            extra += p.halo * (l.exch + l.heads) * F32;
+            w.stream(r, (p.edges + p.owned) * l.heads * F32 * 4.0);
+        }
+        (extra, w.s)
+    } else {
+        (0.0, 0.0)
+    };
+    let compute_s = compute_s + remat_s;
+    let rounds = if remat { rounds * peers } else { rounds };
     let halo_scale = x.boundary_sampling / f64::from(x.staleness + 1) * x.dtype.bytes() / F32;
-    let halo_bytes = halo_f32 * halo_scale;
+    let halo_bytes = (halo_f32 + remat_f32) * halo_scale;
     let exchange_s = r.transfer(halo_bytes, peers, rounds);
+    // the halo rows a worker holds at once
+    let held = if remat { p.halo / peers } else { p.halo };
     // Adam: read weight, gradient and both moments, write three of them.
     let mut opt = Work::default();
     opt.stream(r, params * F32 * 7.0);
@@ -773,6 +807,11 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     let eval_cached = first_layer_cached_in_eval(ls);
     let (eval_compute, eval_halo, eval_rounds) =
         full_graph_pass(r, ls, &p, eval_cached, false, passes);
+    let eval_rounds = if remat {
+        eval_rounds * peers
+    } else {
+        eval_rounds
+    };
     let eval_s = (eval_compute + r.transfer(eval_halo, peers, eval_rounds))
         / f64::from(req.train.eval_every);
     let compute_s = compute_s + opt.s;
@@ -782,7 +821,7 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     // Setup: load the part, precompute A X and send its halo rows once (for training, or
     // at the first evaluation).
     let first = ls[0];
-    let halo_inputs = if first.agg_first { p.halo } else { 0.0 };
+    let halo_inputs = if first.agg_first { held } else { 0.0 };
     let structure_bytes = local_csr_bytes(p.owned, p.owned + p.halo, p.edges + p.owned);
     let load_bytes = p.owned * feat * f64::from(g.feature_bytes_per_value) + p.edges * 4.0;
     let mut setup_s = load_bytes / r.load_byte_s;
@@ -797,9 +836,21 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     let mut m = MemoryBreakdown {
         features_bytes: (p.owned + halo_inputs) * feat * F32,
         structure_bytes,
-        activations_bytes: full_graph_activations(ls, p.owned, p.halo, p.edges, true),
-        halo_bytes: ls.iter().map(|l| p.halo * l.exch * F32).sum::<f64>()
-            + p.halo * ls.iter().map(|l| l.exch).fold(0.0, f64::max) * F32,
+        activations_bytes: full_graph_activations(
+            ls,
+            p.owned,
+            held,
+            p.edges,
+            true,
+            remat.then_some(p.halo),
+        ),
+        // rematerialising: one round's rows received and one peer's sent
+        halo_bytes: if remat {
+            2.0 * held * ls.iter().map(|l| l.exch).fold(0.0, f64::max) * F32
+        } else {
+            ls.iter().map(|l| p.halo * l.exch * F32).sum::<f64>()
+                + p.halo * ls.iter().map(|l| l.exch).fold(0.0, f64::max) * F32
+        },
         optimizer_bytes: params * F32 * 4.0,
         cache_bytes: if cached { p.owned * feat * F32 } else { 0.0 }
             + if x.staleness > 0 {
@@ -966,7 +1017,7 @@ fn data(
     let features_bytes = p.owned * feat * F32;
     let loader_bytes = 3.0 * inputs * feat * F32;
     let train_act = batch_activations(ls, &reached, &edges, 0) + inputs * feat * F32;
-    let eval_act = full_graph_activations(ls, p.owned, p.halo, p.edges, false);
+    let eval_act = full_graph_activations(ls, p.owned, p.halo, p.edges, false, None);
     let activations_bytes = train_act.max(eval_act);
     let halo_bytes = p.halo * ls.iter().map(|l| l.exch).fold(feat, f64::max) * F32;
     let optimizer_bytes = params * F32 * 4.0;
@@ -1185,7 +1236,7 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
     let loader_bytes = 3.0 * workers * inputs * cols * F32;
     let train_act = workers * (inputs * cols + dst0 * first.output * 2.0) * F32
         + batch_activations(ls, &reached, &edges, 1);
-    let eval_act = z0_bytes + full_graph_activations(&ls[1..], n, 0.0, e, false);
+    let eval_act = z0_bytes + full_graph_activations(&ls[1..], n, 0.0, e, false, None);
     let activations_bytes = train_act.max(eval_act);
     let optimizer_bytes = params * F32 * 4.0;
     let mut m = MemoryBreakdown {

@@ -122,6 +122,10 @@ pub struct ExchangeOptions {
     /// Epochs a received halo row is reused before it is refreshed (Sancus; fixed schedule).
     pub staleness: u32,
     pub dtype: RowDtype,
+    /// SAR: halo rows aggregated one peer at a time and dropped, fetched again in backward where
+    /// GAT needs them. Exact; partition parallelism on CPU workers only.
+    #[serde(default)]
+    pub rematerialize: bool,
 }
 
 impl Default for ExchangeOptions {
@@ -130,6 +134,7 @@ impl Default for ExchangeOptions {
             boundary_sampling: 1.0,
             staleness: 0,
             dtype: RowDtype::F32,
+            rematerialize: false,
         }
     }
 }
@@ -140,10 +145,10 @@ impl ExchangeOptions {
         self.boundary_sampling >= 1.0 && self.staleness == 0 && self.dtype == RowDtype::F32
     }
 
-    /// Short form for tables: `exact`, `bf16`, `p0.1+bf16`, `s3`.
+    /// Short form for tables: `exact`, `bf16`, `p0.1+bf16`, `s3`, `remat`.
     pub fn label(&self) -> String {
         if self.is_exact() {
-            return "exact".to_string();
+            return if self.rematerialize { "remat" } else { "exact" }.to_string();
         }
         let mut parts = Vec::new();
         if self.boundary_sampling < 1.0 {
@@ -154,6 +159,9 @@ impl ExchangeOptions {
         }
         if self.dtype != RowDtype::F32 {
             parts.push(self.dtype.as_str().to_string());
+        }
+        if self.rematerialize {
+            parts.push("remat".to_string());
         }
         parts.join("+")
     }
@@ -401,6 +409,12 @@ impl PlanRequest {
             return Err(PlanError::invalid(
                 "train.exchange.boundary_sampling",
                 format!("must be in (0, 1], got {}", x.boundary_sampling),
+            ));
+        }
+        if x.rematerialize && (x.boundary_sampling < 1.0 || x.staleness > 0) {
+            return Err(PlanError::invalid(
+                "train.exchange.rematerialize",
+                "cannot be combined with boundary_sampling below 1 or staleness above 0",
             ));
         }
         let c = &self.constraints;

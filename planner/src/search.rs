@@ -5,7 +5,9 @@
 //! `max_workers` and the SKU's `max_containers`) and the limit itself; partition, data and
 //! model parallelism at each count; hybrids `parts x replicas` (both powers of two, at least
 //! two replicas; partition hybrids at least two parts); partition candidates with the job's
-//! exchange options, and with bf16 rows and BNS p = 0.1 when inexact exchange is allowed.
+//! exchange options, and with bf16 rows and BNS p = 0.1 when inexact exchange is allowed; on CPU
+//! SKUs each exact-or-compressed partition exchange also with rematerialisation (SAR), which
+//! only a plan short of memory picks (it costs rounds, and GAT bytes and compute).
 //! The order of everything returned is a function of the inputs alone.
 
 use std::cmp::Ordering;
@@ -325,6 +327,21 @@ pub fn candidates(request: &PlanRequest, sku: &Sku) -> Vec<Candidate> {
             }
         }
     }
+    if !sku.is_gpu() {
+        let remat: Vec<ExchangeOptions> = exchanges
+            .iter()
+            .filter(|x| x.boundary_sampling >= 1.0 && x.staleness == 0 && !x.rematerialize)
+            .map(|x| ExchangeOptions {
+                rematerialize: true,
+                ..x.clone()
+            })
+            .collect();
+        for x in remat {
+            if !exchanges.contains(&x) {
+                exchanges.push(x);
+            }
+        }
+    }
     let base = |mode: Mode, parts: u32, replicas: u32, exchange: &ExchangeOptions| Candidate {
         mode,
         workers: parts * replicas,
@@ -602,6 +619,40 @@ fn explain(
             ""
         }
     ));
+
+    if c.exchange.rematerialize && c.parts > 1 {
+        let without = ExchangeOptions {
+            rematerialize: false,
+            ..c.exchange.clone()
+        };
+        let twin = |x: &Candidate| {
+            x.mode == c.mode
+                && x.parts == c.parts
+                && x.replicas == c.replicas
+                && x.sku == c.sku
+                && x.exchange == without
+        };
+        let mut line = format!(
+            "rematerialisation (SAR) on: a worker holds one peer's halo rows at a time ({} of halo \
+             buffers){}",
+            bytes(m.halo_bytes),
+            if request.model.kind == ModelKind::Gat {
+                "; GAT fetches them again in backward and recomputes its attention"
+            } else {
+                ""
+            }
+        );
+        if let Some(r) = rejected.iter().find(|r| twin(&r.candidate)) {
+            line.push_str(&format!("; without it: {}", r.reason));
+        } else if let Some(a) = alternatives.iter().find(|a| twin(&a.candidate)) {
+            line.push_str(&format!(
+                "; without it: {} per worker in {}",
+                bytes(a.prediction.memory.device_bytes),
+                secs(a.prediction.time.total_s)
+            ));
+        }
+        out.push(line);
+    }
 
     // Why this mode: the best of every other kind, or why none fits.
     for kind in KINDS {

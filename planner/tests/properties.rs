@@ -677,3 +677,73 @@ fn predict_refuses_malformed_candidates_and_skus() {
         Err(PlanError::Invalid { .. })
     ));
 }
+
+/// SAR: a worker holds one peer's halo rows at a time (and GAT no coefficient per edge), so
+/// partition memory falls, while GAT pays its halo rows again in backward (bytes and time). On
+/// a SKU whose memory lies between the two, only rematerialisation fits, and the plan picks it
+/// and says why.
+#[test]
+fn rematerialization_is_picked_when_only_it_fits() {
+    let catalog = Catalog::builtin();
+    let base = sku(&catalog, "aks-d16s-v5").clone();
+    let mut req = request(
+        graph(1_000_000, 10_000_000, 128, 16, 500_000),
+        model(ModelKind::Gat, 2, 128, 0.0),
+        10,
+    );
+    req.constraints.max_workers = 4;
+    req.constraints.modes = vec![Mode::Partition];
+    let plain_c = candidate(&base, Mode::Partition, 4, 1);
+    let mut remat_c = plain_c.clone();
+    remat_c.exchange.rematerialize = true;
+    let plain = predict(&req, &base, &plain_c, None).unwrap();
+    let remat = predict(&req, &base, &remat_c, None).unwrap();
+    assert!(
+        remat.memory.host_bytes < 0.8 * plain.memory.host_bytes,
+        "{} vs {}",
+        remat.memory.host_bytes,
+        plain.memory.host_bytes
+    );
+    assert!(remat.memory.halo_bytes < plain.memory.halo_bytes);
+    assert!(remat.exchange_bytes_per_epoch > plain.exchange_bytes_per_epoch);
+    assert!(remat.time.epoch_s > plain.time.epoch_s);
+    // GCN and SAGE need no halo rows in backward: the same bytes
+    let mut gcn = req.clone();
+    gcn.model = model(ModelKind::Sage, 2, 128, 0.0);
+    let a = predict(&gcn, &base, &plain_c, None).unwrap();
+    let b = predict(&gcn, &base, &remat_c, None).unwrap();
+    assert_eq!(a.exchange_bytes_per_epoch, b.exchange_bytes_per_epoch);
+    assert!(b.memory.host_bytes < a.memory.host_bytes);
+
+    let mut mid = base.clone();
+    mid.name = "mid".into();
+    let between = (plain.memory.host_bytes + remat.memory.host_bytes) / 2.0;
+    mid.memory_gib = between / req.assumptions.memory_headroom / (1024.0 * 1024.0 * 1024.0);
+    mid.max_containers = Some(4);
+    let catalog = Catalog { skus: vec![mid] };
+    let p = plan(&req, &catalog, None).unwrap();
+    assert!(
+        p.chosen.candidate.exchange.rematerialize,
+        "{:?}",
+        p.chosen.candidate
+    );
+    assert!(
+        p.rejected
+            .iter()
+            .any(|r| r.candidate.parts == p.chosen.candidate.parts
+                && !r.candidate.exchange.rematerialize
+                && matches!(r.reason, Reason::Memory { .. })),
+        "the same plan without rematerialisation does not fit"
+    );
+    let why = p.explanation.join("\n");
+    assert!(
+        why.contains("rematerialisation (SAR) on") && why.contains("without it: needs"),
+        "{why}"
+    );
+    // with room for everything, the faster plan without it wins
+    let mut big = base.clone();
+    big.memory_gib = 4.0 * plain.memory.host_bytes / (1024.0 * 1024.0 * 1024.0);
+    big.max_containers = Some(4);
+    let p = plan(&req, &Catalog { skus: vec![big] }, None).unwrap();
+    assert!(!p.chosen.candidate.exchange.rematerialize);
+}

@@ -6,6 +6,8 @@
 //! same Cargo and profile, and takes the executable's path from Cargo's JSON messages. Set
 //! `PHYSALIA_BIN` to test a prebuilt binary instead.
 
+pub mod decode;
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;

@@ -55,3 +55,38 @@ fn an_empty_training_split_is_refused_before_the_job_starts() {
         "nothing written"
     );
 }
+
+#[test]
+fn labels_outside_the_class_range_are_refused_naming_the_row() {
+    let t = TempDir::new().unwrap();
+    let data = t.path().join("data");
+    write_tiny_generic(&data);
+    // node 3's label is -5: neither a class nor -1 (unlabelled)
+    let labels = fs::read_to_string(data.join("labels.csv"))
+        .unwrap()
+        .replace("\n3,1\n", "\n3,-5\n");
+    assert!(labels.contains("3,-5"));
+    fs::write(data.join("labels.csv"), labels).unwrap();
+    write_job(t.path(), "job.yaml", JOB);
+    for cmd in ["submit", "plan"] {
+        physalia(t.path(), [cmd, "job.yaml"]).one_line_error(&["labels", "-5"]);
+    }
+    assert!(job_dirs(&t.path().join("jobs")).is_empty());
+}
+
+#[test]
+fn overlapping_splits_are_refused_naming_the_node() {
+    let t = TempDir::new().unwrap();
+    let data = t.path().join("data");
+    write_tiny_generic(&data);
+    // node 2 is both a training and a test node
+    fs::write(data.join("test_idx.txt"), "6\n2\n7\n").unwrap();
+    write_job(t.path(), "job.yaml", JOB);
+    physalia(t.path(), ["submit", "job.yaml"]).one_line_error(&[
+        "node 2",
+        "train_idx",
+        "test_idx",
+        "overlap",
+    ]);
+    assert!(job_dirs(&t.path().join("jobs")).is_empty());
+}

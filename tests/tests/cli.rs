@@ -471,6 +471,44 @@ fn validate_names_a_dataset_that_is_not_there() {
     assert!(!t.path().join("jobs").exists());
 }
 
+#[test]
+fn validate_names_every_file_the_job_names_that_cannot_be_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tiny_imported();
+    // a scaling policy file that is not there: the job file, the field and the path
+    write_job(
+        t.path(),
+        "policy.yaml",
+        &format!("{}scaling_file: nope-policy.yaml\n", job_on("tiny.safetensors")),
+    );
+    for cmd in ["validate", "submit"] {
+        physalia(t.path(), [cmd, "policy.yaml"]).one_line_error(&[
+            "policy.yaml: scaling_file",
+            "nope-policy.yaml",
+            "cannot read the scaling policy",
+        ]);
+    }
+    assert!(!t.path().join("jobs").exists());
+    // a dataset that is there but cannot be opened (a root process reads anything: skip that half)
+    write_job(t.path(), "ok.yaml", &job_on("tiny.safetensors"));
+    let data = t.path().join("tiny.safetensors");
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o000)).unwrap();
+    if fs::File::open(&data).is_err() {
+        physalia(t.path(), ["validate", "ok.yaml"])
+            .one_line_error(&["ok.yaml: dataset.path", "tiny.safetensors"]);
+    } else {
+        println!("skipping the unreadable-dataset half: this process reads a 0000 file (root)");
+    }
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o644)).unwrap();
+    physalia(t.path(), ["validate", "ok.yaml"]).ok();
+    // a catalog given to validate: missing, then invalid, each named
+    physalia(t.path(), ["validate", "ok.yaml", "--catalog", "nope-catalog.yaml"])
+        .one_line_error(&["--catalog", "nope-catalog.yaml", "cannot read"]);
+    fs::write(t.path().join("cat.yaml"), "skus:\n  - name: x\n    vcpus: lots\n").unwrap();
+    physalia(t.path(), ["validate", "ok.yaml", "--catalog", "cat.yaml"])
+        .one_line_error(&["--catalog", "cat.yaml"]);
+}
+
 // -------------------------------------------------------------------------------------------------
 // 5. negative learning rate
 

@@ -216,11 +216,13 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
         html.contains("lost a worker") && html.contains("signal 9"),
         "the kill is not in the report"
     );
-    assert_eq!(html.matches("<svg").count(), 5, "five plots");
+    // the report gained a sixth plot (each epoch's time split into compute, halo, all-reduce, sampling,
+    // evaluation) and the planner's prediction per worker count (one count here)
+    assert_eq!(html.matches("<svg").count(), 6, "six plots");
     assert_eq!(
         html.matches("<tr><td>").count(),
-        12 + 1,
-        "12 epoch rows and one event row"
+        12 + 1 + 1,
+        "12 epoch rows, one event row and one prediction row"
     );
 }
 

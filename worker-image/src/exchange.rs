@@ -15,13 +15,20 @@
 //!   it last sent them, and tells the peer with a one-value flag frame. Stale rows are constants, so no gradient
 //!   is returned for them.
 //! * 16-bit rows: halo rows and gradients travel as f16 or bf16.
+//! * rematerialisation (SAR): [`Exchange::forward_each`] moves halo rows in `k - 1` rounds, round `r` sending
+//!   to part `p + r` and receiving from part `p - r` (mod `k`), so a worker holds one peer's rows at a time
+//!   and hands each range to the layer before the next round; [`Exchange::refetch_each`] repeats the rounds
+//!   in backward (counted as the layer's `refetch` bytes) and [`Exchange::backward_each`] returns gradients in
+//!   the same rounds, one peer's at a time.
 //!
 //! Evaluation passes always exchange exactly.
 
 use std::time::Instant;
 
 use physalia_gnn::rng::Stream;
-use physalia_gnn::{Exchange, ExchangeError, ExchangeStats, LayerBytes, Matrix, Pass};
+use physalia_gnn::{
+    Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, Matrix, Pass, VisitRows,
+};
 use physalia_graph::partition::Part;
 use physalia_wire::{
     Dtype, Link, Phase, Tag, Traffic, all_reduce_sum, all_reduce_sum_f64, halo_exchange,
@@ -221,7 +228,59 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
         }
     }
 
-    /// A training forward with threshold staleness: per peer, fresh rows or a flag saying "keep yours".
+    /// The peer part of round `r` of `k - 1`: (sends to, receives from).
+    fn round_peers(&self, r: usize) -> (usize, usize) {
+        let (k, me) = (self.part.k, self.part.part);
+        ((me + r) % k, (me + k - r) % k)
+    }
+
+    /// Rematerialisation's forward (and, with `refetch`, its backward fetch): `k - 1` rounds, each sending our
+    /// rows to one peer and receiving one peer's rows, which `visit` consumes before the next round.
+    fn forward_rounds(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        refetch: bool,
+        visit: &mut VisitRows<'_>,
+    ) -> Result<(), ExchangeError> {
+        let cols = own.cols();
+        let flag = if refetch { REFETCH_LAYER } else { ROUND_LAYER };
+        let tag = self.tag(layer | flag as usize, Phase::Forward);
+        for r in 1..self.part.k {
+            let t = Instant::now();
+            let (to, from) = self.round_peers(r);
+            let send: Vec<(usize, Vec<f32>)> = self
+                .part
+                .send
+                .iter()
+                .filter(|(p, _)| *p as usize == to)
+                .map(|(p, rows)| {
+                    let mut buf = Vec::with_capacity(rows.len() * cols);
+                    for &row in rows {
+                        buf.extend_from_slice(own.row(row as usize));
+                    }
+                    (*p as usize, buf)
+                })
+                .collect();
+            let range = self
+                .part
+                .recv
+                .iter()
+                .find(|(p, _)| *p as usize == from)
+                .map(|(_, range)| range.clone());
+            let recv: Vec<(usize, usize)> = range.iter().map(|r| (from, r.len())).collect();
+            let got = self
+                .exchange_rows(tag, &send, &recv, cols, self.opts.dtype)
+                .map_err(err)?;
+            drop(send);
+            self.times.halo_s += t.elapsed().as_secs_f64();
+            if let (Some(range), Some((_, rows))) = (range, got.into_iter().next()) {
+                visit(range.clone(), Matrix::from_vec(range.len(), cols, rows))?;
+            }
+        }
+        Ok(())
+    }
+
     fn forward_adaptive(
         &mut self,
         layer: usize,
@@ -304,6 +363,11 @@ impl<'a, L: Link + ?Sized> MeshExchange<'a, L> {
 
 /// Layer ids at and above this tag the staleness flags of layer `id - FLAG_LAYER`.
 const FLAG_LAYER: u16 = 0x8000;
+/// Rematerialisation's rounds of layer `id & LAYER_BITS`: with this bit, the rows fetched again in backward.
+const REFETCH_LAYER: u16 = 0x4000;
+/// ... and with this one, the rounds of forward and backward (apart from the one-shot exchanges they follow).
+const ROUND_LAYER: u16 = 0x2000;
+const LAYER_BITS: u16 = 0x1FFF;
 
 /// `|a - b| / |b|` in the L2 norm (`inf` when `b` is zero and `a` is not).
 fn relative_change(a: &[f32], b: &[f32]) -> f32 {
@@ -474,6 +538,88 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         Ok(())
     }
 
+    fn rematerializes(&self) -> bool {
+        self.opts.rematerialize && self.part.k > 1
+    }
+
+    fn forward_each(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        visit: &mut VisitRows<'_>,
+    ) -> Result<(), ExchangeError> {
+        if !self.rematerializes() {
+            if let Some(halo) = self.forward(layer, own)? {
+                visit(0..halo.rows(), halo)?;
+            }
+            return Ok(());
+        }
+        self.forward_rounds(layer, own, false, visit)
+    }
+
+    fn refetch_each(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        visit: &mut VisitRows<'_>,
+    ) -> Result<(), ExchangeError> {
+        if !self.rematerializes() {
+            return Err(format!(
+                "layer {layer}: halo rows are fetched again only with exchange.rematerialize"
+            )
+            .into());
+        }
+        self.forward_rounds(layer, own, true, visit)
+    }
+
+    fn backward_each(
+        &mut self,
+        layer: usize,
+        n_halo: usize,
+        own_grad: &mut Matrix,
+        grad: &mut HaloGrads<'_>,
+    ) -> Result<(), ExchangeError> {
+        if !self.rematerializes() {
+            let halo = grad(0..n_halo);
+            return self.backward(layer, halo, own_grad);
+        }
+        let tag = self.tag(layer | ROUND_LAYER as usize, Phase::Backward);
+        let cols = own_grad.cols();
+        // round r returns the gradients of the rows received in forward's round r, and gets back those of
+        // the rows we sent in it
+        for r in 1..self.part.k {
+            let (to, from) = self.round_peers(r);
+            let send: Vec<(usize, Vec<f32>)> = self
+                .part
+                .recv
+                .iter()
+                .filter(|(p, _)| *p as usize == from)
+                .map(|(p, range)| (*p as usize, grad(range.clone()).into_vec()))
+                .collect();
+            let t = Instant::now();
+            let rows = self
+                .part
+                .send
+                .iter()
+                .find(|(p, _)| *p as usize == to)
+                .map(|(_, rows)| rows);
+            let recv: Vec<(usize, usize)> = rows.iter().map(|rows| (to, rows.len())).collect();
+            let got = self
+                .exchange_rows(tag, &send, &recv, cols, self.opts.dtype)
+                .map_err(err)?;
+            drop(send);
+            if let (Some(rows), Some((_, grads))) = (rows, got.into_iter().next()) {
+                for (&row, g) in rows.iter().zip(grads.chunks_exact(cols.max(1))) {
+                    for (o, v) in own_grad.row_mut(row as usize).iter_mut().zip(g) {
+                        *o += v;
+                    }
+                }
+            }
+            self.times.halo_s += t.elapsed().as_secs_f64();
+        }
+        Ok(())
+    }
+
     fn all_reduce(&mut self, grads: &mut [Matrix]) -> Result<(), ExchangeError> {
         let t = Instant::now();
         // one message for all parameters
@@ -516,9 +662,16 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             if sent + received == 0 {
                 continue;
             }
-            // staleness flags count as their layer's forward traffic
-            let layer = layer & !FLAG_LAYER;
+            // staleness flags and rematerialisation's rounds count as their layer's traffic, rows fetched
+            // again in backward as its `refetch`
+            let refetch = layer & FLAG_LAYER == 0 && layer & REFETCH_LAYER != 0;
+            let layer = if layer & FLAG_LAYER != 0 {
+                layer & !FLAG_LAYER
+            } else {
+                layer & LAYER_BITS
+            };
             let (layer, phase) = match phase {
+                Phase::Forward if refetch => (Some(layer), "refetch"),
                 Phase::Forward => (Some(layer), "forward"),
                 Phase::Backward => (Some(layer), "backward"),
                 Phase::AllReduce => (None, "all_reduce"),

@@ -6,6 +6,7 @@
 //! the in-memory link.
 
 pub mod exchange;
+pub mod logging;
 pub mod minibatch;
 pub mod run;
 pub mod secrets;
@@ -37,6 +38,17 @@ pub fn local_inputs(
     cfg: &ModelConfig,
     row_normalize_features: bool,
 ) -> (LocalGraph, Matrix, NodeSets) {
+    let features = part.features.view().to_f32().into_owned();
+    local_inputs_with(part, features, cfg, row_normalize_features)
+}
+
+/// [`local_inputs`] with the part's features already as f32 rows (taken out of the part, not copied).
+fn local_inputs_with(
+    part: &Part,
+    features: Vec<f32>,
+    cfg: &ModelConfig,
+    row_normalize_features: bool,
+) -> (LocalGraph, Matrix, NodeSets) {
     let n_own = part.owned.len();
     let n_src = n_own + part.halo.len();
     let gids: Vec<u32> = part.owned.iter().chain(&part.halo).copied().collect();
@@ -49,11 +61,7 @@ pub fn local_inputs(
         Some(&part.src_in_degree),
         Some(gids),
     );
-    let mut x = Matrix::from_vec(
-        n_own,
-        part.feat_dim,
-        part.features.view().to_f32().into_owned(),
-    );
+    let mut x = Matrix::from_vec(n_own, part.feat_dim, features);
     if row_normalize_features {
         x.row_normalize();
     }
@@ -232,9 +240,16 @@ pub fn train_owned_part<L: Link + ?Sized>(
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     check_width(&part, cfg)?;
-    let (graph, x, sets) = local_inputs(&part, cfg, row_normalize_features);
+    // f32 features move into the engine's matrix instead of being copied (one copy resident, not two)
+    let features = match std::mem::replace(
+        &mut part.features,
+        physalia_graph::Features::F32(Vec::new()),
+    ) {
+        physalia_graph::Features::F32(v) => v,
+        other => other.view().to_f32().into_owned(),
+    };
+    let (graph, x, sets) = local_inputs_with(&part, features, cfg, row_normalize_features);
     // the engine holds its own copies now; the exchange needs only the part's ids and send/receive lists
-    part.features = physalia_graph::Features::F32(Vec::new());
     part.indptr = Vec::new();
     part.indices = Vec::new();
     part.src_in_degree = Vec::new();
@@ -273,6 +288,14 @@ fn train_inputs<L: Link + ?Sized>(
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+    opts.check().map_err(Error::Config)?;
+    if opts.rematerialize && !matches!(device, Device::Cpu) {
+        return Err(Error::Config(
+            "exchange.rematerialize runs on the CPU engine only (the GPU engine keeps every halo row on the \
+             device); train on the CPU or drop the option"
+                .into(),
+        ));
+    }
     let (replicas, replica) = replica_of(part, link.rank(), link.world())?;
     // replicas of the partitioning split the training nodes; the all-reduce sums their gradients
     sets.train
@@ -292,8 +315,9 @@ fn train_inputs<L: Link + ?Sized>(
         };
     }
     let (summary, progress) = match device {
-        Device::Cpu => physalia_gnn::train_resumable(
-            &mut model, &mut opt, progress, &graph, &x, &sets, tc, &mut ex, on_epoch,
+        // owned, so features the model stops reading (GCN's, once `A X` is cached) are freed
+        Device::Cpu => physalia_gnn::train_resumable_owned(
+            &mut model, &mut opt, progress, &graph, x, &sets, tc, &mut ex, on_epoch,
         )?,
         Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
         Device::Emulated => on_device!(&mut physalia_gnn_cuda::Emulator),

@@ -30,6 +30,8 @@ fn main() {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
+    // stderr is the worker's log file: the mesh's refusals and every warning land there
+    physalia_worker::logging::init(0);
     if let Err(e) = physalia_worker::run::run_from_env() {
         eprintln!("physalia-worker: error: {e:#}");
         std::process::exit(1);

@@ -262,9 +262,15 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 .partitioning
                 .as_ref()
                 .context("a data-parallel assignment names the partitioning")?;
-            let (_, partitioning) =
-                physalia_graph::partition::load_partitioning(&io.artifact(map)?)?;
+            let map_path = io.artifact(map)?;
+            let (_, partitioning) = physalia_graph::partition::load_partitioning(&map_path)?;
             let ds = dataset(io)?;
+            physalia_graph::partition::check_part_matches_dataset(
+                &part,
+                &part_path,
+                Some((&partitioning, &map_path)),
+                &ds,
+            )?;
             let csr = ds.csr();
             let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
             let data = ShardData::from_part(

@@ -166,12 +166,24 @@ fn check_exact_on(
     ds: &OwnedDataset,
     normalize: bool,
 ) {
+    check_exact_with(device, ks, name, ds, normalize, &ExchangeOptions::default());
+}
+
+/// [`check_exact_on`] with the exchange's options.
+fn check_exact_with(
+    device: Device,
+    ks: std::ops::RangeInclusive<usize>,
+    name: &str,
+    ds: &OwnedDataset,
+    normalize: bool,
+    opts: &ExchangeOptions,
+) {
     for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
         let cfg = model_cfg(kind, ds.meta.feat_dim, ds.meta.num_classes);
         let (loss1, w1, val1) = single(ds, &cfg, normalize);
         for k in ks.clone() {
             let p = partition_metis(ds.csr(), k, 0).unwrap();
-            let runs = distributed_on(device, ds, &p, &cfg, normalize, &ExchangeOptions::default());
+            let runs = distributed_on(device, ds, &p, &cfg, normalize, opts);
             for (rank, (loss, w, val, _)) in runs.iter().enumerate() {
                 let what = format!("{name} {kind:?} k={k} worker {rank}");
                 assert_close(&what, loss, &loss1);
@@ -221,6 +233,124 @@ fn partition_parallel_equals_single_worker_on_cora() {
 #[test]
 fn partition_parallel_equals_single_worker_on_sbm() {
     check_exact("sbm", &sbm(), false);
+}
+
+fn rematerialize() -> ExchangeOptions {
+    ExchangeOptions {
+        rematerialize: true,
+        ..Default::default()
+    }
+}
+
+/// SAR: halo rows aggregated one peer at a time and dropped, fetched again in GAT's backward; the same
+/// invariant holds (only the order in which peers' terms are summed changes).
+#[test]
+fn rematerialized_partition_parallel_equals_single_worker_on_sbm() {
+    check_exact_with(
+        Device::Cpu,
+        1..=4,
+        "sbm rematerialized",
+        &sbm(),
+        false,
+        &rematerialize(),
+    );
+}
+
+/// Each worker's payload bytes of epoch 1 by (layer, phase).
+fn first_epoch_bytes(
+    ds: &OwnedDataset,
+    p: &Partitioning,
+    cfg: &ModelConfig,
+    opts: &ExchangeOptions,
+) -> Vec<Vec<physalia_gnn::LayerBytes>> {
+    let parts = build_parts(DatasetRef::from(ds), p).unwrap();
+    let links = MemLink::mesh(p.k);
+    // epoch 1 of 2 trains without evaluating (the last epoch always evaluates)
+    let mut tc = train_cfg();
+    tc.epochs = 2;
+    tc.eval_every = 2;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .zip(links)
+            .map(|(part, mut link)| {
+                let tc = tc.clone();
+                s.spawn(move || {
+                    let mut got = vec![];
+                    train_part(&mut link, part, cfg, 7, &tc, opts, false, &mut |m| {
+                        if m.epoch == 1 {
+                            got = m.exchange.per_layer.clone();
+                        }
+                    })
+                    .unwrap();
+                    got
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The byte counters show what rematerialisation costs: GAT sends every halo message a second time in
+/// backward (`refetch`, as many bytes as forward's messages) plus the scores (`heads` values a row) ahead of
+/// forward's rows; GCN and GraphSAGE, which need no halo rows in backward, move exactly the same bytes.
+#[test]
+fn rematerialization_counts_its_extra_bytes() {
+    let ds = sbm();
+    let p = partition_metis(ds.csr(), 3, 0).unwrap();
+    let get = |b: &[physalia_gnn::LayerBytes], layer: u16, phase: &str| {
+        b.iter()
+            .find(|x| x.layer == Some(layer) && x.phase == phase)
+            .map_or(0, |x| x.sent)
+    };
+    for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
+        let cfg = model_cfg(kind, ds.meta.feat_dim, ds.meta.num_classes);
+        let plain = first_epoch_bytes(&ds, &p, &cfg, &ExchangeOptions::default());
+        let remat = first_epoch_bytes(&ds, &p, &cfg, &rematerialize());
+        for (rank, (a, b)) in plain.iter().zip(&remat).enumerate() {
+            for layer in 0..cfg.layers as u16 {
+                let what = format!("{kind:?} worker {rank} layer {layer}");
+                let fwd = get(a, layer, "forward");
+                assert!(fwd > 0, "{what}: no halo rows sent");
+                assert_eq!(
+                    get(a, layer, "refetch"),
+                    0,
+                    "{what}: refetch without the option"
+                );
+                if kind != LayerKind::Gat {
+                    assert_eq!(get(b, layer, "forward"), fwd, "{what}: forward bytes");
+                    assert_eq!(get(b, layer, "refetch"), 0, "{what}: refetched");
+                    assert_eq!(
+                        get(b, layer, "backward"),
+                        get(a, layer, "backward"),
+                        "{what}: backward bytes"
+                    );
+                    continue;
+                }
+                let heads = if layer as usize + 1 == cfg.layers {
+                    cfg.out_heads
+                } else {
+                    cfg.heads
+                };
+                let head_dim = if layer as usize + 1 == cfg.layers {
+                    cfg.out_dim
+                } else {
+                    cfg.hidden
+                };
+                let width = (heads * head_dim + heads) as u64;
+                assert_eq!(
+                    get(b, layer, "refetch"),
+                    fwd,
+                    "{what}: refetch = forward's rows"
+                );
+                assert_eq!(
+                    get(b, layer, "forward"),
+                    fwd + fwd / width * heads as u64,
+                    "{what}: forward = rows + scores"
+                );
+            }
+        }
+    }
 }
 
 /// The device engine (its kernels emulated on the host) inside the worker: halo rows leave and enter the

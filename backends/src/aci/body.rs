@@ -12,8 +12,8 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::AciConfig;
-use crate::LaunchId;
 use crate::spec::{CONTAINER_SECRETS_DIR, ENV_RANK, WorkerSpec};
+use crate::{CoordinatorSpec, LaunchId};
 
 /// The container's name in every group.
 pub const CONTAINER: &str = "worker";
@@ -22,6 +22,63 @@ pub const TAG_LAUNCH: &str = "physalia-launch";
 pub const TAG_RANK: &str = "physalia-rank";
 pub const TAG_JOB_ID: &str = "physalia-job-id";
 const SECRETS_VOLUME: &str = "physalia-secrets";
+/// The container's name in the coordinator's group.
+pub const COORDINATOR_CONTAINER: &str = "coordinator";
+/// The coordinator group's tag; its value is the group's name.
+pub const TAG_COORDINATOR: &str = "physalia-coordinator";
+
+/// The coordinator's container group: one `coordinator` container with the spec's resources, plain
+/// environment and control port (UDP, private IP in the workers' subnet), `restartPolicy: Never`, and the
+/// user-assigned managed identity `identity_id` (its ARM calls run as that identity: no secret in the
+/// group). Label keys become tags with `/` replaced by `_` (ARM tag names cannot hold `/`).
+pub fn coordinator_group(cfg: &AciConfig, spec: &CoordinatorSpec, identity_id: &str) -> Value {
+    let name = LaunchId::coordinator_name(&spec.job_id);
+    let env: Vec<Value> = spec
+        .env
+        .iter()
+        .map(|(name, value)| json!({ "name": name, "value": value }))
+        .collect();
+    let port = spec.control_port;
+    let mut container = json!({
+        "image": spec.image,
+        "environmentVariables": env,
+        "ports": [{ "port": port, "protocol": "UDP" }],
+        "resources": {
+            "requests": { "cpu": spec.cpu, "memoryInGB": memory_gb(spec.memory_gib) }
+        }
+    });
+    if !spec.command.is_empty() {
+        container["command"] = json!(spec.command);
+    }
+    let mut properties = json!({
+        "containers": [{ "name": COORDINATOR_CONTAINER, "properties": container }],
+        "osType": "Linux",
+        "restartPolicy": "Never",
+        "sku": "Standard",
+        "ipAddress": { "type": "Private", "ports": [{ "port": port, "protocol": "UDP" }] },
+        "subnetIds": [{ "id": cfg.subnet_id }]
+    });
+    let mut identities = serde_json::Map::new();
+    identities.insert(identity_id.to_string(), json!({}));
+    if let Some(pull) = &cfg.registry {
+        properties["imageRegistryCredentials"] =
+            json!([{ "server": pull.server, "identity": pull.identity_id }]);
+        identities.insert(pull.identity_id.clone(), json!({}));
+    }
+    let mut tags: serde_json::Map<String, Value> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| (k.replace('/', "_"), json!(v)))
+        .collect();
+    tags.insert(TAG_COORDINATOR.into(), json!(name));
+    tags.insert(TAG_JOB_ID.into(), json!(spec.job_id));
+    json!({
+        "location": cfg.location,
+        "tags": tags,
+        "identity": { "type": "UserAssigned", "userAssignedIdentities": identities },
+        "properties": properties,
+    })
+}
 
 /// The container group name of `rank`.
 pub fn group_name(launch: &LaunchId, rank: usize) -> String {

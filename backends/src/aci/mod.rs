@@ -26,12 +26,20 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
 use crate::error::{BackendName, Error, Result};
-use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
+use crate::{
+    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, LaunchId, Launched,
+    PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
+};
+
+/// The kind of the coordinator's one object in its [`CoordinatorHandle`].
+const KIND_GROUP: &str = "container-group";
 
 pub mod body;
 pub mod token;
 
-pub use token::{ARM_SCOPE, StaticToken, TokenProvider};
+pub use token::{
+    ARM_SCOPE, AzCliToken, DefaultAzureToken, ManagedIdentityToken, StaticToken, TokenProvider,
+};
 
 const NAME: BackendName = "aci";
 pub const API_VERSION: &str = "2026-05-01";
@@ -56,6 +64,10 @@ pub struct AciConfig {
     /// and the coordinator share; `infra/azure` creates it.
     pub subnet_id: String,
     pub registry: Option<RegistryPull>,
+    /// Resource id of the coordinator's user-assigned managed identity (`infra/azure`'s
+    /// `azurerm_user_assigned_identity.coordinator`, output `coordinator_identity_id`): cluster mode's
+    /// coordinator group runs as it.
+    pub coordinator_identity_id: Option<String>,
     /// The ARM endpoint; tests point it at a loopback server.
     pub endpoint: String,
     /// Container groups created at once.
@@ -84,6 +96,7 @@ impl AciConfig {
             location: location.into(),
             subnet_id: subnet_id.into(),
             registry: None,
+            coordinator_identity_id: None,
             endpoint: "https://management.azure.com".into(),
             max_parallel: 8,
             poll_interval: Duration::from_secs(5),
@@ -449,6 +462,94 @@ impl AciBackend {
         Ok(status)
     }
 
+    /// The coordinator group's name from its handle.
+    fn coordinator_group_name(handle: &CoordinatorHandle) -> Result<String> {
+        handle.check_backend(NAME)?;
+        handle
+            .object(KIND_GROUP)
+            .map(str::to_string)
+            .ok_or_else(|| Error::Config {
+                backend: NAME,
+                detail: format!(
+                    "the coordinator handle of job {} names no container group",
+                    handle.job_id
+                ),
+            })
+    }
+
+    /// PUTs the coordinator's group, follows the operation and waits for it to run. `created` says
+    /// whether the group may exist (and so must be deleted on failure).
+    async fn create_coordinator(
+        &self,
+        group: &str,
+        payload: &Value,
+        image: &str,
+        created: &mut bool,
+    ) -> Result<()> {
+        let op = format!("create container group {group}");
+        let failed = |detail: String| Error::CoordinatorFailed {
+            backend: NAME,
+            detail,
+        };
+        let image_failed =
+            |detail: String| failed(format!("image {image} could not be pulled: {detail}"));
+        *created = true;
+        let resp = self
+            .send(Method::PUT, &self.group_url(group), Some(payload), &op)
+            .await?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            // ARM refused the request itself: nothing was created. (A 5xx may have created it.)
+            *created = !status.is_client_error();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(match self.arm_error(status, &text, &op) {
+                Error::Api { detail, .. } if is_image_message(&detail) => image_failed(detail),
+                other => other,
+            });
+        }
+        let lro = self.follow(resp, &op).await;
+        let started = tokio::time::Instant::now();
+        loop {
+            let got = self.get_group(group).await?.ok_or_else(|| {
+                failed(format!(
+                    "container group {group} vanished after it was created"
+                ))
+            })?;
+            let status = group_status(0, group, &got);
+            let events = group_events(&got);
+            if let Some(pull) = events.iter().find(|e| is_image_message(e)) {
+                return Err(image_failed(pull.clone()));
+            }
+            if let Err(e) = lro {
+                return Err(match e {
+                    Error::Api { detail, .. } => failed(detail),
+                    other => other,
+                });
+            }
+            match status.state {
+                WorkerState::Running if status.ip.is_some() => return Ok(()),
+                WorkerState::Succeeded => return Ok(()),
+                WorkerState::Failed => {
+                    let detail = status
+                        .detail
+                        .into_iter()
+                        .chain(events)
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    return Err(failed(detail));
+                }
+                _ if started.elapsed() > self.cfg.operation_timeout => {
+                    return Err(Error::Timeout {
+                        backend: NAME,
+                        what: format!("the coordinator's group {group} to run"),
+                        waited_s: started.elapsed().as_secs(),
+                    });
+                }
+                _ => tokio::time::sleep(self.cfg.poll_interval).await,
+            }
+        }
+    }
+
     /// An error status from a PUT: an image the registry does not have is an [`Error::ImageMissing`].
     fn image_or(
         &self,
@@ -552,18 +653,7 @@ impl Backend for AciBackend {
 
     async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {
         spec.validate(n_workers)?;
-        if let Some(gpu) = &spec.gpu {
-            return Err(Error::Unsupported {
-                backend: NAME,
-                detail: format!(
-                    "Azure Container Instances has offered no GPUs since 14 July 2025, and the spec \
-                     asks for {} x {} per worker; run GPU workers with the kubernetes backend on AKS \
-                     (infra/k8s) or with the ecs backend, or drop `gpu` for CPU workers",
-                    gpu.count,
-                    gpu.kind.as_deref().unwrap_or("any GPU")
-                ),
-            });
-        }
+        unsupported_gpu(spec)?;
         let id = LaunchId::new(&spec.job_id, spec.segment);
         let attempted = std::sync::Mutex::new(Vec::new());
         let failed = AtomicBool::new(false);
@@ -627,6 +717,100 @@ impl Backend for AciBackend {
         Error::stop_all_result(NAME, launch, leftovers)
     }
 
+    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+        unsupported_gpu(spec)?;
+        // A token, and ARM taking it for this resource group: absent or expired credentials, a missing
+        // role or resource group are refused now, before anything exists.
+        let op = format!(
+            "list container groups in resource group {}",
+            self.cfg.resource_group
+        );
+        let url = format!("{}?api-version={API_VERSION}", self.groups_url());
+        let resp = self.send(Method::GET, &url, None, &op).await?;
+        self.json(resp, &op).await.map(|_| ())
+    }
+
+    async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {
+        spec.validate()?;
+        let identity = self
+            .cfg
+            .coordinator_identity_id
+            .clone()
+            .filter(|i| !i.trim().is_empty())
+            .ok_or_else(|| Error::Config {
+                backend: NAME,
+                detail: "coordinator_identity_id is not set: cluster mode runs the coordinator \
+                         with infra/azure's user-assigned identity \
+                         (azurerm_user_assigned_identity.coordinator, output coordinator_identity_id)"
+                    .into(),
+            })?;
+        let group = LaunchId::coordinator_name(&spec.job_id);
+        let payload = body::coordinator_group(&self.cfg, spec, &identity);
+        let mut created = false;
+        match self
+            .create_coordinator(&group, &payload, &spec.image, &mut created)
+            .await
+        {
+            Ok(()) => Ok(CoordinatorHandle {
+                backend: NAME.into(),
+                job_id: spec.job_id.clone(),
+                scope: self.cfg.resource_group.clone(),
+                objects: vec![PlatformObject {
+                    kind: KIND_GROUP.into(),
+                    id: group,
+                }],
+            }),
+            Err(e) => {
+                let leftovers = if created {
+                    self.delete_groups(vec![group]).await
+                } else {
+                    Vec::new()
+                };
+                Err(e.after_cleanup(leftovers))
+            }
+        }
+    }
+
+    async fn coordinator_status(&self, handle: &CoordinatorHandle) -> Result<CoordinatorStatus> {
+        let group = Self::coordinator_group_name(handle)?;
+        Ok(match self.get_group(&group).await? {
+            Some(g) => {
+                let s = group_status(0, &group, &g);
+                CoordinatorStatus {
+                    state: s.state,
+                    detail: s.detail,
+                    ip: s.ip,
+                }
+            }
+            None => CoordinatorStatus {
+                state: WorkerState::Unknown,
+                detail: Some(format!(
+                    "container group {group} no longer exists in resource group {}",
+                    self.cfg.resource_group
+                )),
+                ip: None,
+            },
+        })
+    }
+
+    async fn coordinator_logs(&self, handle: &CoordinatorHandle) -> Result<String> {
+        let group = Self::coordinator_group_name(handle)?;
+        let op = format!("read the logs of container group {group}");
+        let url = format!(
+            "{}/{group}/containers/{}/logs?api-version={API_VERSION}",
+            self.groups_url(),
+            body::COORDINATOR_CONTAINER
+        );
+        let resp = self.send(Method::GET, &url, None, &op).await?;
+        let logs = self.json(resp, &op).await?;
+        Ok(logs["content"].as_str().unwrap_or("").to_string())
+    }
+
+    async fn stop_coordinator(&self, handle: &CoordinatorHandle) -> Result<()> {
+        let group = Self::coordinator_group_name(handle)?;
+        self.delete_group(&group).await
+    }
+
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
         let group = body::group_name(launch, rank);
         let op = format!("read the logs of container group {group}");
@@ -645,6 +829,23 @@ impl Backend for AciBackend {
         }
         let logs = self.json(resp, &op).await?;
         Ok(logs["content"].as_str().unwrap_or("").to_string())
+    }
+}
+
+/// ACI has no GPUs: a GPU request is refused before any call.
+fn unsupported_gpu(spec: &WorkerSpec) -> Result<()> {
+    match &spec.gpu {
+        None => Ok(()),
+        Some(gpu) => Err(Error::Unsupported {
+            backend: NAME,
+            detail: format!(
+                "Azure Container Instances has offered no GPUs since 14 July 2025, and the spec \
+                 asks for {} x {} per worker; run GPU workers with the kubernetes backend on AKS \
+                 (infra/k8s) or with the ecs backend, or drop `gpu` for CPU workers",
+                gpu.count,
+                gpu.kind.as_deref().unwrap_or("any GPU")
+            ),
+        }),
     }
 }
 

@@ -34,7 +34,8 @@ use futures_util::StreamExt;
 use crate::error::{BackendName, Error, Result};
 use crate::spec::{ENV_RANK, ENV_SECRETS_DIR};
 use crate::{
-    Backend, CONTAINER_SECRETS_DIR, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus,
+    Backend, CONTAINER_SECRETS_DIR, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus,
+    LaunchId, Launched, PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
 };
 
 pub mod task;
@@ -47,6 +48,21 @@ const TAG_RANK: &str = "physalia.dev/rank";
 const VOLUME: &str = "physalia-secrets";
 const WORKER: &str = "worker";
 const UNPACKER: &str = "secrets";
+/// The coordinator's container: its awslogs stream is `physalia/coordinator/<task id>`.
+const COORDINATOR: &str = "coordinator";
+const TAG_COORDINATOR: &str = "physalia.dev/coordinator";
+/// Kinds of the coordinator's objects in its [`CoordinatorHandle`].
+const KIND_TASK_DEFINITION: &str = "task-definition";
+const KIND_TASK: &str = "task";
+/// How long the credential chain may look for credentials (environment, profile, web identity, the ECS
+/// container endpoint, EC2 instance metadata) before `from_env` says there are none. Off EC2 the
+/// instance-metadata lookup would otherwise retry for seconds per call.
+const CREDENTIALS_TIMEOUT: Duration = Duration::from_secs(10);
+/// One try, one second, for the instance-metadata service: where it exists it answers in milliseconds.
+const IMDS_TIMEOUT: Duration = Duration::from_secs(1);
+const CREDENTIALS_HINT: &str = "run `aws configure` or set AWS_PROFILE (or AWS_ACCESS_KEY_ID and \
+     AWS_SECRET_ACCESS_KEY); inside AWS, give the coordinator its task role (infra/ecs output \
+     coordinator_task_role_arn)";
 /// Memory the `secrets` container may use, MiB (it decodes a few kilobytes).
 const UNPACKER_MIB: u32 = 64;
 /// The awslogs stream prefix: a worker's stream is `physalia/worker/<task id>`.
@@ -88,6 +104,9 @@ pub struct EcsConfig {
     pub execution_role_arn: String,
     /// The role the worker's own calls run as (none today).
     pub task_role_arn: Option<String>,
+    /// The coordinator's task role in cluster mode (`infra/ecs` output `coordinator_task_role_arn`): its
+    /// credentials are the coordinator's, through the container credentials endpoint.
+    pub coordinator_task_role_arn: Option<String>,
     /// CloudWatch Logs group of the awslogs driver.
     pub log_group: String,
     /// `uid:gid` the secret files are given to: the worker image's user.
@@ -127,6 +146,7 @@ impl EcsConfig {
             capacity: Capacity::Fargate,
             execution_role_arn: execution_role_arn.into(),
             task_role_arn: None,
+            coordinator_task_role_arn: None,
             log_group: log_group.into(),
             secrets_owner: "65532:65532".into(),
             unpack_command: vec![
@@ -144,6 +164,7 @@ impl EcsConfig {
 }
 
 pub struct EcsBackend {
+    credentials: Option<aws_sdk_ecs::config::SharedCredentialsProvider>,
     ecs: aws_sdk_ecs::Client,
     secrets: aws_sdk_secretsmanager::Client,
     logs: aws_sdk_cloudwatchlogs::Client,
@@ -166,13 +187,382 @@ enum RankFailure {
 }
 
 impl EcsBackend {
-    /// Loads credentials and the region from the standard AWS chain. `region` overrides the chain's.
+    /// Loads credentials, the region and the endpoint from the standard AWS chain (`AWS_PROFILE`,
+    /// `AWS_ACCESS_KEY_ID`, web identity, the ECS task role, the instance profile; `AWS_REGION`;
+    /// `AWS_ENDPOINT_URL`), never from arguments. `region` overrides the chain's. The instance-metadata
+    /// lookup is bounded (one try, 1 s per phase) and so is the whole chain, and the credentials are
+    /// resolved here: absent or expired ones are an [`Error::Credentials`] naming what to do, now, not
+    /// a hang or an error at the first launch.
     pub async fn from_env(cfg: EcsConfig, region: Option<String>) -> Result<EcsBackend> {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Some(r) = region {
-            loader = loader.region(aws_config::Region::new(r));
+        use aws_config::meta::region::RegionProviderChain;
+        let imds = aws_config::imds::Client::builder()
+            .max_attempts(1)
+            .connect_timeout(IMDS_TIMEOUT)
+            .read_timeout(IMDS_TIMEOUT)
+            .operation_timeout(IMDS_TIMEOUT * 2)
+            .build();
+        let region_chain = RegionProviderChain::first_try(region.map(aws_config::Region::new))
+            .or_else(aws_config::environment::region::EnvironmentVariableRegionProvider::new())
+            .or_else(aws_config::profile::ProfileFileRegionProvider::new())
+            .or_else(
+                aws_config::imds::region::ImdsRegionProvider::builder()
+                    .imds_client(imds.clone())
+                    .build(),
+            );
+        let credentials =
+            aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
+                .imds_client(imds)
+                .build()
+                .await;
+        let load = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(region_chain)
+            .credentials_provider(credentials)
+            .load();
+        let sdk = tokio::time::timeout(CREDENTIALS_TIMEOUT, load)
+            .await
+            .map_err(|_| Error::Credentials {
+                backend: NAME,
+                credential: "the AWS credential chain".into(),
+                detail: format!(
+                    "loading the AWS configuration took over {} s",
+                    CREDENTIALS_TIMEOUT.as_secs()
+                ),
+                hint: CREDENTIALS_HINT.into(),
+            })?;
+        let backend = EcsBackend::new(cfg, &sdk)?;
+        backend.verify_credentials().await?;
+        Ok(backend)
+    }
+
+    /// Resolves the credentials once: none, or expired ones, are an [`Error::Credentials`] with a hint.
+    /// (Keys AWS does not know are found at the first call: only AWS can tell.)
+    pub async fn verify_credentials(&self) -> Result<()> {
+        use aws_sdk_ecs::config::ProvideCredentials;
+        let refused = |detail: String| Error::Credentials {
+            backend: NAME,
+            credential: "the AWS credential chain".into(),
+            detail,
+            hint: CREDENTIALS_HINT.into(),
+        };
+        let Some(provider) = &self.credentials else {
+            return Err(refused("no credentials provider is configured".into()));
+        };
+        let creds = tokio::time::timeout(CREDENTIALS_TIMEOUT, provider.provide_credentials())
+            .await
+            .map_err(|_| {
+                refused(format!(
+                    "no credentials were found within {} s",
+                    CREDENTIALS_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| {
+                refused(format!(
+                    "no credentials were found: {}",
+                    DisplayErrorContext(&e)
+                ))
+            })?;
+        if let Some(expiry) = creds.expiry()
+            && expiry <= std::time::SystemTime::now()
+        {
+            let ago = std::time::SystemTime::now()
+                .duration_since(expiry)
+                .unwrap_or_default()
+                .as_secs();
+            return Err(refused(format!(
+                "the credentials expired {ago} s ago (access key {}...)",
+                creds.access_key_id().chars().take(4).collect::<String>()
+            )));
         }
-        EcsBackend::new(cfg, &loader.load().await)
+        Ok(())
+    }
+
+    /// The cluster exists and is active (DescribeClusters), before anything is created in it.
+    async fn check_cluster(&self) -> Result<()> {
+        let cluster = &self.cfg.cluster;
+        let out = self
+            .ecs
+            .describe_clusters()
+            .clusters(cluster)
+            .send()
+            .await
+            .map_err(|e| self.sdk_error(&format!("describe cluster {cluster}"), e))?;
+        let active = out.clusters().iter().any(|c| c.status() == Some("ACTIVE"));
+        if active {
+            return Ok(());
+        }
+        let reason = out
+            .failures()
+            .iter()
+            .filter_map(|f| f.reason())
+            .chain(out.clusters().iter().filter_map(|c| c.status()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(Error::Config {
+            backend: NAME,
+            detail: format!(
+                "cluster {cluster} is not usable in region {} (DescribeClusters: {}); create it \
+                 with infra/ecs, or set the backend's cluster to infra/ecs's output `cluster`",
+                self.region,
+                if reason.is_empty() {
+                    "not found"
+                } else {
+                    &reason
+                }
+            ),
+        })
+    }
+
+    /// What the spec asks for that this capacity cannot give, before any call.
+    fn check_capacity(&self, spec: &WorkerSpec) -> Result<()> {
+        if spec.gpu.is_some() && self.cfg.capacity.is_fargate() {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                detail: "Fargate has no GPUs: set the backend's capacity to `ec2` or to a GPU \
+                         capacity provider (infra/ecs output gpu_capacity_provider)"
+                    .into(),
+            });
+        }
+        if self.cfg.capacity.is_fargate() {
+            // as register_input sizes it: the worker plus the unpacker's share
+            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?;
+        }
+        Ok(())
+    }
+
+    /// The coordinator's task definition and task ARNs from its handle.
+    fn coordinator_objects(handle: &CoordinatorHandle) -> Result<(String, Option<String>)> {
+        handle.check_backend(NAME)?;
+        let td = handle
+            .object(KIND_TASK_DEFINITION)
+            .ok_or_else(|| Error::Config {
+                backend: NAME,
+                detail: format!(
+                    "the coordinator handle of job {} names no task definition",
+                    handle.job_id
+                ),
+            })?;
+        Ok((td.to_string(), handle.object(KIND_TASK).map(str::to_string)))
+    }
+
+    /// The coordinator's task definition: one `coordinator` container on Fargate, awsvpc, with the
+    /// coordinator's task role and the workers' execution role, logs to the workers' group.
+    fn coordinator_input(
+        &self,
+        spec: &CoordinatorSpec,
+        role: &str,
+    ) -> Result<aws_sdk_ecs::operation::register_task_definition::builders::RegisterTaskDefinitionInputBuilder>
+    {
+        let name = LaunchId::coordinator_name(&spec.job_id);
+        let (cpu, mib) = task::fargate_size(spec.cpu, spec.memory_gib)?;
+        let mut container = ecs::ContainerDefinition::builder()
+            .name(COORDINATOR)
+            .image(&spec.image)
+            .essential(true)
+            .set_environment(Some(
+                spec.env
+                    .iter()
+                    .map(|(k, v)| ecs::KeyValuePair::builder().name(k).value(v).build())
+                    .collect(),
+            ))
+            .port_mappings(
+                ecs::PortMapping::builder()
+                    .container_port(i32::from(spec.control_port))
+                    .protocol(ecs::TransportProtocol::Udp)
+                    .build(),
+            )
+            .memory(mib as i32)
+            .log_configuration(self.log_configuration(LOG_PREFIX)?);
+        if let Some((argv0, rest)) = spec.command.split_first() {
+            container = container
+                .entry_point(argv0)
+                .set_command(Some(rest.to_vec()));
+        }
+        let mut input =
+            aws_sdk_ecs::operation::register_task_definition::RegisterTaskDefinitionInput::builder(
+            )
+            .family(&name)
+            .network_mode(ecs::NetworkMode::Awsvpc)
+            .requires_compatibilities(ecs::Compatibility::Fargate)
+            .cpu(cpu.to_string())
+            .memory(mib.to_string())
+            .execution_role_arn(&self.cfg.execution_role_arn)
+            .task_role_arn(role)
+            .container_definitions(container.build());
+        for tag in self.coordinator_tags(spec) {
+            input = input.tags(tag);
+        }
+        Ok(input)
+    }
+
+    fn coordinator_tags(&self, spec: &CoordinatorSpec) -> Vec<ecs::Tag> {
+        let name = LaunchId::coordinator_name(&spec.job_id);
+        let mut tags: BTreeMap<&str, &str> = spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        tags.insert(TAG_COORDINATOR, &name);
+        tags.into_iter()
+            .map(|(k, v)| ecs::Tag::builder().key(k).value(v).build())
+            .collect()
+    }
+
+    /// Registers the coordinator's task definition and runs it; records each object in `objects`.
+    async fn start_coordinator(
+        &self,
+        spec: &CoordinatorSpec,
+        role: &str,
+        objects: &mut Vec<PlatformObject>,
+    ) -> Result<()> {
+        let name = LaunchId::coordinator_name(&spec.job_id);
+        let op = format!("register task definition {name}");
+        let registered = self
+            .coordinator_input(spec, role)?
+            .send_with(&self.ecs)
+            .await
+            .map_err(|e| self.sdk_error(&op, e))?;
+        let td_arn = registered
+            .task_definition()
+            .and_then(|t| t.task_definition_arn())
+            .ok_or_else(|| Error::Api {
+                backend: NAME,
+                operation: op.clone(),
+                status: None,
+                detail: "the answer has no task definition ARN".into(),
+            })?
+            .to_string();
+        objects.push(PlatformObject {
+            kind: KIND_TASK_DEFINITION.into(),
+            id: td_arn.clone(),
+        });
+        let network = ecs::NetworkConfiguration::builder()
+            .awsvpc_configuration(
+                ecs::AwsVpcConfiguration::builder()
+                    .set_subnets(Some(self.cfg.subnets.clone()))
+                    .set_security_groups(Some(self.cfg.security_groups.clone()))
+                    .assign_public_ip(ecs::AssignPublicIp::Disabled)
+                    .build()
+                    .map_err(build_error)?,
+            )
+            .build();
+        let mut run = self
+            .ecs
+            .run_task()
+            .cluster(&self.cfg.cluster)
+            .task_definition(&td_arn)
+            .count(1)
+            .launch_type(ecs::LaunchType::Fargate)
+            .started_by(&name)
+            .network_configuration(network);
+        for tag in self.coordinator_tags(spec) {
+            run = run.tags(tag);
+        }
+        let op = "run the coordinator's task".to_string();
+        let ran = run.send().await.map_err(|e| self.sdk_error(&op, e))?;
+        let Some(arn) = ran.tasks().first().and_then(|t| t.task_arn()) else {
+            let reasons: Vec<String> = ran
+                .failures()
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{}{}",
+                        f.reason().unwrap_or("no reason given"),
+                        f.detail().map(|d| format!(" ({d})")).unwrap_or_default()
+                    )
+                })
+                .collect();
+            return Err(Error::CoordinatorFailed {
+                backend: NAME,
+                detail: format!(
+                    "ECS started no task on FARGATE in cluster {}: {}",
+                    self.cfg.cluster,
+                    if reasons.is_empty() {
+                        "no reason given".to_string()
+                    } else {
+                        reasons.join("; ")
+                    }
+                ),
+            });
+        };
+        objects.push(PlatformObject {
+            kind: KIND_TASK.into(),
+            id: arn.to_string(),
+        });
+        let arn = arn.to_string();
+        let started = tokio::time::Instant::now();
+        loop {
+            let task = self.describe(std::slice::from_ref(&arn)).await?.pop();
+            let Some(t) = task else {
+                return Err(Error::CoordinatorFailed {
+                    backend: NAME,
+                    detail: format!("ECS no longer knows task {arn}"),
+                });
+            };
+            let status = task_status(0, &t, COORDINATOR);
+            match status.state {
+                WorkerState::Running if status.ip.is_some() => return Ok(()),
+                WorkerState::Succeeded => return Ok(()),
+                WorkerState::Failed => return Err(coordinator_stopped_error(&spec.image, &t)),
+                _ if started.elapsed() >= self.cfg.start_timeout => {
+                    return Err(Error::Timeout {
+                        backend: NAME,
+                        what: format!(
+                            "the coordinator's task to run ({})",
+                            t.last_status().unwrap_or("no status")
+                        ),
+                        waited_s: started.elapsed().as_secs(),
+                    });
+                }
+                _ => tokio::time::sleep(self.cfg.poll_interval).await,
+            }
+        }
+    }
+
+    /// Stops the coordinator's task and deletes its task definition; what could not be.
+    async fn delete_coordinator(&self, td_arn: &str, task_arn: Option<&str>) -> Vec<String> {
+        let mut leftovers = Vec::new();
+        if let Some(arn) = task_arn
+            && let Err(e) = self.stop_task(arn, "coordinator stopped").await
+        {
+            leftovers.push(format!("task {arn} ({e})"));
+        }
+        leftovers.extend(self.delete_task_definitions(&[td_arn.to_string()]).await);
+        leftovers
+    }
+
+    /// Every page of an awslogs stream, from the head; empty when the stream does not exist yet.
+    async fn read_stream(&self, stream: &str) -> Result<String> {
+        let mut out = String::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = match self
+                .logs
+                .get_log_events()
+                .log_group_name(&self.cfg.log_group)
+                .log_stream_name(stream)
+                .start_from_head(true)
+                .set_next_token(token.clone())
+                .send()
+                .await
+            {
+                Ok(p) => p,
+                // nothing written yet
+                Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(out),
+                Err(e) => {
+                    return Err(self.sdk_error(&format!("read log stream {stream}"), e));
+                }
+            };
+            for event in page.events() {
+                out.push_str(event.message().unwrap_or(""));
+                out.push('\n');
+            }
+            let next = page.next_forward_token().map(str::to_string);
+            // the same token again means the end of the stream
+            if next.is_none() || next == token || page.events().is_empty() {
+                return Ok(out);
+            }
+            token = next;
+        }
     }
 
     /// Uses the given SDK configuration (credentials, region, endpoint), with this backend's retries.
@@ -232,6 +622,7 @@ impl EcsBackend {
                 .build(),
         );
         Ok(EcsBackend {
+            credentials: sdk.credentials_provider(),
             ecs,
             secrets,
             logs,
@@ -309,6 +700,27 @@ impl EcsBackend {
                        higher API rate"
                     .into(),
             },
+            "InvalidSubnetID.NotFound" | "InvalidGroup.NotFound" => Error::Config {
+                backend: NAME,
+                detail: format!(
+                    "{detail} (subnets {:?}, security groups {:?}: use infra/ecs's outputs `subnets` \
+                     and `security_groups`, in region {})",
+                    self.cfg.subnets, self.cfg.security_groups, self.region
+                ),
+            },
+            "InvalidParameterException"
+                if (lc.contains("subnet") || lc.contains("security group"))
+                    && lc.contains("does not exist") =>
+            {
+                Error::Config {
+                    backend: NAME,
+                    detail: format!(
+                        "{detail} (use infra/ecs's outputs `subnets` and `security_groups`, in \
+                         region {})",
+                        self.region
+                    ),
+                }
+            }
             "ClusterNotFoundException" => Error::Config {
                 backend: NAME,
                 detail: format!("{detail} (cluster {cluster}; infra/ecs creates it)"),
@@ -823,7 +1235,9 @@ impl EcsBackend {
                 Ok(out) => {
                     for f in out.failures() {
                         let reason = f.reason().unwrap_or("");
-                        if !reason.to_ascii_lowercase().contains("not found")
+                        let lc = reason.to_ascii_lowercase();
+                        if !lc.contains("not found")
+                            && !lc.contains("does not exist")
                             && !reason.contains("DELETE_IN_PROGRESS")
                         {
                             leftovers.push(format!(
@@ -899,22 +1313,11 @@ impl Backend for EcsBackend {
 
     async fn launch(&self, spec: &WorkerSpec, n_workers: usize) -> Result<Launched> {
         spec.validate(n_workers)?;
-        if spec.gpu.is_some() && self.cfg.capacity.is_fargate() {
-            return Err(Error::Unsupported {
-                backend: NAME,
-                detail: "Fargate has no GPUs: set the backend's capacity to `ec2` or to a GPU \
-                         capacity provider (infra/ecs output gpu_capacity_provider)"
-                    .into(),
-            });
-        }
+        self.check_capacity(spec)?;
         // Every bundle and size before the first call: a spec ECS cannot take creates nothing.
         let bundles = (0..n_workers)
             .map(|r| task::secret_bundle(spec, r))
             .collect::<Result<Vec<_>>>()?;
-        if self.cfg.capacity.is_fargate() {
-            // as register_input sizes it: the worker plus the unpacker's share
-            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?;
-        }
         let launch = LaunchId::new(&spec.job_id, spec.segment);
         // Stopped tasks of an earlier, failed launch stay listed for about an hour; only live ones clash.
         let live = self.launch_tasks(&launch).await?;
@@ -1095,37 +1498,100 @@ impl Backend for EcsBackend {
             .task_arn()
             .and_then(|a| a.rsplit('/').next())
             .unwrap_or_default();
-        let stream = format!("{LOG_PREFIX}/{WORKER}/{id}");
-        let mut out = String::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page = match self
-                .logs
-                .get_log_events()
-                .log_group_name(&self.cfg.log_group)
-                .log_stream_name(&stream)
-                .start_from_head(true)
-                .set_next_token(token.clone())
-                .send()
-                .await
-            {
-                Ok(p) => p,
-                // the worker has written nothing yet
-                Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(out),
-                Err(e) => {
-                    return Err(self.sdk_error(&format!("read log stream {stream}"), e));
-                }
-            };
-            for event in page.events() {
-                out.push_str(event.message().unwrap_or(""));
-                out.push('\n');
+        self.read_stream(&format!("{LOG_PREFIX}/{WORKER}/{id}"))
+            .await
+    }
+
+    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+        self.check_capacity(spec)?;
+        self.verify_credentials().await?;
+        self.check_cluster().await
+    }
+
+    async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {
+        spec.validate()?;
+        let role = self
+            .cfg
+            .coordinator_task_role_arn
+            .clone()
+            .filter(|r| !r.trim().is_empty())
+            .ok_or_else(|| Error::Config {
+                backend: NAME,
+                detail: "coordinator_task_role_arn is not set: cluster mode runs the coordinator \
+                         with infra/ecs's coordinator task role (output coordinator_task_role_arn)"
+                    .into(),
+            })?;
+        task::fargate_size(spec.cpu, spec.memory_gib)?;
+        self.check_cluster().await?;
+        let mut objects = Vec::new();
+        match self.start_coordinator(spec, &role, &mut objects).await {
+            Ok(()) => Ok(CoordinatorHandle {
+                backend: NAME.into(),
+                job_id: spec.job_id.clone(),
+                scope: self.cfg.cluster.clone(),
+                objects,
+            }),
+            Err(e) => {
+                let td = objects
+                    .iter()
+                    .find(|o| o.kind == KIND_TASK_DEFINITION)
+                    .map(|o| o.id.clone());
+                let task = objects
+                    .iter()
+                    .find(|o| o.kind == KIND_TASK)
+                    .map(|o| o.id.as_str());
+                let leftovers = match td {
+                    Some(td) => self.delete_coordinator(&td, task).await,
+                    None => Vec::new(),
+                };
+                Err(e.after_cleanup(leftovers))
             }
-            let next = page.next_forward_token().map(str::to_string);
-            // the same token again means the end of the stream
-            if next.is_none() || next == token || page.events().is_empty() {
-                return Ok(out);
-            }
-            token = next;
+        }
+    }
+
+    async fn coordinator_status(&self, handle: &CoordinatorHandle) -> Result<CoordinatorStatus> {
+        let (_, task) = Self::coordinator_objects(handle)?;
+        let gone = || CoordinatorStatus {
+            state: WorkerState::Unknown,
+            detail: Some(
+                "ECS no longer lists the coordinator's task (stopped over an hour ago)".into(),
+            ),
+            ip: None,
+        };
+        let Some(arn) = task else { return Ok(gone()) };
+        let Some(t) = self.describe(std::slice::from_ref(&arn)).await?.pop() else {
+            return Ok(gone());
+        };
+        let s = task_status(0, &t, COORDINATOR);
+        Ok(CoordinatorStatus {
+            state: s.state,
+            detail: s.detail,
+            ip: s.ip,
+        })
+    }
+
+    async fn coordinator_logs(&self, handle: &CoordinatorHandle) -> Result<String> {
+        let (_, task) = Self::coordinator_objects(handle)?;
+        let Some(arn) = task else {
+            return Ok(String::new());
+        };
+        let id = arn.rsplit('/').next().unwrap_or_default();
+        self.read_stream(&format!("{LOG_PREFIX}/{COORDINATOR}/{id}"))
+            .await
+    }
+
+    async fn stop_coordinator(&self, handle: &CoordinatorHandle) -> Result<()> {
+        let (td, task) = Self::coordinator_objects(handle)?;
+        let leftovers = self.delete_coordinator(&td, task.as_deref()).await;
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend: NAME,
+                operation: format!("stop the coordinator of job {}", handle.job_id),
+                status: None,
+                detail: format!("could not delete {}", leftovers.join(", ")),
+            })
         }
     }
 }
@@ -1141,7 +1607,10 @@ fn build_error(e: aws_sdk_ecs::error::BuildError) -> Error {
 /// ECS's answer for a task or task definition that no longer exists.
 fn is_gone<E: ProvideErrorMetadata>(e: &E) -> bool {
     let m = e.message().unwrap_or("").to_ascii_lowercase();
-    m.contains("not found") || m.contains("could not find") || m.contains("does not exist")
+    m.contains("not found")
+        || m.contains("could not find")
+        || m.contains("does not exist")
+        || m.contains("unable to describe task definition")
 }
 
 fn tag<'a>(t: &'a ecs::Task, key: &str) -> Option<&'a str> {
@@ -1151,25 +1620,36 @@ fn tag<'a>(t: &'a ecs::Task, key: &str) -> Option<&'a str> {
         .and_then(|tag| tag.value())
 }
 
-/// The worker container's exit code, when it has one.
-fn worker_exit(t: &ecs::Task) -> Option<i32> {
+/// The exit code of the task's container `name`, when it has one.
+fn exit_of(t: &ecs::Task, name: &str) -> Option<i32> {
     t.containers()
         .iter()
-        .find(|c| c.name() == Some(WORKER))
+        .find(|c| c.name() == Some(name))
         .and_then(|c| c.exit_code())
 }
 
 fn worker_status(rank: usize, t: &ecs::Task) -> WorkerStatus {
+    task_status(rank, t, WORKER)
+}
+
+/// A task as a status, judged by its main container `main` (its exit code says succeeded or failed).
+fn task_status(rank: usize, t: &ecs::Task, main: &str) -> WorkerStatus {
+    let worker_exit = |t: &ecs::Task| exit_of(t, main);
     let last = t.last_status().unwrap_or("");
     let stopping = matches!(
         last,
         "DEACTIVATING" | "STOPPING" | "DEPROVISIONING" | "STOPPED" | "DELETED"
     );
+    // Stopped by a StopTask (ours say "physalia: ..."), whatever the exit code of a SIGTERM: stopped is
+    // not succeeded.
+    let stopped_by_user = t.stop_code() == Some(&ecs::TaskStopCode::UserInitiated)
+        || t.stopped_reason()
+            .is_some_and(|r| r.starts_with("physalia: "));
     let state = match last {
         "PROVISIONING" | "PENDING" | "ACTIVATING" => WorkerState::Pending,
         "RUNNING" if t.desired_status() != Some("STOPPED") => WorkerState::Running,
         "RUNNING" => WorkerState::Failed,
-        _ if stopping && worker_exit(t) == Some(0) => WorkerState::Succeeded,
+        _ if stopping && worker_exit(t) == Some(0) && !stopped_by_user => WorkerState::Succeeded,
         _ if stopping => WorkerState::Failed,
         _ => WorkerState::Unknown,
     };
@@ -1202,6 +1682,22 @@ fn worker_status(rank: usize, t: &ecs::Task) -> WorkerStatus {
         ip: task::eni_ip(t),
         dns_name: None,
         detail: (!detail.is_empty()).then(|| detail.join("; ")),
+    }
+}
+
+/// Why the coordinator's task stopped while its launch waited for it: an image ECS could not pull is named.
+fn coordinator_stopped_error(image: &str, t: &ecs::Task) -> Error {
+    let detail = task_status(0, t, COORDINATOR)
+        .detail
+        .unwrap_or_else(|| "stopped without a reason".into());
+    let detail = if detail.contains("CannotPullContainer") || detail.contains("pull image") {
+        format!("image {image} could not be pulled: {detail}")
+    } else {
+        format!("its task stopped while starting: {detail}")
+    };
+    Error::CoordinatorFailed {
+        backend: NAME,
+        detail,
     }
 }
 
@@ -1334,6 +1830,58 @@ mod tests {
             "{err}"
         );
         assert_eq!(worker_status(1, &exited).state, WorkerState::Failed);
+    }
+
+    #[test]
+    fn a_coordinator_image_ecs_cannot_pull_is_named() {
+        let pull = stopped(
+            "CannotPullContainerError: pull image manifest has been retried 7 time(s): not found",
+            None,
+        );
+        let err = coordinator_stopped_error("ecr/physalia:0.1.0", &pull).to_string();
+        assert!(
+            err.starts_with(
+                "ecs: the coordinator could not start: image ecr/physalia:0.1.0 could not be pulled: \
+                 CannotPullContainerError"
+            ),
+            "{err}"
+        );
+        let exited = stopped("Essential container in task exited", None);
+        let err = coordinator_stopped_error("x", &exited).to_string();
+        assert!(
+            err.contains("its task stopped while starting: Essential container"),
+            "{err}"
+        );
+        // stopped by a StopTask: failed, even with exit code 0
+        let c = ecs::Container::builder()
+            .name(COORDINATOR)
+            .exit_code(0)
+            .build();
+        let by_us = ecs::Task::builder()
+            .last_status("STOPPED")
+            .desired_status("STOPPED")
+            .stopped_reason("physalia: coordinator stopped")
+            .containers(c)
+            .build();
+        assert_eq!(
+            task_status(0, &by_us, COORDINATOR).state,
+            WorkerState::Failed
+        );
+        let done = ecs::Task::builder()
+            .last_status("STOPPED")
+            .desired_status("STOPPED")
+            .stopped_reason("Essential container in task exited")
+            .containers(
+                ecs::Container::builder()
+                    .name(COORDINATOR)
+                    .exit_code(0)
+                    .build(),
+            )
+            .build();
+        assert_eq!(
+            task_status(0, &done, COORDINATOR).state,
+            WorkerState::Succeeded
+        );
     }
 
     #[test]

@@ -20,12 +20,20 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 
 use crate::error::{BackendName, Error, Result};
-use crate::{Backend, LaunchId, Launched, WorkerSpec, WorkerState, WorkerStatus};
+use crate::{
+    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, LaunchId, Launched,
+    PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
+};
 
 pub mod objects;
 
-use objects::{COMPLETION_INDEX, CONTAINER, LABEL_LAUNCH};
-pub use objects::{LaunchObjects, launch_objects};
+use objects::{
+    COMPLETION_INDEX, CONTAINER, COORDINATOR_CONTAINER, LABEL_COORDINATOR, LABEL_LAUNCH,
+};
+pub use objects::{LaunchObjects, coordinator_job, launch_objects};
+
+/// The kind of the coordinator's one object in its [`CoordinatorHandle`].
+const KIND_JOB: &str = "job.batch";
 
 const NAME: BackendName = "kubernetes";
 
@@ -58,6 +66,8 @@ pub struct KubernetesConfig {
     /// Pod `fsGroup`: set it when the image runs as a non-root user, so the secret files (mode 0440, this
     /// group) are readable. Without it they are 0400, owned by root.
     pub fs_group: Option<i64>,
+    /// The ServiceAccount the coordinator's Job runs as (`infra/k8s/rbac.yaml`).
+    pub coordinator_service_account: String,
 }
 
 impl Default for KubernetesConfig {
@@ -71,6 +81,7 @@ impl Default for KubernetesConfig {
             image_pull_secret: None,
             gpu_image: None,
             fs_group: None,
+            coordinator_service_account: "physalia-coordinator".into(),
         }
     }
 }
@@ -269,6 +280,106 @@ impl KubernetesBackend {
             ip,
             dns_name,
             detail: pod_detail(pod),
+        }
+    }
+
+    /// The newest pod of the coordinator's Job `name`, if it has one.
+    async fn coordinator_pod(&self, name: &str) -> Result<Option<Pod>> {
+        let pods = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&format!("{LABEL_COORDINATOR}={name}")))
+            .await
+            .map_err(|e| self.api_error(e, "list pods"))?;
+        Ok(pods.items.into_iter().max_by(|a, b| {
+            a.metadata
+                .creation_timestamp
+                .cmp(&b.metadata.creation_timestamp)
+        }))
+    }
+
+    /// The coordinator Job's name from its handle.
+    fn coordinator_job_name(handle: &CoordinatorHandle) -> Result<String> {
+        handle.check_backend(NAME)?;
+        handle
+            .object(KIND_JOB)
+            .map(str::to_string)
+            .ok_or_else(|| Error::Config {
+                backend: NAME,
+                detail: format!(
+                    "the coordinator handle of job {} names no Job",
+                    handle.job_id
+                ),
+            })
+    }
+
+    /// Waits until the coordinator's pod runs with an IP; `Err` when it cannot.
+    async fn wait_coordinator(&self, spec: &CoordinatorSpec, name: &str) -> Result<()> {
+        let started = tokio::time::Instant::now();
+        loop {
+            let pod = self.coordinator_pod(name).await?;
+            let mut waiting = "no pod yet".to_string();
+            if let Some(pod) = &pod {
+                if let Some(reason) = image_error(pod) {
+                    return Err(Error::CoordinatorFailed {
+                        backend: NAME,
+                        detail: format!("image {} could not be pulled: {reason}", spec.image),
+                    });
+                }
+                if let Some(detail) = config_error(pod) {
+                    return Err(Error::CoordinatorFailed {
+                        backend: NAME,
+                        detail,
+                    });
+                }
+                let status = self.status(0, pod);
+                match status.state {
+                    WorkerState::Running if status.ip.is_some() => return Ok(()),
+                    WorkerState::Succeeded => return Ok(()),
+                    WorkerState::Failed => {
+                        return Err(Error::CoordinatorFailed {
+                            backend: NAME,
+                            detail: status.detail.unwrap_or_else(|| "its pod failed".into()),
+                        });
+                    }
+                    _ => waiting = status.detail.unwrap_or_else(|| "pending".into()),
+                }
+            } else if let Some(quota) = self
+                .creation_refusals(name)
+                .await
+                .into_iter()
+                .find(|m| m.contains("exceeded quota"))
+            {
+                return Err(Error::Quota {
+                    backend: NAME,
+                    rank: None,
+                    detail: format!("the coordinator's pod: {quota}"),
+                });
+            }
+            let waited = started.elapsed();
+            if waited >= self.cfg.start_timeout {
+                return Err(Error::Timeout {
+                    backend: NAME,
+                    what: format!("the coordinator to start ({waiting})"),
+                    waited_s: waited.as_secs(),
+                });
+            }
+            tokio::time::sleep(self.cfg.poll_interval).await;
+        }
+    }
+
+    /// Deletes the coordinator's Job (its pod with it); what could not be deleted.
+    async fn delete_coordinator_job(&self, name: &str) -> Vec<String> {
+        match self
+            .api::<Job>()
+            .delete(name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => Vec::new(),
+            Err(e) if is_not_found(&e) => Vec::new(),
+            Err(e) => vec![format!(
+                "job.batch/{name} in namespace {} ({e})",
+                self.cfg.namespace
+            )],
         }
     }
 
@@ -486,6 +597,140 @@ impl Backend for KubernetesBackend {
         };
         let leftovers = self.delete_objects(&name, all).await;
         Error::stop_all_result(NAME, launch, leftovers)
+    }
+
+    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+        // Kubernetes takes any size and GPU request (a pod nobody can schedule times out at launch with
+        // the scheduler's reason); what can be known now is whether the API server takes our
+        // credentials and lets us list pods in the namespace: a 401 or 403 now, before anything exists.
+        let _ = spec;
+        self.api::<Pod>()
+            .list(&ListParams::default().limit(1))
+            .await
+            .map_err(|e| self.api_error(e, "list pods"))?;
+        Ok(())
+    }
+
+    async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {
+        spec.validate()?;
+        let job = coordinator_job(&self.cfg, spec);
+        let name = LaunchId::coordinator_name(&spec.job_id);
+        self.api::<Job>()
+            .create(&PostParams::default(), &job)
+            .await
+            .map_err(|e| self.create_error(e, "jobs.batch", &name))?;
+        match self.wait_coordinator(spec, &name).await {
+            Ok(()) => Ok(CoordinatorHandle {
+                backend: NAME.into(),
+                job_id: spec.job_id.clone(),
+                scope: self.cfg.namespace.clone(),
+                objects: vec![PlatformObject {
+                    kind: KIND_JOB.into(),
+                    id: name,
+                }],
+            }),
+            Err(e) => {
+                let leftovers = self.delete_coordinator_job(&name).await;
+                Err(e.after_cleanup(leftovers))
+            }
+        }
+    }
+
+    async fn coordinator_status(&self, handle: &CoordinatorHandle) -> Result<CoordinatorStatus> {
+        let name = Self::coordinator_job_name(handle)?;
+        if let Some(pod) = self.coordinator_pod(&name).await? {
+            let mut s = self.status(0, &pod);
+            if let Some(reason) = image_error(&pod).or_else(|| config_error(&pod)) {
+                s.state = WorkerState::Failed;
+                s.detail = Some(reason);
+            }
+            return Ok(CoordinatorStatus {
+                state: s.state,
+                detail: s.detail,
+                ip: s.ip,
+            });
+        }
+        // No pod: not created yet, or gone with its finished Job.
+        match self.api::<Job>().get(&name).await {
+            Ok(job) => {
+                let failed = job
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|c| c.type_ == "Failed" && c.status == "True")
+                            .map(|c| c.message.clone().unwrap_or_else(|| "the Job failed".into()))
+                    });
+                let complete = job
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.succeeded.unwrap_or(0) > 0);
+                Ok(match (failed, complete) {
+                    (Some(why), _) => CoordinatorStatus {
+                        state: WorkerState::Failed,
+                        detail: Some(why),
+                        ip: None,
+                    },
+                    (None, true) => CoordinatorStatus {
+                        state: WorkerState::Succeeded,
+                        detail: None,
+                        ip: None,
+                    },
+                    (None, false) => CoordinatorStatus {
+                        state: WorkerState::Pending,
+                        detail: Some("no pod yet".into()),
+                        ip: None,
+                    },
+                })
+            }
+            Err(e) if is_not_found(&e) => Ok(CoordinatorStatus {
+                state: WorkerState::Unknown,
+                detail: Some(format!(
+                    "job.batch/{name} no longer exists in namespace {} (stopped, or deleted after \
+                     its ttl)",
+                    self.cfg.namespace
+                )),
+                ip: None,
+            }),
+            Err(e) => Err(self.api_error(e, &format!("get job.batch/{name}"))),
+        }
+    }
+
+    async fn coordinator_logs(&self, handle: &CoordinatorHandle) -> Result<String> {
+        let name = Self::coordinator_job_name(handle)?;
+        let Some(pod) = self.coordinator_pod(&name).await? else {
+            return Err(Error::Api {
+                backend: NAME,
+                operation: format!("read the logs of job.batch/{name}"),
+                status: None,
+                detail: "the coordinator has no pod (not started yet, or deleted)".into(),
+            });
+        };
+        let pod_name = pod.metadata.name.unwrap_or_default();
+        let lp = LogParams {
+            container: Some(COORDINATOR_CONTAINER.into()),
+            ..LogParams::default()
+        };
+        self.api::<Pod>()
+            .logs(&pod_name, &lp)
+            .await
+            .map_err(|e| self.api_error(e, &format!("read the logs of pod {pod_name}")))
+    }
+
+    async fn stop_coordinator(&self, handle: &CoordinatorHandle) -> Result<()> {
+        let name = Self::coordinator_job_name(handle)?;
+        let leftovers = self.delete_coordinator_job(&name).await;
+        if leftovers.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Api {
+                backend: NAME,
+                operation: format!("stop the coordinator of job {}", handle.job_id),
+                status: None,
+                detail: format!("could not delete {}", leftovers.join(", ")),
+            })
+        }
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {

@@ -28,9 +28,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::KubernetesConfig;
-use crate::LaunchId;
 use crate::error::{Error, Result};
 use crate::spec::{CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_RANK, SecretValue, WorkerSpec};
+use crate::{CoordinatorSpec, LaunchId};
 
 /// The label every object of a launch carries; its value is [`LaunchId::base_name`].
 pub const LABEL_LAUNCH: &str = "physalia.dev/launch";
@@ -42,6 +42,10 @@ pub const ANNOTATION_SEGMENT: &str = "physalia.dev/segment";
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// The container's name in every worker pod.
 pub const CONTAINER: &str = "worker";
+/// The container's name in the coordinator's pod.
+pub const COORDINATOR_CONTAINER: &str = "coordinator";
+/// The label of the coordinator's Job and pod; its value is [`LaunchId::coordinator_name`].
+pub const LABEL_COORDINATOR: &str = "physalia.dev/coordinator";
 /// The GPU resource the NVIDIA device plugin advertises.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 const SECRETS_VOLUME: &str = "physalia-secrets";
@@ -255,6 +259,110 @@ pub fn launch_objects(
         service,
         secret,
     })
+}
+
+/// The coordinator's `batch/v1` Job: one pod (`backoffLimit: 0`, `restartPolicy: Never`: a coordinator
+/// that fails is not restarted behind the user's back; `submit --resume` decides), running as
+/// [`KubernetesConfig::coordinator_service_account`] (`infra/k8s/rbac.yaml`, whose Role is exactly what
+/// the coordinator calls), with the spec's resources, labels and plain environment plus its own pod IP as
+/// `PHYSALIA_ADVERTISE_IP` (what it hands workers as the control address). It mounts the service-account
+/// token (it calls the API server) and no Secret: nothing secret is in the spec.
+pub fn coordinator_job(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> Job {
+    let name = LaunchId::coordinator_name(&spec.job_id);
+    let mut labels = spec.labels.clone();
+    for (k, v) in [
+        ("app.kubernetes.io/name", "physalia"),
+        ("app.kubernetes.io/component", "coordinator"),
+        ("app.kubernetes.io/managed-by", "physalia"),
+        (LABEL_COORDINATOR, name.as_str()),
+    ] {
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(cfg.namespace.clone()),
+        labels: Some(labels.clone()),
+        annotations: Some(BTreeMap::from([(
+            ANNOTATION_JOB_ID.to_string(),
+            spec.job_id.clone(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let mut env = vec![EnvVar {
+        name: ENV_ADVERTISE_IP.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }];
+    env.extend(
+        spec.env
+            .iter()
+            .filter(|(k, _)| k.as_str() != ENV_ADVERTISE_IP)
+            .map(|(name, value)| EnvVar {
+                name: name.clone(),
+                value: Some(value.clone()),
+                ..EnvVar::default()
+            }),
+    );
+    let container = Container {
+        name: COORDINATOR_CONTAINER.into(),
+        image: Some(spec.image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("control".into()),
+            container_port: i32::from(spec.control_port),
+            protocol: Some("UDP".into()),
+            ..ContainerPort::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), cpu_quantity(spec.cpu)),
+                ("memory".to_string(), memory_quantity(spec.memory_gib)),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                memory_quantity(spec.memory_gib),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    };
+    Job {
+        metadata: meta,
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            completions: Some(1),
+            parallelism: Some(1),
+            ttl_seconds_after_finished: cfg.ttl_after_finished_s,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    service_account_name: Some(cfg.coordinator_service_account.clone()),
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    containers: vec![container],
+                    image_pull_secrets: cfg
+                        .image_pull_secret
+                        .as_ref()
+                        .map(|s| vec![LocalObjectReference { name: s.clone() }]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
 }
 
 /// Secret keys and the volume items that put rank r's files under `<r>/`: a shared file is stored once

@@ -9,12 +9,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arm::{ArmServer, Failure, Lro, RESOURCE_GROUP, SUBSCRIPTION, Script, TOKEN};
+use arm::{ArmServer, COORDINATOR_RANK, Failure, Lro, RESOURCE_GROUP, SUBSCRIPTION, Script, TOKEN};
 use base64::Engine as _;
-use physalia_backends::aci::{AciBackend, AciConfig, StaticToken, body};
+use physalia_backends::aci::{
+    AciBackend, AciConfig, AzCliToken, DefaultAzureToken, ManagedIdentityToken, StaticToken,
+    TokenProvider, body,
+};
 use physalia_backends::{
-    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
-    WorkerState,
+    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
+    WorkerSpec, WorkerState,
 };
 use serde_json::{Value, json};
 
@@ -576,5 +579,339 @@ async fn a_registry_identity_is_sent_as_a_user_assigned_identity() {
     assert_eq!(
         body["identity"]["userAssignedIdentities"][identity],
         json!({})
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The coordinator (cluster mode)
+// ---------------------------------------------------------------------------------------------------
+
+const IDENTITY: &str = "/subscriptions/00000000-0000-0000-0000-00000000beef/resourceGroups/physalia-rg/providers/Microsoft.ManagedIdentity/userAssignedIdentities/physalia-coordinator";
+const COORDINATOR: &str = "physalia-arxiv-1732000000-coordinator";
+
+fn coordinator_spec() -> CoordinatorSpec {
+    CoordinatorSpec {
+        job_id: "arxiv-1732000000".into(),
+        image: "physalia.azurecr.io/physalia:0.1.0".into(),
+        command: vec!["physalia".into(), "coordinate".into()],
+        env: BTreeMap::from([("AZURE_CLIENT_ID".into(), "0000-client".into())]),
+        cpu: 1.0,
+        memory_gib: 2.0,
+        control_port: 7000,
+        labels: BTreeMap::from([("physalia.dev/team".into(), "graphs".into())]),
+    }
+}
+
+fn coordinator_backend(server: &ArmServer, token: Arc<dyn TokenProvider>) -> AciBackend {
+    let cfg = AciConfig {
+        coordinator_identity_id: Some(IDENTITY.into()),
+        ..config(server, 4)
+    };
+    AciBackend::new(cfg, token).unwrap()
+}
+
+fn test_token() -> Arc<dyn TokenProvider> {
+    Arc::new(StaticToken::new(TOKEN, "the test"))
+}
+
+#[tokio::test]
+async fn the_coordinator_is_a_valid_group_with_its_managed_identity_and_stop_deletes_it() {
+    let server = ArmServer::start(Script::default()).await;
+    let backend = coordinator_backend(&server, test_token());
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    assert_eq!(
+        (handle.backend.as_str(), handle.scope.as_str()),
+        ("aci", RESOURCE_GROUP)
+    );
+    assert_eq!(handle.object("container-group"), Some(COORDINATOR));
+    {
+        let rec = server.record();
+        assert!(rec.violations.is_empty(), "{:#?}", rec.violations);
+        assert_eq!(rec.created, [COORDINATOR]);
+        let b = &rec.bodies[COORDINATOR];
+        assert_eq!(b["identity"]["type"], "UserAssigned");
+        assert_eq!(b["identity"]["userAssignedIdentities"][IDENTITY], json!({}));
+        let p = &b["properties"];
+        assert_eq!(p["subnetIds"][0]["id"], SUBNET);
+        assert_eq!(p["restartPolicy"], "Never");
+        assert_eq!(p["ipAddress"]["type"], "Private");
+        assert_eq!(
+            p["ipAddress"]["ports"][0],
+            json!({"port": 7000, "protocol": "UDP"})
+        );
+        let c = &p["containers"][0];
+        assert_eq!(c["name"], "coordinator");
+        assert_eq!(
+            c["properties"]["image"],
+            "physalia.azurecr.io/physalia:0.1.0"
+        );
+        assert_eq!(
+            c["properties"]["resources"]["requests"],
+            json!({"cpu": 1.0, "memoryInGB": 2.0})
+        );
+        assert!(p["volumes"].is_null(), "no secret volume: {p}");
+        assert_eq!(b["tags"]["physalia.dev_team"], "graphs");
+        assert_eq!(b["tags"]["physalia-coordinator"], COORDINATOR);
+    }
+    let status = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(status.state, WorkerState::Running);
+    assert_eq!(status.ip, Some("10.1.0.254".parse().unwrap()));
+    assert_eq!(
+        backend.coordinator_logs(&handle).await.unwrap(),
+        format!("log of {COORDINATOR}/coordinator\n")
+    );
+    backend.stop_coordinator(&handle).await.unwrap();
+    assert_cleaned_up(&server);
+    let gone = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(gone.state, WorkerState::Unknown);
+    backend.stop_coordinator(&handle).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_coordinator_image_that_fails_to_pull_is_refused_and_its_group_deleted() {
+    for (failure, created) in [
+        (Failure::ImagePullFails, true),
+        (Failure::ImageRefused, false),
+    ] {
+        let server = ArmServer::start(Script {
+            failures: BTreeMap::from([(COORDINATOR_RANK, failure.clone())]),
+            ..Script::default()
+        })
+        .await;
+        let err = coordinator_backend(&server, test_token())
+            .launch_coordinator(&coordinator_spec())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::CoordinatorFailed { .. }),
+            "{failure:?}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "aci: the coordinator could not start: image physalia.azurecr.io/physalia:0.1.0 \
+                 could not be pulled"
+            ),
+            "{text}"
+        );
+        assert_eq!(!server.record().created.is_empty(), created, "{failure:?}");
+        assert_cleaned_up(&server);
+    }
+}
+
+#[tokio::test]
+async fn a_coordinator_without_an_identity_is_refused_before_any_call() {
+    let server = ArmServer::start(Script::default()).await;
+    let err = backend(&server)
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("coordinator_identity_id is not set"),
+        "{err}"
+    );
+    assert!(server.record().requests.is_empty());
+}
+
+#[tokio::test]
+async fn check_refuses_gpus_and_bad_credentials_before_anything_is_created() {
+    let server = ArmServer::start(Script::default()).await;
+    backend(&server).check(&spec(2)).await.unwrap();
+    let mut gpu = spec(2);
+    gpu.gpu = Some(GpuRequest {
+        count: 1,
+        kind: None,
+    });
+    let before = server.record().requests.len();
+    let err = backend(&server).check(&gpu).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert_eq!(
+        server.record().requests.len(),
+        before,
+        "no call for a GPU spec"
+    );
+    let err = backend_with(&server, 4, "expired-token")
+        .check(&spec(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err}");
+    assert!(err.to_string().contains("az login"), "{err}");
+    assert!(server.record().created.is_empty());
+}
+
+/// A fake `az` that prints `stdout` and exits with `code`.
+fn fake_az(
+    dir: &std::path::Path,
+    name: &str,
+    stdout: &str,
+    stderr: &str,
+    code: i32,
+) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\necho '{stderr}' >&2\nexit {code}\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn the_azure_cli_token_is_used_and_absent_or_expired_ones_say_az_login() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token_json = |expires: u64| {
+        format!(
+            r#"{{"accessToken": "{TOKEN}", "expires_on": {expires}, "subscription": "{SUBSCRIPTION}", "tokenType": "Bearer"}}"#
+        )
+    };
+    let server = ArmServer::start(Script::default()).await;
+    let with = |program: std::path::PathBuf| -> AciBackend {
+        AciBackend::new(
+            config(&server, 4),
+            Arc::new(AzCliToken::with_program(program)),
+        )
+        .unwrap()
+    };
+    // signed in: the CLI's token reaches ARM
+    let good = fake_az(dir.path(), "az-good", &token_json(now + 3600), "", 0);
+    with(good).check(&spec(1)).await.unwrap();
+    // not signed in, expired, not installed: a credentials error that says what to do, no request
+    let before = server.record().requests.len();
+    let cases = [
+        (
+            fake_az(
+                dir.path(),
+                "az-out",
+                "",
+                "ERROR: Please run az login to setup account.",
+                1,
+            ),
+            "Please run az login to setup account.",
+        ),
+        (
+            fake_az(dir.path(), "az-expired", &token_json(now - 60), "", 0),
+            "token expired",
+        ),
+        (
+            dir.path().join("no-such-az"),
+            "is not installed or not on PATH",
+        ),
+    ];
+    for (program, needle) in cases {
+        let err = with(program).check(&spec(1)).await.unwrap_err();
+        assert!(matches!(err, Error::Credentials { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(needle) && text.contains("az login"), "{text}");
+        assert!(!text.contains(TOKEN), "{text}");
+    }
+    assert_eq!(server.record().requests.len(), before);
+}
+
+/// One HTTP answer per connection on loopback: the instance metadata service's token endpoint.
+async fn identity_endpoint(body: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            log.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).to_string());
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_managed_identity_token_is_used_and_without_one_the_chain_says_az_login() {
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let (url, seen) = identity_endpoint(format!(
+        r#"{{"access_token": "{TOKEN}", "expires_on": "{expires}", "token_type": "Bearer"}}"#
+    ))
+    .await;
+    let server = ArmServer::start(Script::default()).await;
+    let identity = ManagedIdentityToken::with_endpoint(&url, Some("0000-client".into()));
+    AciBackend::new(config(&server, 4), Arc::new(identity))
+        .unwrap()
+        .check(&spec(1))
+        .await
+        .unwrap();
+    let req = seen.lock().unwrap()[0].clone();
+    assert!(req.starts_with("GET /metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fmanagement.azure.com%2F&client_id=0000-client "), "{req}");
+    assert!(req.to_ascii_lowercase().contains("metadata: true"), "{req}");
+
+    // nothing listening for the identity, no az: one credentials error naming both
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    let chain = DefaultAzureToken::new(
+        ManagedIdentityToken::with_endpoint(closed_url, None),
+        AzCliToken::with_program(dir.path().join("az")),
+    );
+    let err = AciBackend::new(config(&server, 4), Arc::new(chain))
+        .unwrap()
+        .check(&spec(1))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Credentials { .. }), "{text}");
+    assert!(
+        text.contains("no managed identity answered")
+            && text.contains("not installed")
+            && text.contains("az login"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_chain_remembers_that_the_cli_gave_the_token() {
+    let (url, seen) = identity_endpoint(r#"{"error": "invalid_request"}"#.into()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let az = fake_az(
+        dir.path(),
+        "az",
+        &format!(r#"{{"accessToken": "{TOKEN}", "expires_on": {expires}}}"#),
+        "",
+        0,
+    );
+    let chain = DefaultAzureToken::new(
+        ManagedIdentityToken::with_endpoint(url, None),
+        AzCliToken::with_program(az),
+    );
+    assert_eq!(chain.token().await.unwrap(), TOKEN);
+    assert_eq!(chain.token().await.unwrap(), TOKEN);
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the identity endpoint is asked once, then the CLI first"
     );
 }

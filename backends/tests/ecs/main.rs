@@ -17,8 +17,8 @@ use base64::Engine as _;
 use physalia_backends::ecs::aws_config;
 use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig, task};
 use physalia_backends::{
-    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
-    WorkerState,
+    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
+    WorkerSpec, WorkerState,
 };
 use serde_json::Value;
 
@@ -94,6 +94,12 @@ impl Moto {
             strings(&self.info["security_groups"]),
             self.info["execution_role_arn"].as_str().unwrap(),
             self.info["log_group"].as_str().unwrap(),
+        );
+        cfg.coordinator_task_role_arn = Some(
+            self.info["coordinator_task_role_arn"]
+                .as_str()
+                .unwrap()
+                .to_string(),
         );
         cfg.poll_interval = Duration::from_millis(20);
         cfg.start_timeout = Duration::from_secs(10);
@@ -701,4 +707,524 @@ async fn bad_credentials_and_missing_permissions() {
     assert_eq!(launched.workers.len(), 2);
     backend.stop_all(&launch).await.unwrap();
     assert_nothing_left(&leftovers(&admin, &launch).await);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The coordinator (cluster mode), preflight, credentials from the environment, the IAM policy
+// ---------------------------------------------------------------------------------------------------
+
+const COORDINATOR: &str = "physalia-products-1732000000-coordinator";
+
+fn coordinator_spec() -> CoordinatorSpec {
+    CoordinatorSpec {
+        job_id: "products-1732000000".into(),
+        image: "123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia:0.1.0".into(),
+        command: vec!["physalia".into(), "coordinate".into()],
+        env: BTreeMap::from([("RUST_LOG".into(), "info".into())]),
+        cpu: 1.0,
+        memory_gib: 2.0,
+        control_port: 7000,
+        labels: BTreeMap::from([("physalia.dev/team".into(), "graphs".into())]),
+    }
+}
+
+/// Revisions of the coordinator's family still registered or not yet deleted, and tasks running.
+async fn coordinator_leftovers(sdk: &aws_config::SdkConfig) -> (Vec<String>, usize) {
+    let ecs_client = aws_sdk_ecs::Client::new(sdk);
+    let mut defs = Vec::new();
+    for status in [
+        ecs::TaskDefinitionStatus::Active,
+        ecs::TaskDefinitionStatus::Inactive,
+    ] {
+        let got = ecs_client
+            .list_task_definitions()
+            .family_prefix(COORDINATOR)
+            .status(status)
+            .send()
+            .await
+            .unwrap();
+        defs.extend(got.task_definition_arns().iter().cloned());
+    }
+    let running = ecs_client
+        .list_tasks()
+        .cluster("physalia")
+        .desired_status(ecs::DesiredStatus::Running)
+        .send()
+        .await
+        .unwrap()
+        .task_arns()
+        .len();
+    (defs, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_runs_as_a_fargate_task_with_its_role_and_stop_leaves_nothing() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let backend = moto.backend(moto.config()).await;
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    assert_eq!(
+        (handle.backend.as_str(), handle.scope.as_str()),
+        ("ecs", "physalia")
+    );
+    let handle: physalia_backends::CoordinatorHandle =
+        serde_json::from_str(&serde_json::to_string(&handle).unwrap()).unwrap();
+    let task_arn = handle.object("task").unwrap().to_string();
+
+    // what ECS was told, read back from it
+    let ecs_client = aws_sdk_ecs::Client::new(&sdk);
+    let td = ecs_client
+        .describe_task_definition()
+        .task_definition(handle.object("task-definition").unwrap())
+        .send()
+        .await
+        .unwrap();
+    let td = td.task_definition().unwrap();
+    assert_eq!(td.family(), Some(COORDINATOR));
+    assert_eq!(
+        td.task_role_arn(),
+        moto.info["coordinator_task_role_arn"].as_str()
+    );
+    assert_eq!(td.requires_compatibilities(), [ecs::Compatibility::Fargate]);
+    assert_eq!(td.network_mode(), Some(&ecs::NetworkMode::Awsvpc));
+    assert_eq!((td.cpu(), td.memory()), (Some("1024"), Some("2048")));
+    let c = &td.container_definitions()[0];
+    assert_eq!(c.name(), Some("coordinator"));
+    assert!(c.secrets().is_empty(), "the coordinator gets no secret");
+    assert_eq!(env_of(c)["RUST_LOG"], "info");
+    assert_eq!(c.port_mappings()[0].container_port(), Some(7000));
+    let log = c.log_configuration().unwrap();
+    assert_eq!(
+        log.options()
+            .unwrap()
+            .get("awslogs-stream-prefix")
+            .map(String::as_str),
+        Some("physalia")
+    );
+    let task = ecs_client
+        .describe_tasks()
+        .cluster("physalia")
+        .tasks(&task_arn)
+        .include(ecs::TaskField::Tags)
+        .send()
+        .await
+        .unwrap();
+    let task = &task.tasks()[0];
+    assert_eq!(task.started_by(), Some(COORDINATOR));
+    assert!(
+        task.tags()
+            .iter()
+            .any(|t| t.key() == Some("physalia.dev/team"))
+    );
+
+    let status = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(status.state, WorkerState::Running, "{status:?}");
+    assert!(status.ip.is_some(), "the task's ENI address");
+
+    // logs: the awslogs stream physalia/coordinator/<task id>
+    let logs = aws_sdk_cloudwatchlogs::Client::new(&sdk);
+    let stream = format!(
+        "physalia/coordinator/{}",
+        task_arn.rsplit('/').next().unwrap()
+    );
+    logs.create_log_stream()
+        .log_group_name("/physalia/workers")
+        .log_stream_name(&stream)
+        .send()
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    logs.put_log_events()
+        .log_group_name("/physalia/workers")
+        .log_stream_name(&stream)
+        .log_events(
+            aws_sdk_cloudwatchlogs::types::InputLogEvent::builder()
+                .timestamp(now)
+                .message("job products-1732000000: 3 workers")
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.coordinator_logs(&handle).await.unwrap(),
+        "job products-1732000000: 3 workers\n"
+    );
+
+    backend.stop_coordinator(&handle).await.unwrap();
+    assert_eq!(coordinator_leftovers(&sdk).await, (vec![], 0));
+    let stopped = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(stopped.state, WorkerState::Failed, "{stopped:?}");
+    assert!(
+        stopped
+            .detail
+            .unwrap()
+            .contains("physalia: coordinator stopped"),
+        "ECS's stopped reason"
+    );
+    backend.stop_coordinator(&handle).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_coordinator_settings_are_refused_with_the_platforms_reason_and_leave_nothing() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+
+    // an unknown cluster: DescribeClusters says MISSING, nothing is registered
+    let mut cfg = moto.config();
+    cfg.cluster = "no-such-cluster".into();
+    let err = moto
+        .backend(cfg)
+        .await
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("cluster no-such-cluster") && text.contains("MISSING"),
+        "{text}"
+    );
+    assert!(text.contains("infra/ecs"), "{text}");
+    assert_eq!(coordinator_leftovers(&sdk).await, (vec![], 0));
+
+    // a subnet that does not exist: RunTask's refusal, the task definition deleted again
+    let mut cfg = moto.config();
+    cfg.subnets = vec!["subnet-0000dead".into()];
+    let err = moto
+        .backend(cfg)
+        .await
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("subnet-0000dead") && text.contains("does not exist"),
+        "{text}"
+    );
+    assert_eq!(coordinator_leftovers(&sdk).await, (vec![], 0));
+    // workers too: the secrets and task definitions made before RunTask refused are deleted
+    let mut cfg = moto.config();
+    cfg.subnets = vec!["subnet-0000dead".into()];
+    let spec = spec(2);
+    let err = moto.backend(cfg).await.launch(&spec, 2).await.unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err}");
+    assert!(err.to_string().contains("subnet-0000dead"), "{err}");
+    assert_nothing_left(&leftovers(&sdk, &LaunchId::new(&spec.job_id, spec.segment)).await);
+
+    // no coordinator role configured: refused before any call
+    let mut cfg = moto.config();
+    cfg.coordinator_task_role_arn = None;
+    let err = moto
+        .backend(cfg)
+        .await
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("coordinator_task_role_arn is not set"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_an_unknown_cluster_and_gpus_on_fargate_before_anything_is_created() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    moto.backend(moto.config())
+        .await
+        .check(&spec(2))
+        .await
+        .unwrap();
+    let mut cfg = moto.config();
+    cfg.cluster = "no-such-cluster".into();
+    let err = moto.backend(cfg).await.check(&spec(2)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("DescribeClusters: MISSING"),
+        "{err}"
+    );
+    let mut gpu = spec(2);
+    gpu.gpu = Some(GpuRequest {
+        count: 1,
+        kind: None,
+    });
+    let err = moto
+        .backend(moto.config())
+        .await
+        .check(&gpu)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("Fargate has no GPUs"), "{err}");
+    assert_nothing_left(&leftovers(&sdk, &LaunchId::new("products-1732000000", 2)).await);
+}
+
+/// Runs this test binary's `from_env_child` with exactly `env` (no inherited AWS settings, no profile
+/// files) and returns what it printed. A child that runs for over two minutes is killed: the credential
+/// chain must not hang.
+fn run_child(args: &Value) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "from_env_child",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env_clear()
+    .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+    .env("HOME", home.path())
+    .env("AWS_CONFIG_FILE", home.path().join("none"))
+    .env("AWS_SHARED_CREDENTIALS_FILE", home.path().join("none"))
+    .env("PHYSALIA_ECS_CHILD", args.to_string())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for (k, v) in args["env"].as_object().unwrap() {
+        cmd.env(k, v.as_str().unwrap());
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the child hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The child half of [`from_env_reads_the_endpoint_and_keys_from_the_environment`]: builds the backend
+/// with `EcsBackend::from_env` and prints what happened.
+#[tokio::test]
+#[ignore = "run by its parent test with a prepared environment"]
+async fn from_env_child() {
+    let Ok(args) = std::env::var("PHYSALIA_ECS_CHILD") else {
+        return;
+    };
+    let args: Value = serde_json::from_str(&args).unwrap();
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut cfg = EcsConfig::new(
+        "physalia",
+        strings(&args["subnets"]),
+        strings(&args["security_groups"]),
+        args["execution_role_arn"].as_str().unwrap(),
+        "/physalia/workers",
+    );
+    cfg.coordinator_task_role_arn = args["coordinator_task_role_arn"].as_str().map(String::from);
+    cfg.poll_interval = Duration::from_millis(20);
+    cfg.max_attempts = 1;
+    match EcsBackend::from_env(cfg, None).await {
+        Err(e) => println!("FROM_ENV ERROR: {e}"),
+        Ok(backend) => {
+            backend.check(&spec(1)).await.unwrap();
+            let handle = backend
+                .launch_coordinator(&coordinator_spec())
+                .await
+                .unwrap();
+            backend.stop_coordinator(&handle).await.unwrap();
+            println!("FROM_ENV OK");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_env_reads_the_endpoint_and_keys_from_the_environment() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let mut args = moto.info.clone();
+    args["env"] = serde_json::json!({
+        "AWS_ENDPOINT_URL": moto.endpoint(),
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    });
+    let out = run_child(&args);
+    assert!(out.contains("FROM_ENV OK"), "{out}");
+
+    // No credentials anywhere, and an instance-metadata endpoint that accepts connections and never
+    // answers: a credentials error with the hint, not a hang.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let imds = format!("http://{}", silent.local_addr().unwrap());
+    args["env"] = serde_json::json!({
+        "AWS_ENDPOINT_URL": moto.endpoint(),
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds,
+    });
+    let out = run_child(&args);
+    drop(silent);
+    assert!(
+        out.contains("FROM_ENV ERROR: ecs: the platform refused the credentials"),
+        "{out}"
+    );
+    assert!(
+        out.contains("aws configure") && out.contains("AWS_PROFILE"),
+        "{out}"
+    );
+    let sdk = moto.sdk().await;
+    assert_eq!(coordinator_leftovers(&sdk).await, (vec![], 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_credentials_are_refused_with_a_hint() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(format!("http://127.0.0.1:{port}"))
+        .credentials_provider(aws_sdk_ecs::config::Credentials::new(
+            "ASIAEXPIREDEXPIRED00",
+            "s",
+            Some("session".into()),
+            Some(std::time::SystemTime::now() - Duration::from_secs(600)),
+            "test",
+        ))
+        .load()
+        .await;
+    let backend = EcsBackend::new(
+        EcsConfig::new(
+            "physalia",
+            vec!["subnet-1".into()],
+            vec![],
+            "arn:aws:iam::123456789012:role/x",
+            "/physalia/workers",
+        ),
+        &sdk,
+    )
+    .unwrap();
+    let err = backend.check(&spec(1)).await.unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("expired") && text.contains("aws configure"),
+        "{text}"
+    );
+    assert!(!text.contains("ASIAEXPIREDEXPIRED00"), "{text}");
+}
+
+/// `actions = [...]` of every statement of `data "aws_iam_policy_document" "<name>"` in `tf`, and the
+/// resources of the statement granting `iam:PassRole`.
+fn policy_actions(tf: &str, name: &str) -> (std::collections::BTreeSet<String>, Vec<String>) {
+    let start = tf
+        .find(&format!("data \"aws_iam_policy_document\" \"{name}\" {{"))
+        .unwrap_or_else(|| panic!("no policy document {name}"));
+    // the block ends at the first line that is exactly "}"
+    let body = &tf[start..];
+    let end = body.find("\n}\n").unwrap();
+    let body = &body[..end];
+    let list = |text: &str| -> Vec<String> {
+        text.split(',')
+            .map(|s| s.trim().trim_matches('"').to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let mut actions = std::collections::BTreeSet::new();
+    let mut pass_role = Vec::new();
+    for statement in body.split("statement {").skip(1) {
+        let field = |key: &str| -> Vec<String> {
+            let Some(at) = statement.find(&format!("{key} ")) else {
+                return Vec::new();
+            };
+            let rest = &statement[at..];
+            let open = rest.find('[').unwrap();
+            let close = rest.find(']').unwrap();
+            list(&rest[open + 1..close])
+        };
+        let acts = field("actions");
+        if acts.iter().any(|a| a == "iam:PassRole") {
+            pass_role = field("resources");
+        }
+        actions.extend(acts);
+    }
+    (actions, pass_role)
+}
+
+/// infra/ecs's coordinator policy grants exactly the calls a coordinator makes: a whole worker job
+/// (preflight, launch, list, logs, stop, stop all) through a recording proxy, plus the authorization-only
+/// actions those calls imply (tagging at creation, passing the worker roles), and passes exactly the
+/// roles the task definitions name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_policy_grants_exactly_the_calls_the_backend_makes() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let proxy = proxy::Throttle::start(moto.endpoint(), "", 0).await;
+    let mut cfg = moto.config();
+    cfg.task_role_arn = Some("arn:aws:iam::123456789012:role/physalia-worker".into());
+    let backend = EcsBackend::new(cfg, &sdk_for(&proxy.url(), "testing", "testing").await).unwrap();
+    let spec = spec(2);
+    let launch = LaunchId::new(&spec.job_id, spec.segment);
+    backend.check(&spec).await.unwrap();
+    backend.launch(&spec, 2).await.unwrap();
+    backend.list(&launch).await.unwrap();
+    backend.logs(&launch, 0).await.unwrap();
+    backend.stop(&launch, 1).await.unwrap();
+    backend.stop_all(&launch).await.unwrap();
+    let mut called = proxy.actions();
+    // authorization-only actions: tags sent with RegisterTaskDefinition, RunTask and CreateSecret, and
+    // the execution and task roles named in each task definition
+    called.extend(
+        [
+            "ecs:TagResource",
+            "secretsmanager:TagResource",
+            "iam:PassRole",
+        ]
+        .map(String::from),
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/ecs");
+    let tf = std::fs::read_to_string(root.join("main.tf")).unwrap();
+    let (granted, passed) = policy_actions(&tf, "coordinator");
+    let missing: Vec<_> = called.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&called).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+    );
+    // PassRole names exactly the roles behind the two EcsConfig fields a worker task definition uses
+    // (infra/ecs's outputs have the fields' names)
+    let outputs = std::fs::read_to_string(root.join("outputs.tf")).unwrap();
+    let output = |name: &str| -> String {
+        let at = outputs
+            .find(&format!("output \"{name}\" {{"))
+            .unwrap_or_else(|| panic!("no output {name}"));
+        let rest = &outputs[at..];
+        let v = rest.find("value").unwrap();
+        let line = rest[v..].lines().next().unwrap();
+        line.split('=').nth(1).unwrap().trim().to_string()
+    };
+    let mut want = vec![output("execution_role_arn"), output("task_role_arn")];
+    want.sort();
+    let mut passed = passed;
+    passed.sort();
+    assert_eq!(passed, want);
 }

@@ -41,7 +41,15 @@ def main() -> None:
     ap.add_argument("--container-instances", type=int, default=0)
     ap.add_argument("--tasks-stay-running", action="store_true")
     ap.add_argument("--enforce-auth", action="store_true")
-    args = ap.parse_args()
+    server, out = start(ap.parse_args())
+    print(json.dumps(out), flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+def start(args: argparse.Namespace) -> tuple[ThreadedMotoServer, dict]:
+    """Starts and seeds the server (tests/ecs/ecs_agent.py drives it in-process); returns it and what
+    main() prints."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -99,6 +107,7 @@ def main() -> None:
         }
     )
     role = iam.create_role(RoleName="physalia-worker-execution", AssumeRolePolicyDocument=trust)
+    coordinator = iam.create_role(RoleName="physalia-coordinator", AssumeRolePolicyDocument=trust)
     out = {
         "endpoint": url,
         "region": REGION,
@@ -107,6 +116,7 @@ def main() -> None:
         "security_groups": [sg],
         "log_group": "/physalia/workers",
         "execution_role_arn": role["Role"]["Arn"],
+        "coordinator_task_role_arn": coordinator["Role"]["Arn"],
         "users": {},
     }
 
@@ -135,9 +145,7 @@ def main() -> None:
         # from now on every request is authenticated and authorized
         post(url, "/moto-api/reset-auth", "0")
 
-    print(json.dumps(out), flush=True)
-    sys.stdin.read()
-    server.stop()
+    return server, out
 
 
 def post(url: str, path: str, body: str) -> None:

@@ -2,10 +2,11 @@
 //! for it get ECS's `ThrottlingException` answer (HTTP 400, as ECS sends it); everything else is
 //! forwarded untouched. Moto has no throttling of its own.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -15,6 +16,7 @@ use hyper_util::rt::TokioIo;
 pub struct Throttle {
     addr: SocketAddr,
     seen: Arc<AtomicU32>,
+    targets: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Throttle {
@@ -23,22 +25,35 @@ impl Throttle {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(AtomicU32::new(0));
+        let targets = Arc::new(Mutex::new(BTreeSet::new()));
         let client = reqwest::Client::new();
         let counter = seen.clone();
+        let record = targets.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (client, upstream, counter) =
-                    (client.clone(), upstream.clone(), counter.clone());
+                let (client, upstream, counter, record) = (
+                    client.clone(),
+                    upstream.clone(),
+                    counter.clone(),
+                    record.clone(),
+                );
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let (client, upstream, counter) =
-                            (client.clone(), upstream.clone(), counter.clone());
+                        let (client, upstream, counter, record) = (
+                            client.clone(),
+                            upstream.clone(),
+                            counter.clone(),
+                            record.clone(),
+                        );
                         async move {
                             Ok::<_, Infallible>(
-                                forward(&client, &upstream, operation, times, &counter, req).await,
+                                forward(
+                                    &client, &upstream, operation, times, &counter, &record, req,
+                                )
+                                .await,
                             )
                         }
                     });
@@ -48,7 +63,17 @@ impl Throttle {
                 });
             }
         });
-        Throttle { addr, seen }
+        Throttle {
+            addr,
+            seen,
+            targets,
+        }
+    }
+
+    /// Every operation that went through, as IAM names its action: `ecs:RunTask`,
+    /// `secretsmanager:CreateSecret`, `logs:GetLogEvents`.
+    pub fn actions(&self) -> BTreeSet<String> {
+        self.targets.lock().unwrap().clone()
     }
 
     pub fn url(&self) -> String {
@@ -67,6 +92,7 @@ async fn forward(
     operation: &str,
     times: u32,
     seen: &AtomicU32,
+    record: &Mutex<BTreeSet<String>>,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     let target = req
@@ -75,6 +101,17 @@ async fn forward(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    // `AmazonEC2ContainerServiceV20141113.RunTask`, `secretsmanager.CreateSecret`,
+    // `Logs_20140328.GetLogEvents`: the JSON protocols name the operation in this header
+    if let Some((service, op)) = target.split_once('.') {
+        let prefix = match service {
+            "AmazonEC2ContainerServiceV20141113" => "ecs",
+            "secretsmanager" => "secretsmanager",
+            "Logs_20140328" => "logs",
+            other => other,
+        };
+        record.lock().unwrap().insert(format!("{prefix}:{op}"));
+    }
     if target.ends_with(&format!(".{operation}")) {
         let n = seen.fetch_add(1, Ordering::SeqCst);
         if n < times {

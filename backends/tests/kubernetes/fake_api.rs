@@ -32,6 +32,8 @@ pub struct Script {
     pub refuse_create: Option<(&'static str, u16, &'static str, String)>,
     /// Events in the namespace (the Job controller's FailedCreate, for instance).
     pub events: Vec<Value>,
+    /// The coordinator Job's pod at each poll (polls of the coordinator's pods count from 0).
+    pub coordinator: Box<dyn Fn(usize) -> PodState + Send>,
 }
 
 impl Default for Script {
@@ -46,6 +48,13 @@ impl Default for Script {
             }),
             refuse_create: None,
             events: Vec::new(),
+            coordinator: Box::new(|poll| {
+                if poll == 0 {
+                    PodState::Pending
+                } else {
+                    PodState::Running
+                }
+            }),
         }
     }
 }
@@ -65,6 +74,8 @@ pub struct Record {
     pub live: BTreeMap<String, Value>,
     /// Requests the fake did not understand.
     pub unexpected: Vec<String>,
+    /// `(apiGroup, resource, verb)` of every request, as the API server's authorizer sees it.
+    pub access: std::collections::BTreeSet<(String, String, String)>,
 }
 
 pub struct FakeApi {
@@ -83,6 +94,7 @@ impl FakeApi {
                 record: rec,
                 resumed: None,
                 polls: 0,
+                coordinator_polls: 0,
                 uid: 0,
             };
             while let Some((request, send)) = handle.next_request().await {
@@ -104,6 +116,7 @@ struct Server {
     /// The resumed Job's name and completions.
     resumed: Option<(String, usize)>,
     polls: usize,
+    coordinator_polls: usize,
     uid: u32,
 }
 
@@ -140,15 +153,37 @@ impl Server {
 
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         // /api/v1/namespaces/NS/RES[/NAME[/SUB]] or /apis/batch/v1/namespaces/NS/RES[/NAME]
-        let rest = match parts.as_slice() {
-            ["api", "v1", "namespaces", ns, rest @ ..] if *ns == NS => rest,
-            ["apis", "batch", "v1", "namespaces", ns, rest @ ..] if *ns == NS => rest,
+        let (group, rest) = match parts.as_slice() {
+            ["api", "v1", "namespaces", ns, rest @ ..] if *ns == NS => ("", rest),
+            ["apis", "batch", "v1", "namespaces", ns, rest @ ..] if *ns == NS => ("batch", rest),
             _ => return self.unexpected(&method, &path),
         };
+        // The authorizer's view: resource (with subresource), verb.
+        let resource = match rest {
+            [res, _, sub] => format!("{res}/{sub}"),
+            [res, ..] => res.to_string(),
+            [] => String::new(),
+        };
+        let verb = match (&method, rest.len()) {
+            (&Method::GET, 1) => "list",
+            (&Method::GET, _) => "get",
+            (&Method::POST, _) => "create",
+            (&Method::PATCH, _) => "patch",
+            (&Method::PUT, _) => "update",
+            (&Method::DELETE, 1) => "deletecollection",
+            (&Method::DELETE, _) => "delete",
+            _ => "unknown",
+        };
+        self.record
+            .lock()
+            .unwrap()
+            .access
+            .insert((group.to_string(), resource, verb.to_string()));
         match (&method, rest) {
             (&Method::POST, [res]) => self.create(res, body),
             (&Method::PATCH, ["jobs", name]) => self.patch_job(name, body),
-            (&Method::GET, ["pods"]) => self.list_pods(),
+            (&Method::GET, ["jobs", name]) => self.get("jobs", name),
+            (&Method::GET, ["pods"]) => self.list_pods(&query),
             (&Method::GET, ["events"]) => respond(
                 StatusCode::OK,
                 &json!({"apiVersion": "v1", "kind": "EventList", "metadata": {},
@@ -212,8 +247,62 @@ impl Server {
         respond(StatusCode::OK, &job)
     }
 
-    fn list_pods(&mut self) -> Response<Body> {
+    fn get(&mut self, res: &str, name: &str) -> Response<Body> {
+        match self
+            .record
+            .lock()
+            .unwrap()
+            .live
+            .get(&format!("{res}/{name}"))
+        {
+            Some(obj) => respond(StatusCode::OK, obj),
+            None => status(404, "NotFound", &format!("{res} \"{name}\" not found")),
+        }
+    }
+
+    /// Pods matching the request's `labelSelector` (one `key=value`, as the backend sends): the
+    /// resumed worker Job's, from the script, and the coordinator Job's while it exists.
+    fn list_pods(&mut self, query: &str) -> Response<Body> {
+        let selector = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("labelSelector="))
+            .map(|v| {
+                v.replace("%2F", "/")
+                    .replace("%2f", "/")
+                    .replace("%3D", "=")
+                    .replace("%3d", "=")
+            });
+        let selected = |pod: &Value| match selector.as_deref().and_then(|s| s.split_once('=')) {
+            Some((k, v)) => pod["metadata"]["labels"][k] == json!(v),
+            None => true,
+        };
         let mut items = Vec::new();
+        let coordinators: Vec<String> = self
+            .record
+            .lock()
+            .unwrap()
+            .live
+            .iter()
+            .filter(|(k, job)| {
+                k.starts_with("jobs/")
+                    && job["metadata"]["labels"]["app.kubernetes.io/component"] == "coordinator"
+            })
+            .map(|(k, _)| k["jobs/".len()..].to_string())
+            .collect();
+        for job in coordinators {
+            let state = (self.script.coordinator)(self.coordinator_polls);
+            if let Some(pod) = coordinator_pod(&job, &state)
+                && selected(&pod)
+            {
+                items.push(pod);
+            }
+        }
+        if selector
+            .as_deref()
+            .is_some_and(|s| s.starts_with("physalia.dev/coordinator="))
+        {
+            self.coordinator_polls += 1;
+        }
         if let Some((job, n)) = &self.resumed {
             let deleted = &self.record.lock().unwrap().deleted;
             for rank in 0..*n {
@@ -222,11 +311,18 @@ impl Server {
                     continue;
                 }
                 let state = (self.script.pods)(self.polls, rank);
-                if let Some(pod) = pod(job, rank, &pod_name, &state) {
+                if let Some(pod) = pod(job, rank, &pod_name, &state)
+                    && selected(&pod)
+                {
                     items.push(pod);
                 }
             }
-            self.polls += 1;
+            if selector
+                .as_deref()
+                .is_none_or(|s| s.starts_with("physalia.dev/launch="))
+            {
+                self.polls += 1;
+            }
         }
         respond(
             StatusCode::OK,
@@ -254,6 +350,24 @@ impl Server {
             None => status(404, "NotFound", &format!("{res} \"{name}\" not found")),
         }
     }
+}
+
+/// The coordinator Job's pod, `<job>-c0d3r`, in `state`.
+fn coordinator_pod(job: &str, state: &PodState) -> Option<Value> {
+    let mut pod = pod(job, 0, &format!("{job}-c0d3r"), state)?;
+    pod["metadata"]["labels"] = json!({"physalia.dev/coordinator": job});
+    pod["metadata"]["annotations"] = json!({});
+    pod["spec"] = json!({"containers": [{"name": "coordinator"}]});
+    if let Some(cs) = pod["status"]["containerStatuses"].as_array_mut() {
+        for c in cs {
+            c["name"] = json!("coordinator");
+        }
+    }
+    pod["status"]["podIP"] = match state {
+        PodState::Running | PodState::Failed(_) => json!("10.244.0.5"),
+        _ => Value::Null,
+    };
+    Some(pod)
 }
 
 fn pod(job: &str, rank: usize, name: &str, state: &PodState) -> Option<Value> {

@@ -9,10 +9,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use fake_api::{FakeApi, NS, PodState, Script};
-use physalia_backends::kubernetes::{KubernetesBackend, KubernetesConfig, launch_objects};
+use physalia_backends::kubernetes::{
+    KubernetesBackend, KubernetesConfig, coordinator_job, launch_objects,
+};
 use physalia_backends::{
-    Backend, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec,
-    WorkerState,
+    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
+    WorkerSpec, WorkerState,
 };
 use serde_json::{Value, json};
 
@@ -550,6 +552,11 @@ async fn every_generated_object_and_infra_manifest_validates_against_the_kuberne
     for (label, n, spec) in [("cpu", 3, spec(3)), ("gpu", 4, gpu_spec(4))] {
         let (backend, fake) = backend(Script::default());
         backend.launch(&spec, n).await.unwrap();
+        // and the coordinator's Job, as sent
+        backend
+            .launch_coordinator(&coordinator_spec())
+            .await
+            .unwrap();
         for (i, body) in fake.record().bodies.iter().enumerate() {
             let path = dir.path().join(format!("{label}-{i}.json"));
             std::fs::write(&path, serde_json::to_vec_pretty(body).unwrap()).unwrap();
@@ -584,6 +591,23 @@ fn the_schema_check_refuses_a_bad_object() {
     }
 }
 
+/// The coordinator's Job, as sent, against a golden file (`BLESS=1` rewrites it).
+#[test]
+fn golden_coordinator_job() {
+    let actual = serde_json::to_string_pretty(&coordinator_job(&config(), &coordinator_spec()))
+        .unwrap()
+        + "\n";
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kubernetes/golden/coordinator.json");
+    if std::env::var("BLESS").as_deref() == Ok("1") {
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with BLESS=1 to create it)", path.display()));
+    assert_eq!(expected, actual, "BLESS=1 rewrites {}", path.display());
+}
+
 /// The objects of a GPU launch, as they would be sent (before the Job's uid exists), against a golden
 /// file. `BLESS=1 cargo test -p physalia-backends` rewrites it after a deliberate change.
 #[test]
@@ -610,5 +634,313 @@ fn golden_launch_objects() {
         actual,
         "generated objects changed; BLESS=1 rewrites {}",
         path.display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The coordinator (cluster mode)
+// ---------------------------------------------------------------------------------------------------
+
+const COORDINATOR: &str = "physalia-cora-1732000000-coordinator";
+
+fn coordinator_spec() -> CoordinatorSpec {
+    CoordinatorSpec {
+        job_id: "cora-1732000000".into(),
+        image: "ghcr.io/physalia/physalia:0.1.0".into(),
+        command: vec![
+            "physalia".into(),
+            "coordinate".into(),
+            "cora-1732000000".into(),
+        ],
+        env: BTreeMap::from([("RUST_LOG".into(), "info".into())]),
+        cpu: 1.0,
+        memory_gib: 2.0,
+        control_port: 7000,
+        labels: BTreeMap::from([("physalia.dev/team".into(), "graphs".into())]),
+    }
+}
+
+#[tokio::test]
+async fn the_coordinator_is_a_job_under_its_service_account_and_stop_deletes_it() {
+    let (backend, fake) = backend(Script::default());
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    assert_eq!(handle.backend, "kubernetes");
+    assert_eq!(handle.scope, NS);
+    assert_eq!(handle.object("job.batch"), Some(COORDINATOR));
+    // plain data: the job store keeps it, another process reads it back
+    let handle: physalia_backends::CoordinatorHandle =
+        serde_json::from_str(&serde_json::to_string(&handle).unwrap()).unwrap();
+    {
+        let rec = fake.record();
+        assert_eq!(rec.created, [format!("jobs/{COORDINATOR}")]);
+        let job = &rec.bodies[0];
+        assert_eq!(job["spec"]["backoffLimit"], 0);
+        assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 3600);
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "physalia-coordinator");
+        assert_eq!(pod["restartPolicy"], "Never");
+        let c = &pod["containers"][0];
+        assert_eq!(c["image"], "ghcr.io/physalia/physalia:0.1.0");
+        assert_eq!(c["resources"]["requests"]["cpu"], "1000m");
+        assert_eq!(c["resources"]["limits"]["memory"], "2048Mi");
+        assert_eq!(c["ports"][0]["containerPort"], 7000);
+        assert_eq!(c["ports"][0]["protocol"], "UDP");
+        assert_eq!(job["metadata"]["labels"]["physalia.dev/team"], "graphs");
+        assert_eq!(
+            job["spec"]["template"]["metadata"]["labels"]["physalia.dev/coordinator"],
+            COORDINATOR
+        );
+        // no secret anywhere: no Secret object, no secret volume, no env from a Secret
+        let text = job.to_string();
+        assert!(
+            !text.contains("secretKeyRef") && !text.contains("\"secret\""),
+            "{text}"
+        );
+        assert!(pod["volumes"].is_null(), "{pod}");
+        let env: Vec<&str> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(env, ["PHYSALIA_ADVERTISE_IP", "RUST_LOG"]);
+    }
+
+    let status = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(status.state, WorkerState::Running);
+    assert_eq!(status.ip, Some("10.244.0.5".parse().unwrap()));
+    assert_eq!(
+        backend.coordinator_logs(&handle).await.unwrap(),
+        format!("log of {COORDINATOR}-c0d3r\n")
+    );
+    assert!(
+        fake.record().requests.iter().any(|r| r.contains(&format!(
+            "pods/{COORDINATOR}-c0d3r/log?&container=coordinator"
+        )) || r.contains(&format!(
+            "pods/{COORDINATOR}-c0d3r/log?container=coordinator"
+        ))),
+        "{:?}",
+        fake.record().requests
+    );
+
+    backend.stop_coordinator(&handle).await.unwrap();
+    assert_cleaned_up(&fake);
+    let gone = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(gone.state, WorkerState::Unknown, "{gone:?}");
+    assert!(gone.detail.unwrap().contains("no longer exists"));
+    // stopping again is fine
+    backend.stop_coordinator(&handle).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_coordinator_image_that_cannot_be_pulled_fails_the_launch_and_deletes_its_job() {
+    let script = Script {
+        coordinator: Box::new(|poll| {
+            if poll == 0 {
+                PodState::Pending
+            } else {
+                PodState::ImagePull("manifest unknown: ghcr.io/physalia/physalia:0.1.0")
+            }
+        }),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::CoordinatorFailed { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "kubernetes: the coordinator could not start: image ghcr.io/physalia/physalia:0.1.0 could \
+         not be pulled: ErrImagePull: manifest unknown: ghcr.io/physalia/physalia:0.1.0"
+    );
+    assert_cleaned_up(&fake);
+}
+
+#[tokio::test]
+async fn a_missing_namespace_refuses_the_coordinator_and_creates_nothing() {
+    let script = Script {
+        refuse_create: Some((
+            "jobs",
+            404,
+            "NotFound",
+            "namespaces \"physalia\" not found".into(),
+        )),
+        ..Script::default()
+    };
+    let (backend, fake) = backend(script);
+    let err = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("infra/k8s/namespace.yaml"),
+        "{err}"
+    );
+    assert!(fake.record().created.is_empty());
+}
+
+#[tokio::test]
+async fn check_reports_refused_credentials_before_anything_is_created() {
+    let (backend, fake) = backend(Script::default());
+    backend.check(&spec(2)).await.unwrap();
+    assert!(fake.record().created.is_empty());
+    // a kube client whose every answer is 401
+    let (service, mut handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    tokio::spawn(async move {
+        while let Some((_, send)) = handle.next_request().await {
+            let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401});
+            send.send_response(
+                http::Response::builder()
+                    .status(401)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let backend = KubernetesBackend::new(kube::Client::new(service, NS), config());
+    let err = backend.check(&spec(2)).await.unwrap_err();
+    assert!(matches!(err, Error::Credentials { .. }), "{err:?}");
+    assert!(err.to_string().contains("kubectl auth whoami"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// RBAC: the Role grants exactly what the code calls
+// ---------------------------------------------------------------------------------------------------
+
+/// `(apiGroup, resource, verb)` triples of the Role named `physalia-coordinator` in `rbac.yaml`, and
+/// whether a RoleBinding binds it to the ServiceAccount of that name. The file keeps each rule's lists
+/// in flow style (`verbs: ["create", "delete"]`); this reads that form and refuses any other.
+fn role_rules(yaml: &str) -> (std::collections::BTreeSet<(String, String, String)>, bool) {
+    let flow = |line: &str, key: &str| -> Option<Vec<String>> {
+        let rest = line.trim().trim_start_matches("- ").strip_prefix(key)?;
+        let rest = rest.trim().strip_prefix('[')?.strip_suffix(']')?;
+        Some(
+            rest.split(',')
+                .map(|s| s.trim().trim_matches('"').to_string())
+                .filter(|s| !s.is_empty() || rest.trim() == "\"\"")
+                .collect(),
+        )
+    };
+    let mut rules = std::collections::BTreeSet::new();
+    let mut bound = false;
+    for doc in yaml.split("\n---") {
+        if doc.contains("\nkind: RoleBinding") {
+            bound = doc.contains("  kind: Role\n  name: physalia-coordinator")
+                && doc.contains("  - kind: ServiceAccount\n    name: physalia-coordinator");
+            continue;
+        }
+        if !doc.contains("\nkind: Role\n") {
+            continue;
+        }
+        assert!(doc.contains("\n  name: physalia-coordinator\n"), "{doc}");
+        let body = doc.split("\nrules:\n").nth(1).expect("the Role has rules");
+        let mut groups = Vec::new();
+        let mut resources = Vec::new();
+        let mut flush = |g: &[String], r: &[String], v: &[String]| {
+            for g in g {
+                for r in r {
+                    for v in v {
+                        rules.insert((g.clone(), r.clone(), v.clone()));
+                    }
+                }
+            }
+        };
+        for line in body.lines().filter(|l| !l.trim().is_empty()) {
+            if let Some(g) = flow(line, "apiGroups:") {
+                groups = g;
+            } else if let Some(r) = flow(line, "resources:") {
+                resources = r;
+            } else if let Some(v) = flow(line, "verbs:") {
+                flush(&groups, &resources, &v);
+            } else {
+                panic!("rbac.yaml: a rule line this test cannot read: {line:?}");
+            }
+        }
+    }
+    (rules, bound)
+}
+
+/// Every API call a whole job makes (a worker launch, list, logs, stop, stop all; a launch refused by a
+/// quota; the coordinator's launch, status, logs and stop; the preflight) is allowed by the Role in
+/// `infra/k8s/rbac.yaml`, and the Role allows nothing else.
+#[tokio::test]
+async fn the_role_grants_exactly_the_verbs_the_backend_calls() {
+    let mut called = std::collections::BTreeSet::new();
+    {
+        // the happy path, with the coordinator's pod absent at first (events are read then)
+        let script = Script {
+            coordinator: Box::new(|poll| match poll {
+                0 => PodState::Absent,
+                _ => PodState::Running,
+            }),
+            ..Script::default()
+        };
+        let (backend, fake) = backend(script);
+        backend.check(&spec(2)).await.unwrap();
+        let handle = backend
+            .launch_coordinator(&coordinator_spec())
+            .await
+            .unwrap();
+        backend.coordinator_status(&handle).await.unwrap();
+        backend.coordinator_logs(&handle).await.unwrap();
+        let launched = backend.launch(&spec(2), 2).await.unwrap();
+        backend.list(&launched.id).await.unwrap();
+        backend.logs(&launched.id, 0).await.unwrap();
+        backend.stop(&launched.id, 1).await.unwrap();
+        backend.stop_all(&launched.id).await.unwrap();
+        backend.stop_coordinator(&handle).await.unwrap();
+        backend.coordinator_status(&handle).await.unwrap();
+        let rec = fake.record();
+        assert!(rec.unexpected.is_empty(), "{:?}", rec.unexpected);
+        called.extend(rec.access.iter().cloned());
+    }
+    {
+        // a launch a quota refuses: the Job controller's events are read
+        let script = Script {
+            pods: Box::new(|_, rank| {
+                if rank == 1 {
+                    PodState::Absent
+                } else {
+                    PodState::Running
+                }
+            }),
+            events: vec![json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": "e1", "namespace": NS},
+                "involvedObject": {"kind": "Job", "name": NAME, "namespace": NS},
+                "reason": "FailedCreate", "type": "Warning", "message": "exceeded quota: q"
+            })],
+            ..Script::default()
+        };
+        let (backend, fake) = backend(script);
+        backend.launch(&spec(2), 2).await.unwrap_err();
+        called.extend(fake.record().access.iter().cloned());
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/k8s/rbac.yaml");
+    let (granted, bound) = role_rules(&std::fs::read_to_string(&path).unwrap());
+    let missing: Vec<_> = called.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&called).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+    );
+    assert!(
+        bound,
+        "rbac.yaml binds the Role to ServiceAccount physalia-coordinator"
+    );
+    assert_eq!(
+        KubernetesConfig::default().coordinator_service_account,
+        "physalia-coordinator"
     );
 }

@@ -21,6 +21,11 @@ pub struct BackendSpec {
     /// NAME` pick another, whose section must then be here.
     #[serde(default)]
     pub name: BackendKind,
+    /// Where the workers reach the coordinator when it is this CLI on a cloud platform (client mode):
+    /// an address of this machine that the workers' subnets route to. Default: the address this
+    /// machine's default route leaves from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_address: Option<std::net::IpAddr>,
     /// Containers on this machine's Docker Engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub docker: Option<DockerSettings>,

@@ -1,0 +1,213 @@
+//! The cloud platforms a job's workers run on (`backend: ecs`, ...): each platform's backend, built
+//! from the job file's section and the platform's standard credential chain, the worker container the
+//! SKU pays for, and the address its workers reach the coordinator at.
+//!
+//! This is client mode: the coordinator is this process, which must run where the workers' network
+//! reaches it (a machine in the VPC, or a test's Docker network). It binds every interface and gives
+//! the workers one address: `backend.coordinator_address`, or the one this machine's default route
+//! leaves from.
+//!
+//! Credentials never come from the job file, an argument or the environment values this module
+//! reads: the platform's SDK reads its own chain (`AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, a task role,
+//! `AWS_ENDPOINT_URL` for a private endpoint).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig};
+use physalia_backends::{Backend, SecretValue, WorkerSpec};
+
+use crate::spec::{BackendKind, EcsSettings, JobSpec};
+
+/// The port every container worker's mesh listens on (each has its own address).
+pub(crate) const MESH_PORT: u16 = 7000;
+
+/// How often the coordinator asks a cloud platform whether workers ended.
+pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether the job's workers run on a cloud platform (kubernetes, ecs, aci) rather than this machine.
+pub(crate) fn is_cloud(kind: BackendKind) -> bool {
+    matches!(
+        kind,
+        BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci
+    )
+}
+
+/// The job's cloud backend, its credentials from the platform's standard chain.
+pub(crate) fn backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
+    match spec.backend.name {
+        BackendKind::Ecs => {
+            let e = ecs_settings(spec)?;
+            let cfg = ecs_config(e, crate::distributed::gpu_request(spec).is_some());
+            let backend = crate::workers::block_on(EcsBackend::from_env(cfg, e.region.clone()))?
+                .context("connecting to AWS ECS")?;
+            Ok(Box::new(backend))
+        }
+        other => bail!(
+            "backend.{0}: submit does not start jobs on {0} yet (`physalia plan --backend {0}` prices \
+             them); `local`, `docker` and `ecs` run today",
+            other.as_str()
+        ),
+    }
+}
+
+fn ecs_settings(spec: &JobSpec) -> Result<&EcsSettings> {
+    spec.backend
+        .ecs
+        .as_ref()
+        .context("backend.ecs: the ecs backend needs its settings (infra/ecs's outputs)")
+}
+
+/// `backend.ecs` as the ECS backend's configuration.
+pub(crate) fn ecs_config(e: &EcsSettings, gpu: bool) -> EcsConfig {
+    let mut cfg = EcsConfig::new(
+        &e.cluster,
+        e.subnets.clone(),
+        e.security_groups.clone(),
+        &e.execution_role_arn,
+        &e.log_group,
+    );
+    cfg.capacity = match e.capacity.as_deref() {
+        None if gpu => Capacity::Provider("physalia-gpu".into()),
+        None => Capacity::Fargate,
+        Some(c) if c.eq_ignore_ascii_case("fargate") => Capacity::Fargate,
+        Some(c) if c.eq_ignore_ascii_case("ec2") => Capacity::Ec2,
+        // FARGATE_SPOT and the cluster's own providers
+        Some(c) => Capacity::Provider(c.to_string()),
+    };
+    cfg.task_role_arn = e.task_role_arn.clone();
+    cfg.gpu_image = e.gpu_image.clone();
+    // a worker that does not run within a second or two of RUNNING is seen a poll later; ECS's own
+    // placement takes far longer than this
+    cfg.poll_interval = Duration::from_secs(1);
+    cfg
+}
+
+/// Where the control endpoint binds and the address the workers are given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reach {
+    pub bind: IpAddr,
+    pub advertise: IpAddr,
+}
+
+/// Client mode: bind every interface, advertise `backend.coordinator_address` or the address this
+/// machine's default route leaves from.
+pub(crate) fn reach(spec: &JobSpec) -> Result<Reach> {
+    let advertise = match spec.backend.coordinator_address {
+        Some(ip) => ip,
+        None => default_route_source().context(
+            "finding this machine's address for the workers (it has no default route): set \
+             backend.coordinator_address to an address the workers' subnets reach",
+        )?,
+    };
+    Ok(Reach {
+        bind: Ipv4Addr::UNSPECIFIED.into(),
+        advertise,
+    })
+}
+
+/// The source address of this machine's default route: a connected UDP socket sends nothing, but the
+/// kernel picks the route and so the address.
+fn default_route_source() -> Result<IpAddr> {
+    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    // any address off every local network: a documentation prefix (TEST-NET-3), never contacted
+    probe.connect((Ipv4Addr::new(203, 0, 113, 1), 9))?;
+    let ip = probe.local_addr()?.ip();
+    if ip.is_unspecified() || ip.is_loopback() {
+        bail!("the default route leaves from {ip}");
+    }
+    Ok(ip)
+}
+
+/// The worker container of a cloud launch: the platform section's image (its `gpu_image` for GPU
+/// workers, which the backend picks), the SKU's vCPUs and memory, a thread per vCPU unless
+/// `train.threads` says otherwise, the mesh on [`MESH_PORT`].
+pub(crate) fn worker_spec(
+    spec: &JobSpec,
+    job_id: &str,
+    segment: usize,
+    coordinator: SocketAddr,
+    secrets: BTreeMap<String, SecretValue>,
+) -> Result<WorkerSpec> {
+    let priced = crate::summary::price(spec)?;
+    let catalog = physalia_planner::Catalog::builtin();
+    let sku = catalog
+        .get(&priced.sku)
+        .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?;
+    let image = match spec.backend.name {
+        BackendKind::Ecs => ecs_settings(spec)?.image.clone(),
+        BackendKind::Kubernetes => spec
+            .backend
+            .kubernetes
+            .as_ref()
+            .map(|k| k.image.clone())
+            .unwrap_or_default(),
+        BackendKind::Aci => spec
+            .backend
+            .aci
+            .as_ref()
+            .map(|a| a.image.clone())
+            .unwrap_or_default(),
+        other => bail!("{} is not a cloud backend", other.as_str()),
+    };
+    let threads = spec
+        .train
+        .threads
+        .map(|t| t as usize)
+        .unwrap_or((sku.vcpus.floor() as usize).max(1));
+    let mut worker = crate::workers::worker_spec(
+        job_id,
+        segment,
+        image,
+        // the image's entry point, `physalia-worker`
+        Vec::new(),
+        coordinator,
+        threads,
+        secrets,
+        MESH_PORT,
+    );
+    worker.cpu = sku.vcpus;
+    worker.memory_gib = sku.memory_gib;
+    worker.gpu = crate::distributed::gpu_request(spec);
+    Ok(worker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(capacity: Option<&str>) -> EcsSettings {
+        EcsSettings {
+            region: None,
+            cluster: "physalia".into(),
+            subnets: vec!["subnet-1".into()],
+            security_groups: vec!["sg-1".into()],
+            execution_role_arn: "arn:aws:iam::123456789012:role/x".into(),
+            task_role_arn: None,
+            log_group: "/physalia/workers".into(),
+            capacity: capacity.map(String::from),
+            image: "img".into(),
+            gpu_image: None,
+            sku: None,
+        }
+    }
+
+    #[test]
+    fn ecs_capacity_follows_the_section_and_the_gpu() {
+        let cap = |c, gpu| ecs_config(&settings(c), gpu).capacity;
+        assert_eq!(cap(None, false), Capacity::Fargate);
+        assert_eq!(cap(None, true), Capacity::Provider("physalia-gpu".into()));
+        assert_eq!(cap(Some("FARGATE"), false), Capacity::Fargate);
+        assert_eq!(cap(Some("ec2"), true), Capacity::Ec2);
+        assert_eq!(
+            cap(Some("FARGATE_SPOT"), false),
+            Capacity::Provider("FARGATE_SPOT".into())
+        );
+        assert_eq!(
+            cap(Some("physalia-gpu"), true),
+            Capacity::Provider("physalia-gpu".into())
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! The job store: where job records live. A local folder, or an object store URL (`s3://bucket/prefix`,
+//! `az://container/prefix`, `gs://bucket/prefix`) through the `object_store` crate, its credentials
+//! from each cloud's standard chain (`AWS_*` and the task role, `AZURE_*` and the managed identity,
+//! `GOOGLE_*` and the metadata server), never from a job file or an argument.
+//!
+//! A job whose `output.dir` is a URL keeps its record in a staging folder on the coordinator's machine,
+//! laid out as a local job directory, and mirrors it to `<url>/<job id>/` while it runs ([`Mirror`]):
+//! every two seconds each file whose size or modification time changed is uploaded whole (object
+//! stores have no append; the record's files are small, checkpoints are written once), deleted files
+//! are deleted, and once more when the job ends. The launch secrets folder is never uploaded. A
+//! `cancel` object put under the job by any machine is copied into the staging folder, where the
+//! coordinator looks for it every loop.
+//!
+//! The commands that read jobs (`list`, `status`, `logs`, `report`, `cancel`) take `--dir URL`: they
+//! download the record into a temporary folder and read it as they read a local one ([`Remote::fetch`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use futures::TryStreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::jobdir::CANCEL_FILE as CANCEL;
+
+/// Whether `dir` names an object store rather than a local folder.
+pub fn is_url(dir: &Path) -> bool {
+    dir.to_str().is_some_and(|s| s.contains("://"))
+}
+
+/// A job store at a URL: the store and the prefix under which each job is a folder.
+#[derive(Clone)]
+pub struct Remote {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjPath,
+    url: String,
+    /// The store's HTTP connections live on this runtime, so every call goes through it.
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Remote {
+    /// Opens `url` (`s3://`, `az://`/`abfs://`, `gs://`).
+    pub fn open(url: &str) -> Result<Remote> {
+        let parsed = url::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
+        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
+            "s3" | "s3a" => Arc::new(
+                object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url)
+                    .build()
+                    .with_context(|| format!("{url}: opening the S3 bucket"))?,
+            ),
+            "az" | "abfs" | "abfss" | "azure" => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .build()
+                    .with_context(|| format!("{url}: opening the Azure Blob container"))?,
+            ),
+            "gs" => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .build()
+                    .with_context(|| format!("{url}: opening the GCS bucket"))?,
+            ),
+            other => bail!("{url}: the job store takes s3://, az:// or gs:// URLs, not {other}://"),
+        };
+        let prefix = ObjPath::parse(parsed.path().trim_matches('/'))
+            .with_context(|| format!("{url}: the path is not a valid object prefix"))?;
+        Ok(Remote {
+            store,
+            prefix,
+            url: url.trim_end_matches('/').to_string(),
+            rt: runtime()?,
+        })
+    }
+
+    fn block<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.rt.block_on(f)
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn key(&self, job: &str, rel: &str) -> ObjPath {
+        let mut p = self.prefix.clone();
+        for part in job.split('/').chain(rel.split('/')) {
+            if !part.is_empty() {
+                p = p.join(part);
+            }
+        }
+        p
+    }
+
+    /// The jobs under the prefix (their folder names).
+    pub fn jobs(&self) -> Result<Vec<String>> {
+        self.block(async {
+            let listed = self
+                .store
+                .list_with_delimiter(Some(&self.prefix))
+                .await
+                .with_context(|| format!("listing {}", self.url))?;
+            Ok(listed
+                .common_prefixes
+                .iter()
+                .filter_map(|p| p.filename().map(String::from))
+                .collect())
+        })
+    }
+
+    /// Downloads job `job`'s record, but its checkpoints, model, dataset and partitions, into
+    /// `into/<job>` and returns that folder.
+    pub fn fetch(&self, job: &str, into: &Path) -> Result<PathBuf> {
+        let root = into.join(job);
+        let base = self.key(job, "");
+        self.block(async {
+            let objects: Vec<_> = self
+                .store
+                .list(Some(&base))
+                .try_collect()
+                .await
+                .with_context(|| format!("listing {}/{job}", self.url))?;
+            if objects.is_empty() {
+                bail!("{}/{job}: no such job in the store", self.url);
+            }
+            for meta in objects {
+                let Some(rel) = meta.location.prefix_match(&base) else {
+                    continue;
+                };
+                let rel: PathBuf = rel.map(|p| p.as_ref().to_string()).collect();
+                let partitions = rel.components().any(|c| {
+                    c.as_os_str().to_string_lossy().ends_with(".parts")
+                });
+                if partitions
+                    || rel.starts_with("checkpoints")
+                    || rel == Path::new("model.safetensors")
+                    || rel == Path::new("dataset.safetensors")
+                {
+                    continue;
+                }
+                let path = root.join(&rel);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                let bytes = self
+                    .store
+                    .get(&meta.location)
+                    .await
+                    .with_context(|| format!("reading {}", meta.location))?
+                    .bytes()
+                    .await?;
+                std::fs::write(&path, &bytes)?;
+            }
+            Ok(())
+        })?;
+        Ok(root)
+    }
+
+    /// Puts `bytes` at `<job>/<rel>`.
+    pub fn put(&self, job: &str, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let key = self.key(job, rel);
+        self.block(async {
+            self.store
+                .put(&key, PutPayload::from(bytes))
+                .await
+                .with_context(|| format!("writing {}/{job}/{rel}", self.url))?;
+            Ok(())
+        })
+    }
+
+    /// Whether `<job>/<rel>` exists.
+    pub fn exists(&self, job: &str, rel: &str) -> Result<bool> {
+        let key = self.key(job, rel);
+        self.block(async {
+            match self.store.head(&key).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e).with_context(|| format!("reading {}/{job}/{rel}", self.url)),
+            }
+        })
+    }
+
+    /// Checks that the store can be written before a job starts: writes and deletes a marker.
+    pub fn check_writable(&self) -> Result<()> {
+        let key = self.key(".physalia-write-check", "");
+        self.block(async {
+            self.store
+                .put(&key, PutPayload::from_static(b"ok"))
+                .await
+                .with_context(|| format!("{}: the job store cannot be written", self.url))?;
+            let _ = self.store.delete(&key).await;
+            Ok(())
+        })
+    }
+}
+
+/// A job of a store at a URL, copied into a temporary folder to be read as a local record.
+pub struct Fetched {
+    pub remote: Remote,
+    pub id: String,
+    pub dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Fetched {
+    /// The job `job` names under the store `root` (a URL): its id, the newest job of that name, or a URL
+    /// of the job itself (`root` is then ignored).
+    pub fn locate(job: &str, root: &Path) -> Result<Fetched> {
+        let (remote, wanted) = match job.contains("://") {
+            true => {
+                let (base, id) = job
+                    .trim_end_matches('/')
+                    .rsplit_once('/')
+                    .context("a job URL")?;
+                (Remote::open(base)?, id.to_string())
+            }
+            false => (Remote::open(&root.to_string_lossy())?, job.to_string()),
+        };
+        let ids = remote.jobs()?;
+        let id = if ids.contains(&wanted) {
+            wanted
+        } else {
+            // `<name>-<unix seconds>[-k]`: the newest of that name
+            ids.iter()
+                .filter_map(|id| {
+                    let rest = id.strip_prefix(&wanted)?.strip_prefix('-')?;
+                    let nums: Vec<u64> = rest
+                        .split('-')
+                        .map(|p| p.parse().ok())
+                        .collect::<Option<_>>()?;
+                    Some((nums, id))
+                })
+                .max()
+                .map(|(_, id)| id.clone())
+                .with_context(|| {
+                    format!(
+                        "{wanted}: no such job in {} (`physalia list --dir {}` shows its jobs)",
+                        remote.url(),
+                        remote.url()
+                    )
+                })?
+        };
+        let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
+        let dir = remote.fetch(&id, tmp.path())?;
+        Ok(Fetched {
+            remote,
+            id,
+            dir,
+            _tmp: tmp,
+        })
+    }
+
+    /// Downloads the record again (a job that is running).
+    pub fn refresh(&self) -> Result<()> {
+        self.remote
+            .fetch(&self.id, self.dir.parent().expect("fetched under a folder"))?;
+        Ok(())
+    }
+
+    /// Where the job is, as the user names it.
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.remote.url(), self.id)
+    }
+}
+
+/// Where the records of jobs kept in an object store are staged on this machine:
+/// `$XDG_CACHE_HOME/physalia/staging` (or `~/.cache/...`, else the temporary folder).
+pub fn staging_root() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("physalia").join("staging")
+}
+
+/// The job store's runtime (the CLI is synchronous): one thread, which keeps the store's connections.
+fn runtime() -> Result<Arc<tokio::runtime::Runtime>> {
+    Ok(Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("physalia-store")
+            .enable_all()
+            .build()
+            .context("starting the job store's runtime")?,
+    ))
+}
+
+/// A job directory being mirrored to a [`Remote`] store by a thread of its own.
+pub struct Mirror {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+/// Every two seconds, a file's (size, modification time) is compared with what was last uploaded.
+const MIRROR_EVERY: Duration = Duration::from_secs(2);
+
+type Seen = BTreeMap<String, (u64, SystemTime)>;
+
+impl Mirror {
+    /// Starts mirroring `local` to `remote`'s `<job>/`.
+    pub fn start(remote: Remote, job: String, local: PathBuf) -> Mirror {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("physalia-mirror".into())
+            .spawn(move || {
+                let mut seen = Seen::new();
+                loop {
+                    let last = flag.load(Ordering::Acquire);
+                    let synced = sync(&remote, &job, &local, &mut seen);
+                    if last {
+                        return synced;
+                    }
+                    if let Err(e) = synced {
+                        // the store being unreachable for a moment loses nothing: the next pass
+                        // uploads whatever changed since
+                        tracing_line(&format!("mirroring the job record: {e:#}"));
+                    }
+                    let until = std::time::Instant::now() + MIRROR_EVERY;
+                    while std::time::Instant::now() < until && !flag.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            })
+            .expect("spawning the mirror thread");
+        Mirror {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Uploads what changed since the last pass, stops the thread and says whether the record is whole
+    /// in the store.
+    pub fn finish(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => bail!("the job store's mirror thread panicked"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn tracing_line(s: &str) {
+    eprintln!("warning: {s}");
+}
+
+/// One pass: uploads new and changed files, deletes removed ones, copies a `cancel` object back.
+fn sync(remote: &Remote, job: &str, local: &Path, seen: &mut Seen) -> Result<()> {
+    let mut now = Seen::new();
+    walk(local, local, &mut now)?;
+    for (rel, stamp) in &now {
+        if seen.get(rel) == Some(stamp) {
+            continue;
+        }
+        let bytes = match std::fs::read(local.join(rel)) {
+            Ok(b) => b,
+            // written to a temporary name and renamed in between: the next pass has it
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading {rel}")),
+        };
+        remote.put(job, rel, bytes)?;
+        seen.insert(rel.clone(), *stamp);
+    }
+    let gone: Vec<String> = seen
+        .keys()
+        .filter(|k| !now.contains_key(*k))
+        .cloned()
+        .collect();
+    for rel in gone {
+        let key = remote.key(job, &rel);
+        remote.block(async {
+            match remote.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e).with_context(|| format!("deleting {rel}")),
+            }
+        })?;
+        seen.remove(&rel);
+    }
+    if !local.join(CANCEL).exists() && remote.exists(job, CANCEL)? {
+        std::fs::write(
+            local.join(CANCEL),
+            b"cancel requested through the job store\n",
+        )?;
+    }
+    Ok(())
+}
+
+/// Files under `dir` by path relative to `root`, skipping the launch secrets and temporary files.
+fn walk(root: &Path, dir: &Path, out: &mut Seen) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if meta.is_dir() {
+            if dir == root && name == "secrets" {
+                continue;
+            }
+            walk(root, &path, out)?;
+        } else if meta.is_file() && !name.starts_with('.') && !name.ends_with(".tmp") {
+            let rel = path
+                .strip_prefix(root)
+                .expect("walked under root")
+                .to_string_lossy()
+                .into_owned();
+            out.insert(rel, (meta.len(), meta.modified()?));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mirror over object_store's in-memory store: new, changed and deleted files follow, the
+    /// secrets folder never leaves the machine, a cancel put in the store reaches the folder.
+    #[test]
+    fn a_record_is_mirrored_whole_and_secrets_stay_here() {
+        let remote = Remote {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: ObjPath::from("jobs"),
+            url: "memory://jobs".into(),
+            rt: runtime().unwrap(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("j-1");
+        std::fs::create_dir_all(local.join("secrets/0/worker-0")).unwrap();
+        std::fs::create_dir_all(local.join("logs")).unwrap();
+        std::fs::write(local.join("secrets/0/worker-0/key.pem"), "KEY").unwrap();
+        std::fs::write(local.join("status.json"), "{\"state\":\"running\"}").unwrap();
+        std::fs::write(local.join("logs/worker-0.log"), "a\n").unwrap();
+        let mut seen = Seen::new();
+        sync(&remote, "j-1", &local, &mut seen).unwrap();
+        assert_eq!(remote.jobs().unwrap(), ["j-1"]);
+        std::fs::write(local.join("logs/worker-0.log"), "a\nb\n").unwrap();
+        std::fs::remove_file(local.join("status.json")).unwrap();
+        std::fs::write(local.join("metrics.jsonl"), "{}\n").unwrap();
+        sync(&remote, "j-1", &local, &mut seen).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let got = remote.fetch("j-1", out.path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(got.join("logs/worker-0.log")).unwrap(),
+            "a\nb\n"
+        );
+        assert!(got.join("metrics.jsonl").is_file());
+        assert!(!got.join("status.json").exists(), "deleted files follow");
+        assert!(!got.join("secrets").exists(), "secrets never leave");
+        remote.put("j-1", CANCEL, b"x".to_vec()).unwrap();
+        sync(&remote, "j-1", &local, &mut seen).unwrap();
+        assert!(local.join(CANCEL).is_file());
+        let err = remote.fetch("nope", out.path()).unwrap_err().to_string();
+        assert!(err.contains("no such job"), "{err}");
+    }
+
+    #[test]
+    fn urls_are_told_from_folders_and_unknown_schemes_refused() {
+        assert!(is_url(Path::new("s3://b/jobs")));
+        assert!(!is_url(Path::new("jobs")));
+        let err = Remote::open("ftp://x/y").unwrap_err().to_string();
+        assert!(err.contains("s3://, az:// or gs://"), "{err}");
+    }
+}

@@ -1,0 +1,292 @@
+"""moto's ECS with an agent that runs its tasks as real containers, for tests/tests/ecs_job.rs.
+
+moto keeps ECS's state (task definitions, tasks, secrets, log streams) but runs nothing. This process
+starts moto in-process, seeded as backends/tests/ecs/moto_fixture.py seeds it (what infra/ecs would
+create), and does what the ECS container agent would do for every task moto starts:
+
+- the task's ENI gets an address of a Docker network made for the run (a /24 of the VPC's 172.31.0.0/16),
+- the init container `secrets` runs first, with `--network none`, the task definition's environment and
+  its `secrets` resolved from Secrets Manager (handed to `docker run` through its environment, never as
+  an argument), writing into a volume of the task,
+- then the `worker` container, on the Docker network at the ENI's address, the volume mounted read-only,
+- its output goes to CloudWatch Logs (`<awslogs-stream-prefix>/worker/<task id>`) every second and at
+  its end,
+- when the worker container exits, the task is stopped in moto with the container's exit code, as ECS
+  records it ("Essential container in task exited"),
+- when the task is stopped through the API (StopTask), its containers are removed.
+
+Also makes the S3 bucket `physalia-jobs` for job stores.
+
+Prints one JSON line (moto_fixture's, plus `network`, the Docker network, and `bucket`), then serves
+until its standard input closes, and removes every container, volume and network it made.
+
+  python3 ecs_agent.py [--tasks-stay-running is implied]
+"""
+
+import argparse
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "backends", "tests", "ecs"))
+
+import boto3  # noqa: E402
+import moto.ecs.models as ecs_models  # noqa: E402
+import moto_fixture  # noqa: E402
+
+LABEL = f"physalia.ecs-agent={os.getpid()}"
+ACCOUNT = "123456789012"
+
+
+def docker(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, env=env, check=check
+    )
+
+
+def make_network() -> tuple[str, ipaddress.IPv4Network]:
+    """A Docker network on a free /24 of the VPC's CIDR (several agents may run at once)."""
+    name = f"physalia-ecs-agent-{os.getpid()}"
+    last = ""
+    for third in range(64, 250):
+        net = ipaddress.IPv4Network(f"172.31.{third}.0/24")
+        r = docker(
+            "network", "create", "--label", LABEL, "--subnet", str(net),
+            "--gateway", str(net.network_address + 1), name, check=False,
+        )
+        if r.returncode == 0:
+            return name, net
+        last = r.stderr.strip()
+    raise SystemExit(f"no free /24 in 172.31.64.0/18 for a Docker network: {last}")
+
+
+class Agent:
+    def __init__(self, url: str, cluster: str, network: str):
+        kw = dict(endpoint_url=url, region_name=moto_fixture.REGION,
+                  aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.ecs = boto3.client("ecs", **kw)
+        self.sm = boto3.client("secretsmanager", **kw)
+        self.logs = boto3.client("logs", **kw)
+        self.cluster = cluster
+        self.network = network
+        self.runners: dict[str, "TaskRunner"] = {}
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def loop(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.tick()
+            except Exception as e:  # keep serving; the test sees the consequence
+                print(f"ecs agent: {e!r}", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+
+    def tick(self) -> None:
+        running = self.ecs.list_tasks(cluster=self.cluster, desiredStatus="RUNNING")["taskArns"]
+        for arn in running:
+            if arn not in self.runners:
+                runner = TaskRunner(self, arn)
+                self.runners[arn] = runner
+                threading.Thread(target=runner.run, daemon=True).start()
+        stopped = self.ecs.list_tasks(cluster=self.cluster, desiredStatus="STOPPED")["taskArns"]
+        for arn in stopped:
+            runner = self.runners.get(arn)
+            if runner is not None and not runner.finished:
+                runner.stopped_by_api = True
+                runner.remove()
+
+    def shutdown(self) -> None:
+        self.done.set()
+        for runner in list(self.runners.values()):
+            runner.stopped_by_api = True
+            runner.remove()
+
+
+class TaskRunner:
+    def __init__(self, agent: Agent, arn: str):
+        self.agent = agent
+        self.arn = arn
+        self.id = arn.split("/")[-1]
+        self.container = f"ecs-{self.id}"
+        self.volume = f"ecs-{self.id}"
+        self.finished = False
+        self.stopped_by_api = False
+        self.pushed = 0
+        self.log_group = None
+        self.log_stream = None
+
+    def run(self) -> None:
+        ecs = self.agent.ecs
+        task = ecs.describe_tasks(cluster=self.agent.cluster, tasks=[self.arn])["tasks"][0]
+        td = ecs.describe_task_definition(taskDefinition=task["taskDefinitionArn"])["taskDefinition"]
+        defs = {c["name"]: c for c in td["containerDefinitions"]}
+        ip = next(
+            d["value"]
+            for a in task.get("attachments", [])
+            for d in a.get("details", [])
+            if d["name"] == "privateIPv4Address"
+        )
+        worker = defs["worker"]
+        opts = worker.get("logConfiguration", {}).get("options", {})
+        self.log_group = opts.get("awslogs-group")
+        self.log_stream = f"{opts.get('awslogs-stream-prefix', 'ecs')}/worker/{self.id}"
+        docker("volume", "create", "--label", LABEL, self.volume)
+        init = defs.get("secrets")
+        if init is not None:
+            rc, err = self.run_init(init)
+            if rc != 0:
+                self.stop_in_moto(1, f"CannotStartContainerError: the secrets container exited {rc}: {err}")
+                self.remove()
+                return
+        if self.stopped_by_api:
+            self.remove()
+            return
+        args = ["run", "-d", "--name", self.container, "--label", LABEL,
+                "--network", self.agent.network, "--ip", ip]
+        for m in worker.get("mountPoints", []):
+            ro = ":ro" if m.get("readOnly") else ""
+            args += ["-v", f"{self.volume}:{m['containerPath']}{ro}"]
+        for kv in worker.get("environment", []):
+            args += ["-e", f"{kv['name']}={kv['value']}"]
+        entry = worker.get("entryPoint") or []
+        if entry:
+            args += ["--entrypoint", entry[0]]
+        args.append(worker["image"])
+        args += entry[1:] + (worker.get("command") or [])
+        r = docker(*args, check=False)
+        if r.returncode != 0:
+            self.stop_in_moto(1, f"CannotStartContainerError: {r.stderr.strip()}")
+            self.remove()
+            return
+        while True:
+            if self.stopped_by_api:
+                return
+            state = docker("inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
+                           self.container, check=False)
+            if state.returncode != 0:
+                return
+            running, code = state.stdout.split()
+            self.push_logs()
+            if running == "false":
+                self.stop_in_moto(int(code), "Essential container in task exited")
+                self.remove()
+                return
+            time.sleep(0.5)
+
+    def run_init(self, init: dict) -> tuple[int, str]:
+        env = dict(os.environ)
+        args = ["run", "--rm", "--label", LABEL, "--network", "none"]
+        if init.get("user"):
+            args += ["--user", init["user"]]
+        for m in init.get("mountPoints", []):
+            args += ["-v", f"{self.volume}:{m['containerPath']}"]
+        for kv in init.get("environment", []):
+            env[kv["name"]] = kv["value"]
+            args += ["-e", kv["name"]]
+        for s in init.get("secrets", []):
+            value = self.agent.sm.get_secret_value(SecretId=s["valueFrom"])["SecretString"]
+            # the value reaches the container through docker's environment, not its arguments
+            env[s["name"]] = value
+            args += ["-e", s["name"]]
+        entry = init.get("entryPoint") or []
+        if entry:
+            args += ["--entrypoint", entry[0]]
+        args.append(init["image"])
+        args += entry[1:] + (init.get("command") or [])
+        r = docker(*args, env=env, check=False)
+        return r.returncode, r.stderr.strip()[-500:]
+
+    def push_logs(self) -> None:
+        if not self.log_group:
+            return
+        r = docker("logs", self.container, check=False)
+        lines = (r.stdout + r.stderr).splitlines()
+        new = lines[self.pushed:]
+        if not new:
+            return
+        logs = self.agent.logs
+        if self.pushed == 0:
+            try:
+                logs.create_log_stream(logGroupName=self.log_group, logStreamName=self.log_stream)
+            except logs.exceptions.ResourceAlreadyExistsException:
+                pass
+        now = int(time.time() * 1000)
+        logs.put_log_events(
+            logGroupName=self.log_group,
+            logStreamName=self.log_stream,
+            logEvents=[{"timestamp": now, "message": line} for line in new],
+        )
+        self.pushed = len(lines)
+
+    def stop_in_moto(self, exit_code: int, reason: str) -> None:
+        """Records the worker's exit as ECS does: the container's exit code, then the task STOPPED."""
+        backend = ecs_models.ecs_backends[ACCOUNT][moto_fixture.REGION]
+        with self.agent.lock:
+            for tasks in backend.tasks.values():
+                t = tasks.get(self.arn)
+                if t is not None and t.containers:
+                    t.containers[0].name = "worker"
+                    t.containers[0].exitCode = exit_code
+                    t.containers[0].last_status = "STOPPED"
+        self.agent.ecs.stop_task(cluster=self.agent.cluster, task=self.arn, reason=reason)
+
+    def remove(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            self.push_logs()
+        except Exception:
+            pass
+        docker("rm", "-f", self.container, check=False)
+        docker("volume", "rm", "-f", self.volume, check=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.parse_args()
+    network, subnet = make_network()
+    hosts = subnet.hosts()
+    next(hosts)  # the gateway
+    lock = threading.Lock()
+
+    def eni_ip(cidr=None, ipv6=False):
+        with lock:
+            return str(next(hosts))
+
+    # ENIs of tasks get addresses of the Docker network (moto draws 10.x.y.z at random)
+    ecs_models.random_private_ip = eni_ip
+    server, out = moto_fixture.start(
+        argparse.Namespace(container_instances=0, tasks_stay_running=True, enforce_auth=False)
+    )
+    # the job store's bucket
+    boto3.client(
+        "s3", endpoint_url=out["endpoint"], region_name=moto_fixture.REGION,
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    ).create_bucket(Bucket="physalia-jobs")
+    out["bucket"] = "physalia-jobs"
+    agent = Agent(out["endpoint"], out["cluster"], network)
+    threading.Thread(target=agent.loop, daemon=True).start()
+    out["network"] = network
+    out["subnet"] = str(subnet)
+    print(json.dumps(out), flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        agent.shutdown()
+        server.stop()
+        ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+        if ids:
+            docker("rm", "-f", *ids, check=False)
+        vols = docker("volume", "ls", "-q", "--filter", f"label={LABEL}", check=False).stdout.split()
+        if vols:
+            docker("volume", "rm", "-f", *vols, check=False)
+        docker("network", "rm", network, check=False)
+
+
+if __name__ == "__main__":
+    main()
