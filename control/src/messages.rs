@@ -28,6 +28,10 @@ pub enum ToCoordinator {
     },
     /// Training failed on this worker.
     Failed { rank: usize, error: String },
+    /// This worker could not exchange with its peers (a wait for a peer timed out, a mesh connection
+    /// ended): a fault of the network or of a peer, not of this worker's own work, so the coordinator
+    /// retries the epoch as for a lost worker.
+    PeerLost { rank: usize, error: String },
 }
 
 /// Coordinator to worker.

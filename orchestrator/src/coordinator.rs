@@ -9,9 +9,10 @@
 //! worker fails, its peers usually fail soon after (they lose it mid-exchange), so the first failure opens
 //! a short grace window ([`FAILURE_GRACE`]) in which further evidence is collected; then the most direct
 //! cause is reported, in this order: a worker killed by a signal, a worker that exited or vanished without
-//! saying why, a worker that reported an error, a worker that went silent. A worker sends its summary and
-//! then exits, and the exit may be noticed first: a summary arriving within the window withdraws its own
-//! worker's exit (not a signal) from the evidence.
+//! saying why, a worker that reported an error, a worker that went silent, and last a worker that could
+//! not reach its peers (stalled by a frozen peer or a cut link; retried like a lost worker). A worker
+//! sends its summary and then exits, and the exit may be noticed first: a summary arriving within the
+//! window withdraws its own worker's exit (not a signal) from the evidence.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -38,6 +39,11 @@ pub enum Event {
         peak_rss_bytes: Option<u64>,
     },
     Failed {
+        rank: usize,
+        error: String,
+    },
+    /// The worker could not exchange with its peers (its report of a network or peer fault).
+    PeerLost {
         rank: usize,
         error: String,
     },
@@ -92,6 +98,8 @@ struct Worker {
     epoch: usize,
     done: Option<(TrainSummary, Option<u64>)>,
     reported_error: Option<String>,
+    /// It reported that it could not reach its peers; its exit and lost connection are explained by that.
+    peer_lost: bool,
 }
 
 pub struct Coordinator {
@@ -236,11 +244,23 @@ impl Coordinator {
                 self.workers[rank].reported_error = Some(error);
                 self.suspect(now, 2, msg);
             }
+            // the weakest evidence: a worker stalled by a frozen peer or a cut link says so, and the
+            // frozen peer's silence (or a kill) names the cause better if it comes within the grace
+            Event::PeerLost { rank, error } if rank < self.world => {
+                let msg = format!(
+                    "{} could not exchange with its peers {}: {error}",
+                    self.who(rank),
+                    self.when(rank)
+                );
+                self.workers[rank].peer_lost = true;
+                self.suspect(now, 5, msg);
+            }
             // a worker that finished or reported its own error is not lost
             Event::Lost { rank, reason }
                 if rank < self.world
                     && self.workers[rank].done.is_none()
-                    && self.workers[rank].reported_error.is_none() =>
+                    && self.workers[rank].reported_error.is_none()
+                    && !self.workers[rank].peer_lost =>
             {
                 let msg = format!("{} {reason} {}", self.who(rank), self.when(rank));
                 self.suspect(now, 1, msg);
@@ -257,6 +277,8 @@ impl Coordinator {
                         0
                     } else if w.reported_error.is_some() {
                         3
+                    } else if w.peer_lost {
+                        6
                     } else {
                         1
                     };
@@ -285,25 +307,39 @@ impl Coordinator {
                     }
                 }
             }
-            Stage::Training => {
-                for r in 0..self.world {
-                    let w = &self.workers[r];
-                    let silent = w
-                        .last_heard
+            // silence is looked for until one is found, also while weaker evidence waits out its grace
+            Stage::Training if !self.evidence.iter().any(|(p, _, _)| *p == 4) => {
+                let silent_for = |w: &Worker| {
+                    w.last_heard
                         .map(|t| now.duration_since(t))
-                        .unwrap_or_default();
-                    if w.done.is_none()
-                        && silent > self.epoch_timeout
-                        && self.failing_since.is_none()
-                    {
-                        let msg = format!(
-                            "{} sent nothing for {} s {}",
-                            self.who(r),
-                            self.epoch_timeout.as_secs_f64(),
-                            self.when(r)
-                        );
-                        self.suspect(now, 4, msg);
+                        .unwrap_or_default()
+                };
+                let mut silent: Vec<usize> = (0..self.world)
+                    .filter(|&r| {
+                        let w = &self.workers[r];
+                        // a worker that reported its peers unreachable is waiting, not the cause
+                        w.done.is_none() && !w.peer_lost && silent_for(w) > self.epoch_timeout
+                    })
+                    .collect();
+                // the worker silent longest stopped first: the others are likely waiting on it (or on
+                // the same cut link); the line names them too
+                silent.sort_by_key(|&r| std::cmp::Reverse(silent_for(&self.workers[r])));
+                if let Some((&first, others)) = silent.split_first() {
+                    let mut msg = format!(
+                        "{} sent nothing for {} s {}",
+                        self.who(first),
+                        self.epoch_timeout.as_secs_f64(),
+                        self.when(first)
+                    );
+                    if !others.is_empty() {
+                        let names: Vec<String> =
+                            others.iter().map(|&r| format!("worker {r}")).collect();
+                        msg.push_str(&format!(
+                            " (silent too: {}; a frozen worker or a cut link stalls its peers)",
+                            names.join(", ")
+                        ));
                     }
+                    self.suspect(now, 4, msg);
                 }
             }
             _ => {}
@@ -568,6 +604,27 @@ mod tests {
             }]
         );
 
+        // every worker silent (a cut link stalls the collectives): the one silent longest, the others named
+        let mut c = started(3, t0);
+        for r in [0, 2] {
+            c.handle(
+                Event::Epoch {
+                    rank: r,
+                    metrics: metrics(1),
+                },
+                t0 + Duration::from_secs(5),
+            );
+        }
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(66)),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (silent too: worker 0, \
+                        worker 2; a frozen worker or a cut link stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
+
         let mut c = Coordinator::new(2, Duration::from_secs(30), Duration::from_secs(60), t0);
         c.handle(
             Event::Registered {
@@ -586,6 +643,70 @@ mod tests {
             a,
             vec![Action::Fail {
                 error: "worker 1 did not register within 30 s".into(),
+                lost: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_worker_that_cannot_reach_its_peers_is_retried_and_a_silent_peer_is_named_first() {
+        let t0 = Instant::now();
+        let peer_lost = |c: &mut Coordinator, rank: usize, t: Instant| {
+            c.handle(
+                Event::PeerLost {
+                    rank,
+                    error: "timed out after 60000ms waiting for rank 2".into(),
+                },
+                t,
+            )
+        };
+        // a cut link: the worker says so, then exits with code 1 and its connection ends; the report
+        // is the cause, and the job is retried (lost), not failed for the worker's own error
+        let mut c = started(3, t0);
+        let t1 = t0 + Duration::from_secs(10);
+        assert!(peer_lost(&mut c, 1, t1).is_empty());
+        let exit = Event::Exited {
+            rank: 1,
+            how: "exited with code 1".into(),
+            by_signal: false,
+        };
+        assert!(c.handle(exit, t1).is_empty());
+        assert!(
+            c.handle(
+                Event::Lost {
+                    rank: 1,
+                    reason: "closed its connection".into()
+                },
+                t1
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            c.handle(Event::Tick, t1 + FAILURE_GRACE),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) could not exchange with its peers during epoch 1: timed out \
+                        after 60000ms waiting for rank 2"
+                    .into(),
+                lost: true,
+            }]
+        );
+
+        // a frozen worker 2: its peers time out waiting for it, and its own silence names it
+        let mut c = started(3, t0);
+        for r in [0, 1] {
+            c.handle(
+                Event::Epoch {
+                    rank: r,
+                    metrics: metrics(1),
+                },
+                t0 + Duration::from_secs(2),
+            );
+        }
+        assert!(peer_lost(&mut c, 0, t0 + Duration::from_secs(60)).is_empty());
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_millis(60_500)),
+            vec![Action::Fail {
+                error: "worker 2 (pid 102) sent nothing for 60 s during epoch 1".into(),
                 lost: true,
             }]
         );

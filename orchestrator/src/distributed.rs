@@ -1062,6 +1062,7 @@ fn worker_event(
                 peak_rss_bytes,
             },
             ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
+            ToCoordinator::PeerLost { rank, error } => Event::PeerLost { rank, error },
         },
         ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
         ServerEvent::Refused { addr, reason } => {

@@ -523,9 +523,11 @@ pub fn run_from_env() -> Result<()> {
             Ok(())
         }
         Err(e) => {
-            let _ = control.send(&ToCoordinator::Failed {
-                rank,
-                error: format!("{e:#}"),
+            let error = format!("{e:#}");
+            let _ = control.send(&if is_peer_fault(&e) {
+                ToCoordinator::PeerLost { rank, error }
+            } else {
+                ToCoordinator::Failed { rank, error }
             });
             control.finish(Duration::from_secs(2));
             Err(e)
@@ -533,9 +535,30 @@ pub fn run_from_env() -> Result<()> {
     }
 }
 
+/// Whether training failed because a peer could not be reached (the exchange's waits and connections),
+/// rather than for this worker's own data, settings or arithmetic.
+fn is_peer_fault(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<physalia_gnn::Error>(),
+            Some(physalia_gnn::Error::Exchange(_))
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exchange_failure_is_a_peer_fault_and_bad_settings_are_not() {
+        let timed_out: physalia_gnn::ExchangeError = "timed out waiting for rank 1".into();
+        let e = anyhow::Error::new(physalia_gnn::Error::Exchange(timed_out)).context("epoch 3");
+        assert!(is_peer_fault(&e));
+        let e = anyhow::Error::new(physalia_gnn::Error::Config("hidden is 0".into()));
+        assert!(!is_peer_fault(&e));
+        assert!(!is_peer_fault(&anyhow::anyhow!("dataset is unreadable")));
+    }
 
     #[test]
     fn fallback_labels_keep_the_head_of_the_reason() {
