@@ -137,9 +137,9 @@ impl Remote {
                     continue;
                 };
                 let rel: PathBuf = rel.map(|p| p.as_ref().to_string()).collect();
-                let partitions = rel.components().any(|c| {
-                    c.as_os_str().to_string_lossy().ends_with(".parts")
-                });
+                let partitions = rel
+                    .components()
+                    .any(|c| c.as_os_str().to_string_lossy().ends_with(".parts"));
                 if partitions
                     || rel.starts_with("checkpoints")
                     || rel == Path::new("model.safetensors")
