@@ -593,25 +593,37 @@ pub fn check_part_matches_dataset(
         Error::tensor(
             part_path,
             tensor,
-            format!("{problem}; the part does not match the dataset {}", ds.path().display()),
+            format!(
+                "{problem}; the part does not match the dataset {}",
+                ds.path().display()
+            ),
         )
     };
     if part.num_nodes_global != n {
         return Err(bad(
             "owned",
-            format!("cut from a graph of {} nodes, the dataset has {n}", part.num_nodes_global),
+            format!(
+                "cut from a graph of {} nodes, the dataset has {n}",
+                part.num_nodes_global
+            ),
         ));
     }
     if part.feat_dim != meta.feat_dim {
         return Err(bad(
             "features",
-            format!("rows of {} features, the dataset's have {}", part.feat_dim, meta.feat_dim),
+            format!(
+                "rows of {} features, the dataset's have {}",
+                part.feat_dim, meta.feat_dim
+            ),
         ));
     }
     if part.num_classes != meta.num_classes {
         return Err(bad(
             "labels",
-            format!("{} classes, the dataset has {}", part.num_classes, meta.num_classes),
+            format!(
+                "{} classes, the dataset has {}",
+                part.num_classes, meta.num_classes
+            ),
         ));
     }
     for (tensor, ids) in [("owned", &part.owned), ("halo", &part.halo)] {
@@ -629,7 +641,10 @@ pub fn check_part_matches_dataset(
     {
         return Err(bad(
             "labels",
-            format!("row {i} (node {v}) has label {l}, the dataset says {}", labels[v as usize]),
+            format!(
+                "row {i} (node {v}) has label {l}, the dataset says {}",
+                labels[v as usize]
+            ),
         ));
     }
     if let Some((p, path)) = partitioning {
@@ -645,7 +660,15 @@ pub fn check_part_matches_dataset(
             ));
         }
         if p.k != part.k {
-            return Err(bad("owned", format!("one of {} parts, the partitioning {} has {}", part.k, path.display(), p.k)));
+            return Err(bad(
+                "owned",
+                format!(
+                    "one of {} parts, the partitioning {} has {}",
+                    part.k,
+                    path.display(),
+                    p.k
+                ),
+            ));
         }
         if let Some((i, v)) = part
             .owned

@@ -479,7 +479,10 @@ fn validate_names_every_file_the_job_names_that_cannot_be_read() {
     write_job(
         t.path(),
         "policy.yaml",
-        &format!("{}scaling_file: nope-policy.yaml\n", job_on("tiny.safetensors")),
+        &format!(
+            "{}scaling_file: nope-policy.yaml\n",
+            job_on("tiny.safetensors")
+        ),
     );
     for cmd in ["validate", "submit"] {
         physalia(t.path(), [cmd, "policy.yaml"]).one_line_error(&[
@@ -502,9 +505,16 @@ fn validate_names_every_file_the_job_names_that_cannot_be_read() {
     fs::set_permissions(&data, fs::Permissions::from_mode(0o644)).unwrap();
     physalia(t.path(), ["validate", "ok.yaml"]).ok();
     // a catalog given to validate: missing, then invalid, each named
-    physalia(t.path(), ["validate", "ok.yaml", "--catalog", "nope-catalog.yaml"])
-        .one_line_error(&["--catalog", "nope-catalog.yaml", "cannot read"]);
-    fs::write(t.path().join("cat.yaml"), "skus:\n  - name: x\n    vcpus: lots\n").unwrap();
+    physalia(
+        t.path(),
+        ["validate", "ok.yaml", "--catalog", "nope-catalog.yaml"],
+    )
+    .one_line_error(&["--catalog", "nope-catalog.yaml", "cannot read"]);
+    fs::write(
+        t.path().join("cat.yaml"),
+        "skus:\n  - name: x\n    vcpus: lots\n",
+    )
+    .unwrap();
     physalia(t.path(), ["validate", "ok.yaml", "--catalog", "cat.yaml"])
         .one_line_error(&["--catalog", "cat.yaml"]);
 }
