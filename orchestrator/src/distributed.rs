@@ -368,7 +368,11 @@ pub fn run(
             let location = job_url
                 .clone()
                 .unwrap_or_else(|| dir.path().display().to_string());
-            let report = report.map(|r| r.display().to_string());
+            // a record in a store is read there
+            let report = match &job_url {
+                Some(url) => report.map(|_| format!("{url}/report.html")),
+                None => report.map(|r| r.display().to_string()),
+            };
             print_finished(name, &v, &location, report.as_deref(), output)
         }
     }

@@ -282,8 +282,10 @@ class TaskRunner:
     def push_logs(self) -> None:
         if not self.log_group:
             return
-        r = docker("logs", self.container, check=False)
-        lines = (r.stdout + r.stderr).splitlines()
+        # both streams through one pipe, in the order the container wrote them
+        r = subprocess.run(["docker", "logs", self.container], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, check=False)
+        lines = r.stdout.splitlines()
         new = lines[self.pushed:]
         if not new:
             return

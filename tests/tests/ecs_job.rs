@@ -670,6 +670,20 @@ fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
         s3_object(&agent, &format!("jobs/{id}/coordinator.json")).is_some(),
         "the coordinator's handle is in the record"
     );
+    let again = ok_output(
+        cli(
+            &agent,
+            t.path(),
+            &["submit", "job.yaml", "--set", "train.epochs=1"],
+        )
+        .stderr(Stdio::inherit()),
+    );
+    assert!(again.contains("finished on 3 workers"), "{again}");
+    assert_eq!(
+        s3_keys(&agent, "jobs/.datasets/"),
+        datasets,
+        "the second job reused the uploaded dataset"
+    );
     eprintln!(
         "cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, ${usd:.6}",
         took.as_secs_f64()
@@ -763,6 +777,9 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
         ],
     ));
     assert!(logs.contains("epoch 5/5"), "{logs}");
+    if std::env::var_os("PHYSALIA_SHOW_COORDINATOR_LOG").is_some() {
+        eprintln!("{logs}");
+    }
     let view: Value = serde_json::from_str(&ok_output(&mut cli(
         &agent,
         t.path(),
@@ -776,21 +793,52 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
         t0.elapsed().as_secs_f64()
     );
 
-    // a running detached job cancelled: its coordinator stops its workers, records it, and goes too
-    let out = ok_output(&mut cli(
+    // Ctrl-C while following detaches: the job goes on (until it is cancelled below)
+    let mut child = cli(
         &agent,
         t.path(),
         &[
             "submit",
             "job.yaml",
-            "--detach",
             "--set",
             "train.epochs=100000",
             "--set",
             "name=cancelme",
         ],
-    ));
-    let id = out.lines().next().unwrap().trim().to_string();
+    )
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "submit ended before an epoch: {seen}"
+        );
+        seen.push_str(&line);
+        if line.starts_with("epoch ") {
+            break;
+        }
+    }
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{seen}{rest}");
+    assert!(
+        rest.contains("detached") && rest.contains("--rank coordinator --follow"),
+        "{rest}"
+    );
+    let id = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("job ")?.split(':').next())
+        .unwrap()
+        .to_string();
+    assert!(id.starts_with("cancelme-"), "{seen}");
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let view: Value = serde_json::from_str(&ok_output(&mut cli(
@@ -804,6 +852,29 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
         }
         assert!(Instant::now() < deadline, "the job never trained: {view}");
         std::thread::sleep(Duration::from_millis(500));
+    }
+    // the coordinator's identity is its task role: no key in its task definition
+    let td = agent.query(&format!(
+        "arns = ecs.list_task_definitions(familyPrefix='physalia-{id}-coordinator')['taskDefinitionArns']\n\
+         print(json.dumps(ecs.describe_task_definition(taskDefinition=arns[0])['taskDefinition']))"
+    ));
+    assert_eq!(
+        td["taskRoleArn"], agent.info["coordinator_task_role_arn"],
+        "{td}"
+    );
+    let container = &td["containerDefinitions"][0];
+    assert_eq!(container["name"], "coordinator", "{td}");
+    let text = container.to_string();
+    for word in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "\"testing\"",
+    ] {
+        assert!(
+            !text.contains(word),
+            "{word} in the coordinator's task: {text}"
+        );
     }
     ok_output(&mut cli(
         &agent,
