@@ -493,7 +493,7 @@ fn coordinator_logs(dir: &Path, fetched: Option<&Fetched>, follow: bool) -> Resu
                     .as_secs()
                     >= 30);
         if text.len() > shown {
-            match out.write_all(text[shown..].as_bytes()) {
+            match out.write_all(&text.as_bytes()[shown..]) {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
                 r => r?,
             }
