@@ -554,3 +554,59 @@ pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(S
         .with_context(|| format!("reading the coordinator's output of job {}", handle.job_id))?;
     Ok((text, ended))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(backend: &str) -> JobSpec {
+        let text = format!(
+            "dataset: cora.safetensors\nmodel: {{kind: gcn}}\nworkers: 2\noutput: {{dir: s3://b/jobs}}\nbackend:\n  name: {backend}\n  ecs:\n    cluster: physalia\n    subnets: [subnet-1]\n    security_groups: [sg-1]\n    execution_role_arn: arn:aws:iam::123456789012:role/x\n    coordinator_task_role_arn: arn:aws:iam::123456789012:role/c\n    image: img\n    sku: ecs-fargate-2x8\n  kubernetes:\n    image: img\n    sku: gke-g2-standard-8\n"
+        );
+        crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// The coordinator is billed as a 1 vCPU / 2 GiB Fargate task on ecs; on kubernetes, whose catalog
+    /// prices nodes, as one vCPU's share of the job's node.
+    #[test]
+    fn the_coordinator_is_priced_from_the_platforms_catalog() {
+        let catalog = physalia_planner::Catalog::builtin();
+        let fargate = catalog.get("ecs-fargate-2x8").unwrap();
+        let want = fargate.price.usd_per_vcpu_second.unwrap()
+            + 2.0 * fargate.price.usd_per_gib_second.unwrap();
+        let got = coordinator_usd_per_s(&job("ecs")).unwrap();
+        assert!((got - want).abs() < 1e-15 && got > 0.0, "{got} vs {want}");
+        let node = catalog.get("gke-g2-standard-8").unwrap();
+        let got = coordinator_usd_per_s(&job("kubernetes")).unwrap();
+        assert!((got - node.usd_per_s() / node.vcpus).abs() < 1e-15, "{got}");
+    }
+
+    /// What cluster mode needs beyond validation is refused naming the field.
+    #[test]
+    fn cluster_settings_are_checked_before_anything_is_made() {
+        assert!(check_settings(&job("ecs")).is_ok());
+        let mut local_store = job("ecs");
+        local_store.output.dir = PathBuf::from("jobs");
+        let err = check_settings(&local_store).unwrap_err().to_string();
+        assert!(
+            err.starts_with("output.dir:") && err.contains("s3://"),
+            "{err}"
+        );
+        let mut no_role = job("ecs");
+        no_role
+            .backend
+            .ecs
+            .as_mut()
+            .unwrap()
+            .coordinator_task_role_arn = None;
+        let err = check_settings(&no_role).unwrap_err().to_string();
+        assert!(
+            err.starts_with("backend.ecs.coordinator_task_role_arn:"),
+            "{err}"
+        );
+        let mut seeds = job("ecs");
+        seeds.train.runs = 3;
+        let err = check_settings(&seeds).unwrap_err().to_string();
+        assert!(err.starts_with("train.runs:"), "{err}");
+    }
+}

@@ -541,6 +541,40 @@ mod tests {
         assert!(err.contains("no such job"), "{err}");
     }
 
+    /// Cluster mode's store calls: fresh job ids, dot-folders (uploaded datasets) that are no jobs, and
+    /// whole downloads.
+    #[test]
+    fn job_ids_are_fresh_and_the_datasets_folder_is_no_job() {
+        let remote = Remote {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: ObjPath::from("jobs"),
+            url: "memory://jobs".into(),
+            rt: runtime().unwrap(),
+        };
+        let id = remote.new_job_id("cora gcn").unwrap();
+        assert!(id.starts_with("cora_gcn-"), "{id}");
+        remote.put(&id, "job.json", b"{}".to_vec()).unwrap();
+        let next = remote.new_job_id("cora gcn").unwrap();
+        assert_eq!(next, format!("{id}-1"));
+        remote
+            .put(".datasets", "0123-cora.safetensors", b"bytes".to_vec())
+            .unwrap();
+        assert_eq!(remote.jobs().unwrap(), [id.clone()]);
+        assert_eq!(remote.get(&id, "job.json").unwrap().unwrap(), b"{}");
+        assert_eq!(remote.get(&id, "nope.json").unwrap(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let to = dir.path().join("cora.safetensors");
+        remote
+            .get_file(".datasets", "0123-cora.safetensors", &to)
+            .unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), b"bytes");
+        assert!(
+            remote
+                .get_file(".datasets", "missing", &dir.path().join("m"))
+                .is_err()
+        );
+    }
+
     #[test]
     fn urls_are_told_from_folders_and_unknown_schemes_refused() {
         assert!(is_url(Path::new("s3://b/jobs")));
