@@ -147,11 +147,6 @@ pub fn submit(
         .coordinator_image()
         .context("the platform's section names no image")?
         .to_string();
-    let remote = Remote::open(&spec.output.dir.to_string_lossy())
-        .with_context(|| format!("{file}: output.dir"))?;
-    remote
-        .check_writable()
-        .with_context(|| format!("{file}: output.dir"))?;
     let backend = crate::platform::backend(&spec).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
     let probe = crate::platform::worker_spec(
@@ -163,6 +158,11 @@ pub fn submit(
     )?;
     block_on(backend.check(&probe))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
+    let remote = Remote::open(&spec.output.dir.to_string_lossy())
+        .with_context(|| format!("{file}: output.dir"))?;
+    remote
+        .check_writable()
+        .with_context(|| format!("{file}: output.dir"))?;
     if let Some(path) = spec.dataset.path.clone()
         && !store::is_url(&path)
     {
