@@ -478,6 +478,8 @@ pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
         .with_context(|| format!("{job_url}/job.json: the recorded job"))?;
     let work = std::env::temp_dir().join("physalia-coordinator");
     let mut spec = recorded.clone();
+    // client mode's address of the submitting machine; this process advertises its own
+    spec.backend.coordinator_address = None;
     if let Some(path) = &spec.dataset.path
         && store::is_url(path)
     {

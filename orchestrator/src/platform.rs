@@ -279,6 +279,52 @@ mod tests {
         }
     }
 
+    /// The kubernetes and aci sections become their backends' configurations (cluster mode's generic
+    /// path builds both from them).
+    #[test]
+    fn kubernetes_and_aci_sections_become_backend_configs() {
+        let k = KubernetesSettings {
+            context: None,
+            namespace: "ml".into(),
+            image: "img".into(),
+            gpu_image: Some("img-cuda".into()),
+            sku: None,
+            image_pull_secret: Some("pull".into()),
+            coordinator_image: None,
+        };
+        let cfg = kubernetes_config(&k);
+        assert_eq!(cfg.namespace, "ml");
+        assert_eq!(cfg.gpu_image.as_deref(), Some("img-cuda"));
+        assert_eq!(cfg.image_pull_secret.as_deref(), Some("pull"));
+        assert_eq!(cfg.fs_group, Some(i64::from(crate::docker::WORKER_UID)));
+        assert_eq!(cfg.coordinator_service_account, "physalia-coordinator");
+        let a = AciSettings {
+            subscription_id: "sub".into(),
+            resource_group: "rg".into(),
+            location: "eastus".into(),
+            subnet_id: "/subscriptions/sub/x/subnets/w".into(),
+            registry: Some(crate::spec::AciRegistry {
+                server: "r.azurecr.io".into(),
+                identity_id: "/subscriptions/sub/pull".into(),
+            }),
+            image: "img".into(),
+            coordinator_identity_id: Some("/subscriptions/sub/coordinator".into()),
+            coordinator_image: None,
+            sku: None,
+        };
+        let cfg = aci_config(&a);
+        assert_eq!(
+            (cfg.subscription_id.as_str(), cfg.resource_group.as_str()),
+            ("sub", "rg")
+        );
+        assert_eq!(cfg.subnet_id, "/subscriptions/sub/x/subnets/w");
+        assert_eq!(cfg.registry.unwrap().server, "r.azurecr.io");
+        assert_eq!(
+            cfg.coordinator_identity_id.as_deref(),
+            Some("/subscriptions/sub/coordinator")
+        );
+    }
+
     #[test]
     fn ecs_capacity_follows_the_section_and_the_gpu() {
         let cap = |c, gpu| ecs_config(&settings(c), gpu).capacity;

@@ -634,6 +634,11 @@ fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
         })
         .collect();
     assert_same_losses(&got, &want);
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
     let status: Value =
         serde_json::from_str(&s3_object(&agent, &format!("jobs/{id}/status.json")).unwrap())
             .unwrap();
@@ -685,7 +690,8 @@ fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
         "the second job reused the uploaded dataset"
     );
     eprintln!(
-        "cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, ${usd:.6}",
+        "cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, ${usd:.6}, \
+         losses within {max_diff:.2e} of the local run's",
         took.as_secs_f64()
     );
     assert_nothing_left(&agent);
