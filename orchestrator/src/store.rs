@@ -559,7 +559,7 @@ mod tests {
         remote
             .put(".datasets", "0123-cora.safetensors", b"bytes".to_vec())
             .unwrap();
-        assert_eq!(remote.jobs().unwrap(), [id.clone()]);
+        assert_eq!(remote.jobs().unwrap(), std::slice::from_ref(&id));
         assert_eq!(remote.get(&id, "job.json").unwrap().unwrap(), b"{}");
         assert_eq!(remote.get(&id, "nope.json").unwrap(), None);
         let dir = tempfile::tempdir().unwrap();
