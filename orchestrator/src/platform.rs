@@ -26,8 +26,9 @@ use physalia_backends::{Backend, SecretValue, WorkerSpec};
 use crate::spec::{AciSettings, BackendKind, EcsSettings, JobSpec, KubernetesSettings};
 
 /// The UDP port a cluster-mode coordinator's control endpoint listens on: the one its platform object
-/// declares (the ECS task definition's port mapping, the pod's container port).
-pub(crate) const COORDINATOR_PORT: u16 = 7001;
+/// declares (the ECS task definition's port mapping, the pod's container port) and infra/'s
+/// `coordinator_port` opens (7000 in infra/ecs, infra/k8s and infra/azure).
+pub(crate) const COORDINATOR_PORT: u16 = 7000;
 
 /// How many ports after the declared one a launch tries when it is taken (a prewarmed launch's control
 /// endpoint lives beside the running one's).
@@ -49,8 +50,9 @@ pub(crate) fn control_ports() -> Vec<u16> {
     }
 }
 
-/// The port every container worker's mesh listens on (each has its own address).
-pub(crate) const MESH_PORT: u16 = 7000;
+/// The port every container worker's mesh listens on (each has its own address): infra/ecs's
+/// `mesh_port`, which its security group opens among the tasks.
+pub(crate) const MESH_PORT: u16 = 7100;
 
 /// How often the coordinator asks a cloud platform whether workers ended.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);

@@ -870,6 +870,44 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
     );
     let container = &td["containerDefinitions"][0];
     assert_eq!(container["name"], "coordinator", "{td}");
+    // the workers dial the port the task definition declares (the coordinator binds that one)
+    let declared = container["portMappings"][0]["containerPort"]
+        .as_u64()
+        .unwrap();
+    let ps = Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("network={}", agent.info["network"].as_str().unwrap()),
+        ])
+        .output()
+        .unwrap();
+    let mut dialled = Vec::new();
+    for c in String::from_utf8_lossy(&ps.stdout).lines() {
+        let env = Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .Config.Env}}{{println .}}{{end}}",
+                c,
+            ])
+            .output()
+            .unwrap();
+        dialled.extend(
+            String::from_utf8_lossy(&env.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("PHYSALIA_COORDINATOR_ADDR="))
+                .map(String::from),
+        );
+    }
+    assert!(!dialled.is_empty(), "no running worker container");
+    for addr in &dialled {
+        assert!(
+            addr.ends_with(&format!(":{declared}")),
+            "a worker dials {addr}, the coordinator's task declares {declared}"
+        );
+    }
     let text = container.to_string();
     for word in [
         "AWS_ACCESS_KEY_ID",
