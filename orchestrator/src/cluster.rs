@@ -46,9 +46,10 @@ const DATASETS: &str = ".datasets";
 /// million edges while it partitions).
 const COORDINATOR_VCPUS: f64 = 1.0;
 const COORDINATOR_MEMORY_GIB: f64 = 2.0;
-/// After its platform object ended, how long the record may take to say the job ended (the last mirror
-/// pass) before the coordinator is taken for lost.
-const GRACE: Duration = Duration::from_secs(30);
+/// After its platform object ended, how long the record may take to say the job ended before the
+/// coordinator is taken for lost: its process is gone by then, so this only covers a record read just
+/// before its last write (object stores read their writes).
+const GRACE: Duration = Duration::from_secs(5);
 
 /// What makes `distributed::run` a cluster-mode coordinator.
 pub struct Role {
@@ -355,7 +356,7 @@ fn follow(
         printed = printed.max(lines.len());
         if status.state.is_final() {
             // its last mirror pass (the report) and its own clean-up come after the recorded end
-            wait_ended(backend, handle, GRACE);
+            wait_ended(backend, handle, Duration::from_secs(30));
             let dir = remote.fetch(id, tmp.path()).unwrap_or(dir);
             if let Err(e) = block_on(backend.stop_coordinator(handle))? {
                 eprintln!("warning: deleting the coordinator's platform objects: {e}");
@@ -383,11 +384,21 @@ fn follow(
             let log = block_on(backend.coordinator_logs(handle))?.unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
             let _ = block_on(backend.stop_coordinator(handle));
-            bail!(
-                "job {id}: its coordinator ended ({why}) without recording the job's end; its last \
-                 output:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
+            // the record says so, or it would read as running until it is taken for lost
+            let msg = format!("its coordinator ended ({why}) without recording the job's end");
+            let mut failed = status;
+            failed.state = JobState::Failed;
+            failed.error = Some(msg.clone());
+            failed.updated_unix_s = physalia_control::record::unix_now();
+            let _ = remote.put(id, "status.json", json_bytes(&failed)?);
+            let output = match tail.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; its last output:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ),
+            };
+            bail!("job {id}: {msg}{output}");
         }
         sleep_unless_interrupted(Duration::from_secs(1));
     }

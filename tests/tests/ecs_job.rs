@@ -162,10 +162,16 @@ fn assert_nothing_left(agent: &Agent) {
 /// The worker image with the CLI (the coordinator's image; it runs workers too), built from the
 /// `physalia-worker` and `physalia` under test; one test builds it while the others wait.
 fn image() -> String {
+    build_image(&["--with-cli"])
+}
+
+/// `physalia image build ARGS`, one test at a time.
+fn build_image(args: &[&str]) -> String {
     let lock = std::fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
     lock.lock().unwrap();
     let out = Command::new(physalia_bin())
-        .args(["image", "build", "--with-cli"])
+        .args(["image", "build"])
+        .args(args)
         .output()
         .unwrap();
     drop(lock);
@@ -746,6 +752,35 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
         &["bad.yaml", "output.dir", "s3://"],
     );
     assert!(s3_keys(&agent, "jobs/").is_empty(), "nothing in the store");
+    wait_nothing_left(&agent);
+
+    // a coordinator image without the CLI: the job fails with the platform's reason, its record says
+    // so, and nothing is left
+    write_job(
+        t.path(),
+        "nocli.yaml",
+        &format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            agent.cluster_backend(&build_image(&[]))
+        ),
+    );
+    let t_fail = Instant::now();
+    let out = cli(&agent, t.path(), &["submit", "nocli.yaml"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "a coordinator image without the CLI failed in {:.1} s: {err}",
+        t_fail.elapsed().as_secs_f64()
+    );
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("coordinator"), "{err}");
+    let failed = s3_keys(&agent, "jobs/")
+        .into_iter()
+        .find(|k| k.ends_with("/status.json"))
+        .expect("the failed job's record");
+    let status: Value = serde_json::from_str(&s3_object(&agent, &failed).unwrap()).unwrap();
+    assert_eq!(status["state"], "failed", "{status}");
     wait_nothing_left(&agent);
 
     write_job(
