@@ -201,6 +201,9 @@ pub fn submit(
             kind.as_str()
         );
     }
+    // from here a Ctrl-C detaches: the coordinator about to run must be recorded to be followed,
+    // cancelled and cleaned up
+    catch_interrupt();
     let handle = match block_on(backend.launch_coordinator(&coordinator))? {
         Ok(h) => h,
         Err(e) => {
@@ -325,7 +328,6 @@ fn follow(
     quiet: bool,
     hints: &str,
 ) -> Result<()> {
-    catch_interrupt();
     let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
     let mut printed = 0;
     let mut asked = Instant::now() - Duration::from_secs(60);
