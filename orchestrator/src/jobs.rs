@@ -105,6 +105,9 @@ pub struct JobView {
     pub last_epoch: Option<LastEpoch>,
     /// Seconds since the coordinator last wrote the status.
     pub updated_s_ago: f64,
+    /// A cluster-mode job's coordinator on its platform (its `coordinator.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_coordinator: Option<physalia_backends::CoordinatorHandle>,
 }
 
 /// The last recorded epoch: rank 0's metrics (loss and accuracies are global) and the worker count.
@@ -146,6 +149,7 @@ impl JobView {
             status,
             last_epoch,
             updated_s_ago,
+            platform_coordinator: crate::cluster::recorded_handle(dir)?,
         })
     }
 
@@ -186,6 +190,19 @@ impl JobView {
             out.push_str(&format!(
                 "coordinator: pid {} on {}, last heard {:.0} s ago\n",
                 c.pid, c.host, self.updated_s_ago
+            ));
+        }
+        if let Some(h) = &self.platform_coordinator {
+            let objects: Vec<String> = h
+                .objects
+                .iter()
+                .map(|o| format!("{} {}", o.kind, o.id))
+                .collect();
+            out.push_str(&format!(
+                "cluster mode: the coordinator runs on {} in {} ({})\n",
+                h.backend,
+                h.scope,
+                objects.join(", ")
             ));
         }
         if self.is_lost() {

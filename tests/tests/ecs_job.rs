@@ -804,6 +804,7 @@ fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
     )))
     .unwrap();
     assert_eq!(view["state"], "running", "{view}");
+    assert_eq!(view["platform_coordinator"]["backend"], "ecs", "{view}");
     let logs = ok_output(&mut cli(
         &agent,
         t.path(),
