@@ -124,6 +124,7 @@ pub fn run(
     quiet: bool,
     resume: Option<ResumePoint>,
     memory_check: bool,
+    cluster: Option<&crate::cluster::Role>,
 ) -> Result<()> {
     let n = spec.workers as usize;
     let price = summary::price(spec)?;
@@ -157,6 +158,13 @@ pub fn run(
     };
     let mut dir = match &resume {
         Some(rp) => JobDir::reopen(&rp.dir, rp.epoch)?,
+        // cluster mode: the job's id and record are the submitter's; this process stages it
+        None if cluster.is_some() => {
+            let role = cluster.expect("checked by the guard");
+            let dir = JobDir::create_exact(&role.staging, &role.job_id)?;
+            dir.write_json("job.json", &role.recorded)?;
+            dir
+        }
         None => {
             let root = match &remote {
                 Some(_) => crate::store::staging_root(),
@@ -254,8 +262,9 @@ pub fn run(
                 checkpoints: true,
                 start_epoch,
                 price_per_worker_s: price.usd_per_worker_s,
-                // the coordinator is this process, on the user's machine
-                coordinator_price_per_s: 0.0,
+                // the coordinator is this process: on the user's machine (client mode, free) or a
+                // platform's container (cluster mode) at its price
+                coordinator_price_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
                 mode: train_mode(spec.mode()),
             },
             elastic,
@@ -298,6 +307,8 @@ pub fn run(
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
         v["usd_total"] = json!(outcome.usd);
         v["worker_seconds"] = json!(outcome.worker_s);
+        v["coordinator_seconds"] = json!(outcome.coordinator_s);
+        v["coordinator_usd_per_s"] = json!(cluster.map_or(0.0, |r| r.coordinator_usd_per_s));
         v["scaling_events"] = json!(elastic.events);
         // when each launch ran and each epoch ended: `plan --replay` fits its model to them
         v["launches"] = json!(outcome.launches);
@@ -354,37 +365,59 @@ pub fn run(
                 }
             };
             finish_mirror(&mut mirror, job_url.as_deref());
-            match output {
-                OutputFormat::Json => println!("{}", serde_json::to_string(&v)?),
-                OutputFormat::Text => {
-                    println!(
-                        "job {name} {}: {}",
-                        summary::finished_on(&v),
-                        job_url
-                            .clone()
-                            .unwrap_or_else(|| dir.path().display().to_string())
-                    );
-                    println!(
-                        "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
-                        v["runs"][0]["final_loss"].as_f64().unwrap_or(f64::NAN),
-                        v["runs"][0]["test_acc_at_best_val"]
-                            .as_f64()
-                            .map(|a| format!("{a:.4}"))
-                            .unwrap_or("-".into()),
-                        v["median_epoch_s"].as_f64().unwrap_or(0.0),
-                        fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
-                    );
-                    if let Some(d) = v["device"].as_str() {
-                        println!("rank 0 trained on {d}");
-                    }
-                    if let Some(r) = &report {
-                        println!("report: {}", r.display());
-                    }
-                }
-            }
-            Ok(())
+            let location = job_url
+                .clone()
+                .unwrap_or_else(|| dir.path().display().to_string());
+            // a record in a store is read there
+            let report = match &job_url {
+                Some(url) => report.map(|_| format!("{url}/report.html")),
+                None => report.map(|r| r.display().to_string()),
+            };
+            print_finished(name, &v, &location, report.as_deref(), output)
         }
     }
+}
+
+/// A finished job's final lines (`summary.json` as JSON, or what it ran on, its loss and accuracy, its
+/// report), the same whether this process coordinated it or followed it in a store.
+pub(crate) fn print_finished(
+    name: &str,
+    v: &Value,
+    location: &str,
+    report: Option<&str>,
+    output: OutputFormat,
+) -> Result<()> {
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(v)?),
+        OutputFormat::Text => {
+            println!("job {name} {}: {location}", summary::finished_on(v));
+            println!(
+                "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
+                v["runs"][0]["final_loss"].as_f64().unwrap_or(f64::NAN),
+                v["runs"][0]["test_acc_at_best_val"]
+                    .as_f64()
+                    .map(|a| format!("{a:.4}"))
+                    .unwrap_or("-".into()),
+                v["median_epoch_s"].as_f64().unwrap_or(0.0),
+                fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
+            );
+            if v["coordinator_usd_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
+                println!(
+                    "billed ${:.6}: {:.1} worker-seconds and {:.1} coordinator-seconds",
+                    v["usd_total"].as_f64().unwrap_or(0.0),
+                    v["worker_seconds"].as_f64().unwrap_or(0.0),
+                    v["coordinator_seconds"].as_f64().unwrap_or(0.0)
+                );
+            }
+            if let Some(d) = v["device"].as_str() {
+                println!("rank 0 trained on {d}");
+            }
+            if let Some(r) = report {
+                println!("report: {r}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Uploads what the job's record gained since the mirror's last pass, and stops it. A record that
@@ -449,15 +482,28 @@ impl Launch {
                 advertise: prepared.control_ip,
             },
         };
-        let server = ControlServer::bind(
-            &ca.identity(COORDINATOR_NAME)?,
-            ca.job_key(),
-            n,
-            SocketAddr::new(reach.bind, 0),
-            register_timeout,
-            files,
-        )
-        .context("binding the coordinator's control endpoint")?;
+        // port 0 (any) unless this is a cluster-mode coordinator, whose platform object declares one
+        let identity = ca.identity(COORDINATOR_NAME)?;
+        let mut bound = None;
+        for port in crate::platform::control_ports() {
+            match ControlServer::bind(
+                &identity,
+                ca.job_key(),
+                n,
+                SocketAddr::new(reach.bind, port),
+                register_timeout,
+                files.clone(),
+            ) {
+                Ok(s) => {
+                    bound = Some(Ok(s));
+                    break;
+                }
+                Err(e) => bound = Some(Err(e)),
+            }
+        }
+        let server = bound
+            .expect("at least one port is tried")
+            .context("binding the coordinator's control endpoint")?;
         let cores = std::thread::available_parallelism()
             .map(|c| c.get())
             .unwrap_or(1);
@@ -1112,7 +1158,7 @@ fn fmt_bytes(b: u64) -> String {
 
 /// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed
 /// over workers, the longest halo wait and the longest all-reduce of any worker.
-fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> String {
+pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> String {
     let m = &by_rank[0];
     let mut line = summary::epoch_line(1, 0, epochs, m);
     let sent: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();

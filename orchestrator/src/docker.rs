@@ -99,6 +99,95 @@ pub fn ensure_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result<Stri
     Ok(tag)
 }
 
+/// The coordinator's image for cluster mode: the worker image for `worker` with the `physalia` CLI
+/// `cli` added (`worker-image/Dockerfile.cli`), tagged `tag` or `physalia-worker:<hashes>-cli`, built
+/// when missing. Returns its tag.
+pub fn ensure_cli_image(
+    worker: &Path,
+    cli: &Path,
+    tag: Option<&str>,
+    quiet: bool,
+) -> Result<String> {
+    let tag = match tag {
+        Some(t) => t.to_string(),
+        None => {
+            let w =
+                std::fs::read(worker).with_context(|| format!("reading {}", worker.display()))?;
+            let c = std::fs::read(cli).with_context(|| format!("reading {}", cli.display()))?;
+            format!(
+                "physalia-worker:{}-{}-cli",
+                &blake3_like(&w)[..8],
+                &blake3_like(&c)[..8]
+            )
+        }
+    };
+    tag_of(&tag)?;
+    if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
+        return Ok(tag);
+    }
+    let base = ensure_image(worker, quiet)?;
+    if !quiet {
+        eprintln!("building the coordinator image {tag}...");
+    }
+    let stage = tempfile::tempdir().context("creating a staging folder")?;
+    let ctx = stage.path();
+    let root = ctx.join("rootfs");
+    for lib in shared_libraries(cli)? {
+        let dest = root.join(lib.strip_prefix("/").unwrap_or(&lib));
+        std::fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
+        std::fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
+    }
+    // HTTPS to the job store and the platform's API
+    let bundle = Path::new("/etc/ssl/certs/ca-certificates.crt");
+    if bundle.is_file() {
+        let dest = root.join("etc/ssl/certs");
+        std::fs::create_dir_all(&dest)?;
+        std::fs::copy(bundle, dest.join("ca-certificates.crt"))
+            .with_context(|| format!("copying {}", bundle.display()))?;
+    } else if !quiet {
+        eprintln!(
+            "warning: {} is not here: the coordinator image has no CA bundle (HTTPS fails in it)",
+            bundle.display()
+        );
+    }
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        include_str!("../../worker-image/Dockerfile.cli"),
+    )?;
+    let bin = ctx.join("physalia");
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(cli)
+        .arg("-o")
+        .arg(&bin)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(cli, &bin)?;
+    }
+    let out = crate::progress::step(&format!("building {tag}"), || {
+        Command::new("docker")
+            .args([
+                "build",
+                "--build-arg",
+                &format!("WORKER={base}"),
+                "-t",
+                &tag,
+            ])
+            .arg(ctx)
+            .env("DOCKER_BUILDKIT", "0")
+            .output()
+    })
+    .context("running docker build")?;
+    if !out.status.success() {
+        bail!(
+            "docker build of the coordinator image failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(tag)
+}
+
 /// `physalia-worker:<content hash of worker>`.
 fn image_tag(worker: &Path) -> Result<String> {
     let bytes = std::fs::read(worker).with_context(|| format!("reading {}", worker.display()))?;

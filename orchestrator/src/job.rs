@@ -148,6 +148,8 @@ pub struct Outcome {
     pub usd: f64,
     /// Worker-seconds billed (every launch, prewarmed and idle workers included).
     pub worker_s: f64,
+    /// Seconds the coordinator was billed for (from the job's start to its end).
+    pub coordinator_s: f64,
     /// Every launch the platform started, with when (seconds since the job started).
     pub launches: Vec<LaunchSpan>,
     /// When each recorded epoch completed (seconds since the job started).
@@ -352,6 +354,7 @@ impl Job {
         if let Some(o) = self.outcome.as_mut() {
             o.usd = usd;
             o.worker_s = self.ledger.worker_s;
+            o.coordinator_s = self.ledger.coordinator_s;
             o.launches = self.ledger.spans.clone();
             o.epochs = self.ledger.epochs.clone();
         }
@@ -834,6 +837,7 @@ impl Job {
             // billed once this step's stops are accounted (`Job::account`)
             usd: 0.0,
             worker_s: 0.0,
+            coordinator_s: 0.0,
             launches: Vec::new(),
             epochs: Vec::new(),
         });

@@ -81,6 +81,27 @@ impl JobDir {
         })
     }
 
+    /// Creates `<root>/<id>` for a job whose id was chosen elsewhere (a cluster-mode coordinator stages
+    /// the job `submit` named); an existing directory of that id is an error.
+    pub fn create_exact(root: &Path, id: &str) -> Result<JobDir> {
+        fs::create_dir_all(root)
+            .with_context(|| format!("creating the staging folder {}", root.display()))?;
+        let path = root.join(id);
+        fs::create_dir(&path)
+            .with_context(|| format!("creating job directory {}", path.display()))?;
+        let metrics_path = path.join("metrics.jsonl");
+        let metrics = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("creating {}", metrics_path.display()))?;
+        Ok(JobDir {
+            path,
+            metrics,
+            status: None,
+        })
+    }
+
     /// Reopens an existing job directory to continue it, keeping `metrics.jsonl`'s first `keep` lines (the
     /// epochs its checkpoint covers; later lines were recorded after it and are retrained).
     pub fn reopen(path: &Path, keep: usize) -> Result<JobDir> {

@@ -52,9 +52,10 @@ pub struct StatusArgs {
 pub struct LogsArgs {
     /// A job directory, or a job's (directory) name under `--dir`.
     job: String,
-    /// A worker's output (every launch of that rank, in order); without it, the coordinator's log.
-    #[arg(long)]
-    rank: Option<usize>,
+    /// A worker's output (every launch of that rank, in order); `coordinator`: a cluster-mode
+    /// coordinator's output as its platform keeps it; without it, the coordinator's log in the record.
+    #[arg(long, value_parser = parse_rank)]
+    rank: Option<Rank>,
     /// Keep printing what is written until the job ends.
     #[arg(long, short)]
     follow: bool,
@@ -73,6 +74,23 @@ pub struct CancelArgs {
     wait: f64,
 }
 
+/// What `logs --rank` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rank {
+    Worker(usize),
+    Coordinator,
+}
+
+fn parse_rank(s: &str) -> Result<Rank, String> {
+    match s {
+        "coordinator" => Ok(Rank::Coordinator),
+        n => n
+            .parse()
+            .map(Rank::Worker)
+            .map_err(|_| format!("{n:?} is neither a worker's rank (0, 1, ...) nor `coordinator`")),
+    }
+}
+
 /// A job as its record shows it.
 #[derive(Debug, Serialize)]
 pub struct JobView {
@@ -87,6 +105,9 @@ pub struct JobView {
     pub last_epoch: Option<LastEpoch>,
     /// Seconds since the coordinator last wrote the status.
     pub updated_s_ago: f64,
+    /// A cluster-mode job's coordinator on its platform (its `coordinator.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_coordinator: Option<physalia_backends::CoordinatorHandle>,
 }
 
 /// The last recorded epoch: rank 0's metrics (loss and accuracies are global) and the worker count.
@@ -128,6 +149,7 @@ impl JobView {
             status,
             last_epoch,
             updated_s_ago,
+            platform_coordinator: crate::cluster::recorded_handle(dir)?,
         })
     }
 
@@ -168,6 +190,19 @@ impl JobView {
             out.push_str(&format!(
                 "coordinator: pid {} on {}, last heard {:.0} s ago\n",
                 c.pid, c.host, self.updated_s_ago
+            ));
+        }
+        if let Some(h) = &self.platform_coordinator {
+            let objects: Vec<String> = h
+                .objects
+                .iter()
+                .map(|o| format!("{} {}", o.kind, o.id))
+                .collect();
+            out.push_str(&format!(
+                "cluster mode: the coordinator runs on {} in {} ({})\n",
+                h.backend,
+                h.scope,
+                objects.join(", ")
             ));
         }
         if self.is_lost() {
@@ -372,8 +407,15 @@ fn rank_logs(logs: &Path, rank: usize) -> Vec<PathBuf> {
 
 pub fn logs(a: &LogsArgs) -> Result<()> {
     let (dir, fetched) = located(&a.job, &a.dir)?;
+    if a.rank == Some(Rank::Coordinator) {
+        return coordinator_logs(&dir, fetched.as_ref(), a.follow);
+    }
+    let rank = a.rank.map(|r| match r {
+        Rank::Worker(r) => r,
+        Rank::Coordinator => unreachable!("handled above"),
+    });
     let logs = dir.join("logs");
-    let files = || match a.rank {
+    let files = || match rank {
         Some(r) => rank_logs(&logs, r),
         None => vec![logs.join("coordinator.log")]
             .into_iter()
@@ -382,7 +424,7 @@ pub fn logs(a: &LogsArgs) -> Result<()> {
     };
     let first = files();
     if first.is_empty() && !a.follow {
-        match a.rank {
+        match rank {
             Some(r) => bail!(
                 "job {}: no output of rank {r} (logs/worker-{r}*.log); ranks start at 0",
                 job_id(&dir)
@@ -439,11 +481,73 @@ pub fn logs(a: &LogsArgs) -> Result<()> {
     }
 }
 
+/// `logs --rank coordinator`: a cluster-mode coordinator's output from its platform (CloudWatch Logs,
+/// the pod's log, the container group's), until the job ends with `follow`.
+fn coordinator_logs(dir: &Path, fetched: Option<&Fetched>, follow: bool) -> Result<()> {
+    let id = job_id(dir);
+    let Some(handle) = crate::cluster::recorded_handle(dir)? else {
+        bail!(
+            "job {id} ran no coordinator on a platform (client mode): `physalia logs {id}` shows its \
+             coordinator's log"
+        );
+    };
+    let spec = recorded_spec(dir)?;
+    let mut shown = 0;
+    let mut out = std::io::stdout().lock();
+    let mut over_since: Option<Instant> = None;
+    loop {
+        if let Some(f) = fetched {
+            f.refresh()?;
+        }
+        let v = JobView::read(dir)?;
+        let (text, ended) = crate::cluster::coordinator_logs(&spec, &handle)?;
+        // the job's end is recorded a moment before its coordinator's last words and exit
+        let over = (v.status.state.is_final() || v.is_lost())
+            && (ended
+                || over_since
+                    .get_or_insert_with(Instant::now)
+                    .elapsed()
+                    .as_secs()
+                    >= 30);
+        if text.len() > shown {
+            match out.write_all(&text.as_bytes()[shown..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                r => r?,
+            }
+            let _ = out.flush();
+            shown = text.len();
+        }
+        if !follow || over {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn recorded_spec(dir: &Path) -> Result<JobSpec> {
+    let spec_path = dir.join("job.json");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("{}: cannot read", spec_path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a job record", spec_path.display()))
+}
+
+/// Stops a cluster-mode job's coordinator and deletes its platform objects (a client-mode job has
+/// none): after its job ended, or when it is gone.
+fn stop_recorded_coordinator(dir: &Path) -> Result<()> {
+    if let Some(handle) = crate::cluster::recorded_handle(dir)? {
+        crate::cluster::stop_coordinator(&recorded_spec(dir)?, &handle)?;
+    }
+    Ok(())
+}
+
 pub fn cancel(a: &CancelArgs) -> Result<()> {
     let (dir, fetched) = located(&a.job, &a.dir)?;
     let view = JobView::read(&dir)?;
     let id = job_id(&dir);
     if view.status.state.is_final() {
+        // a detached cluster-mode job's coordinator may outlive its record's end
+        stop_recorded_coordinator(&dir)?;
         println!("job {id} already {}", view.status.state.as_str());
         return Ok(());
     }
@@ -456,6 +560,7 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
     if view.is_lost() {
         // nobody will act on the request: stop what the dead coordinator left, then say so in the record
         clean_up_after(&dir, &view.status)?;
+        stop_recorded_coordinator(&dir)?;
         let mut status = view.status;
         status.state = JobState::Cancelled;
         status.workers = 0;
@@ -476,6 +581,8 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
         }
         let view = JobView::read(&dir)?;
         if view.status.state.is_final() {
+            // the coordinator stopped every worker and recorded it: now the coordinator itself
+            stop_recorded_coordinator(&dir)?;
             println!("job {id} {}", view.status.state.as_str());
             return Ok(());
         }

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod admission;
 mod calibrate;
+mod cluster;
 mod coordinator;
 mod data;
 mod dataset;
@@ -83,6 +84,19 @@ enum Command {
     /// `physalia_control::env`).
     #[command(hide = true)]
     Worker,
+    /// Coordinate a cluster-mode job from its store (started by `submit` on the platform, next to the
+    /// workers; see `cluster.rs`).
+    #[command(hide = true)]
+    Coordinate(CoordinateArgs),
+}
+
+#[derive(Args)]
+struct CoordinateArgs {
+    /// The job in its store: `STORE_URL/JOB_ID`.
+    job_url: String,
+    /// The UDP port of the control endpoint, the one the coordinator's platform object declares.
+    #[arg(long, default_value_t = platform::COORDINATOR_PORT)]
+    control_port: u16,
 }
 
 #[derive(Args)]
@@ -109,6 +123,9 @@ struct SubmitArgs {
     /// Launch even when the planner predicts the job does not fit in this machine's memory.
     #[arg(long)]
     skip_memory_check: bool,
+    /// Cluster mode: return once the coordinator runs, printing the job's id and how to follow it.
+    #[arg(long, conflicts_with = "resume")]
+    detach: bool,
 }
 
 #[derive(Args)]
@@ -135,6 +152,11 @@ struct ImageBuildArgs {
     /// (PHYSALIA_WHEEL_CACHE elsewhere). No base image is pulled.
     #[arg(long)]
     cuda: bool,
+    /// The worker image with the `physalia` CLI added (worker-image/Dockerfile.cli): the coordinator's
+    /// image in cluster mode (`backend.*.coordinator_image`, by default the worker `image`), which also
+    /// runs workers. Tagged `physalia-worker:<hash>-cli`.
+    #[arg(long, conflicts_with = "cuda")]
+    with_cli: bool,
     /// Tag the image NAME:TAG instead of `physalia-worker:<hash>[-cuda]` (an image already under it is
     /// kept).
     #[arg(long, value_name = "NAME:TAG")]
@@ -166,6 +188,7 @@ fn run(cli: Cli) -> Result<()> {
                 a.output,
                 a.quiet,
                 !a.skip_memory_check,
+                a.detach,
             ),
             (None, None) => unreachable!("clap requires a job file or --resume"),
         },
@@ -178,6 +201,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Cancel(a) => jobs::cancel(&a),
         Command::Image(ImageCommand::Build(a)) => {
             let worker = workers::worker_binary()?;
+            if a.with_cli {
+                let cli = std::env::current_exe().context("locating the physalia executable")?;
+                let tag = docker::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false)?;
+                println!("{tag}");
+                return Ok(());
+            }
             let tag = match (a.cuda, &a.tag) {
                 (true, None) => docker::ensure_cuda_image(&worker, false)?,
                 (true, Some(t)) => docker::ensure_cuda_image_tagged(&worker, t, false)?,
@@ -230,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Partition(a)) => data::partition(&a),
         // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
         Command::Worker => physalia_worker::run::run_from_env(),
+        Command::Coordinate(a) => cluster::coordinate(&a.job_url, a.control_port),
     }
 }
 

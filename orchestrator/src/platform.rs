@@ -2,10 +2,11 @@
 //! from the job file's section and the platform's standard credential chain, the worker container the
 //! SKU pays for, and the address its workers reach the coordinator at.
 //!
-//! This is client mode: the coordinator is this process, which must run where the workers' network
-//! reaches it (a machine in the VPC, or a test's Docker network). It binds every interface and gives
-//! the workers one address: `backend.coordinator_address`, or the one this machine's default route
-//! leaves from.
+//! In client mode the coordinator is the `physalia submit` process, which must run where the workers'
+//! network reaches it (a machine in the VPC, or a test's Docker network). In cluster mode it is
+//! `physalia coordinate` inside the platform (`cluster.rs`), on the port its platform object declares
+//! ([`set_control_port`]). Either way it binds every interface and gives the workers one address:
+//! `backend.coordinator_address`, or the one this machine's default route leaves from.
 //!
 //! Credentials never come from the job file, an argument or the environment values this module
 //! reads: the platform's SDK reads its own chain (`AWS_PROFILE`, `AWS_ACCESS_KEY_ID`, a task role,
@@ -13,16 +14,45 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use physalia_backends::aci::{AciBackend, AciConfig, RegistryPull};
 use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig};
+use physalia_backends::kubernetes::{KubernetesBackend, KubernetesConfig};
 use physalia_backends::{Backend, SecretValue, WorkerSpec};
 
-use crate::spec::{BackendKind, EcsSettings, JobSpec};
+use crate::spec::{AciSettings, BackendKind, EcsSettings, JobSpec, KubernetesSettings};
 
-/// The port every container worker's mesh listens on (each has its own address).
-pub(crate) const MESH_PORT: u16 = 7000;
+/// The UDP port a cluster-mode coordinator's control endpoint listens on: the one its platform object
+/// declares (the ECS task definition's port mapping, the pod's container port) and infra/'s
+/// `coordinator_port` opens (7000 in infra/ecs, infra/k8s and infra/azure).
+pub(crate) const COORDINATOR_PORT: u16 = 7000;
+
+/// How many ports after the declared one a launch tries when it is taken (a prewarmed launch's control
+/// endpoint lives beside the running one's).
+const PORT_TRIES: u16 = 8;
+
+static CONTROL_PORT: OnceLock<u16> = OnceLock::new();
+
+/// Makes this process's control endpoints bind `port` (the next free of a few after it), as a
+/// cluster-mode coordinator must: the platform declared it. Set once, before the first launch.
+pub(crate) fn set_control_port(port: u16) {
+    let _ = CONTROL_PORT.set(port);
+}
+
+/// The control endpoint's ports to try in order: `[0]` (any) unless [`set_control_port`] was called.
+pub(crate) fn control_ports() -> Vec<u16> {
+    match CONTROL_PORT.get() {
+        Some(&p) => (0..PORT_TRIES).map(|i| p.saturating_add(i)).collect(),
+        None => vec![0],
+    }
+}
+
+/// The port every container worker's mesh listens on (each has its own address): infra/ecs's
+/// `mesh_port`, which its security group opens among the tasks.
+pub(crate) const MESH_PORT: u16 = 7100;
 
 /// How often the coordinator asks a cloud platform whether workers ended.
 pub(crate) const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -45,12 +75,66 @@ pub(crate) fn backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
                 .context("connecting to AWS ECS")?;
             Ok(Box::new(backend))
         }
-        other => bail!(
-            "backend.{0}: submit does not start jobs on {0} yet (`physalia plan --backend {0}` prices \
-             them); `local`, `docker` and `ecs` run today",
-            other.as_str()
-        ),
+        BackendKind::Kubernetes => {
+            let k = kubernetes_settings(spec)?;
+            let backend = crate::workers::block_on(KubernetesBackend::infer(kubernetes_config(k)))?
+                .context("connecting to Kubernetes")?;
+            Ok(Box::new(backend))
+        }
+        BackendKind::Aci => {
+            let a = aci_settings(spec)?;
+            let token = std::sync::Arc::new(physalia_backends::aci::DefaultAzureToken::from_env());
+            let backend = AciBackend::new(aci_config(a), token).context("connecting to Azure")?;
+            Ok(Box::new(backend))
+        }
+        other => bail!("{} is not a cloud backend", other.as_str()),
     }
+}
+
+fn kubernetes_settings(spec: &JobSpec) -> Result<&KubernetesSettings> {
+    spec.backend.kubernetes.as_ref().context(
+        "backend.kubernetes: the kubernetes backend needs its settings (namespace, image, sku)",
+    )
+}
+
+fn aci_settings(spec: &JobSpec) -> Result<&AciSettings> {
+    spec.backend
+        .aci
+        .as_ref()
+        .context("backend.aci: the aci backend needs its settings (infra/azure's outputs)")
+}
+
+/// `backend.kubernetes` as the Kubernetes backend's configuration: the image's non-root user is the
+/// pods' `fsGroup`, so the secret files are readable by it.
+pub(crate) fn kubernetes_config(k: &KubernetesSettings) -> KubernetesConfig {
+    KubernetesConfig {
+        namespace: k.namespace.clone(),
+        image_pull_secret: k.image_pull_secret.clone(),
+        gpu_image: k.gpu_image.clone(),
+        fs_group: Some(i64::from(crate::docker::WORKER_UID)),
+        poll_interval: Duration::from_secs(1),
+        ..KubernetesConfig::default()
+    }
+}
+
+/// `backend.aci` as the ACI backend's configuration (`PHYSALIA_ARM_ENDPOINT` points it at another ARM
+/// endpoint: a sovereign cloud, a test server).
+pub(crate) fn aci_config(a: &AciSettings) -> AciConfig {
+    let mut cfg = AciConfig::new(
+        &a.subscription_id,
+        &a.resource_group,
+        &a.location,
+        &a.subnet_id,
+    );
+    cfg.registry = a.registry.as_ref().map(|r| RegistryPull {
+        server: r.server.clone(),
+        identity_id: r.identity_id.clone(),
+    });
+    cfg.coordinator_identity_id = a.coordinator_identity_id.clone();
+    if let Ok(endpoint) = std::env::var("PHYSALIA_ARM_ENDPOINT") {
+        cfg.endpoint = endpoint;
+    }
+    cfg
 }
 
 fn ecs_settings(spec: &JobSpec) -> Result<&EcsSettings> {
@@ -78,6 +162,7 @@ pub(crate) fn ecs_config(e: &EcsSettings, gpu: bool) -> EcsConfig {
         Some(c) => Capacity::Provider(c.to_string()),
     };
     cfg.task_role_arn = e.task_role_arn.clone();
+    cfg.coordinator_task_role_arn = e.coordinator_task_role_arn.clone();
     cfg.gpu_image = e.gpu_image.clone();
     // a worker that does not run within a second or two of RUNNING is seen a poll later; ECS's own
     // placement takes far longer than this
@@ -186,12 +271,60 @@ mod tests {
             security_groups: vec!["sg-1".into()],
             execution_role_arn: "arn:aws:iam::123456789012:role/x".into(),
             task_role_arn: None,
+            coordinator_task_role_arn: None,
+            coordinator_image: None,
             log_group: "/physalia/workers".into(),
             capacity: capacity.map(String::from),
             image: "img".into(),
             gpu_image: None,
             sku: None,
         }
+    }
+
+    /// The kubernetes and aci sections become their backends' configurations (cluster mode's generic
+    /// path builds both from them).
+    #[test]
+    fn kubernetes_and_aci_sections_become_backend_configs() {
+        let k = KubernetesSettings {
+            context: None,
+            namespace: "ml".into(),
+            image: "img".into(),
+            gpu_image: Some("img-cuda".into()),
+            sku: None,
+            image_pull_secret: Some("pull".into()),
+            coordinator_image: None,
+        };
+        let cfg = kubernetes_config(&k);
+        assert_eq!(cfg.namespace, "ml");
+        assert_eq!(cfg.gpu_image.as_deref(), Some("img-cuda"));
+        assert_eq!(cfg.image_pull_secret.as_deref(), Some("pull"));
+        assert_eq!(cfg.fs_group, Some(i64::from(crate::docker::WORKER_UID)));
+        assert_eq!(cfg.coordinator_service_account, "physalia-coordinator");
+        let a = AciSettings {
+            subscription_id: "sub".into(),
+            resource_group: "rg".into(),
+            location: "eastus".into(),
+            subnet_id: "/subscriptions/sub/x/subnets/w".into(),
+            registry: Some(crate::spec::AciRegistry {
+                server: "r.azurecr.io".into(),
+                identity_id: "/subscriptions/sub/pull".into(),
+            }),
+            image: "img".into(),
+            coordinator_identity_id: Some("/subscriptions/sub/coordinator".into()),
+            coordinator_image: None,
+            sku: None,
+        };
+        let cfg = aci_config(&a);
+        assert_eq!(
+            (cfg.subscription_id.as_str(), cfg.resource_group.as_str()),
+            ("sub", "rg")
+        );
+        assert_eq!(cfg.subnet_id, "/subscriptions/sub/x/subnets/w");
+        assert_eq!(cfg.registry.unwrap().server, "r.azurecr.io");
+        assert_eq!(
+            cfg.coordinator_identity_id.as_deref(),
+            Some("/subscriptions/sub/coordinator")
+        );
     }
 
     #[test]

@@ -32,8 +32,8 @@ mod backend;
 
 #[allow(unused_imports)] // the settings types are the schema's; `tests/spec.rs` names them
 pub use backend::{
-    AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Priced,
-    is_fargate,
+    AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Mode,
+    Priced, is_fargate,
 };
 
 /// Default number of attention heads of a GAT hidden layer.

@@ -109,10 +109,12 @@ impl Remote {
                 .list_with_delimiter(Some(&self.prefix))
                 .await
                 .with_context(|| format!("listing {}", self.url))?;
+            // `.datasets` and other dot-folders are the store's, not jobs
             Ok(listed
                 .common_prefixes
                 .iter()
                 .filter_map(|p| p.filename().map(String::from))
+                .filter(|name| !name.starts_with('.'))
                 .collect())
         })
     }
@@ -175,6 +177,68 @@ impl Remote {
                 .with_context(|| format!("writing {}/{job}/{rel}", self.url))?;
             Ok(())
         })
+    }
+
+    /// The bytes at `<job>/<rel>`, `None` where there is no such object.
+    pub fn get(&self, job: &str, rel: &str) -> Result<Option<Vec<u8>>> {
+        let key = self.key(job, rel);
+        self.block(async {
+            match self.store.get(&key).await {
+                Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e).with_context(|| format!("reading {}/{job}/{rel}", self.url)),
+            }
+        })
+    }
+
+    /// Downloads `<job>/<rel>` into the file `to` (through a temporary name: whole or absent).
+    pub fn get_file(&self, job: &str, rel: &str, to: &Path) -> Result<()> {
+        let key = self.key(job, rel);
+        let tmp = to.with_extension("download.tmp");
+        self.block(async {
+            let mut stream = self
+                .store
+                .get(&key)
+                .await
+                .with_context(|| format!("reading {}/{job}/{rel}", self.url))?
+                .into_stream();
+            let mut f = std::fs::File::create(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            while let Some(chunk) = stream.try_next().await? {
+                std::io::Write::write_all(&mut f, &chunk)?;
+            }
+            Ok(())
+        })?;
+        std::fs::rename(&tmp, to).with_context(|| format!("writing {}", to.display()))?;
+        Ok(())
+    }
+
+    /// A new job id for a job named `name`: `<name>-<unix seconds>[-k]`, no job of which is in the store.
+    pub fn new_job_id(&self, name: &str) -> Result<String> {
+        let secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        for k in 0.. {
+            let id = match k {
+                0 => format!("{safe}-{secs}"),
+                k => format!("{safe}-{secs}-{k}"),
+            };
+            if !self.exists(&id, "job.json")? {
+                return Ok(id);
+            }
+        }
+        unreachable!("some suffix is free")
     }
 
     /// Whether `<job>/<rel>` exists.
@@ -475,6 +539,40 @@ mod tests {
         assert!(local.join(CANCEL).is_file());
         let err = remote.fetch("nope", out.path()).unwrap_err().to_string();
         assert!(err.contains("no such job"), "{err}");
+    }
+
+    /// Cluster mode's store calls: fresh job ids, dot-folders (uploaded datasets) that are no jobs, and
+    /// whole downloads.
+    #[test]
+    fn job_ids_are_fresh_and_the_datasets_folder_is_no_job() {
+        let remote = Remote {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: ObjPath::from("jobs"),
+            url: "memory://jobs".into(),
+            rt: runtime().unwrap(),
+        };
+        let id = remote.new_job_id("cora gcn").unwrap();
+        assert!(id.starts_with("cora_gcn-"), "{id}");
+        remote.put(&id, "job.json", b"{}".to_vec()).unwrap();
+        let next = remote.new_job_id("cora gcn").unwrap();
+        assert_eq!(next, format!("{id}-1"));
+        remote
+            .put(".datasets", "0123-cora.safetensors", b"bytes".to_vec())
+            .unwrap();
+        assert_eq!(remote.jobs().unwrap(), std::slice::from_ref(&id));
+        assert_eq!(remote.get(&id, "job.json").unwrap().unwrap(), b"{}");
+        assert_eq!(remote.get(&id, "nope.json").unwrap(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let to = dir.path().join("cora.safetensors");
+        remote
+            .get_file(".datasets", "0123-cora.safetensors", &to)
+            .unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), b"bytes");
+        assert!(
+            remote
+                .get_file(".datasets", "missing", &dir.path().join("m"))
+                .is_err()
+        );
     }
 
     #[test]

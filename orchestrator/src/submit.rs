@@ -17,7 +17,7 @@ use physalia_graph::Split;
 
 use crate::dataset;
 use crate::jobdir::JobDir;
-use crate::spec::{self, BackendKind, JobSpec, Parallelism};
+use crate::spec::{self, BackendKind, JobSpec, Mode, Parallelism};
 use crate::summary::OutputFormat;
 use crate::summary::{
     RunResult, epoch_line, fmt_acc, model_config, price, print_summary, summarize,
@@ -45,7 +45,7 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool)
             point.epoch, point.workers
         );
     }
-    crate::distributed::run(&spec, &name, output, quiet, Some(point), memory_check)
+    crate::distributed::run(&spec, &name, output, quiet, Some(point), memory_check, None)
 }
 
 pub fn run(
@@ -55,26 +55,25 @@ pub fn run(
     output: OutputFormat,
     quiet: bool,
     memory_check: bool,
+    detach: bool,
 ) -> Result<()> {
     let mut spec = spec::load_on(job, overrides, backend)?;
-    if matches!(
-        spec.backend.name,
-        BackendKind::Kubernetes | BackendKind::Aci
-    ) {
-        let name = spec.backend.name.as_str();
-        bail!(
-            "{}: backend.{name}: the settings are valid (`physalia plan {} --backend {name}` prices \
-             the job), but submit does not start jobs on {name} yet; `local`, `docker` and `ecs` run \
-             today",
-            job.display(),
-            job.display()
-        );
-    }
     if let Some((planned, line)) = crate::plan::apply_goal(&spec)? {
         if !quiet {
             eprintln!("{line}");
         }
         spec = planned;
+    }
+    // cluster mode: the coordinator runs on the platform; this process hands it the job and follows it
+    if spec.backend.mode() == Mode::Cluster {
+        return crate::cluster::submit(job, spec, output, quiet, detach);
+    }
+    if detach {
+        bail!(
+            "{}: --detach: in client mode (backend.mode: client, and every local or docker job) this \
+             process is the job's coordinator and cannot leave it",
+            job.display()
+        );
     }
     // Every job is the coordinator's (its workers checkpoint every epoch, a lost one is retried, a stopped
     // job resumes) except repeated seeds (`train.runs` > 1), a statistics loop that trains in this process.
@@ -86,6 +85,7 @@ pub fn run(
             quiet,
             None,
             memory_check,
+            None,
         );
     }
     if let Some(t) = spec.train.threads {

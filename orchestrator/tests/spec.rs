@@ -1106,3 +1106,67 @@ fn the_cloud_example_is_valid_on_every_backend() {
         assert_eq!(spec.backend.name, backend);
     }
 }
+
+/// Issue 14: `backend.mode` is cluster by default on the cloud platforms and client on this machine's;
+/// cluster mode on local or docker, a misspelt mode and malformed coordinator settings are refused
+/// naming the field (and, for a parse error, its line and column).
+#[test]
+fn backend_mode_defaults_to_cluster_on_clouds_and_is_checked() {
+    for (backend, mode) in [
+        (BackendKind::Ecs, Mode::Cluster),
+        (BackendKind::Kubernetes, Mode::Cluster),
+        (BackendKind::Aci, Mode::Cluster),
+        (BackendKind::Local, Mode::Client),
+        (BackendKind::Docker, Mode::Client),
+    ] {
+        let spec = on(CLOUD, &[], backend).unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        assert_eq!(spec.backend.mode(), mode, "{backend:?}");
+    }
+    let client = on(CLOUD, &["backend.mode=client"], BackendKind::Ecs).unwrap();
+    assert_eq!(client.backend.mode(), Mode::Client);
+    // the coordinator's image defaults to the worker image (built --with-cli)
+    let ecs = on(CLOUD, &[], BackendKind::Ecs).unwrap();
+    assert_eq!(
+        ecs.backend.coordinator_image(),
+        Some("123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia-worker:0.1.0")
+    );
+    let ecs = on(
+        CLOUD,
+        &["backend.ecs.coordinator_image=ecr/physalia:cli"],
+        BackendKind::Ecs,
+    )
+    .unwrap();
+    assert_eq!(ecs.backend.coordinator_image(), Some("ecr/physalia:cli"));
+    let err = on(CLOUD, &["backend.mode=cluster"], BackendKind::Docker)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("backend.mode") && err.contains("cluster mode starts the coordinator"),
+        "{err}"
+    );
+    let err = on(
+        CLOUD,
+        &["backend.ecs.coordinator_task_role_arn=physalia-coordinator"],
+        BackendKind::Ecs,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("backend.ecs.coordinator_task_role_arn") && err.contains("IAM role ARN"),
+        "{err}"
+    );
+    let err = on(
+        CLOUD,
+        &["backend.aci.coordinator_identity_id=coordinator"],
+        BackendKind::Aci,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("backend.aci.coordinator_identity_id"), "{err}");
+    let typo = CLOUD.replace("  name: local\n", "  name: ecs\n  mode: clustr\n");
+    let err = parse(&typo, &[]).unwrap_err().to_string();
+    assert!(
+        err.starts_with("cora.yaml:7:") && err.contains("backend.mode"),
+        "{err}"
+    );
+}

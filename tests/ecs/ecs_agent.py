@@ -15,6 +15,14 @@ create), and does what the ECS container agent would do for every task moto star
   records it ("Essential container in task exited"),
 - when the task is stopped through the API (StopTask), its containers are removed.
 
+Cluster mode's coordinator tasks (task definition family `physalia-<job>-coordinator`, one `coordinator`
+container) run the same way, as the coordinator image at the task's ENI address, with what the ECS agent
+gives a task with a task role: `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`, answered at 169.254.170.2 (a
+shared internal Docker network, `physalia-ecs-credentials`, whose gateway is this machine) by a small
+HTTP server handing out moto's test credentials, and the region. The container also gets moto's
+endpoint (`AWS_ENDPOINT_URL`, plain HTTP): moto listens on the Docker network's gateway address, which
+this machine and the containers reach, and nothing else.
+
 Also makes the S3 bucket `physalia-jobs` for job stores.
 
 Prints one JSON line (moto_fixture's, plus `network`, the Docker network, and `bucket`), then serves
@@ -24,9 +32,12 @@ until its standard input closes, and removes every container, volume and network
 """
 
 import argparse
+import datetime
+import http.server
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -64,6 +75,59 @@ def make_network() -> tuple[str, ipaddress.IPv4Network]:
     raise SystemExit(f"no free /24 in 172.31.64.0/18 for a Docker network: {last}")
 
 
+CREDENTIALS_NETWORK = "physalia-ecs-credentials"
+CREDENTIALS_IP = "169.254.170.2"
+
+
+def credentials_network() -> None:
+    """The link-local network of ECS's container credentials endpoint, shared by every agent on this
+    machine (its address is fixed): internal, its gateway 169.254.170.2 this machine."""
+    if docker("network", "inspect", CREDENTIALS_NETWORK, check=False).returncode == 0:
+        return
+    r = docker(
+        "network", "create", "--internal", "--label", "physalia.ecs-agent=shared",
+        "--subnet", "169.254.170.0/24", "--gateway", CREDENTIALS_IP, CREDENTIALS_NETWORK, check=False,
+    )
+    # another agent made it meanwhile
+    if r.returncode != 0 and docker("network", "inspect", CREDENTIALS_NETWORK, check=False).returncode != 0:
+        raise SystemExit(f"cannot make the credentials network: {r.stderr.strip()}")
+
+
+class CredentialsHandler(http.server.BaseHTTPRequestHandler):
+    """ECS's task credentials endpoint: moto's test credentials for the task role, an hour long."""
+
+    def do_GET(self) -> None:
+        if not self.path.startswith("/v2/credentials/"):
+            self.send_error(404)
+            return
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+        body = json.dumps({
+            "AccessKeyId": "testing",
+            "SecretAccessKey": "testing",
+            "Token": "testing-session",
+            "Expiration": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "RoleArn": f"arn:aws:iam::{ACCOUNT}:role/physalia-coordinator",
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class CredentialsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # several agents serve the same fixed address at once: any of them answers alike
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+
 class Agent:
     def __init__(self, url: str, cluster: str, network: str):
         kw = dict(endpoint_url=url, region_name=moto_fixture.REGION,
@@ -73,6 +137,7 @@ class Agent:
         self.logs = boto3.client("logs", **kw)
         self.cluster = cluster
         self.network = network
+        self.endpoint = url
         self.runners: dict[str, "TaskRunner"] = {}
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -130,10 +195,12 @@ class TaskRunner:
             for d in a.get("details", [])
             if d["name"] == "privateIPv4Address"
         )
-        worker = defs["worker"]
+        # a worker's task, or a cluster-mode coordinator's
+        self.main = "worker" if "worker" in defs else "coordinator"
+        worker = defs[self.main]
         opts = worker.get("logConfiguration", {}).get("options", {})
         self.log_group = opts.get("awslogs-group")
-        self.log_stream = f"{opts.get('awslogs-stream-prefix', 'ecs')}/worker/{self.id}"
+        self.log_stream = f"{opts.get('awslogs-stream-prefix', 'ecs')}/{self.main}/{self.id}"
         docker("volume", "create", "--label", LABEL, self.volume)
         init = defs.get("secrets")
         if init is not None:
@@ -145,8 +212,15 @@ class TaskRunner:
         if self.stopped_by_api:
             self.remove()
             return
-        args = ["run", "-d", "--name", self.container, "--label", LABEL,
+        args = ["create", "--name", self.container, "--label", LABEL,
                 "--network", self.agent.network, "--ip", ip]
+        if self.main == "coordinator":
+            # what ECS gives a task with a task role, and where this test's AWS is
+            args += ["-e", f"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI=/v2/credentials/{self.id}",
+                     "-e", f"AWS_REGION={moto_fixture.REGION}",
+                     "-e", f"AWS_DEFAULT_REGION={moto_fixture.REGION}",
+                     "-e", f"AWS_ENDPOINT_URL={self.agent.endpoint}",
+                     "-e", "AWS_ALLOW_HTTP=true"]
         for m in worker.get("mountPoints", []):
             ro = ":ro" if m.get("readOnly") else ""
             args += ["-v", f"{self.volume}:{m['containerPath']}{ro}"]
@@ -158,6 +232,11 @@ class TaskRunner:
         args.append(worker["image"])
         args += entry[1:] + (worker.get("command") or [])
         r = docker(*args, check=False)
+        if r.returncode == 0 and self.main == "coordinator":
+            credentials_network()
+            r = docker("network", "connect", CREDENTIALS_NETWORK, self.container, check=False)
+        if r.returncode == 0:
+            r = docker("start", self.container, check=False)
         if r.returncode != 0:
             self.stop_in_moto(1, f"CannotStartContainerError: {r.stderr.strip()}")
             self.remove()
@@ -203,8 +282,10 @@ class TaskRunner:
     def push_logs(self) -> None:
         if not self.log_group:
             return
-        r = docker("logs", self.container, check=False)
-        lines = (r.stdout + r.stderr).splitlines()
+        # both streams through one pipe, in the order the container wrote them
+        r = subprocess.run(["docker", "logs", self.container], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, check=False)
+        lines = r.stdout.splitlines()
         new = lines[self.pushed:]
         if not new:
             return
@@ -229,7 +310,7 @@ class TaskRunner:
             for tasks in backend.tasks.values():
                 t = tasks.get(self.arn)
                 if t is not None and t.containers:
-                    t.containers[0].name = "worker"
+                    t.containers[0].name = self.main
                     t.containers[0].exitCode = exit_code
                     t.containers[0].last_status = "STOPPED"
         self.agent.ecs.stop_task(cluster=self.agent.cluster, task=self.arn, reason=reason)
@@ -251,7 +332,10 @@ def main() -> None:
     ap.parse_args()
     network, subnet = make_network()
     hosts = subnet.hosts()
-    next(hosts)  # the gateway
+    gateway = str(next(hosts))
+    credentials_network()
+    creds = CredentialsServer((CREDENTIALS_IP, 80), CredentialsHandler)
+    threading.Thread(target=creds.serve_forever, daemon=True).start()
     lock = threading.Lock()
 
     def eni_ip(cidr=None, ipv6=False):
@@ -260,8 +344,10 @@ def main() -> None:
 
     # ENIs of tasks get addresses of the Docker network (moto draws 10.x.y.z at random)
     ecs_models.random_private_ip = eni_ip
+    # moto on the Docker network's gateway: this machine and the containers reach it there
     server, out = moto_fixture.start(
-        argparse.Namespace(container_instances=0, tasks_stay_running=True, enforce_auth=False)
+        argparse.Namespace(container_instances=0, tasks_stay_running=True, enforce_auth=False,
+                           ip=gateway)
     )
     # the job store's bucket
     boto3.client(
@@ -278,6 +364,7 @@ def main() -> None:
         sys.stdin.read()
     finally:
         agent.shutdown()
+        creds.shutdown()
         server.stop()
         ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
         if ids:

@@ -702,3 +702,44 @@ fn written_dataset_file_has_ordinary_permissions() {
         mode("s.safetensors")
     );
 }
+
+/// Issue 14: `submit` on kubernetes and aci takes cluster mode's path (no longer refused as "not
+/// yet"), and what would fail is refused first, in one line naming the file and the field or the
+/// platform, before anything is made: no coordinator identity on aci, no Kubernetes configuration,
+/// a local job store; `--detach` of a client-mode job is refused too.
+#[test]
+fn issue_14_cluster_mode_submit_refuses_bad_settings_before_making_anything() {
+    let t = tiny_imported();
+    let cloud = "name: t\ndataset: tiny.safetensors\nmodel: {kind: gcn, hidden: 8}\ntrain: {epochs: 2}\nworkers: 2\noutput: {dir: s3://physalia-test-nowhere/jobs}\nbackend:\n  name: kubernetes\n  kubernetes:\n    image: registry.example/physalia-worker:0.1.0\n    sku: gke-g2-standard-8\n  aci:\n    subscription_id: 00000000-0000-0000-0000-000000000000\n    resource_group: physalia\n    location: eastus\n    subnet_id: /subscriptions/0/resourceGroups/physalia/providers/Microsoft.Network/virtualNetworks/v/subnets/w\n    image: physalia.azurecr.io/physalia-worker:0.1.0\n    sku: aci-cpu-2x8\n";
+    write_job(t.path(), "cloud.yaml", cloud);
+    let before = snapshot(t.path());
+    let submit = |args: &[&str]| {
+        let out = std::process::Command::new(physalia_tests::physalia_bin())
+            .current_dir(t.path())
+            .args(["submit", "cloud.yaml"])
+            .args(args)
+            // no Kubernetes configuration and no cloud credentials here
+            .env("KUBECONFIG", t.path().join("no-kubeconfig"))
+            .env("HOME", t.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AZURE_CLIENT_ID")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        physalia_tests::Output {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    submit(&[]).one_line_error(&["cloud.yaml", "Kubernetes configuration"]);
+    submit(&["--backend", "aci"]).one_line_error(&[
+        "cloud.yaml",
+        "backend.aci.coordinator_identity_id",
+        "cluster mode",
+    ]);
+    submit(&["--set", "output.dir=jobs"]).one_line_error(&["cloud.yaml", "output.dir", "s3://"]);
+    submit(&["--backend", "local", "--detach"]).one_line_error(&["--detach", "client mode"]);
+    assert_eq!(snapshot(t.path()), before, "nothing was made");
+}

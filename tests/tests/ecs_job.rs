@@ -2,8 +2,13 @@
 //! ECS, Secrets Manager, CloudWatch Logs and IAM on loopback, while `tests/ecs/ecs_agent.py` does what
 //! ECS's container agent would: it runs every task moto starts as real containers of the locally built
 //! worker image (the `secrets` init container, then the worker, at the task's ENI address on a Docker
-//! network of the VPC's range) and stops the task in moto when its worker exits. The CLI is the
-//! coordinator (client mode), reached by the workers at this machine's address.
+//! network of the VPC's range) and stops the task in moto when its worker exits.
+//!
+//! The first two tests run in client mode (`backend.mode: client`): the CLI is the coordinator, reached
+//! by the workers at this machine's address. The cluster-mode tests (issue 14) let `submit` start the
+//! coordinator as an ECS task too, which the agent runs as the coordinator image (`physalia image build
+//! --with-cli`) with its task role's credentials from a container credentials endpoint: this machine only
+//! hands it the job through the S3 job store and follows it there.
 //!
 //! Skipped, with a note, where no Docker Engine answers or moto is not installed; with
 //! `PHYSALIA_REQUIRE_MOTO=1` (CI installs moto) a missing moto fails instead.
@@ -80,6 +85,14 @@ impl Agent {
 
     /// The job file's `backend:` section for this moto (infra/ecs's outputs) and `image`.
     fn backend(&self, image: &str) -> String {
+        // these jobs keep the CLI as their coordinator
+        self.cluster_backend(image)
+            .replace("  ecs:\n", "  mode: client\n  ecs:\n")
+    }
+
+    /// The `backend:` section of a cluster-mode job (the default mode on ecs): with the coordinator's
+    /// task role, and `image` as both the workers' and the coordinator's image.
+    fn cluster_backend(&self, image: &str) -> String {
         let list = |k: &str| {
             self.info[k]
                 .as_array()
@@ -90,11 +103,12 @@ impl Agent {
                 .join(", ")
         };
         format!(
-            "backend:\n  name: ecs\n  ecs:\n    cluster: {}\n    subnets: [{}]\n    security_groups: [{}]\n    execution_role_arn: {}\n    log_group: {}\n    image: {image}\n    sku: {SKU}\n",
+            "backend:\n  name: ecs\n  ecs:\n    cluster: {}\n    subnets: [{}]\n    security_groups: [{}]\n    execution_role_arn: {}\n    coordinator_task_role_arn: {}\n    log_group: {}\n    image: {image}\n    sku: {SKU}\n",
             self.info["cluster"].as_str().unwrap(),
             list("subnets"),
             list("security_groups"),
             self.info["execution_role_arn"].as_str().unwrap(),
+            self.info["coordinator_task_role_arn"].as_str().unwrap(),
             self.info["log_group"].as_str().unwrap(),
         )
     }
@@ -103,7 +117,7 @@ impl Agent {
     /// output is JSON.
     fn query(&self, code: &str) -> Value {
         let prelude = format!(
-            "import boto3, json\nkw = dict(endpoint_url={:?}, region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\necs = boto3.client('ecs', **kw)\nsm = boto3.client('secretsmanager', **kw)\nlogs = boto3.client('logs', **kw)\n",
+            "import boto3, json\nkw = dict(endpoint_url={:?}, region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\necs = boto3.client('ecs', **kw)\nsm = boto3.client('secretsmanager', **kw)\nlogs = boto3.client('logs', **kw)\ns3 = boto3.client('s3', **kw)\n",
             self.info["endpoint"].as_str().unwrap()
         );
         let out = Command::new("python3")
@@ -145,12 +159,22 @@ fn assert_nothing_left(agent: &Agent) {
     }
 }
 
-/// The worker image, built from the `physalia-worker` beside the tested `physalia`.
+/// The worker image with the CLI (the coordinator's image; it runs workers too), built from the
+/// `physalia-worker` and `physalia` under test; one test builds it while the others wait.
 fn image() -> String {
+    build_image(&["--with-cli"])
+}
+
+/// `physalia image build ARGS`, one test at a time.
+fn build_image(args: &[&str]) -> String {
+    let lock = std::fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
+    lock.lock().unwrap();
     let out = Command::new(physalia_bin())
         .args(["image", "build"])
+        .args(args)
         .output()
         .unwrap();
+    drop(lock);
     assert!(
         out.status.success(),
         "{}",
@@ -463,4 +487,486 @@ fn wait_for_epochs(jobs: &Path, n: usize, except: &[PathBuf]) -> PathBuf {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A command of the CLI under test with the agent's AWS settings (what a user's would say).
+fn cli(agent: &Agent, cwd: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(physalia_bin());
+    cmd.current_dir(cwd)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    agent.env(&mut cmd);
+    cmd
+}
+
+/// Runs `cmd` and returns its standard output, failing the test with its standard error unless it
+/// succeeds.
+fn ok_output(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An object of moto's S3 bucket, `None` where it is not there.
+fn s3_object(agent: &Agent, key: &str) -> Option<String> {
+    let v = agent.query(&format!(
+        "try:\n    body = s3.get_object(Bucket={:?}, Key={key:?})['Body'].read().decode()\nexcept s3.exceptions.NoSuchKey:\n    body = None\nprint(json.dumps(body))",
+        agent.info["bucket"].as_str().unwrap()
+    ));
+    v.as_str().map(String::from)
+}
+
+/// The keys of moto's S3 bucket under `prefix`.
+fn s3_keys(agent: &Agent, prefix: &str) -> Vec<String> {
+    let v = agent.query(&format!(
+        "r = s3.list_objects_v2(Bucket={:?}, Prefix={prefix:?})\nprint(json.dumps([o['Key'] for o in r.get('Contents', [])]))",
+        agent.info["bucket"].as_str().unwrap()
+    ));
+    serde_json::from_value(v).unwrap()
+}
+
+/// What the coordinator's container (1 vCPU, 2 GiB of Fargate) costs a second at the catalog's prices.
+fn coordinator_price_per_s() -> f64 {
+    let text = std::fs::read_to_string(repo_root().join("infra/catalog/aws-ecs.yaml")).unwrap();
+    let at = text.find(&format!("name: {SKU}")).unwrap();
+    let rest = &text[at..];
+    let field = |name: &str| -> f64 {
+        let i = rest.find(name).unwrap() + name.len();
+        rest[i..]
+            .trim_start_matches([':', ' '])
+            .split([',', '}', '\n'])
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    field("usd_per_vcpu_second") + 2.0 * field("usd_per_gib_second")
+}
+
+/// Waits (up to a minute) until ECS holds nothing of the test's jobs: a detached job's coordinator
+/// deletes its own task definition as it ends, and its task stops with its container.
+fn wait_nothing_left(agent: &Agent) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = agent.leftovers();
+        let empty = ["tasks", "task_definitions", "secrets"]
+            .iter()
+            .all(|k| left[*k] == Value::Array(vec![]));
+        if empty {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left on ECS: {left}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Issue 14, cluster mode: `submit` uploads the dataset to the S3 store once, starts the coordinator as
+/// an ECS task with its task role, and follows it there; the coordinator trains Cora on 3 ECS workers
+/// to a local 3-process run's losses, its record in moto's S3, its own seconds billed at Fargate's
+/// price, and nothing of the job is left on ECS afterwards.
+#[test]
+fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let Some(agent) = Agent::start() else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    // cluster mode uploads a dataset file (a raw folder is imported first)
+    ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["data", "import"])
+            .arg(&cora)
+            .args(["--out", "cora.safetensors"]),
+    );
+    let job = "name: cluster\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 20, seed: 0, threads: 1}\nworkers: 3\n";
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: jobs}}\n"),
+    );
+    let local = submit(t.path(), None, &[]);
+    let want = losses(&t.path().join(local["job_dir"].as_str().unwrap()));
+    let bucket = agent.info["bucket"].as_str().unwrap();
+    let store = format!("s3://{bucket}/jobs");
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            agent.cluster_backend(&image())
+        ),
+    );
+    let t0 = Instant::now();
+    let out = cli(
+        &agent,
+        t.path(),
+        &["submit", "job.yaml", "--output", "json"],
+    )
+    .output()
+    .unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cluster-mode submit failed: {stderr}");
+    // the per-epoch lines a local job prints, from the store's record
+    let epochs = stderr.lines().filter(|l| l.starts_with("epoch ")).count();
+    assert_eq!(epochs, 20, "{stderr}");
+    assert!(stderr.contains("uploading the dataset"), "{stderr}");
+    let v: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let id = v["job_url"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let metrics = s3_object(&agent, &format!("jobs/{id}/metrics.jsonl")).expect("metrics in S3");
+    let got: Vec<f64> = metrics
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["metrics"]["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_same_losses(&got, &want);
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let status: Value =
+        serde_json::from_str(&s3_object(&agent, &format!("jobs/{id}/status.json")).unwrap())
+            .unwrap();
+    assert_eq!(status["state"], "succeeded", "{status}");
+    // the coordinator ran in a container, not here
+    assert_ne!(
+        status["coordinator"]["host"].as_str().unwrap(),
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim()
+    );
+    let summary: Value =
+        serde_json::from_str(&s3_object(&agent, &format!("jobs/{id}/summary.json")).unwrap())
+            .unwrap();
+    let (usd, ws, cs, cp) = (
+        summary["usd_total"].as_f64().unwrap(),
+        summary["worker_seconds"].as_f64().unwrap(),
+        summary["coordinator_seconds"].as_f64().unwrap(),
+        summary["coordinator_usd_per_s"].as_f64().unwrap(),
+    );
+    assert!(ws > 0.0 && cs > 0.0, "{summary}");
+    assert!((cp - coordinator_price_per_s()).abs() < 1e-15, "{cp}");
+    let want_usd = ws * price_per_s() + cs * cp;
+    assert!(
+        (usd - want_usd).abs() <= 1e-9 + 1e-6 * want_usd,
+        "{usd} vs {want_usd}"
+    );
+    assert_eq!(v["usd_total"], summary["usd_total"], "what submit printed");
+    // the dataset is in the store once, content-addressed, and a second job reuses it
+    let datasets = s3_keys(&agent, "jobs/.datasets/");
+    assert_eq!(datasets.len(), 1, "{datasets:?}");
+    assert!(datasets[0].ends_with("-cora.safetensors"), "{datasets:?}");
+    assert!(
+        s3_object(&agent, &format!("jobs/{id}/coordinator.json")).is_some(),
+        "the coordinator's handle is in the record"
+    );
+    let again = ok_output(
+        cli(
+            &agent,
+            t.path(),
+            &["submit", "job.yaml", "--set", "train.epochs=1"],
+        )
+        .stderr(Stdio::inherit()),
+    );
+    assert!(again.contains("finished on 3 workers"), "{again}");
+    assert_eq!(
+        s3_keys(&agent, "jobs/.datasets/"),
+        datasets,
+        "the second job reused the uploaded dataset"
+    );
+    eprintln!(
+        "cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, ${usd:.6}, \
+         losses within {max_diff:.2e} of the local run's",
+        took.as_secs_f64()
+    );
+    assert_nothing_left(&agent);
+}
+
+/// Issue 14, cluster mode: bad settings are refused before anything is made; `--detach` returns with
+/// the job's id while its coordinator runs on; `logs --rank coordinator --follow` and `status` follow
+/// it from the store; `cancel` of a running detached job stops its workers and its coordinator, and
+/// nothing of either job is left on ECS.
+#[test]
+fn issue_14_an_ecs_cluster_job_refuses_bad_settings_detaches_and_cancels() {
+    let Some(agent) = Agent::start() else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    let store = format!("s3://{}/jobs", agent.info["bucket"].as_str().unwrap());
+    let job = "name: detached\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 5, seed: 0, threads: 1}\nworkers: 2\n";
+    let image = image();
+    let backend = agent.cluster_backend(&image);
+    // refused before anything is made: an unknown cluster, no coordinator role, a local store
+    let refused = |text: String, needles: &[&str]| {
+        write_job(t.path(), "bad.yaml", &text);
+        let out = cli(&agent, t.path(), &["submit", "bad.yaml"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        for n in needles {
+            assert!(err.contains(n), "{err:?} lacks {n:?}");
+        }
+    };
+    refused(
+        format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            backend.replace("cluster: physalia", "cluster: nope")
+        ),
+        &["bad.yaml", "nope"],
+    );
+    refused(
+        format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            backend
+                .lines()
+                .filter(|l| !l.contains("coordinator_task_role_arn"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        &["bad.yaml", "backend.ecs.coordinator_task_role_arn"],
+    );
+    refused(
+        format!("{job}output: {{dir: jobs}}\n{backend}"),
+        &["bad.yaml", "output.dir", "s3://"],
+    );
+    assert!(s3_keys(&agent, "jobs/").is_empty(), "nothing in the store");
+    wait_nothing_left(&agent);
+
+    // a coordinator image without the CLI: the job fails with the platform's reason, its record says
+    // so, and nothing is left
+    write_job(
+        t.path(),
+        "nocli.yaml",
+        &format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            agent.cluster_backend(&build_image(&[]))
+        ),
+    );
+    let t_fail = Instant::now();
+    let out = cli(&agent, t.path(), &["submit", "nocli.yaml"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "a coordinator image without the CLI failed in {:.1} s: {err}",
+        t_fail.elapsed().as_secs_f64()
+    );
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("coordinator"), "{err}");
+    let failed = s3_keys(&agent, "jobs/")
+        .into_iter()
+        .find(|k| k.ends_with("/status.json"))
+        .expect("the failed job's record");
+    let status: Value = serde_json::from_str(&s3_object(&agent, &failed).unwrap()).unwrap();
+    assert_eq!(status["state"], "failed", "{status}");
+    wait_nothing_left(&agent);
+
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: {store}}}\n{backend}"),
+    );
+    let t0 = Instant::now();
+    let out = ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &["submit", "job.yaml", "--detach"],
+    ));
+    let id = out.lines().next().unwrap().trim().to_string();
+    assert!(id.starts_with("detached-"), "{out}");
+    // it returned while the job runs (the coordinator has its job to train yet)
+    let view: Value = serde_json::from_str(&ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &["status", &id, "--dir", &store, "--output", "json"],
+    )))
+    .unwrap();
+    assert_eq!(view["state"], "running", "{view}");
+    assert_eq!(view["platform_coordinator"]["backend"], "ecs", "{view}");
+    let logs = ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &[
+            "logs",
+            &id,
+            "--dir",
+            &store,
+            "--rank",
+            "coordinator",
+            "--follow",
+        ],
+    ));
+    assert!(logs.contains("epoch 5/5"), "{logs}");
+    if std::env::var_os("PHYSALIA_SHOW_COORDINATOR_LOG").is_some() {
+        eprintln!("{logs}");
+    }
+    let view: Value = serde_json::from_str(&ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &["status", &id, "--dir", &store, "--output", "json"],
+    )))
+    .unwrap();
+    assert_eq!(view["state"], "succeeded", "{view}");
+    wait_nothing_left(&agent);
+    eprintln!(
+        "detached cluster-mode job: {:.1} s to the end of the follow",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // Ctrl-C while following detaches: the job goes on (until it is cancelled below)
+    let mut child = cli(
+        &agent,
+        t.path(),
+        &[
+            "submit",
+            "job.yaml",
+            "--set",
+            "train.epochs=100000",
+            "--set",
+            "name=cancelme",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "submit ended before an epoch: {seen}"
+        );
+        seen.push_str(&line);
+        if line.starts_with("epoch ") {
+            break;
+        }
+    }
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{seen}{rest}");
+    assert!(
+        rest.contains("detached") && rest.contains("--rank coordinator --follow"),
+        "{rest}"
+    );
+    let id = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("job ")?.split(':').next())
+        .unwrap()
+        .to_string();
+    assert!(id.starts_with("cancelme-"), "{seen}");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let view: Value = serde_json::from_str(&ok_output(&mut cli(
+            &agent,
+            t.path(),
+            &["status", &id, "--dir", &store, "--output", "json"],
+        )))
+        .unwrap();
+        if view["status"]["epoch"].as_u64().unwrap_or(0) >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job never trained: {view}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // the coordinator's identity is its task role: no key in its task definition
+    let td = agent.query(&format!(
+        "arns = ecs.list_task_definitions(familyPrefix='physalia-{id}-coordinator')['taskDefinitionArns']\n\
+         print(json.dumps(ecs.describe_task_definition(taskDefinition=arns[0])['taskDefinition']))"
+    ));
+    assert_eq!(
+        td["taskRoleArn"], agent.info["coordinator_task_role_arn"],
+        "{td}"
+    );
+    let container = &td["containerDefinitions"][0];
+    assert_eq!(container["name"], "coordinator", "{td}");
+    // the workers dial the port the task definition declares (the coordinator binds that one)
+    let declared = container["portMappings"][0]["containerPort"]
+        .as_u64()
+        .unwrap();
+    let ps = Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("network={}", agent.info["network"].as_str().unwrap()),
+        ])
+        .output()
+        .unwrap();
+    let mut dialled = Vec::new();
+    for c in String::from_utf8_lossy(&ps.stdout).lines() {
+        let env = Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .Config.Env}}{{println .}}{{end}}",
+                c,
+            ])
+            .output()
+            .unwrap();
+        dialled.extend(
+            String::from_utf8_lossy(&env.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("PHYSALIA_COORDINATOR_ADDR="))
+                .map(String::from),
+        );
+    }
+    assert!(!dialled.is_empty(), "no running worker container");
+    for addr in &dialled {
+        assert!(
+            addr.ends_with(&format!(":{declared}")),
+            "a worker dials {addr}, the coordinator's task declares {declared}"
+        );
+    }
+    let text = container.to_string();
+    for word in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "\"testing\"",
+    ] {
+        assert!(
+            !text.contains(word),
+            "{word} in the coordinator's task: {text}"
+        );
+    }
+    ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &["cancel", &id, "--dir", &store],
+    ));
+    let view: Value = serde_json::from_str(&ok_output(&mut cli(
+        &agent,
+        t.path(),
+        &["status", &id, "--dir", &store, "--output", "json"],
+    )))
+    .unwrap();
+    assert_eq!(view["state"], "cancelled", "{view}");
+    wait_nothing_left(&agent);
 }

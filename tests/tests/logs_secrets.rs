@@ -71,12 +71,12 @@ fn udp_ports(pid: u32) -> Vec<u16> {
         };
         for line in text.lines().skip(1) {
             let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && inodes.contains(cols[9]) {
-                if let Some(port) = cols[1].rsplit(':').next() {
-                    if let Ok(p) = u16::from_str_radix(port, 16) {
-                        ports.push(p);
-                    }
-                }
+            if cols.len() > 9
+                && inodes.contains(cols[9])
+                && let Some(port) = cols[1].rsplit(':').next()
+                && let Ok(p) = u16::from_str_radix(port, 16)
+            {
+                ports.push(p);
             }
         }
     }

@@ -52,7 +52,9 @@ def start(args: argparse.Namespace) -> tuple[ThreadedMotoServer, dict]:
     main() prints."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    # loopback, or (tests/ecs/ecs_agent.py) the gateway of a Docker network, where containers reach it
+    ip = getattr(args, "ip", None) or "127.0.0.1"
+    server = ThreadedMotoServer(ip_address=ip, port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"

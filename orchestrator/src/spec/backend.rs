@@ -21,6 +21,13 @@ pub struct BackendSpec {
     /// NAME` pick another, whose section must then be here.
     #[serde(default)]
     pub name: BackendKind,
+    /// Where the job's coordinator runs. `cluster` (the default on kubernetes, ecs and aci): `submit`
+    /// starts it on the platform, next to its workers, hands it the job through the job store
+    /// (`output.dir` must be an `s3://`, `az://` or `gs://` URL) and follows it. `client` (the only mode
+    /// of local and docker): the `physalia` process is the coordinator, so it must run where the
+    /// workers' network reaches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
     /// Where the workers reach the coordinator when it is this CLI on a cloud platform (client mode):
     /// an address of this machine that the workers' subnets route to. Default: the address this
     /// machine's default route leaves from.
@@ -38,6 +45,16 @@ pub struct BackendSpec {
     /// Azure Container Instances container groups (`infra/azure`'s outputs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aci: Option<AciSettings>,
+}
+
+/// `backend.mode`: where the coordinator runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// On the platform, next to the workers (kubernetes, ecs, aci).
+    Cluster,
+    /// In the `physalia` process that submits the job.
+    Client,
 }
 
 /// `backend.docker`.
@@ -79,6 +96,10 @@ pub struct KubernetesSettings {
     /// A pull secret in the namespace, for a private registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_secret: Option<String>,
+    /// Cluster mode: the image of the coordinator's Job, holding the `physalia` CLI (`physalia image
+    /// build --with-cli`). Default: `image`, which must then be built `--with-cli`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_image: Option<String>,
 }
 
 /// `backend.ecs`: `terraform output` of `infra/ecs` gives every field but `image` and `sku`.
@@ -99,6 +120,14 @@ pub struct EcsSettings {
     /// The workers' task role (no permissions: workers hold no cloud credentials).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_role_arn: Option<String>,
+    /// Cluster mode: the coordinator's task role (infra/ecs output `coordinator_task_role_arn`), its
+    /// only credentials. Required in cluster mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_task_role_arn: Option<String>,
+    /// Cluster mode: the coordinator's image as ECS pulls it, holding the `physalia` CLI (`physalia
+    /// image build --with-cli`). Default: `image`, which must then be built `--with-cli`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_image: Option<String>,
     /// CloudWatch Logs group of the workers' output.
     #[serde(default = "default_log_group")]
     pub log_group: String,
@@ -135,6 +164,14 @@ pub struct AciSettings {
     pub registry: Option<AciRegistry>,
     /// The worker image as ACI pulls it (a CPU image: ACI runs no GPUs, so there is no `gpu_image`).
     pub image: String,
+    /// Cluster mode: the resource id of the coordinator's user-assigned managed identity (infra/azure
+    /// output `coordinator_identity_id`), its only credentials. Required in cluster mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_identity_id: Option<String>,
+    /// Cluster mode: the coordinator's image as ACI pulls it, holding the `physalia` CLI (`physalia
+    /// image build --with-cli`). Default: `image`, which must then be built `--with-cli`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_image: Option<String>,
     /// The worker container, a SKU of `infra/catalog/azure-aci.yaml` (or a `--catalog`). May be left out
     /// when the job has a `goal:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,6 +242,36 @@ pub struct Priced {
 impl BackendSpec {
     /// The named platform's `gpu_image` setting, the image its GPU workers run (`None`: the platform's
     /// default, see each section; ACI runs no GPUs).
+    /// Where the coordinator runs: `backend.mode`, else cluster on kubernetes, ecs and aci and client
+    /// on local and docker.
+    pub fn mode(&self) -> Mode {
+        match (self.mode, self.name) {
+            (Some(m), _) => m,
+            (None, BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci) => Mode::Cluster,
+            (None, _) => Mode::Client,
+        }
+    }
+
+    /// The image of the coordinator in cluster mode: the platform section's `coordinator_image`, else
+    /// its worker `image` (built `--with-cli`).
+    pub fn coordinator_image(&self) -> Option<&str> {
+        match self.name {
+            BackendKind::Kubernetes => self
+                .kubernetes
+                .as_ref()
+                .map(|k| k.coordinator_image.as_deref().unwrap_or(&k.image)),
+            BackendKind::Ecs => self
+                .ecs
+                .as_ref()
+                .map(|e| e.coordinator_image.as_deref().unwrap_or(&e.image)),
+            BackendKind::Aci => self
+                .aci
+                .as_ref()
+                .map(|a| a.coordinator_image.as_deref().unwrap_or(&a.image)),
+            BackendKind::Local | BackendKind::Docker => None,
+        }
+    }
+
     pub fn gpu_image(&self) -> Option<&str> {
         match self.name {
             BackendKind::Local | BackendKind::Aci => None,
@@ -321,6 +388,18 @@ impl BackendSpec {
                 ),
             )
         };
+        if self.mode == Some(Mode::Cluster)
+            && matches!(self.name, BackendKind::Local | BackendKind::Docker)
+        {
+            return Err(invalid(
+                "backend.mode",
+                format!(
+                    "cluster mode starts the coordinator on a cloud platform (kubernetes, ecs, aci); \
+                     on {} the `physalia` process is the coordinator: leave `mode` out or say `client`",
+                    self.name.as_str()
+                ),
+            ));
+        }
         match self.name {
             BackendKind::Local => {}
             BackendKind::Docker => {
@@ -342,6 +421,9 @@ impl BackendSpec {
                 if let Some(image) = &k.gpu_image {
                     not_blank("backend.kubernetes.gpu_image", image)?;
                 }
+                if let Some(image) = &k.coordinator_image {
+                    not_blank("backend.kubernetes.coordinator_image", image)?;
+                }
             }
             BackendKind::Ecs => {
                 let Some(e) = &self.ecs else {
@@ -355,6 +437,12 @@ impl BackendSpec {
                 arn("backend.ecs.execution_role_arn", &e.execution_role_arn)?;
                 if let Some(r) = &e.task_role_arn {
                     arn("backend.ecs.task_role_arn", r)?;
+                }
+                if let Some(r) = &e.coordinator_task_role_arn {
+                    arn("backend.ecs.coordinator_task_role_arn", r)?;
+                }
+                if let Some(image) = &e.coordinator_image {
+                    not_blank("backend.ecs.coordinator_image", image)?;
                 }
                 not_blank("backend.ecs.log_group", &e.log_group)?;
                 not_blank("backend.ecs.image", &e.image)?;
@@ -385,6 +473,22 @@ impl BackendSpec {
                     ));
                 }
                 not_blank("backend.aci.image", &a.image)?;
+                if let Some(id) = &a.coordinator_identity_id
+                    && !id.starts_with("/subscriptions/")
+                {
+                    return Err(invalid(
+                        "backend.aci.coordinator_identity_id",
+                        format!(
+                            "must be a user-assigned identity's resource id (/subscriptions/.../\
+                             userAssignedIdentities/NAME, infra/azure's `coordinator_identity_id`), \
+                             got {:?}",
+                            one_line(id)
+                        ),
+                    ));
+                }
+                if let Some(image) = &a.coordinator_image {
+                    not_blank("backend.aci.coordinator_image", image)?;
+                }
             }
         }
         Ok(())

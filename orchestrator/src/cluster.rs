@@ -1,0 +1,627 @@
+//! Cluster mode (`backend.mode: cluster`, the default on kubernetes, ecs and aci): the coordinator runs
+//! on the platform, next to its workers, and this machine only hands it the job and follows it.
+//!
+//! `submit` ([`submit`]): preflight (the platform's own checks through [`Backend::check`], a job store
+//! it can write, the coordinator's identity set), uploads a local dataset once, content-addressed
+//! (`<store>/.datasets/<xxh3>-<file name>`, reused by every later job of the same bytes), writes the job
+//! (`job.json`, a first `status.json`) into the store, starts the coordinator through
+//! [`Backend::launch_coordinator`] as `physalia coordinate <job URL>`, records its
+//! [`CoordinatorHandle`] as `coordinator.json` beside the record, and follows the record: the same
+//! per-epoch lines and final lines as a local job. `--detach` returns once it runs; Ctrl-C while
+//! following detaches too (the job goes on) and says how to re-attach.
+//!
+//! `physalia coordinate` ([`coordinate`], hidden): the coordinator's process. It reads the job from the
+//! store, downloads the dataset, and runs it exactly as client mode does (`distributed::run`, the same
+//! code path), its record mirrored to the store, its control endpoint on the port its platform object
+//! declares. Its credentials are the platform's (the ECS task role through the container credentials
+//! endpoint, the ServiceAccount, the managed identity), read by each SDK's standard chain: nothing
+//! here passes, sets or logs one. At its end it deletes its platform object's template (the ECS task
+//! definition) so that a detached job leaves nothing behind; its task ends with its process.
+//!
+//! `cancel` and `logs --rank coordinator` reach the coordinator through `coordinator.json`
+//! ([`stop_coordinator`], [`coordinator_logs`]).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use physalia_backends::{Backend, CoordinatorHandle, CoordinatorSpec, WorkerState};
+use physalia_control::{JobState, JobStatus, MetricsLine};
+use serde_json::Value;
+
+use crate::spec::{BackendKind, JobSpec};
+use crate::store::{self, Remote};
+use crate::summary::OutputFormat;
+use crate::workers::block_on;
+
+/// The coordinator's handle in the job's store folder.
+pub const COORDINATOR_JSON: &str = "coordinator.json";
+/// The store's folder of uploaded datasets, beside the jobs.
+const DATASETS: &str = ".datasets";
+/// The coordinator's container: 1 vCPU and 2 GiB (the smallest Fargate size that holds a CSR of a few
+/// million edges while it partitions).
+const COORDINATOR_VCPUS: f64 = 1.0;
+const COORDINATOR_MEMORY_GIB: f64 = 2.0;
+/// After its platform object ended, how long the record may take to say the job ended before the
+/// coordinator is taken for lost: its process is gone by then, so this only covers a record read just
+/// before its last write (object stores read their writes).
+const GRACE: Duration = Duration::from_secs(5);
+
+/// What makes `distributed::run` a cluster-mode coordinator.
+pub struct Role {
+    /// The id `submit` chose: the job's folder in the store.
+    pub job_id: String,
+    /// Where the record is staged in the coordinator's container.
+    pub staging: PathBuf,
+    /// What the coordinator's container costs a second, for the ledger.
+    pub coordinator_usd_per_s: f64,
+    /// The job as submitted (its dataset's store URL): what `job.json` keeps.
+    pub recorded: JobSpec,
+}
+
+/// The price of the coordinator's container (1 vCPU, 2 GiB) a second on the job's platform: the
+/// per-vCPU and per-GiB prices of the platform's catalog (Fargate's on ecs, ACI's on aci); where the
+/// catalog prices whole nodes (kubernetes), one vCPU's share of the job's SKU.
+pub fn coordinator_usd_per_s(spec: &JobSpec) -> Result<f64> {
+    let catalog = physalia_planner::Catalog::builtin();
+    let backend = spec.backend.name.as_str();
+    let per_unit = catalog.skus.iter().find_map(|s| {
+        let p = &s.price;
+        (s.backend.as_str() == backend && !s.is_gpu())
+            .then_some(())
+            .and(p.usd_per_vcpu_second.zip(p.usd_per_gib_second))
+    });
+    if let Some((vcpu, gib)) = per_unit {
+        return Ok(vcpu * COORDINATOR_VCPUS + gib * COORDINATOR_MEMORY_GIB);
+    }
+    let priced = crate::summary::price(spec)?;
+    let sku = catalog
+        .get(&priced.sku)
+        .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?;
+    Ok(priced.usd_per_worker_s * COORDINATOR_VCPUS / sku.vcpus.max(COORDINATOR_VCPUS))
+}
+
+/// What cluster mode needs of the job file beyond what validation checks, refused before anything is
+/// made: a job store at a URL, the coordinator's identity, one seed.
+fn check_settings(spec: &JobSpec) -> Result<()> {
+    let kind = spec.backend.name.as_str();
+    if !store::is_url(&spec.output.dir) {
+        bail!(
+            "output.dir: cluster mode (the default on {kind}) keeps the job's record where the \
+             coordinator on {kind} and this machine both reach it: an s3://, az:// or gs:// URL, not \
+             {}; or set backend.mode: client to coordinate from this machine",
+            spec.output.dir.display()
+        );
+    }
+    if spec.train.runs > 1 {
+        bail!(
+            "train.runs: repeated seeds train one after another in the submitting process; set \
+             backend.mode: client, or submit one job per seed"
+        );
+    }
+    match spec.backend.name {
+        BackendKind::Ecs => {
+            let e = spec.backend.ecs.as_ref().context("backend.ecs: missing")?;
+            if e.coordinator_task_role_arn.is_none() {
+                bail!(
+                    "backend.ecs.coordinator_task_role_arn: cluster mode (the default on ecs) runs \
+                     the coordinator as a task with infra/ecs's coordinator task role (`terraform \
+                     output coordinator_task_role_arn`); set it, or backend.mode: client"
+                );
+            }
+        }
+        BackendKind::Aci => {
+            let a = spec.backend.aci.as_ref().context("backend.aci: missing")?;
+            if a.coordinator_identity_id.is_none() {
+                bail!(
+                    "backend.aci.coordinator_identity_id: cluster mode (the default on aci) runs the \
+                     coordinator with infra/azure's managed identity (`terraform output \
+                     coordinator_identity_id`); set it, or backend.mode: client"
+                );
+            }
+        }
+        BackendKind::Kubernetes => {}
+        BackendKind::Local | BackendKind::Docker => {
+            bail!("backend.mode: cluster mode runs on kubernetes, ecs or aci")
+        }
+    }
+    Ok(())
+}
+
+/// `physalia submit` in cluster mode. `spec` is resolved (its goal applied).
+pub fn submit(
+    job_file: &Path,
+    mut spec: JobSpec,
+    output: OutputFormat,
+    quiet: bool,
+    detach: bool,
+) -> Result<()> {
+    let file = job_file.display().to_string();
+    let kind = spec.backend.name;
+    check_settings(&spec).with_context(|| file.clone())?;
+    let image = spec
+        .backend
+        .coordinator_image()
+        .context("the platform's section names no image")?
+        .to_string();
+    let backend = crate::platform::backend(&spec).with_context(|| file.clone())?;
+    // the platform's preflight, on the container the workers will be
+    let probe = crate::platform::worker_spec(
+        &spec,
+        "preflight",
+        0,
+        SocketAddr::from(([127, 0, 0, 1], crate::platform::COORDINATOR_PORT)),
+        BTreeMap::new(),
+    )?;
+    block_on(backend.check(&probe))?
+        .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
+    let remote = Remote::open(&spec.output.dir.to_string_lossy())
+        .with_context(|| format!("{file}: output.dir"))?;
+    remote
+        .check_writable()
+        .with_context(|| format!("{file}: output.dir"))?;
+    if let Some(path) = spec.dataset.path.clone()
+        && !store::is_url(&path)
+    {
+        let url = upload_dataset(&remote, &path, quiet)
+            .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
+        spec.dataset.path = Some(PathBuf::from(url));
+    }
+    let id = remote.new_job_id(&spec.job_name(job_file))?;
+    let job_url = format!("{}/{id}", remote.url());
+    remote.put(&id, "job.json", json_bytes(&spec)?)?;
+    // readable by `status` from now on; the coordinator rewrites it once it runs
+    let mut status = JobStatus::starting(kind.as_str(), 0, spec.train.epochs as usize);
+    status.coordinator = None;
+    remote.put(&id, "status.json", json_bytes(&status)?)?;
+    remote.put(&id, "metrics.jsonl", Vec::new())?;
+    let coordinator = CoordinatorSpec {
+        job_id: id.clone(),
+        image,
+        command: vec![
+            "/usr/local/bin/physalia".into(),
+            "coordinate".into(),
+            job_url.clone(),
+            "--control-port".into(),
+            crate::platform::COORDINATOR_PORT.to_string(),
+        ],
+        env: BTreeMap::new(),
+        cpu: COORDINATOR_VCPUS,
+        memory_gib: COORDINATOR_MEMORY_GIB,
+        control_port: crate::platform::COORDINATOR_PORT,
+        labels: BTreeMap::new(),
+    };
+    if !quiet {
+        eprintln!(
+            "job {id}: starting its coordinator on {} (record: {job_url})",
+            kind.as_str()
+        );
+    }
+    // from here a Ctrl-C detaches: the coordinator about to run must be recorded to be followed,
+    // cancelled and cleaned up
+    catch_interrupt();
+    let handle = match block_on(backend.launch_coordinator(&coordinator))? {
+        Ok(h) => h,
+        Err(e) => {
+            let msg = format!("starting the coordinator: {e}");
+            status.state = JobState::Failed;
+            status.error = Some(msg.clone());
+            status.updated_unix_s = physalia_control::record::unix_now();
+            let _ = remote.put(&id, "status.json", json_bytes(&status)?);
+            bail!("job {id}: {msg}");
+        }
+    };
+    remote.put(&id, COORDINATOR_JSON, json_bytes(&handle)?)?;
+    let hints = format!(
+        "  follow it:  physalia logs {id} --dir {store} --rank coordinator --follow\n  \
+         its state:  physalia status {id} --dir {store}\n  stop it:    physalia cancel {id} --dir {store}",
+        store = remote.url()
+    );
+    if detach {
+        println!("{id}");
+        eprintln!(
+            "job {id} runs on {} (cluster mode); its record: {job_url}\n{hints}",
+            kind.as_str()
+        );
+        return Ok(());
+    }
+    follow(
+        &remote,
+        &id,
+        backend.as_ref(),
+        &handle,
+        output,
+        quiet,
+        &hints,
+    )
+}
+
+fn json_bytes(v: &impl serde::Serialize) -> Result<Vec<u8>> {
+    let mut b = serde_json::to_vec_pretty(v)?;
+    b.push(b'\n');
+    Ok(b)
+}
+
+/// Uploads the dataset file at `path` to `<store>/.datasets/<xxh3 of its bytes>-<file name>` unless it
+/// is there already; returns its URL.
+fn upload_dataset(remote: &Remote, path: &Path, quiet: bool) -> Result<String> {
+    let meta = std::fs::metadata(path).context("cannot read")?;
+    if !meta.is_file() {
+        bail!(
+            "cluster mode uploads a dataset file; this is a folder (turn it into one with `physalia \
+             data import`)"
+        );
+    }
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .context("no file name")?;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut f = std::fs::File::open(path).context("cannot open")?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let name = format!("{:016x}-{file_name}", hasher.digest());
+    let url = format!("{}/{DATASETS}/{name}", remote.url());
+    if remote.exists(DATASETS, &name)? {
+        if !quiet {
+            eprintln!("dataset already in the store: {url}");
+        }
+        return Ok(url);
+    }
+    if !quiet {
+        eprintln!("uploading the dataset ({} bytes) to {url}", meta.len());
+    }
+    let bytes = std::fs::read(path).context("cannot read")?;
+    remote.put(DATASETS, &name, bytes)?;
+    Ok(url)
+}
+
+/// Downloads the dataset at `url` (in a store) into `dir`; returns its path there.
+fn download_dataset(url: &str, dir: &Path) -> Result<PathBuf> {
+    let (base, name) = url
+        .trim_end_matches('/')
+        .rsplit_once('/')
+        .with_context(|| format!("dataset.path: {url} names no file"))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let to = dir.join(name);
+    Remote::open(base)?
+        .get_file("", name, &to)
+        .with_context(|| format!("dataset.path: downloading {url}"))?;
+    Ok(to)
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C detaches from a followed job instead of killing this process mid-step.
+fn catch_interrupt() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+}
+
+/// Follows job `id` in the store until it ends: its epochs as they are recorded, then the final lines;
+/// deletes the coordinator's platform objects once the job ended.
+fn follow(
+    remote: &Remote,
+    id: &str,
+    backend: &dyn Backend,
+    handle: &CoordinatorHandle,
+    output: OutputFormat,
+    quiet: bool,
+    hints: &str,
+) -> Result<()> {
+    let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
+    let mut printed = 0;
+    let mut asked = Instant::now() - Duration::from_secs(60);
+    let mut ended: Option<(Instant, String)> = None;
+    loop {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            eprintln!("\ndetached: job {id} goes on without this process\n{hints}");
+            return Ok(());
+        }
+        let dir = match remote.fetch(id, tmp.path()) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("warning: reading the job's record: {e:#}");
+                sleep_unless_interrupted(Duration::from_secs(2));
+                continue;
+            }
+        };
+        let status = JobStatus::read(&dir.join("status.json")).map_err(anyhow::Error::msg)?;
+        let metrics = dir.join("metrics.jsonl");
+        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+        let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
+            .map_err(anyhow::Error::msg)?;
+        for line in lines.iter().skip(printed) {
+            if !quiet {
+                eprintln!("{}", epoch_line(status.epochs, line));
+            }
+        }
+        printed = printed.max(lines.len());
+        if status.state.is_final() {
+            // its last mirror pass (the report) and its own clean-up come after the recorded end
+            wait_ended(backend, handle, Duration::from_secs(30));
+            let dir = remote.fetch(id, tmp.path()).unwrap_or(dir);
+            if let Err(e) = block_on(backend.stop_coordinator(handle))? {
+                eprintln!("warning: deleting the coordinator's platform objects: {e}");
+            }
+            return finished(remote, id, &dir, &status, output);
+        }
+        if asked.elapsed() >= Duration::from_secs(5) {
+            asked = Instant::now();
+            match block_on(backend.coordinator_status(handle))? {
+                Ok(s) if matches!(s.state, WorkerState::Pending | WorkerState::Running) => {}
+                Ok(s) => {
+                    let why = format!(
+                        "{:?}{}",
+                        s.state,
+                        s.detail.map(|d| format!(": {d}")).unwrap_or_default()
+                    );
+                    ended.get_or_insert((Instant::now(), why));
+                }
+                Err(e) => eprintln!("warning: asking for the coordinator: {e}"),
+            }
+        }
+        if let Some((t, why)) = &ended
+            && t.elapsed() >= GRACE
+        {
+            let log = block_on(backend.coordinator_logs(handle))?.unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let _ = block_on(backend.stop_coordinator(handle));
+            // the record says so, or it would read as running until it is taken for lost
+            let msg = format!("its coordinator ended ({why}) without recording the job's end");
+            let mut failed = status;
+            failed.state = JobState::Failed;
+            failed.error = Some(msg.clone());
+            failed.updated_unix_s = physalia_control::record::unix_now();
+            let _ = remote.put(id, "status.json", json_bytes(&failed)?);
+            let output = match tail.is_empty() {
+                true => String::new(),
+                false => format!(
+                    "; its last output:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ),
+            };
+            bail!("job {id}: {msg}{output}");
+        }
+        sleep_unless_interrupted(Duration::from_secs(1));
+    }
+}
+
+/// Waits until the coordinator's platform object ended (or `timeout`, or a Ctrl-C).
+fn wait_ended(backend: &dyn Backend, handle: &CoordinatorHandle, timeout: Duration) {
+    let until = Instant::now() + timeout;
+    while Instant::now() < until && !INTERRUPTED.load(Ordering::SeqCst) {
+        match block_on(backend.coordinator_status(handle)) {
+            Ok(Ok(s)) if matches!(s.state, WorkerState::Pending | WorkerState::Running) => {}
+            _ => return,
+        }
+        sleep_unless_interrupted(Duration::from_millis(500));
+    }
+}
+
+fn sleep_unless_interrupted(d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !INTERRUPTED.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A recorded epoch as the coordinator printed it.
+fn epoch_line(epochs: usize, line: &MetricsLine) -> String {
+    let by_rank: Vec<physalia_gnn::EpochMetrics> = if line.workers.is_empty() {
+        vec![line.metrics.clone()]
+    } else {
+        line.workers
+            .iter()
+            .map(|w| {
+                let mut m = line.metrics.clone();
+                m.train_s = w.train_s;
+                m.exchange = w.exchange.clone();
+                m
+            })
+            .collect()
+    };
+    crate::distributed::epoch_line(epochs, &by_rank, line.usd)
+}
+
+/// The final lines of a job that ended, from its record; an error unless it succeeded.
+fn finished(
+    remote: &Remote,
+    id: &str,
+    dir: &Path,
+    status: &JobStatus,
+    output: OutputFormat,
+) -> Result<()> {
+    let url = format!("{}/{id}", remote.url());
+    match status.state {
+        JobState::Succeeded => {
+            let text = std::fs::read_to_string(dir.join("summary.json"))
+                .with_context(|| format!("{url}: the job succeeded but has no summary.json"))?;
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{url}/summary.json: not a summary"))?;
+            let name = v["job"].as_str().unwrap_or(id).to_string();
+            let report = dir
+                .join("report.html")
+                .is_file()
+                .then(|| format!("{url}/report.html"));
+            crate::distributed::print_finished(&name, &v, &url, report.as_deref(), output)
+        }
+        JobState::Cancelled => bail!("job {id} was cancelled; its record is in {url}"),
+        JobState::Failed => bail!(
+            "job {id} failed: {}; its record is in {url}",
+            status.error.as_deref().unwrap_or("no reason recorded")
+        ),
+        JobState::Running => unreachable!("called for a job that ended"),
+    }
+}
+
+/// `physalia coordinate JOB_URL`: the coordinator of a cluster-mode job, inside the platform.
+pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
+    let (base, id) = job_url
+        .trim_end_matches('/')
+        .rsplit_once('/')
+        .with_context(|| format!("{job_url}: not a job's URL (STORE/JOB_ID)"))?;
+    let remote = Remote::open(base)?;
+    let bytes = remote
+        .get(id, "job.json")?
+        .with_context(|| format!("{job_url}: no job.json in the store"))?;
+    let recorded: JobSpec = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{job_url}/job.json: not a job record"))?;
+    recorded
+        .validate()
+        .with_context(|| format!("{job_url}/job.json: the recorded job"))?;
+    let work = std::env::temp_dir().join("physalia-coordinator");
+    let mut spec = recorded.clone();
+    // client mode's address of the submitting machine; this process advertises its own
+    spec.backend.coordinator_address = None;
+    if let Some(path) = &spec.dataset.path
+        && store::is_url(path)
+    {
+        let url = path.to_string_lossy().into_owned();
+        spec.dataset.path = Some(download_dataset(&url, &work.join("datasets"))?);
+    }
+    crate::platform::set_control_port(control_port);
+    let role = Role {
+        job_id: id.to_string(),
+        staging: work.join("jobs"),
+        coordinator_usd_per_s: coordinator_usd_per_s(&spec)?,
+        recorded,
+    };
+    let name = spec.name.clone().unwrap_or_else(|| id.to_string());
+    let result = crate::distributed::run(
+        &spec,
+        &name,
+        OutputFormat::Text,
+        false,
+        None,
+        false,
+        Some(&role),
+    );
+    if let Err(e) = release_template(&remote, &spec, id) {
+        eprintln!("warning: deleting the coordinator's task definition: {e:#}");
+    }
+    result
+}
+
+/// Deletes the coordinator's template objects (the ECS task definition), which outlive its task: the
+/// task itself ends with this process.
+fn release_template(remote: &Remote, spec: &JobSpec, id: &str) -> Result<()> {
+    let Some(bytes) = remote.get(id, COORDINATOR_JSON)? else {
+        return Ok(());
+    };
+    let mut handle: CoordinatorHandle = serde_json::from_slice(&bytes)?;
+    handle.objects.retain(|o| o.kind == "task-definition");
+    if handle.objects.is_empty() {
+        return Ok(());
+    }
+    let backend = crate::platform::backend(spec)?;
+    block_on(backend.stop_coordinator(&handle))??;
+    Ok(())
+}
+
+/// The coordinator handle recorded in a fetched job directory, if the job ran in cluster mode.
+pub fn recorded_handle(dir: &Path) -> Result<Option<CoordinatorHandle>> {
+    let path = dir.join(COORDINATOR_JSON);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some(serde_json::from_slice(&b).with_context(|| {
+            format!("{}: not a coordinator handle", path.display())
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Stops the coordinator of the job in `dir` and deletes its platform objects.
+pub fn stop_coordinator(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<()> {
+    let backend = crate::platform::backend(spec)?;
+    block_on(backend.stop_coordinator(handle))?
+        .with_context(|| format!("stopping the coordinator of job {}", handle.job_id))
+}
+
+/// The coordinator's output as its platform keeps it, and whether it has ended (its output is whole).
+pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(String, bool)> {
+    let backend = crate::platform::backend(spec)?;
+    // asked first: output read after the end is whole
+    let ended = !matches!(
+        block_on(backend.coordinator_status(handle))?.map(|s| s.state),
+        Ok(WorkerState::Pending | WorkerState::Running)
+    );
+    let text = block_on(backend.coordinator_logs(handle))?
+        .with_context(|| format!("reading the coordinator's output of job {}", handle.job_id))?;
+    Ok((text, ended))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(backend: &str) -> JobSpec {
+        let text = format!(
+            "dataset: cora.safetensors\nmodel: {{kind: gcn}}\nworkers: 2\noutput: {{dir: s3://b/jobs}}\nbackend:\n  name: {backend}\n  ecs:\n    cluster: physalia\n    subnets: [subnet-1]\n    security_groups: [sg-1]\n    execution_role_arn: arn:aws:iam::123456789012:role/x\n    coordinator_task_role_arn: arn:aws:iam::123456789012:role/c\n    image: img\n    sku: ecs-fargate-2x8\n  kubernetes:\n    image: img\n    sku: gke-g2-standard-8\n"
+        );
+        crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// The coordinator is billed as a 1 vCPU / 2 GiB Fargate task on ecs; on kubernetes, whose catalog
+    /// prices nodes, as one vCPU's share of the job's node.
+    #[test]
+    fn the_coordinator_is_priced_from_the_platforms_catalog() {
+        let catalog = physalia_planner::Catalog::builtin();
+        let fargate = catalog.get("ecs-fargate-2x8").unwrap();
+        let want = fargate.price.usd_per_vcpu_second.unwrap()
+            + 2.0 * fargate.price.usd_per_gib_second.unwrap();
+        let got = coordinator_usd_per_s(&job("ecs")).unwrap();
+        assert!((got - want).abs() < 1e-15 && got > 0.0, "{got} vs {want}");
+        let node = catalog.get("gke-g2-standard-8").unwrap();
+        let got = coordinator_usd_per_s(&job("kubernetes")).unwrap();
+        assert!((got - node.usd_per_s() / node.vcpus).abs() < 1e-15, "{got}");
+    }
+
+    /// What cluster mode needs beyond validation is refused naming the field.
+    #[test]
+    fn cluster_settings_are_checked_before_anything_is_made() {
+        assert!(check_settings(&job("ecs")).is_ok());
+        let mut local_store = job("ecs");
+        local_store.output.dir = PathBuf::from("jobs");
+        let err = check_settings(&local_store).unwrap_err().to_string();
+        assert!(
+            err.starts_with("output.dir:") && err.contains("s3://"),
+            "{err}"
+        );
+        let mut no_role = job("ecs");
+        no_role
+            .backend
+            .ecs
+            .as_mut()
+            .unwrap()
+            .coordinator_task_role_arn = None;
+        let err = check_settings(&no_role).unwrap_err().to_string();
+        assert!(
+            err.starts_with("backend.ecs.coordinator_task_role_arn:"),
+            "{err}"
+        );
+        let mut seeds = job("ecs");
+        seeds.train.runs = 3;
+        let err = check_settings(&seeds).unwrap_err().to_string();
+        assert!(err.starts_with("train.runs:"), "{err}");
+    }
+}
