@@ -26,6 +26,29 @@ pub const CANCEL_FILE: &str = "cancel";
 #[error("cancelled by `physalia cancel`")]
 pub struct Cancelled;
 
+/// Claims the job id (the directory's name) on this machine: job ids name platform objects (the docker
+/// backend's network and container labels, which `cancel` and cleanup select by), so two jobs of one name
+/// started in the same second under different `output.dir`s must not share one. The claim is an empty
+/// file in the temporary folder, made with `create_new`; where that folder is unusable the claim is
+/// skipped (ids stay unique under their root).
+fn reserve_id(dir: &Path) -> bool {
+    let Some(id) = dir.file_name() else {
+        return true;
+    };
+    let claims = std::env::temp_dir().join("physalia-job-ids");
+    if fs::create_dir_all(&claims).is_err() {
+        return true;
+    }
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(claims.join(id))
+    {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::AlreadyExists,
+    }
+}
+
 pub struct JobDir {
     path: PathBuf,
     metrics: File,
@@ -60,7 +83,13 @@ impl JobDir {
                 root.join(format!("{safe}-{secs}-{k}"))
             };
             match fs::create_dir(&p) {
-                Ok(()) => break p,
+                Ok(()) if reserve_id(&p) => break p,
+                // another job of this name started this second under another output.dir on this
+                // machine: its platform objects (docker network, labels) would be shared with ours
+                Ok(()) => {
+                    let _ = fs::remove_dir(&p);
+                    k += 1;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => k += 1,
                 Err(e) => {
                     return Err(e)
@@ -210,4 +239,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     fs::rename(&tmp, path)
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seconds(dir: &Path) -> String {
+        let id = dir.file_name().unwrap().to_string_lossy().to_string();
+        id.split('-').nth(1).unwrap().to_string()
+    }
+
+    #[test]
+    fn two_roots_never_hand_out_one_job_id() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // a unique name, so that no other test's claim interferes
+        let name = format!("idtest{}", std::process::id());
+        loop {
+            let x = JobDir::create(a.path(), &name).unwrap();
+            let y = JobDir::create(b.path(), &name).unwrap();
+            let (x, y) = (x.path().to_path_buf(), y.path().to_path_buf());
+            if seconds(&x) != seconds(&y) {
+                continue; // the second ticked between them: try again within one second
+            }
+            assert_ne!(x.file_name(), y.file_name());
+            break;
+        }
+    }
 }
