@@ -440,8 +440,8 @@ fn a_frozen_worker_is_called_lost_and_the_job_finishes() {
     );
 }
 
-/// Every worker cut off from the coordinator for less than the epoch timeout: nothing is lost (QUIC
-/// resends what the cut dropped), every epoch once, no relaunch.
+/// Every worker cut off from the coordinator for a second, a quarter of the epoch timeout: nothing is
+/// lost (QUIC resends what the cut dropped), every epoch once, no relaunch.
 #[test]
 fn the_coordinator_cut_off_for_less_than_the_timeout_loses_nothing() {
     if !can_run() {
@@ -457,7 +457,10 @@ fn the_coordinator_cut_off_for_less_than_the_timeout_loses_nothing() {
     for w in &ws {
         cut(w, &w.gateway);
     }
-    std::thread::sleep(Duration::from_secs(EPOCH_TIMEOUT_S) / 2);
+    // a quarter of the timeout: after the cut heals, QUIC's probe timer has backed off (it doubles on
+    // every unanswered probe), so the coordinator hears again up to about the cut's length later; with
+    // half the timeout a loaded machine went past it (a relaunch, not a lost epoch, but not this test)
+    std::thread::sleep(Duration::from_secs(EPOCH_TIMEOUT_S) / 4);
     for w in &ws {
         heal(w, &w.gateway);
     }
