@@ -116,6 +116,11 @@ pub enum ServerEvent {
         rank: usize,
         msg: ToCoordinator,
     },
+    /// A registered worker is making progress inside an epoch (its heartbeat, a QUIC datagram on its
+    /// authenticated connection): it is not silent, whatever its epoch's length.
+    Alive {
+        rank: usize,
+    },
     /// A registered worker's connection ended or broke.
     Lost {
         rank: usize,
@@ -288,6 +293,15 @@ async fn admit(
                 return refuse(reason);
             }
         };
+    // datagrams are heartbeats: the connection's TLS identity is the rank, their bytes say nothing
+    let (beats, beat_events) = (conn.clone(), events.clone());
+    tokio::spawn(async move {
+        while beats.read_datagram().await.is_ok() {
+            if beat_events.send(ServerEvent::Alive { rank }).is_err() {
+                return;
+            }
+        }
+    });
     // every further stream of the connection is one file transfer
     let (streams, transfer_events) = (conn.clone(), events.clone());
     tokio::spawn(async move {
@@ -339,6 +353,25 @@ async fn admit(
         }
     };
     let _ = events.send(ServerEvent::Lost { rank, reason });
+}
+
+/// Sends a worker's heartbeats: unreliable QUIC datagrams on its control connection, which the
+/// coordinator counts as hearing from the worker ([`ServerEvent::Alive`]).
+#[derive(Clone)]
+pub struct Heartbeat {
+    conn: Connection,
+}
+
+impl Heartbeat {
+    /// One beat; false once the connection is gone (nothing more will arrive).
+    pub fn beat(&self) -> bool {
+        match self.conn.send_datagram(Bytes::from_static(b"alive")) {
+            Ok(()) => true,
+            // a datagram too large or not yet negotiable: the next beat may pass
+            Err(quinn::SendDatagramError::ConnectionLost(_)) => false,
+            Err(_) => true,
+        }
+    }
 }
 
 /// A worker's end of the control channel.
@@ -537,6 +570,13 @@ impl ControlClient {
                 }
             })
             .map_err(|e| ControlError::Protocol(format!("uploading {what:?}: {e}")))
+    }
+
+    /// A handle another thread beats with while this worker makes progress inside an epoch.
+    pub fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            conn: self.conn.clone(),
+        }
     }
 
     /// Hands the stream of incoming messages (ending with an `Err` when the connection ends) to a watcher.

@@ -5,7 +5,8 @@
 //! handling is tested with plain values; `distributed.rs` is the IO shell around it.
 //!
 //! Failure handling: every wait is bounded. Registration must complete within the registration timeout,
-//! and during training every worker must report within the epoch timeout of its previous message. When a
+//! and during training every worker must be heard (an epoch, or the heartbeat it sends while it computes)
+//! within the epoch timeout of its previous message. When a
 //! worker fails, its peers usually fail soon after (they lose it mid-exchange), so the first failure opens
 //! a short grace window ([`FAILURE_GRACE`]) in which further evidence is collected; then the most direct
 //! cause is reported, in this order: a worker killed by a signal, a worker that exited or vanished without
@@ -41,6 +42,10 @@ pub enum Event {
     Failed {
         rank: usize,
         error: String,
+    },
+    /// The worker's heartbeat: it is computing, inside an epoch however long.
+    Alive {
+        rank: usize,
     },
     /// The worker could not exchange with its peers (its report of a network or peer fault).
     PeerLost {
@@ -285,6 +290,9 @@ impl Coordinator {
                     let exited = (!by_signal).then_some(rank);
                     self.suspect_exit(now, priority, msg, exited);
                 }
+            }
+            Event::Alive { rank } if rank < self.world => {
+                self.workers[rank].last_heard = Some(now);
             }
             Event::Tick => {}
             // an out-of-range rank cannot happen: the server checks ranks against the world
@@ -707,6 +715,32 @@ mod tests {
             c.handle(Event::Tick, t0 + Duration::from_millis(60_500)),
             vec![Action::Fail {
                 error: "worker 2 (pid 102) sent nothing for 60 s during epoch 1".into(),
+                lost: true,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_keeps_a_long_epoch_from_being_a_silence() {
+        let t0 = Instant::now();
+        let mut c = started(2, t0);
+        // epoch 1 takes 150 s; both workers beat every 15 s meanwhile
+        for s in (15..=150).step_by(15) {
+            let t = t0 + Duration::from_secs(s);
+            for rank in 0..2 {
+                assert!(c.handle(Event::Alive { rank }, t).is_empty());
+            }
+            assert!(c.handle(Event::Tick, t).is_empty(), "at {s} s");
+        }
+        // worker 1 stops beating (frozen): 60 s later it is the silence
+        let t = t0 + Duration::from_secs(150);
+        for s in (165..=210).step_by(15) {
+            c.handle(Event::Alive { rank: 0 }, t0 + Duration::from_secs(s));
+        }
+        assert_eq!(
+            c.handle(Event::Tick, t + Duration::from_secs(61)),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1".into(),
                 lost: true,
             }]
         );

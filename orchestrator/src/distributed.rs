@@ -1110,6 +1110,7 @@ fn worker_event(
             ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
             ToCoordinator::PeerLost { rank, error } => Event::PeerLost { rank, error },
         },
+        ServerEvent::Alive { rank } => Event::Alive { rank },
         ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
         ServerEvent::Refused { addr, reason } => {
             log.line(&format!(

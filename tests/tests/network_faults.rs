@@ -507,3 +507,33 @@ fn the_coordinator_cut_off_for_good_fails_the_job_within_the_timeout() {
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     assert!(text.ends_with('\n'), "a half-written last line");
 }
+
+/// An epoch several times longer than `timeouts.epoch_s` (2-4 s against 1 s, GAT on 300k nodes and one
+/// thread a worker) is not a silence: a computing worker beats (QUIC datagrams on its control connection)
+/// and the job finishes with no worker called lost. Local processes; no Docker needed.
+#[test]
+fn an_epoch_longer_than_the_timeout_is_not_a_lost_worker() {
+    let t = TempDir::new().unwrap();
+    write_job(
+        t.path(),
+        "job.yaml",
+        "name: long\ndataset:\n  synth: {kind: sbm, nodes: 300000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\n\
+         model: {kind: gat, layers: 2, hidden: 32, heads: 4}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\n\
+         max_retries: 0\ntimeouts: {register_s: 60, epoch_s: 1}\noutput: {dir: jobs}\n",
+    );
+    let out = physalia(t.path(), ["submit", "job.yaml", "-q", "--output", "json"]).ok();
+    let v = out.last_json();
+    let epochs: Vec<f64> = v["epoch_times_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_f64().unwrap())
+        .collect();
+    assert_eq!(epochs.len(), 2);
+    // the test means something only if an epoch outlasted the timeout
+    assert!(
+        epochs.iter().any(|&s| s > 1.5),
+        "epochs {epochs:?} s: too fast to outlast the 1 s timeout"
+    );
+    assert!(v["scaling_events"].as_array().unwrap().is_empty(), "{v}");
+}

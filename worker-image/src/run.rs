@@ -487,6 +487,10 @@ pub fn run_from_env() -> Result<()> {
             std::process::exit(3);
         });
     }
+    beat_while_computing(
+        control.heartbeat(),
+        Duration::from_secs_f64(assignment.epoch_timeout_s),
+    );
     let die_at = test_die_at(rank);
     std::fs::create_dir_all(&env.work_dir)
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
@@ -533,6 +537,38 @@ pub fn run_from_env() -> Result<()> {
             Err(e)
         }
     }
+}
+
+/// Beats a quarter of the epoch timeout apart (at most every 5 s) while this process computes: the
+/// coordinator's silence check then bounds a stall, not an epoch, so a long epoch is not a lost worker.
+/// Progress is this process's CPU time growing since the last beat: a frozen process beats not at all,
+/// and one blocked waiting for a peer or a lock uses no CPU and stops beating (its peer wait is bounded
+/// by the same timeout and reported as `PeerLost`).
+fn beat_while_computing(heartbeat: physalia_control::Heartbeat, epoch_timeout: Duration) {
+    let every = (epoch_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    std::thread::spawn(move || {
+        let mut last = cpu_time();
+        loop {
+            std::thread::sleep(every);
+            let now = cpu_time();
+            // a tenth of the interval on a core: the control runtime's keep-alives use far less
+            if now.saturating_sub(last) >= every / 10 && !heartbeat.beat() {
+                return;
+            }
+            last = now;
+        }
+    });
+}
+
+/// CPU time (user and system) this process has used.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes only into the struct it is given
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// Whether training failed because a peer could not be reached (the exchange's waits and connections),
