@@ -607,13 +607,11 @@ resource "aws_cloudwatch_log_group" "coordinator" {
   retention_in_days = var.log_retention_days
 }
 
-# Fargate, awsvpc, run in the private subnets with the workers' security group, so workers reach the task's
-# ENI private IP on coordinator_port. It shares the workers' execution role (image pull and log writes by
-# the agent; it references no secret, so the role's secret access is unused here). The command is given at
-# run time (README: `aws ecs run-task ... --overrides`). PHYSALIA_COORDINATOR_BIND is the proposed CLI
-# variable of infra/k8s/coordinator.yaml; the address to advertise is the ENI's private IP, which Fargate
-# does not put in the environment: the CLI reads it from the task metadata endpoint
-# ($ECS_CONTAINER_METADATA_URI_V4/task) or from the route it uses toward the VPC.
+# Optional (coordinator_image): a coordinator task definition to run by hand. `physalia submit` does not
+# need it: cluster mode registers its own `physalia-<job>-coordinator` task definition per job with the
+# coordinator role below (backends/src/ecs), runs `physalia coordinate <job URL> --control-port 7000` and
+# deletes it at the end. Fargate, awsvpc, in the private subnets with the workers' security group, so
+# workers reach the task's ENI private IP on coordinator_port; it shares the workers' execution role.
 resource "aws_ecs_task_definition" "coordinator" {
   count                    = var.coordinator_image == null ? 0 : 1
   family                   = "physalia-coordinator"

@@ -222,7 +222,14 @@ pub fn submit(
         store = remote.url()
     );
     if detach {
-        println!("{id}");
+        match output {
+            // the job's id and record, as the final line of a followed job names them
+            OutputFormat::Json => println!(
+                "{}",
+                serde_json::json!({"job_id": id, "job_url": job_url, "state": "running"})
+            ),
+            OutputFormat::Text => println!("{id}"),
+        }
         eprintln!(
             "job {id} runs on {} (cluster mode); its record: {job_url}\n{hints}",
             kind.as_str()

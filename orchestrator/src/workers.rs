@@ -129,13 +129,29 @@ pub fn local_spec(
     )
 }
 
-/// Runs one call of the async [`Backend`] trait to its end on a runtime of its own.
+/// Runs one call of the async [`Backend`] trait to its end, on the backends' runtime.
 pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
-    Ok(tokio::runtime::Builder::new_current_thread()
+    Ok(backend_runtime()?.block_on(f))
+}
+
+/// The backends' runtime, one for the life of the process. A platform client may keep tasks on the
+/// runtime it was made on (kube's request buffer does: every request goes through it), so a client
+/// made in one call and used in the next needs that runtime alive and driven between the calls: a
+/// runtime per call left the Kubernetes client dead after its first call ("buffer's worker closed
+/// unexpectedly").
+fn backend_runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("physalia-backend")
         .enable_all()
         .build()
-        .context("starting the backend's runtime")?
-        .block_on(f))
+        .context("starting the backends' runtime")?;
+    // another thread may have made one meanwhile: the first stays, this one is dropped
+    Ok(RT.get_or_init(|| rt))
 }
 
 /// This machine's memory, GiB (8 if it cannot be read).
@@ -151,10 +167,9 @@ fn machine_memory_gib() -> f64 {
 }
 
 /// The workers of one launch on a [`physalia_backends::Backend`]: the coordinator's blocking view of the
-/// async trait (its own current-thread runtime), polling `list` for exits and keeping each worker's output
+/// async trait (on the backends' runtime, [`block_on`]), polling `list` for exits and keeping each worker's output
 /// in the job's `logs/`.
 pub struct BackendWorkers {
-    rt: tokio::runtime::Runtime,
     backend: Box<dyn Backend>,
     launch: LaunchId,
     /// The platform's name for each worker, from the launch (`pid 1234` for a local process).
@@ -177,12 +192,7 @@ impl BackendWorkers {
         logs: Option<Vec<PathBuf>>,
         poll_every: Duration,
     ) -> Result<BackendWorkers> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the backend's runtime")?;
-        let launched = rt
-            .block_on(backend.launch(spec, n))
+        let launched = block_on(backend.launch(spec, n))?
             .with_context(|| format!("launching {n} workers on {}", backend.name()))?;
         let mut names = vec![String::new(); n];
         for w in launched.workers {
@@ -191,7 +201,6 @@ impl BackendWorkers {
             }
         }
         Ok(BackendWorkers {
-            rt,
             backend,
             launch: launched.id,
             names,
@@ -218,7 +227,7 @@ impl BackendWorkers {
             return Vec::new();
         }
         self.last_poll = Instant::now();
-        let Ok(listed) = self.rt.block_on(self.backend.list(&self.launch)) else {
+        let Ok(listed) = block_on(self.backend.list(&self.launch)).and_then(|r| Ok(r?)) else {
             // the platform did not answer: ask again next time rather than declare workers lost
             return Vec::new();
         };
@@ -251,7 +260,7 @@ impl BackendWorkers {
 
     fn save_logs(&self, rank: usize) {
         let Some(logs) = &self.logs else { return };
-        if let Ok(text) = self.rt.block_on(self.backend.logs(&self.launch, rank))
+        if let Ok(text) = block_on(self.backend.logs(&self.launch, rank)).and_then(|r| Ok(r?))
             && let Ok(mut f) = std::fs::File::create(&logs[rank])
         {
             let _ = f.write_all(text.as_bytes());
@@ -266,7 +275,7 @@ impl BackendWorkers {
                 self.exited[rank] = true;
             }
         }
-        if let Err(e) = self.rt.block_on(self.backend.stop_all(&self.launch)) {
+        if let Err(e) = block_on(self.backend.stop_all(&self.launch)).and_then(|r| Ok(r?)) {
             eprintln!("warning: {e:#}");
         }
     }

@@ -1,0 +1,538 @@
+//! Whole jobs on Kubernetes, without a cluster: `physalia submit` with `backend: kubernetes` against
+//! `tests/k8s/kube_cluster.py`, an API server (HTTPS, bearer tokens) with the Job controller and a
+//! kubelet whose pods are real containers of the locally built image on a Docker pod network. The CLI
+//! reaches it through a kubeconfig, as a user's would; the coordinator's pod reaches it in-cluster (its
+//! ServiceAccount token, `KUBERNETES_SERVICE_HOST`) and the S3 job store (moto) through EKS Pod
+//! Identity's credentials endpoint.
+//!
+//! Skipped, with a note, where no Docker Engine answers or moto is not installed; with
+//! `PHYSALIA_REQUIRE_MOTO=1` (CI installs moto) a missing moto fails instead.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use physalia_tests::{physalia_bin, repo_root, write_job};
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The catalog SKU of the test jobs: a 16-vCPU AKS node per worker (the fake schedules anything).
+const SKU: &str = "aks-d16s-v5";
+/// What `tests/k8s/kube_cluster.py` calls the coordinator's ServiceAccount token.
+const COORDINATOR_TOKEN: &str = "sa.physalia.physalia-coordinator";
+
+/// The fake cluster, for the life of a test.
+struct Cluster {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    info: Value,
+}
+
+impl Cluster {
+    /// `None` (and a note) where the test cannot run here.
+    fn start() -> Option<Cluster> {
+        let required = std::env::var("PHYSALIA_REQUIRE_MOTO").as_deref() == Ok("1");
+        let docker = Command::new("docker")
+            .args(["info", "--format", "{{.ServerVersion}}"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !docker {
+            eprintln!("skipping: no Docker Engine answers");
+            return None;
+        }
+        let python = Command::new("python3")
+            .args(["-c", "import moto, boto3, cryptography"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !python {
+            let why = "moto is not installed (pip install 'moto[server]==5.2.1')";
+            assert!(!required, "PHYSALIA_REQUIRE_MOTO=1 but {why}");
+            eprintln!("skipping: {why}");
+            return None;
+        }
+        let mut child = Command::new("python3")
+            .arg(repo_root().join("tests/k8s/kube_cluster.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let info: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the fake cluster said {line:?}: {e}"));
+        let stdin = child.stdin.take();
+        Some(Cluster { child, stdin, info })
+    }
+
+    /// A CLI command with a user's settings: the kubeconfig, and AWS (for the S3 job store) at moto.
+    fn cli(&self, cwd: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new(physalia_bin());
+        cmd.current_dir(cwd)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("KUBECONFIG", self.info["kubeconfig"].as_str().unwrap())
+            .env("AWS_ENDPOINT_URL", self.info["endpoint"].as_str().unwrap())
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", self.info["region"].as_str().unwrap())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env_remove("AWS_PROFILE");
+        cmd
+    }
+
+    fn store(&self) -> String {
+        format!("s3://{}/jobs", self.info["bucket"].as_str().unwrap())
+    }
+
+    /// The fake's `/_fake/PATH` (the live objects, the requests it served).
+    fn fake(&self, path: &str) -> Value {
+        let code = format!(
+            "import json, ssl, urllib.request\nctx = ssl.create_default_context()\nctx.check_hostname = False\nctx.verify_mode = ssl.CERT_NONE\nprint(urllib.request.urlopen({:?}, context=ctx).read().decode())",
+            format!("{}/_fake/{path}", self.info["api"].as_str().unwrap())
+        );
+        let out = Command::new("python3")
+            .args(["-c", &code])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// An object of moto's S3 bucket, `None` where it is not there.
+    fn s3_object(&self, key: &str) -> Option<String> {
+        let code = format!(
+            "import boto3, json\ns3 = boto3.client('s3', endpoint_url={:?}, region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\ntry:\n    body = s3.get_object(Bucket={:?}, Key={key:?})['Body'].read().decode()\nexcept s3.exceptions.NoSuchKey:\n    body = None\nprint(json.dumps(body))",
+            self.info["endpoint"].as_str().unwrap(),
+            self.info["bucket"].as_str().unwrap()
+        );
+        let out = Command::new("python3")
+            .args(["-c", &code])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_str()
+            .map(String::from)
+    }
+
+    /// Waits (up to a minute) until the cluster holds none of the test's objects but the finished
+    /// coordinator Jobs of `detached` jobs (and their pods): a detached job's coordinator Job stays, its
+    /// pod completed, for its `ttlSecondsAfterFinished` (an hour; the fake has no TTL controller), so
+    /// `logs --rank coordinator` still reads it.
+    fn wait_nothing_left(&self, detached: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut left = self.fake("objects");
+            left.as_array_mut().unwrap().retain(|o| {
+                let name = o["name"].as_str().unwrap();
+                !detached
+                    .iter()
+                    .any(|id| name.starts_with(&format!("physalia-{id}-coordinator")))
+            });
+            if left == Value::Array(vec![]) {
+                for id in detached {
+                    let job = self.fake(&format!("object/jobs/physalia-{id}-coordinator"));
+                    assert!(
+                        job["spec"]["ttlSecondsAfterFinished"].as_i64().is_some(),
+                        "{job}"
+                    );
+                    assert_eq!(job["status"]["conditions"][0]["type"], "Complete", "{job}");
+                }
+                return;
+            }
+            assert!(Instant::now() < deadline, "left on the cluster: {left}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The running containers of worker pods (every pod but the coordinator's).
+    fn worker_containers(&self) -> Vec<String> {
+        let ps = Command::new("docker")
+            .args([
+                "ps",
+                "--format",
+                "{{.Names}}",
+                "--filter",
+                &format!("network={}", self.info["network"].as_str().unwrap()),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .filter(|n| n.starts_with("kube-physalia-") && !n.contains("-coordinator-"))
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // closing its standard input stops it; it removes its containers and network
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The image of the workers and the coordinator (`physalia image build --with-cli`), one build at a
+/// time across test binaries.
+fn image() -> String {
+    let lock = std::fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
+    lock.lock().unwrap();
+    let out = Command::new(physalia_bin())
+        .args(["image", "build", "--with-cli"])
+        .output()
+        .unwrap();
+    drop(lock);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn backend(image: &str) -> String {
+    format!(
+        "backend:\n  name: kubernetes\n  kubernetes:\n    namespace: physalia\n    image: {image}\n    sku: {SKU}\n"
+    )
+}
+
+fn ok_output(cmd: &mut Command) -> (String, String) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn last_json(text: &str) -> Value {
+    serde_json::from_str(text.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn losses(metrics: &str) -> Vec<f64> {
+    metrics
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["metrics"]["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn assert_same_losses(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "every epoch exactly once");
+    for (e, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs(),
+            "epoch {}: kubernetes {a}, local {b}",
+            e + 1
+        );
+    }
+}
+
+/// The SKU's catalog price per worker-second (a node's hourly price).
+fn price_per_s() -> f64 {
+    let text = std::fs::read_to_string(repo_root().join("infra/catalog/kubernetes.yaml")).unwrap();
+    let at = text.find(&format!("name: {SKU}")).unwrap();
+    let rest = &text[at..];
+    let i = rest.find("usd_per_hour:").unwrap() + "usd_per_hour:".len();
+    let hourly: f64 = rest[i..]
+        .trim_start()
+        .split(['}', ',', '\n'])
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    hourly / 3600.0
+}
+
+/// The job id at the end of a job URL.
+fn job_id(url: &str) -> String {
+    url.rsplit('/').next().unwrap().to_string()
+}
+
+/// Issue 14 on Kubernetes, cluster mode: `submit` uploads the dataset to the S3 store, creates the
+/// coordinator's Job (as the user), whose pod creates the workers' Job, Service and Secret (as the
+/// `physalia-coordinator` ServiceAccount) and trains Cora on 3 worker pods to a local 3-process run's
+/// losses; the record is in S3, the cost is worker-seconds times the node's price plus the
+/// coordinator's share, and nothing of the job is left on the cluster afterwards.
+#[test]
+fn issue_14_cora_in_cluster_mode_on_kubernetes_trains_like_three_local_processes() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["data", "import"])
+            .arg(&cora)
+            .args(["--out", "cora.safetensors"]),
+    );
+    let job = "name: kube\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 20, seed: 0, threads: 1}\nworkers: 3\n";
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: jobs}}\n"),
+    );
+    let (local, _) = ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["submit", "job.yaml", "-q", "--output", "json"]),
+    );
+    let local_dir = t
+        .path()
+        .join(last_json(&local)["job_dir"].as_str().unwrap());
+    let want = losses(&std::fs::read_to_string(local_dir.join("metrics.jsonl")).unwrap());
+    let store = cluster.store();
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: {store}}}\n{}", backend(&image())),
+    );
+    let t0 = Instant::now();
+    let (stdout, stderr) =
+        ok_output(&mut cluster.cli(t.path(), &["submit", "job.yaml", "--output", "json"]));
+    let took = t0.elapsed();
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("epoch ")).count(),
+        20,
+        "the per-epoch lines of a local job: {stderr}"
+    );
+    let v = last_json(&stdout);
+    let id = job_id(v["job_url"].as_str().unwrap());
+    let metrics = cluster
+        .s3_object(&format!("jobs/{id}/metrics.jsonl"))
+        .expect("metrics in S3");
+    let got = losses(&metrics);
+    assert_same_losses(&got, &want, 1e-4);
+    let status: Value = serde_json::from_str(
+        &cluster
+            .s3_object(&format!("jobs/{id}/status.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(status["state"], "succeeded", "{status}");
+    // the coordinator ran in a pod (its hostname is the pod's), not here
+    let host = status["coordinator"]["host"].as_str().unwrap();
+    assert!(host.starts_with("physalia-"), "{status}");
+    // who made what: the user the coordinator's Job, the coordinator's ServiceAccount the workers'
+    let requests = cluster.fake("requests");
+    let creates: Vec<(String, String)> = requests
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verb"] == "create")
+        .map(|r| {
+            (
+                r["who"].as_str().unwrap().to_string(),
+                r["resource"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let by = |who: &str| -> Vec<&str> {
+        creates
+            .iter()
+            .filter(|(w, _)| w == who)
+            .map(|(_, r)| r.as_str())
+            .collect()
+    };
+    assert_eq!(
+        by(cluster.info["user_token"].as_str().unwrap()),
+        ["jobs"],
+        "{creates:?}"
+    );
+    assert_eq!(
+        by(COORDINATOR_TOKEN),
+        ["jobs", "secrets", "services"],
+        "{creates:?}"
+    );
+    // the ledger: worker-seconds at the node's price plus the coordinator's one-vCPU share
+    let summary: Value = serde_json::from_str(
+        &cluster
+            .s3_object(&format!("jobs/{id}/summary.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let (usd, ws, cs, cp) = (
+        summary["usd_total"].as_f64().unwrap(),
+        summary["worker_seconds"].as_f64().unwrap(),
+        summary["coordinator_seconds"].as_f64().unwrap(),
+        summary["coordinator_usd_per_s"].as_f64().unwrap(),
+    );
+    assert!(ws > 0.0 && cs > 0.0, "{summary}");
+    assert!((cp - price_per_s() / 16.0).abs() < 1e-15, "{cp}");
+    let want_usd = ws * price_per_s() + cs * cp;
+    assert!(
+        (usd - want_usd).abs() <= 1e-9 + 1e-6 * want_usd,
+        "{usd} vs {want_usd}"
+    );
+    eprintln!(
+        "kubernetes cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, \
+         ${usd:.6}",
+        took.as_secs_f64()
+    );
+    cluster.wait_nothing_left(&[]);
+}
+
+/// Issue 14 on Kubernetes: a detached job runs on while `status`, `logs` and `report` read the store
+/// from this machine; a worker pod that fails (its container killed) is replaced from the checkpoint,
+/// every epoch recorded once and the losses a fixed run's; a second job cancelled while it runs leaves
+/// no Job, pod, Secret or Service.
+#[test]
+fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    let job = "name: heal\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 200, seed: 0, threads: 1}\nworkers: 2\n";
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: jobs}}\n"),
+    );
+    let (fixed, _) = ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["submit", "job.yaml", "-q", "--output", "json"]),
+    );
+    let fixed_dir = t
+        .path()
+        .join(last_json(&fixed)["job_dir"].as_str().unwrap());
+    let want = losses(&std::fs::read_to_string(fixed_dir.join("metrics.jsonl")).unwrap());
+    let store = cluster.store();
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: {store}}}\n{}", backend(&image())),
+    );
+    let (out, _) = ok_output(&mut cluster.cli(
+        t.path(),
+        &["submit", "job.yaml", "--detach", "--output", "json"],
+    ));
+    let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
+    let epoch = |id: &str| -> (String, u64) {
+        let out = cluster
+            .cli(
+                t.path(),
+                &["status", id, "--dir", &store, "--output", "json"],
+            )
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return ("absent".into(), 0);
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["state"].as_str().unwrap_or("").to_string(),
+            v["last_epoch"]["epoch"].as_u64().unwrap_or(0),
+        )
+    };
+    let wait = |id: &str, done: &dyn Fn(&str, u64) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let (state, e) = epoch(id);
+            if done(&state, e) {
+                return (state, e);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id}: still {state} at epoch {e}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    wait(&id, &|_, e| e >= 3);
+    let workers = cluster.worker_containers();
+    assert!(!workers.is_empty(), "no worker pod runs");
+    let killed = Command::new("docker")
+        .args(["kill", &workers[0]])
+        .output()
+        .unwrap();
+    assert!(killed.status.success());
+    let (state, _) = wait(&id, &|s, _| s != "running" && s != "absent");
+    assert_eq!(state, "succeeded");
+    let metrics = cluster
+        .s3_object(&format!("jobs/{id}/metrics.jsonl"))
+        .unwrap();
+    assert_same_losses(&losses(&metrics), &want, 1e-3);
+    let summary: Value = serde_json::from_str(
+        &cluster
+            .s3_object(&format!("jobs/{id}/summary.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let events = summary["scaling_events"].to_string();
+    assert!(
+        events.contains("retr"),
+        "the failed pod's epoch was retried: {events}"
+    );
+    // from the store alone: a worker's output, the coordinator's, the report
+    let (text, _) =
+        ok_output(&mut cluster.cli(t.path(), &["logs", &id, "--dir", &store, "--rank", "1"]));
+    assert!(text.contains("advertised 10.244."), "{text}");
+    let (text, _) = ok_output(&mut cluster.cli(
+        t.path(),
+        &["logs", &id, "--dir", &store, "--rank", "coordinator"],
+    ));
+    assert!(!text.is_empty());
+    ok_output(&mut cluster.cli(
+        t.path(),
+        &["report", &format!("{store}/{id}"), "--out", "r.html"],
+    ));
+    assert!(
+        std::fs::read_to_string(t.path().join("r.html"))
+            .unwrap()
+            .contains("<svg")
+    );
+    cluster.wait_nothing_left(&[&id]);
+    let finished = id;
+
+    // a running job, cancelled through the store
+    let (out, _) = ok_output(&mut cluster.cli(
+        t.path(),
+        &[
+            "submit",
+            "job.yaml",
+            "--detach",
+            "--output",
+            "json",
+            "--set",
+            "train.epochs=100000",
+            "--set",
+            "name=cancelme",
+        ],
+    ));
+    let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
+    wait(&id, &|_, e| e >= 2);
+    ok_output(&mut cluster.cli(t.path(), &["cancel", &id, "--dir", &store]));
+    let (state, _) = wait(&id, &|s, _| s != "running");
+    assert_eq!(state, "cancelled");
+    cluster.wait_nothing_left(&[&finished]);
+}
