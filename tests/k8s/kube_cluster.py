@@ -5,7 +5,7 @@ No cluster can be pulled on the test machine (kind and k3s need images from a re
 the objects the kubernetes backend creates and does what the control plane and a kubelet would do with
 them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that set against the code):
 
-- the API server speaks HTTPS (a CA made for the run; its certificate names the address it listens on)
+- the API server (namespace `physalia` only, as infra/k8s makes it) speaks HTTPS (a CA made for the run; its certificate names the address it listens on)
   on the pod network's gateway, which this machine and the pods reach. It keeps Jobs (batch/v1), Pods,
   Secrets, Services and Events of any namespace; create, get, list (equality label selectors), merge
   patch, delete (with the garbage collector's cascade to objects whose owner reference names a deleted
@@ -65,6 +65,8 @@ USER_TOKEN = "physalia-test-user"
 # the ServiceAccount EKS Pod Identity associates with an IAM role in infra/k8s's set-up
 POD_IDENTITY_SA = "physalia-coordinator"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# infra/k8s/namespace.yaml's
+NAMESPACES = {"physalia"}
 RBAC = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "k8s", "rbac.yaml")
 POD_IDENTITY_DIR = "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount"
 
@@ -632,6 +634,9 @@ class Api(http.server.BaseHTTPRequestHandler):
                 f'group "{group}" in the namespace "{ns}"'))
         c = self.cluster
         if method == "POST" and name is None:
+            if ns not in NAMESPACES:
+                # what the API server says when the namespace does not exist (a list just comes back empty)
+                return self.reply(404, status(404, "NotFound", f'namespaces "{ns}" not found'))
             code, obj = c.create(ns, res, self.body())
             return self.reply(code, obj)
         if method == "GET" and name is None:

@@ -432,6 +432,29 @@ fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
         "job.yaml",
         &format!("{job}output: {{dir: {store}}}\n{}", backend(&image())),
     );
+    // bad settings: refused with the platform's reason, nothing left behind
+    for (set, needles) in [
+        (
+            "backend.kubernetes.namespace=nope",
+            ["namespaces \"nope\" not found", "nope"],
+        ),
+        (
+            "backend.kubernetes.image=physalia-worker:not-built",
+            ["physalia-worker:not-built", "ErrImageNeverPull"],
+        ),
+    ] {
+        let out = cluster
+            .cli(t.path(), &["submit", "job.yaml", "--set", set])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{set}: {err}");
+        }
+        cluster.wait_nothing_left(&[]);
+    }
+
     let (out, _) = ok_output(&mut cluster.cli(
         t.path(),
         &["submit", "job.yaml", "--detach", "--output", "json"],
