@@ -403,6 +403,67 @@ fn blake3_like(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
+/// Pushes the local image `local` (`NAME:TAG`) to `registry` (a registry host and optional path:
+/// `123456789012.dkr.ecr.us-east-1.amazonaws.com`, `ghcr.io/team`) as `<registry>/<last part of
+/// NAME>:<TAG>`, through the Docker Engine and its registry login (`docker login`), and returns that
+/// reference: what a cloud section's `image` names. No credential passes through physalia.
+pub fn push_image(local: &str, registry: &str) -> Result<String> {
+    let registry = registry.trim().trim_end_matches('/');
+    if registry.is_empty() || registry.contains("://") || registry.contains(char::is_whitespace) {
+        bail!(
+            "{registry:?}: not a registry: give its host and optional path, without a scheme \
+             (123456789012.dkr.ecr.us-east-1.amazonaws.com, ghcr.io/team, myregistry.azurecr.io)"
+        );
+    }
+    let (name, tag) = local
+        .rsplit_once(':')
+        .filter(|(n, _)| !n.is_empty())
+        .with_context(|| format!("{local}: not a NAME:TAG image reference"))?;
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let remote = format!("{registry}/{base}:{tag}");
+    docker(&["tag", local, &remote]).with_context(|| format!("tagging {local} as {remote}"))?;
+    let out = Command::new("docker")
+        .args(["push", &remote])
+        .stdin(Stdio::null())
+        .output()
+        .context("running docker (is the Docker Engine installed and running?)")?;
+    if !out.status.success() {
+        let host = registry.split('/').next().unwrap_or(registry);
+        let said = String::from_utf8_lossy(&out.stderr);
+        let said = said.trim();
+        let hint = if said.contains("denied")
+            || said.contains("unauthorized")
+            || said.contains("authentication")
+        {
+            format!(
+                "log the Docker Engine in first: `docker login {host}` (ECR: `aws ecr get-login-password | docker login --username AWS --password-stdin {host}`; ACR: `az acr login --name <registry>`)"
+            )
+        } else {
+            format!("is {host} a registry this machine reaches?")
+        };
+        // the local tag for the registry is not left behind
+        let _ = docker(&["rmi", &remote]);
+        bail!("pushing {remote}: {said}\n  hint: {hint}");
+    }
+    Ok(remote)
+}
+
+/// The pushed image's content digest reference (`<repo>@sha256:...`) as the registry recorded it.
+pub fn pushed_digest(remote: &str) -> Option<String> {
+    let repo = remote.rsplit_once(':').map(|(r, _)| r)?;
+    docker(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{range .RepoDigests}}{{println .}}{{end}}",
+        remote,
+    ])
+    .ok()?
+    .lines()
+    .find(|l| l.starts_with(&format!("{repo}@")))
+    .map(String::from)
+}
+
 /// Builds the runtime base from this machine's libraries and the image from `worker-image/Dockerfile`.
 pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
     build(worker, tag, None)

@@ -143,6 +143,19 @@ enum ImageCommand {
     /// Build (or find) `physalia-worker:<hash>` with no registry: a runtime base from this machine's
     /// libraries, then worker-image/Dockerfile. `--cuda`: `physalia-worker:<hash>-cuda` for GPU workers.
     Build(ImageBuildArgs),
+    /// Build (or find) the image as `image build` does, then push it to REGISTRY through the Docker
+    /// Engine (log it in first: `docker login`); prints the pushed reference, the `image` of a job
+    /// file's kubernetes, ecs or aci section.
+    Push(ImagePushArgs),
+}
+
+#[derive(Args)]
+struct ImagePushArgs {
+    /// The registry and optional path, no scheme: `123456789012.dkr.ecr.us-east-1.amazonaws.com`,
+    /// `ghcr.io/team`, `myregistry.azurecr.io`. The image goes there as `physalia-worker:<tag>`.
+    registry: String,
+    #[command(flatten)]
+    image: ImageBuildArgs,
 }
 
 #[derive(Args)]
@@ -200,20 +213,16 @@ fn run(cli: Cli) -> Result<()> {
         Command::Logs(a) => jobs::logs(&a),
         Command::Cancel(a) => jobs::cancel(&a),
         Command::Image(ImageCommand::Build(a)) => {
-            let worker = workers::worker_binary()?;
-            if a.with_cli {
-                let cli = std::env::current_exe().context("locating the physalia executable")?;
-                let tag = docker::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false)?;
-                println!("{tag}");
-                return Ok(());
+            println!("{}", build_or_find_image(&a)?);
+            Ok(())
+        }
+        Command::Image(ImageCommand::Push(a)) => {
+            let local = build_or_find_image(&a.image)?;
+            let remote = docker::push_image(&local, &a.registry)?;
+            if let Some(digest) = docker::pushed_digest(&remote) {
+                eprintln!("pushed {local} as {remote} ({digest})");
             }
-            let tag = match (a.cuda, &a.tag) {
-                (true, None) => docker::ensure_cuda_image(&worker, false)?,
-                (true, Some(t)) => docker::ensure_cuda_image_tagged(&worker, t, false)?,
-                (false, None) => docker::ensure_image(&worker, false)?,
-                (false, Some(t)) => docker::ensure_image_tagged(&worker, t, false)?,
-            };
-            println!("{tag}");
+            println!("{remote}");
             Ok(())
         }
         Command::Validate(a) => {
@@ -260,6 +269,22 @@ fn run(cli: Cli) -> Result<()> {
         // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
         Command::Worker => physalia_worker::run::run_from_env(),
         Command::Coordinate(a) => cluster::coordinate(&a.job_url, a.control_port),
+    }
+}
+
+/// `physalia image build`'s image: found, or built from the physalia-worker (and physalia) beside this
+/// binary; its local reference.
+fn build_or_find_image(a: &ImageBuildArgs) -> Result<String> {
+    let worker = workers::worker_binary()?;
+    if a.with_cli {
+        let cli = std::env::current_exe().context("locating the physalia executable")?;
+        return docker::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false);
+    }
+    match (a.cuda, &a.tag) {
+        (true, None) => docker::ensure_cuda_image(&worker, false),
+        (true, Some(t)) => docker::ensure_cuda_image_tagged(&worker, t, false),
+        (false, None) => docker::ensure_image(&worker, false),
+        (false, Some(t)) => docker::ensure_image_tagged(&worker, t, false),
     }
 }
 
