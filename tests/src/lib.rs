@@ -314,3 +314,22 @@ pub fn read_json(path: &Path) -> Value {
         fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
+
+/// `physalia image build ARGS` (the image's reference), one build at a time across test binaries: the
+/// cloud end-to-end tests (ecs_job, k8s_job) run the image as their workers and coordinator.
+pub fn build_image(args: &[&str]) -> String {
+    let lock = fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
+    lock.lock().unwrap();
+    let out = Command::new(physalia_bin())
+        .args(["image", "build"])
+        .args(args)
+        .output()
+        .unwrap();
+    drop(lock);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use physalia_tests::{job_dirs, metrics, physalia_bin, read_json, repo_root, write_job};
+use physalia_tests::{
+    build_image, job_dirs, metrics, physalia_bin, read_json, repo_root, write_job,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -163,24 +165,6 @@ fn assert_nothing_left(agent: &Agent) {
 /// `physalia-worker` and `physalia` under test; one test builds it while the others wait.
 fn image() -> String {
     build_image(&["--with-cli"])
-}
-
-/// `physalia image build ARGS`, one test at a time.
-fn build_image(args: &[&str]) -> String {
-    let lock = std::fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
-    lock.lock().unwrap();
-    let out = Command::new(physalia_bin())
-        .args(["image", "build"])
-        .args(args)
-        .output()
-        .unwrap();
-    drop(lock);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 fn submit(cwd: &Path, agent: Option<&Agent>, sets: &[&str]) -> Value {

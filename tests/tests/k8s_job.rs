@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use physalia_tests::{physalia_bin, repo_root, write_job};
+use physalia_tests::{build_image, physalia_bin, repo_root, write_job};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -187,22 +187,9 @@ impl Drop for Cluster {
     }
 }
 
-/// The image of the workers and the coordinator (`physalia image build --with-cli`), one build at a
-/// time across test binaries.
+/// The image of the workers and the coordinator (`physalia image build --with-cli`).
 fn image() -> String {
-    let lock = std::fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
-    lock.lock().unwrap();
-    let out = Command::new(physalia_bin())
-        .args(["image", "build", "--with-cli"])
-        .output()
-        .unwrap();
-    drop(lock);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    build_image(&["--with-cli"])
 }
 
 fn backend(image: &str) -> String {
