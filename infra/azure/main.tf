@@ -5,8 +5,12 @@
 #   - the coordinator's user-assigned identity, with a custom role on the resource group that allows exactly
 #     what the backend calls (create, read, delete container groups, read their logs and operations, join
 #     the subnet, and assign the pull identity) and nothing else;
+#   - the job store: a storage account and its `jobs` blob container, which the coordinator's identity may
+#     read and write (Storage Blob Data Contributor);
 #   - optionally, a pull identity with AcrPull on the registry holding the worker image (no registry
-#     passwords anywhere), and a coordinator container group in the subnet.
+#     passwords anywhere).
+# `physalia submit` makes each job's coordinator container group itself (cluster mode), with the
+# coordinator identity: there is no standing coordinator.
 
 data "azurerm_subscription" "current" {}
 
@@ -124,35 +128,30 @@ resource "azurerm_role_assignment" "pull" {
   principal_id         = azurerm_user_assigned_identity.pull[0].principal_id
 }
 
-# The coordinator as a container group in the workers' subnet, so they reach its private IP.
-resource "azurerm_container_group" "coordinator" {
-  count               = var.coordinator_image == null ? 0 : 1
-  name                = "physalia-coordinator"
-  location            = azurerm_resource_group.physalia.location
-  resource_group_name = azurerm_resource_group.physalia.name
-  os_type             = "Linux"
-  restart_policy      = "Never"
-  ip_address_type     = "Private"
-  subnet_ids          = [azurerm_subnet.workers.id]
+# The job store: a storage account with one blob container (`output.dir: az://jobs/PREFIX`, with
+# AZURE_STORAGE_ACCOUNT_NAME set to `storage_account`). The coordinator's identity reads and writes job
+# records there; so must the user who submits (`Storage Blob Data Contributor` on the account, given
+# outside this module: `az role assignment create --assignee <you> --role "Storage Blob Data
+# Contributor" --scope <storage_account_id>`). Shared keys are off: every access is an Entra ID token.
+resource "azurerm_storage_account" "jobs" {
+  name                            = var.storage_account_name
+  resource_group_name             = azurerm_resource_group.physalia.name
+  location                        = azurerm_resource_group.physalia.location
+  account_tier                    = "Standard"
+  account_replication_type        = "LRS"
+  min_tls_version                 = "TLS1_2"
+  shared_access_key_enabled       = false
+  allow_nested_items_to_be_public = false
+}
 
-  identity {
-    type         = "UserAssigned"
-    identity_ids = [azurerm_user_assigned_identity.coordinator.id]
-  }
+resource "azurerm_storage_container" "jobs" {
+  name                  = "jobs"
+  storage_account_id    = azurerm_storage_account.jobs.id
+  container_access_type = "private"
+}
 
-  container {
-    name   = "coordinator"
-    image  = var.coordinator_image
-    cpu    = 1
-    memory = 2
-
-    ports {
-      port     = 7000
-      protocol = "UDP"
-    }
-
-    environment_variables = {
-      AZURE_CLIENT_ID = azurerm_user_assigned_identity.coordinator.client_id
-    }
-  }
+resource "azurerm_role_assignment" "coordinator_store" {
+  scope                = azurerm_storage_account.jobs.id
+  role_definition_name = "Storage Blob Data Contributor"
+  principal_id         = azurerm_user_assigned_identity.coordinator.principal_id
 }

@@ -21,7 +21,7 @@ output "coordinator_identity_id" {
 }
 
 output "coordinator_identity_client_id" {
-  description = "AZURE_CLIENT_ID for azure_identity's ManagedIdentityCredential in the coordinator."
+  description = "The coordinator identity's client id (the coordinator picks its identity by resource id, AZURE_MSI_RESOURCE_ID, which submit sets)."
   value       = azurerm_user_assigned_identity.coordinator.client_id
 }
 
@@ -30,7 +30,12 @@ output "pull_identity_id" {
   value       = var.registry_id == null ? null : azurerm_user_assigned_identity.pull[0].id
 }
 
-output "coordinator_ip" {
-  description = "The coordinator's private IP (null when no coordinator was created)."
-  value       = var.coordinator_image == null ? null : azurerm_container_group.coordinator[0].ip_address
+output "storage_account" {
+  description = "AZURE_STORAGE_ACCOUNT_NAME for the job store (output.dir: az://jobs/PREFIX)."
+  value       = azurerm_storage_account.jobs.name
+}
+
+output "storage_account_id" {
+  description = "Scope for the submitting user's Storage Blob Data Contributor role."
+  value       = azurerm_storage_account.jobs.id
 }

@@ -39,8 +39,7 @@ variable "registry_id" {
   default     = null
 }
 
-variable "coordinator_image" {
-  description = "Image of the physalia CLI, to run the coordinator as a container group in the subnet; null creates no coordinator."
+variable "storage_account_name" {
+  description = "Name of the job store's storage account (3-24 lowercase letters and digits, unique in Azure)."
   type        = string
-  default     = null
 }

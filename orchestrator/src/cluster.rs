@@ -143,6 +143,7 @@ pub fn submit(
     let file = job_file.display().to_string();
     let kind = spec.backend.name;
     check_settings(&spec).with_context(|| file.clone())?;
+    let env = coordinator_env(&spec, &|k| std::env::var(k).ok()).with_context(|| file.clone())?;
     let image = spec
         .backend
         .coordinator_image()
@@ -189,7 +190,7 @@ pub fn submit(
             "--control-port".into(),
             crate::platform::COORDINATOR_PORT.to_string(),
         ],
-        env: BTreeMap::new(),
+        env,
         cpu: COORDINATOR_VCPUS,
         memory_gib: COORDINATOR_MEMORY_GIB,
         control_port: crate::platform::COORDINATOR_PORT,
@@ -245,6 +246,47 @@ pub fn submit(
         quiet,
         &hints,
     )
+}
+
+/// Where the coordinator finds what this machine found in its environment, none of it a credential:
+/// an Azure job store's storage account (`az://CONTAINER/PREFIX` names no account; the CLI read
+/// `AZURE_STORAGE_ACCOUNT_NAME`, and its endpoint if set: a sovereign cloud's), and on aci which of the
+/// group's identities is the coordinator's (`AZURE_MSI_RESOURCE_ID`: a group that pulls from a registry
+/// holds the pull identity too, and the metadata service then wants to be told).
+fn coordinator_env(
+    spec: &JobSpec,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    let dir = spec.output.dir.to_string_lossy();
+    let azure = ["az://", "abfs://", "abfss://", "azure://"]
+        .iter()
+        .any(|s| dir.starts_with(s));
+    if azure {
+        let account = var("AZURE_STORAGE_ACCOUNT_NAME");
+        // `abfss://container@ACCOUNT.dfs.core.windows.net/...` names it itself
+        if account.is_none() && !dir.contains('@') {
+            bail!(
+                "output.dir: {dir} names no storage account: set AZURE_STORAGE_ACCOUNT_NAME (infra/azure's \
+                 `storage_account`), which the coordinator is given too"
+            );
+        }
+        for key in ["AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ENDPOINT"] {
+            if let Some(v) = var(key) {
+                env.insert(key.to_string(), v);
+            }
+        }
+    }
+    if let Some(id) = spec
+        .backend
+        .aci
+        .as_ref()
+        .and_then(|a| a.coordinator_identity_id.as_ref())
+        .filter(|_| spec.backend.name == BackendKind::Aci)
+    {
+        env.insert("AZURE_MSI_RESOURCE_ID".into(), id.clone());
+    }
+    Ok(env)
 }
 
 fn json_bytes(v: &impl serde::Serialize) -> Result<Vec<u8>> {
@@ -353,20 +395,13 @@ fn follow(
             }
         };
         let status = JobStatus::read(&dir.join("status.json")).map_err(anyhow::Error::msg)?;
-        let metrics = dir.join("metrics.jsonl");
-        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
-        let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
-            .map_err(anyhow::Error::msg)?;
-        for line in lines.iter().skip(printed) {
-            if !quiet {
-                eprintln!("{}", epoch_line(status.epochs, line));
-            }
-        }
-        printed = printed.max(lines.len());
+        print_new_epochs(&dir, status.epochs, &mut printed, quiet)?;
         if status.state.is_final() {
-            // its last mirror pass (the report) and its own clean-up come after the recorded end
+            // its last mirror pass (the report) and its own clean-up come after the recorded end;
+            // the final status may have been uploaded before the last epochs' metrics
             wait_ended(backend, handle, Duration::from_secs(30));
             let dir = remote.fetch(id, tmp.path()).unwrap_or(dir);
+            print_new_epochs(&dir, status.epochs, &mut printed, quiet)?;
             if let Err(e) = block_on(backend.stop_coordinator(handle))? {
                 eprintln!("warning: deleting the coordinator's platform objects: {e}");
             }
@@ -411,6 +446,21 @@ fn follow(
         }
         sleep_unless_interrupted(Duration::from_secs(1));
     }
+}
+
+/// Prints the epoch lines of the fetched record `dir` past the first `printed`.
+fn print_new_epochs(dir: &Path, epochs: usize, printed: &mut usize, quiet: bool) -> Result<()> {
+    let metrics = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+    let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
+        .map_err(anyhow::Error::msg)?;
+    for line in lines.iter().skip(*printed) {
+        if !quiet {
+            eprintln!("{}", epoch_line(epochs, line));
+        }
+    }
+    *printed = (*printed).max(lines.len());
+    Ok(())
 }
 
 /// Waits until the coordinator's platform object ended (or `timeout`, or a Ctrl-C).
@@ -483,6 +533,7 @@ fn finished(
 
 /// `physalia coordinate JOB_URL`: the coordinator of a cluster-mode job, inside the platform.
 pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
+    store::use_platform_identity();
     let (base, id) = job_url
         .trim_end_matches('/')
         .rsplit_once('/')
@@ -601,6 +652,42 @@ mod tests {
         let node = catalog.get("gke-g2-standard-8").unwrap();
         let got = coordinator_usd_per_s(&job("kubernetes")).unwrap();
         assert!((got - node.usd_per_s() / node.vcpus).abs() < 1e-15, "{got}");
+    }
+
+    /// The coordinator is told the Azure store's account (and endpoint) this machine was given, and on
+    /// aci which identity is its own; nothing else of this machine's environment.
+    #[test]
+    fn the_coordinator_gets_the_stores_account_and_its_identity() {
+        let text = "dataset: cora.safetensors\nmodel: {kind: gcn}\nworkers: 2\noutput: {dir: az://jobs/runs}\nbackend:\n  name: aci\n  aci:\n    subscription_id: s\n    resource_group: rg\n    location: eastus\n    subnet_id: /subscriptions/s/subnets/w\n    image: img\n    coordinator_identity_id: /subscriptions/s/id/coordinator\n    sku: aci-cpu-2x8\n";
+        let spec = crate::spec::parse_str(text, "job.yaml", &[]).unwrap();
+        let env = coordinator_env(&spec, &|k| match k {
+            "AZURE_STORAGE_ACCOUNT_NAME" => Some("acct".into()),
+            "AZURE_STORAGE_ACCOUNT_KEY" => Some("never-forwarded".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(
+            env.into_iter().collect::<Vec<_>>(),
+            [
+                (
+                    "AZURE_MSI_RESOURCE_ID".to_string(),
+                    "/subscriptions/s/id/coordinator".to_string()
+                ),
+                ("AZURE_STORAGE_ACCOUNT_NAME".to_string(), "acct".to_string()),
+            ]
+        );
+        let err = coordinator_env(&spec, &|_| None).unwrap_err().to_string();
+        assert!(
+            err.starts_with("output.dir: az://jobs/runs names no storage account")
+                && err.contains("AZURE_STORAGE_ACCOUNT_NAME"),
+            "{err}"
+        );
+        // an S3 store on ecs: nothing to pass on
+        assert!(
+            coordinator_env(&job("ecs"), &|_| Some("x".into()))
+                .unwrap()
+                .is_empty()
+        );
     }
 
     /// What cluster mode needs beyond validation is refused naming the field.

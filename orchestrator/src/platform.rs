@@ -117,8 +117,7 @@ pub(crate) fn kubernetes_config(k: &KubernetesSettings) -> KubernetesConfig {
     }
 }
 
-/// `backend.aci` as the ACI backend's configuration (`PHYSALIA_ARM_ENDPOINT` points it at another ARM
-/// endpoint: a sovereign cloud, a test server).
+/// `backend.aci` as the ACI backend's configuration (`arm_endpoint`: another cloud's Resource Manager).
 pub(crate) fn aci_config(a: &AciSettings) -> AciConfig {
     let mut cfg = AciConfig::new(
         &a.subscription_id,
@@ -131,8 +130,8 @@ pub(crate) fn aci_config(a: &AciSettings) -> AciConfig {
         identity_id: r.identity_id.clone(),
     });
     cfg.coordinator_identity_id = a.coordinator_identity_id.clone();
-    if let Ok(endpoint) = std::env::var("PHYSALIA_ARM_ENDPOINT") {
-        cfg.endpoint = endpoint;
+    if let Some(endpoint) = &a.arm_endpoint {
+        cfg.endpoint = endpoint.trim_end_matches('/').to_string();
     }
     cfg
 }
@@ -313,8 +312,15 @@ mod tests {
             coordinator_identity_id: Some("/subscriptions/sub/coordinator".into()),
             coordinator_image: None,
             sku: None,
+            arm_endpoint: Some("https://management.chinacloudapi.cn/".into()),
         };
         let cfg = aci_config(&a);
+        assert_eq!(cfg.endpoint, "https://management.chinacloudapi.cn");
+        let public = aci_config(&AciSettings {
+            arm_endpoint: None,
+            ..a.clone()
+        });
+        assert_eq!(public.endpoint, "https://management.azure.com");
         assert_eq!(
             (cfg.subscription_id.as_str(), cfg.resource_group.as_str()),
             ("sub", "rg")

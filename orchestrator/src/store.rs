@@ -32,6 +32,49 @@ pub fn is_url(dir: &Path) -> bool {
     dir.to_str().is_some_and(|s| s.contains("://"))
 }
 
+/// Set by `physalia coordinate`: this process is a coordinator on its platform, whose credentials are
+/// the platform's identity (the managed identity on ACI); otherwise it runs on a user's machine.
+static ON_PLATFORM: AtomicBool = AtomicBool::new(false);
+
+/// Marks this process as a coordinator on its platform (see [`ON_PLATFORM`]).
+pub fn use_platform_identity() {
+    ON_PLATFORM.store(true, Ordering::Release);
+}
+
+/// Azure Blob Storage from the environment (`AZURE_STORAGE_ACCOUNT_NAME` and the rest). object_store's
+/// chain ends at the managed identity, right for the coordinator on Azure; on a user's machine that
+/// names no credential of its own, the signed-in Azure CLI (`az login`) is used instead, as for the
+/// ARM calls of the aci backend.
+fn azure_builder() -> object_store::azure::MicrosoftAzureBuilder {
+    use object_store::azure::AzureConfigKey as K;
+    let builder = object_store::azure::MicrosoftAzureBuilder::from_env();
+    if ON_PLATFORM.load(Ordering::Acquire) {
+        return builder;
+    }
+    let named = [
+        K::AccessKey,
+        K::SasKey,
+        K::Token,
+        K::ClientSecret,
+        K::FederatedTokenFile,
+        K::MsiEndpoint,
+        K::ClientId,
+        K::MsiResourceId,
+        K::ObjectId,
+        K::CredentialType,
+    ]
+    .iter()
+    .any(|k| builder.get_config_value(k).is_some())
+        // booleans always have a value: whether the environment set them
+        || std::env::var_os("AZURE_USE_AZURE_CLI").is_some()
+        || builder.get_config_value(&K::UseEmulator).as_deref() == Some("true");
+    if named {
+        builder
+    } else {
+        builder.with_use_azure_cli(true)
+    }
+}
+
 /// A job store at a URL: the store and the prefix under which each job is a folder.
 #[derive(Clone)]
 pub struct Remote {
@@ -60,7 +103,7 @@ impl Remote {
                     .with_context(|| format!("{url}: opening the S3 bucket"))?,
             ),
             "az" | "abfs" | "abfss" | "azure" => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
+                azure_builder()
                     .with_url(url)
                     .build()
                     .with_context(|| format!("{url}: opening the Azure Blob container"))?,
@@ -427,12 +470,32 @@ fn tracing_line(s: &str) {
     eprintln!("warning: {s}");
 }
 
+/// The record's status file, which followers poll.
+const STATUS: &str = "status.json";
+
 /// One pass: uploads new and changed files, deletes removed ones, copies a `cancel` object back.
 fn sync(remote: &Remote, job: &str, local: &Path, seen: &mut Seen) -> Result<()> {
+    // first: a store that refuses an upload must not keep a cancel from reaching the coordinator
+    if !local.join(CANCEL).exists() && remote.exists(job, CANCEL)? {
+        std::fs::write(
+            local.join(CANCEL),
+            b"cancel requested through the job store\n",
+        )?;
+    }
     let mut now = Seen::new();
     walk(local, local, &mut now)?;
+    // the status is read first and put last: a status in the store is never newer than the metrics,
+    // summary and logs beside it (a follower that reads a final status reads every epoch with it)
+    let status = match now.get(STATUS) {
+        Some(stamp) if seen.get(STATUS) != Some(stamp) => match std::fs::read(local.join(STATUS)) {
+            Ok(b) => Some((b, *stamp)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("reading {STATUS}")),
+        },
+        _ => None,
+    };
     for (rel, stamp) in &now {
-        if seen.get(rel) == Some(stamp) {
+        if seen.get(rel) == Some(stamp) || rel == STATUS {
             continue;
         }
         let bytes = match std::fs::read(local.join(rel)) {
@@ -443,6 +506,10 @@ fn sync(remote: &Remote, job: &str, local: &Path, seen: &mut Seen) -> Result<()>
         };
         remote.put(job, rel, bytes)?;
         seen.insert(rel.clone(), *stamp);
+    }
+    if let Some((bytes, stamp)) = status {
+        remote.put(job, STATUS, bytes)?;
+        seen.insert(STATUS.to_string(), stamp);
     }
     let gone: Vec<String> = seen
         .keys()
@@ -458,12 +525,6 @@ fn sync(remote: &Remote, job: &str, local: &Path, seen: &mut Seen) -> Result<()>
             }
         })?;
         seen.remove(&rel);
-    }
-    if !local.join(CANCEL).exists() && remote.exists(job, CANCEL)? {
-        std::fs::write(
-            local.join(CANCEL),
-            b"cancel requested through the job store\n",
-        )?;
     }
     Ok(())
 }

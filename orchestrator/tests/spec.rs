@@ -1006,6 +1006,15 @@ fn bad_platform_settings_name_the_field_and_what_fits() {
         m.contains("backend.aci.subnet_id") && m.contains("must be a subnet's resource id"),
         "{m}"
     );
+    let m = message(
+        BackendKind::Aci,
+        &["backend.aci.arm_endpoint=management.azure.com"],
+    );
+    assert!(
+        m.contains("backend.aci.arm_endpoint")
+            && m.contains("must be Azure Resource Manager's URL"),
+        "{m}"
+    );
     // a cloud job names its container, unless the planner chooses it
     let m = message(BackendKind::Kubernetes, &["backend.kubernetes.sku=null"]);
     assert!(

@@ -209,6 +209,9 @@ impl TokenProvider for AzCliToken {
 pub struct ManagedIdentityToken {
     endpoint: String,
     client_id: Option<String>,
+    /// The identity's resource id (`msi_res_id`): which of several user-assigned identities a group
+    /// holds (the coordinator's and the registry pull identity) to use. `client_id` wins when both are set.
+    resource_id: Option<String>,
     timeout: Duration,
     http: reqwest::Client,
     cache: Mutex<Option<Cached>>,
@@ -226,6 +229,7 @@ impl ManagedIdentityToken {
         ManagedIdentityToken {
             endpoint: endpoint.into(),
             client_id,
+            resource_id: None,
             timeout: Duration::from_secs(2),
             http: reqwest::Client::new(),
             cache: Mutex::new(None),
@@ -235,6 +239,12 @@ impl ManagedIdentityToken {
     /// How long one token request may take (default 2 s: off Azure nothing answers at all).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Asks for the identity with this resource id (`/subscriptions/.../userAssignedIdentities/NAME`).
+    pub fn resource_id(mut self, resource_id: Option<String>) -> Self {
+        self.resource_id = resource_id.filter(|r| !r.trim().is_empty());
         self
     }
 }
@@ -252,6 +262,8 @@ impl TokenProvider for ManagedIdentityToken {
         ];
         if let Some(id) = &self.client_id {
             query.push(("client_id", id.clone()));
+        } else if let Some(id) = &self.resource_id {
+            query.push(("msi_res_id", id.clone()));
         }
         let url = format!(
             "{}/metadata/identity/oauth2/token",
@@ -308,15 +320,16 @@ impl TokenProvider for ManagedIdentityToken {
     }
 
     fn describe(&self) -> String {
-        match &self.client_id {
-            Some(id) => format!("the managed identity with client id {id}"),
-            None => "the managed identity".into(),
+        match (&self.client_id, &self.resource_id) {
+            (Some(id), _) => format!("the managed identity with client id {id}"),
+            (None, Some(id)) => format!("the managed identity {id}"),
+            (None, None) => "the managed identity".into(),
         }
     }
 }
 
-/// The standard chain: the managed identity first (the coordinator inside Azure; `AZURE_CLIENT_ID`
-/// picks a user-assigned one), then the signed-in Azure CLI (a user's machine). Credentials never come
+/// The standard chain: the managed identity first (the coordinator inside Azure; `AZURE_CLIENT_ID`, or
+/// `AZURE_MSI_RESOURCE_ID` as object_store reads it too, picks a user-assigned one), then the signed-in Azure CLI (a user's machine). Credentials never come
 /// from arguments or the job file. When neither gives a token, the error names both and says to run
 /// `az login`.
 pub struct DefaultAzureToken {
@@ -329,7 +342,8 @@ pub struct DefaultAzureToken {
 impl DefaultAzureToken {
     pub fn from_env() -> DefaultAzureToken {
         DefaultAzureToken::new(
-            ManagedIdentityToken::new(std::env::var("AZURE_CLIENT_ID").ok()),
+            ManagedIdentityToken::new(std::env::var("AZURE_CLIENT_ID").ok())
+                .resource_id(std::env::var("AZURE_MSI_RESOURCE_ID").ok()),
             AzCliToken::new(),
         )
     }

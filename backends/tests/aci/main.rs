@@ -862,6 +862,20 @@ async fn a_managed_identity_token_is_used_and_without_one_the_chain_says_az_logi
     let req = seen.lock().unwrap()[0].clone();
     assert!(req.starts_with("GET /metadata/identity/oauth2/token?api-version=2018-02-01&resource=https%3A%2F%2Fmanagement.azure.com%2F&client_id=0000-client "), "{req}");
     assert!(req.to_ascii_lowercase().contains("metadata: true"), "{req}");
+    // by resource id: the coordinator's group may hold the registry's pull identity as well
+    seen.lock().unwrap().clear();
+    let by_id = ManagedIdentityToken::with_endpoint(&url, None)
+        .resource_id(Some("/subscriptions/s/id/coordinator".into()));
+    AciBackend::new(config(&server, 4), Arc::new(by_id))
+        .unwrap()
+        .check(&spec(1))
+        .await
+        .unwrap();
+    let req = seen.lock().unwrap()[0].clone();
+    assert!(
+        req.contains("&msi_res_id=%2Fsubscriptions%2Fs%2Fid%2Fcoordinator "),
+        "{req}"
+    );
 
     // nothing listening for the identity, no az: one credentials error naming both
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -176,6 +176,11 @@ pub struct AciSettings {
     /// when the job has a `goal:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sku: Option<String>,
+    /// Azure Resource Manager's endpoint: `https://management.azure.com` (the default), or a sovereign
+    /// cloud's (`https://management.usgovcloudapi.net`, `https://management.chinacloudapi.cn`). The
+    /// coordinator reads it from the job as this machine does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arm_endpoint: Option<String>,
 }
 
 /// `backend.aci.registry`.
@@ -488,6 +493,25 @@ impl BackendSpec {
                 }
                 if let Some(image) = &a.coordinator_image {
                     not_blank("backend.aci.coordinator_image", image)?;
+                }
+                if let Some(endpoint) = &a.arm_endpoint {
+                    let host = endpoint
+                        .strip_prefix("https://")
+                        .or_else(|| endpoint.strip_prefix("http://"))
+                        .map(|rest| rest.split('/').next().unwrap_or(""));
+                    let ok = host.is_some_and(|h| {
+                        !h.is_empty() && !h.contains(|c: char| c.is_whitespace() || c == '@')
+                    });
+                    if !ok {
+                        return Err(invalid(
+                            "backend.aci.arm_endpoint",
+                            format!(
+                                "must be Azure Resource Manager's URL (https://management.azure.com, \
+                                 or a sovereign cloud's), got {:?}",
+                                one_line(endpoint)
+                            ),
+                        ));
+                    }
                 }
             }
         }

@@ -1,0 +1,939 @@
+"""Azure, for tests/tests/aci_job.rs: Container Instances whose container groups run as real containers of
+the local Docker Engine, the managed identities' token endpoint, Blob Storage, and the `az` CLI of a
+signed-in user. No Azure emulator can be installed on the test machine (Azurite is an npm package, and
+nothing emulates ACI), so this process keeps what the aci backend and the job store create and does what
+Azure would do with it, for what infra/azure sets up:
+
+- Azure Resource Manager, for Container Instances only (api-version 2026-05-01), in plain HTTP on the
+  virtual network's gateway address, which this machine and the containers reach (`backend.aci.
+  arm_endpoint` points at it). Subscription SUBSCRIPTION, resource group RESOURCE_GROUP, region LOCATION,
+  the workers' subnet SUBNET_ID; any other is refused as ARM refuses it (404 ResourceGroupNotFound, 400
+  for a subnet or identity that does not exist). Every request needs a bearer token: the user's (what
+  `az` prints, allowed everything) or a managed identity's, allowed what infra/azure's role `Physalia
+  ACI launcher` grants on the resource group (the coordinator identity), or nothing (403
+  AuthorizationFailed). Every PUT body is validated against the published ContainerGroup schema
+  (backends/tests/aci/spec, strictly: an undeclared or read-only property is an error, as
+  backends/tests/aci/swagger.rs reads it) and an invalid one is refused (400 InvalidRequestContent) and
+  recorded in `/_fake/violations`. An image the Docker Engine does not hold is refused at PUT (400
+  InaccessibleImage), as ACI refuses an image it cannot pull. Creates are long-running operations (201
+  with `Azure-AsyncOperation`, polled until the group's containers run); GET shows the group as ACI does
+  (provisioning state, instance view with the container's current state and exit code, the private IP,
+  secret volumes and secure values left out); list, delete (the containers are removed) and a
+  container's logs (its output, stdout and stderr interleaved as written).
+- Container groups: each container runs, as its image's user, on a Docker network with the subnet's
+  addresses (a free /24 of 10.246.0.0/16), at the group's private IP, with the group's environment
+  (plain and secure values), command, and secret volumes written as files (read-only, world-readable
+  as ACI's tmpfs secret volumes are) at their mount paths. `restartPolicy: Never`: a container that exits
+  stays exited; the group's state is Succeeded or Failed by its exit code.
+- Managed identities: a group with user-assigned identities is also attached to the link-local network
+  of the instance metadata service (`physalia-azure-imds`, 169.254.169.0/24, shared by every instance of
+  this fake on the machine: its address is fixed) whose gateway 169.254.169.254 is this machine; the
+  token endpoint there (`/metadata/identity/oauth2/token`, `Metadata: true`) gives a token of the
+  identity the request names (`client_id`, `msi_res_id` or `object_id`), or of the group's only one, for
+  ARM or for Storage, and refuses a request from any other address, as IMDS refuses a machine without an
+  identity. The containers of such a group also get the storage endpoint (`AZURE_STORAGE_ENDPOINT`, plain
+  HTTP, and `AZURE_ALLOW_HTTP`): the test's Blob Storage is this process, not `<account>.blob.core.
+  windows.net` (the one redirect a real Azure does not need, like AWS_ENDPOINT_URL in the ECS agent).
+- Blob Storage, account ACCOUNT with the container CONTAINER (path-style URLs on the gateway): put, get,
+  head, delete, batch delete (Blob Batch, which object_store's deletes use) and list (prefix, delimiter,
+  marker) of block blobs, with bearer tokens: the user's, or
+  the coordinator identity's (infra/azure gives it `Storage Blob Data Contributor` on the account);
+  others get 403 AuthorizationPermissionMismatch.
+- `az`: a program `bin/az` (put first on PATH) that prints the signed-in user's token for
+  `az account get-access-token --resource R` / `--scope S`, as both the aci backend and object_store
+  call it.
+
+Prints one JSON line (`arm`, the ARM endpoint; `blob`, the storage endpoint; `account`; `container`;
+`bin`, the folder holding `az`; `network`; `subscription`, `resource_group`, `location`, `subnet_id`,
+`coordinator_identity_id`, `pull_identity_id`), then serves until its standard input closes, and removes
+every container, file and network it made.
+"""
+
+import base64
+import datetime
+import email.utils
+import hashlib
+import http.server
+import ipaddress
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from xml.sax.saxutils import escape
+
+LABEL = f"physalia.aci-fake={os.getpid()}"
+API_VERSION = "2026-05-01"
+SUBSCRIPTION = "00000000-0000-0000-0000-00000000beef"
+RESOURCE_GROUP = "physalia-rg"
+LOCATION = "eastus"
+RG_ID = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RESOURCE_GROUP}"
+SUBNET_ID = f"{RG_ID}/providers/Microsoft.Network/virtualNetworks/physalia-vnet/subnets/workers"
+IDENTITIES = {
+    # resource id -> (name, client id, principal id)
+    f"{RG_ID}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/physalia-coordinator":
+        ("physalia-coordinator", "c0000000-0000-0000-0000-00000000c001", "d0000000-0000-0000-0000-00000000c001"),
+    f"{RG_ID}/providers/Microsoft.ManagedIdentity/userAssignedIdentities/physalia-pull":
+        ("physalia-pull", "c0000000-0000-0000-0000-00000000f001", "d0000000-0000-0000-0000-00000000f001"),
+}
+COORDINATOR_IDENTITY, PULL_IDENTITY = list(IDENTITIES)
+ACCOUNT = "physaliastore"
+CONTAINER = "jobs"
+ARM_RESOURCE = "https://management.azure.com/"
+STORAGE_RESOURCE = "https://storage.azure.com/"
+# tokens are the same in every instance of this fake (IMDS is shared): `<who>.<audience>`
+USER = "user"
+# infra/azure's `Physalia ACI launcher` role, assigned to the coordinator identity on the resource group;
+# and `Storage Blob Data Contributor` on the account
+ARM_ROLES = {"physalia-coordinator"}
+STORAGE_ROLES = {"physalia-coordinator"}
+IMDS_NETWORK = "physalia-azure-imds"
+IMDS_IP = "169.254.169.254"
+# which IMDS-network address holds which identities, for every instance of this fake
+IMDS_CALLERS = "/tmp/physalia-azure-imds-callers"
+SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "tests", "aci", "spec",
+                    "aci-containerInstance-2026-05-01.json")
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
+
+
+def audience(resource: str) -> str | None:
+    r = resource.rstrip("/").removesuffix("/.default").rstrip("/")
+    if r == ARM_RESOURCE.rstrip("/"):
+        return "arm"
+    if r == STORAGE_RESOURCE.rstrip("/"):
+        return "storage"
+    return None
+
+
+def token_of(who: str, aud: str) -> str:
+    return f"{who}.{aud}"
+
+
+def bearer_principal(header: str | None, aud: str) -> str | None:
+    """The principal a bearer token of audience `aud` stands for; None for no or a wrong token."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    who, _, got = header[len("Bearer "):].rpartition(".")
+    if got != aud:
+        return None
+    if who == USER or who in {name for name, _, _ in IDENTITIES.values()}:
+        return who
+    return None
+
+
+# --- the swagger validator (backends/tests/aci/swagger.rs, in Python) --------------------------------
+
+class Swagger:
+    """Validates request bodies against the spec's definitions: `$ref`, `allOf`, type, int32, enum,
+    required, items, additionalProperties; undeclared and read-only properties are errors."""
+
+    def __init__(self, path: str) -> None:
+        with open(path) as f:
+            doc = json.load(f)
+        assert doc["swagger"] == "2.0", path
+        self.definitions = doc["definitions"]
+
+    def validate(self, name: str, value) -> list[str]:
+        errors: list[str] = []
+        self.check({"$ref": f"#/definitions/{name}"}, value, "$", errors)
+        return errors
+
+    def resolve(self, ref: str, path: str, errors: list[str]):
+        if ref.startswith("#/definitions/"):
+            d = self.definitions.get(ref[len("#/definitions/"):])
+            if d is None:
+                errors.append(f"{path}: the spec has no definition {ref}")
+            return d
+        if ref.endswith("common-types/resource-management/v5/types.json#/definitions/ProxyResource"):
+            ro = lambda t: {"type": t, "readOnly": True}  # noqa: E731
+            return {"type": "object", "properties": {"id": ro("string"), "name": ro("string"),
+                                                     "type": ro("string"), "systemData": ro("object")}}
+        errors.append(f"{path}: unresolved external reference {ref}")
+        return None
+
+    def flatten(self, schema: dict, path: str, errors: list[str]) -> dict:
+        schema = dict(schema)
+        while "$ref" in schema:
+            s = self.resolve(schema["$ref"], path, errors)
+            if s is None:
+                return {}
+            schema = dict(s)
+        parts = schema.pop("allOf", None)
+        for part in parts or []:
+            part = self.flatten(part, path, errors)
+            props = dict(schema.get("properties") or {})
+            for k, v in (part.get("properties") or {}).items():
+                props.setdefault(k, v)
+            if props:
+                schema["properties"] = props
+            if part.get("required"):
+                schema["required"] = list(schema.get("required") or []) + part["required"]
+            if "type" not in schema and "type" in part:
+                schema["type"] = part["type"]
+        return schema
+
+    def check(self, schema: dict, v, path: str, errors: list[str]) -> None:
+        if schema.get("readOnly") is True:
+            errors.append(f"{path}: read-only property sent in a request")
+            return
+        schema = self.flatten(schema, path, errors)
+        if schema.get("readOnly") is True:
+            errors.append(f"{path}: read-only property sent in a request")
+            return
+        ty = schema.get("type") or ("object" if "properties" in schema else None)
+        if ty == "object":
+            self.check_object(schema, v, path, errors)
+        elif ty == "array":
+            if isinstance(v, list):
+                for i, item in enumerate(v):
+                    self.check(schema.get("items") or {}, item, f"{path}[{i}]", errors)
+            else:
+                errors.append(f"{path}: expected an array, got {json.dumps(v)}")
+        elif ty in ("string", "boolean", "number"):
+            ok = {"string": isinstance(v, str), "boolean": isinstance(v, bool),
+                  "number": isinstance(v, (int, float)) and not isinstance(v, bool)}[ty]
+            if not ok:
+                errors.append(f"{path}: expected a {ty}, got {json.dumps(v)}")
+        elif ty == "integer":
+            if isinstance(v, int) and not isinstance(v, bool):
+                if schema.get("format") == "int32" and not -2**31 <= v < 2**31:
+                    errors.append(f"{path}: {v} does not fit int32")
+            else:
+                errors.append(f"{path}: expected an integer, got {json.dumps(v)}")
+        elif ty is not None:
+            errors.append(f"{path}: the validator does not know type {ty}")
+        if "enum" in schema and v not in schema["enum"]:
+            errors.append(f"{path}: {json.dumps(v)} is not one of {json.dumps(schema['enum'])}")
+
+    def check_object(self, schema: dict, v, path: str, errors: list[str]) -> None:
+        if not isinstance(v, dict):
+            errors.append(f"{path}: expected an object, got {json.dumps(v)}")
+            return
+        props = schema.get("properties") or {}
+        for req in schema.get("required") or []:
+            if req not in v:
+                errors.append(f"{path}: required property {req} is missing")
+        additional = schema.get("additionalProperties")
+        for k, value in v.items():
+            child = f"{path}.{k}"
+            if k in props:
+                self.check(props[k], value, child, errors)
+            elif additional is True:
+                pass
+            elif isinstance(additional, dict):
+                self.check(additional, value, child, errors)
+            else:
+                errors.append(f"{child}: not a property the spec declares")
+
+
+# --- networks ---------------------------------------------------------------------------------------
+
+def make_network() -> tuple[str, ipaddress.IPv4Network]:
+    """The virtual network's subnet: a free /24 of 10.246.0.0/16 (several fakes may run at once)."""
+    name = f"physalia-aci-fake-{os.getpid()}"
+    last = ""
+    for third in range(0, 250):
+        net = ipaddress.IPv4Network(f"10.246.{third}.0/24")
+        r = docker("network", "create", "--label", LABEL, "--subnet", str(net),
+                   "--gateway", str(net.network_address + 1), name, check=False)
+        if r.returncode == 0:
+            return name, net
+        last = r.stderr.strip()
+    raise SystemExit(f"no free /24 in 10.246.0.0/16 for a Docker network: {last}")
+
+
+def imds_network() -> None:
+    """The metadata service's link-local network, shared by every instance (its address is fixed):
+    internal, its gateway 169.254.169.254 this machine."""
+    if docker("network", "inspect", IMDS_NETWORK, check=False).returncode == 0:
+        return
+    r = docker("network", "create", "--internal", "--label", "physalia.aci-fake=shared",
+               "--subnet", "169.254.169.0/24", "--gateway", IMDS_IP, IMDS_NETWORK, check=False)
+    if r.returncode != 0 and docker("network", "inspect", IMDS_NETWORK, check=False).returncode != 0:
+        raise SystemExit(f"cannot make the metadata network: {r.stderr.strip()}")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cloud_error(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
+
+
+# --- Container Instances ----------------------------------------------------------------------------
+
+class Group:
+    def __init__(self, name: str, body: dict, ip: str) -> None:
+        self.name = name
+        self.body = body
+        self.ip = ip
+        self.provisioning = "Creating"
+        self.container: str | None = None
+        self.current: dict = {"state": "Waiting", "detailStatus": "ContainerCreating"}
+        self.imds_ip: str | None = None
+        self.started = now_iso()
+
+
+class Aci:
+    def __init__(self, network: str, subnet: ipaddress.IPv4Network, gateway: str, files: str) -> None:
+        self.network = network
+        self.gateway = gateway
+        self.files = files
+        self.hosts = iter(list(subnet.hosts())[9:])  # .10 on, as Azure keeps the first addresses
+        self.lock = threading.Lock()
+        self.groups: dict[str, Group] = {}
+        self.ops: dict[str, dict] = {}
+        self.requests: list[dict] = []
+        self.violations: list[str] = []
+        self.swagger = Swagger(SPEC)
+        self.arm = ""
+        self.blob = ""
+        self.stop = threading.Event()
+
+    def put(self, name: str, body: dict, who: str) -> tuple[int, dict, dict]:
+        errors = self.swagger.validate("ContainerGroup", body)
+        if errors:
+            with self.lock:
+                self.violations.extend(f"PUT {name}: {e}" for e in errors)
+            return 400, cloud_error("InvalidRequestContent", "; ".join(errors)), {}
+        props = body["properties"]
+        if body.get("location") != LOCATION:
+            return 400, cloud_error(
+                "LocationNotAvailableForResourceType",
+                f"The provided location '{body.get('location')}' is not available for resource type "
+                f"'Microsoft.ContainerInstance/containerGroups' in this test: {LOCATION}"), {}
+        for s in props.get("subnetIds") or []:
+            if s.get("id", "").lower() != SUBNET_ID.lower():
+                return 400, cloud_error(
+                    "InvalidSubnet" if "/subnets/" in s.get("id", "") else "LinkedInvalidPropertyId",
+                    f"Subnet '{s.get('id')}' does not exist or is not delegated to "
+                    "Microsoft.ContainerInstance/containerGroups."), {}
+        ids = ((body.get("identity") or {}).get("userAssignedIdentities") or {})
+        for rid in ids:
+            if rid not in IDENTITIES:
+                return 400, cloud_error(
+                    "InvalidUserAssignedIdentity",
+                    f"The user assigned identity '{rid}' does not exist."), {}
+        for c in props["containers"]:
+            image = c["properties"]["image"]
+            if docker("image", "inspect", image, check=False).returncode != 0:
+                return 400, cloud_error(
+                    "InaccessibleImage",
+                    f"The image '{image}' in container group '{name}' is not accessible. Please check "
+                    "the image and registry credential."), {}
+        with self.lock:
+            if name in self.groups:
+                return 409, cloud_error("Conflict", f"container group {name} exists already"), {}
+            g = Group(name, body, str(next(self.hosts)))
+            self.groups[name] = g
+            op = uuid.uuid4().hex
+            self.ops[op] = {"group": name, "status": "InProgress"}
+        threading.Thread(target=self.start_or_fail, args=(g, op), daemon=True).start()
+        headers = {
+            "Azure-AsyncOperation": f"{self.arm}/subscriptions/{SUBSCRIPTION}/providers/"
+                                    f"Microsoft.ContainerInstance/locations/{LOCATION}/operations/{op}"
+                                    f"?api-version={API_VERSION}",
+            "Retry-After": "1",
+        }
+        return 201, self.view(g), headers
+
+    def start_or_fail(self, g: Group, op: str) -> None:
+        try:
+            self.start(g, op)
+        except Exception as e:  # the operation ends Failed instead of running forever
+            self.fail(g, op, "InternalServerError", f"the fake could not start the group: {e!r}")
+            raise
+
+    def start(self, g: Group, op: str) -> None:
+        props = g.body["properties"]
+        c = props["containers"][0]
+        cp = c["properties"]
+        container = f"aci-{g.name}-{c['name']}"
+        folder = os.path.join(self.files, g.name)
+        os.makedirs(folder, exist_ok=True)
+        args = ["create", "--name", container, "--label", LABEL, "--network", self.network,
+                "--ip", g.ip, "--hostname", g.name[:63]]
+        env = {}
+        for e in cp.get("environmentVariables") or []:
+            env[e["name"]] = e.get("value", e.get("secureValue", ""))
+        identities = list(((g.body.get("identity") or {}).get("userAssignedIdentities") or {}))
+        if identities:
+            env["AZURE_STORAGE_ENDPOINT"] = self.blob
+            env["AZURE_ALLOW_HTTP"] = "true"
+        volumes = {v["name"]: v for v in props.get("volumes") or []}
+        for m in cp.get("volumeMounts") or []:
+            v = volumes[m["name"]]
+            if "secret" not in v:
+                self.fail(g, op, "InvalidVolume", f"volume {m['name']}: only secret volumes are supported")
+                return
+            root = os.path.join(folder, "secret-" + m["name"])
+            os.makedirs(root, exist_ok=True)
+            for file, b64 in v["secret"].items():
+                path = os.path.join(root, file)
+                with open(path, "wb") as f:
+                    f.write(base64.b64decode(b64))
+                os.chmod(path, 0o444)
+            os.chmod(root, 0o555)
+            args += ["-v", f"{root}:{m['mountPath']}:ro"]
+        # the environment through a file: secure values never appear in an argument
+        env_file = os.path.join(folder, "env")
+        with open(env_file, "w") as f:
+            for k, val in env.items():
+                f.write(f"{k}={val}\n")
+        os.chmod(env_file, 0o600)
+        args += ["--env-file", env_file]
+        command = cp.get("command") or []
+        if command:
+            args += ["--entrypoint", command[0]]
+        args.append(cp["image"])
+        args += command[1:]
+        with self.lock:
+            if g.name not in self.groups:
+                return
+            g.container = container
+        r = docker(*args, check=False)
+        os.remove(env_file)
+        if r.returncode == 0 and identities:
+            r = self.attach_imds(g, container, identities)
+        if r.returncode == 0:
+            r = docker("start", container, check=False)
+        if r.returncode != 0:
+            self.fail(g, op, "ContainerGroupDeploymentFailed", r.stderr.strip()[-300:])
+            return
+        with self.lock:
+            g.provisioning = "Succeeded"
+            g.current = {"state": "Running", "startTime": now_iso(), "detailStatus": ""}
+            self.ops[op]["status"] = "Succeeded"
+
+    def attach_imds(self, g: Group, container: str, identities: list[str]) -> subprocess.CompletedProcess:
+        """Connects the container to the metadata network at a free address (Docker gives a created
+        container its address only when it starts; the address must be known to answer its token
+        requests, and other instances of this fake share the network) and records its identities."""
+        os.makedirs(IMDS_CALLERS, exist_ok=True)
+        start = random.randrange(2, 250)
+        r = None
+        for k in range(248):
+            ip = f"169.254.169.{2 + (start + k) % 248}"
+            r = docker("network", "connect", "--ip", ip, IMDS_NETWORK, container, check=False)
+            if r.returncode == 0:
+                g.imds_ip = ip
+                with open(os.path.join(IMDS_CALLERS, ip), "w") as f:
+                    json.dump(identities, f)
+                return r
+        return r
+
+    def fail(self, g: Group, op: str, code: str, message: str) -> None:
+        with self.lock:
+            g.provisioning = "Failed"
+            g.current = {"state": "Waiting", "detailStatus": code}
+            self.ops[op].update({"status": "Failed", "error": {"code": code, "message": message}})
+
+    def observe(self) -> None:
+        """The containers' states, every half second."""
+        while not self.stop.wait(0.5):
+            with self.lock:
+                running = [(g, g.container) for g in self.groups.values()
+                           if g.container and g.current.get("state") == "Running"]
+            for g, container in running:
+                r = docker("inspect", "-f", "{{.State.Running}} {{.State.ExitCode}} {{.State.FinishedAt}}",
+                           container, check=False)
+                if r.returncode != 0:
+                    continue
+                up, code, finished = r.stdout.split()
+                if up == "true":
+                    continue
+                with self.lock:
+                    g.current = {"state": "Terminated", "exitCode": int(code),
+                                 "startTime": g.current.get("startTime"), "finishTime": finished,
+                                 "detailStatus": "Completed" if code == "0" else "Error"}
+
+    def view(self, g: Group) -> dict:
+        v = json.loads(json.dumps(g.body))
+        v["id"] = f"{RG_ID}/providers/Microsoft.ContainerInstance/containerGroups/{g.name}"
+        v["name"] = g.name
+        v["type"] = "Microsoft.ContainerInstance/containerGroups"
+        props = v["properties"]
+        for vol in props.get("volumes") or []:
+            if "secret" in vol:
+                vol["secret"] = {}
+        for c in props["containers"]:
+            for e in c["properties"].get("environmentVariables") or []:
+                e.pop("secureValue", None)
+        props["provisioningState"] = g.provisioning
+        state = g.current.get("state")
+        if g.provisioning == "Failed":
+            runtime = "Failed"
+        elif state == "Running":
+            runtime = "Running"
+        elif state == "Terminated":
+            runtime = "Succeeded" if g.current.get("exitCode") == 0 else "Failed"
+        else:
+            runtime = "Pending"
+        props["instanceView"] = {"state": runtime, "events": []}
+        props["containers"][0]["properties"]["instanceView"] = {
+            "restartCount": 0, "currentState": {k: x for k, x in g.current.items() if x is not None},
+            "events": []}
+        props.setdefault("ipAddress", {})["ip"] = g.ip
+        return v
+
+    def delete(self, name: str) -> dict | None:
+        with self.lock:
+            g = self.groups.pop(name, None)
+        if g is None:
+            return None
+        if g.container:
+            docker("rm", "-f", g.container, check=False)
+        if g.imds_ip:
+            try:
+                os.remove(os.path.join(IMDS_CALLERS, g.imds_ip))
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(os.path.join(self.files, name), ignore_errors=True)
+        return self.view(g)
+
+    def logs(self, name: str) -> str | None:
+        with self.lock:
+            g = self.groups.get(name)
+        if g is None or not g.container:
+            return None if g is None else ""
+        r = docker("logs", g.container, check=False)
+        return r.stdout + r.stderr if r.returncode == 0 else ""
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for name in list(self.groups):
+            self.delete(name)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def reply(self, code: int, body=None, headers: dict | None = None, raw: bytes | None = None,
+              content_type: str = "application/json") -> None:
+        data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if data or raw is not None or body is not None:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def read_body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+
+class Arm(Handler):
+    aci: Aci
+
+    def route(self) -> None:
+        aci = self.aci
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        body = self.read_body()
+        if url.path.startswith("/_fake/"):
+            with aci.lock:
+                what = {"groups": lambda: {n: aci.view(g) for n, g in aci.groups.items()},
+                        "requests": lambda: aci.requests,
+                        "violations": lambda: aci.violations}.get(url.path[len("/_fake/"):])
+                return self.reply(200, what()) if what else self.reply(404)
+        who = bearer_principal(self.headers.get("Authorization"), "arm")
+        with aci.lock:
+            aci.requests.append({"who": who, "method": self.command, "path": url.path})
+        if query.get("api-version") != API_VERSION:
+            with aci.lock:
+                aci.violations.append(f"{self.command} {self.path}: api-version is not {API_VERSION}")
+            return self.reply(400, cloud_error("InvalidApiVersionParameter",
+                                               f"The api-version '{query.get('api-version')}' is invalid."))
+        if who is None:
+            return self.reply(401, cloud_error("InvalidAuthenticationToken",
+                                               "The access token is invalid."))
+        parts = url.path.strip("/").split("/")
+        # operations: /subscriptions/S/providers/Microsoft.ContainerInstance/locations/L/operations/ID
+        if len(parts) == 8 and parts[2:5] == ["providers", "Microsoft.ContainerInstance", "locations"] \
+                and parts[6] == "operations":
+            with aci.lock:
+                op = aci.ops.get(parts[7])
+                if op is None:
+                    return self.reply(404, cloud_error("NotFound", "no such operation"))
+                return self.reply(200, {k: v for k, v in op.items() if k != "group"}
+                                  | {"name": parts[7]}, {"Retry-After": "1"})
+        if len(parts) < 7 or parts[0] != "subscriptions" or parts[2] != "resourceGroups" \
+                or parts[4] != "providers" or parts[5] != "Microsoft.ContainerInstance" \
+                or parts[6] != "containerGroups":
+            with aci.lock:
+                aci.violations.append(f"unknown route {self.command} {url.path}")
+            return self.reply(404, cloud_error("NotFound", "no such route"))
+        if parts[1] != SUBSCRIPTION:
+            return self.reply(404, cloud_error("SubscriptionNotFound",
+                                               f"The subscription '{parts[1]}' could not be found."))
+        if parts[3].lower() != RESOURCE_GROUP:
+            return self.reply(404, cloud_error("ResourceGroupNotFound",
+                                               f"Resource group '{parts[3]}' could not be found."))
+        if who != USER and who not in ARM_ROLES:
+            return self.reply(403, cloud_error(
+                "AuthorizationFailed",
+                f"The client '{who}' does not have authorization to perform action "
+                f"'Microsoft.ContainerInstance/containerGroups/{'read' if self.command == 'GET' else 'write'}' "
+                f"over scope '{RG_ID}' or the scope is invalid."))
+        rest = parts[7:]
+        if self.command == "GET" and not rest:
+            with aci.lock:
+                return self.reply(200, {"value": [aci.view(g) for g in aci.groups.values()]})
+        if self.command == "PUT" and len(rest) == 1:
+            try:
+                doc = json.loads(body)
+            except ValueError as e:
+                with aci.lock:
+                    aci.violations.append(f"PUT {rest[0]}: body is not JSON: {e}")
+                return self.reply(400, cloud_error("InvalidRequestContent", "not JSON"))
+            code, out, headers = aci.put(rest[0], doc, who)
+            return self.reply(code, out, headers)
+        if self.command == "GET" and len(rest) == 1:
+            with aci.lock:
+                g = aci.groups.get(rest[0])
+                if g is None:
+                    return self.reply(404, cloud_error(
+                        "ResourceNotFound",
+                        f"The Resource 'Microsoft.ContainerInstance/containerGroups/{rest[0]}' under "
+                        f"resource group '{RESOURCE_GROUP}' was not found."))
+                return self.reply(200, aci.view(g))
+        if self.command == "DELETE" and len(rest) == 1:
+            v = aci.delete(rest[0])
+            return self.reply(204) if v is None else self.reply(200, v)
+        if self.command == "GET" and len(rest) == 4 and rest[1] == "containers" and rest[3] == "logs":
+            text = aci.logs(rest[0])
+            if text is None:
+                return self.reply(404, cloud_error("ResourceNotFound", f"{rest[0]} not found"))
+            return self.reply(200, {"content": text})
+        with aci.lock:
+            aci.violations.append(f"unknown route {self.command} {url.path}")
+        return self.reply(404, cloud_error("NotFound", "no such route"))
+
+    do_GET = do_PUT = do_DELETE = do_POST = do_PATCH = route
+
+
+# --- the instance metadata service's token endpoint --------------------------------------------------
+
+class Imds(Handler):
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query))
+        if url.path != "/metadata/identity/oauth2/token":
+            return self.reply(404, {"error": "not_found"})
+        if self.headers.get("Metadata", "").lower() != "true":
+            return self.reply(400, {"error": "invalid_request",
+                                    "error_description": "Required metadata header not specified"})
+        try:
+            with open(os.path.join(IMDS_CALLERS, self.client_address[0])) as f:
+                held = json.load(f)
+        except (FileNotFoundError, ValueError):
+            held = []
+        if not held:
+            return self.reply(400, {"error": "invalid_request",
+                                    "error_description": "Identity not found"})
+        aud = audience(q.get("resource", ""))
+        if aud is None:
+            return self.reply(400, {"error": "invalid_resource",
+                                    "error_description": f"resource {q.get('resource')!r} is unknown"})
+        chosen = None
+        for key, idx in (("client_id", 1), ("msi_res_id", None), ("object_id", 2)):
+            if key in q:
+                for rid in held:
+                    if (rid.lower() == q[key].lower()) if idx is None else IDENTITIES[rid][idx] == q[key]:
+                        chosen = rid
+                if chosen is None:
+                    return self.reply(400, {"error": "invalid_request",
+                                            "error_description": "Identity not found"})
+                break
+        else:
+            if len(held) > 1:
+                return self.reply(400, {"error": "invalid_request",
+                                        "error_description": "Multiple user assigned identities exist, "
+                                        "please specify the clientId / resourceId of the identity in the "
+                                        "token request"})
+            chosen = held[0]
+        name, client_id, _ = IDENTITIES[chosen]
+        expires = int(time.time()) + 3600
+        self.reply(200, {"access_token": token_of(name, aud), "client_id": client_id,
+                         "expires_in": "3600", "expires_on": str(expires), "ext_expires_in": "3600",
+                         "not_before": str(expires - 3600), "resource": q["resource"],
+                         "token_type": "Bearer"})
+
+
+class ImdsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # every instance serves the same fixed address: any of them answers alike
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+
+# --- Blob Storage ----------------------------------------------------------------------------------
+
+class Blobs(Handler):
+    lock = threading.Lock()
+    # container -> name -> (bytes, etag, last modified, content type)
+    store: dict[str, dict[str, tuple[bytes, str, str, str]]] = {CONTAINER: {}}
+    requests: list[dict] = []
+
+    def error(self, code: int, err: str, message: str) -> None:
+        xml = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{err}</Code>'
+               f"<Message>{escape(message)}</Message></Error>").encode()
+        self.reply(code, raw=xml, headers={"x-ms-error-code": err}, content_type="application/xml")
+
+    def route(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        body = self.read_body()
+        who = bearer_principal(self.headers.get("Authorization"), "storage")
+        with self.lock:
+            self.requests.append({"who": who, "method": self.command, "path": url.path})
+        if url.path == "/_fake/requests":
+            with self.lock:
+                return self.reply(200, self.requests)
+        if who is None:
+            return self.error(401, "InvalidAuthenticationInfo",
+                              "Server failed to authenticate the request: no valid bearer token.")
+        if who != USER and who not in STORAGE_ROLES:
+            return self.error(403, "AuthorizationPermissionMismatch",
+                              "This request is not authorized to perform this operation using this "
+                              "permission.")
+        parts = urllib.parse.unquote(url.path).lstrip("/").split("/", 2)
+        # path-style: /<account>/<container>[/<blob>]
+        if len(parts) < 2 or parts[0] != ACCOUNT:
+            return self.error(400, "InvalidUri", f"no account {parts[0] if parts else ''!r} here")
+        container = parts[1]
+        blob = parts[2] if len(parts) > 2 else ""
+        with self.lock:
+            blobs = self.store.get(container)
+        if blobs is None:
+            return self.error(404, "ContainerNotFound", "The specified container does not exist.")
+        if not blob:
+            if self.command == "GET" and q.get("restype") == "container" and q.get("comp") == "list":
+                return self.list(blobs, q)
+            if self.command == "POST" and q.get("restype") == "container" and q.get("comp") == "batch":
+                return self.batch(container, blobs, body)
+            return self.error(400, "UnsupportedQueryParameter", f"{self.command} {self.path}")
+        if self.command == "PUT":
+            if q.get("comp"):
+                return self.error(400, "UnsupportedQueryParameter", f"comp={q['comp']}")
+            if self.headers.get("x-ms-blob-type") != "BlockBlob":
+                return self.error(400, "MissingRequiredHeader", "x-ms-blob-type")
+            with self.lock:
+                if self.headers.get("If-None-Match") == "*" and blob in blobs:
+                    return self.error(409, "BlobAlreadyExists", "The specified blob already exists.")
+                etag = '"0x' + hashlib.md5(body + str(time.time_ns()).encode()).hexdigest()[:16].upper() + '"'
+                modified = email.utils.formatdate(usegmt=True)
+                blobs[blob] = (body, etag, modified,
+                               self.headers.get("x-ms-blob-content-type") or "application/octet-stream")
+            return self.reply(201, raw=b"", headers={"ETag": etag, "Last-Modified": modified})
+        with self.lock:
+            found = blobs.get(blob)
+        if self.command == "DELETE":
+            if found is None:
+                return self.error(404, "BlobNotFound", "The specified blob does not exist.")
+            with self.lock:
+                blobs.pop(blob, None)
+            return self.reply(202, raw=b"")
+        if self.command in ("GET", "HEAD"):
+            if found is None:
+                return self.error(404, "BlobNotFound", "The specified blob does not exist.")
+            data, etag, modified, ctype = found
+            headers = {"ETag": etag, "Last-Modified": modified, "x-ms-blob-type": "BlockBlob",
+                       "Accept-Ranges": "bytes"}
+            rng = self.headers.get("Range") or self.headers.get("x-ms-range")
+            if rng and rng.startswith("bytes=") and self.command == "GET":
+                start, _, end = rng[len("bytes="):].partition("-")
+                s = int(start)
+                e = min(int(end), len(data) - 1) if end else len(data) - 1
+                headers["Content-Range"] = f"bytes {s}-{e}/{len(data)}"
+                return self.reply(206, raw=data[s:e + 1], headers=headers, content_type=ctype)
+            if self.command == "HEAD":
+                self.send_response(200)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                return
+            return self.reply(200, raw=data, headers=headers, content_type=ctype)
+        return self.error(405, "UnsupportedHttpVerb", self.command)
+
+    def batch(self, container: str, blobs: dict, body: bytes) -> None:
+        """Blob Batch: a multipart/mixed body of DELETE subrequests, each with its own token, answered
+        part by part (202, or 404 BlobNotFound, 403 for a principal without the role)."""
+        ctype = self.headers.get("Content-Type", "")
+        if not ctype.startswith("multipart/mixed; boundary="):
+            return self.error(400, "InvalidInput", "a batch is multipart/mixed")
+        boundary = ctype.split("boundary=", 1)[1].encode()
+        answer = "batchresponse_" + uuid.uuid4().hex
+        out = []
+        for part in body.split(b"--" + boundary)[1:]:
+            if part.startswith(b"--"):
+                break
+            head, _, sub = part.strip(b"\r\n").partition(b"\r\n\r\n")
+            cid = None
+            for line in head.split(b"\r\n"):
+                k, _, v = line.decode().partition(":")
+                if k.strip().lower() == "content-id":
+                    cid = v.strip()
+            lines = sub.decode().split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            headers = {k.strip().lower(): v.strip() for k, _, v in
+                       (line.partition(":") for line in lines[1:] if line)}
+            who = bearer_principal(headers.get("authorization"), "storage")
+            name = urllib.parse.unquote(path).lstrip("/").split("/", 2)
+            if method != "DELETE" or len(name) < 3 or name[:2] != [ACCOUNT, container]:
+                status = "400 Bad Request"
+            elif who is None:
+                status = "401 Unauthorized"
+            elif who != USER and who not in STORAGE_ROLES:
+                status = "403 Forbidden"
+            else:
+                with self.lock:
+                    status = "202 Accepted" if blobs.pop(name[2], None) is not None \
+                        else "404 The specified blob does not exist."
+            out.append(f"--{answer}\r\nContent-Type: application/http\r\nContent-ID: {cid}\r\n\r\n"
+                       f"HTTP/1.1 {status}\r\nx-ms-delete-type-permanent: true\r\n\r\n")
+        out.append(f"--{answer}--\r\n")
+        self.reply(202, raw="".join(out).encode(), content_type=f"multipart/mixed; boundary={answer}")
+
+    def list(self, blobs: dict, q: dict) -> None:
+        prefix = q.get("prefix", "")
+        delim = q.get("delimiter", "")
+        marker = q.get("marker", "")
+        limit = int(q.get("maxresults") or 5000)
+        with self.lock:
+            names = sorted(n for n in blobs if n.startswith(prefix))
+        entries: list[tuple[str, bool]] = []
+        seen = set()
+        for n in names:
+            if delim and delim in n[len(prefix):]:
+                p = prefix + n[len(prefix):].split(delim, 1)[0] + delim
+                if p not in seen:
+                    seen.add(p)
+                    entries.append((p, True))
+            else:
+                entries.append((n, False))
+        entries = [e for e in entries if e[0] > marker] if marker else entries
+        page, rest = entries[:limit], entries[limit:]
+        out = [f'<?xml version="1.0" encoding="utf-8"?><EnumerationResults ContainerName="{CONTAINER}">',
+               f"<Prefix>{escape(prefix)}</Prefix>", f"<MaxResults>{limit}</MaxResults>"]
+        if delim:
+            out.append(f"<Delimiter>{escape(delim)}</Delimiter>")
+        out.append("<Blobs>")
+        for name, is_prefix in page:
+            if is_prefix:
+                out.append(f"<BlobPrefix><Name>{escape(name)}</Name></BlobPrefix>")
+                continue
+            with self.lock:
+                data, etag, modified, ctype = blobs[name]
+            out.append(f"<Blob><Name>{escape(name)}</Name><Properties><Last-Modified>{modified}"
+                       f"</Last-Modified><Etag>{etag}</Etag><Content-Length>{len(data)}</Content-Length>"
+                       f"<Content-Type>{ctype}</Content-Type><BlobType>BlockBlob</BlobType>"
+                       "</Properties></Blob>")
+        out.append("</Blobs>")
+        out.append(f"<NextMarker>{escape(page[-1][0]) if rest else ''}</NextMarker></EnumerationResults>")
+        self.reply(200, raw="".join(out).encode(), content_type="application/xml")
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = do_POST = route
+
+
+def write_az(folder: str) -> str:
+    """The signed-in user's `az`: `az account get-access-token --resource R | --scope S --output json`."""
+    bin_dir = os.path.join(folder, "bin")
+    os.makedirs(bin_dir)
+    path = os.path.join(bin_dir, "az")
+    with open(path, "w") as f:
+        f.write(f"""#!/usr/bin/env python3
+import datetime, json, sys, time
+args = sys.argv[1:]
+if args[:2] != ["account", "get-access-token"]:
+    sys.exit("az (test): only `az account get-access-token` is here")
+resource = None
+for flag in ("--resource", "--scope"):
+    if flag in args:
+        resource = args[args.index(flag) + 1]
+aud = {{"https://management.azure.com": "arm", "https://storage.azure.com": "storage"}}.get(
+    (resource or "").removesuffix("/.default").rstrip("/"))
+if aud is None:
+    sys.exit(f"az (test): no token for {{resource!r}}")
+expires = time.time() + 3600
+print(json.dumps({{
+    "accessToken": "{USER}." + aud,
+    "expiresOn": datetime.datetime.fromtimestamp(expires).strftime("%Y-%m-%d %H:%M:%S.%f"),
+    "expires_on": int(expires),
+    "subscription": "{SUBSCRIPTION}",
+    "tenant": "00000000-0000-0000-0000-0000000000aa",
+    "tokenType": "Bearer",
+}}))
+""")
+    os.chmod(path, 0o755)
+    return bin_dir
+
+
+def main() -> None:
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    network, subnet = make_network()
+    imds_network()
+    gateway = str(subnet.network_address + 1)
+    files = tempfile.mkdtemp(prefix="physalia-aci-fake-")
+    os.chmod(files, 0o755)
+    aci = Aci(network, subnet, gateway, files)
+    Arm.aci = aci
+    arm = http.server.ThreadingHTTPServer((gateway, 0), Arm)
+    arm.daemon_threads = True
+    threading.Thread(target=arm.serve_forever, daemon=True).start()
+    aci.arm = f"http://{gateway}:{arm.server_address[1]}"
+    blobs = http.server.ThreadingHTTPServer((gateway, 0), Blobs)
+    blobs.daemon_threads = True
+    threading.Thread(target=blobs.serve_forever, daemon=True).start()
+    aci.blob = f"http://{gateway}:{blobs.server_address[1]}/{ACCOUNT}"
+    imds = ImdsServer((IMDS_IP, 80), Imds)
+    threading.Thread(target=imds.serve_forever, daemon=True).start()
+    threading.Thread(target=aci.observe, daemon=True).start()
+    bin_dir = write_az(files)
+    print(json.dumps({
+        "arm": aci.arm, "blob": aci.blob, "account": ACCOUNT, "container": CONTAINER, "bin": bin_dir,
+        "network": network, "subscription": SUBSCRIPTION, "resource_group": RESOURCE_GROUP,
+        "location": LOCATION, "subnet_id": SUBNET_ID, "coordinator_identity_id": COORDINATOR_IDENTITY,
+        "pull_identity_id": PULL_IDENTITY,
+    }), file=out, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        aci.shutdown()
+        for s in (arm, blobs, imds):
+            s.shutdown()
+        ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+        if ids:
+            docker("rm", "-f", *ids, check=False)
+        docker("network", "rm", network, check=False)
+        shutil.rmtree(files, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
