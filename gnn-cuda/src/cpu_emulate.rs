@@ -6,6 +6,8 @@
 //! `physalia_gnn` before a GPU runs them. Each function here follows its CUDA twin line by line, in the same
 //! order as the source; `__shfl_xor_sync` is [`warp_sum`] / [`warp_max`] over the lanes' values.
 
+pub use physalia_gnn::device::{AdamStep, GatShape};
+
 use crate::kernels::{
     COLSUM_CHUNK_ROWS, REDUCE_THREADS, SPMM_VEC, edge_key, elementwise_launch, mask_keep,
     rows_launch, stream_at,
@@ -255,26 +257,6 @@ impl GatKeys<'_> {
             Some(g) => g[r as usize] as u64,
             None => r as u64,
         }
-    }
-}
-
-/// Shape of a GAT layer: heads, per-head width, concatenated or averaged heads, LeakyReLU slope.
-#[derive(Clone, Copy, Debug)]
-pub struct GatShape {
-    pub heads: u32,
-    pub c: u32,
-    pub concat: bool,
-    pub slope: f32,
-}
-
-impl GatShape {
-    /// Output width: the heads concatenated, or one head's width when they are averaged.
-    pub fn d_out(&self) -> usize {
-        (if self.concat {
-            self.heads * self.c
-        } else {
-            self.c
-        }) as usize
     }
 }
 
@@ -789,34 +771,6 @@ pub fn sum_f64(x: &[f64]) -> f64 {
         half /= 2;
     }
     s[0]
-}
-
-/// Scalars of one Adam step, computed on the host exactly as `optim.rs` does.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamStep {
-    pub step_size: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    pub bc2_sqrt: f32,
-}
-
-impl AdamStep {
-    /// Step `t` (1-based) with `optim.rs`'s arithmetic.
-    pub fn new(t: u64, lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32) -> AdamStep {
-        let t = t as i32;
-        let bc1 = 1.0 - beta1.powi(t);
-        let bc2 = 1.0 - beta2.powi(t);
-        AdamStep {
-            step_size: lr / bc1,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            bc2_sqrt: bc2.sqrt(),
-        }
-    }
 }
 
 pub fn adam(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamStep) {

@@ -1,308 +1,24 @@
-//! The operations a GNN layer needs from a device, as one trait with two implementations: [`crate::CudaEngine`]
-//! (device memory, NVRTC kernels, cuBLAS) and [`Emulator`] (host memory, the kernels of
-//! [`crate::cpu_emulate`] run serially).
-//!
-//! [`crate::DeviceModel`] composes a GCN / GraphSAGE / GAT forward, backward and Adam step from these
-//! operations once, generic over the trait, so the code that runs on the GPU is the code the tests run on the
-//! emulator against `physalia_gnn::Model`.
+//! What the CUDA device adds to `physalia_gnn::device`'s [`Ops`] trait: the CSR layout its kernels read
+//! ([`HostCsr`]), the activation codes, and [`Emulator`], the trait over host memory running the kernels of
+//! [`crate::cpu_emulate`] serially (so the kernels' algorithms run against `physalia_gnn` without a GPU).
 
 use physalia_gnn::Activation;
 use physalia_gnn::Matrix;
-use physalia_gnn::rng::drop_threshold;
+use physalia_gnn::device::{
+    AdamStep, AttnDropout, Dropout, GatShape, Ops, View, check, check_copy2d, check_labels,
+    gemm_shape,
+};
 use physalia_gnn::sparse::SparseOp;
 
-use crate::cpu_emulate::{self as emu, AdamStep, GatShape};
+use crate::cpu_emulate as emu;
 use crate::device::GpuError;
 use crate::kernels::{ACT_ELU, ACT_RELU, mask_threshold, spmm_lanes};
-
-/// A dense operand of a product: rows x cols elements of `m` starting at `offset`, `ld` apart between rows
-/// (row-major), optionally transposed.
-pub struct View<'a, M> {
-    pub m: &'a M,
-    pub offset: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub ld: usize,
-    pub trans: bool,
-}
-
-impl<'a, M> View<'a, M> {
-    /// The whole `rows x cols` matrix.
-    pub fn full(m: &'a M, rows: usize, cols: usize) -> View<'a, M> {
-        View {
-            m,
-            offset: 0,
-            rows,
-            cols,
-            ld: cols,
-            trans: false,
-        }
-    }
-
-    /// Columns `col0..col0 + cols` of the first `rows` rows of a matrix `ld` wide.
-    pub fn cols(m: &'a M, rows: usize, col0: usize, cols: usize, ld: usize) -> View<'a, M> {
-        View {
-            m,
-            offset: col0,
-            rows,
-            cols,
-            ld,
-            trans: false,
-        }
-    }
-
-    pub fn t(mut self) -> View<'a, M> {
-        self.trans = !self.trans;
-        self
-    }
-
-    /// Shape after the transpose.
-    pub fn op_shape(&self) -> (usize, usize) {
-        if self.trans {
-            (self.cols, self.rows)
-        } else {
-            (self.rows, self.cols)
-        }
-    }
-}
-
-/// Attention dropout of a GAT layer: the stream key and the rate.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttnDropout {
-    pub key: u64,
-    pub p: f32,
-}
-
-impl AttnDropout {
-    /// (key, 32-bit threshold, scale) as the kernels take them.
-    pub fn kernel_args(self) -> (u64, u32, f32) {
-        (self.key, drop_threshold(self.p), 1.0 / (1.0 - self.p))
-    }
-}
-
-/// Dropout of activations: the stream key and the rate.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Dropout {
-    pub key: u64,
-    pub p: f32,
-}
 
 pub(crate) fn act_code(a: Activation) -> u32 {
     match a {
         Activation::Relu => ACT_RELU,
         Activation::Elu => ACT_ELU,
     }
-}
-
-/// Everything the layers need from a device. Shapes are checked by the implementations; all sizes must fit
-/// the kernels' 32-bit indices.
-pub trait Ops {
-    /// A dense row-major f32 matrix in the device's memory.
-    type Mat;
-    /// A sparse operator with its transpose.
-    type Csr;
-    /// A list of u32 (row ids, global ids).
-    type Idx;
-    /// Class labels.
-    type Labels;
-
-    fn dims(&self, m: &Self::Mat) -> (usize, usize);
-    fn upload(&mut self, m: &Matrix) -> Result<Self::Mat, GpuError>;
-    fn download(&mut self, m: &Self::Mat) -> Result<Matrix, GpuError>;
-    /// Contents unspecified: for outputs a kernel writes in full.
-    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, GpuError>;
-    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, GpuError>;
-    /// Hands a buffer back for reuse by a later `alloc` of the same size.
-    fn recycle(&mut self, m: Self::Mat);
-    fn upload_csr(&mut self, op: &SparseOp) -> Result<Self::Csr, GpuError>;
-    fn upload_idx(&mut self, v: &[u32]) -> Result<Self::Idx, GpuError>;
-    fn upload_labels(&mut self, v: &[i64]) -> Result<Self::Labels, GpuError>;
-
-    /// `C = op(A) op(B) + beta C` (beta 0 or 1).
-    fn gemm(
-        &mut self,
-        a: View<'_, Self::Mat>,
-        b: View<'_, Self::Mat>,
-        beta: f32,
-        c: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    /// `Y = A [own; halo]` over the CSR.
-    fn spmm(
-        &mut self,
-        a: &Self::Csr,
-        own: &Self::Mat,
-        halo: Option<&Self::Mat>,
-        y: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    /// `Y = A^T X` over the explicit transpose.
-    fn spmm_t(&mut self, a: &Self::Csr, x: &Self::Mat, y: &mut Self::Mat) -> Result<(), GpuError>;
-
-    /// `m = [Z | s_src]`, `s_dst`, from `z` and the attention vectors (`heads x c` each).
-    fn gat_messages(
-        &mut self,
-        z: &Self::Mat,
-        a_src: &Self::Mat,
-        a_dst: &Self::Mat,
-        shape: GatShape,
-        m: &mut Self::Mat,
-        s_dst: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    #[allow(clippy::too_many_arguments)]
-    fn gat_forward(
-        &mut self,
-        a: &Self::Csr,
-        m_own: &Self::Mat,
-        m_halo: Option<&Self::Mat>,
-        s_dst: &Self::Mat,
-        gids: Option<&Self::Idx>,
-        drop: Option<AttnDropout>,
-        shape: GatShape,
-        alpha: &mut Self::Mat,
-        out: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    #[allow(clippy::too_many_arguments)]
-    fn gat_backward_edges(
-        &mut self,
-        a: &Self::Csr,
-        m_own: &Self::Mat,
-        m_halo: Option<&Self::Mat>,
-        s_dst: &Self::Mat,
-        alpha: &Self::Mat,
-        d_out: &Self::Mat,
-        gids: Option<&Self::Idx>,
-        drop: Option<AttnDropout>,
-        shape: GatShape,
-        d_score: &mut Self::Mat,
-        a_used: &mut Self::Mat,
-        ds_dst: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    fn gat_backward_sources(
-        &mut self,
-        a: &Self::Csr,
-        a_used: &Self::Mat,
-        d_score: &Self::Mat,
-        d_out: &Self::Mat,
-        shape: GatShape,
-        dm: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    fn gat_dz(
-        &mut self,
-        dm: &Self::Mat,
-        ds_dst: &Self::Mat,
-        a_src: &Self::Mat,
-        a_dst: &Self::Mat,
-        shape: GatShape,
-        dz: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-
-    fn bias_add(&mut self, x: &mut Self::Mat, bias: &Self::Mat) -> Result<(), GpuError>;
-    fn activate(&mut self, x: &mut Self::Mat, act: Activation) -> Result<(), GpuError>;
-    /// Inverted dropout keyed by `gid(row0 + r) * total_cols + col0 + col` (gid = row without `gids`).
-    #[allow(clippy::too_many_arguments)]
-    fn dropout(
-        &mut self,
-        x: &mut Self::Mat,
-        gids: Option<&Self::Idx>,
-        row0: usize,
-        col0: usize,
-        total_cols: usize,
-        d: Dropout,
-    ) -> Result<(), GpuError>;
-    /// `dy` through `y = dropout(act(z))` into the gradient of `z`.
-    fn activation_backward(
-        &mut self,
-        dy: &mut Self::Mat,
-        y: &Self::Mat,
-        gids: Option<&Self::Idx>,
-        row0: usize,
-        act: Activation,
-        d: Option<Dropout>,
-    ) -> Result<(), GpuError>;
-    /// `a += b`; `b` may have fewer rows than `a` (of the same width): it adds into `a`'s first rows.
-    fn add_assign(&mut self, a: &mut Self::Mat, b: &Self::Mat) -> Result<(), GpuError>;
-    /// `out (1 x cols) = column sums of x`.
-    fn col_sums(&mut self, x: &Self::Mat, out: &mut Self::Mat) -> Result<(), GpuError>;
-    /// Copies a (non-transposed) view into `dst` starting at element `dst_offset`, rows `dst_ld` apart.
-    fn copy2d(
-        &mut self,
-        src: View<'_, Self::Mat>,
-        dst: &mut Self::Mat,
-        dst_offset: usize,
-        dst_ld: usize,
-    ) -> Result<(), GpuError>;
-    /// Rows `idx` of `src`, packed.
-    fn gather_rows(
-        &mut self,
-        src: &Self::Mat,
-        idx: &Self::Idx,
-        dst: &mut Self::Mat,
-    ) -> Result<(), GpuError>;
-    /// Sum of the cross-entropy over `rows`, and the gradient of `sum / normalizer` into `grad` (zero on
-    /// other rows).
-    fn cross_entropy(
-        &mut self,
-        logits: &Self::Mat,
-        labels: &Self::Labels,
-        rows: &Self::Idx,
-        normalizer: f64,
-        grad: &mut Self::Mat,
-    ) -> Result<f64, GpuError>;
-    /// Rows of `rows` whose first arg-max equals the label.
-    fn correct(
-        &mut self,
-        logits: &Self::Mat,
-        labels: &Self::Labels,
-        rows: &Self::Idx,
-    ) -> Result<u64, GpuError>;
-    fn adam(
-        &mut self,
-        w: &mut Self::Mat,
-        g: &Self::Mat,
-        m: &mut Self::Mat,
-        v: &mut Self::Mat,
-        s: AdamStep,
-    ) -> Result<(), GpuError>;
-    /// Waits for queued work (a no-op on the host).
-    fn synchronize(&mut self) -> Result<(), GpuError> {
-        Ok(())
-    }
-
-    /// Returns every recycled buffer to the device's allocator: shapes that change every step (sampled
-    /// mini-batches) would otherwise each keep a cached buffer of their own.
-    fn release_cached(&mut self) {}
-
-    /// A copy of `m`.
-    fn duplicate(&mut self, m: &Self::Mat) -> Result<Self::Mat, GpuError> {
-        let (r, c) = self.dims(m);
-        let mut out = self.alloc(r, c)?;
-        self.copy2d(View::full(m, r, c), &mut out, 0, c)?;
-        Ok(out)
-    }
-}
-
-pub(crate) fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), GpuError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(GpuError::Shape(what()))
-    }
-}
-
-/// Checks a product's shapes; returns (m, n, k).
-pub(crate) fn gemm_shape<M>(
-    a: &View<'_, M>,
-    b: &View<'_, M>,
-    c: (usize, usize),
-) -> Result<(usize, usize, usize), GpuError> {
-    let (m, k) = a.op_shape();
-    let (k2, n) = b.op_shape();
-    check(k == k2 && c == (m, n), || {
-        format!("gemm: {m}x{k} times {k2}x{n} into {}x{}", c.0, c.1)
-    })?;
-    check(a.ld >= a.cols && b.ld >= b.cols, || {
-        "gemm: a row stride is smaller than the row".into()
-    })?;
-    Ok((m, n, k))
 }
 
 /// A CSR and its transpose in the layout the kernels read (`long long` row pointers, u32 indices).
@@ -427,6 +143,7 @@ impl Ops for Emulator {
     type Csr = HostCsr;
     type Idx = Vec<u32>;
     type Labels = Vec<i32>;
+    type Error = GpuError;
 
     fn dims(&self, m: &Matrix) -> (usize, usize) {
         m.shape()
@@ -901,46 +618,6 @@ impl Ops for Emulator {
     }
 }
 
-pub(crate) fn check_copy2d<M>(
-    src: &View<'_, M>,
-    dst_len: usize,
-    src_len: usize,
-    dst_offset: usize,
-    dst_ld: usize,
-) -> Result<(), GpuError> {
-    let end = |off: usize, ld: usize| {
-        if src.rows == 0 || src.cols == 0 {
-            0
-        } else {
-            off + (src.rows - 1) * ld + src.cols
-        }
-    };
-    check(
-        src.ld >= src.cols
-            && dst_ld >= src.cols
-            && end(src.offset, src.ld) <= src_len
-            && end(dst_offset, dst_ld) <= dst_len,
-        || "copy2d out of bounds".into(),
-    )
-}
-
-pub(crate) fn check_labels(
-    labels: &[i32],
-    rows: &[u32],
-    (n, c): (usize, usize),
-) -> Result<(), GpuError> {
-    check(labels.len() == n, || {
-        format!("{} labels for {n} rows", labels.len())
-    })?;
-    for &r in rows {
-        let ok = (r as usize) < n && (0..c as i32).contains(&labels[r as usize]);
-        check(ok, || {
-            format!("row {r} is out of range or has no label in 0..{c}")
-        })?;
-    }
-    Ok(())
-}
-
 fn check_gat(
     a: &HostCsr,
     m_own: &Matrix,
@@ -958,7 +635,8 @@ fn check_gat(
             && s_dst.cols() == h
             && s_dst.rows() >= a.n_dst,
         || "gat message shapes".into(),
-    )
+    )?;
+    Ok(())
 }
 
 fn transpose(a: &Matrix) -> Matrix {

@@ -59,3 +59,47 @@ fn cora_accuracy_equals_cpu_on_the_emulator() {
         );
     }
 }
+
+/// The same checks on `physalia_gnn`'s own device: the engine's kernels behind the trait, and the generic
+/// `DeviceModel` on them against `Model`.
+mod cpu {
+    use super::*;
+    use physalia_gnn::Cpu;
+
+    #[test]
+    fn spmm_forward_transposed_and_with_halo_rows() {
+        check_spmm(&mut Cpu, 300, TOL);
+    }
+
+    #[test]
+    fn spmm_over_heavy_rows() {
+        check_heavy_spmm(&mut Cpu, 7000, TOL);
+    }
+
+    #[test]
+    fn products_in_every_transpose_and_on_views() {
+        check_gemm(&mut Cpu, TOL);
+    }
+
+    #[test]
+    fn elementwise_dropout_and_reductions() {
+        check_elementwise(&mut Cpu, TOL);
+    }
+
+    #[test]
+    fn masked_cross_entropy_and_accuracy() {
+        check_loss(&mut Cpu, TOL);
+    }
+
+    #[test]
+    fn adam_with_weight_decay() {
+        check_adam(&mut Cpu, TOL);
+    }
+
+    #[test]
+    fn models_equal_the_cpu_engine() {
+        for cfg in model_configs() {
+            check_model(&mut Cpu, &cfg, 120, TOL);
+        }
+    }
+}

@@ -10,7 +10,9 @@
 
 pub mod config;
 pub mod dense;
+pub mod device;
 pub mod exchange;
+mod gat;
 pub mod loss;
 pub mod model;
 pub mod optim;
@@ -21,6 +23,7 @@ pub mod tensor;
 pub mod train;
 
 pub use config::{Activation, LayerKind, ModelConfig};
+pub use device::{Cpu, DeviceError, DeviceGraph, DeviceModel, Ops};
 pub use exchange::{
     Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, LocalExchange, VisitRows,
 };

@@ -6,16 +6,16 @@
 use std::path::{Path, PathBuf};
 
 use physalia_gnn::dense::{matmul, matmul_at, matmul_bt};
+use physalia_gnn::device::{
+    AdamConfig, AdamStep, DeviceGraph, DeviceModel, Dropout, GatShape, Ops, View,
+};
 use physalia_gnn::loss::{correct, cross_entropy};
 use physalia_gnn::rng::{Mask, Stream};
 use physalia_gnn::sparse::{Norm, SparseOp};
 use physalia_gnn::{
     Activation, Adam, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass,
 };
-use physalia_gnn_cuda::cpu_emulate::{AdamStep, GatShape};
 use physalia_gnn_cuda::kernels::stream_key;
-use physalia_gnn_cuda::ops::{Dropout, Ops, View};
-use physalia_gnn_cuda::{AdamConfig, DeviceGraph, DeviceModel};
 
 pub struct Problem {
     pub indptr: Vec<i64>,
