@@ -2,7 +2,7 @@
 //! [`crate::kernels`] compiled once by NVRTC, a cuBLAS handle for the dense products, and a pool of device
 //! buffers keyed by size so the same shapes every epoch reuse the same memory.
 //!
-//! [`CudaEngine`] implements [`Ops`], so [`crate::DeviceModel`] runs on it unchanged from the emulator.
+//! [`CudaEngine`] implements [`Ops`], so `physalia_gnn::DeviceModel` runs on it unchanged from the CPU device.
 //! Nothing here runs unless [`CudaEngine::new`] succeeds, which probes first and returns a [`GpuError`]
 //! instead of letting cudarc's loader panic.
 //!

@@ -5,11 +5,10 @@
 //! - [`kernels`]: the CUDA C source of every kernel (CSR SpMM forward and over the explicit transpose, GAT's
 //!   messages, edge softmax and backward passes, elementwise, dropout with the engine's counter-based RNG,
 //!   masked cross-entropy, Adam), compiled at run time by NVRTC, and the launch geometry.
-//! - [`cpu_emulate`]: the same kernels executed thread by thread on the host, so their algorithms are tested
-//!   against `physalia_gnn` on machines without a GPU.
+//! - [`cpu_emulate`]: the SpMM kernels (light rows, chunked hub rows) executed thread by thread on the host,
+//!   so the GPU's own SpMM algorithm is tested against `physalia_gnn` on machines without a GPU.
 //! - [`ops`]: what this device adds to `physalia_gnn::device::Ops` (the trait of the operations a layer needs,
-//!   implemented by [`CudaEngine`], [`Emulator`] and `physalia_gnn::device::Cpu`): the kernels' CSR layout and
-//!   the [`Emulator`].
+//!   implemented by [`CudaEngine`] and `physalia_gnn::device::Cpu`): the kernels' CSR layout.
 //! - [`engine`]: [`CudaEngine`]: context, compute and copy streams, compiled module, cuBLAS, a buffer pool
 //!   reused across epochs, pinned halo buffers.
 //! - [`launch`]: kernel launches whose argument types are checked against the CUDA signatures.
@@ -35,5 +34,5 @@ pub use device::{
 pub use engine::{
     CudaEngine, DeviceCsr, DeviceIdx, DeviceLabels, DeviceMatrix, HaloStaging, PoolStats,
 };
-pub use ops::{Emulator, HostCsr};
+pub use ops::HostCsr;
 pub use train::{TrainError, train_resumable_on};

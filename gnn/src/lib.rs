@@ -5,6 +5,9 @@
 //! backward are split at the aggregation where rows owned by other workers enter ([`model`], [`exchange`]),
 //! masked cross-entropy, Adam, and the full-graph training loop ([`train`]).
 //!
+//! [`device`] is the seam between the layer logic and the hardware: the [`Ops`] trait every device implements
+//! (here [`Cpu`], in `physalia-gnn-cuda` the GPU) and [`DeviceModel`], the layers composed from it once.
+//!
 //! Every kernel is deterministic for any number of threads: reductions run in fixed blocks and random
 //! numbers are counter-based ([`rng`]).
 

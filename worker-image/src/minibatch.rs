@@ -424,11 +424,7 @@ pub fn train_minibatch_on(
             &model,
             &opt,
         )?)),
-        crate::Device::Emulated => Some(Box::new(OnDevice::new(
-            physalia_gnn_cuda::Emulator,
-            &model,
-            &opt,
-        )?)),
+        crate::Device::Emulated => Some(Box::new(OnDevice::new(physalia_gnn::Cpu, &model, &opt)?)),
     };
     let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;

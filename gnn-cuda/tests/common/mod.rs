@@ -1,5 +1,5 @@
-//! Checks of every device operation against `physalia_gnn`'s CPU engine, generic over [`Ops`]: the host
-//! emulator runs them here (`tests/emulate.rs`), the GPU runs the very same checks (`tests/gpu.rs`).
+//! Checks of every device operation against `physalia_gnn`'s CPU engine, generic over [`Ops`]: the CPU device
+//! runs them here (`tests/emulate.rs`), the GPU runs the very same checks (`tests/gpu.rs`).
 
 #![allow(dead_code)] // each test binary uses a subset
 
