@@ -2,7 +2,8 @@
 //! of a [`SparseOp`] (`sparse.rs`), the row-block-parallel products of `dense.rs`, the GAT kernels of
 //! `gat.rs`, and the dropout, activation and loss functions [`crate::Model`] runs. A [`DeviceModel`] on it
 //! computes what `Model` computes, with the same kernels, so the generic layer code is checked on any
-//! machine (`tests/device.rs`), and a GPU run of the same code differs only in its kernels.
+//! machine (`physalia-gnn-cuda`'s `tests/emulate.rs`), and a GPU run of the same code differs only in its
+//! kernels.
 //!
 //! [`DeviceModel`]: super::DeviceModel
 

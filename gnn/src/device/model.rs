@@ -3,8 +3,9 @@
 //!
 //! Every step follows `model.rs` (layer order, which side of the product is aggregated, dropout keys, the
 //! GAT split into messages, edge softmax and the two backward passes) and `optim.rs`, so the parameters,
-//! logits, loss and gradients equal [`crate::Model`]'s up to float reordering; `tests/device.rs` checks that
-//! on [`super::Cpu`] and `physalia-gnn-cuda`'s `tests/gpu.rs` on the GPU.
+//! logits, loss and gradients equal [`crate::Model`]'s up to float reordering: `physalia-gnn-cuda`'s
+//! `tests/emulate.rs` checks that on [`super::Cpu`], its `tests/gpu.rs` on the GPU, and
+//! `worker-image/tests/exactness.rs` / `minibatch.rs` on partitions and blocks.
 //!
 //! Partitions: a [`DeviceGraph::local`] holds a worker's owned rows and halo sources. At every aggregation the
 //! owned messages go to the host, through [`Exchange::forward`], and the halo rows it returns come back as
