@@ -13,10 +13,10 @@
 
 use std::time::Instant;
 
+use physalia_gnn::device::{AdamConfig, DeviceGraph, DeviceModel, Ops, View};
 use physalia_gnn::sparse::{Norm, SparseOp};
 use physalia_gnn::{Activation, LayerKind, Matrix, Model, ModelConfig};
-use physalia_gnn_cuda::ops::View;
-use physalia_gnn_cuda::{AdamConfig, CudaEngine, DeviceGraph, DeviceModel, Ops};
+use physalia_gnn_cuda::CudaEngine;
 
 struct Args {
     data: Option<String>,

@@ -1,44 +1,15 @@
-//! The kernels of [`crate::kernels::SOURCE`] executed serially on the host, thread by thread (or warp by warp
-//! with the 32 lanes as arrays), with the same launch geometry, index math and reduction order.
+//! The SpMM kernels of [`crate::kernels::SOURCE`] executed serially on the host, thread by thread, with the
+//! same launch geometry, index math and summation order: the light-row pass (`spmm_v4` / `spmm_scalar`), the
+//! heavy rows cut into chunks, and the in-order sum of each heavy row's chunks.
 //!
-//! This is not a second CPU engine: it exists so the kernels' algorithms (row-to-thread mapping, the
-//! transposed SpMM, the max-shifted softmax, warp reductions, the RNG port) are tested against
-//! `physalia_gnn` before a GPU runs them. Each function here follows its CUDA twin line by line, in the same
-//! order as the source; `__shfl_xor_sync` is [`warp_sum`] / [`warp_max`] over the lanes' values.
+//! The rest of the device is checked on the host through `physalia_gnn::device::Cpu` (the same trait, the
+//! CPU's kernels, the same `DeviceModel`), and against the CPU on a GPU (`tests/gpu.rs`). SpMM alone keeps an
+//! emulation because its chunked hub rows are an algorithm of the GPU's own (the CPU walks a row in one task):
+//! `tests/emulate.rs` checks it against `physalia_gnn`'s SpMM on a graph with a hub row, forward and
+//! transposed, with halo rows.
 
-use crate::kernels::{
-    COLSUM_CHUNK_ROWS, REDUCE_THREADS, SPMM_VEC, edge_key, elementwise_launch, mask_keep,
-    rows_launch, stream_at,
-};
-
-const LANES: usize = 32;
-
-/// `v += __shfl_xor_sync(FULL_MASK, v, o)` for o = 16, 8, 4, 2, 1: every lane ends with the same sum.
-pub fn warp_sum(mut v: [f32; LANES]) -> f32 {
-    for o in [16, 8, 4, 2, 1] {
-        let prev = v;
-        for (l, x) in v.iter_mut().enumerate() {
-            *x = prev[l] + prev[l ^ o];
-        }
-    }
-    v[0]
-}
-
-/// `fmaxf` butterfly: CUDA's fmaxf, like `f32::max`, ignores a NaN operand.
-pub fn warp_max(mut v: [f32; LANES]) -> f32 {
-    for o in [16, 8, 4, 2, 1] {
-        let prev = v;
-        for (l, x) in v.iter_mut().enumerate() {
-            *x = prev[l].max(prev[l ^ o]);
-        }
-    }
-    v[0]
-}
-
-/// `stream_keep` of the source.
-fn stream_keep(key: u64, index: u64, threshold: u32) -> bool {
-    (stream_at(key, index) >> 32) as u32 >= threshold
-}
+use crate::kernels::{HEAVY_ROW_EDGES, HeavyPlan, SPMM_VEC, rows_launch, spmm_lanes};
+use crate::ops::HostCsr;
 
 /// Threads of a launch: `(grid * block)` ids, as `blockIdx.x * blockDim.x + threadIdx.x`.
 fn threads(n_rows: usize, lanes: u32) -> u32 {
@@ -187,651 +158,96 @@ pub fn spmm_heavy_reduce(
     }
 }
 
-// ---- GAT ----
-
-/// Warps of a one-warp-per-row launch.
-fn warps(n_rows: u32) -> u32 {
-    threads(n_rows as usize, 32) / 32
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn gat_messages(
-    z: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
-    m: &mut [f32],
-    s_dst: &mut [f32],
-    n_rows: u32,
-    heads: u32,
-    c: u32,
+/// The engine's SpMM as it launches it: one pass over the light rows, the heavy rows' chunks into partial
+/// rows, and their in-order sums. `y = A [own; halo]` over `(indptr, indices, values)`, `d` columns.
+fn launch_spmm(
+    (indptr, indices, values): (&[i64], &[u32], &[f32]),
+    own: &[f32],
+    halo: &[f32],
+    n_own: u32,
+    y: &mut [f32],
+    d: usize,
 ) {
-    let (heads, c) = (heads as usize, c as usize);
-    let hc = heads * c;
-    let width = hc + heads;
-    for row in 0..warps(n_rows) as usize {
-        if row >= n_rows as usize {
-            continue;
-        }
-        let zr = &z[row * hc..(row + 1) * hc];
-        let mr = &mut m[row * width..(row + 1) * width];
-        for lane in 0..LANES {
-            for col in (lane..hc).step_by(LANES) {
-                mr[col] = zr[col];
-            }
-        }
-        for k in 0..heads {
-            let (mut ps, mut pd) = ([0f32; LANES], [0f32; LANES]);
-            for lane in 0..LANES {
-                for t in (lane..c).step_by(LANES) {
-                    let zv = zr[k * c + t];
-                    ps[lane] += zv * a_src[k * c + t];
-                    pd[lane] += zv * a_dst[k * c + t];
-                }
-            }
-            mr[hc + k] = warp_sum(ps);
-            s_dst[row * heads + k] = warp_sum(pd);
-        }
+    let n_rows = indptr.len().saturating_sub(1);
+    if n_rows == 0 || d == 0 {
+        return;
     }
-}
-
-/// Sources of the GAT kernels: messages of owned rows, then of halo rows.
-pub struct Messages<'a> {
-    pub own: &'a [f32],
-    pub halo: &'a [f32],
-    pub n_own: u32,
-}
-
-/// Global ids and attention dropout of the GAT kernels (`use_gids`, `use_drop` in the source).
-#[derive(Clone, Copy)]
-pub struct GatKeys<'a> {
-    pub gids: Option<&'a [u32]>,
-    /// (key, 32-bit threshold, scale)
-    pub drop: Option<(u64, u32, f32)>,
-}
-
-impl GatKeys<'_> {
-    fn gid(&self, r: u32) -> u64 {
-        match self.gids {
-            Some(g) => g[r as usize] as u64,
-            None => r as u64,
-        }
-    }
-}
-
-/// Shape of a GAT layer: heads, per-head width, concatenated or averaged heads, LeakyReLU slope.
-#[derive(Clone, Copy, Debug)]
-pub struct GatShape {
-    pub heads: u32,
-    pub c: u32,
-    pub concat: bool,
-    pub slope: f32,
-}
-
-impl GatShape {
-    /// Output width: the heads concatenated, or one head's width when they are averaged.
-    pub fn d_out(&self) -> usize {
-        (if self.concat {
-            self.heads * self.c
+    let vec4 = d.is_multiple_of(4);
+    let lanes = spmm_lanes(d, vec4);
+    let plan = HeavyPlan::of(indptr);
+    let heavy = if plan.is_empty() {
+        u64::MAX
+    } else {
+        HEAVY_ROW_EDGES
+    };
+    let pass = |a: &CsrRef<'_>, y: &mut [f32], n: u32, heavy: u64| {
+        if vec4 {
+            spmm_v4(a, own, halo, n_own, y, n, d as u32, lanes, heavy);
         } else {
-            self.c
-        }) as usize
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn gat_forward(
-    indptr: &[i64],
-    indices: &[u32],
-    msg: &Messages<'_>,
-    s_dst: &[f32],
-    keys: GatKeys<'_>,
-    shape: GatShape,
-    alpha: &mut [f32],
-    out: &mut [f32],
-    n_rows: u32,
-) {
-    let GatShape {
-        heads,
-        c,
-        concat,
-        slope,
-    } = shape;
-    let (hu, cu) = (heads as usize, c as usize);
-    let hc = heads * c;
-    let width = hc + heads;
-    let d_out = if concat { hc } else { c } as usize;
-    let head_scale = if concat { 1.0 } else { 1.0 / heads as f32 };
-    let src = |j: u32| src_row(msg.own, msg.halo, msg.n_own, j, width);
-    for i in 0..warps(n_rows) {
-        if i >= n_rows {
-            continue;
+            spmm_scalar(a, own, halo, n_own, y, n, d as u32, lanes, heavy);
         }
-        let lo = indptr[i as usize];
-        let deg = (indptr[i as usize + 1] - lo) as usize;
-        let lo = lo as usize;
-        let gi = keys.gid(i);
-        let orow = &mut out[i as usize * d_out..(i as usize + 1) * d_out];
-        if !concat {
-            orow.iter_mut().for_each(|o| *o = 0.0);
-        }
-        for k in 0..hu {
-            let sd = s_dst[i as usize * hu + k];
-            let mut mx = [f32::NEG_INFINITY; LANES];
-            for (lane, mx) in mx.iter_mut().enumerate() {
-                for t in (lane..deg).step_by(LANES) {
-                    let j = indices[lo + t];
-                    let mut x = sd + src(j)[hc as usize + k];
-                    x = if x > 0.0 { x } else { slope * x };
-                    alpha[(lo + t) * hu + k] = x;
-                    *mx = mx.max(x);
-                }
-            }
-            let mx = warp_max(mx);
-            let mut sum = [0f32; LANES];
-            for (lane, sum) in sum.iter_mut().enumerate() {
-                for t in (lane..deg).step_by(LANES) {
-                    let p = (lo + t) * hu + k;
-                    let e = (alpha[p] - mx).exp();
-                    alpha[p] = e;
-                    *sum += e;
-                }
-            }
-            let sum = warp_sum(sum);
-            for lane in 0..LANES {
-                for t in (lane..deg).step_by(LANES) {
-                    let p = (lo + t) * hu + k;
-                    alpha[p] /= sum;
-                }
-            }
-            // __syncwarp()
-            for lane in 0..LANES {
-                for col in (lane..cu).step_by(LANES) {
-                    let mut acc = 0f32;
-                    for t in 0..deg {
-                        let j = indices[lo + t];
-                        let mut a_used = alpha[(lo + t) * hu + k] * head_scale;
-                        if let Some((key, thr, scale)) = keys.drop {
-                            let gj = keys.gid(j);
-                            a_used = if stream_keep(
-                                key,
-                                edge_key(gi, gj, heads as u64, k as u64),
-                                thr,
-                            ) {
-                                a_used * scale
-                            } else {
-                                0.0
-                            };
-                        }
-                        acc += a_used * src(j)[k * cu + col];
-                    }
-                    if concat {
-                        orow[k * cu + col] = acc;
-                    } else {
-                        orow[col] += acc;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Outputs of [`gat_backward_edges`].
-pub struct EdgeGrads<'a> {
-    pub d_score: &'a mut [f32],
-    pub a_used: &'a mut [f32],
-    pub ds_dst: &'a mut [f32],
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn gat_backward_edges(
-    indptr: &[i64],
-    indices: &[u32],
-    msg: &Messages<'_>,
-    s_dst: &[f32],
-    alpha: &[f32],
-    d_out: &[f32],
-    keys: GatKeys<'_>,
-    shape: GatShape,
-    out: EdgeGrads<'_>,
-    n_rows: u32,
-) {
-    let GatShape {
-        heads,
-        c,
-        concat,
-        slope,
-    } = shape;
-    let EdgeGrads {
-        d_score,
-        a_used,
-        ds_dst,
-    } = out;
-    let (hu, cu) = (heads as usize, c as usize);
-    let hc = heads * c;
-    let width = hc + heads;
-    let dw = if concat { hc } else { c } as usize;
-    let head_scale = if concat { 1.0 } else { 1.0 / heads as f32 };
-    let src = |j: u32| src_row(msg.own, msg.halo, msg.n_own, j, width);
-    for i in 0..warps(n_rows) {
-        if i >= n_rows {
-            continue;
-        }
-        let lo = indptr[i as usize];
-        let deg = (indptr[i as usize + 1] - lo) as usize;
-        let lo = lo as usize;
-        let gi = keys.gid(i);
-        for k in 0..hu {
-            let g0 = i as usize * dw + if concat { k * cu } else { 0 };
-            let g = &d_out[g0..g0 + cu];
-            let mut sigma = 0f32;
-            for t in 0..deg {
-                let j = indices[lo + t];
-                let p = (lo + t) * hu + k;
-                let a = alpha[p];
-                let mut mk = head_scale;
-                if let Some((key, thr, scale)) = keys.drop {
-                    let gj = keys.gid(j);
-                    mk = if stream_keep(key, edge_key(gi, gj, heads as u64, k as u64), thr) {
-                        mk * scale
-                    } else {
-                        0.0
-                    };
-                }
-                let zj = &src(j)[k * cu..(k + 1) * cu];
-                let mut dot = [0f32; LANES];
-                for (lane, dot) in dot.iter_mut().enumerate() {
-                    for col in (lane..cu).step_by(LANES) {
-                        *dot += g[col] * zj[col];
-                    }
-                }
-                let d_alpha = warp_sum(dot) * mk;
-                a_used[p] = a * mk;
-                d_score[p] = d_alpha;
-                sigma += a * d_alpha;
-            }
-            // __syncwarp()
-            let sd = s_dst[i as usize * hu + k];
-            let mut acc = [0f32; LANES];
-            for (lane, acc) in acc.iter_mut().enumerate() {
-                for t in (lane..deg).step_by(LANES) {
-                    let j = indices[lo + t];
-                    let p = (lo + t) * hu + k;
-                    let de = alpha[p] * (d_score[p] - sigma);
-                    let x = sd + src(j)[hc as usize + k];
-                    let dx = if x > 0.0 { de } else { de * slope };
-                    d_score[p] = dx;
-                    *acc += dx;
-                }
-            }
-            ds_dst[i as usize * hu + k] = warp_sum(acc);
-        }
-    }
-}
-
-/// The transpose of a CSR with the position of each entry in the forward arrays.
-pub struct TransposeRef<'a> {
-    pub t_indptr: &'a [i64],
-    pub t_indices: &'a [u32],
-    pub t_perm: &'a [u32],
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn gat_backward_sources(
-    t: &TransposeRef<'_>,
-    a_used: &[f32],
-    d_score: &[f32],
-    d_out: &[f32],
-    heads: u32,
-    c: u32,
-    concat: bool,
-    dm: &mut [f32],
-    n_src: u32,
-) {
-    let (hu, cu) = (heads as usize, c as usize);
-    let hc = hu * cu;
-    let width = hc + hu;
-    let dw = if concat { hc } else { cu };
-    for j in 0..warps(n_src) as usize {
-        if j >= n_src as usize {
-            continue;
-        }
-        let (lo, hi) = (t.t_indptr[j] as usize, t.t_indptr[j + 1] as usize);
-        for lane in 0..LANES {
-            for col in (lane..width).step_by(LANES) {
-                let mut acc = 0f32;
-                for tt in lo..hi {
-                    let i = t.t_indices[tt] as usize;
-                    let pos = t.t_perm[tt] as usize * hu;
-                    if col < hc {
-                        let (k, cc) = (col / cu, col % cu);
-                        let a = a_used[pos + k];
-                        if a != 0.0 {
-                            acc += a * d_out[i * dw + if concat { k * cu } else { 0 } + cc];
-                        }
-                    } else {
-                        acc += d_score[pos + (col - hc)];
-                    }
-                }
-                dm[j * width + col] = acc;
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn gat_dz(
-    dm: &[f32],
-    ds_dst: &[f32],
-    a_src: &[f32],
-    a_dst: &[f32],
-    dz: &mut [f32],
-    n_in: u32,
-    n_dst: u32,
-    heads: u32,
-    c: u32,
-) {
-    let (hu, cu) = (heads as usize, c as usize);
-    let hc = hu * cu;
-    let width = hc + hu;
-    for (idx, o) in dz.iter_mut().enumerate().take(n_in as usize * hc) {
-        let (i, col) = (idx / hc, idx % hc);
-        let k = col / cu;
-        let gs = dm[i * width + hc + k];
-        let gd = if i < n_dst as usize {
-            ds_dst[i * hu + k]
-        } else {
-            0.0
+    };
+    let rows = CsrRef {
+        lo: &indptr[..n_rows],
+        hi: &indptr[1..],
+        indices,
+        values,
+    };
+    pass(&rows, y, n_rows as u32, heavy);
+    if !plan.is_empty() {
+        let chunks = CsrRef {
+            lo: &plan.lo,
+            hi: &plan.hi,
+            indices,
+            values,
         };
-        *o = dm[i * width + col] + (gs * a_src[col] + gd * a_dst[col]);
+        let mut partial = vec![0f32; plan.chunks() * d];
+        pass(&chunks, &mut partial, plan.chunks() as u32, u64::MAX);
+        spmm_heavy_reduce(
+            &plan.rows,
+            &plan.first,
+            &partial,
+            y,
+            plan.rows.len() as u32,
+            d as u32,
+        );
     }
 }
 
-// ---- elementwise ----
-
-pub fn bias_add(x: &mut [f32], bias: &[f32], rows: u32, cols: u32) {
-    let n = rows as usize * cols as usize;
-    for (idx, v) in x.iter_mut().enumerate().take(n) {
-        *v += bias[idx % cols as usize];
-    }
+/// `Y = A [own; halo]` (`a.n_dst x d`) as the engine computes it; `own` and `halo` are row-major, `d` wide.
+pub fn spmm(a: &HostCsr, own: &[f32], halo: &[f32], d: usize) -> Vec<f32> {
+    assert_eq!(
+        (own.len() + halo.len()),
+        a.n_src * d,
+        "spmm: the sources are not n_src rows of width d"
+    );
+    let mut y = vec![f32::NAN; a.n_dst * d];
+    launch_spmm(
+        (&a.indptr, &a.indices, &a.values),
+        own,
+        halo,
+        (own.len() / d.max(1)) as u32,
+        &mut y,
+        d,
+    );
+    y
 }
 
-pub fn activate(x: &mut [f32], act: u32) {
-    for v in x.iter_mut() {
-        *v = if act == 0 {
-            v.max(0.0)
-        } else if *v > 0.0 {
-            *v
-        } else {
-            v.exp_m1()
-        };
-    }
-}
-
-/// Where dropout and the activation's backward read their element keys.
-#[derive(Clone, Copy)]
-pub struct RowKeys<'a> {
-    pub gids: Option<&'a [u32]>,
-    pub row0: u32,
-}
-
-impl RowKeys<'_> {
-    fn gid(&self, r: u32) -> u64 {
-        match self.gids {
-            Some(g) => g[(self.row0 + r) as usize] as u64,
-            None => (self.row0 + r) as u64,
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn dropout(
-    x: &mut [f32],
-    rows: u32,
-    cols: u32,
-    keys: RowKeys<'_>,
-    col0: u32,
-    total_cols: u32,
-    key: u64,
-    thr16: u32,
-    scale: f32,
-) {
-    let n = rows as usize * cols as usize;
-    for (idx, v) in x.iter_mut().enumerate().take(n) {
-        let (r, col) = ((idx / cols as usize) as u32, (idx % cols as usize) as u32);
-        let e = keys.gid(r) * total_cols as u64 + col0 as u64 + col as u64;
-        *v = if mask_keep(key, e, thr16) {
-            *v * scale
-        } else {
-            0.0
-        };
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn activation_backward(
-    dy: &mut [f32],
-    y: &[f32],
-    rows: u32,
-    cols: u32,
-    keys: RowKeys<'_>,
-    act: u32,
-    mask: Option<(u64, u32)>,
-    scale: f32,
-) {
-    let n = rows as usize * cols as usize;
-    for idx in 0..n {
-        let yv = y[idx];
-        if act == 0 {
-            dy[idx] = if yv > 0.0 { dy[idx] * scale } else { 0.0 };
-        } else {
-            let mut keep = true;
-            if let Some((key, thr16)) = mask {
-                let (r, col) = ((idx / cols as usize) as u32, (idx % cols as usize) as u64);
-                keep = mask_keep(key, keys.gid(r) * cols as u64 + col, thr16);
-            }
-            let a = yv / scale;
-            let deriv = if a > 0.0 { 1.0 } else { a + 1.0 };
-            dy[idx] = if keep { dy[idx] * deriv * scale } else { 0.0 };
-        }
-    }
-}
-
-pub fn add_assign(a: &mut [f32], b: &[f32]) {
-    for (a, b) in a.iter_mut().zip(b) {
-        *a += *b;
-    }
-}
-
-/// Both column-sum kernels: partial sums per (chunk, column) with 8 row strides reduced through shared
-/// memory, then the chunks in order.
-pub fn col_sums(x: &[f32], rows: u32, cols: u32, out: &mut [f32]) {
-    let chunks = crate::kernels::colsum_chunks(rows as usize);
-    let (rows_u, cols_u) = (rows as usize, cols as usize);
-    let chunk_rows = COLSUM_CHUNK_ROWS as usize;
-    let mut partial = vec![0f64; chunks as usize * cols_u];
-    for by in 0..chunks as usize {
-        for col in 0..cols_u {
-            let r0 = by * chunk_rows;
-            let r1 = rows_u.min(r0 + chunk_rows);
-            let mut s = [0f64; 8];
-            for (ty, s) in s.iter_mut().enumerate() {
-                for r in (r0 + ty..r1).step_by(8) {
-                    *s += x[r * cols_u + col] as f64;
-                }
-            }
-            partial[by * cols_u + col] = s.iter().sum();
-        }
-    }
-    for (col, o) in out.iter_mut().enumerate().take(cols_u) {
-        let mut t = 0f64;
-        for k in 0..chunks as usize {
-            t += partial[k * cols_u + col];
-        }
-        *o = t as f32;
-    }
-}
-
-pub fn copy2d(src: &[f32], src_ld: u32, dst: &mut [f32], dst_ld: u32, rows: u32, cols: u32) {
-    for r in 0..rows as usize {
-        for col in 0..cols as usize {
-            dst[r * dst_ld as usize + col] = src[r * src_ld as usize + col];
-        }
-    }
-}
-
-pub fn gather_rows(src: &[f32], idx: &[u32], cols: u32, dst: &mut [f32]) {
-    let cols = cols as usize;
-    for (e, d) in dst.iter_mut().enumerate().take(idx.len() * cols) {
-        let (r, col) = (e / cols, e % cols);
-        *d = src[idx[r] as usize * cols + col];
-    }
-}
-
-// ---- loss ----
-
-#[allow(clippy::too_many_arguments)]
-pub fn cross_entropy(
-    logits: &[f32],
-    labels: &[i32],
-    rows: &[u32],
-    c: u32,
-    scale: f32,
-    grad: &mut [f32],
-    loss: &mut [f64],
-) {
-    let cu = c as usize;
-    for w in 0..warps(rows.len() as u32) as usize {
-        if w >= rows.len() {
-            continue;
-        }
-        let r = rows[w] as usize;
-        let z = &logits[r * cu..(r + 1) * cu];
-        let mut mx = [f32::NEG_INFINITY; LANES];
-        for (lane, mx) in mx.iter_mut().enumerate() {
-            for k in (lane..cu).step_by(LANES) {
-                *mx = mx.max(z[k]);
-            }
-        }
-        let mx = warp_max(mx);
-        let mut s = [0f32; LANES];
-        for (lane, s) in s.iter_mut().enumerate() {
-            for k in (lane..cu).step_by(LANES) {
-                *s += (z[k] - mx).exp();
-            }
-        }
-        let s = warp_sum(s);
-        let label = labels[r];
-        loss[w] = (mx + s.ln() - z[label as usize]) as f64;
-        let g = &mut grad[r * cu..(r + 1) * cu];
-        for lane in 0..LANES {
-            for k in (lane..cu).step_by(LANES) {
-                let mut v = (z[k] - mx).exp() / s * scale;
-                if k as i32 == label {
-                    v -= scale;
-                }
-                g[k] = v;
-            }
-        }
-    }
-}
-
-pub fn correct_rows(logits: &[f32], labels: &[i32], rows: &[u32], c: u32, flags: &mut [f64]) {
-    const NONE: u32 = u32::MAX;
-    let cu = c as usize;
-    for w in 0..warps(rows.len() as u32) as usize {
-        if w >= rows.len() {
-            continue;
-        }
-        let r = rows[w] as usize;
-        let z = &logits[r * cu..(r + 1) * cu];
-        let mut best = [f32::NEG_INFINITY; LANES];
-        let mut arg = [NONE; LANES];
-        for lane in 0..LANES {
-            for k in (lane..cu).step_by(LANES) {
-                if arg[lane] == NONE || z[k] > best[lane] {
-                    best[lane] = z[k];
-                    arg[lane] = k as u32;
-                }
-            }
-        }
-        for o in [16, 8, 4, 2, 1] {
-            let (pb, pa) = (best, arg);
-            for lane in 0..LANES {
-                let (ob, oa) = (pb[lane ^ o], pa[lane ^ o]);
-                if oa != NONE
-                    && (arg[lane] == NONE
-                        || ob > best[lane]
-                        || (ob == best[lane] && oa < arg[lane]))
-                {
-                    best[lane] = ob;
-                    arg[lane] = oa;
-                }
-            }
-        }
-        flags[w] = if arg[0] as i32 == labels[r] { 1.0 } else { 0.0 };
-    }
-}
-
-/// The single-block tree reduction of `sum_f64`.
-pub fn sum_f64(x: &[f64]) -> f64 {
-    let threads = REDUCE_THREADS as usize;
-    let mut s = vec![0f64; threads];
-    for (t, s) in s.iter_mut().enumerate() {
-        for i in (t..x.len()).step_by(threads) {
-            *s += x[i];
-        }
-    }
-    let mut half = threads / 2;
-    while half > 0 {
-        for t in 0..half {
-            s[t] += s[t + half];
-        }
-        half /= 2;
-    }
-    s[0]
-}
-
-/// Scalars of one Adam step, computed on the host exactly as `optim.rs` does.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamStep {
-    pub step_size: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-    pub bc2_sqrt: f32,
-}
-
-impl AdamStep {
-    /// Step `t` (1-based) with `optim.rs`'s arithmetic.
-    pub fn new(t: u64, lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32) -> AdamStep {
-        let t = t as i32;
-        let bc1 = 1.0 - beta1.powi(t);
-        let bc2 = 1.0 - beta2.powi(t);
-        AdamStep {
-            step_size: lr / bc1,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            bc2_sqrt: bc2.sqrt(),
-        }
-    }
-}
-
-pub fn adam(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: AdamStep) {
-    for i in 0..w.len() {
-        let gi = g[i] + s.weight_decay * w[i];
-        let mi = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
-        let vi = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        w[i] -= s.step_size * mi / (vi.sqrt() / s.bc2_sqrt + s.eps);
-    }
-}
-
-/// The grid of a grid-stride kernel never changes the result of the elementwise kernels above; this keeps
-/// the geometry function exercised with them.
-pub fn elementwise_blocks(n: usize) -> u32 {
-    elementwise_launch(n).0
+/// `Y = A^T X` (`a.n_src x d`) over the explicit transpose, as the engine computes it.
+pub fn spmm_t(a: &HostCsr, x: &[f32], d: usize) -> Vec<f32> {
+    assert_eq!(
+        x.len(),
+        a.n_dst * d,
+        "spmm_t: x is not n_dst rows of width d"
+    );
+    let mut y = vec![f32::NAN; a.n_src * d];
+    launch_spmm(
+        (&a.t_indptr, &a.t_indices, &a.t_values),
+        x,
+        &[],
+        a.n_dst as u32,
+        &mut y,
+        d,
+    );
+    y
 }

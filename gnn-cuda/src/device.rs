@@ -50,6 +50,15 @@ pub enum GpuError {
     Exchange(String),
 }
 
+impl From<physalia_gnn::DeviceError> for GpuError {
+    fn from(e: physalia_gnn::DeviceError) -> Self {
+        match e {
+            physalia_gnn::DeviceError::Shape(s) => GpuError::Shape(s),
+            physalia_gnn::DeviceError::Exchange(e) => GpuError::Exchange(e.to_string()),
+        }
+    }
+}
+
 impl From<DriverError> for GpuError {
     fn from(e: DriverError) -> Self {
         GpuError::Driver(describe(&e))

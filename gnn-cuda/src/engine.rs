@@ -2,7 +2,7 @@
 //! [`crate::kernels`] compiled once by NVRTC, a cuBLAS handle for the dense products, and a pool of device
 //! buffers keyed by size so the same shapes every epoch reuse the same memory.
 //!
-//! [`CudaEngine`] implements [`Ops`], so [`crate::DeviceModel`] runs on it unchanged from the emulator.
+//! [`CudaEngine`] implements [`Ops`], so `physalia_gnn::DeviceModel` runs on it unchanged from the CPU device.
 //! Nothing here runs unless [`CudaEngine::new`] succeeds, which probes first and returns a [`GpuError`]
 //! instead of letting cudarc's loader panic.
 //!
@@ -21,20 +21,20 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
+use physalia_gnn::device::{
+    AdamStep, AttnDropout, Dropout, GatShape, Ops, View, check, check_copy2d, check_labels,
+    gemm_shape,
+};
 use physalia_gnn::sparse::SparseOp;
 use physalia_gnn::{Activation, Matrix};
 
-use crate::cpu_emulate::{AdamStep, GatShape};
 use crate::device::{DeviceInfo, GpuError, describe, nvrtc_arch, probe};
 use crate::kernels::{
     BLOCK, COLSUM_CHUNK_ROWS, HEAVY_ROW_EDGES, HeavyPlan, KERNELS, REDUCE_THREADS, SOURCE,
     colsum_chunks, elementwise_launch, mask_threshold, rows_launch, spmm_lanes,
 };
 use crate::launch::{Launch, signatures};
-use crate::ops::{
-    AttnDropout, Dropout, HostCsr, Ops, View, act_code, check, check_copy2d, check_labels,
-    gemm_shape,
-};
+use crate::ops::{HostCsr, act_code};
 
 /// A dense row-major f32 matrix in device memory (its buffer may be longer: one element for an empty one).
 pub struct DeviceMatrix {
@@ -583,7 +583,8 @@ fn gat_checks(
             && s_dst.cols == h
             && s_dst.rows >= a.n_dst,
         || "gat message shapes".into(),
-    )
+    )?;
+    Ok(())
 }
 
 impl Ops for CudaEngine {
@@ -591,6 +592,7 @@ impl Ops for CudaEngine {
     type Csr = DeviceCsr;
     type Idx = DeviceIdx;
     type Labels = DeviceLabels;
+    type Error = GpuError;
 
     fn dims(&self, m: &DeviceMatrix) -> (usize, usize) {
         m.shape()

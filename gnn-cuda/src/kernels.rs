@@ -1,10 +1,9 @@
 //! The CUDA C source of every kernel (compiled at run time by NVRTC), the launch geometry both the engine and
 //! the emulator use, and the ports of the engine's random-number keys.
 //!
-//! Each kernel here has a line-by-line twin in [`crate::cpu_emulate`] that runs the same per-thread (or
-//! per-warp) logic serially on the host; the tests check the twins against `physalia_gnn`'s CPU kernels, so
-//! the index math, the row-to-warp mapping, the transposed SpMM, the softmax and the RNG port are checked on
-//! machines without a GPU. Keep the two files in the same order when editing.
+//! The SpMM kernels have a line-by-line twin in [`crate::cpu_emulate`] that runs the same per-thread logic
+//! serially on the host (checked against `physalia_gnn`'s SpMM, hub rows included); the other kernels are
+//! checked against the CPU engine on a GPU (`tests/gpu.rs`), and the RNG ports here by unit tests.
 //!
 //! Conventions: row-major f32 matrices; CSR `indptr` is `long long`, `indices` are `unsigned`; one warp per
 //! row for the kernels that reduce over a row's edges, so no atomics are used anywhere and every result is

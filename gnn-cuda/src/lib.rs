@@ -5,15 +5,17 @@
 //! - [`kernels`]: the CUDA C source of every kernel (CSR SpMM forward and over the explicit transpose, GAT's
 //!   messages, edge softmax and backward passes, elementwise, dropout with the engine's counter-based RNG,
 //!   masked cross-entropy, Adam), compiled at run time by NVRTC, and the launch geometry.
-//! - [`cpu_emulate`]: the same kernels executed thread by thread on the host, so their algorithms are tested
-//!   against `physalia_gnn` on machines without a GPU.
-//! - [`ops`]: the operations a layer needs, as a trait implemented by [`CudaEngine`] and [`Emulator`].
+//! - [`cpu_emulate`]: the SpMM kernels (light rows, chunked hub rows) executed thread by thread on the host,
+//!   so the GPU's own SpMM algorithm is tested against `physalia_gnn` on machines without a GPU.
+//! - [`ops`]: what this device adds to `physalia_gnn::device::Ops` (the trait of the operations a layer needs,
+//!   implemented by [`CudaEngine`] and `physalia_gnn::device::Cpu`): the kernels' CSR layout.
 //! - [`engine`]: [`CudaEngine`]: context, compute and copy streams, compiled module, cuBLAS, a buffer pool
 //!   reused across epochs, pinned halo buffers.
 //! - [`launch`]: kernel launches whose argument types are checked against the CUDA signatures.
-//! - [`model`]: [`DeviceModel`]: `physalia_gnn::Model`'s forward, backward and Adam composed from [`Ops`], on the
-//!   whole graph or a worker's partition (halo rows through a `physalia_gnn::Exchange`).
 //! - [`train`]: [`train_resumable_on`]: the CPU's full-graph training loop on a device.
+//!
+//! The layer logic is not here: `physalia_gnn::device::DeviceModel` composes the model from the trait once,
+//! for every device, and this crate implements the trait for the GPU.
 //!
 //! cudarc loads the CUDA libraries at run time, so this crate builds and its host tests run with no CUDA
 //! installed; the GPU tests (`tests/gpu.rs`) skip with the reason when [`probe`] finds no device.
@@ -23,7 +25,6 @@ pub mod device;
 pub mod engine;
 pub mod kernels;
 pub mod launch;
-pub mod model;
 pub mod ops;
 pub mod train;
 
@@ -33,6 +34,5 @@ pub use device::{
 pub use engine::{
     CudaEngine, DeviceCsr, DeviceIdx, DeviceLabels, DeviceMatrix, HaloStaging, PoolStats,
 };
-pub use model::{AdamConfig, DeviceGraph, DeviceModel};
-pub use ops::{Emulator, HostCsr, Ops, View};
+pub use ops::HostCsr;
 pub use train::{TrainError, train_resumable_on};

@@ -9,14 +9,13 @@
 
 use std::time::Instant;
 
+use physalia_gnn::device::{AdamConfig, DeviceGraph, DeviceModel, Ops};
 use physalia_gnn::{
     Adam, EpochEnd, EpochMetrics, Exchange, LocalGraph, Matrix, Model, NodeSets, Pass, Progress,
     TrainConfig, TrainSummary,
 };
 
 use crate::device::GpuError;
-use crate::model::{AdamConfig, DeviceGraph, DeviceModel};
-use crate::ops::Ops;
 
 /// Why device training stopped.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +34,7 @@ fn exchange(e: physalia_gnn::ExchangeError) -> TrainError {
 /// `physalia_gnn::train_resumable` does on the CPU: same arguments, same results up to float reordering
 /// (1e-4 on the losses), same callback. `model` and `opt` hold the device's state after every epoch.
 #[allow(clippy::too_many_arguments)]
-pub fn train_resumable_on<O: Ops>(
+pub fn train_resumable_on<O>(
     ops: &mut O,
     model: &mut Model,
     opt: &mut Adam,
@@ -46,7 +45,11 @@ pub fn train_resumable_on<O: Ops>(
     cfg: &TrainConfig,
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
-) -> Result<(TrainSummary, Progress), TrainError> {
+) -> Result<(TrainSummary, Progress), TrainError>
+where
+    O: Ops,
+    TrainError: From<O::Error>,
+{
     if sets.labels.len() != g.n_dst() {
         return Err(physalia_gnn::Error::Shape(format!(
             "{} labels for {} nodes",

@@ -1,59 +1,130 @@
-//! The kernels' host emulation against `physalia_gnn`'s CPU engine, to 1e-5: proves the kernels' index math,
-//! thread-to-row mapping, transposed SpMM, softmax and RNG port before a GPU runs them. `tests/gpu.rs` runs
-//! the same checks on the GPU.
+//! Host checks of the device layer without a GPU: every device operation and the generic `DeviceModel` on
+//! `physalia_gnn::Cpu` against `physalia_gnn`'s engine and `Model` (the checks `tests/gpu.rs` runs on the
+//! GPU), and the GPU's own SpMM algorithm (light rows, hub rows cut into chunks) through its thread-by-thread
+//! emulation (`cpu_emulate`) against `physalia_gnn`'s SpMM, to 1e-5.
 
 mod common;
 
 use common::*;
-use physalia_gnn_cuda::Emulator;
+use physalia_gnn::Cpu;
+use physalia_gnn::Matrix;
+use physalia_gnn::sparse::{Norm, SparseOp};
+use physalia_gnn_cuda::HostCsr;
+use physalia_gnn_cuda::cpu_emulate;
+use physalia_gnn_cuda::kernels::HEAVY_ROW_EDGES;
 
 const TOL: f32 = 1e-5;
 
 #[test]
 fn spmm_forward_transposed_and_with_halo_rows() {
-    check_spmm(&mut Emulator, 300, TOL);
+    check_spmm(&mut Cpu, 300, TOL);
 }
 
 #[test]
-fn spmm_splits_heavy_rows_into_chunks() {
-    check_heavy_spmm(&mut Emulator, 7000, TOL);
+fn spmm_over_heavy_rows() {
+    check_heavy_spmm(&mut Cpu, 7000, TOL);
 }
 
 #[test]
 fn products_in_every_transpose_and_on_views() {
-    check_gemm(&mut Emulator, TOL);
+    check_gemm(&mut Cpu, TOL);
 }
 
 #[test]
 fn elementwise_dropout_and_reductions() {
-    check_elementwise(&mut Emulator, TOL);
+    check_elementwise(&mut Cpu, TOL);
 }
 
 #[test]
 fn masked_cross_entropy_and_accuracy() {
-    check_loss(&mut Emulator, TOL);
+    check_loss(&mut Cpu, TOL);
 }
 
 #[test]
 fn adam_with_weight_decay() {
-    check_adam(&mut Emulator, TOL);
+    check_adam(&mut Cpu, TOL);
 }
 
 #[test]
 fn models_equal_the_cpu_engine() {
     for cfg in model_configs() {
-        check_model(&mut Emulator, &cfg, 120, TOL);
+        check_model(&mut Cpu, &cfg, 120, TOL);
     }
 }
 
-/// The Cora comparison of `tests/gpu.rs` on the emulator: checks the check itself (slow: run with
+/// The emulated kernels' SpMM over `op` (forward with `halo` rows after `own`, and transposed) against
+/// `physalia_gnn`'s.
+fn check_emulated_spmm(what: &str, op: &SparseOp, own: &Matrix, halo: Option<&Matrix>) {
+    let a = HostCsr::from_op(op);
+    let d = own.cols();
+    let h = halo.map_or(&[][..], |h| h.data());
+    let y = Matrix::from_vec(op.n_dst(), d, cpu_emulate::spmm(&a, own.data(), h, d));
+    assert_close(
+        &format!("{what}: spmm d={d}"),
+        &y,
+        &op.spmm_ext(own, halo),
+        TOL,
+    );
+    let x = random(op.n_dst(), d, d as u64 ^ 3);
+    let yt = Matrix::from_vec(op.n_src(), d, cpu_emulate::spmm_t(&a, x.data(), d));
+    assert_close(&format!("{what}: spmm_t d={d}"), &yt, &op.spmm_t(&x), TOL);
+}
+
+#[test]
+fn emulated_spmm_equals_the_cpu_at_every_width() {
+    let n = 300;
+    let p = problem(n, 1, 2, 11);
+    for norm in [Norm::Symmetric, Norm::Mean, Norm::SelfLoopsOnly] {
+        let op = SparseOp::build(n, n, &p.indptr, &p.indices, norm, None);
+        for d in [1usize, 3, 4, 16, 40, 128, 130, 600] {
+            check_emulated_spmm(&format!("{norm:?}"), &op, &random(n, d, d as u64), None);
+        }
+    }
+}
+
+/// Node 1 is a hub of `n / 3` edges, more than `HEAVY_ROW_EDGES`: its row and its column are cut into
+/// chunks summed in order, forward and transposed, on the whole graph and on a partition with halo rows.
+#[test]
+fn emulated_spmm_splits_heavy_rows_into_chunks() {
+    let n = 7000;
+    let p = problem(n, 1, 2, 5);
+    let hub = (p.indptr[2] - p.indptr[1]) as u64;
+    assert!(hub > HEAVY_ROW_EDGES, "the hub has {hub} edges: not heavy");
+    for norm in [Norm::Symmetric, Norm::Mean] {
+        let op = SparseOp::build(n, n, &p.indptr, &p.indices, norm, None);
+        for d in [4usize, 7, 64, 130] {
+            check_emulated_spmm(
+                &format!("heavy {norm:?}"),
+                &op,
+                &random(n, d, d as u64),
+                None,
+            );
+        }
+    }
+    let n_dst = n / 4;
+    let deg: Vec<u32> = (0..n)
+        .map(|j| (p.indptr[j + 1] - p.indptr[j]) as u32)
+        .collect();
+    let op = SparseOp::build(
+        n_dst,
+        n,
+        &p.indptr[..=n_dst],
+        &p.indices[..p.indptr[n_dst] as usize],
+        Norm::Symmetric,
+        Some(&deg),
+    );
+    let (own, halo) = (random(n_dst, 64, 1), random(n - n_dst, 64, 2));
+    check_emulated_spmm("heavy with halo rows", &op, &own, Some(&halo));
+}
+
+/// The Cora comparison of `tests/gpu.rs` on the CPU device: checks the check itself (slow: run with
 /// `--ignored`).
 #[test]
 #[ignore]
-fn cora_accuracy_equals_cpu_on_the_emulator() {
+fn cora_accuracy_equals_cpu_on_the_cpu_device() {
     if let Some(dir) = cora_dir() {
         check_cora(
-            &mut Emulator,
+            &mut Cpu,
             &dir,
             &[physalia_gnn::LayerKind::Gcn, physalia_gnn::LayerKind::Gat],
         );

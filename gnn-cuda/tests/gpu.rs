@@ -7,10 +7,11 @@
 mod common;
 
 use common::*;
+use physalia_gnn::device::{AdamConfig, DeviceGraph, DeviceModel, Ops};
 use physalia_gnn::sparse::{Norm, SparseOp};
 use physalia_gnn::{Activation, LayerKind, Model};
+use physalia_gnn_cuda::CudaEngine;
 use physalia_gnn_cuda::device::{DevicePreference, GpuError, Selected, select};
-use physalia_gnn_cuda::{AdamConfig, CudaEngine, DeviceGraph, DeviceModel, Ops};
 
 const TOL: f32 = 1e-4;
 

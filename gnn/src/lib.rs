@@ -5,12 +5,17 @@
 //! backward are split at the aggregation where rows owned by other workers enter ([`model`], [`exchange`]),
 //! masked cross-entropy, Adam, and the full-graph training loop ([`train`]).
 //!
+//! [`device`] is the seam between the layer logic and the hardware: the [`Ops`] trait every device implements
+//! (here [`Cpu`], in `physalia-gnn-cuda` the GPU) and [`DeviceModel`], the layers composed from it once.
+//!
 //! Every kernel is deterministic for any number of threads: reductions run in fixed blocks and random
 //! numbers are counter-based ([`rng`]).
 
 pub mod config;
 pub mod dense;
+pub mod device;
 pub mod exchange;
+mod gat;
 pub mod loss;
 pub mod model;
 pub mod optim;
@@ -21,6 +26,7 @@ pub mod tensor;
 pub mod train;
 
 pub use config::{Activation, LayerKind, ModelConfig};
+pub use device::{Cpu, DeviceError, DeviceGraph, DeviceModel, Ops};
 pub use exchange::{
     Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, LocalExchange, VisitRows,
 };

@@ -19,16 +19,15 @@ use rayon::prelude::*;
 
 use crate::config::{Activation, LayerKind, ModelConfig};
 use crate::dense::{matmul, matmul_at, matmul_bt, matmul_bt_into, matmul_into};
+use crate::device::GatShape;
 use crate::exchange::{Exchange, LocalExchange};
+use crate::gat::{self, GAT_ROWS, dot, edge_key, split_by_rows};
 use crate::rng::{Mask, Stream, drop_threshold};
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
 use crate::{Error, Result};
 
 mod sar;
-
-/// Rows per task in the row-parallel GAT kernels.
-const GAT_ROWS: usize = 128;
 
 /// A learnable tensor and its name in saved models (`layers.0.weight`, ...).
 #[derive(Clone, Debug)]
@@ -526,7 +525,15 @@ impl Model {
             && self.cfg.input_dropout > 0.0
         {
             let s = Stream::new(self.seed, &[0xD0, epoch, 0]);
-            dropout_cols(&mut x, g, self.cfg.input_dropout, s, col0, self.cfg.in_dim);
+            dropout_cols(
+                &mut x,
+                g.global_ids(),
+                0,
+                self.cfg.input_dropout,
+                s,
+                col0,
+                self.cfg.in_dim,
+            );
         }
         Ok((l, x))
     }
@@ -920,7 +927,7 @@ impl Model {
                         &mut dx,
                         h.data(),
                         0,
-                        g,
+                        g.global_ids(),
                         self.cfg.activation,
                         dropout,
                         mask,
@@ -968,7 +975,7 @@ impl Model {
                     &mut dz,
                     rows(h1, r0, r1),
                     r0,
-                    g,
+                    g.global_ids(),
                     self.cfg.activation,
                     dropout,
                     mask,
@@ -1145,29 +1152,40 @@ impl Model {
     /// GAT's messages for the input rows `h`: `[Z | s_src]` with `Z = h W` and `s_src = Z . a_src` per head,
     /// and `s_dst = Z . a_dst` (one per row and head).
     fn gat_messages(&self, l: &Layer, h: &Matrix) -> (Matrix, Vec<f32>) {
-        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
-        let a_src = self.params[ia].value.data();
-        let a_dst = self.params[id].value.data();
         let z = matmul(h, &self.params[l.w].value);
-        let width = hc + heads;
         let n_in = h.rows();
-        let mut m_own = Matrix::zeros(n_in, width);
-        let mut s_dst = vec![0f32; n_in * heads];
-        m_own
-            .data_mut()
-            .par_chunks_mut(width)
-            .zip(s_dst.par_chunks_mut(heads))
-            .zip(z.data().par_chunks(hc))
-            .for_each(|((m, sd), zr)| {
-                m[..hc].copy_from_slice(zr);
-                for k in 0..heads {
-                    let zh = &zr[k * c..(k + 1) * c];
-                    m[hc + k] = dot(zh, &a_src[k * c..(k + 1) * c]);
-                    sd[k] = dot(zh, &a_dst[k * c..(k + 1) * c]);
-                }
-            });
+        let mut m_own = Matrix::zeros(n_in, l.hc() + l.heads);
+        let mut s_dst = vec![0f32; n_in * l.heads];
+        gat::messages(
+            z.data(),
+            self.params[ia].value.data(),
+            self.params[id].value.data(),
+            self.gat_shape(l),
+            m_own.data_mut(),
+            &mut s_dst,
+        );
         (m_own, s_dst)
+    }
+
+    fn gat_shape(&self, l: &Layer) -> GatShape {
+        GatShape {
+            heads: l.heads as u32,
+            c: l.head_dim as u32,
+            concat: l.concat,
+            slope: self.cfg.negative_slope,
+        }
+    }
+
+    fn attn_drop(&self, l: &Layer, pass: Pass) -> gat::AttnDrop {
+        match pass {
+            Pass::Train { epoch } if self.cfg.attn_dropout > 0.0 => Some((
+                Stream::new(self.seed, &[0xA7D, epoch, l.index as u64]),
+                drop_threshold(self.cfg.attn_dropout),
+                1.0 / (1.0 - self.cfg.attn_dropout),
+            )),
+            _ => None,
+        }
     }
 
     fn gat_forward(
@@ -1182,7 +1200,7 @@ impl Model {
         if !complete && ex.rematerializes() {
             return self.gat_forward_remat(l, g, h, pass, ex);
         }
-        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let (heads, hc) = (l.heads, l.hc());
         let width = hc + heads;
         let n = g.n_dst;
         // messages: [Z | s_src] for the input rows, and s_dst (kept for the destinations)
@@ -1201,72 +1219,18 @@ impl Model {
             n_own: n_in,
             d: width,
         };
-        let (indptr, indices) = (op.indptr(), op.indices());
         let mut alpha = vec![0f32; op.nnz() * heads];
-        let d_out = l.d_out();
-        let mut out = Matrix::zeros(n, d_out);
-        let attn_drop = match pass {
-            Pass::Train { epoch } if self.cfg.attn_dropout > 0.0 => Some((
-                Stream::new(self.seed, &[0xA7D, epoch, l.index as u64]),
-                drop_threshold(self.cfg.attn_dropout),
-                1.0 / (1.0 - self.cfg.attn_dropout),
-            )),
-            _ => None,
-        };
-        let slope = self.cfg.negative_slope;
-        let alpha_chunks = split_by_rows(&mut alpha, indptr, GAT_ROWS, heads);
-        out.data_mut()
-            .par_chunks_mut(GAT_ROWS * d_out)
-            .zip(alpha_chunks)
-            .enumerate()
-            .for_each(|(chunk, (out, alpha))| {
-                let first = chunk * GAT_ROWS;
-                let base = indptr[first];
-                let mut e = Vec::new();
-                for (r, orow) in out.chunks_exact_mut(d_out).enumerate() {
-                    let i = first + r;
-                    let (lo, hi) = (indptr[i], indptr[i + 1]);
-                    for k in 0..heads {
-                        let sd = s_dst[i * heads + k];
-                        e.clear();
-                        let mut max = f32::NEG_INFINITY;
-                        for &j in &indices[lo..hi] {
-                            let x = sd + src.row(j as usize)[hc + k];
-                            let x = if x > 0.0 { x } else { slope * x };
-                            max = max.max(x);
-                            e.push(x);
-                        }
-                        let mut sum = 0f32;
-                        for x in e.iter_mut() {
-                            *x = (*x - max).exp();
-                            sum += *x;
-                        }
-                        let o = if l.concat {
-                            &mut orow[k * c..(k + 1) * c]
-                        } else {
-                            &mut orow[..]
-                        };
-                        let head_scale = if l.concat { 1.0 } else { 1.0 / heads as f32 };
-                        for (t, &j) in indices[lo..hi].iter().enumerate() {
-                            let a = e[t] / sum;
-                            alpha[(lo - base + t) * heads + k] = a;
-                            let mut a_used = a * head_scale;
-                            if let Some((s, thr, scale)) = attn_drop {
-                                let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
-                                a_used = if s.keep(key, thr) {
-                                    a_used * scale
-                                } else {
-                                    0.0
-                                };
-                            }
-                            let zj = &src.row(j as usize)[k * c..(k + 1) * c];
-                            for (ov, &zv) in o.iter_mut().zip(zj) {
-                                *ov += a_used * zv;
-                            }
-                        }
-                    }
-                }
-            });
+        let mut out = Matrix::zeros(n, l.d_out());
+        gat::forward(
+            op,
+            &src,
+            &s_dst,
+            g.global_ids(),
+            self.attn_drop(l, pass),
+            self.gat_shape(l),
+            &mut alpha,
+            out.data_mut(),
+        );
         add_bias(&mut out, &self.params[l.bias].value);
         Ok((
             out,
@@ -1297,11 +1261,10 @@ impl Model {
         ex: &mut dyn Exchange,
     ) -> Result<Option<Matrix>> {
         grads[l.bias] = d_out.column_sums();
-        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let (heads, hc) = (l.heads, l.hc());
         let width = hc + heads;
         let n = g.n_dst;
         let op = g.op(LayerKind::Gat);
-        let (indptr, indices) = (op.indptr(), op.indices());
         let n_in = m_own.rows();
         let src = crate::sparse::Src {
             own: m_own.data(),
@@ -1309,102 +1272,35 @@ impl Model {
             n_own: n_in,
             d: width,
         };
-        let attn_drop = match pass {
-            Pass::Train { epoch } if self.cfg.attn_dropout > 0.0 => Some((
-                Stream::new(self.seed, &[0xA7D, epoch, l.index as u64]),
-                drop_threshold(self.cfg.attn_dropout),
-                1.0 / (1.0 - self.cfg.attn_dropout),
-            )),
-            _ => None,
-        };
-        let slope = self.cfg.negative_slope;
-        let head_scale = if l.concat { 1.0 } else { 1.0 / heads as f32 };
-        // gradient of head k's output for destination i
-        let g_head = |i: usize, k: usize| -> &[f32] {
-            let row = d_out.row(i);
-            if l.concat {
-                &row[k * c..(k + 1) * c]
-            } else {
-                &row[..c]
-            }
-        };
+        let shape = self.gat_shape(l);
         // pass 1, per destination row: d(score sum) per edge and head, the used attention, and d s_dst
         let nnz = op.nnz();
         let mut d_score = vec![0f32; nnz * heads];
         let mut a_used = vec![0f32; nnz * heads];
         let mut ds_dst = vec![0f32; n * heads];
-        {
-            let ds_chunks = split_by_rows(&mut d_score, indptr, GAT_ROWS, heads);
-            let au_chunks = split_by_rows(&mut a_used, indptr, GAT_ROWS, heads);
-            ds_dst
-                .par_chunks_mut(GAT_ROWS * heads)
-                .zip(ds_chunks)
-                .zip(au_chunks)
-                .enumerate()
-                .for_each(|(chunk, ((sd_out, dsc), au))| {
-                    let first = chunk * GAT_ROWS;
-                    let base = indptr[first];
-                    let mut da = Vec::new();
-                    for r in 0..sd_out.len() / heads {
-                        let i = first + r;
-                        let (lo, hi) = (indptr[i], indptr[i + 1]);
-                        for k in 0..heads {
-                            let gi = g_head(i, k);
-                            da.clear();
-                            let mut sigma = 0f32;
-                            for (t, &j) in indices[lo..hi].iter().enumerate() {
-                                // `pos` indexes this block's slices, `alpha` is the whole array
-                                let pos = (lo - base + t) * heads + k;
-                                let a = alpha[(lo + t) * heads + k];
-                                let mut m = head_scale;
-                                if let Some((s, thr, scale)) = attn_drop {
-                                    let key = edge_key(g.gid(i), g.gid(j as usize), heads, k);
-                                    m = if s.keep(key, thr) { m * scale } else { 0.0 };
-                                }
-                                au[pos] = a * m;
-                                let zj = &src.row(j as usize)[k * c..(k + 1) * c];
-                                let d_alpha = dot(gi, zj) * m;
-                                sigma += a * d_alpha;
-                                da.push(d_alpha);
-                            }
-                            let sd = s_dst[i * heads + k];
-                            let mut acc = 0f32;
-                            for (t, &j) in indices[lo..hi].iter().enumerate() {
-                                let pos = (lo - base + t) * heads + k;
-                                let de = alpha[(lo + t) * heads + k] * (da[t] - sigma);
-                                let x = sd + src.row(j as usize)[hc + k];
-                                let dx = if x > 0.0 { de } else { de * slope };
-                                dsc[pos] = dx;
-                                acc += dx;
-                            }
-                            sd_out[r * heads + k] = acc;
-                        }
-                    }
-                });
-        }
+        gat::backward_edges(
+            op,
+            &src,
+            &s_dst,
+            &alpha,
+            d_out.data(),
+            g.global_ids(),
+            self.attn_drop(l, pass),
+            shape,
+            &mut d_score,
+            &mut a_used,
+            &mut ds_dst,
+        );
         // pass 2, per source row over the transpose: dZ_j and d s_src_j
-        let (t_indptr, t_indices, t_perm) = (op.t_indptr(), op.t_indices(), op.t_perm());
         let mut dm_ext = Matrix::zeros(g.n_src, width);
-        dm_ext
-            .data_mut()
-            .par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(j, row)| {
-                for t in t_indptr[j]..t_indptr[j + 1] {
-                    let i = t_indices[t] as usize;
-                    let pos = t_perm[t] as usize * heads;
-                    for k in 0..heads {
-                        let a = a_used[pos + k];
-                        if a != 0.0 {
-                            let gi = g_head(i, k);
-                            for (o, &v) in row[k * c..(k + 1) * c].iter_mut().zip(gi) {
-                                *o += a * v;
-                            }
-                        }
-                        row[hc + k] += d_score[pos + k];
-                    }
-                }
-            });
+        gat::backward_sources(
+            op,
+            &a_used,
+            &d_score,
+            d_out.data(),
+            shape,
+            dm_ext.data_mut(),
+        );
         drop(d_score);
         drop(a_used);
         let dm = if complete {
@@ -1441,20 +1337,14 @@ impl Model {
         let a_src = self.params[ia].value.data();
         let a_dst = self.params[id].value.data();
         let mut dz = Matrix::zeros(n_in, hc);
-        dz.data_mut()
-            .par_chunks_mut(hc)
-            .enumerate()
-            .for_each(|(i, dzr)| {
-                let dmr = dm.row(i);
-                dzr.copy_from_slice(&dmr[..hc]);
-                for k in 0..heads {
-                    let gs = dmr[hc + k];
-                    let gd = if i < n { ds_dst[i * heads + k] } else { 0.0 };
-                    for t in 0..c {
-                        dzr[k * c + t] += gs * a_src[k * c + t] + gd * a_dst[k * c + t];
-                    }
-                }
-            });
+        gat::dz(
+            dm.data(),
+            &ds_dst,
+            a_src,
+            a_dst,
+            self.gat_shape(l),
+            dz.data_mut(),
+        );
         let z_own = Matrix::from_vec(
             n_in,
             hc,
@@ -1553,40 +1443,6 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
 }
 
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// The dropout index of (destination, source, head) on an edge, from global ids.
-#[inline]
-fn edge_key(dst: u64, src: u64, heads: usize, k: usize) -> u64 {
-    ((dst << 32) | src)
-        .wrapping_mul(heads as u64)
-        .wrapping_add(k as u64)
-}
-
-/// Splits a per-edge array (`heads` values per edge) into the pieces owned by consecutive blocks of `rows`
-/// destination rows, so row blocks can write their edges in parallel.
-fn split_by_rows<'a>(
-    mut data: &'a mut [f32],
-    indptr: &[usize],
-    rows: usize,
-    heads: usize,
-) -> Vec<&'a mut [f32]> {
-    let n = indptr.len() - 1;
-    let mut out = Vec::with_capacity(n.div_ceil(rows));
-    let mut start = 0;
-    while start < n {
-        let end = (start + rows).min(n);
-        let len = (indptr[end] - indptr[start]) * heads;
-        let (head, tail) = std::mem::take(&mut data).split_at_mut(len);
-        out.push(head);
-        data = tail;
-        start = end;
-    }
-    out
-}
-
 /// Splits an `n_src`-row matrix into its first `n_dst` rows and the rest.
 fn split_rows(m: Matrix, n_dst: usize) -> (Matrix, Matrix) {
     let cols = m.cols();
@@ -1599,7 +1455,7 @@ fn split_rows(m: Matrix, n_dst: usize) -> (Matrix, Matrix) {
     )
 }
 
-fn add_bias(out: &mut Matrix, bias: &Matrix) {
+pub(crate) fn add_bias(out: &mut Matrix, bias: &Matrix) {
     let b = bias.data();
     if b.is_empty() {
         return;
@@ -1614,7 +1470,7 @@ fn add_bias(out: &mut Matrix, bias: &Matrix) {
         });
 }
 
-fn activate(m: &mut Matrix, act: Activation) {
+pub(crate) fn activate(m: &mut Matrix, act: Activation) {
     m.data_mut()
         .par_iter_mut()
         .with_min_len(ELEMENTWISE_CHUNK)
@@ -1635,12 +1491,20 @@ fn activate(m: &mut Matrix, act: Activation) {
 /// Inverted dropout on rows keyed by the rows' global ids.
 fn dropout_rows(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream) {
     let cols = m.cols();
-    dropout_cols(m, g, p, s, 0, cols);
+    dropout_cols(m, g.global_ids(), 0, p, s, 0, cols);
 }
 
 /// Inverted dropout on columns `col0..col0 + m.cols()` of rows `total_cols` wide: the same decisions as
-/// [`dropout_rows`] on the whole rows.
-fn dropout_cols(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream, col0: usize, total_cols: usize) {
+/// [`dropout_rows`] on the whole rows. Row `i` is source row `row0 + i` of `gids` (the row itself without).
+pub(crate) fn dropout_cols(
+    m: &mut Matrix,
+    gids: Option<&[u32]>,
+    row0: usize,
+    p: f32,
+    s: Stream,
+    col0: usize,
+    total_cols: usize,
+) {
     let cols = m.cols();
     if cols == 0 {
         return;
@@ -1651,16 +1515,19 @@ fn dropout_cols(m: &mut Matrix, g: &LocalGraph, p: f32, s: Stream, col0: usize, 
         .par_chunks_mut(cols)
         .enumerate()
         .with_min_len(64)
-        .for_each(|(i, row)| mask.apply(g.gid(i) * total_cols as u64 + col0 as u64, row, scale));
+        .for_each(|(i, row)| {
+            let key = gat::gid(gids, row0 + i) * total_cols as u64 + col0 as u64;
+            mask.apply(key, row, scale)
+        });
 }
 
 /// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
 /// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
-fn activation_backward(
+pub(crate) fn activation_backward(
     dy: &mut Matrix,
     y: &[f32],
     row0: usize,
-    g: &LocalGraph,
+    gids: Option<&[u32]>,
     act: Activation,
     dropout: Option<f32>,
     s: Stream,
@@ -1688,7 +1555,7 @@ fn activation_backward(
                 || vec![true; cols],
                 |keep, (i, (drow, yrow))| {
                     if let Some(m) = &mask {
-                        m.fill(g.gid(row0 + i) * cols as u64, keep);
+                        m.fill(gat::gid(gids, row0 + i) * cols as u64, keep);
                     }
                     for ((d, &yv), &k) in drow.iter_mut().zip(yrow).zip(keep.iter()) {
                         // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0

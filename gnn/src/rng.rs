@@ -29,6 +29,15 @@ impl Stream {
         Stream { key }
     }
 
+    /// The stream of a key taken from [`Stream::key`] (devices pass streams to their kernels as keys).
+    pub fn from_key(key: u64) -> Stream {
+        Stream { key }
+    }
+
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// SplitMix64: the key is the stream's seed, the index its position.
     #[inline]
     pub fn at(&self, index: u64) -> u64 {

@@ -101,8 +101,8 @@ pub enum Device {
     Cpu,
     /// The CUDA engine (`physalia_gnn_cuda`) on GPU `index` as the driver numbers the visible devices.
     Cuda { index: usize },
-    /// The CUDA engine's kernels emulated on the host, thread by thread: the device path without a GPU
-    /// (tests; far slower than either engine).
+    /// The GPU's path without a GPU (tests): the generic `physalia_gnn::DeviceModel` and the device training
+    /// loops on `physalia_gnn::Cpu`, with halo rows leaving and entering the device as on the GPU.
     Emulated,
 }
 
@@ -306,7 +306,7 @@ fn train_inputs<L: Link + ?Sized>(
         progress,
     } = Resume::or_fresh(resume, cfg, seed, tc)?;
     let mut ex = MeshExchange::new(link, part, opts.clone());
-    // the device loop is generic over the engine: the same call for the GPU and its host emulation
+    // the device loop is generic over the device: the same call for the GPU and the CPU device
     macro_rules! on_device {
         ($ops:expr) => {
             physalia_gnn_cuda::train_resumable_on(
@@ -320,7 +320,7 @@ fn train_inputs<L: Link + ?Sized>(
             &mut model, &mut opt, progress, &graph, x, &sets, tc, &mut ex, on_epoch,
         )?,
         Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
-        Device::Emulated => on_device!(&mut physalia_gnn_cuda::Emulator),
+        Device::Emulated => on_device!(&mut physalia_gnn::Cpu),
     };
     Ok((model, summary, progress))
 }

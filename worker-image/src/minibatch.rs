@@ -272,23 +272,26 @@ trait DeviceSteps {
     fn sync(&mut self, model: &mut Model, opt: &mut Adam) -> Result<(), Error>;
 }
 
-struct OnDevice<O: physalia_gnn_cuda::Ops> {
+struct OnDevice<O: physalia_gnn::Ops> {
     ops: O,
-    model: physalia_gnn_cuda::DeviceModel<O>,
-    adam: physalia_gnn_cuda::AdamConfig,
+    model: physalia_gnn::DeviceModel<O>,
+    adam: physalia_gnn::device::AdamConfig,
     kind: LayerKind,
 }
 
-impl<O: physalia_gnn_cuda::Ops> OnDevice<O> {
+impl<O: physalia_gnn::Ops> OnDevice<O>
+where
+    Error: From<O::Error>,
+{
     fn new(mut ops: O, model: &Model, opt: &Adam) -> Result<Self, Error> {
-        let mut dm = physalia_gnn_cuda::DeviceModel::from_model(&mut ops, model)?;
+        let mut dm = physalia_gnn::DeviceModel::from_model(&mut ops, model)?;
         if opt.steps() > 0 {
             dm.restore_adam(&mut ops, opt)?;
         }
         Ok(OnDevice {
             ops,
             model: dm,
-            adam: physalia_gnn_cuda::AdamConfig {
+            adam: physalia_gnn::device::AdamConfig {
                 lr: opt.lr,
                 weight_decay: opt.weight_decay,
                 beta1: opt.beta1,
@@ -300,7 +303,10 @@ impl<O: physalia_gnn_cuda::Ops> OnDevice<O> {
     }
 }
 
-impl<O: physalia_gnn_cuda::Ops> DeviceSteps for OnDevice<O> {
+impl<O: physalia_gnn::Ops> DeviceSteps for OnDevice<O>
+where
+    Error: From<O::Error>,
+{
     fn step(
         &mut self,
         blocks: &[LocalGraph],
@@ -311,7 +317,7 @@ impl<O: physalia_gnn_cuda::Ops> DeviceSteps for OnDevice<O> {
         pass: Pass,
         mesh: &mut dyn Exchange,
     ) -> Result<f64, Error> {
-        use physalia_gnn_cuda::DeviceGraph;
+        use physalia_gnn::DeviceGraph;
         let ops = &mut self.ops;
         let blocks = blocks
             .iter()
@@ -418,11 +424,7 @@ pub fn train_minibatch_on(
             &model,
             &opt,
         )?)),
-        crate::Device::Emulated => Some(Box::new(OnDevice::new(
-            physalia_gnn_cuda::Emulator,
-            &model,
-            &opt,
-        )?)),
+        crate::Device::Emulated => Some(Box::new(OnDevice::new(physalia_gnn::Cpu, &model, &opt)?)),
     };
     let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;

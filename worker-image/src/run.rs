@@ -18,8 +18,8 @@
 //!
 //! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
-//! crashing mid-training; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the CUDA engine's host
-//! emulation instead of looking for a GPU. Nothing else reads these variables.
+//! crashing mid-training; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
+//! model code and loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
 //!
 //! The worker never outlives its job: when the coordinator says stop, or its control connection ends
 //! before training is done, the process exits at once (the coordinator also kills and reaps it).

@@ -1,21 +1,21 @@
-//! Checks of every device operation against `physalia_gnn`'s CPU engine, generic over [`Ops`]: the host
-//! emulator runs them here (`tests/emulate.rs`), the GPU runs the very same checks (`tests/gpu.rs`).
+//! Checks of every device operation against `physalia_gnn`'s CPU engine, generic over [`Ops`]: the CPU device
+//! runs them here (`tests/emulate.rs`), the GPU runs the very same checks (`tests/gpu.rs`).
 
 #![allow(dead_code)] // each test binary uses a subset
 
 use std::path::{Path, PathBuf};
 
 use physalia_gnn::dense::{matmul, matmul_at, matmul_bt};
+use physalia_gnn::device::{
+    AdamConfig, AdamStep, DeviceGraph, DeviceModel, Dropout, GatShape, Ops, View,
+};
 use physalia_gnn::loss::{correct, cross_entropy};
 use physalia_gnn::rng::{Mask, Stream};
 use physalia_gnn::sparse::{Norm, SparseOp};
 use physalia_gnn::{
     Activation, Adam, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass,
 };
-use physalia_gnn_cuda::cpu_emulate::{AdamStep, GatShape};
 use physalia_gnn_cuda::kernels::stream_key;
-use physalia_gnn_cuda::ops::{Dropout, Ops, View};
-use physalia_gnn_cuda::{AdamConfig, DeviceGraph, DeviceModel};
 
 pub struct Problem {
     pub indptr: Vec<i64>,

@@ -1,27 +1,36 @@
-//! `physalia_gnn::Model`'s forward, backward and Adam step composed from [`Ops`], for one worker holding the
-//! whole graph: the map from the CPU engine's matrix operations to the device's kernels, in code.
+//! [`crate::Model`]'s forward, backward and Adam step composed from [`Ops`]: the layer logic written once
+//! for every device (the CPU's [`super::Cpu`], `physalia_gnn_cuda::CudaEngine`).
 //!
-//! Every step follows `gnn/src/model.rs` (layer order, which side of the product is aggregated, dropout keys,
-//! the GAT split into messages, edge softmax and the two backward passes) and `optim.rs`, so the parameters,
-//! logits, loss and gradients equal the CPU engine's up to float reordering; `tests/emulate.rs` checks that
-//! on the [`crate::Emulator`] and `tests/gpu.rs` on the GPU.
+//! Every step follows `model.rs` (layer order, which side of the product is aggregated, dropout keys, the
+//! GAT split into messages, edge softmax and the two backward passes) and `optim.rs`, so the parameters,
+//! logits, loss and gradients equal [`crate::Model`]'s up to float reordering: `physalia-gnn-cuda`'s
+//! `tests/emulate.rs` checks that on [`super::Cpu`], its `tests/gpu.rs` on the GPU, and
+//! `worker-image/tests/exactness.rs` / `minibatch.rs` on partitions and blocks.
 //!
 //! Partitions: a [`DeviceGraph::local`] holds a worker's owned rows and halo sources. At every aggregation the
-//! owned messages go to the host, through `physalia_gnn::Exchange::forward`, and the halo rows it returns come
-//! back as the SpMM's second source buffer; backward sends the halo rows' gradients through
-//! `Exchange::backward` and adds what peers computed for our rows; weight gradients are all-reduced on the
-//! host. Dropout and attention dropout are keyed by global node ids, so every partitioning draws the masks
-//! of one worker. With a local exchange (one worker, the whole graph) nothing leaves the device.
+//! owned messages go to the host, through [`Exchange::forward`], and the halo rows it returns come back as
+//! the SpMM's second source buffer; backward sends the halo rows' gradients through [`Exchange::backward`]
+//! and adds what peers computed for our rows; weight gradients are all-reduced on the host. Dropout and
+//! attention dropout are keyed by global node ids, so every partitioning draws the masks of one worker.
+//! With a local exchange (one worker, the whole graph) nothing leaves the device.
 
-use physalia_gnn::sparse::{Norm, SparseOp};
-use physalia_gnn::{
-    Exchange, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass,
-};
+use crate::exchange::{Exchange, ExchangeError, LocalExchange};
+use crate::model::{LocalGraph, Model, Pass};
+use crate::rng::Stream;
+use crate::sparse::{Norm, SparseOp};
+use crate::tensor::Matrix;
+use crate::{LayerKind, ModelConfig};
 
-use crate::cpu_emulate::{AdamStep, GatShape};
-use crate::device::GpuError;
-use crate::kernels::stream_key;
-use crate::ops::{AttnDropout, Dropout, Ops, View};
+use super::{AdamStep, AttnDropout, DeviceError, Dropout, GatShape, Ops, View};
+
+/// The key of `Stream::new(seed, parts)`, as the kernels take it.
+fn stream_key(seed: u64, parts: &[u64]) -> u64 {
+    Stream::new(seed, parts).key()
+}
+
+fn shape_error<E: From<DeviceError>>(what: String) -> E {
+    DeviceError::Shape(what).into()
+}
 
 /// A layer's shape and parameter slots, as `Model::new` lays them out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,7 +111,7 @@ impl<O: Ops> DeviceGraph<O> {
         kind: LayerKind,
         indptr: &[i64],
         indices: &[i32],
-    ) -> Result<DeviceGraph<O>, GpuError> {
+    ) -> Result<DeviceGraph<O>, O::Error> {
         let n = indptr.len().saturating_sub(1);
         let norm = match kind {
             LayerKind::Gcn => Norm::Symmetric,
@@ -121,7 +130,7 @@ impl<O: Ops> DeviceGraph<O> {
     }
 
     /// A worker's part of the graph as the CPU engine holds it (`LocalGraph` built for `kind`).
-    pub fn local(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, GpuError> {
+    pub fn local(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, O::Error> {
         let op = g.op(kind);
         let gids = g.global_ids().map(|ids| ops.upload_idx(ids)).transpose()?;
         Ok(DeviceGraph {
@@ -135,7 +144,7 @@ impl<O: Ops> DeviceGraph<O> {
     }
 
     /// A sampled mini-batch block (`LocalGraph::block`): its input holds every source row.
-    pub fn block(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, GpuError> {
+    pub fn block(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, O::Error> {
         Ok(DeviceGraph {
             complete: true,
             ..DeviceGraph::local(ops, g, kind)?
@@ -175,8 +184,8 @@ impl<'g, O: Ops> Graphs<'g, O> {
     }
 }
 
-fn exchange_error(e: physalia_gnn::ExchangeError) -> GpuError {
-    GpuError::Exchange(e.to_string())
+fn exchange_error<E: From<DeviceError>>(e: ExchangeError) -> E {
+    DeviceError::Exchange(e).into()
 }
 
 /// The halo rows of `layer`'s messages from the peers (`None`: no halo), given the owned rows on the device.
@@ -186,7 +195,7 @@ fn exchange_forward<O: Ops>(
     g: &DeviceGraph<O>,
     layer: usize,
     own: &O::Mat,
-) -> Result<Option<O::Mat>, GpuError> {
+) -> Result<Option<O::Mat>, O::Error> {
     if ex.is_local() || g.complete {
         return Ok(None);
     }
@@ -195,7 +204,7 @@ fn exchange_forward<O: Ops>(
         return Ok(None);
     };
     if halo.shape() != (g.n_src - g.n, host.cols()) {
-        return Err(GpuError::Shape(format!(
+        return Err(shape_error(format!(
             "the exchange returned {}x{} halo rows, the partition has {} halo sources {} wide",
             halo.rows(),
             halo.cols(),
@@ -214,7 +223,7 @@ fn exchange_backward<O: Ops>(
     g: &DeviceGraph<O>,
     layer: usize,
     ext: O::Mat,
-) -> Result<O::Mat, GpuError> {
+) -> Result<O::Mat, O::Error> {
     let (rows, cols) = ops.dims(&ext);
     if g.complete || (ex.is_local() && rows == g.n) {
         return Ok(ext);
@@ -279,6 +288,9 @@ impl<M> Input<'_, M> {
     }
 }
 
+/// A layer's output and what its backward needs.
+type LayerOut<O> = (<O as Ops>::Mat, Cache<<O as Ops>::Mat>);
+
 /// Activations kept between forward and backward.
 pub struct DeviceForward<'x, O: Ops> {
     inputs: Vec<Input<'x, O::Mat>>,
@@ -305,7 +317,7 @@ pub struct DeviceModel<O: Ops> {
     input_agg: Option<O::Mat>,
 }
 
-/// Hyper-parameters of the Adam step (`physalia_gnn::Adam`'s defaults for the betas and eps).
+/// Hyper-parameters of the Adam step (`crate::Adam`'s defaults for the betas and eps).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamConfig {
     pub lr: f32,
@@ -329,12 +341,12 @@ impl AdamConfig {
 
 impl<O: Ops> DeviceModel<O> {
     /// Copies a CPU model's configuration and current parameters to the device.
-    pub fn from_model(ops: &mut O, model: &Model) -> Result<DeviceModel<O>, GpuError> {
+    pub fn from_model(ops: &mut O, model: &Model) -> Result<DeviceModel<O>, O::Error> {
         let cfg = model.config().clone();
         let (layers, names) = plan(&cfg);
         let cpu_names: Vec<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
         if cpu_names != names.iter().map(String::as_str).collect::<Vec<_>>() {
-            return Err(GpuError::Shape(format!(
+            return Err(shape_error(format!(
                 "the engine's parameters {cpu_names:?} are not laid out as expected ({names:?})"
             )));
         }
@@ -364,7 +376,7 @@ impl<O: Ops> DeviceModel<O> {
     }
 
     /// Copies the parameters back into a CPU model of the same configuration.
-    pub fn download_into(&self, ops: &mut O, model: &mut Model) -> Result<(), GpuError> {
+    pub fn download_into(&self, ops: &mut O, model: &mut Model) -> Result<(), O::Error> {
         for (p, d) in model.params.iter_mut().zip(&self.params) {
             p.value = ops.download(d)?;
         }
@@ -393,7 +405,7 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         x: &'x O::Mat,
         pass: Pass,
-    ) -> Result<DeviceForward<'x, O>, GpuError> {
+    ) -> Result<DeviceForward<'x, O>, O::Error> {
         self.forward_ex(ops, g, x, pass, &mut LocalExchange)
     }
 
@@ -405,7 +417,7 @@ impl<O: Ops> DeviceModel<O> {
         x: &'x O::Mat,
         pass: Pass,
         ex: &mut dyn Exchange,
-    ) -> Result<DeviceForward<'x, O>, GpuError> {
+    ) -> Result<DeviceForward<'x, O>, O::Error> {
         self.forward_graphs(ops, Graphs::Whole(g), x, pass, ex)
     }
 
@@ -417,9 +429,9 @@ impl<O: Ops> DeviceModel<O> {
         blocks: &[DeviceGraph<O>],
         x: &'x O::Mat,
         pass: Pass,
-    ) -> Result<DeviceForward<'x, O>, GpuError> {
+    ) -> Result<DeviceForward<'x, O>, O::Error> {
         if blocks.len() != self.layers.len() {
-            return Err(GpuError::Shape(format!(
+            return Err(shape_error(format!(
                 "{} blocks for {} layers",
                 blocks.len(),
                 self.layers.len()
@@ -435,10 +447,10 @@ impl<O: Ops> DeviceModel<O> {
         x: &'x O::Mat,
         pass: Pass,
         ex: &mut dyn Exchange,
-    ) -> Result<DeviceForward<'x, O>, GpuError> {
+    ) -> Result<DeviceForward<'x, O>, O::Error> {
         let (rows, cols) = ops.dims(x);
         if (rows, cols) != (gs.input_rows(0), self.cfg.in_dim) {
-            return Err(GpuError::Shape(format!(
+            return Err(shape_error(format!(
                 "input features are {rows}x{cols}, the model expects {}x{}",
                 gs.input_rows(0),
                 self.cfg.in_dim
@@ -510,7 +522,7 @@ impl<O: Ops> DeviceModel<O> {
         pass: Pass,
         whole: bool,
         ex: &mut dyn Exchange,
-    ) -> Result<(O::Mat, Cache<O::Mat>), GpuError> {
+    ) -> Result<LayerOut<O>, O::Error> {
         if l.kind == LayerKind::Gat {
             return self.gat_forward(ops, l, g, h, pass, ex);
         }
@@ -603,7 +615,7 @@ impl<O: Ops> DeviceModel<O> {
         h: &O::Mat,
         pass: Pass,
         ex: &mut dyn Exchange,
-    ) -> Result<(O::Mat, Cache<O::Mat>), GpuError> {
+    ) -> Result<LayerOut<O>, O::Error> {
         let (heads, hc) = (l.heads, l.hc());
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let (n, d_in) = ops.dims(h);
@@ -660,7 +672,7 @@ impl<O: Ops> DeviceModel<O> {
         g: &DeviceGraph<O>,
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
-    ) -> Result<Vec<O::Mat>, GpuError> {
+    ) -> Result<Vec<O::Mat>, O::Error> {
         self.backward_ex(ops, g, fwd, d_logits, &mut LocalExchange)
     }
 
@@ -673,7 +685,7 @@ impl<O: Ops> DeviceModel<O> {
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
-    ) -> Result<Vec<O::Mat>, GpuError> {
+    ) -> Result<Vec<O::Mat>, O::Error> {
         self.backward_graphs(ops, Graphs::Whole(g), fwd, d_logits, ex)
     }
 
@@ -686,12 +698,12 @@ impl<O: Ops> DeviceModel<O> {
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
-    ) -> Result<Vec<O::Mat>, GpuError> {
+    ) -> Result<Vec<O::Mat>, O::Error> {
         self.backward_graphs(ops, Graphs::Blocks(blocks), fwd, d_logits, ex)
     }
 
     /// Zero gradients of every parameter, all-reduced through `ex` (a worker with no seeds in a step).
-    pub fn zero_grads(&self, ops: &mut O, ex: &mut dyn Exchange) -> Result<Vec<O::Mat>, GpuError> {
+    pub fn zero_grads(&self, ops: &mut O, ex: &mut dyn Exchange) -> Result<Vec<O::Mat>, O::Error> {
         let grads = self
             .params
             .iter()
@@ -708,7 +720,7 @@ impl<O: Ops> DeviceModel<O> {
         ops: &mut O,
         mut grads: Vec<O::Mat>,
         ex: &mut dyn Exchange,
-    ) -> Result<Vec<O::Mat>, GpuError> {
+    ) -> Result<Vec<O::Mat>, O::Error> {
         if !ex.is_local() {
             let mut host = download_all(ops, &grads)?;
             ex.all_reduce(&mut host).map_err(exchange_error)?;
@@ -727,7 +739,7 @@ impl<O: Ops> DeviceModel<O> {
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
-    ) -> Result<Vec<O::Mat>, GpuError> {
+    ) -> Result<Vec<O::Mat>, O::Error> {
         let DeviceForward {
             inputs,
             mut caches,
@@ -785,7 +797,7 @@ impl<O: Ops> DeviceModel<O> {
             .into_iter()
             .enumerate()
             .map(|(i, g)| {
-                g.ok_or_else(|| GpuError::Shape(format!("no gradient for {}", self.names[i])))
+                g.ok_or_else(|| shape_error(format!("no gradient for {}", self.names[i])))
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.all_reduce(ops, grads, ex)
@@ -804,7 +816,7 @@ impl<O: Ops> DeviceModel<O> {
         pass: Pass,
         grads: &mut [Option<O::Mat>],
         ex: &mut dyn Exchange,
-    ) -> Result<Option<O::Mat>, GpuError> {
+    ) -> Result<Option<O::Mat>, O::Error> {
         // `n` destinations (d_out's rows); the input has `n_in` rows (every source on a block)
         let n = g.n;
         let (n_in, d_in) = ops.dims(h);
@@ -931,7 +943,7 @@ impl<O: Ops> DeviceModel<O> {
         pass: Pass,
         grads: &mut [Option<O::Mat>],
         ex: &mut dyn Exchange,
-    ) -> Result<Option<O::Mat>, GpuError> {
+    ) -> Result<Option<O::Mat>, O::Error> {
         let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let width = hc + heads;
         let (n_in, d_in) = ops.dims(h);
@@ -1030,16 +1042,16 @@ impl<O: Ops> DeviceModel<O> {
     }
 
     /// Continues from `opt`'s state (a resumed checkpoint): its step count and moments go to the device.
-    pub fn restore_adam(&mut self, ops: &mut O, opt: &physalia_gnn::Adam) -> Result<(), GpuError> {
+    pub fn restore_adam(&mut self, ops: &mut O, opt: &crate::Adam) -> Result<(), O::Error> {
         let (m, v) = opt.moments();
-        let mut up = |bufs: &[Vec<f32>]| -> Result<Vec<O::Mat>, GpuError> {
+        let mut up = |bufs: &[Vec<f32>]| -> Result<Vec<O::Mat>, O::Error> {
             self.params
                 .iter()
                 .zip(bufs)
                 .map(|(p, b)| {
                     let (r, c) = ops.dims(p);
                     if b.len() != r * c {
-                        return Err(GpuError::Shape(
+                        return Err(shape_error(
                             "optimizer state does not match the model's parameters".into(),
                         ));
                     }
@@ -1049,7 +1061,7 @@ impl<O: Ops> DeviceModel<O> {
         };
         let (m, v) = (up(m)?, up(v)?);
         if m.len() != self.params.len() || v.len() != self.params.len() {
-            return Err(GpuError::Shape(
+            return Err(shape_error(
                 "optimizer state does not match the model's parameters".into(),
             ));
         }
@@ -1062,26 +1074,26 @@ impl<O: Ops> DeviceModel<O> {
     }
 
     /// Copies the device's optimizer state into `opt` (for checkpoints); nothing before the first step.
-    pub fn download_adam(&self, ops: &mut O, opt: &mut physalia_gnn::Adam) -> Result<(), GpuError> {
+    pub fn download_adam(&self, ops: &mut O, opt: &mut crate::Adam) -> Result<(), O::Error> {
         let Some(st) = &self.adam else {
             return Ok(());
         };
-        let take = |ops: &mut O, ms: &[O::Mat]| -> Result<Vec<Vec<f32>>, GpuError> {
+        let take = |ops: &mut O, ms: &[O::Mat]| -> Result<Vec<Vec<f32>>, O::Error> {
             ms.iter()
                 .map(|m| ops.download(m).map(|h| h.data().to_vec()))
                 .collect()
         };
         let (m, v) = (take(ops, &st.m)?, take(ops, &st.v)?);
-        opt.restore(st.step, m, v).map_err(GpuError::Shape)
+        opt.restore(st.step, m, v).map_err(shape_error)
     }
 
-    /// One Adam step (`physalia_gnn::Adam::step`) on the device.
+    /// One Adam step (`crate::Adam::step`) on the device.
     pub fn adam_step(
         &mut self,
         ops: &mut O,
         grads: Vec<O::Mat>,
         cfg: AdamConfig,
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), O::Error> {
         if self.adam.is_none() {
             let mut m = Vec::with_capacity(self.params.len());
             let mut v = Vec::with_capacity(self.params.len());
@@ -1109,7 +1121,7 @@ impl<O: Ops> DeviceModel<O> {
         Ok(())
     }
 
-    /// One training epoch as `physalia_gnn::train` runs it: forward (dropout keyed by `epoch`), the masked
+    /// One training epoch as `crate::train` runs it: forward (dropout keyed by `epoch`), the masked
     /// cross-entropy over `train` (normalised by its length), backward, Adam. Returns the mean loss.
     #[allow(clippy::too_many_arguments)]
     pub fn train_epoch(
@@ -1122,7 +1134,7 @@ impl<O: Ops> DeviceModel<O> {
         n_train: usize,
         epoch: u64,
         adam: AdamConfig,
-    ) -> Result<f64, GpuError> {
+    ) -> Result<f64, O::Error> {
         let fwd = self.forward(ops, g, x, Pass::Train { epoch })?;
         let (r, c) = ops.dims(&fwd.logits);
         let mut d_logits = ops.alloc(r, c)?;
@@ -1140,7 +1152,7 @@ impl<O: Ops> DeviceModel<O> {
         x: &O::Mat,
         labels: &O::Labels,
         sets: &[&O::Idx],
-    ) -> Result<Vec<u64>, GpuError> {
+    ) -> Result<Vec<u64>, O::Error> {
         self.evaluate_ex(ops, g, x, labels, sets, &mut LocalExchange)
     }
 
@@ -1153,7 +1165,7 @@ impl<O: Ops> DeviceModel<O> {
         labels: &O::Labels,
         sets: &[&O::Idx],
         ex: &mut dyn Exchange,
-    ) -> Result<Vec<u64>, GpuError> {
+    ) -> Result<Vec<u64>, O::Error> {
         let fwd = self.forward_ex(ops, g, x, Pass::Eval, ex)?;
         let out = sets
             .iter()
@@ -1171,14 +1183,14 @@ impl<O: Ops> DeviceModel<O> {
 }
 
 /// The host matrices of a forward pass (for tests and debugging).
-pub fn download_all<O: Ops>(ops: &mut O, ms: &[O::Mat]) -> Result<Vec<Matrix>, GpuError> {
+pub fn download_all<O: Ops>(ops: &mut O, ms: &[O::Mat]) -> Result<Vec<Matrix>, O::Error> {
     ms.iter().map(|m| ops.download(m)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use physalia_gnn::Activation;
+    use crate::Activation;
 
     #[test]
     fn plans_match_the_engine_layout() {

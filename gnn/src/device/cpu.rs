@@ -1,0 +1,545 @@
+//! [`Cpu`]: the device of host memory, whose operations are this crate's kernels: SpMM over both directions
+//! of a [`SparseOp`] (`sparse.rs`), the row-block-parallel products of `dense.rs`, the GAT kernels of
+//! `gat.rs`, and the dropout, activation and loss functions [`crate::Model`] runs. A [`DeviceModel`] on it
+//! computes what `Model` computes, with the same kernels, so the generic layer code is checked on any
+//! machine (`physalia-gnn-cuda`'s `tests/emulate.rs`), and a GPU run of the same code differs only in its
+//! kernels.
+//!
+//! [`DeviceModel`]: super::DeviceModel
+
+use rayon::prelude::*;
+
+use super::{
+    AdamStep, AttnDropout, Dropout, GatShape, Ops, View, check, check_copy2d, check_labels,
+    gemm_shape,
+};
+use crate::Activation;
+use crate::dense::{matmul_at, matmul_bt_into, matmul_into};
+use crate::model::{activate, activation_backward, add_bias, dropout_cols};
+use crate::rng::Stream;
+use crate::sparse::{SparseOp, Src};
+use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
+use crate::{Error, gat, loss};
+
+/// The host device: matrices are [`Matrix`], operators [`SparseOp`], errors the engine's [`Error`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+/// A view as a matrix: borrowed when it is a whole matrix, else its rows copied out.
+enum Operand<'a> {
+    Whole(&'a Matrix),
+    Copied(Matrix),
+}
+
+impl Operand<'_> {
+    fn of<'a>(v: &View<'a, Matrix>) -> Operand<'a> {
+        let m = v.m;
+        if v.offset == 0 && v.ld == v.cols && (v.rows, v.cols) == m.shape() {
+            return Operand::Whole(m);
+        }
+        let d = m.data();
+        let mut out = Vec::with_capacity(v.rows * v.cols);
+        for r in 0..v.rows {
+            let s = v.offset + r * v.ld;
+            out.extend_from_slice(&d[s..s + v.cols]);
+        }
+        Operand::Copied(Matrix::from_vec(v.rows, v.cols, out))
+    }
+
+    fn get(&self) -> &Matrix {
+        match self {
+            Operand::Whole(m) => m,
+            Operand::Copied(m) => m,
+        }
+    }
+}
+
+fn transpose(a: &Matrix) -> Matrix {
+    let (r, c) = a.shape();
+    let mut t = Matrix::zeros(c, r);
+    for i in 0..r {
+        for (j, &v) in a.row(i).iter().enumerate() {
+            t.data_mut()[j * r + i] = v;
+        }
+    }
+    t
+}
+
+fn check_gat(
+    a: &SparseOp,
+    m_own: &Matrix,
+    m_halo: Option<&Matrix>,
+    s_dst: &Matrix,
+    shape: GatShape,
+) -> Result<(), Error> {
+    let (h, c) = (shape.heads as usize, shape.c as usize);
+    let width = h * c + h;
+    let n_halo = m_halo.map_or(0, |m| m.rows());
+    check(
+        m_own.cols() == width
+            && m_halo.is_none_or(|m| m.cols() == width)
+            && m_own.rows() + n_halo == a.n_src()
+            && s_dst.cols() == h
+            && s_dst.rows() >= a.n_dst(),
+        || "gat message shapes".into(),
+    )?;
+    Ok(())
+}
+
+fn messages<'a>(m_own: &'a Matrix, m_halo: Option<&'a Matrix>) -> Src<'a> {
+    Src {
+        own: m_own.data(),
+        halo: m_halo.map_or(&[][..], |m| m.data()),
+        n_own: m_own.rows(),
+        d: m_own.cols(),
+    }
+}
+
+fn attn_drop(d: Option<AttnDropout>) -> gat::AttnDrop {
+    d.map(|d| {
+        let (key, thr, scale) = d.kernel_args();
+        (Stream::from_key(key), thr, scale)
+    })
+}
+
+impl Ops for Cpu {
+    type Mat = Matrix;
+    type Csr = SparseOp;
+    type Idx = Vec<u32>;
+    type Labels = Vec<i64>;
+    type Error = Error;
+
+    fn dims(&self, m: &Matrix) -> (usize, usize) {
+        m.shape()
+    }
+    fn upload(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Ok(m.clone())
+    }
+    fn upload_owned(&mut self, m: Matrix) -> Result<Matrix, Error> {
+        Ok(m)
+    }
+    fn download(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Ok(m.clone())
+    }
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Ok(Matrix::zeros(rows, cols))
+    }
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Ok(Matrix::zeros(rows, cols))
+    }
+    fn recycle(&mut self, _m: Matrix) {}
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<SparseOp, Error> {
+        Ok(op.clone())
+    }
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Vec<u32>, Error> {
+        Ok(v.to_vec())
+    }
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Vec<i64>, Error> {
+        Ok(v.to_vec())
+    }
+
+    fn gemm(
+        &mut self,
+        a: View<'_, Matrix>,
+        b: View<'_, Matrix>,
+        beta: f32,
+        c: &mut Matrix,
+    ) -> Result<(), Error> {
+        gemm_shape(&a, &b, c.shape())?;
+        let (am, bm) = (Operand::of(&a), Operand::of(&b));
+        let (am, bm) = (am.get(), bm.get());
+        let accumulate = beta != 0.0;
+        if accumulate && beta != 1.0 {
+            c.scale(beta);
+        }
+        match (a.trans, b.trans) {
+            (false, false) => matmul_into(am, bm, c, accumulate),
+            (false, true) => matmul_bt_into(am, bm, c, accumulate),
+            (true, false) => {
+                let p = matmul_at(am, bm);
+                if accumulate {
+                    c.add_assign(&p);
+                } else {
+                    *c = p;
+                }
+            }
+            (true, true) => matmul_bt_into(&transpose(am), bm, c, accumulate),
+        }
+        Ok(())
+    }
+
+    fn spmm(
+        &mut self,
+        a: &SparseOp,
+        own: &Matrix,
+        halo: Option<&Matrix>,
+        y: &mut Matrix,
+    ) -> Result<(), Error> {
+        let d = own.cols();
+        let n_halo = halo.map_or(0, |h| h.rows());
+        check(
+            own.rows() + n_halo == a.n_src()
+                && y.shape() == (a.n_dst(), d)
+                && halo.is_none_or(|h| h.cols() == d),
+            || {
+                format!(
+                    "spmm: {} + {n_halo} source rows for {}",
+                    own.rows(),
+                    a.n_src()
+                )
+            },
+        )?;
+        *y = a.spmm_ext(own, halo);
+        Ok(())
+    }
+
+    fn spmm_t(&mut self, a: &SparseOp, x: &Matrix, y: &mut Matrix) -> Result<(), Error> {
+        check(
+            x.rows() == a.n_dst() && y.shape() == (a.n_src(), x.cols()),
+            || format!("spmm_t: {} rows for {} destinations", x.rows(), a.n_dst()),
+        )?;
+        *y = a.spmm_t(x);
+        Ok(())
+    }
+
+    fn gat_messages(
+        &mut self,
+        z: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        m: &mut Matrix,
+        s_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        let n = z.rows();
+        check(
+            z.cols() == h * c
+                && m.shape() == (n, h * c + h)
+                && s_dst.shape() == (n, h)
+                && a_src.data().len() == h * c
+                && a_dst.data().len() == h * c,
+            || "gat_messages shapes".into(),
+        )?;
+        gat::messages(
+            z.data(),
+            a_src.data(),
+            a_dst.data(),
+            shape,
+            m.data_mut(),
+            s_dst.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn gat_forward(
+        &mut self,
+        a: &SparseOp,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Matrix,
+        out: &mut Matrix,
+    ) -> Result<(), Error> {
+        check_gat(a, m_own, m_halo, s_dst, shape)?;
+        check(
+            alpha.shape() == (a.nnz(), shape.heads as usize)
+                && out.shape() == (a.n_dst(), shape.d_out()),
+            || "gat_forward output shapes".into(),
+        )?;
+        out.fill(0.0);
+        gat::forward(
+            a,
+            &messages(m_own, m_halo),
+            s_dst.data(),
+            gids.map(Vec::as_slice),
+            attn_drop(drop),
+            shape,
+            alpha.data_mut(),
+            out.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn gat_backward_edges(
+        &mut self,
+        a: &SparseOp,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        alpha: &Matrix,
+        d_out: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Matrix,
+        a_used: &mut Matrix,
+        ds_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        check_gat(a, m_own, m_halo, s_dst, shape)?;
+        let h = shape.heads as usize;
+        check(
+            alpha.shape() == (a.nnz(), h)
+                && d_score.shape() == (a.nnz(), h)
+                && a_used.shape() == (a.nnz(), h)
+                && ds_dst.shape() == (a.n_dst(), h)
+                && d_out.shape() == (a.n_dst(), shape.d_out()),
+            || "gat_backward_edges shapes".into(),
+        )?;
+        gat::backward_edges(
+            a,
+            &messages(m_own, m_halo),
+            s_dst.data(),
+            alpha.data(),
+            d_out.data(),
+            gids.map(Vec::as_slice),
+            attn_drop(drop),
+            shape,
+            d_score.data_mut(),
+            a_used.data_mut(),
+            ds_dst.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn gat_backward_sources(
+        &mut self,
+        a: &SparseOp,
+        a_used: &Matrix,
+        d_score: &Matrix,
+        d_out: &Matrix,
+        shape: GatShape,
+        dm: &mut Matrix,
+    ) -> Result<(), Error> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        check(
+            dm.shape() == (a.n_src(), h * c + h)
+                && d_out.shape() == (a.n_dst(), shape.d_out())
+                && a_used.shape() == (a.nnz(), h)
+                && d_score.shape() == (a.nnz(), h),
+            || "gat_backward_sources shapes".into(),
+        )?;
+        dm.fill(0.0);
+        gat::backward_sources(
+            a,
+            a_used.data(),
+            d_score.data(),
+            d_out.data(),
+            shape,
+            dm.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn gat_dz(
+        &mut self,
+        dm: &Matrix,
+        ds_dst: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        dz: &mut Matrix,
+    ) -> Result<(), Error> {
+        let (h, c) = (shape.heads as usize, shape.c as usize);
+        check(
+            dm.shape() == (dz.rows(), h * c + h)
+                && dz.cols() == h * c
+                && ds_dst.cols() == h
+                && ds_dst.rows() <= dz.rows()
+                && a_src.data().len() == h * c
+                && a_dst.data().len() == h * c,
+            || "gat_dz shapes".into(),
+        )?;
+        gat::dz(
+            dm.data(),
+            ds_dst.data(),
+            a_src.data(),
+            a_dst.data(),
+            shape,
+            dz.data_mut(),
+        );
+        Ok(())
+    }
+
+    fn bias_add(&mut self, x: &mut Matrix, bias: &Matrix) -> Result<(), Error> {
+        check(bias.data().len() == x.cols(), || "bias width".into())?;
+        add_bias(x, bias);
+        Ok(())
+    }
+
+    fn activate(&mut self, x: &mut Matrix, act: Activation) -> Result<(), Error> {
+        activate(x, act);
+        Ok(())
+    }
+
+    fn dropout(
+        &mut self,
+        x: &mut Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), Error> {
+        check(
+            gids.is_none_or(|g| g.len() >= row0 + x.rows()) && col0 + x.cols() <= total_cols,
+            || "dropout rows or columns out of range".into(),
+        )?;
+        dropout_cols(
+            x,
+            gids.map(Vec::as_slice),
+            row0,
+            d.p,
+            Stream::from_key(d.key),
+            col0,
+            total_cols,
+        );
+        Ok(())
+    }
+
+    fn activation_backward(
+        &mut self,
+        dy: &mut Matrix,
+        y: &Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), Error> {
+        check(dy.shape() == y.shape(), || {
+            "activation_backward shapes".into()
+        })?;
+        check(gids.is_none_or(|g| g.len() >= row0 + dy.rows()), || {
+            "activation_backward rows out of range".into()
+        })?;
+        activation_backward(
+            dy,
+            y.data(),
+            row0,
+            gids.map(Vec::as_slice),
+            act,
+            d.map(|d| d.p),
+            Stream::from_key(d.map_or(0, |d| d.key)),
+        );
+        Ok(())
+    }
+
+    fn add_assign(&mut self, a: &mut Matrix, b: &Matrix) -> Result<(), Error> {
+        check(a.cols() == b.cols() && b.rows() <= a.rows(), || {
+            "add_assign shapes".into()
+        })?;
+        if a.shape() == b.shape() {
+            a.add_assign(b);
+        } else {
+            let n = b.data().len();
+            a.data_mut()[..n]
+                .par_iter_mut()
+                .zip(b.data())
+                .with_min_len(ELEMENTWISE_CHUNK)
+                .for_each(|(x, &y)| *x += y);
+        }
+        Ok(())
+    }
+
+    fn col_sums(&mut self, x: &Matrix, out: &mut Matrix) -> Result<(), Error> {
+        check(out.shape() == (1, x.cols()), || "col_sums width".into())?;
+        *out = x.column_sums();
+        Ok(())
+    }
+
+    fn copy2d(
+        &mut self,
+        src: View<'_, Matrix>,
+        dst: &mut Matrix,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), Error> {
+        check(!src.trans, || "copy2d copies without transposing".into())?;
+        check_copy2d(
+            &src,
+            dst.data().len(),
+            src.m.data().len(),
+            dst_offset,
+            dst_ld,
+        )?;
+        let (s, d) = (src.m.data(), dst.data_mut());
+        for r in 0..src.rows {
+            let (so, dof) = (src.offset + r * src.ld, dst_offset + r * dst_ld);
+            d[dof..dof + src.cols].copy_from_slice(&s[so..so + src.cols]);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&mut self, src: &Matrix, idx: &Vec<u32>, dst: &mut Matrix) -> Result<(), Error> {
+        let c = src.cols();
+        check(
+            dst.shape() == (idx.len(), c) && idx.iter().all(|&i| (i as usize) < src.rows()),
+            || "gather_rows shapes".into(),
+        )?;
+        if c > 0 {
+            dst.data_mut()
+                .par_chunks_mut(c)
+                .zip(idx.par_iter())
+                .for_each(|(row, &i)| row.copy_from_slice(src.row(i as usize)));
+        }
+        Ok(())
+    }
+
+    fn cross_entropy(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+        normalizer: f64,
+        grad: &mut Matrix,
+    ) -> Result<f64, Error> {
+        check(grad.shape() == logits.shape(), || {
+            "cross_entropy shapes".into()
+        })?;
+        check_labels(labels, rows, logits.shape())?;
+        let (loss, g) = loss::cross_entropy(logits, labels, rows, normalizer);
+        *grad = g;
+        Ok(loss)
+    }
+
+    fn correct(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+    ) -> Result<u64, Error> {
+        check_labels(labels, rows, logits.shape())?;
+        Ok(loss::correct(logits, labels, rows) as u64)
+    }
+
+    fn adam(
+        &mut self,
+        w: &mut Matrix,
+        g: &Matrix,
+        m: &mut Matrix,
+        v: &mut Matrix,
+        s: AdamStep,
+    ) -> Result<(), Error> {
+        check(
+            w.shape() == g.shape() && w.shape() == m.shape() && w.shape() == v.shape(),
+            || "adam shapes".into(),
+        )?;
+        // `Adam::step`'s arithmetic, element by element
+        for (((w, &g), m), v) in w
+            .data_mut()
+            .iter_mut()
+            .zip(g.data())
+            .zip(m.data_mut().iter_mut())
+            .zip(v.data_mut().iter_mut())
+        {
+            let g = g + s.weight_decay * *w;
+            *m = s.beta1 * *m + (1.0 - s.beta1) * g;
+            *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
+            *w -= s.step_size * *m / ((*v).sqrt() / s.bc2_sqrt + s.eps);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,433 @@
+//! The device seam: the operations a GNN layer needs, as one trait ([`Ops`]) that every device implements,
+//! in the manner of candle's backend traits.
+//!
+//! Implementations: [`Cpu`] (host memory, this crate's rayon kernels: `sparse`, `dense`, the GAT kernels of
+//! `gat`) and `physalia_gnn_cuda::CudaEngine` (device memory, NVRTC kernels, cuBLAS). [`DeviceModel`]
+//! composes a GCN / GraphSAGE / GAT forward, backward and Adam step from these operations once, generic over
+//! the trait, so the code that runs on the GPU is the code the host tests run on [`Cpu`] against [`Model`].
+//!
+//! The trait lives in the base crate so that a device crate only adds kernels: the plan types the kernels
+//! take ([`View`], [`GatShape`], [`Dropout`], [`AttnDropout`], [`AdamStep`]) and the shape checks shared by
+//! every implementation are here too. Each device has its own error type; it must hold a [`DeviceError`]
+//! (shapes, the exchange), which is what the generic model code raises.
+//!
+//! [`Model`]: crate::Model
+
+mod cpu;
+mod model;
+
+pub use cpu::Cpu;
+pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, download_all};
+
+use crate::Activation;
+use crate::exchange::ExchangeError;
+use crate::rng::drop_threshold;
+use crate::sparse::SparseOp;
+use crate::tensor::Matrix;
+
+/// What the generic layer code and the shared checks raise; every device's error type holds it.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    #[error("exchange with peers failed: {0}")]
+    Exchange(ExchangeError),
+}
+
+impl From<DeviceError> for crate::Error {
+    fn from(e: DeviceError) -> Self {
+        match e {
+            DeviceError::Shape(s) => crate::Error::Shape(s),
+            DeviceError::Exchange(e) => crate::Error::Exchange(e),
+        }
+    }
+}
+
+/// A dense operand of a product: rows x cols elements of `m` starting at `offset`, `ld` apart between rows
+/// (row-major), optionally transposed.
+#[derive(Debug)]
+pub struct View<'a, M> {
+    pub m: &'a M,
+    pub offset: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+    pub trans: bool,
+}
+
+impl<'a, M> View<'a, M> {
+    /// The whole `rows x cols` matrix.
+    pub fn full(m: &'a M, rows: usize, cols: usize) -> View<'a, M> {
+        View {
+            m,
+            offset: 0,
+            rows,
+            cols,
+            ld: cols,
+            trans: false,
+        }
+    }
+
+    /// Columns `col0..col0 + cols` of the first `rows` rows of a matrix `ld` wide.
+    pub fn cols(m: &'a M, rows: usize, col0: usize, cols: usize, ld: usize) -> View<'a, M> {
+        View {
+            m,
+            offset: col0,
+            rows,
+            cols,
+            ld,
+            trans: false,
+        }
+    }
+
+    pub fn t(mut self) -> View<'a, M> {
+        self.trans = !self.trans;
+        self
+    }
+
+    /// Shape after the transpose.
+    pub fn op_shape(&self) -> (usize, usize) {
+        if self.trans {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        }
+    }
+}
+
+/// Attention dropout of a GAT layer: the stream key and the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnDropout {
+    pub key: u64,
+    pub p: f32,
+}
+
+impl AttnDropout {
+    /// (key, 32-bit threshold, scale) as the kernels take them.
+    pub fn kernel_args(self) -> (u64, u32, f32) {
+        (self.key, drop_threshold(self.p), 1.0 / (1.0 - self.p))
+    }
+}
+
+/// Dropout of activations: the stream key and the rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    pub key: u64,
+    pub p: f32,
+}
+
+/// Shape of a GAT layer: heads, per-head width, concatenated or averaged heads, LeakyReLU slope.
+#[derive(Clone, Copy, Debug)]
+pub struct GatShape {
+    pub heads: u32,
+    pub c: u32,
+    pub concat: bool,
+    pub slope: f32,
+}
+
+impl GatShape {
+    /// Output width: the heads concatenated, or one head's width when they are averaged.
+    pub fn d_out(&self) -> usize {
+        (if self.concat {
+            self.heads * self.c
+        } else {
+            self.c
+        }) as usize
+    }
+}
+
+/// Scalars of one Adam step, computed on the host exactly as `optim.rs` does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    pub step_size: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub bc2_sqrt: f32,
+}
+
+impl AdamStep {
+    /// Step `t` (1-based) with `optim.rs`'s arithmetic.
+    pub fn new(t: u64, lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32) -> AdamStep {
+        let t = t as i32;
+        let bc1 = 1.0 - beta1.powi(t);
+        let bc2 = 1.0 - beta2.powi(t);
+        AdamStep {
+            step_size: lr / bc1,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            bc2_sqrt: bc2.sqrt(),
+        }
+    }
+}
+
+/// Everything the layers need from a device. Shapes are checked by the implementations; on the GPU all sizes
+/// must fit the kernels' 32-bit indices.
+pub trait Ops {
+    /// A dense row-major f32 matrix in the device's memory.
+    type Mat;
+    /// A sparse operator with its transpose.
+    type Csr;
+    /// A list of u32 (row ids, global ids).
+    type Idx;
+    /// Class labels.
+    type Labels;
+    /// The device's error; shape and exchange failures of the generic code arrive as a [`DeviceError`].
+    type Error: From<DeviceError> + std::error::Error;
+
+    fn dims(&self, m: &Self::Mat) -> (usize, usize);
+    fn upload(&mut self, m: &Matrix) -> Result<Self::Mat, Self::Error>;
+    /// Like [`Ops::upload`], handing the host matrix over (the host device keeps it without a copy).
+    fn upload_owned(&mut self, m: Matrix) -> Result<Self::Mat, Self::Error> {
+        self.upload(&m)
+    }
+    fn download(&mut self, m: &Self::Mat) -> Result<Matrix, Self::Error>;
+    /// Contents unspecified: for outputs a kernel writes in full.
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, Self::Error>;
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, Self::Error>;
+    /// Hands a buffer back for reuse by a later `alloc` of the same size.
+    fn recycle(&mut self, m: Self::Mat);
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<Self::Csr, Self::Error>;
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Self::Idx, Self::Error>;
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Self::Labels, Self::Error>;
+
+    /// `C = op(A) op(B) + beta C` (beta 0 or 1).
+    fn gemm(
+        &mut self,
+        a: View<'_, Self::Mat>,
+        b: View<'_, Self::Mat>,
+        beta: f32,
+        c: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    /// `Y = A [own; halo]` over the CSR.
+    fn spmm(
+        &mut self,
+        a: &Self::Csr,
+        own: &Self::Mat,
+        halo: Option<&Self::Mat>,
+        y: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    /// `Y = A^T X` over the explicit transpose.
+    fn spmm_t(
+        &mut self,
+        a: &Self::Csr,
+        x: &Self::Mat,
+        y: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+
+    /// `m = [Z | s_src]`, `s_dst`, from `z` and the attention vectors (`heads x c` each).
+    fn gat_messages(
+        &mut self,
+        z: &Self::Mat,
+        a_src: &Self::Mat,
+        a_dst: &Self::Mat,
+        shape: GatShape,
+        m: &mut Self::Mat,
+        s_dst: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn gat_forward(
+        &mut self,
+        a: &Self::Csr,
+        m_own: &Self::Mat,
+        m_halo: Option<&Self::Mat>,
+        s_dst: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Self::Mat,
+        out: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward_edges(
+        &mut self,
+        a: &Self::Csr,
+        m_own: &Self::Mat,
+        m_halo: Option<&Self::Mat>,
+        s_dst: &Self::Mat,
+        alpha: &Self::Mat,
+        d_out: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Self::Mat,
+        a_used: &mut Self::Mat,
+        ds_dst: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    fn gat_backward_sources(
+        &mut self,
+        a: &Self::Csr,
+        a_used: &Self::Mat,
+        d_score: &Self::Mat,
+        d_out: &Self::Mat,
+        shape: GatShape,
+        dm: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    fn gat_dz(
+        &mut self,
+        dm: &Self::Mat,
+        ds_dst: &Self::Mat,
+        a_src: &Self::Mat,
+        a_dst: &Self::Mat,
+        shape: GatShape,
+        dz: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+
+    fn bias_add(&mut self, x: &mut Self::Mat, bias: &Self::Mat) -> Result<(), Self::Error>;
+    fn activate(&mut self, x: &mut Self::Mat, act: Activation) -> Result<(), Self::Error>;
+    /// Inverted dropout keyed by `gid(row0 + r) * total_cols + col0 + col` (gid = row without `gids`).
+    #[allow(clippy::too_many_arguments)]
+    fn dropout(
+        &mut self,
+        x: &mut Self::Mat,
+        gids: Option<&Self::Idx>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), Self::Error>;
+    /// `dy` through `y = dropout(act(z))` into the gradient of `z`.
+    fn activation_backward(
+        &mut self,
+        dy: &mut Self::Mat,
+        y: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), Self::Error>;
+    /// `a += b`; `b` may have fewer rows than `a` (of the same width): it adds into `a`'s first rows.
+    fn add_assign(&mut self, a: &mut Self::Mat, b: &Self::Mat) -> Result<(), Self::Error>;
+    /// `out (1 x cols) = column sums of x`.
+    fn col_sums(&mut self, x: &Self::Mat, out: &mut Self::Mat) -> Result<(), Self::Error>;
+    /// Copies a (non-transposed) view into `dst` starting at element `dst_offset`, rows `dst_ld` apart.
+    fn copy2d(
+        &mut self,
+        src: View<'_, Self::Mat>,
+        dst: &mut Self::Mat,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), Self::Error>;
+    /// Rows `idx` of `src`, packed.
+    fn gather_rows(
+        &mut self,
+        src: &Self::Mat,
+        idx: &Self::Idx,
+        dst: &mut Self::Mat,
+    ) -> Result<(), Self::Error>;
+    /// Sum of the cross-entropy over `rows`, and the gradient of `sum / normalizer` into `grad` (zero on
+    /// other rows).
+    fn cross_entropy(
+        &mut self,
+        logits: &Self::Mat,
+        labels: &Self::Labels,
+        rows: &Self::Idx,
+        normalizer: f64,
+        grad: &mut Self::Mat,
+    ) -> Result<f64, Self::Error>;
+    /// Rows of `rows` whose first arg-max equals the label.
+    fn correct(
+        &mut self,
+        logits: &Self::Mat,
+        labels: &Self::Labels,
+        rows: &Self::Idx,
+    ) -> Result<u64, Self::Error>;
+    fn adam(
+        &mut self,
+        w: &mut Self::Mat,
+        g: &Self::Mat,
+        m: &mut Self::Mat,
+        v: &mut Self::Mat,
+        s: AdamStep,
+    ) -> Result<(), Self::Error>;
+    /// Waits for queued work (a no-op on the host).
+    fn synchronize(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// Returns every recycled buffer to the device's allocator: shapes that change every step (sampled
+    /// mini-batches) would otherwise each keep a cached buffer of their own.
+    fn release_cached(&mut self) {}
+
+    /// A copy of `m`.
+    fn duplicate(&mut self, m: &Self::Mat) -> Result<Self::Mat, Self::Error> {
+        let (r, c) = self.dims(m);
+        let mut out = self.alloc(r, c)?;
+        self.copy2d(View::full(m, r, c), &mut out, 0, c)?;
+        Ok(out)
+    }
+}
+
+/// `Ok` when `ok`, else a shape error with `what`.
+pub fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), DeviceError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(DeviceError::Shape(what()))
+    }
+}
+
+/// Checks a product's shapes; returns (m, n, k).
+pub fn gemm_shape<M>(
+    a: &View<'_, M>,
+    b: &View<'_, M>,
+    c: (usize, usize),
+) -> Result<(usize, usize, usize), DeviceError> {
+    let (m, k) = a.op_shape();
+    let (k2, n) = b.op_shape();
+    check(k == k2 && c == (m, n), || {
+        format!("gemm: {m}x{k} times {k2}x{n} into {}x{}", c.0, c.1)
+    })?;
+    check(a.ld >= a.cols && b.ld >= b.cols, || {
+        "gemm: a row stride is smaller than the row".into()
+    })?;
+    Ok((m, n, k))
+}
+
+/// Checks that a [`Ops::copy2d`] stays inside both buffers (`src_len`, `dst_len` elements).
+pub fn check_copy2d<M>(
+    src: &View<'_, M>,
+    dst_len: usize,
+    src_len: usize,
+    dst_offset: usize,
+    dst_ld: usize,
+) -> Result<(), DeviceError> {
+    let end = |off: usize, ld: usize| {
+        if src.rows == 0 || src.cols == 0 {
+            0
+        } else {
+            off + (src.rows - 1) * ld + src.cols
+        }
+    };
+    check(
+        src.ld >= src.cols
+            && dst_ld >= src.cols
+            && end(src.offset, src.ld) <= src_len
+            && end(dst_offset, dst_ld) <= dst_len,
+        || "copy2d out of bounds".into(),
+    )
+}
+
+/// Checks that every row of `rows` exists and has a label in `0..c` (`n x c` logits).
+pub fn check_labels<L>(
+    labels: &[L],
+    rows: &[u32],
+    (n, c): (usize, usize),
+) -> Result<(), DeviceError>
+where
+    L: Copy + Into<i64>,
+{
+    check(labels.len() == n, || {
+        format!("{} labels for {n} rows", labels.len())
+    })?;
+    for &r in rows {
+        let ok = (r as usize) < n && (0..c as i64).contains(&labels[r as usize].into());
+        check(ok, || {
+            format!("row {r} is out of range or has no label in 0..{c}")
+        })?;
+    }
+    Ok(())
+}
