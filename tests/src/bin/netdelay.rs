@@ -102,6 +102,9 @@ fn run(a: Args) -> std::io::Result<()> {
                 Ok(m) => held.push_back((Instant::now(), m)),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // the answer to a verdict for a packet the kernel let go of (its device went away
+                // with the container): nothing to do
+                Err(e) if e.raw_os_error() == Some(ENOENT) => continue,
                 Err(e) => return Err(e),
             }
         }
@@ -119,7 +122,11 @@ fn run(a: Args) -> std::io::Result<()> {
                 stats.held += 1;
                 stats.max_held = stats.max_held.max(now.duration_since(at));
             }
-            q.verdict(m)?;
+            match q.verdict(m) {
+                // the kernel let go of the packet (its device went away with the container)
+                Err(e) if e.raw_os_error() == Some(ENOENT) => {}
+                r => r?,
+            }
         }
         if now.duration_since(last_write) >= Duration::from_millis(100) {
             stats.write(&a.stats);
@@ -129,6 +136,9 @@ fn run(a: Args) -> std::io::Result<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Linux's ENOENT: a verdict for a packet id the kernel no longer holds.
+const ENOENT: i32 = 2;
 
 fn main() -> ExitCode {
     let a = match args() {
