@@ -101,8 +101,11 @@ pub fn init(verbose: u8) {
 /// or a sink.
 enum Forward {
     Pending(Vec<(Level, String)>),
-    To(Box<dyn Fn(Level, &str) + Send>),
+    To(Sink),
 }
+
+/// Takes (level, line); see [`forward`].
+type Sink = Box<dyn Fn(Level, &str) + Send>;
 
 /// Warnings kept for a sink not set yet (a worker warns before its control connection exists); later
 /// ones are dropped from the forwarding, not from stderr.
