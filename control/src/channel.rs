@@ -11,7 +11,7 @@
 //! claims. Every refusal becomes a [`ServerEvent::Refused`] (the coordinator logs it) and is counted.
 //!
 //! Messages are [`Frame::control`] JSON frames on one bidirectional stream per worker, so they arrive in
-//! order. Each file transfer ([`ControlClient::fetch`], [`ControlClient::upload`]) is a further stream of
+//! order; a worker's [`LogSender`] puts its log lines on the same stream from any thread, without waiting. Each file transfer ([`ControlClient::fetch`], [`ControlClient::upload`]) is a further stream of
 //! the same connection. Both ends are blocking APIs over a private tokio runtime; neither may be used
 //! inside an async context.
 
@@ -29,6 +29,7 @@ use physalia_wire::{
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, Incoming, RecvStream, SendStream, VarInt};
 use tokio::runtime::Runtime;
+use tokio::sync::Mutex;
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 
 use crate::messages::{Artifact, ToCoordinator, ToWorker, Upload};
@@ -374,12 +375,53 @@ impl Heartbeat {
     }
 }
 
+/// Puts a worker's log lines on its control stream from any thread (a mesh runtime's included) without
+/// waiting: a line that finds [`LOG_BACKLOG`] lines not yet written is dropped (the worker's own log keeps
+/// it), so a flood of warnings never blocks training or grows memory.
+#[derive(Clone)]
+pub struct LogSender {
+    rank: usize,
+    tx: tokio::sync::mpsc::Sender<Frame>,
+    header: FrameHeader,
+}
+
+/// Log lines a worker may have queued for its control stream.
+pub const LOG_BACKLOG: usize = 256;
+
+impl LogSender {
+    /// Queues `line` (cut at [`crate::messages::MAX_LOG_LINE_BYTES`]); false if it was dropped or the
+    /// connection is gone.
+    pub fn send(&self, level: &str, line: &str) -> bool {
+        let max = crate::messages::MAX_LOG_LINE_BYTES;
+        let line = if line.len() > max {
+            let mut end = max - 3;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}...", &line[..end])
+        } else {
+            line.to_string()
+        };
+        let msg = ToCoordinator::Log {
+            rank: self.rank,
+            level: level.to_string(),
+            line,
+        };
+        match Frame::control(self.header, &msg) {
+            Ok(frame) => self.tx.try_send(frame).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
 /// A worker's end of the control channel.
 pub struct ControlClient {
     rank: usize,
     job: u64,
     conn: Connection,
-    send: SendStream,
+    /// Shared with the task that writes [`LogSender`]'s lines: whole frames, one writer at a time.
+    send: Arc<Mutex<SendStream>>,
+    log: LogSender,
     endpoint: Endpoint,
     incoming: Option<mpsc::Receiver<Result<ToWorker, String>>>,
     rt: Runtime,
@@ -459,11 +501,27 @@ impl ControlClient {
                 }
             }
         });
+        let send = Arc::new(Mutex::new(send));
+        let (log_tx, mut log_rx) = tokio::sync::mpsc::channel::<Frame>(LOG_BACKLOG);
+        let stream = send.clone();
+        rt.spawn(async move {
+            while let Some(frame) = log_rx.recv().await {
+                let mut s = stream.lock().await;
+                if write_frame(&mut s, &frame).await.is_err() {
+                    return;
+                }
+            }
+        });
         Ok(ControlClient {
             rank,
             job,
             conn,
             send,
+            log: LogSender {
+                rank,
+                tx: log_tx,
+                header: header(rank as u16, job),
+            },
             endpoint,
             incoming: Some(incoming),
             rt,
@@ -472,10 +530,15 @@ impl ControlClient {
 
     pub fn send(&mut self, msg: &ToCoordinator) -> Result<(), ControlError> {
         let frame = Frame::control(header(self.rank as u16, self.job), msg)?;
-        let send = &mut self.send;
+        let send = self.send.clone();
         self.rt
-            .block_on(write_frame(send, &frame))
+            .block_on(async move { write_frame(&mut *send.lock().await, &frame).await })
             .map_err(ControlError::Protocol)
+    }
+
+    /// A handle any thread puts log lines on this connection with (see [`LogSender`]).
+    pub fn log_sender(&self) -> LogSender {
+        self.log.clone()
     }
 
     /// The next message from the coordinator, waiting at most `timeout`.
@@ -585,10 +648,11 @@ impl ControlClient {
     }
 
     /// Finishes the stream and waits (at most `linger`) until the coordinator has read everything.
-    pub fn finish(mut self, linger: Duration) {
-        let _ = self.send.finish();
-        let (send, conn, endpoint) = (&mut self.send, self.conn.clone(), self.endpoint.clone());
+    pub fn finish(self, linger: Duration) {
+        let (send, conn, endpoint) = (self.send.clone(), self.conn.clone(), self.endpoint.clone());
         self.rt.block_on(async move {
+            let mut send = send.lock().await;
+            let _ = send.finish();
             let _ = tokio::time::timeout(linger, send.stopped()).await;
             conn.close(VarInt::from_u32(0), b"done");
             let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;

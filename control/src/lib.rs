@@ -13,7 +13,8 @@ pub mod record;
 pub mod transfer;
 
 pub use channel::{
-    COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Heartbeat, Outbox, ServerEvent,
+    COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Heartbeat, LogSender, Outbox,
+    ServerEvent,
 };
 pub use messages::{
     Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, ToCoordinator,

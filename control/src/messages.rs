@@ -32,7 +32,18 @@ pub enum ToCoordinator {
     /// ended): a fault of the network or of a peer, not of this worker's own work, so the coordinator
     /// retries the epoch as for a lost worker.
     PeerLost { rank: usize, error: String },
+    /// A warning or an error this worker logged (its `tracing` event as one line, `target: message
+    /// fields`): already in the worker's own log; the coordinator adds it to its log and, with `-v`,
+    /// shows it live. Lines are cut at [`MAX_LOG_LINE_BYTES`].
+    Log {
+        rank: usize,
+        level: String,
+        line: String,
+    },
 }
+
+/// The longest [`ToCoordinator::Log`] line a worker sends (longer ones are cut, marked with `...`).
+pub const MAX_LOG_LINE_BYTES: usize = 4096;
 
 /// Coordinator to worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]

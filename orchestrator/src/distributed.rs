@@ -598,8 +598,28 @@ fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
     }
 }
 
-/// Appends to `logs/coordinator.log` (refusals, spawns, failures); never to the terminal.
+/// Appends to `logs/coordinator.log` (refusals, spawns, failures, the workers' warnings); never to the
+/// terminal (the refusals and the workers' warnings are also `info` events, which `-v` shows). While it
+/// is open, this process's own warnings are teed into the same file.
 struct CoordLog(Option<std::fs::File>);
+
+impl CoordLog {
+    fn open(path: &Path) -> CoordLog {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok();
+        physalia_worker::logging::tee(file.as_ref().and_then(|f| f.try_clone().ok()));
+        CoordLog(file)
+    }
+}
+
+impl Drop for CoordLog {
+    fn drop(&mut self) {
+        physalia_worker::logging::tee(None);
+    }
+}
 
 impl CoordLog {
     fn line(&mut self, s: &str) {
@@ -646,13 +666,7 @@ impl Driver<'_> {
         let checkpoints = checkpoints_dir(self.job_abs);
         std::fs::create_dir_all(&checkpoints)
             .with_context(|| format!("creating {}", checkpoints.display()))?;
-        let mut log = CoordLog(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(logs.join("coordinator.log"))
-                .ok(),
-        );
+        let mut log = CoordLog::open(&logs.join("coordinator.log"));
         let mut live: std::collections::BTreeMap<usize, Live> = Default::default();
         let mut queue: std::collections::VecDeque<JobAction> =
             job.start(pending, Instant::now()).into();
@@ -1092,6 +1106,16 @@ fn worker_event(
                 mesh_addr,
             }
         }
+        ServerEvent::Message {
+            rank: from,
+            msg: ToCoordinator::Log { level, line, .. },
+        } => {
+            // named by the connection's certificate, not by what the message claims
+            let line = format!("launch {launch}: worker {from}: {level} {line}");
+            log.line(&line);
+            tracing::info!(target: "physalia::workers", "{line}");
+            return None;
+        }
         ServerEvent::Message { msg, .. } => match msg {
             ToCoordinator::Register { rank, .. } => Event::Failed {
                 rank,
@@ -1109,13 +1133,14 @@ fn worker_event(
             },
             ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
             ToCoordinator::PeerLost { rank, error } => Event::PeerLost { rank, error },
+            ToCoordinator::Log { .. } => unreachable!("handled above"),
         },
         ServerEvent::Alive { rank } => Event::Alive { rank },
         ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
         ServerEvent::Refused { addr, reason } => {
-            log.line(&format!(
-                "launch {launch}: refused a connection from {addr}: {reason}"
-            ));
+            let line = format!("launch {launch}: refused a connection from {addr}: {reason}");
+            log.line(&line);
+            tracing::info!(target: "physalia::control", "{line}");
             return None;
         }
         ServerEvent::Transfer { rank, error } => {

@@ -1,8 +1,9 @@
 //! Logs and secrets of a real multi-worker job (`physalia submit` with local `physalia-worker` processes):
 //! a warning inside a worker (the mesh refusing a connection from outside the job) reaches that worker's log
-//! file, and the private keys of the job's TLS identities appear in no worker's command line or
-//! environment, in no file of the finished job's record and in nothing the CLI printed. The launch's
-//! secrets folder (the only place the keys are) is gone when the job ends.
+//! file and the coordinator's, and with `submit -v` the terminal while the job runs (only then); the
+//! private keys of the job's TLS identities appear in no worker's command line or environment, in no file
+//! of the finished job's record and in nothing the CLI printed. The launch's secrets folder (the only
+//! place the keys are) is gone when the job ends.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -123,6 +124,34 @@ fn assert_no_key(what: &str, bytes: &[u8], keys: &[(PathBuf, Vec<Vec<u8>>)]) {
     }
 }
 
+/// Whether a member of another job (its own CA, rank 0 of a world of two, dialling rank 1) joins the mesh
+/// endpoint at `port` on loopback. A worker's mesh refuses it and warns.
+fn stranger_joins(port: u16) -> bool {
+    let other = JobCa::new("not-this-job").unwrap();
+    let id = other.identity(&worker_name(0)).unwrap();
+    let options = QuicOptions {
+        join_timeout: Duration::from_millis(600),
+        ..QuicOptions::default()
+    };
+    let ep = QuicEndpoint::bind(
+        0,
+        other.job_key(),
+        &id,
+        "127.0.0.1:0".parse().unwrap(),
+        options,
+    )
+    .unwrap();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    ep.join(&[addr, addr]).is_ok()
+}
+
+/// A line of the mesh's refusal warning.
+fn is_refusal(line: &str) -> bool {
+    line.contains("WARN")
+        && line.contains("refused connection")
+        && line.contains("handshake failed")
+}
+
 #[test]
 fn worker_warnings_reach_its_log_and_private_keys_reach_nothing_else() {
     let t = TempDir::new().unwrap();
@@ -188,27 +217,8 @@ fn worker_warnings_reach_its_log_and_private_keys_reach_nothing_else() {
             assert!(child.try_wait().unwrap().is_none(), "submit ended early");
             std::thread::sleep(Duration::from_millis(20));
         };
-        let other = JobCa::new("not-this-job").unwrap();
-        let id = other.identity(&worker_name(0)).unwrap();
         for port in ports {
-            let options = QuicOptions {
-                join_timeout: Duration::from_millis(600),
-                ..QuicOptions::default()
-            };
-            // rank 0 of a world of two dials rank 1: the worker's port
-            let ep = QuicEndpoint::bind(
-                0,
-                other.job_key(),
-                &id,
-                "127.0.0.1:0".parse().unwrap(),
-                options,
-            )
-            .unwrap();
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            assert!(
-                ep.join(&[addr, addr]).is_err(),
-                "a stranger joined worker {rank}"
-            );
+            assert!(!stranger_joins(port), "a stranger joined worker {rank}");
         }
     }
     let key_files: Vec<_> = keys.iter().map(|k| &k.0).collect();
@@ -247,9 +257,99 @@ fn worker_warnings_reach_its_log_and_private_keys_reach_nothing_else() {
         })
         .collect();
     assert!(
-        logs.lines().any(|l| l.contains("WARN")
-            && l.contains("refused connection")
-            && l.contains("handshake failed")),
+        logs.lines().any(is_refusal),
         "no refusal in the workers' logs:\n{logs}"
+    );
+    // and in the coordinator's, naming the worker; but not on the terminal without `-v`
+    let coordinator = fs::read_to_string(job_dir.join("logs/coordinator.log")).unwrap();
+    assert!(
+        coordinator
+            .lines()
+            .any(|l| l.contains(": worker ") && is_refusal(l)),
+        "no refusal in the coordinator's log:\n{coordinator}"
+    );
+    let printed = fs::read_to_string(t.path().join("stderr")).unwrap();
+    assert!(
+        !printed.contains("refused connection"),
+        "a worker's warning on the terminal without -v:\n{printed}"
+    );
+}
+
+/// `submit -v` shows a worker's warning on the terminal while the job runs (not only once its log is
+/// read): a stranger knocks at worker 1's mesh port, and the refusal comes out of `submit`'s stderr,
+/// naming the worker, before the job ends. The docker backend's workers forward the same way (their
+/// warnings go over the control connection, not through the log file).
+#[test]
+fn submit_v_shows_a_worker_warning_live() {
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "job.yaml", JOB);
+    let err_path = t.path().join("stderr");
+    let mut child = Command::new(physalia_tests::physalia_bin())
+        .current_dir(t.path())
+        .args(["submit", "job.yaml", "-v"])
+        .env_remove("PHYSALIA_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (job_dir, pid) = loop {
+        assert!(Instant::now() < deadline, "the workers did not start");
+        if let Some(dir) = job_dirs(&t.path().join("jobs")).into_iter().next() {
+            let log = fs::read_to_string(dir.join("logs/coordinator.log")).unwrap_or_default();
+            if let Some(&(_, pid)) = started(&log).iter().find(|w| w.0 == 1) {
+                break (dir, pid);
+            }
+        }
+        assert!(child.try_wait().unwrap().is_none(), "submit ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let ports = loop {
+        let ports = udp_ports(pid);
+        if !ports.is_empty() {
+            break ports;
+        }
+        assert!(Instant::now() < deadline, "worker 1 bound no UDP port");
+        assert!(child.try_wait().unwrap().is_none(), "submit ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for port in ports {
+        assert!(!stranger_joins(port), "a stranger joined worker 1");
+    }
+    // the warning on the terminal while the job still runs
+    let line = loop {
+        let printed = fs::read_to_string(&err_path).unwrap();
+        if let Some(l) = printed
+            .lines()
+            .find(|l| l.contains("worker 1: WARN") && is_refusal(l))
+        {
+            break l.to_string();
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "submit ended before it showed worker 1's warning:\n{printed}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no warning of worker 1 within 120 s:\n{printed}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("live: {line}");
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        fs::read_to_string(&err_path).unwrap()
+    );
+    let own = fs::read_to_string(job_dir.join("logs/worker-1.log")).unwrap();
+    assert!(own.lines().any(is_refusal), "not in worker 1's log:\n{own}");
+    let coordinator = fs::read_to_string(job_dir.join("logs/coordinator.log")).unwrap();
+    assert!(
+        coordinator
+            .lines()
+            .any(|l| l.contains("worker 1: WARN") && is_refusal(l)),
+        "not in the coordinator's log:\n{coordinator}"
     );
 }

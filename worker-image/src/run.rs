@@ -428,6 +428,11 @@ pub fn run_from_env() -> Result<()> {
         mesh_addr,
         Duration::from_secs(30),
     )?;
+    // from here on (and the few before) this worker's warnings reach the coordinator's log too
+    let log = control.log_sender();
+    crate::logging::forward(move |level, line| {
+        log.send(level.as_str(), line);
+    });
     eprintln!(
         "worker {rank}/{}: registered, mesh endpoint {} (advertised {mesh_addr})",
         env.world,
