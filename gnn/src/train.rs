@@ -360,6 +360,9 @@ fn train_loop(
         };
         model.cache_input_aggregation(g, x.get(), first, ex)?;
         x.release_if_unneeded(model);
+        // what loading freed (the part's arrays, the operators' build buffers) would stay resident below
+        // the epoch's buffers
+        crate::heap::release_freed_memory();
     }
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
