@@ -453,8 +453,9 @@ fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
             let first = chunk * SPMM_ROWS;
             for (r, orow) in out.chunks_exact_mut(d).enumerate() {
                 let i = first + r;
-                for k in indptr[i]..indptr[i + 1] {
-                    let j = indices[k] as usize;
+                let (lo, hi) = (indptr[i], indptr[i + 1]);
+                for (k, &j) in (lo..hi).zip(&indices[lo..hi]) {
+                    let j = j as usize;
                     let w = weight(k, j);
                     let xr = x.row(j);
                     for (o, &v) in orow.iter_mut().zip(xr) {
