@@ -224,6 +224,67 @@ pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
     c
 }
 
+/// `A^T [B_1 | B_2 | ...]`, equal to [`matmul_at`] of `A` and the column concatenation of the `B`s, bit for bit
+/// (each row block of the concatenation is assembled as [`matmul_at`] would read it), without the
+/// concatenation ever existing whole: a block of it at a time.
+pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
+    let (r, m) = a.shape();
+    let n: usize = bs.iter().map(|b| b.cols()).sum();
+    for b in bs {
+        assert_eq!(b.rows(), r, "matmul_at_concat row counts differ");
+    }
+    let mut c = Matrix::zeros(m, n);
+    if r == 0 || m == 0 || n == 0 {
+        return c;
+    }
+    let block = reduction_block(r);
+    let partials: Vec<Vec<f32>> = a
+        .data()
+        .par_chunks(block * m)
+        .enumerate()
+        .map(|(blk, ab)| {
+            let rows = ab.len() / m;
+            let r0 = blk * block;
+            let mut bb = vec![0f32; rows * n];
+            for (i, row) in bb.chunks_exact_mut(n).enumerate() {
+                let mut c0 = 0;
+                for b in bs {
+                    row[c0..c0 + b.cols()].copy_from_slice(b.row(r0 + i));
+                    c0 += b.cols();
+                }
+            }
+            let mut p = vec![0f32; m * n];
+            // SAFETY: A's block is read transposed (row stride 1, column stride m); `bb` is rows x n.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    rows,
+                    n,
+                    1.0,
+                    ab.as_ptr(),
+                    1,
+                    m as isize,
+                    bb.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    p.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+            p
+        })
+        .collect();
+    let out = c.data_mut();
+    for p in partials {
+        for (o, v) in out.iter_mut().zip(p) {
+            *o += v;
+        }
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,5 +357,16 @@ mod tests {
         let x = one.install(|| matmul_at(&a, &b));
         let y = three.install(|| matmul_at(&a, &b));
         assert_eq!(x, y);
+    }
+
+    #[test]
+    fn matmul_at_concat_is_matmul_at_of_the_concatenation_bit_for_bit() {
+        for &rows in &[1, 7, 50_000] {
+            let a = random(rows, 24, 5);
+            let b1 = random(rows, 16, 6);
+            let b2 = random(rows, 3, 7);
+            let want = matmul_at(&a, &Matrix::concat_cols(&b1, &b2));
+            assert_eq!(matmul_at_concat(&a, &[&b1, &b2]), want);
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod dense;
 pub mod device;
 pub mod exchange;
 mod gat;
+pub mod heap;
 pub mod loss;
 pub mod model;
 pub mod optim;

@@ -18,7 +18,7 @@
 use rayon::prelude::*;
 
 use crate::config::{Activation, LayerKind, ModelConfig};
-use crate::dense::{matmul, matmul_at, matmul_bt, matmul_bt_into, matmul_into};
+use crate::dense::{matmul, matmul_at, matmul_at_concat, matmul_bt, matmul_bt_into, matmul_into};
 use crate::device::GatShape;
 use crate::exchange::{Exchange, LocalExchange};
 use crate::gat::{self, GAT_ROWS, dot, edge_key, split_by_rows};
@@ -799,7 +799,7 @@ impl Model {
                 let (m, root) = match l.w_root {
                     Some(r) => {
                         let both = matmul(h, &Matrix::concat_cols(w, &self.params[r].value));
-                        let (m, root) = both.split_cols(w.cols());
+                        let (m, root) = both.split_off_cols(w.cols());
                         (m, Some(root))
                     }
                     None => (matmul(h, w), None),
@@ -854,8 +854,10 @@ impl Model {
             inputs,
             mut caches,
             pass,
-            ..
+            logits,
         } = fwd;
+        // the loss has read the logits; backward needs only their gradient
+        drop(logits);
         let epoch = match pass {
             Pass::Train { epoch } => epoch,
             Pass::Eval => 0,
@@ -1052,7 +1054,8 @@ impl Model {
             let mut terms = vec![];
             match l.w_root {
                 Some(r) => {
-                    let both = matmul_at(h, &Matrix::concat_cols(&dm, &d_out));
+                    // `[dm | d_out]` a row block at a time: never a third copy of both beside them
+                    let both = matmul_at_concat(h, &[&dm, &d_out]);
                     (grads[l.w], grads[r]) = both.split_cols(dm.cols());
                     terms.push((d_out, r));
                 }

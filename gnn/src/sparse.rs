@@ -6,6 +6,8 @@
 //! after), so a self-loop of destination `i` is source column `i`. Both directions are parallel over output
 //! rows and never scatter, so results are identical for any thread count; the transpose exists for that.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 use crate::tensor::Matrix;
@@ -34,8 +36,19 @@ pub struct SparseOp {
     t_indptr: Vec<usize>,
     t_indices: Vec<u32>,
     /// For each transposed entry, its position in the forward arrays (to read per-edge values, e.g. attention).
-    t_perm: Vec<u32>,
-    t_values: Vec<f32>,
+    /// Built on first use: only GAT's attention reads it, and GCN and GraphSAGE would hold it for nothing
+    /// (4 bytes an edge).
+    t_perm: OnceLock<Vec<u32>>,
+    t_values: TValues,
+}
+
+/// The transpose's weights: one per entry, or (when every entry of a forward row has the same weight, as
+/// in GraphSAGE's mean and GAT's structure) one per forward row, read through the entry's row index, so
+/// the transpose holds no weight per edge. Either way an entry's weight is the same `f32`.
+#[derive(Clone, Debug)]
+enum TValues {
+    Entry(Vec<f32>),
+    Row(Vec<f32>),
 }
 
 impl SparseOp {
@@ -151,19 +164,36 @@ impl SparseOp {
         }
         let t_indptr = counts.clone();
         let mut next = counts;
+        let uniform_rows = (0..n_dst).all(|i| {
+            let row = &values[indptr[i]..indptr[i + 1]];
+            row.iter().all(|v| v.to_bits() == row[0].to_bits())
+        });
         let mut t_indices = vec![0u32; nnz];
-        let mut t_perm = vec![0u32; nnz];
-        let mut t_values = vec![0f32; nnz];
+        let mut entry_values = if uniform_rows {
+            Vec::new()
+        } else {
+            vec![0f32; nnz]
+        };
         for i in 0..n_dst {
             for k in indptr[i]..indptr[i + 1] {
                 let j = indices[k] as usize;
                 let pos = next[j];
                 next[j] += 1;
                 t_indices[pos] = i as u32;
-                t_perm[pos] = k as u32;
-                t_values[pos] = values[k];
+                if !uniform_rows {
+                    entry_values[pos] = values[k];
+                }
             }
         }
+        let t_values = if uniform_rows {
+            TValues::Row(
+                (0..n_dst)
+                    .map(|i| values.get(indptr[i]).copied().unwrap_or(0.0))
+                    .collect(),
+            )
+        } else {
+            TValues::Entry(entry_values)
+        };
         SparseOp {
             n_dst,
             n_src,
@@ -172,7 +202,7 @@ impl SparseOp {
             values,
             t_indptr,
             t_indices,
-            t_perm,
+            t_perm: OnceLock::new(),
             t_values,
         }
     }
@@ -225,13 +255,30 @@ impl SparseOp {
     pub fn t_indices(&self) -> &[u32] {
         &self.t_indices
     }
+    /// For each transposed entry, its position in the forward arrays; built on the first call, in the order
+    /// the transpose was filled (rows ascending, entries in row order).
     pub fn t_perm(&self) -> &[u32] {
-        &self.t_perm
+        self.t_perm.get_or_init(|| {
+            let mut next = self.t_indptr.clone();
+            let mut t_perm = vec![0u32; self.nnz()];
+            for i in 0..self.n_dst {
+                for k in self.indptr[i]..self.indptr[i + 1] {
+                    let j = self.indices[k] as usize;
+                    t_perm[next[j]] = k as u32;
+                    next[j] += 1;
+                }
+            }
+            t_perm
+        })
     }
 
     /// Bytes held, for memory accounting.
     pub fn memory_bytes(&self) -> usize {
-        (self.indptr.len() + self.t_indptr.len()) * 8 + self.nnz() * 4 * 5
+        let t_perm = self.t_perm.get().map_or(0, |p| p.len() * 4);
+        let t_values = match &self.t_values {
+            TValues::Entry(v) | TValues::Row(v) => v.len() * 4,
+        };
+        (self.indptr.len() + self.t_indptr.len()) * 8 + self.nnz() * 4 * 3 + t_values + t_perm
     }
 
     /// `Y = A X`: X has `n_src` rows, Y `n_dst` rows.
@@ -260,7 +307,13 @@ impl SparseOp {
             n_own: own.rows(),
             d,
         };
-        spmm_rows(&self.indptr, &self.indices, &self.values, &src, &mut y);
+        spmm_rows(
+            &self.indptr,
+            &self.indices,
+            |k, _| self.values[k],
+            &src,
+            &mut y,
+        );
         y
     }
 
@@ -311,13 +364,7 @@ impl SparseOp {
             n_own: x.rows(),
             d: x.cols(),
         };
-        spmm_rows(
-            &self.t_indptr[src0..=src1],
-            &self.t_indices,
-            &self.t_values,
-            &src,
-            &mut y,
-        );
+        self.spmm_t_rows(&self.t_indptr[src0..=src1], &src, &mut y);
         y
     }
 
@@ -331,14 +378,18 @@ impl SparseOp {
             n_own: x.rows(),
             d: x.cols(),
         };
-        spmm_rows(
-            &self.t_indptr,
-            &self.t_indices,
-            &self.t_values,
-            &src,
-            &mut y,
-        );
+        self.spmm_t_rows(&self.t_indptr, &src, &mut y);
         y
+    }
+}
+
+impl SparseOp {
+    /// The transpose's rows `t_indptr` (a window of it) times `x`, with the transpose's weights.
+    fn spmm_t_rows(&self, t_indptr: &[usize], x: &Src<'_>, y: &mut Matrix) {
+        match &self.t_values {
+            TValues::Entry(v) => spmm_rows(t_indptr, &self.t_indices, |k, _| v[k], x, y),
+            TValues::Row(v) => spmm_rows(t_indptr, &self.t_indices, |_, i| v[i], x, y),
+        }
     }
 }
 
@@ -383,7 +434,14 @@ impl Src<'_> {
     }
 }
 
-fn spmm_rows(indptr: &[usize], indices: &[u32], values: &[f32], x: &Src<'_>, y: &mut Matrix) {
+/// `y = A x` over the rows `indptr` of a CSR; `weight(k, j)` is entry `k`'s weight (`j` its column).
+fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
+    indptr: &[usize],
+    indices: &[u32],
+    weight: W,
+    x: &Src<'_>,
+    y: &mut Matrix,
+) {
     let d = x.d;
     if d == 0 {
         return;
@@ -395,9 +453,10 @@ fn spmm_rows(indptr: &[usize], indices: &[u32], values: &[f32], x: &Src<'_>, y: 
             let first = chunk * SPMM_ROWS;
             for (r, orow) in out.chunks_exact_mut(d).enumerate() {
                 let i = first + r;
-                for k in indptr[i]..indptr[i + 1] {
-                    let w = values[k];
-                    let j = indices[k] as usize;
+                let (lo, hi) = (indptr[i], indptr[i + 1]);
+                for (k, &j) in (lo..hi).zip(&indices[lo..hi]) {
+                    let j = j as usize;
+                    let w = weight(k, j);
                     let xr = x.row(j);
                     for (o, &v) in orow.iter_mut().zip(xr) {
                         *o += w * v;
@@ -497,5 +556,14 @@ mod tests {
         let w = a.values()[4];
         assert!((w - 1.0 / (3f32 * 6.0).sqrt()).abs() < 1e-6);
         assert_eq!(a.t_indptr(), &[0, 2, 4, 5]);
+        // built on first use: each transposed entry names its forward entry
+        for j in 0..3 {
+            for t in a.t_indptr()[j]..a.t_indptr()[j + 1] {
+                let k = a.t_perm()[t] as usize;
+                assert_eq!(a.indices()[k] as usize, j);
+                let i = a.t_indices()[t] as usize;
+                assert!((a.indptr()[i]..a.indptr()[i + 1]).contains(&k));
+            }
+        }
     }
 }

@@ -127,6 +127,28 @@ impl Matrix {
         (a, b)
     }
 
+    /// [`Matrix::split_cols`] reusing this matrix's buffer for the left columns: only the right columns are
+    /// allocated, so the split never holds both halves twice (a wide activation's transient peak).
+    pub fn split_off_cols(self, left: usize) -> (Matrix, Matrix) {
+        assert!(left <= self.cols, "split_off_cols beyond the last column");
+        let (rows, cols) = (self.rows, self.cols);
+        let right = cols - left;
+        let mut b = Matrix::zeros(rows, right);
+        b.data
+            .par_chunks_mut(right.max(1))
+            .enumerate()
+            .with_min_len(256)
+            .for_each(|(i, rb)| rb.copy_from_slice(&self.row(i)[left..]));
+        let mut data = self.data;
+        // row i's left part moves from i * cols to i * left, never past a row not yet moved
+        for i in 1..rows {
+            data.copy_within(i * cols..i * cols + left, i * left);
+        }
+        data.truncate(rows * left);
+        data.shrink_to_fit();
+        (Matrix::from_vec(rows, left, data), b)
+    }
+
     /// Divides each row by its sum where the sum is nonzero (Kipf & Welling's feature preprocessing).
     pub fn row_normalize(&mut self) {
         let cols = self.cols.max(1);
@@ -215,5 +237,23 @@ impl Matrix {
 
     pub fn max_abs(&self) -> f32 {
         self.data.iter().map(|a| a.abs()).fold(0.0, f32::max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_off_cols_equals_split_cols() {
+        for &(rows, cols, left) in &[(0, 3, 1), (1, 5, 2), (1000, 32, 16), (999, 7, 6)] {
+            let m = Matrix::from_vec(
+                rows,
+                cols,
+                (0..rows * cols).map(|v| v as f32 * 0.25).collect(),
+            );
+            let want = m.split_cols(left);
+            assert_eq!(m.split_off_cols(left), want);
+        }
     }
 }

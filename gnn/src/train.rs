@@ -310,13 +310,15 @@ impl Features<'_> {
         }
     }
 
-    /// Frees owned features the model will not read again (an empty matrix stands in for them).
+    /// Frees owned features the model will not read again (an empty matrix stands in for them) and hands
+    /// their pages back to the OS, so they do not stay resident as a hole below the epoch's buffers.
     fn release_if_unneeded(&mut self, model: &Model) {
         if let Features::Owned(x) = self
             && x.rows() > 0
             && !model.needs_input()
         {
             *x = Matrix::zeros(0, 0);
+            crate::heap::release_freed_memory();
         }
     }
 }
@@ -358,6 +360,9 @@ fn train_loop(
         };
         model.cache_input_aggregation(g, x.get(), first, ex)?;
         x.release_if_unneeded(model);
+        // what loading freed (the part's arrays, the operators' build buffers) would stay resident below
+        // the epoch's buffers
+        crate::heap::release_freed_memory();
     }
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();

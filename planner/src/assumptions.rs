@@ -53,8 +53,14 @@ pub struct Assumptions {
     pub memory_headroom: f64,
     /// Fixed device memory of a GPU worker (CUDA context, cuBLAS workspace).
     pub gpu_runtime_gib: f64,
-    /// Fixed host memory of a worker (binary, QUIC buffers, loader threads).
+    /// Fixed host memory of a worker (binary, QUIC buffers, loader threads). Not measured; a
+    /// full-graph CPU worker uses [`Assumptions::cpu_partition_runtime_gib`] instead.
     pub host_runtime_gib: f64,
+    /// Fixed memory of a partition-parallel CPU worker: its binary, QUIC, the allocator's
+    /// per-thread arenas and slack. Measured on SBM 1M GraphSAGE at 1, 2 and 4 workers
+    /// (bench/RESULTS.md, issue 17): the peak RSS less what the engine holds at its peak, 0.09 to
+    /// 0.14 GiB.
+    pub cpu_partition_runtime_gib: f64,
     /// Sweeps (a read or a write) over each layer's output per epoch: forward bias and
     /// activation fused (2) and dropout (2), backward the same.
     pub elementwise_passes: f64,
@@ -85,6 +91,7 @@ impl Default for Assumptions {
             memory_headroom: 0.9,
             gpu_runtime_gib: 1.0,
             host_runtime_gib: 0.5,
+            cpu_partition_runtime_gib: 0.125,
             elementwise_passes: 8.0,
             epoch_overhead_s: 0.05,
             partition_overlap: 0.0,
@@ -135,6 +142,7 @@ impl Assumptions {
             ("network_latency_us", self.network_latency_us),
             ("gpu_runtime_gib", self.gpu_runtime_gib),
             ("host_runtime_gib", self.host_runtime_gib),
+            ("cpu_partition_runtime_gib", self.cpu_partition_runtime_gib),
             ("epoch_overhead_s", self.epoch_overhead_s),
         ];
         for (name, v) in non_negative {

@@ -652,8 +652,13 @@ pub(crate) fn predict_checked(
         Mode::Model => model(req, candidate, &r, &ls, params),
     };
     let m = &mut pred.memory;
-    m.runtime_bytes = a.host_runtime_gib * GIB + if r.gpu { a.gpu_runtime_gib * GIB } else { 0.0 };
-    m.host_bytes += a.host_runtime_gib * GIB;
+    let host_runtime_gib = if !r.gpu && candidate.mode == Mode::Partition {
+        a.cpu_partition_runtime_gib
+    } else {
+        a.host_runtime_gib
+    };
+    m.runtime_bytes = host_runtime_gib * GIB + if r.gpu { a.gpu_runtime_gib * GIB } else { 0.0 };
+    m.host_bytes += host_runtime_gib * GIB;
     if r.gpu {
         m.device_bytes += a.gpu_runtime_gib * GIB;
     } else {
@@ -697,6 +702,72 @@ fn place(m: &mut MemoryBreakdown, gpu: bool, bytes: f64, on_device: bool) {
 /// Bytes of a CSR with its transpose and per-edge weights (`dst` rows, `src` columns).
 fn local_csr_bytes(dst: f64, src: f64, edges: f64) -> f64 {
     (dst + 1.0) * 8.0 + (src + 1.0) * 8.0 + edges * 16.0
+}
+
+/// Bytes of the CPU engine's operator for `kind` (`gnn::sparse::SparseOp`): the CSR and its
+/// transpose, each with an index per entry; a weight per entry forward, and per entry (GCN's
+/// symmetric weights) or per destination row (GraphSAGE's mean, GAT's structure) transposed; GAT's
+/// attention also maps each transposed entry to its forward one. GCN and GAT add self-loops.
+fn cpu_operator_bytes(kind: ModelKind, dst: f64, src: f64, edges: f64) -> f64 {
+    let pointers = (dst + 1.0) * 8.0 + (src + 1.0) * 8.0;
+    match kind {
+        ModelKind::Gcn => pointers + (edges + dst) * 16.0,
+        ModelKind::Sage => pointers + edges * 12.0 + dst * F32,
+        ModelKind::Gat => pointers + (edges + dst) * 16.0 + dst * F32,
+    }
+}
+
+/// What the CPU engine holds for GCN and GraphSAGE layers at the peak of a training epoch, besides
+/// the features, the cached `A X`, the operator and the halo rows (`gnn::model`): every hidden
+/// layer's output (the next layer's input, activation and dropout in place) and the `A H` of an
+/// aggregate-first layer after the first, kept for backward; then the larger of one layer's
+/// forward products (transform-first: `H [W | W_root]` and its aggregation; the last layer's
+/// logits) and backward's gradient buffers (a layer's output gradient and its aggregation over
+/// owned and halo rows). With a first layer that aggregates its input, the second layer's input
+/// gradient is formed a row block at a time, never whole. The forward products coexist with the
+/// halo rows (`halo_buffers` bytes, counted apart); backward's buffers already cover the halo rows'
+/// gradients, so they are charged only for what exceeds the halo buffers.
+fn cpu_full_graph_training_activations(
+    layers: &[Layer],
+    rows: f64,
+    halo: f64,
+    halo_buffers: f64,
+) -> f64 {
+    let last = layers.len().saturating_sub(1);
+    let mut kept = 0.0;
+    let mut forward: f64 = 0.0;
+    for (i, l) in layers.iter().enumerate() {
+        if i < last {
+            kept += rows * l.output;
+        }
+        if l.agg_first && i > 0 {
+            kept += rows * l.input;
+        }
+        let products = if l.agg_first {
+            0.0
+        } else {
+            rows * l.output * l.gemms
+        };
+        let output = if i == last { rows * l.output } else { 0.0 };
+        forward = forward.max(products + output);
+    }
+    // fused: the first layer's output gradient (the second's input gradient) is never whole
+    let fused = layers.len() > 1 && layers[0].agg_first;
+    let widest = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let output = if fused && i == 0 { 0.0 } else { l.output };
+            let input = if i == 0 || (fused && i == 1) {
+                0.0
+            } else {
+                l.input
+            };
+            output.max(input)
+        })
+        .fold(0.0, f64::max);
+    let backward = 2.0 * (rows + halo) * widest * F32 - halo_buffers;
+    (kept + forward) * F32 + (backward - forward * F32).max(0.0)
 }
 
 /// Widest gradient buffer of a backward pass: every layer's output, and every input but the
@@ -832,25 +903,54 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
         setup_s += w.s + r.transfer(p.halo * feat * F32, peers, 1.0);
     }
 
-    // Memory.
+    // Memory. The CPU engine's GCN and GraphSAGE layers are modelled on what it holds (measured,
+    // bench/RESULTS.md); GAT and the GPU engine keep the general model.
+    let kind = req.model.kind;
+    let cpu_layers = !r.gpu && kind != ModelKind::Gat;
+    let train_cached = first_layer_cached(req, ls);
+    let widest_exch = |skip: usize| ls.iter().skip(skip).map(|l| l.exch).fold(0.0, f64::max);
+    let (features_bytes, activations_bytes, halo_buffer_bytes) = if cpu_layers {
+        // the CPU engine holds one layer's halo rows at a time, and the rows it sends for them
+        // (`skip`: the first layer, whose halo rows only `A X`'s computation reads)
+        let skip = usize::from(train_cached);
+        let halo = 2.0 * held * widest_exch(skip) * F32;
+        let activations = cpu_full_graph_training_activations(ls, p.owned, held, halo);
+        // With `A X` cached, the first layer's halo rows exist only while it is computed, before
+        // the first epoch, three times over (the rows gathered for the peers, their frames, the
+        // rows received), and GCN's features are freed then: what only that moment holds counts
+        // where it outweighs what the epochs hold.
+        let owned_x = p.owned * feat * F32;
+        let halo_x = 3.0 * held * feat * F32;
+        let (resident_x, setup_only) = match (train_cached, kind) {
+            (true, ModelKind::Gcn) => (0.0, owned_x + halo_x),
+            (true, _) => (owned_x, halo_x),
+            (false, _) => (owned_x + halo_inputs * feat * F32, 0.0),
+        };
+        let features = resident_x + (setup_only - activations - halo).max(0.0);
+        (features, activations, halo)
+    } else {
+        (
+            (p.owned + halo_inputs) * feat * F32,
+            full_graph_activations(ls, p.owned, held, p.edges, true, remat.then_some(p.halo)),
+            if remat {
+                // one round's rows received and one peer's sent
+                2.0 * held * widest_exch(0) * F32
+            } else {
+                ls.iter().map(|l| p.halo * l.exch * F32).sum::<f64>()
+                    + p.halo * widest_exch(0) * F32
+            },
+        )
+    };
+    let structure_bytes = if r.gpu {
+        structure_bytes
+    } else {
+        cpu_operator_bytes(kind, p.owned, p.owned + p.halo, p.edges)
+    };
     let mut m = MemoryBreakdown {
-        features_bytes: (p.owned + halo_inputs) * feat * F32,
+        features_bytes,
         structure_bytes,
-        activations_bytes: full_graph_activations(
-            ls,
-            p.owned,
-            held,
-            p.edges,
-            true,
-            remat.then_some(p.halo),
-        ),
-        // rematerialising: one round's rows received and one peer's sent
-        halo_bytes: if remat {
-            2.0 * held * ls.iter().map(|l| l.exch).fold(0.0, f64::max) * F32
-        } else {
-            ls.iter().map(|l| p.halo * l.exch * F32).sum::<f64>()
-                + p.halo * ls.iter().map(|l| l.exch).fold(0.0, f64::max) * F32
-        },
+        activations_bytes,
+        halo_bytes: halo_buffer_bytes,
         optimizer_bytes: params * F32 * 4.0,
         cache_bytes: if cached { p.owned * feat * F32 } else { 0.0 }
             + if x.staleness > 0 {
