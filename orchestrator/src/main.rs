@@ -310,7 +310,10 @@ fn kind_name(spec: &spec::JobSpec) -> &'static str {
 /// Training allocates the same large activation buffers every epoch. glibc serves allocations above 32 MiB
 /// with fresh `mmap`s and unmaps them on free, so every epoch would page-fault its whole working set in again
 /// (a quarter of a 1M-node epoch on this VM). Serving them from the heap and never trimming it makes the
-/// second epoch reuse the first epoch's pages. Peak memory is unchanged: it is the working set either way.
+/// second epoch reuse the first epoch's pages. The price: a buffer freed for good stays resident as a hole
+/// the next, larger buffer may not fit in, so the engine trims at those points
+/// (`physalia_gnn::heap::release_freed_memory`, e.g. once GCN's `A X` is cached) and the coordinator after
+/// partitioning ([`release_freed_memory`]).
 fn keep_freed_memory() {
     // SAFETY: mallopt only tunes allocator parameters; it is called before any other thread exists.
     unsafe {
@@ -323,10 +326,7 @@ fn keep_freed_memory() {
 /// partitioning the dataset: with [`keep_freed_memory`] that memory would otherwise stay resident while
 /// its workers train (half a gigabyte at a million nodes).
 pub(crate) fn release_freed_memory() {
-    // SAFETY: malloc_trim only returns free heap pages to the OS; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    physalia_gnn::heap::release_freed_memory();
 }
 
 /// The error and its causes joined by ": ", skipping a cause whose text an outer message already
