@@ -720,8 +720,11 @@ fn delayed_run(epoch_timeout_s: u64) -> DelayedRun {
     );
     assert_eq!(recorded_before, 0, "an epoch ran before the delay");
     // the fault was real: packets of the running job held 200 ms, and some dropped
+    // (how many depends on how far the job got: under the tight timeout it may fail after the
+    // handshakes and a few transfers, 91 packets in one loaded run, 260 in another; queue 5's seeded
+    // loss pattern drops its 21st packet, so 40 held also means one dropped)
     assert!(
-        delayed.held > 100,
+        delayed.held >= 40,
         "netdelay held only {} packets",
         delayed.held
     );
