@@ -333,3 +333,53 @@ pub fn build_image(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+/// Runs a command that must succeed; its standard output and error.
+pub fn ok_output(cmd: &mut Command) -> (String, String) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The last line of `text` as JSON (the final line of `--output json`).
+pub fn last_json(text: &str) -> Value {
+    serde_json::from_str(text.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The per-epoch losses of a `metrics.jsonl`'s text.
+pub fn losses(metrics: &str) -> Vec<f64> {
+    metrics
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["metrics"]["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every epoch exactly once, each loss of `platform`'s run within `tol` (relative) of the local run's.
+pub fn assert_same_losses(platform: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "every epoch exactly once");
+    for (e, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs(),
+            "epoch {}: {platform} {a}, local {b}",
+            e + 1
+        );
+    }
+}
+
+/// The job id at the end of a job URL.
+pub fn job_id(url: &str) -> String {
+    url.rsplit('/').next().unwrap().to_string()
+}

@@ -14,7 +14,10 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use physalia_tests::{build_image, physalia_bin, repo_root, write_job};
+use physalia_tests::{
+    assert_same_losses, build_image, job_id, last_json, losses, ok_output, physalia_bin, repo_root,
+    write_job,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -235,47 +238,6 @@ impl Drop for Azure {
     }
 }
 
-fn ok_output(cmd: &mut Command) -> (String, String) {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        cmd.get_args().collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn last_json(text: &str) -> Value {
-    serde_json::from_str(text.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-fn losses(metrics: &str) -> Vec<f64> {
-    metrics
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["metrics"]["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
-}
-
-fn assert_same_losses(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "every epoch exactly once");
-    for (e, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (a - b).abs() <= tol * b.abs(),
-            "epoch {}: aci {a}, local {b}",
-            e + 1
-        );
-    }
-}
-
 /// The catalog's ACI prices: (per vCPU-second, per GiB-second) of [`SKU`], and its vCPUs and GiB.
 fn aci_price() -> (f64, f64, f64, f64) {
     let text = std::fs::read_to_string(repo_root().join("infra/catalog/azure-aci.yaml")).unwrap();
@@ -298,10 +260,6 @@ fn aci_price() -> (f64, f64, f64, f64) {
         num("vcpus:"),
         num("memory_gib:"),
     )
-}
-
-fn job_id(url: &str) -> String {
-    url.rsplit('/').next().unwrap().to_string()
 }
 
 /// Issue 14 on ACI, cluster mode, in one test (the metadata service's address is one per machine):
@@ -368,7 +326,7 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
     let metrics = azure
         .blob(&format!("runs/{id}/metrics.jsonl"))
         .expect("metrics in the Blob store");
-    assert_same_losses(&losses(&metrics), &want, 1e-4);
+    assert_same_losses("aci", &losses(&metrics), &want, 1e-4);
     let status: Value =
         serde_json::from_str(&azure.blob(&format!("runs/{id}/status.json")).unwrap()).unwrap();
     assert_eq!(status["state"], "succeeded", "{status}");
@@ -549,7 +507,7 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
     let (state, _) = wait(&id, &|s, _| s != "running" && s != "absent");
     assert_eq!(state, "succeeded");
     let metrics = azure.blob(&format!("runs/{id}/metrics.jsonl")).unwrap();
-    assert_same_losses(&losses(&metrics), &want, 1e-3);
+    assert_same_losses("aci", &losses(&metrics), &want, 1e-3);
     let summary: Value =
         serde_json::from_str(&azure.blob(&format!("runs/{id}/summary.json")).unwrap()).unwrap();
     let events = summary["scaling_events"].to_string();

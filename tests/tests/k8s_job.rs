@@ -13,7 +13,10 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use physalia_tests::{build_image, physalia_bin, repo_root, write_job};
+use physalia_tests::{
+    assert_same_losses, build_image, job_id, last_json, losses, ok_output, physalia_bin, repo_root,
+    write_job,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -198,47 +201,6 @@ fn backend(image: &str) -> String {
     )
 }
 
-fn ok_output(cmd: &mut Command) -> (String, String) {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}",
-        cmd.get_args().collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn last_json(text: &str) -> Value {
-    serde_json::from_str(text.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-fn losses(metrics: &str) -> Vec<f64> {
-    metrics
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["metrics"]["loss"]
-                .as_f64()
-                .unwrap()
-        })
-        .collect()
-}
-
-fn assert_same_losses(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "every epoch exactly once");
-    for (e, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (a - b).abs() <= tol * b.abs(),
-            "epoch {}: kubernetes {a}, local {b}",
-            e + 1
-        );
-    }
-}
-
 /// The SKU's catalog price per worker-second (a node's hourly price).
 fn price_per_s() -> f64 {
     let text = std::fs::read_to_string(repo_root().join("infra/catalog/kubernetes.yaml")).unwrap();
@@ -254,11 +216,6 @@ fn price_per_s() -> f64 {
         .parse()
         .unwrap();
     hourly / 3600.0
-}
-
-/// The job id at the end of a job URL.
-fn job_id(url: &str) -> String {
-    url.rsplit('/').next().unwrap().to_string()
 }
 
 /// Issue 14 on Kubernetes, cluster mode: `submit` uploads the dataset to the S3 store, creates the
@@ -318,7 +275,7 @@ fn issue_14_cora_in_cluster_mode_on_kubernetes_trains_like_three_local_processes
         .s3_object(&format!("jobs/{id}/metrics.jsonl"))
         .expect("metrics in S3");
     let got = losses(&metrics);
-    assert_same_losses(&got, &want, 1e-4);
+    assert_same_losses("kubernetes", &got, &want, 1e-4);
     let status: Value = serde_json::from_str(
         &cluster
             .s3_object(&format!("jobs/{id}/status.json"))
@@ -491,7 +448,7 @@ fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
     let metrics = cluster
         .s3_object(&format!("jobs/{id}/metrics.jsonl"))
         .unwrap();
-    assert_same_losses(&losses(&metrics), &want, 1e-3);
+    assert_same_losses("kubernetes", &losses(&metrics), &want, 1e-3);
     let summary: Value = serde_json::from_str(
         &cluster
             .s3_object(&format!("jobs/{id}/summary.json"))
