@@ -122,6 +122,12 @@ pub enum ServerEvent {
     Alive {
         rank: usize,
     },
+    /// A registered worker is blocked waiting for a frame from its peer `on` (its heartbeat while it uses
+    /// no CPU): not progress, but whom to blame if the wait outlasts the timeout.
+    Waiting {
+        rank: usize,
+        on: usize,
+    },
     /// A registered worker's connection ended or broke.
     Lost {
         rank: usize,
@@ -294,11 +300,16 @@ async fn admit(
                 return refuse(reason);
             }
         };
-    // datagrams are heartbeats: the connection's TLS identity is the rank, their bytes say nothing
+    // datagrams are heartbeats: the connection's TLS identity is the rank; the bytes say whether it
+    // computes or waits on a peer
     let (beats, beat_events) = (conn.clone(), events.clone());
     tokio::spawn(async move {
-        while beats.read_datagram().await.is_ok() {
-            if beat_events.send(ServerEvent::Alive { rank }).is_err() {
+        while let Ok(beat) = beats.read_datagram().await {
+            let event = match decode_beat(&beat) {
+                Beat::Waiting { on } => ServerEvent::Waiting { rank, on },
+                Beat::Alive => ServerEvent::Alive { rank },
+            };
+            if beat_events.send(event).is_err() {
                 return;
             }
         }
@@ -366,12 +377,48 @@ pub struct Heartbeat {
 impl Heartbeat {
     /// One beat; false once the connection is gone (nothing more will arrive).
     pub fn beat(&self) -> bool {
-        match self.conn.send_datagram(Bytes::from_static(b"alive")) {
+        self.send(Bytes::from_static(ALIVE))
+    }
+
+    /// Says this worker is blocked waiting for a frame from its peer `on` (not a beat: it makes no
+    /// progress); false once the connection is gone.
+    pub fn waiting_on(&self, on: usize) -> bool {
+        let Ok(on) = u32::try_from(on) else {
+            return true;
+        };
+        let mut beat = WAITING.to_vec();
+        beat.extend_from_slice(&on.to_le_bytes());
+        self.send(Bytes::from(beat))
+    }
+
+    fn send(&self, beat: Bytes) -> bool {
+        match self.conn.send_datagram(beat) {
             Ok(()) => true,
             // a datagram too large or not yet negotiable: the next beat may pass
             Err(quinn::SendDatagramError::ConnectionLost(_)) => false,
             Err(_) => true,
         }
+    }
+}
+
+const ALIVE: &[u8] = b"alive";
+const WAITING: &[u8] = b"wait";
+
+/// What a heartbeat datagram says.
+#[derive(Debug, PartialEq, Eq)]
+enum Beat {
+    Alive,
+    Waiting { on: usize },
+}
+
+/// `wait` and a little-endian u32 rank is a wait; anything else from the authenticated worker counts as a
+/// beat, as every datagram did before waits were reported.
+fn decode_beat(bytes: &[u8]) -> Beat {
+    match bytes.strip_prefix(WAITING) {
+        Some(&[a, b, c, d]) => Beat::Waiting {
+            on: u32::from_le_bytes([a, b, c, d]) as usize,
+        },
+        _ => Beat::Alive,
     }
 }
 
@@ -800,6 +847,43 @@ mod tests {
             Some(ServerEvent::Registered { .. })
         ));
         c
+    }
+
+    #[test]
+    fn heartbeats_say_whether_a_worker_computes_or_whom_it_waits_on() {
+        let ca = JobCa::new("job-a").unwrap();
+        let s = server(&ca);
+        let c = registered(&s, &ca, 1);
+        let beat = c.heartbeat();
+        let mut got = Vec::new();
+        // datagrams are unreliable: beat until each kind has arrived once (loopback loses none in practice)
+        for _ in 0..50 {
+            assert!(beat.beat());
+            assert!(beat.waiting_on(0));
+            while let Some(e) = s.next_event(Duration::from_millis(100)) {
+                got.push(format!("{e:?}"));
+            }
+            if got.iter().any(|e| e.starts_with("Alive"))
+                && got.iter().any(|e| e.starts_with("Waiting"))
+            {
+                break;
+            }
+        }
+        assert!(got.contains(&"Alive { rank: 1 }".to_string()), "{got:?}");
+        assert!(
+            got.contains(&"Waiting { rank: 1, on: 0 }".to_string()),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn a_beat_is_alive_unless_it_is_a_well_formed_wait() {
+        assert_eq!(decode_beat(b"alive"), Beat::Alive);
+        assert_eq!(decode_beat(b"wait\x02\0\0\0"), Beat::Waiting { on: 2 });
+        // a short or long wait, or any other bytes, counts only as a sign of life
+        assert_eq!(decode_beat(b"wait\x02"), Beat::Alive);
+        assert_eq!(decode_beat(b"wait\x02\0\0\0\0"), Beat::Alive);
+        assert_eq!(decode_beat(b""), Beat::Alive);
     }
 
     fn file_server(ca: &JobCa, files: Files) -> ControlServer {

@@ -47,6 +47,12 @@ pub enum Event {
     Alive {
         rank: usize,
     },
+    /// The worker is blocked waiting for a frame from its peer `on` (its heartbeat while it uses no CPU):
+    /// not progress, but whom its silence is to be blamed on.
+    Waiting {
+        rank: usize,
+        on: usize,
+    },
     /// The worker could not exchange with its peers (its report of a network or peer fault).
     PeerLost {
         rank: usize,
@@ -105,6 +111,8 @@ struct Worker {
     reported_error: Option<String>,
     /// It reported that it could not reach its peers; its exit and lost connection are explained by that.
     peer_lost: bool,
+    /// The peer it last said it waits on, and when; cleared when it beats (computes) again.
+    waits_on: Option<(usize, Instant)>,
 }
 
 pub struct Coordinator {
@@ -178,6 +186,79 @@ impl Coordinator {
     fn suspect_exit(&mut self, now: Instant, priority: u8, message: String, exited: Option<usize>) {
         self.evidence.push((priority, message, exited));
         self.failing_since.get_or_insert(now);
+    }
+
+    /// The rank the silent workers wait on, by their latest waits (reported within the epoch timeout):
+    /// the one most of them wait on, the longest silent of those on a tie. A worker blocked on a peer
+    /// beats not at all (it uses no CPU), so its silence says only that it waits; the peer named by the
+    /// waits (a delayed, frozen or cut-off worker) is the cause.
+    fn waited_on(&self, silent: &[usize], now: Instant) -> Option<(usize, Vec<usize>)> {
+        let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
+        for &r in silent {
+            if let Some((on, at)) = self.workers[r].waits_on
+                && now.duration_since(at) <= self.epoch_timeout
+            {
+                waiters[on].push(r);
+            }
+        }
+        // `silent` is ordered longest silent first; max_by_key keeps the last maximum, hence the reverse
+        let order = |r: usize| silent.iter().position(|&s| s == r).unwrap_or(silent.len());
+        (0..self.world)
+            .filter(|&r| !waiters[r].is_empty())
+            .max_by_key(|&r| (waiters[r].len(), std::cmp::Reverse(order(r))))
+            .map(|r| (r, std::mem::take(&mut waiters[r])))
+    }
+
+    /// The failure line for `silent` (every worker silent past the timeout, longest silent first).
+    fn silence(&self, silent: &[usize], now: Instant) -> String {
+        let timeout = self.epoch_timeout.as_secs_f64();
+        let names = |ranks: &[usize]| {
+            ranks
+                .iter()
+                .map(|&r| format!("worker {r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let Some((cause, waiters)) = self.waited_on(silent, now) else {
+            let (&first, others) = silent.split_first().expect("some worker is silent");
+            let mut msg = format!(
+                "{} sent nothing for {timeout} s {}",
+                self.who(first),
+                self.when(first)
+            );
+            if !others.is_empty() {
+                msg.push_str(&format!(
+                    " (silent too: {}; a frozen worker or a cut link stalls its peers)",
+                    names(others)
+                ));
+            }
+            return msg;
+        };
+        let mut msg = if silent.contains(&cause) {
+            format!(
+                "{} sent nothing for {timeout} s {}",
+                self.who(cause),
+                self.when(cause)
+            )
+        } else {
+            // it computes, but its peers have waited on it longer than the timeout
+            format!(
+                "{} kept its peers waiting for more than {timeout} s {}",
+                self.who(cause),
+                self.when(cause)
+            )
+        };
+        let others: Vec<usize> = silent
+            .iter()
+            .copied()
+            .filter(|r| *r != cause && !waiters.contains(r))
+            .collect();
+        msg.push_str(&format!(" ({} waited on it", names(&waiters)));
+        if !others.is_empty() {
+            msg.push_str(&format!("; silent too: {}", names(&others)));
+        }
+        msg.push_str("; a slow, frozen or cut-off worker stalls its peers)");
+        msg
     }
 
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
@@ -293,6 +374,10 @@ impl Coordinator {
             }
             Event::Alive { rank } if rank < self.world => {
                 self.workers[rank].last_heard = Some(now);
+                self.workers[rank].waits_on = None;
+            }
+            Event::Waiting { rank, on } if rank < self.world && on < self.world && on != rank => {
+                self.workers[rank].waits_on = Some((on, now));
             }
             Event::Tick => {}
             // an out-of-range rank cannot happen: the server checks ranks against the world
@@ -332,21 +417,8 @@ impl Coordinator {
                 // the worker silent longest stopped first: the others are likely waiting on it (or on
                 // the same cut link); the line names them too
                 silent.sort_by_key(|&r| std::cmp::Reverse(silent_for(&self.workers[r])));
-                if let Some((&first, others)) = silent.split_first() {
-                    let mut msg = format!(
-                        "{} sent nothing for {} s {}",
-                        self.who(first),
-                        self.epoch_timeout.as_secs_f64(),
-                        self.when(first)
-                    );
-                    if !others.is_empty() {
-                        let names: Vec<String> =
-                            others.iter().map(|&r| format!("worker {r}")).collect();
-                        msg.push_str(&format!(
-                            " (silent too: {}; a frozen worker or a cut link stalls its peers)",
-                            names.join(", ")
-                        ));
-                    }
+                if !silent.is_empty() {
+                    let msg = self.silence(&silent, now);
                     self.suspect(now, 4, msg);
                 }
             }
@@ -718,6 +790,84 @@ mod tests {
                 lost: true,
             }]
         );
+    }
+
+    #[test]
+    fn the_silence_is_blamed_on_the_worker_its_peers_wait_on() {
+        let t0 = Instant::now();
+        let wait = |c: &mut Coordinator, rank: usize, on: usize, t: Instant| {
+            assert!(c.handle(Event::Waiting { rank, on }, t).is_empty());
+        };
+        // worker 1 behind a slow link: everyone is silent; 0 and 2 wait on 1, and 1 waits on 0 (its
+        // frames in are slow too). Worker 0, silent longest, is not the cause: 1 is.
+        let mut c = started(3, t0);
+        for r in [1, 2] {
+            c.handle(
+                Event::Epoch {
+                    rank: r,
+                    metrics: metrics(1),
+                },
+                t0 + Duration::from_secs(3),
+            );
+        }
+        for s in (10..=60).step_by(10) {
+            let t = t0 + Duration::from_secs(s);
+            wait(&mut c, 0, 1, t);
+            wait(&mut c, 2, 1, t);
+            wait(&mut c, 1, 0, t);
+        }
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(64)),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 2 (worker 0, worker 2 waited \
+                        on it; a slow, frozen or cut-off worker stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
+
+        // worker 1 computes (beats) but 0 and 2 have waited on it past the timeout: it is named
+        let mut c = started(3, t0);
+        for s in (10..=60).step_by(10) {
+            let t = t0 + Duration::from_secs(s);
+            assert!(c.handle(Event::Alive { rank: 1 }, t).is_empty());
+            wait(&mut c, 0, 1, t);
+            wait(&mut c, 2, 1, t);
+        }
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(70)),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) kept its peers waiting for more than 60 s during epoch 1 \
+                        (worker 0, worker 2 waited on it; a slow, frozen or cut-off worker stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
+
+        // a wait reported longer ago than the timeout, or a beat since, blames nobody: the old line
+        let mut c = started(2, t0);
+        wait(&mut c, 0, 1, t0 + Duration::from_secs(1));
+        assert!(
+            c.handle(Event::Alive { rank: 1 }, t0 + Duration::from_secs(1))
+                .is_empty()
+        );
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(62)),
+            vec![Action::Fail {
+                error: "worker 0 (pid 100) sent nothing for 60 s during epoch 1 (silent too: worker 1; a \
+                        frozen worker or a cut link stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
+        // a wait on itself or on a rank outside the job is ignored
+        let mut c = started(2, t0);
+        wait(&mut c, 0, 0, t0 + Duration::from_secs(30));
+        wait(&mut c, 0, 9, t0 + Duration::from_secs(30));
+        assert!(matches!(
+            &c.handle(Event::Tick, t0 + Duration::from_secs(61))[..],
+            [Action::Fail { error, .. }] if error.contains("silent too")
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub use frame::{
     Dtype, Frame, FrameHeader, HEADER_LEN, MAGIC, MAX_PAYLOAD_BYTES, Phase, VERSION, decode_f32,
     encode_f32,
 };
-pub use link::{Link, MemLink, Traffic, TrafficCounts};
+pub use link::{Link, MemLink, Traffic, TrafficCounts, WaitGuard, Waiting};
 pub use quic::{
     QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates, read_frame_bounded,
 };

@@ -13,6 +13,8 @@
 //! [`Traffic`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::Duration;
 
@@ -47,6 +49,34 @@ pub trait Link: Send {
 
     /// Bytes and frames moved so far.
     fn traffic(&self) -> &Traffic;
+}
+
+/// The peer a link's owner is blocked on in `recv` right now, readable from any thread: a worker's
+/// heartbeat says whom it waits for, so the coordinator can blame the rank its workers wait on rather
+/// than a worker that is silent only because it waits. Clones share one value.
+#[derive(Debug, Clone, Default)]
+pub struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    /// The peer waited on, if a `recv` is blocked now.
+    pub fn peer(&self) -> Option<usize> {
+        self.0.load(Ordering::Relaxed).checked_sub(1)
+    }
+
+    /// Marks a wait on `peer` for as long as the returned guard lives.
+    pub fn on(&self, peer: usize) -> WaitGuard<'_> {
+        self.0.store(peer + 1, Ordering::Relaxed);
+        WaitGuard(self)
+    }
+}
+
+/// Clears a [`Waiting`] when dropped (the wait ended, whatever its outcome).
+pub struct WaitGuard<'a>(&'a Waiting);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.0.store(0, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -41,7 +41,7 @@ use tracing::{debug, warn};
 
 use crate::WireError;
 use crate::frame::{Frame, FrameHeader, HEADER_LEN, Phase};
-use crate::link::{Link, Traffic, check_incoming, check_outgoing, check_peer};
+use crate::link::{Link, Traffic, Waiting, check_incoming, check_outgoing, check_peer};
 use crate::tls::{TlsIdentity, check_cert_name, client_config, server_config, worker_name};
 
 /// QUIC application close code for a refused connection.
@@ -140,6 +140,7 @@ pub struct QuicEndpoint {
     refusals: Arc<Refusals>,
     accepted: UnboundedReceiver<Accepted>,
     local_addr: SocketAddr,
+    waiting: Waiting,
     rt: Runtime,
 }
 
@@ -207,12 +208,19 @@ impl QuicEndpoint {
             refusals,
             accepted,
             local_addr,
+            waiting: Waiting::default(),
             rt,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The peer the link this endpoint becomes waits on (shared with it): readable before the mesh is
+    /// joined, by a heartbeat thread that outlives the join.
+    pub fn waiting(&self) -> Waiting {
+        self.waiting.clone()
     }
 
     /// Connections refused so far (no certificate, another job's CA, a certificate for another rank...).
@@ -338,6 +346,7 @@ impl QuicEndpoint {
             traffic: Traffic::default(),
             refusals: self.refusals,
             local_addr: self.local_addr,
+            waiting: self.waiting,
             endpoint: self.endpoint,
             rt: self.rt,
         })
@@ -407,6 +416,7 @@ pub struct QuicLink {
     traffic: Traffic,
     refusals: Arc<Refusals>,
     local_addr: SocketAddr,
+    waiting: Waiting,
     endpoint: Endpoint,
     // Last, so it is dropped after everything that runs on it.
     rt: Runtime,
@@ -423,6 +433,11 @@ impl QuicLink {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The peer a `recv` is blocked on right now (see [`Waiting`]).
+    pub fn waiting(&self) -> Waiting {
+        self.waiting.clone()
     }
 
     /// Closes the link (what dropping it does), waiting at most the linger time.
@@ -481,9 +496,11 @@ impl Link for QuicLink {
             .as_mut()
             .expect("every other rank is connected after join");
         // The timer must be created inside the runtime, hence the async block.
-        let next = self
-            .rt
-            .block_on(async { tokio::time::timeout(timeout, state.from.recv()).await });
+        let next = {
+            let _waiting = self.waiting.on(peer);
+            self.rt
+                .block_on(async { tokio::time::timeout(timeout, state.from.recv()).await })
+        };
         let frame = match next {
             Err(_) => {
                 return Err(WireError::Timeout {

@@ -299,6 +299,20 @@ fn a_silent_peer_times_out_and_a_closed_one_is_lost() {
         .into_iter()
         .map(Result::unwrap)
         .collect();
+    // while rank 0 waits, another thread (a heartbeat's) reads whom it waits on; after, nobody
+    let waiting = links[0].waiting();
+    assert_eq!(waiting.peer(), None);
+    let watcher = {
+        let waiting = waiting.clone();
+        thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_millis(150);
+            let mut seen = None;
+            while seen.is_none() && std::time::Instant::now() < until {
+                seen = waiting.peer();
+            }
+            seen
+        })
+    };
     let err = links[0]
         .recv_timeout(1, Duration::from_millis(200))
         .unwrap_err();
@@ -306,6 +320,8 @@ fn a_silent_peer_times_out_and_a_closed_one_is_lost() {
         err.to_string(),
         "timed out after 200ms waiting for rank 1 to send a frame"
     );
+    assert_eq!(watcher.join().unwrap(), Some(1));
+    assert_eq!(waiting.peer(), None, "the wait ended");
     links.pop(); // rank 1 closes
     let err = links[0]
         .recv_timeout(1, Duration::from_secs(5))

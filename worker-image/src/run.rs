@@ -494,6 +494,7 @@ pub fn run_from_env() -> Result<()> {
     }
     beat_while_computing(
         control.heartbeat(),
+        endpoint.waiting(),
         Duration::from_secs_f64(assignment.epoch_timeout_s),
     );
     let die_at = test_die_at(rank);
@@ -548,8 +549,14 @@ pub fn run_from_env() -> Result<()> {
 /// coordinator's silence check then bounds a stall, not an epoch, so a long epoch is not a lost worker.
 /// Progress is this process's CPU time growing since the last beat: a frozen process beats not at all,
 /// and one blocked waiting for a peer or a lock uses no CPU and stops beating (its peer wait is bounded
-/// by the same timeout and reported as `PeerLost`).
-fn beat_while_computing(heartbeat: physalia_control::Heartbeat, epoch_timeout: Duration) {
+/// by the same timeout and reported as `PeerLost`). Instead, while the mesh is blocked on a peer, it says
+/// which (`waiting`), so that if the wait outlasts the timeout the coordinator names the peer everyone
+/// waits on (a delayed, frozen or cut-off worker), not a worker silent only because it waits.
+fn beat_while_computing(
+    heartbeat: physalia_control::Heartbeat,
+    waiting: physalia_wire::Waiting,
+    epoch_timeout: Duration,
+) {
     let every = (epoch_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
     std::thread::spawn(move || {
         let mut last = cpu_time();
@@ -557,7 +564,14 @@ fn beat_while_computing(heartbeat: physalia_control::Heartbeat, epoch_timeout: D
             std::thread::sleep(every);
             let now = cpu_time();
             // a tenth of the interval on a core: the control runtime's keep-alives use far less
-            if now.saturating_sub(last) >= every / 10 && !heartbeat.beat() {
+            let sent = if now.saturating_sub(last) >= every / 10 {
+                heartbeat.beat()
+            } else if let Some(peer) = waiting.peer() {
+                heartbeat.waiting_on(peer)
+            } else {
+                true
+            };
+            if !sent {
                 return;
             }
             last = now;
