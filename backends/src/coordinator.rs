@@ -37,7 +37,17 @@ pub struct CoordinatorSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// How many ports, from [`CoordinatorSpec::control_port`] on, a coordinator's platform object declares:
+/// a launch whose port is taken (a prewarmed launch's control endpoint beside the running one's) binds
+/// the next, and workers must reach it there too.
+pub const CONTROL_PORTS: u16 = 8;
+
 impl CoordinatorSpec {
+    /// Every port the coordinator's control endpoints may listen on ([`CONTROL_PORTS`] of them).
+    pub fn control_ports(&self) -> std::ops::RangeInclusive<u16> {
+        self.control_port..=self.control_port.saturating_add(CONTROL_PORTS - 1)
+    }
+
     /// Checks what every backend relies on.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::InvalidSpec(format!("coordinator: {msg}")));
@@ -58,6 +68,12 @@ impl CoordinatorSpec {
         }
         if self.control_port == 0 {
             return bad("control_port is 0; workers need a fixed port to dial".into());
+        }
+        if self.control_port > u16::MAX - (CONTROL_PORTS - 1) {
+            return bad(format!(
+                "control_port {} leaves no room for the {CONTROL_PORTS} ports a coordinator declares",
+                self.control_port
+            ));
         }
         for name in self.env.keys() {
             if !is_env_name(name) {

@@ -54,7 +54,9 @@ pub mod local;
 mod names;
 mod spec;
 
-pub use coordinator::{CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, PlatformObject};
+pub use coordinator::{
+    CONTROL_PORTS, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, PlatformObject,
+};
 pub use error::{BackendName, Error, Result};
 pub use names::LaunchId;
 pub use spec::{

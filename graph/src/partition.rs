@@ -53,7 +53,7 @@ pub const PARTITION_FORMAT_VERSION: u32 = 1;
 const KIND_PARTITIONING: &str = "partitioning";
 const KIND_PART: &str = "part";
 /// The commit marker of a partition set: written after every part file.
-const PARTITION_FILE: &str = "partition.safetensors";
+pub const PARTITION_FILE: &str = "partition.safetensors";
 
 // ---------------------------------------------------------------------------------------------------
 // Node -> part assignment

@@ -209,10 +209,10 @@ resource "aws_vpc_security_group_ingress_rule" "mesh" {
 resource "aws_vpc_security_group_ingress_rule" "coordinator" {
   security_group_id            = aws_security_group.workers.id
   referenced_security_group_id = aws_security_group.workers.id
-  description                  = "QUIC control: workers to the coordinator"
+  description                  = "QUIC control: workers to the coordinator (its port and the 7 after it: a prewarmed launch's endpoint binds the next free one)"
   ip_protocol                  = "udp"
   from_port                    = var.coordinator_port
-  to_port                      = var.coordinator_port
+  to_port                      = var.coordinator_port + 7
 }
 
 # Terraform removes the allow-all egress rule AWS puts on a new group, so it is declared here.
@@ -585,6 +585,79 @@ data "aws_iam_policy_document" "coordinator" {
     actions   = ["logs:GetLogEvents"]
     resources = ["${aws_cloudwatch_log_group.workers.arn}:log-stream:physalia/*"]
   }
+}
+
+# The job store (`output.dir: s3://<bucket>/jobs`, `terraform output job_store`): job records, uploaded
+# datasets and the partitions the coordinator computes beside them. Private and encrypted; the coordinator
+# role reads and writes it, workers never touch it (they get everything through the coordinator).
+resource "aws_s3_bucket" "jobs" {
+  bucket_prefix = "${var.cluster_name}-jobs-"
+}
+
+resource "aws_s3_bucket_public_access_block" "jobs" {
+  bucket                  = aws_s3_bucket.jobs.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "jobs" {
+  bucket = aws_s3_bucket.jobs.id
+
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm = "AES256"
+    }
+  }
+}
+
+# A dataset goes up in parts above 32 MiB; an upload cut short leaves parts that are billed until aborted.
+resource "aws_s3_bucket_lifecycle_configuration" "jobs" {
+  bucket = aws_s3_bucket.jobs.id
+
+  rule {
+    id     = "abort-incomplete-uploads"
+    status = "Enabled"
+    filter {}
+
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 1
+    }
+  }
+}
+
+# What the coordinator does with the store (orchestrator/src/store.rs through object_store): list a job's
+# record, read, write (in one request or in parts) and delete objects, abort an upload it cut short; read
+# datasets in dataset_bucket_arn when that is set.
+data "aws_iam_policy_document" "coordinator_store" {
+  statement {
+    sid       = "ListJobStore"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.jobs.arn]
+  }
+
+  statement {
+    sid       = "ReadWriteJobStore"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${aws_s3_bucket.jobs.arn}/*"]
+  }
+
+  dynamic "statement" {
+    for_each = var.dataset_bucket_arn == null ? [] : [var.dataset_bucket_arn]
+
+    content {
+      sid       = "ReadDatasets"
+      actions   = ["s3:ListBucket", "s3:GetObject"]
+      resources = [statement.value, "${statement.value}/*"]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "coordinator_store" {
+  name   = "physalia-job-store"
+  role   = aws_iam_role.coordinator.id
+  policy = data.aws_iam_policy_document.coordinator_store.json
 }
 
 # The coordinator as an ECS task: the AWS SDK's default chain finds these credentials through the container

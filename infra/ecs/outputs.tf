@@ -38,6 +38,11 @@ output "region" {
 }
 
 # For the coordinator.
+output "job_store" {
+  description = "The job file's output.dir: the job store bucket, which the coordinator role reads and writes."
+  value       = "s3://${aws_s3_bucket.jobs.bucket}/jobs"
+}
+
 output "coordinator_task_role_arn" {
   description = "Task role of a coordinator running as an ECS task."
   value       = aws_iam_role.coordinator.arn

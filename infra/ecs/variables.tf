@@ -74,7 +74,7 @@ variable "log_retention_days" {
 }
 
 variable "dataset_bucket_arn" {
-  description = "ARN of an S3 bucket holding datasets (arn:aws:s3:::name), or null. When set, the workers' task role may read it (s3:GetObject, s3:ListBucket); workers read no S3 today."
+  description = "ARN of an S3 bucket holding datasets (arn:aws:s3:::name), or null. When set, the coordinator role (and the workers' task role) may read it (s3:GetObject, s3:ListBucket); datasets uploaded by `physalia submit` go to the job store instead."
   type        = string
   default     = null
 }

@@ -281,6 +281,7 @@ pub fn run(
             quiet,
             files: Files::new(Some(job_abs.clone())),
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
+            stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
         };
         let (job, outcome) = driver.run(job, pending, &mut dir)?;
         let elastic = job.elastic();
@@ -647,6 +648,8 @@ struct Driver<'a> {
     files: Files,
     /// Mini-batch settings of the next assignments: the job file's, or a replan's choice.
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
+    /// Partition sets kept beside the dataset in its object store (cluster mode).
+    stored_partitions: Option<&'a crate::cluster::StoredPartitions>,
 }
 
 /// A launch the job has not stopped: its workers, their control connections, its partition files.
@@ -888,12 +891,18 @@ impl Driver<'_> {
         } else {
             n
         };
+        let seed = self.spec.train.seed;
+        // a set another job computed for the same dataset in the store saves partitioning it again;
+        // the store is a cache: failing to read or write it only costs the time to partition
+        if let Some(stored) = self.stored_partitions {
+            match stored.fetch(self.dataset_path, k, seed) {
+                Ok(true) => tracing::info!("partitions for {k} workers from {}", stored.url()),
+                Ok(false) => {}
+                Err(e) => eprintln!("warning: reading partitions from {}: {e:#}", stored.url()),
+            }
+        }
         let sets = crate::progress::step(&format!("partitioning into {k} parts"), || {
-            physalia_graph::partition::ensure_partitions(
-                self.dataset_path,
-                &[k],
-                self.spec.train.seed,
-            )
+            physalia_graph::partition::ensure_partitions(self.dataset_path, &[k], seed)
         })
         .with_context(|| {
             format!(
@@ -901,7 +910,17 @@ impl Driver<'_> {
                 self.dataset_path.display()
             )
         })?;
-        let parts = sets.into_iter().next().expect("one set per k").part_files;
+        let set = sets.into_iter().next().expect("one set per k");
+        if let Some(stored) = self.stored_partitions
+            && !set.reused
+            && let Err(e) = stored.store(&set)
+        {
+            eprintln!(
+                "warning: storing partitions beside the dataset at {}: {e:#}",
+                stored.url()
+            );
+        }
+        let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         crate::release_freed_memory();
         let timeouts = self.spec.timeouts.clone().unwrap_or_default();
@@ -1136,6 +1155,7 @@ fn worker_event(
             ToCoordinator::Log { .. } => unreachable!("handled above"),
         },
         ServerEvent::Alive { rank } => Event::Alive { rank },
+        ServerEvent::Waiting { rank, on } => Event::Waiting { rank, on },
         ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
         ServerEvent::Refused { addr, reason } => {
             let line = format!("launch {launch}: refused a connection from {addr}: {reason}");

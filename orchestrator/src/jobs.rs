@@ -205,7 +205,14 @@ impl JobView {
                 objects.join(", ")
             ));
         }
-        if self.is_lost() {
+        if self.is_lost() && self.platform_coordinator.is_some() {
+            // its staging folder was in the coordinator's container: there is no folder to resume here
+            out.push_str(&format!(
+                "its coordinator is gone: a cluster-mode job cannot be resumed yet (its checkpoints stay \
+                 in the job store); `physalia cancel {}` with the same --dir ends it\n",
+                self.job
+            ));
+        } else if self.is_lost() {
             out.push_str(&format!(
                 "its coordinator is gone: `physalia submit --resume {}` continues it from its last \
                  checkpoint, `physalia cancel {}` ends it\n",

@@ -30,9 +30,9 @@ use crate::spec::{AciSettings, BackendKind, EcsSettings, JobSpec, KubernetesSett
 /// `coordinator_port` opens (7000 in infra/ecs, infra/k8s and infra/azure).
 pub(crate) const COORDINATOR_PORT: u16 = 7000;
 
-/// How many ports after the declared one a launch tries when it is taken (a prewarmed launch's control
-/// endpoint lives beside the running one's).
-const PORT_TRIES: u16 = 8;
+/// How many ports from the declared one a launch tries when it is taken (a prewarmed launch's control
+/// endpoint lives beside the running one's): all that the coordinator's platform object declares.
+const PORT_TRIES: u16 = physalia_backends::CONTROL_PORTS;
 
 static CONTROL_PORT: OnceLock<u16> = OnceLock::new();
 
@@ -77,8 +77,11 @@ pub(crate) fn backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
         }
         BackendKind::Kubernetes => {
             let k = kubernetes_settings(spec)?;
-            let backend = crate::workers::block_on(KubernetesBackend::infer(kubernetes_config(k)))?
-                .context("connecting to Kubernetes")?;
+            let backend = crate::workers::block_on(KubernetesBackend::infer(
+                kubernetes_config(k),
+                k.context.as_deref(),
+            ))?
+            .context("connecting to Kubernetes")?;
             Ok(Box::new(backend))
         }
         BackendKind::Aci => {

@@ -27,6 +27,11 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::jobdir::CANCEL_FILE as CANCEL;
 
+/// Files larger than this go up in parts of this size ([`Remote::put_file`]).
+pub const MULTIPART_AT: usize = 32 << 20;
+/// Parts of one upload in flight at once.
+const MULTIPART_IN_FLIGHT: usize = 4;
+
 /// Whether `dir` names an object store rather than a local folder.
 pub fn is_url(dir: &Path) -> bool {
     dir.to_str().is_some_and(|s| s.contains("://"))
@@ -126,6 +131,17 @@ impl Remote {
         })
     }
 
+    /// An in-memory store (object_store's), for tests of what goes through a store.
+    #[cfg(test)]
+    pub fn in_memory(url: &str) -> Remote {
+        Remote {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: ObjPath::from(url.split_once("://").map_or(url, |(_, p)| p)),
+            url: url.to_string(),
+            rt: runtime().expect("a runtime"),
+        }
+    }
+
     fn block<T>(&self, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         self.rt.block_on(f)
     }
@@ -219,6 +235,96 @@ impl Remote {
                 .await
                 .with_context(|| format!("writing {}/{job}/{rel}", self.url))?;
             Ok(())
+        })
+    }
+
+    /// Uploads the file at `path` to `<job>/<rel>`: in one request up to [`MULTIPART_AT`] bytes, in
+    /// parts of that size (a few in flight) above it, so a dataset of any size goes up with bounded
+    /// memory and within each store's limit on one request (5 GiB on S3). A failed multipart upload is
+    /// aborted: nothing is left under the key.
+    pub fn put_file(&self, job: &str, rel: &str, path: &Path) -> Result<()> {
+        self.put_file_in_parts(job, rel, path, MULTIPART_AT)
+    }
+
+    fn put_file_in_parts(&self, job: &str, rel: &str, path: &Path, part: usize) -> Result<()> {
+        use std::io::Read;
+        let key = self.key(job, rel);
+        let what = || format!("writing {}/{job}/{rel}", self.url);
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let size = f.metadata()?.len();
+        if size <= part as u64 {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            return self.block(async {
+                self.store
+                    .put(&key, PutPayload::from(bytes))
+                    .await
+                    .with_context(what)?;
+                Ok(())
+            });
+        }
+        self.block(async {
+            let upload = self.store.put_multipart(&key).await.with_context(what)?;
+            let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, part);
+            let mut buf = vec![0u8; part];
+            let sent = async {
+                loop {
+                    let mut filled = 0;
+                    while filled < part {
+                        let n = f
+                            .read(&mut buf[filled..])
+                            .with_context(|| format!("reading {}", path.display()))?;
+                        if n == 0 {
+                            break;
+                        }
+                        filled += n;
+                    }
+                    if filled == 0 {
+                        return anyhow::Ok(());
+                    }
+                    writer
+                        .wait_for_capacity(MULTIPART_IN_FLIGHT)
+                        .await
+                        .with_context(what)?;
+                    writer.write(&buf[..filled]);
+                }
+            }
+            .await;
+            match sent {
+                Ok(()) => {
+                    writer.finish().await.with_context(what)?;
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    /// Every object under `<job>/<rel>/`, by path relative to it, with its size.
+    pub fn list(&self, job: &str, rel: &str) -> Result<Vec<(String, u64)>> {
+        let base = self.key(job, rel);
+        self.block(async {
+            let objects: Vec<_> = self
+                .store
+                .list(Some(&base))
+                .try_collect()
+                .await
+                .with_context(|| format!("listing {}/{job}/{rel}", self.url))?;
+            Ok(objects
+                .into_iter()
+                .filter_map(|m| {
+                    let rel: Vec<String> = m
+                        .location
+                        .prefix_match(&base)?
+                        .map(|p| p.as_ref().to_string())
+                        .collect();
+                    Some((rel.join("/"), m.size))
+                })
+                .collect())
         })
     }
 
@@ -634,6 +740,57 @@ mod tests {
                 .get_file(".datasets", "missing", &dir.path().join("m"))
                 .is_err()
         );
+    }
+
+    /// A file larger than the part size goes up in parts and comes back whole; one that fits goes up in
+    /// one request; a listing names what is under a folder with sizes.
+    #[test]
+    fn a_large_file_goes_up_in_parts_and_comes_back_whole() {
+        let remote = Remote {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: ObjPath::from("jobs"),
+            url: "memory://jobs".into(),
+            rt: runtime().unwrap(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.bin");
+        // 2.5 parts of 64 KiB (the memory store takes parts of any size)
+        let bytes: Vec<u8> = (0..163_840u32).map(|i| (i * 7919 % 251) as u8).collect();
+        std::fs::write(&big, &bytes).unwrap();
+        remote
+            .put_file_in_parts(".datasets", "x.parts/k2-seed0/part0.bin", &big, 64 << 10)
+            .unwrap();
+        let small = dir.path().join("small.bin");
+        std::fs::write(&small, b"small").unwrap();
+        remote
+            .put_file_in_parts(
+                ".datasets",
+                "x.parts/k2-seed0/partition.bin",
+                &small,
+                64 << 10,
+            )
+            .unwrap();
+        let to = dir.path().join("back.bin");
+        remote
+            .get_file(".datasets", "x.parts/k2-seed0/part0.bin", &to)
+            .unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), bytes);
+        let mut listed = remote.list(".datasets", "x.parts").unwrap();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                ("k2-seed0/part0.bin".to_string(), bytes.len() as u64),
+                ("k2-seed0/partition.bin".to_string(), 5)
+            ]
+        );
+        assert!(remote.list(".datasets", "y.parts").unwrap().is_empty());
+        // a file that cannot be read leaves nothing behind
+        let err = remote
+            .put_file(".datasets", "gone", &dir.path().join("missing"))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("missing"), "{err:#}");
+        assert!(!remote.exists(".datasets", "gone").unwrap());
     }
 
     #[test]

@@ -515,6 +515,15 @@ fn s3_keys(agent: &Agent, prefix: &str) -> Vec<String> {
     serde_json::from_value(v).unwrap()
 }
 
+/// The objects of moto's S3 bucket under `prefix`, with when each was last written.
+fn s3_written(agent: &Agent, prefix: &str) -> Vec<(String, String)> {
+    let v = agent.query(&format!(
+        "r = s3.list_objects_v2(Bucket={:?}, Prefix={prefix:?})\nprint(json.dumps([[o['Key'], o['LastModified'].isoformat()] for o in r.get('Contents', [])]))",
+        agent.info["bucket"].as_str().unwrap()
+    ));
+    serde_json::from_value(v).unwrap()
+}
+
 /// What the coordinator's container (1 vCPU, 2 GiB of Fargate) costs a second at the catalog's prices.
 fn coordinator_price_per_s() -> f64 {
     let text = std::fs::read_to_string(repo_root().join("infra/catalog/aws-ecs.yaml")).unwrap();
@@ -658,9 +667,33 @@ fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
     );
     assert_eq!(v["usd_total"], summary["usd_total"], "what submit printed");
     // the dataset is in the store once, content-addressed, and a second job reuses it
-    let datasets = s3_keys(&agent, "jobs/.datasets/");
+    let is_dataset = |k: &String| !k.contains(".parts/");
+    let datasets: Vec<String> = s3_keys(&agent, "jobs/.datasets/")
+        .into_iter()
+        .filter(is_dataset)
+        .collect();
     assert_eq!(datasets.len(), 1, "{datasets:?}");
     assert!(datasets[0].ends_with("-cora.safetensors"), "{datasets:?}");
+    // the coordinator's partitions are beside it: every part and the partitioning (put last)
+    let parts_dir = format!(
+        "{}.parts/k3-seed0/",
+        datasets[0].trim_end_matches(".safetensors")
+    );
+    let parts = s3_written(&agent, &parts_dir);
+    let names: Vec<&str> = parts
+        .iter()
+        .map(|(k, _)| k.trim_start_matches(&parts_dir))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "part0.safetensors",
+            "part1.safetensors",
+            "part2.safetensors",
+            "partition.safetensors"
+        ],
+        "{parts:?}"
+    );
     assert!(
         s3_object(&agent, &format!("jobs/{id}/coordinator.json")).is_some(),
         "the coordinator's handle is in the record"
@@ -675,9 +708,18 @@ fn issue_14_cora_in_cluster_mode_on_ecs_trains_like_three_local_processes() {
     );
     assert!(again.contains("finished on 3 workers"), "{again}");
     assert_eq!(
-        s3_keys(&agent, "jobs/.datasets/"),
+        s3_keys(&agent, "jobs/.datasets/")
+            .into_iter()
+            .filter(is_dataset)
+            .collect::<Vec<_>>(),
         datasets,
         "the second job reused the uploaded dataset"
+    );
+    // and the partitions the first coordinator computed: fetched, not computed and written again
+    assert_eq!(
+        s3_written(&agent, &parts_dir),
+        parts,
+        "the second job rewrote the stored partitions"
     );
     eprintln!(
         "cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, ${usd:.6}, \

@@ -38,11 +38,14 @@ pub fn coordinator_group(cfg: &AciConfig, spec: &CoordinatorSpec, identity_id: &
         .iter()
         .map(|(name, value)| json!({ "name": name, "value": value }))
         .collect();
-    let port = spec.control_port;
+    let ports: Vec<Value> = spec
+        .control_ports()
+        .map(|port| json!({ "port": port, "protocol": "UDP" }))
+        .collect();
     let mut container = json!({
         "image": spec.image,
         "environmentVariables": env,
-        "ports": [{ "port": port, "protocol": "UDP" }],
+        "ports": ports,
         "resources": {
             "requests": { "cpu": spec.cpu, "memoryInGB": memory_gb(spec.memory_gib) }
         }
@@ -55,7 +58,7 @@ pub fn coordinator_group(cfg: &AciConfig, spec: &CoordinatorSpec, identity_id: &
         "osType": "Linux",
         "restartPolicy": "Never",
         "sku": "Standard",
-        "ipAddress": { "type": "Private", "ports": [{ "port": port, "protocol": "UDP" }] },
+        "ipAddress": { "type": "Private", "ports": ports },
         "subnetIds": [{ "id": cfg.subnet_id }]
     });
     let mut identities = serde_json::Map::new();

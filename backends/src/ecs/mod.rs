@@ -364,12 +364,16 @@ impl EcsBackend {
                     .map(|(k, v)| ecs::KeyValuePair::builder().name(k).value(v).build())
                     .collect(),
             ))
-            .port_mappings(
-                ecs::PortMapping::builder()
-                    .container_port(i32::from(spec.control_port))
-                    .protocol(ecs::TransportProtocol::Udp)
-                    .build(),
-            )
+            .set_port_mappings(Some(
+                spec.control_ports()
+                    .map(|port| {
+                        ecs::PortMapping::builder()
+                            .container_port(i32::from(port))
+                            .protocol(ecs::TransportProtocol::Udp)
+                            .build()
+                    })
+                    .collect(),
+            ))
             .memory(mib as i32)
             .log_configuration(self.log_configuration(LOG_PREFIX)?);
         if let Some((argv0, rest)) = spec.command.split_first() {

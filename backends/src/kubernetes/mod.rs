@@ -91,6 +91,43 @@ pub struct KubernetesBackend {
     cfg: KubernetesConfig,
 }
 
+/// The client configuration of `kubeconfig`'s context `context`, or an error that lists the contexts it
+/// has.
+pub async fn config_at_context(
+    kubeconfig: kube::config::Kubeconfig,
+    context: &str,
+) -> Result<kube::Config> {
+    if !kubeconfig.contexts.iter().any(|c| c.name == context) {
+        let known: Vec<&str> = kubeconfig
+            .contexts
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        return Err(Error::Config {
+            backend: NAME,
+            detail: format!(
+                "backend.kubernetes.context: the kubeconfig has no context {context:?} (it has: {}); \
+                 `kubectl config get-contexts` lists them",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        });
+    }
+    let options = kube::config::KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|e| Error::Config {
+            backend: NAME,
+            detail: format!("the kubeconfig's context {context:?}: {e}"),
+        })
+}
+
 impl KubernetesBackend {
     /// A backend over any kube client (tests pass one over a mock service).
     pub fn new(client: Client, cfg: KubernetesConfig) -> KubernetesBackend {
@@ -98,15 +135,31 @@ impl KubernetesBackend {
     }
 
     /// A backend with the ambient configuration: in a pod, its ServiceAccount; elsewhere `$KUBECONFIG` or
-    /// `~/.kube/config`.
-    pub async fn infer(cfg: KubernetesConfig) -> Result<KubernetesBackend> {
-        let client = Client::try_default().await.map_err(|e| Error::Config {
-            backend: NAME,
-            detail: format!(
-                "no usable Kubernetes configuration (in-cluster service account, $KUBECONFIG or \
-                 ~/.kube/config): {e}"
-            ),
-        })?;
+    /// `~/.kube/config`, at its current context or at `context` when one is named.
+    pub async fn infer(cfg: KubernetesConfig, context: Option<&str>) -> Result<KubernetesBackend> {
+        let client = match context {
+            None => Client::try_default().await.map_err(|e| Error::Config {
+                backend: NAME,
+                detail: format!(
+                    "no usable Kubernetes configuration (in-cluster service account, $KUBECONFIG or \
+                     ~/.kube/config): {e}"
+                ),
+            })?,
+            Some(context) => {
+                let kubeconfig = kube::config::Kubeconfig::read().map_err(|e| Error::Config {
+                    backend: NAME,
+                    detail: format!(
+                        "backend.kubernetes.context names {context:?}, but no kubeconfig could be \
+                         read ($KUBECONFIG or ~/.kube/config): {e}"
+                    ),
+                })?;
+                let config = config_at_context(kubeconfig, context).await?;
+                Client::try_from(config).map_err(|e| Error::Config {
+                    backend: NAME,
+                    detail: format!("the kubeconfig's context {context:?}: {e}"),
+                })?
+            }
+        };
         Ok(KubernetesBackend::new(client, cfg))
     }
 

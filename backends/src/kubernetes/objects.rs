@@ -315,12 +315,20 @@ pub fn coordinator_job(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> Job {
         image_pull_policy: Some("IfNotPresent".into()),
         command: (!spec.command.is_empty()).then(|| spec.command.clone()),
         env: Some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("control".into()),
-            container_port: i32::from(spec.control_port),
-            protocol: Some("UDP".into()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(
+            spec.control_ports()
+                .enumerate()
+                .map(|(i, port)| ContainerPort {
+                    name: Some(match i {
+                        0 => "control".to_string(),
+                        i => format!("control-{i}"),
+                    }),
+                    container_port: i32::from(port),
+                    protocol: Some("UDP".into()),
+                    ..ContainerPort::default()
+                })
+                .collect(),
+        ),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_string(), cpu_quantity(spec.cpu)),

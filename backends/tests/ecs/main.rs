@@ -1228,3 +1228,38 @@ async fn the_coordinator_policy_grants_exactly_the_calls_the_backend_makes() {
     passed.sort();
     assert_eq!(passed, want);
 }
+
+/// infra/ecs gives the coordinator role the job store: list the bucket, and read, write (in one request
+/// or in parts), delete and abort uploads of its objects (what orchestrator/src/store.rs does through
+/// object_store), in a policy of its own; the outputs name the store as `output.dir` takes it.
+#[test]
+fn the_coordinator_role_reads_and_writes_the_job_store() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/ecs");
+    let tf = std::fs::read_to_string(root.join("main.tf")).unwrap();
+    let (granted, passed) = policy_actions(&tf, "coordinator_store");
+    let want: std::collections::BTreeSet<String> = [
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(granted, want);
+    assert!(passed.is_empty(), "the store policy passes no role");
+    let attached = tf
+        .find("resource \"aws_iam_role_policy\" \"coordinator_store\"")
+        .map(|at| &tf[at..at + tf[at..].find("\n}\n").unwrap()])
+        .expect("the store policy is attached");
+    assert!(
+        attached.contains("aws_iam_role.coordinator.id")
+            && attached.contains("data.aws_iam_policy_document.coordinator_store.json"),
+        "{attached}"
+    );
+    let outputs = std::fs::read_to_string(root.join("outputs.tf")).unwrap();
+    assert!(
+        outputs.contains("value       = \"s3://${aws_s3_bucket.jobs.bucket}/jobs\""),
+        "no job_store output"
+    );
+}

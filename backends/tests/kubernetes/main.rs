@@ -944,3 +944,35 @@ async fn the_role_grants_exactly_the_verbs_the_backend_calls() {
         "physalia-coordinator"
     );
 }
+
+/// `backend.kubernetes.context` picks that context's cluster from the kubeconfig, not the current one; a context the kubeconfig lacks is refused naming those it has.
+#[tokio::test]
+async fn a_named_context_is_used_and_an_unknown_one_is_refused() {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(
+        "apiVersion: v1\nkind: Config\ncurrent-context: dev\nclusters:\n- name: dev\n  cluster: {server: \
+         'https://127.0.0.1:6443'}\n- name: prod\n  cluster: {server: 'https://10.9.8.7:443'}\nusers:\n- name: \
+         u\n  user: {token: not-a-secret}\ncontexts:\n- name: dev\n  context: {cluster: dev, user: u}\n- \
+         name: prod\n  context: {cluster: prod, user: u, namespace: physalia}\n",
+    )
+    .unwrap();
+    let config = physalia_backends::kubernetes::config_at_context(kubeconfig.clone(), "prod")
+        .await
+        .unwrap();
+    assert_eq!(config.cluster_url.host(), Some("10.9.8.7"));
+    assert_eq!(config.default_namespace, "physalia");
+    let config = physalia_backends::kubernetes::config_at_context(kubeconfig.clone(), "dev")
+        .await
+        .unwrap();
+    assert_eq!(
+        (config.cluster_url.host(), config.cluster_url.port_u16()),
+        (Some("127.0.0.1"), Some(6443))
+    );
+    let err = physalia_backends::kubernetes::config_at_context(kubeconfig, "staging")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no context \"staging\"") && err.contains("dev, prod"),
+        "{err}"
+    );
+}
