@@ -175,23 +175,70 @@ pub fn submit(
         spec.dataset.path = Some(PathBuf::from(url));
     }
     let id = remote.new_job_id(&spec.job_name(job_file))?;
-    let job_url = format!("{}/{id}", remote.url());
     remote.put(&id, "job.json", json_bytes(&spec)?)?;
     // readable by `status` from now on; the coordinator rewrites it once it runs
     let mut status = JobStatus::starting(kind.as_str(), 0, spec.train.epochs as usize);
     status.coordinator = None;
     remote.put(&id, "status.json", json_bytes(&status)?)?;
     remote.put(&id, "metrics.jsonl", Vec::new())?;
+    start_and_follow(
+        Started {
+            remote: &remote,
+            id: &id,
+            backend: backend.as_ref(),
+            image,
+            env,
+            resume: false,
+            status,
+        },
+        output,
+        quiet,
+        detach,
+    )
+}
+
+/// A job in the store whose coordinator is about to start.
+struct Started<'a> {
+    remote: &'a Remote,
+    id: &'a str,
+    backend: &'a dyn Backend,
+    image: String,
+    env: BTreeMap<String, String>,
+    /// The coordinator continues the record from its newest checkpoint.
+    resume: bool,
+    /// The record's status, rewritten as failed when the coordinator cannot start.
+    status: JobStatus,
+}
+
+/// Starts job `s.id`'s coordinator on its platform, records its handle, and follows the job (or
+/// returns at once with `detach`).
+fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool) -> Result<()> {
+    let Started {
+        remote,
+        id,
+        backend,
+        image,
+        env,
+        resume,
+        mut status,
+    } = s;
+    let kind = backend.name();
+    let id = id.to_string();
+    let job_url = format!("{}/{id}", remote.url());
+    let mut command = vec![
+        "/usr/local/bin/physalia".into(),
+        "coordinate".into(),
+        job_url.clone(),
+        "--control-port".into(),
+        crate::platform::COORDINATOR_PORT.to_string(),
+    ];
+    if resume {
+        command.push("--resume".into());
+    }
     let coordinator = CoordinatorSpec {
         job_id: id.clone(),
         image,
-        command: vec![
-            "/usr/local/bin/physalia".into(),
-            "coordinate".into(),
-            job_url.clone(),
-            "--control-port".into(),
-            crate::platform::COORDINATOR_PORT.to_string(),
-        ],
+        command,
         env,
         cpu: COORDINATOR_VCPUS,
         memory_gib: COORDINATOR_MEMORY_GIB,
@@ -199,10 +246,7 @@ pub fn submit(
         labels: BTreeMap::new(),
     };
     if !quiet {
-        eprintln!(
-            "job {id}: starting its coordinator on {} (record: {job_url})",
-            kind.as_str()
-        );
+        eprintln!("job {id}: starting its coordinator on {kind} (record: {job_url})");
     }
     // from here a Ctrl-C detaches: the coordinator about to run must be recorded to be followed,
     // cancelled and cleaned up
@@ -233,20 +277,101 @@ pub fn submit(
             ),
             OutputFormat::Text => println!("{id}"),
         }
-        eprintln!(
-            "job {id} runs on {} (cluster mode); its record: {job_url}\n{hints}",
-            kind.as_str()
-        );
+        eprintln!("job {id} runs on {kind} (cluster mode); its record: {job_url}\n{hints}");
         return Ok(());
     }
-    follow(
-        &remote,
-        &id,
-        backend.as_ref(),
-        &handle,
+    follow(remote, &id, backend, &handle, output, quiet, &hints)
+}
+
+/// `physalia submit --resume STORE/JOB`: continues a cluster-mode job whose coordinator is gone (its
+/// container killed, its node lost) from its newest checkpoint in the store, with a new coordinator on
+/// the same platform, and follows it as `submit` does. Refused while the old coordinator still runs,
+/// and for a job that ended.
+pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) -> Result<()> {
+    let (base, id) = job_url
+        .trim_end_matches('/')
+        .rsplit_once('/')
+        .with_context(|| format!("{job_url}: not a job's URL (STORE/JOB_ID)"))?;
+    let remote = Remote::open(base)?;
+    let bytes = remote
+        .get(id, "job.json")?
+        .with_context(|| format!("{job_url}: no job.json in the store"))?;
+    let spec: JobSpec = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{job_url}/job.json: not a job record"))?;
+    spec.validate()
+        .with_context(|| format!("{job_url}/job.json: the recorded job"))?;
+    if spec.backend.mode() != crate::spec::Mode::Cluster {
+        bail!(
+            "{job_url}: a client-mode job: resume it from its staging folder on the machine that \
+             coordinated it (`physalia submit --resume ~/.cache/physalia/staging/{id}`)"
+        );
+    }
+    let status_bytes = remote
+        .get(id, "status.json")?
+        .with_context(|| format!("{job_url}: no status.json in the store"))?;
+    let status: JobStatus = serde_json::from_slice(&status_bytes)
+        .with_context(|| format!("{job_url}/status.json: not a job status"))?;
+    if status.state.is_final() {
+        bail!(
+            "{job_url}: the job {}; there is nothing to resume",
+            status.state.as_str()
+        );
+    }
+    let backend = crate::platform::backend(&spec).with_context(|| format!("{job_url}/job.json"))?;
+    if let Some(bytes) = remote.get(id, COORDINATOR_JSON)? {
+        let old: CoordinatorHandle = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{job_url}/{COORDINATOR_JSON}: not a coordinator handle"))?;
+        match block_on(backend.coordinator_status(&old))? {
+            Ok(s) if matches!(s.state, WorkerState::Pending | WorkerState::Running) => bail!(
+                "{job_url}: its coordinator still runs ({}); follow it with `physalia logs {id} --dir \
+                 {base} --rank coordinator --follow`, or stop it with `physalia cancel {id} --dir {base}`",
+                old.objects
+                    .iter()
+                    .map(|o| format!("{} {}", o.kind, o.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            _ => {}
+        }
+        // what the dead coordinator left on its platform goes first (its launches' workers, then its
+        // ended task, pod or group): the new one takes the same names
+        let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
+        let dir = remote.fetch(id, tmp.path())?;
+        crate::distributed::clean_up_after(&dir, &status)
+            .with_context(|| format!("{job_url}: stopping the gone coordinator's workers"))?;
+        block_on(backend.stop_coordinator(&old))?.with_context(|| {
+            format!("{job_url}: deleting the gone coordinator's platform objects")
+        })?;
+    }
+    let checkpoints = remote.list(id, "checkpoints")?;
+    if checkpoints.is_empty() {
+        bail!("{job_url}: no checkpoint in the store to resume from");
+    }
+    let env = coordinator_env(&spec, &|k| std::env::var(k).ok())?;
+    let image = spec
+        .backend
+        .coordinator_image()
+        .context("the platform's section names no image")?
+        .to_string();
+    if !quiet {
+        eprintln!(
+            "resuming {id} (recorded through epoch {} of {}) with a new coordinator",
+            status.epoch, status.epochs
+        );
+    }
+    start_and_follow(
+        Started {
+            remote: &remote,
+            id,
+            backend: backend.as_ref(),
+            image,
+            env,
+            resume: true,
+            status,
+        },
         output,
         quiet,
-        &hints,
+        detach,
     )
 }
 
@@ -616,7 +741,7 @@ fn finished(
 }
 
 /// `physalia coordinate JOB_URL`: the coordinator of a cluster-mode job, inside the platform.
-pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
+pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> {
     store::use_platform_identity();
     let (base, id) = job_url
         .trim_end_matches('/')
@@ -648,6 +773,14 @@ pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
         partitions = Some(StoredPartitions::beside(&url)?);
     }
     crate::platform::set_control_port(control_port);
+    // resuming: the record as the gone coordinator left it in the store, checkpoints included
+    let resume = match resume {
+        true => {
+            let dir = remote.fetch_to_resume(id, &work.join("jobs"))?;
+            Some(crate::distributed::resume_point(&dir)?)
+        }
+        false => None,
+    };
     let role = Role {
         job_id: id.to_string(),
         staging: work.join("jobs"),
@@ -661,7 +794,7 @@ pub fn coordinate(job_url: &str, control_port: u16) -> Result<()> {
         &name,
         OutputFormat::Text,
         false,
-        None,
+        resume,
         false,
         Some(&role),
     );

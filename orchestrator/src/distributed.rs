@@ -1250,3 +1250,29 @@ pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> S
     ));
     line
 }
+
+/// Stops every launch a dead coordinator left running and releases the job's platform objects.
+pub(crate) fn clean_up_after(dir: &Path, status: &physalia_control::JobStatus) -> Result<()> {
+    let spec_path = dir.join("job.json");
+    let text = std::fs::read_to_string(&spec_path)
+        .with_context(|| format!("{}: cannot read", spec_path.display()))?;
+    let spec: JobSpec = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a job record", spec_path.display()))?;
+    let id = jobdir_id(dir);
+    let mut failures = Vec::new();
+    for &segment in &status.launches {
+        let backend = job_backend(&spec, dir, segment as usize)?;
+        let launch = physalia_backends::LaunchId::new(id.clone(), segment);
+        if let Err(e) = crate::workers::block_on(backend.stop_all(&launch))? {
+            failures.push(format!("launch {segment}: {e}"));
+        }
+    }
+    let backend = job_backend(&spec, dir, 0)?;
+    if let Err(e) = crate::workers::block_on(backend.release(&id))? {
+        failures.push(format!("releasing the job's platform objects: {e}"));
+    }
+    if !failures.is_empty() {
+        bail!("job {id}: {}", failures.join("; "));
+    }
+    Ok(())
+}

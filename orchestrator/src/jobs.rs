@@ -205,14 +205,7 @@ impl JobView {
                 objects.join(", ")
             ));
         }
-        if self.is_lost() && self.platform_coordinator.is_some() {
-            // its staging folder was in the coordinator's container: there is no folder to resume here
-            out.push_str(&format!(
-                "its coordinator is gone: a cluster-mode job cannot be resumed yet (its checkpoints stay \
-                 in the job store); `physalia cancel {}` with the same --dir ends it\n",
-                self.job
-            ));
-        } else if self.is_lost() {
+        if self.is_lost() {
             out.push_str(&format!(
                 "its coordinator is gone: `physalia submit --resume {}` continues it from its last \
                  checkpoint, `physalia cancel {}` ends it\n",
@@ -566,7 +559,7 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
     .with_context(|| format!("asking job {id} to stop"))?;
     if view.is_lost() {
         // nobody will act on the request: stop what the dead coordinator left, then say so in the record
-        clean_up_after(&dir, &view.status)?;
+        crate::distributed::clean_up_after(&dir, &view.status)?;
         stop_recorded_coordinator(&dir)?;
         let mut status = view.status;
         status.state = JobState::Cancelled;
@@ -603,30 +596,4 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// Stops every launch a dead coordinator left running and releases the job's platform objects.
-fn clean_up_after(dir: &Path, status: &JobStatus) -> Result<()> {
-    let spec_path = dir.join("job.json");
-    let text = std::fs::read_to_string(&spec_path)
-        .with_context(|| format!("{}: cannot read", spec_path.display()))?;
-    let spec: JobSpec = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a job record", spec_path.display()))?;
-    let id = job_id(dir);
-    let mut failures = Vec::new();
-    for &segment in &status.launches {
-        let backend = crate::distributed::job_backend(&spec, dir, segment as usize)?;
-        let launch = physalia_backends::LaunchId::new(id.clone(), segment);
-        if let Err(e) = crate::workers::block_on(backend.stop_all(&launch))? {
-            failures.push(format!("launch {segment}: {e}"));
-        }
-    }
-    let backend = crate::distributed::job_backend(&spec, dir, 0)?;
-    if let Err(e) = crate::workers::block_on(backend.release(&id))? {
-        failures.push(format!("releasing the job's platform objects: {e}"));
-    }
-    if !failures.is_empty() {
-        bail!("job {id}: {}", failures.join("; "));
-    }
-    Ok(())
 }

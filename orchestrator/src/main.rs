@@ -97,6 +97,9 @@ struct CoordinateArgs {
     /// The UDP port of the control endpoint, the one the coordinator's platform object declares.
     #[arg(long, default_value_t = platform::COORDINATOR_PORT)]
     control_port: u16,
+    /// Continue the job from its newest checkpoint in the store (`submit --resume STORE/JOB`).
+    #[arg(long)]
+    resume: bool,
 }
 
 #[derive(Args)]
@@ -105,8 +108,8 @@ struct SubmitArgs {
     #[arg(required_unless_present = "resume")]
     job: Option<PathBuf>,
     /// Continue the job in this job directory from its newest checkpoint instead (its coordinator died or
-    /// was stopped).
-    #[arg(long, value_name = "JOB_DIR", conflicts_with_all = ["job", "overrides"])]
+    /// was stopped); a cluster-mode job by its URL in the job store, `STORE/JOB_ID`.
+    #[arg(long, value_name = "JOB_DIR|JOB_URL", conflicts_with_all = ["job", "overrides"])]
     resume: Option<PathBuf>,
     /// Override a field of the job file, e.g. `--set train.lr=0.005` (repeatable).
     #[arg(long = "set", value_name = "PATH=VALUE")]
@@ -124,7 +127,7 @@ struct SubmitArgs {
     #[arg(long)]
     skip_memory_check: bool,
     /// Cluster mode: return once the coordinator runs, printing the job's id and how to follow it.
-    #[arg(long, conflicts_with = "resume")]
+    #[arg(long)]
     detach: bool,
 }
 
@@ -193,6 +196,9 @@ enum DataCommand {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => match (&a.resume, &a.job) {
+            (Some(dir), _) if store::is_url(dir) => {
+                cluster::resume(&dir.to_string_lossy(), a.output, a.quiet, a.detach)
+            }
             (Some(dir), _) => submit::resume(dir, a.output, a.quiet, !a.skip_memory_check),
             (None, Some(job)) => submit::run(
                 job,
@@ -268,7 +274,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Partition(a)) => data::partition(&a),
         // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
         Command::Worker => physalia_worker::run::run_from_env(),
-        Command::Coordinate(a) => cluster::coordinate(&a.job_url, a.control_port),
+        Command::Coordinate(a) => cluster::coordinate(&a.job_url, a.control_port, a.resume),
     }
 }
 

@@ -181,6 +181,15 @@ impl Remote {
     /// Downloads job `job`'s record, but its checkpoints, model, dataset and partitions, into
     /// `into/<job>` and returns that folder.
     pub fn fetch(&self, job: &str, into: &Path) -> Result<PathBuf> {
+        self.fetch_with(job, into, false)
+    }
+
+    /// Downloads what a coordinator resuming job `job` needs: its record with its checkpoints.
+    pub fn fetch_to_resume(&self, job: &str, into: &Path) -> Result<PathBuf> {
+        self.fetch_with(job, into, true)
+    }
+
+    fn fetch_with(&self, job: &str, into: &Path, checkpoints: bool) -> Result<PathBuf> {
         let root = into.join(job);
         let base = self.key(job, "");
         self.block(async {
@@ -202,7 +211,7 @@ impl Remote {
                     .components()
                     .any(|c| c.as_os_str().to_string_lossy().ends_with(".parts"));
                 if partitions
-                    || rel.starts_with("checkpoints")
+                    || (rel.starts_with("checkpoints") && !checkpoints)
                     || rel == Path::new("model.safetensors")
                     || rel == Path::new("dataset.safetensors")
                 {

@@ -503,3 +503,116 @@ fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
     assert_eq!(state, "cancelled");
     cluster.wait_nothing_left(&[&finished]);
 }
+
+/// Issue 14 on Kubernetes: a job whose coordinator pod dies (its container killed) is resumed from the
+/// store with `submit --resume STORE/JOB` (refused while the dead coordinator still runs): its workers
+/// and the dead pod's Job are deleted, a new coordinator continues from the newest checkpoint, and the
+/// job ends with every epoch recorded once and a fixed run's losses; nothing is left.
+#[test]
+fn issue_14_a_kubernetes_job_whose_coordinator_died_resumes_from_the_store() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    let job = "name: phoenix\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 40, seed: 0, threads: 1}\nworkers: 2\n";
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: jobs}}\n"),
+    );
+    let (fixed, _) = ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["submit", "job.yaml", "-q", "--output", "json"]),
+    );
+    let fixed_dir = t
+        .path()
+        .join(last_json(&fixed)["job_dir"].as_str().unwrap());
+    let want = losses(&std::fs::read_to_string(fixed_dir.join("metrics.jsonl")).unwrap());
+    let store = cluster.store();
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: {store}}}\n{}", backend(&image())),
+    );
+    let (out, _) = ok_output(&mut cluster.cli(
+        t.path(),
+        &["submit", "job.yaml", "--detach", "--output", "json"],
+    ));
+    let url = last_json(&out)["job_url"].as_str().unwrap().to_string();
+    let id = job_id(&url);
+    let epochs = || {
+        cluster
+            .s3_object(&format!("jobs/{id}/metrics.jsonl"))
+            .map_or(0, |m| m.lines().count())
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while epochs() < 3 {
+        assert!(Instant::now() < deadline, "the job never reached epoch 3");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // while its coordinator runs, resuming is refused
+    let out = cluster
+        .cli(t.path(), &["submit", "--resume", &url])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("still runs"), "{err}");
+    let ps = Command::new("docker")
+        .args(["ps", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    let coordinator = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .find(|n| n.starts_with("kube-") && n.contains(&id) && n.contains("-coordinator"))
+        .map(String::from)
+        .expect("the coordinator's container");
+    let killed = Command::new("docker")
+        .args(["kill", &coordinator])
+        .output()
+        .unwrap();
+    assert!(killed.status.success());
+    let killed_after = epochs();
+    // the platform notices the dead pod within moments; until then resuming is refused as above
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let resumed = loop {
+        let out = cluster
+            .cli(t.path(), &["submit", "--resume", &url, "--output", "json"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            break (String::from_utf8_lossy(&out.stdout).into_owned(), err);
+        }
+        assert!(
+            err.contains("still runs") && Instant::now() < deadline,
+            "resume failed: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(resumed.1.contains("resuming"), "{}", resumed.1);
+    // it succeeded (a failed or cancelled job is an error) and printed the job's summary
+    assert_eq!(
+        last_json(&resumed.0)["job_url"],
+        url.as_str(),
+        "{}",
+        resumed.0
+    );
+    let metrics = cluster
+        .s3_object(&format!("jobs/{id}/metrics.jsonl"))
+        .unwrap();
+    let got = losses(&metrics);
+    // every epoch once, in order, and the fixed run's losses (training is exact across the resume)
+    let numbered: Vec<u64> = metrics
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["metrics"]["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(numbered, (1..=40).collect::<Vec<u64>>());
+    assert_same_losses("kubernetes", &got, &want, 1e-3);
+    eprintln!("resumed after its coordinator died at epoch {killed_after}");
+    cluster.wait_nothing_left(&[]);
+}
