@@ -42,10 +42,57 @@ use crate::workers::block_on;
 pub const COORDINATOR_JSON: &str = "coordinator.json";
 /// The store's folder of uploaded datasets, beside the jobs.
 const DATASETS: &str = ".datasets";
-/// The coordinator's container: 1 vCPU and 2 GiB (the smallest Fargate size that holds a CSR of a few
-/// million edges while it partitions).
+/// The coordinator's container: 1 vCPU, and memory for partitioning its dataset
+/// ([`coordinator_memory_gib`]).
 const COORDINATOR_VCPUS: f64 = 1.0;
-const COORDINATOR_MEMORY_GIB: f64 = 2.0;
+/// The coordinator's least memory: the smallest Fargate size for 1 vCPU.
+const COORDINATOR_MIN_GIB: f64 = 2.0;
+/// The most: Fargate's largest for 1 vCPU.
+const COORDINATOR_MAX_GIB: f64 = 8.0;
+
+/// The coordinator's memory for a dataset of `dataset_bytes` (its file): partitioning holds the graph,
+/// the parts it writes and METIS's arrays at once. Measured (this project's 2-core VM): SBM 1M nodes,
+/// average degree 20, 128 f32 features, a 616 MB file, into 4 parts peaked at 2.45 GiB, 4.0 times the
+/// file; Cora's partitioning fits in well under 2 GiB. Four times the file and a quarter GiB, rounded up
+/// to whole GiB, between 2 and 8.
+pub fn coordinator_memory_gib(dataset_bytes: u64) -> f64 {
+    let gib = dataset_bytes as f64 / f64::from(1u32 << 30);
+    (0.25 + 4.0 * gib)
+        .ceil()
+        .clamp(COORDINATOR_MIN_GIB, COORDINATOR_MAX_GIB)
+}
+
+/// The size of the job's dataset file (at a URL: its object's), or, for a generated one, of the file it
+/// would be (f32 features, i32 neighbours, i64 offsets, labels).
+fn dataset_bytes(spec: &JobSpec) -> Result<u64> {
+    if let Some(path) = &spec.dataset.path {
+        if store::is_url(path) {
+            let url = path.to_string_lossy();
+            let (base, name) = url
+                .trim_end_matches('/')
+                .rsplit_once('/')
+                .with_context(|| format!("dataset.path: {url} names no file"))?;
+            return Remote::open(base)?
+                .size("", name)
+                .with_context(|| format!("dataset.path: {url}"));
+        }
+        return Ok(std::fs::metadata(path)
+            .with_context(|| format!("dataset.path: {}", path.display()))?
+            .len());
+    }
+    let Some(synth) = &spec.dataset.synth else {
+        return Ok(0);
+    };
+    let (nodes, degree) = match (synth.nodes, synth.scale) {
+        (Some(n), _) => (n as f64, synth.avg_degree.unwrap_or(0.0)),
+        (None, Some(scale)) => (
+            2f64.powi(scale as i32),
+            2.0 * f64::from(synth.edge_factor.unwrap_or(0)),
+        ),
+        (None, None) => return Ok(0),
+    };
+    Ok((nodes * (4.0 * f64::from(synth.feat_dim) + 4.0 * degree + 16.0)) as u64)
+}
 /// After its platform object ended, how long the record may take to say the job ended before the
 /// coordinator is taken for lost: its process is gone by then, so this only covers a record read just
 /// before its last write (object stores read their writes).
@@ -65,10 +112,10 @@ pub struct Role {
     pub partitions: Option<StoredPartitions>,
 }
 
-/// The price of the coordinator's container (1 vCPU, 2 GiB) a second on the job's platform: the
+/// The price of the coordinator's container (1 vCPU, `memory_gib`) a second on the job's platform: the
 /// per-vCPU and per-GiB prices of the platform's catalog (Fargate's on ecs, ACI's on aci); where the
 /// catalog prices whole nodes (kubernetes), one vCPU's share of the job's SKU.
-pub fn coordinator_usd_per_s(spec: &JobSpec) -> Result<f64> {
+pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
     let catalog = physalia_planner::Catalog::builtin();
     let backend = spec.backend.name.as_str();
     let per_unit = catalog.skus.iter().find_map(|s| {
@@ -78,7 +125,7 @@ pub fn coordinator_usd_per_s(spec: &JobSpec) -> Result<f64> {
             .and(p.usd_per_vcpu_second.zip(p.usd_per_gib_second))
     });
     if let Some((vcpu, gib)) = per_unit {
-        return Ok(vcpu * COORDINATOR_VCPUS + gib * COORDINATOR_MEMORY_GIB);
+        return Ok(vcpu * COORDINATOR_VCPUS + gib * memory_gib);
     }
     let priced = crate::summary::price(spec)?;
     let sku = catalog
@@ -167,6 +214,7 @@ pub fn submit(
     remote
         .check_writable()
         .with_context(|| format!("{file}: output.dir"))?;
+    let memory_gib = coordinator_memory_gib(dataset_bytes(&spec).with_context(|| file.clone())?);
     if let Some(path) = spec.dataset.path.clone()
         && !store::is_url(&path)
     {
@@ -188,6 +236,7 @@ pub fn submit(
             backend: backend.as_ref(),
             image,
             env,
+            memory_gib,
             resume: false,
             status,
         },
@@ -204,6 +253,8 @@ struct Started<'a> {
     backend: &'a dyn Backend,
     image: String,
     env: BTreeMap<String, String>,
+    /// The coordinator's memory ([`coordinator_memory_gib`]).
+    memory_gib: f64,
     /// The coordinator continues the record from its newest checkpoint.
     resume: bool,
     /// The record's status, rewritten as failed when the coordinator cannot start.
@@ -219,6 +270,7 @@ fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool)
         backend,
         image,
         env,
+        memory_gib,
         resume,
         mut status,
     } = s;
@@ -241,7 +293,7 @@ fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool)
         command,
         env,
         cpu: COORDINATOR_VCPUS,
-        memory_gib: COORDINATOR_MEMORY_GIB,
+        memory_gib,
         control_port: crate::platform::COORDINATOR_PORT,
         labels: BTreeMap::new(),
     };
@@ -366,6 +418,7 @@ pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) ->
             backend: backend.as_ref(),
             image,
             env,
+            memory_gib: coordinator_memory_gib(dataset_bytes(&spec)?),
             resume: true,
             status,
         },
@@ -784,7 +837,11 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
     let role = Role {
         job_id: id.to_string(),
         staging: work.join("jobs"),
-        coordinator_usd_per_s: coordinator_usd_per_s(&spec)?,
+        // the size submit chose, from the same dataset's bytes
+        coordinator_usd_per_s: coordinator_usd_per_s(
+            &spec,
+            coordinator_memory_gib(dataset_bytes(&spec)?),
+        )?,
         recorded,
         partitions,
     };
@@ -861,6 +918,36 @@ mod tests {
             "dataset: cora.safetensors\nmodel: {{kind: gcn}}\nworkers: 2\noutput: {{dir: s3://b/jobs}}\nbackend:\n  name: {backend}\n  ecs:\n    cluster: physalia\n    subnets: [subnet-1]\n    security_groups: [sg-1]\n    execution_role_arn: arn:aws:iam::123456789012:role/x\n    coordinator_task_role_arn: arn:aws:iam::123456789012:role/c\n    image: img\n    sku: ecs-fargate-2x8\n  kubernetes:\n    image: img\n    sku: gke-g2-standard-8\n"
         );
         crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// The coordinator's memory follows its dataset: 2 GiB for Cora's 4 MB and anything under about
+    /// 400 MB, 3 GiB for the 616 MB SBM 1M file measured at 2.45 GiB, at most Fargate's 8 GiB for 1 vCPU.
+    #[test]
+    fn the_coordinator_is_sized_by_its_dataset() {
+        const MB: u64 = 1_000_000;
+        assert_eq!(coordinator_memory_gib(0), 2.0);
+        assert_eq!(coordinator_memory_gib(4 * MB), 2.0);
+        assert_eq!(coordinator_memory_gib(400 * MB), 2.0);
+        assert_eq!(coordinator_memory_gib(616 * MB), 3.0);
+        assert_eq!(coordinator_memory_gib(1_500 * MB), 6.0);
+        assert_eq!(coordinator_memory_gib(50_000 * MB), 8.0);
+        // a generated dataset is sized as the file it would be: SBM 1M, degree 20, 128 features
+        let mut spec = job("ecs");
+        spec.dataset.path = None;
+        spec.dataset.synth = Some(crate::spec::SynthSpec {
+            kind: crate::spec::SynthKind::Sbm,
+            nodes: Some(1_000_000),
+            scale: None,
+            edge_factor: None,
+            classes: 8,
+            avg_degree: Some(20.0),
+            homophily: None,
+            feat_dim: 128,
+            seed: 0,
+        });
+        let bytes = dataset_bytes(&spec).unwrap();
+        assert!((600 * MB..620 * MB).contains(&bytes), "{bytes}");
+        assert_eq!(coordinator_memory_gib(bytes), 3.0);
     }
 
     /// A set computed by one coordinator goes beside the dataset in the store, whole (the partitioning
@@ -948,10 +1035,10 @@ mod tests {
         let fargate = catalog.get("ecs-fargate-2x8").unwrap();
         let want = fargate.price.usd_per_vcpu_second.unwrap()
             + 2.0 * fargate.price.usd_per_gib_second.unwrap();
-        let got = coordinator_usd_per_s(&job("ecs")).unwrap();
+        let got = coordinator_usd_per_s(&job("ecs"), 2.0).unwrap();
         assert!((got - want).abs() < 1e-15 && got > 0.0, "{got} vs {want}");
         let node = catalog.get("gke-g2-standard-8").unwrap();
-        let got = coordinator_usd_per_s(&job("kubernetes")).unwrap();
+        let got = coordinator_usd_per_s(&job("kubernetes"), 2.0).unwrap();
         assert!((got - node.usd_per_s() / node.vcpus).abs() < 1e-15, "{got}");
     }
 

@@ -399,6 +399,19 @@ impl Remote {
         unreachable!("some suffix is free")
     }
 
+    /// The size of the object `<job>/<rel>`.
+    pub fn size(&self, job: &str, rel: &str) -> Result<u64> {
+        let key = self.key(job, rel);
+        self.block(async {
+            let meta = self
+                .store
+                .head(&key)
+                .await
+                .with_context(|| format!("reading {}/{job}/{rel}", self.url))?;
+            Ok(meta.size)
+        })
+    }
+
     /// Whether `<job>/<rel>` exists.
     pub fn exists(&self, job: &str, rel: &str) -> Result<bool> {
         let key = self.key(job, rel);
