@@ -188,24 +188,72 @@ impl Coordinator {
         self.failing_since.get_or_insert(now);
     }
 
-    /// The rank the silent workers wait on, by their latest waits (reported within the epoch timeout):
-    /// the one most of them wait on, the longest silent of those on a tie. A worker blocked on a peer
-    /// beats not at all (it uses no CPU), so its silence says only that it waits; the peer named by the
-    /// waits (a delayed, frozen or cut-off worker) is the cause.
-    fn waited_on(&self, silent: &[usize], now: Instant) -> Option<(usize, Vec<usize>)> {
-        let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
-        for &r in silent {
-            if let Some((on, at)) = self.workers[r].waits_on
-                && now.duration_since(at) <= self.epoch_timeout
-            {
-                waiters[on].push(r);
+    /// Which workers make progress: those heard from within the epoch timeout (a beat, an epoch), and
+    /// those waiting (by a wait reported within it) on a worker that makes progress, through chains of
+    /// waits. A cycle of waits with nobody computing in it (a cut link, a delayed worker waiting on its
+    /// waiters) makes no progress.
+    fn progressing(&self, now: Instant) -> Vec<bool> {
+        let recent = |t: Instant| now.duration_since(t) <= self.epoch_timeout;
+        let mut progressing: Vec<bool> = self
+            .workers
+            .iter()
+            .map(|w| w.waits_on.is_none() && w.last_heard.is_some_and(recent))
+            .collect();
+        // each pass adds the waiters of the last pass's workers; a chain is at most `world` long
+        for _ in 0..self.world {
+            let mut grew = false;
+            for r in 0..self.world {
+                if progressing[r] {
+                    continue;
+                }
+                if let Some((on, at)) = self.workers[r].waits_on
+                    && recent(at)
+                    && progressing[on]
+                {
+                    progressing[r] = true;
+                    grew = true;
+                }
+            }
+            if !grew {
+                break;
             }
         }
-        // `silent` is ordered longest silent first; max_by_key keeps the last maximum, hence the reverse
+        progressing
+    }
+
+    /// The rank the silent workers wait on, by their latest waits (reported within the epoch timeout):
+    /// the one most of them wait on directly, then through chains of waits, then the longest silent. A
+    /// worker blocked on a peer beats not at all (it uses no CPU), so its silence says only that it
+    /// waits; the peer named by the waits (a delayed, frozen or cut-off worker) is the cause.
+    fn waited_on(&self, silent: &[usize], now: Instant) -> Option<(usize, Vec<usize>)> {
+        let on = |r: usize| {
+            self.workers[r]
+                .waits_on
+                .filter(|(_, at)| now.duration_since(*at) <= self.epoch_timeout)
+                .map(|(on, _)| on)
+        };
+        let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
+        // behind the direct waits, whom each silent worker waits on through a chain of waits (`a`
+        // waits on `b`, which waits on `c`: `c` stalls both), each rank once
+        let mut through = vec![0usize; self.world];
+        for &r in silent {
+            let Some(first) = on(r) else { continue };
+            waiters[first].push(r);
+            let mut seen = vec![false; self.world];
+            seen[r] = true;
+            let mut next = Some(first);
+            while let Some(n) = next.filter(|&n| !seen[n]) {
+                seen[n] = true;
+                through[n] += 1;
+                next = on(n);
+            }
+        }
+        // the most direct waiters, then the most waiters through chains, then the longest silent
+        // (`silent` is ordered longest silent first; max_by_key keeps the last maximum, hence Reverse)
         let order = |r: usize| silent.iter().position(|&s| s == r).unwrap_or(silent.len());
         (0..self.world)
             .filter(|&r| !waiters[r].is_empty())
-            .max_by_key(|&r| (waiters[r].len(), std::cmp::Reverse(order(r))))
+            .max_by_key(|&r| (waiters[r].len(), through[r], std::cmp::Reverse(order(r))))
             .map(|r| (r, std::mem::take(&mut waiters[r])))
     }
 
@@ -407,11 +455,16 @@ impl Coordinator {
                         .map(|t| now.duration_since(t))
                         .unwrap_or_default()
                 };
+                let progressing = self.progressing(now);
                 let mut silent: Vec<usize> = (0..self.world)
                     .filter(|&r| {
                         let w = &self.workers[r];
-                        // a worker that reported its peers unreachable is waiting, not the cause
-                        w.done.is_none() && !w.peer_lost && silent_for(w) > self.epoch_timeout
+                        // a worker that reported its peers unreachable is waiting, not the cause; one
+                        // waiting on a worker that computes is part of a long epoch, not a stall
+                        w.done.is_none()
+                            && !w.peer_lost
+                            && !progressing[r]
+                            && silent_for(w) > self.epoch_timeout
                     })
                     .collect();
                 // the worker silent longest stopped first: the others are likely waiting on it (or on
@@ -826,19 +879,26 @@ mod tests {
             }]
         );
 
-        // worker 1 computes (beats) but 0 and 2 have waited on it past the timeout: it is named
+        // worker 1 computes (beats) while 0 waits on it and 2 waits on 0: a long epoch, not a stall,
+        // however long; once worker 1 stops beating, it is named, the chain of waiters with it
         let mut c = started(3, t0);
-        for s in (10..=60).step_by(10) {
+        for s in (10..=300).step_by(10) {
             let t = t0 + Duration::from_secs(s);
             assert!(c.handle(Event::Alive { rank: 1 }, t).is_empty());
             wait(&mut c, 0, 1, t);
-            wait(&mut c, 2, 1, t);
+            wait(&mut c, 2, 0, t);
+            assert!(c.handle(Event::Tick, t).is_empty(), "at {s} s");
+        }
+        for s in (310..=360).step_by(10) {
+            let t = t0 + Duration::from_secs(s);
+            wait(&mut c, 0, 1, t);
+            wait(&mut c, 2, 0, t);
         }
         assert_eq!(
-            c.handle(Event::Tick, t0 + Duration::from_secs(70)),
+            c.handle(Event::Tick, t0 + Duration::from_secs(361)),
             vec![Action::Fail {
-                error: "worker 1 (pid 101) kept its peers waiting for more than 60 s during epoch 1 \
-                        (worker 0, worker 2 waited on it; a slow, frozen or cut-off worker stalls its peers)"
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (worker 0 waited on it; \
+                        silent too: worker 2; a slow, frozen or cut-off worker stalls its peers)"
                     .into(),
                 lost: true,
             }]

@@ -504,7 +504,12 @@ pub fn run_from_env() -> Result<()> {
         let mut link = endpoint
             .join(&assignment.peers)
             .context("joining the mesh")?;
-        link.set_timeout(Duration::from_secs_f64(assignment.epoch_timeout_s));
+        // the coordinator tells a stall from a long epoch (a worker waiting on one that computes is
+        // not stalled) and stops the launch within the epoch timeout; a wait on a peer gives up by
+        // itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator cannot be heard either
+        link.set_timeout(Duration::from_secs_f64(
+            assignment.epoch_timeout_s * PEER_WAIT_TIMEOUTS,
+        ));
         let mut io = ControlIo {
             control: &mut control,
             work: env.work_dir.clone(),
@@ -544,6 +549,9 @@ pub fn run_from_env() -> Result<()> {
         }
     }
 }
+
+/// How many epoch timeouts a wait for a peer's frame lasts before the worker reports the peer lost.
+const PEER_WAIT_TIMEOUTS: f64 = 3.0;
 
 /// Beats a quarter of the epoch timeout apart (at most every 5 s) while this process computes: the
 /// coordinator's silence check then bounds a stall, not an epoch, so a long epoch is not a lost worker.
