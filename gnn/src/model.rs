@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{Cpu, DeviceForward, DeviceModel, GraphView};
 use crate::device::model::{Graphs, check_blocks};
+use crate::device::{Cpu, DeviceForward, DeviceModel, GraphView};
 use crate::exchange::{Exchange, LocalExchange};
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::Matrix;
@@ -56,8 +56,16 @@ impl LocalGraph {
         src_in_degree: Option<&[u32]>,
         global_ids: Option<Vec<u32>>,
     ) -> LocalGraph {
-        let build =
-            |norm| Arc::new(SparseOp::build(n_dst, n_src, indptr, indices, norm, src_in_degree));
+        let build = |norm| {
+            Arc::new(SparseOp::build(
+                n_dst,
+                n_src,
+                indptr,
+                indices,
+                norm,
+                src_in_degree,
+            ))
+        };
         let (sym, mean, loops) = match kind {
             LayerKind::Gcn => (Some(build(Norm::Symmetric)), None, None),
             LayerKind::Sage => (None, Some(build(Norm::Mean)), None),
@@ -179,7 +187,6 @@ pub enum Pass {
     Eval,
 }
 
-
 /// The model every CPU worker trains with: the generic layers on the host device.
 pub type Model = DeviceModel<Cpu>;
 
@@ -187,7 +194,11 @@ pub type Model = DeviceModel<Cpu>;
 pub type Forward<'x> = DeviceForward<'x, Cpu>;
 
 /// The blocks' views, checked to chain.
-fn block_views(blocks: &[LocalGraph], kind: LayerKind, layers: usize) -> Result<Vec<GraphView<'_, Cpu>>> {
+fn block_views(
+    blocks: &[LocalGraph],
+    kind: LayerKind,
+    layers: usize,
+) -> Result<Vec<GraphView<'_, Cpu>>> {
     let views: Vec<_> = blocks.iter().map(|b| b.view(kind, true)).collect();
     check_blocks(&views, layers)?;
     Ok(views)
@@ -241,7 +252,13 @@ impl DeviceModel<Cpu> {
         pass: Pass,
     ) -> Result<Forward<'x>> {
         let views = block_views(blocks, self.kind(), self.n_layers())?;
-        self.forward_in(&mut Cpu, Graphs::Blocks(&views), x, pass, &mut LocalExchange)
+        self.forward_in(
+            &mut Cpu,
+            Graphs::Blocks(&views),
+            x,
+            pass,
+            &mut LocalExchange,
+        )
     }
 
     /// Starts `pass` on `ex` and computes the first layer's `A X` when it is constant across epochs and not
@@ -345,7 +362,13 @@ impl DeviceModel<Cpu> {
         pass: Pass,
     ) -> Result<Forward<'static>> {
         let views = block_views(blocks, self.kind(), self.n_layers())?;
-        self.forward_after_first_in(&mut Cpu, Graphs::Blocks(&views), z0, pass, &mut LocalExchange)
+        self.forward_after_first_in(
+            &mut Cpu,
+            Graphs::Blocks(&views),
+            z0,
+            pass,
+            &mut LocalExchange,
+        )
     }
 
     /// Backward of [`Model::forward_after_first_blocks`]: the gradients of every parameter except the first

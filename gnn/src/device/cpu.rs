@@ -558,10 +558,9 @@ impl Ops for Cpu {
     }
 
     fn add_rows(&mut self, a: &mut Matrix, row0: usize, b: &Matrix) -> Result<(), Error> {
-        check(
-            a.cols() == b.cols() && row0 + b.rows() <= a.rows(),
-            || "add_rows shapes".into(),
-        )?;
+        check(a.cols() == b.cols() && row0 + b.rows() <= a.rows(), || {
+            "add_rows shapes".into()
+        })?;
         let cols = a.cols();
         let dst = &mut a.data_mut()[row0 * cols..(row0 + b.rows()) * cols];
         for (x, y) in dst.iter_mut().zip(b.data()) {

@@ -217,7 +217,12 @@ pub(super) fn fused_first_backward<O: Ops>(
     for (i, (a, w)) in terms.iter().enumerate() {
         let ((ar, ac), (wr, wc)) = (ops.dims(a), ops.dims(w));
         let beta = if i == 0 { 0.0 } else { 1.0 };
-        ops.gemm(View::full(*a, ar, ac), View::full(*w, wr, wc).t(), beta, &mut dz)?;
+        ops.gemm(
+            View::full(*a, ar, ac),
+            View::full(*w, wr, wc).t(),
+            beta,
+            &mut dz,
+        )?;
     }
     ops.activation_backward(&mut dz, h1, gids, 0, act, dropout)?;
     let (ar, ac) = ops.dims(agg);
@@ -225,7 +230,11 @@ pub(super) fn fused_first_backward<O: Ops>(
     let gr = match x_root {
         Some(x) => {
             let (xr, xc) = ops.dims(x);
-            Some(product(ops, View::full(x, xr, xc).t(), View::full(&dz, n, width))?)
+            Some(product(
+                ops,
+                View::full(x, xr, xc).t(),
+                View::full(&dz, n, width),
+            )?)
         }
         None => None,
     };

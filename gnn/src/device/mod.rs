@@ -388,7 +388,12 @@ pub trait Ops: Sized {
     }
 
     /// `a[row0..row0 + b.rows()] += b` (a column slice's weight gradient, P3).
-    fn add_rows(&mut self, a: &mut Self::Mat, row0: usize, b: &Self::Mat) -> Result<(), Self::Error> {
+    fn add_rows(
+        &mut self,
+        a: &mut Self::Mat,
+        row0: usize,
+        b: &Self::Mat,
+    ) -> Result<(), Self::Error> {
         defaults::add_rows(self, a, row0, b)
     }
 

@@ -817,7 +817,8 @@ impl<O: Ops> DeviceModel<O> {
         let drop = self.attn_dropout(l, pass);
         let mut out = ops.alloc(g.n, l.d_out())?;
         let cache = if !g.complete && ex.rematerializes() {
-            let st = ops.gat_forward_remat(g, l.index, &m_own, &s_dst, drop, shape, ex, &mut out)?;
+            let st =
+                ops.gat_forward_remat(g, l.index, &m_own, &s_dst, drop, shape, ex, &mut out)?;
             Cache::GatRemat { m_own, s_dst, st }
         } else {
             let m_halo = ops.halo_rows(g, l.index, &m_own, ex)?;
@@ -1048,11 +1049,7 @@ impl<O: Ops> DeviceModel<O> {
     }
 
     /// `C = op(A) op(B)` into a new matrix.
-    fn product(
-        ops: &mut O,
-        a: View<'_, O::Mat>,
-        b: View<'_, O::Mat>,
-    ) -> Result<O::Mat, O::Error> {
+    fn product(ops: &mut O, a: View<'_, O::Mat>, b: View<'_, O::Mat>) -> Result<O::Mat, O::Error> {
         let (m, n) = (a.op_shape().0, b.op_shape().1);
         let mut c = ops.alloc(m, n)?;
         ops.gemm(a, b, 0.0, &mut c)?;
@@ -1092,9 +1089,8 @@ impl<O: Ops> DeviceModel<O> {
             Cache::GatRemat { m_own, s_dst, st } => {
                 let shape = self.gat_shape(l);
                 let drop = self.attn_dropout(l, pass);
-                let (dm, ds_dst) = ops.gat_backward_remat(
-                    g, l.index, &m_own, &s_dst, st, &d_out, drop, shape, ex,
-                )?;
+                let (dm, ds_dst) = ops
+                    .gat_backward_remat(g, l.index, &m_own, &s_dst, st, &d_out, drop, shape, ex)?;
                 ops.recycle(d_out);
                 ops.recycle(s_dst);
                 let dx = self.gat_backward_tail(ops, l, g, h, m_own, dm, ds_dst, need_dx, grads)?;
@@ -1168,11 +1164,8 @@ impl<O: Ops> DeviceModel<O> {
                     ops.recycle(a);
                 }
                 if need_dx {
-                    let d_agg = Self::product(
-                        ops,
-                        View::full(&d_out, n, hc),
-                        View::full(w, d_in, hc).t(),
-                    )?;
+                    let d_agg =
+                        Self::product(ops, View::full(&d_out, n, hc), View::full(w, d_in, hc).t())?;
                     let d_own = ops.aggregate_backward(g, l.index, &d_agg, ex)?;
                     ops.recycle(d_agg);
                     dx = Some(match dx {

@@ -129,7 +129,6 @@ pub(super) fn aggregate_backward(
     Ok(own)
 }
 
-
 /// Attention dropout as the row kernels take it.
 type Drop = Option<(Stream, u32, f32)>;
 
@@ -151,7 +150,11 @@ fn edge_factor(
     k: usize,
 ) -> f32 {
     let heads = shape.heads as usize;
-    let m = if shape.concat { 1.0 } else { 1.0 / heads as f32 };
+    let m = if shape.concat {
+        1.0
+    } else {
+        1.0 / heads as f32
+    };
     match drop {
         Some((s, thr, scale)) => {
             if s.keep(edge_key(gid(gids, i), gid(gids, j), heads, k), thr) {
