@@ -101,8 +101,9 @@ pub enum Device {
     Cpu,
     /// The CUDA engine (`physalia_gnn_cuda`) on GPU `index` as the driver numbers the visible devices.
     Cuda { index: usize },
-    /// The GPU's path without a GPU (tests): the generic `physalia_gnn::DeviceModel` and the device training
-    /// loops on `physalia_gnn::Cpu`, with halo rows leaving and entering the device as on the GPU.
+    /// The GPU's path without a GPU (tests): the device training loops on `physalia_gnn::CpuPrimitives` (the
+    /// CPU's primitives, the device trait's default layer-level operations, as on a GPU), with halo rows
+    /// leaving and entering the device as on the GPU.
     Emulated,
 }
 
@@ -320,7 +321,7 @@ fn train_inputs<L: Link + ?Sized>(
             &mut model, &mut opt, progress, &graph, x, &sets, tc, &mut ex, on_epoch,
         )?,
         Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
-        Device::Emulated => on_device!(&mut physalia_gnn::Cpu),
+        Device::Emulated => on_device!(&mut physalia_gnn::CpuPrimitives),
     };
     Ok((model, summary, progress))
 }

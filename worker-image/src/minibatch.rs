@@ -424,7 +424,11 @@ pub fn train_minibatch_on(
             &model,
             &opt,
         )?)),
-        crate::Device::Emulated => Some(Box::new(OnDevice::new(physalia_gnn::Cpu, &model, &opt)?)),
+        crate::Device::Emulated => Some(Box::new(OnDevice::new(
+            physalia_gnn::CpuPrimitives,
+            &model,
+            &opt,
+        )?)),
     };
     let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;

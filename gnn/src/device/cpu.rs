@@ -870,3 +870,213 @@ fn activation_backward(
         }
     }
 }
+
+/// [`Cpu`]'s primitives without its layer-level overrides: the aggregation, the halo exchange, the fused
+/// first-layer backward, SAR and P3's row update run the trait's defaults (`defaults.rs`), as on a device that
+/// implements only the primitives (the GPU). Tests and the worker's emulated-GPU hook train on it, so the
+/// defaults are checked against [`Cpu`]'s kernels on any machine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuPrimitives;
+
+impl Ops for CpuPrimitives {
+    type Mat = Matrix;
+    type Csr = Arc<SparseOp>;
+    type Idx = Vec<u32>;
+    type Labels = Vec<i64>;
+    type Error = Error;
+
+    fn dims(&self, m: &Matrix) -> (usize, usize) {
+        Cpu.dims(m)
+    }
+    fn upload(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Cpu.upload(m)
+    }
+    fn upload_owned(&mut self, m: Matrix) -> Result<Matrix, Error> {
+        Cpu.upload_owned(m)
+    }
+    fn download(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Cpu.download(m)
+    }
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Cpu.alloc(rows, cols)
+    }
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Cpu.zeros(rows, cols)
+    }
+    fn recycle(&mut self, m: Matrix) {
+        Cpu.recycle(m)
+    }
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
+        Cpu.upload_csr(op)
+    }
+    fn share_csr(&mut self, op: &Arc<SparseOp>) -> Result<Arc<SparseOp>, Error> {
+        Cpu.share_csr(op)
+    }
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Vec<u32>, Error> {
+        Cpu.upload_idx(v)
+    }
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Vec<i64>, Error> {
+        Cpu.upload_labels(v)
+    }
+    fn gemm(
+        &mut self,
+        a: View<'_, Matrix>,
+        b: View<'_, Matrix>,
+        beta: f32,
+        c: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gemm(a, b, beta, c)
+    }
+    fn spmm(
+        &mut self,
+        a: &Arc<SparseOp>,
+        own: &Matrix,
+        halo: Option<&Matrix>,
+        y: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.spmm(a, own, halo, y)
+    }
+    fn spmm_t(&mut self, a: &Arc<SparseOp>, x: &Matrix, y: &mut Matrix) -> Result<(), Error> {
+        Cpu.spmm_t(a, x, y)
+    }
+    fn gat_messages(
+        &mut self,
+        z: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        m: &mut Matrix,
+        s_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_messages(z, a_src, a_dst, shape, m, s_dst)
+    }
+    fn gat_forward(
+        &mut self,
+        a: &Arc<SparseOp>,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Matrix,
+        out: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_forward(a, m_own, m_halo, s_dst, gids, drop, shape, alpha, out)
+    }
+    fn gat_backward_edges(
+        &mut self,
+        a: &Arc<SparseOp>,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        alpha: &Matrix,
+        d_out: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Matrix,
+        a_used: &mut Matrix,
+        ds_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_backward_edges(
+            a, m_own, m_halo, s_dst, alpha, d_out, gids, drop, shape, d_score, a_used, ds_dst,
+        )
+    }
+    fn gat_backward_sources(
+        &mut self,
+        a: &Arc<SparseOp>,
+        a_used: &Matrix,
+        d_score: &Matrix,
+        d_out: &Matrix,
+        shape: GatShape,
+        dm: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_backward_sources(a, a_used, d_score, d_out, shape, dm)
+    }
+    fn gat_dz(
+        &mut self,
+        dm: &Matrix,
+        ds_dst: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        dz: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_dz(dm, ds_dst, a_src, a_dst, shape, dz)
+    }
+    fn bias_add(&mut self, x: &mut Matrix, bias: &Matrix) -> Result<(), Error> {
+        Cpu.bias_add(x, bias)
+    }
+    fn activate(&mut self, x: &mut Matrix, act: Activation) -> Result<(), Error> {
+        Cpu.activate(x, act)
+    }
+    fn dropout(
+        &mut self,
+        x: &mut Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), Error> {
+        Cpu.dropout(x, gids, row0, col0, total_cols, d)
+    }
+    fn activation_backward(
+        &mut self,
+        dy: &mut Matrix,
+        y: &Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), Error> {
+        Cpu.activation_backward(dy, y, gids, row0, act, d)
+    }
+    fn add_assign(&mut self, a: &mut Matrix, b: &Matrix) -> Result<(), Error> {
+        Cpu.add_assign(a, b)
+    }
+    fn col_sums(&mut self, x: &Matrix, out: &mut Matrix) -> Result<(), Error> {
+        Cpu.col_sums(x, out)
+    }
+    fn copy2d(
+        &mut self,
+        src: View<'_, Matrix>,
+        dst: &mut Matrix,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), Error> {
+        Cpu.copy2d(src, dst, dst_offset, dst_ld)
+    }
+    fn gather_rows(&mut self, src: &Matrix, idx: &Vec<u32>, dst: &mut Matrix) -> Result<(), Error> {
+        Cpu.gather_rows(src, idx, dst)
+    }
+    fn cross_entropy(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+        normalizer: f64,
+        grad: &mut Matrix,
+    ) -> Result<f64, Error> {
+        Cpu.cross_entropy(logits, labels, rows, normalizer, grad)
+    }
+    fn correct(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+    ) -> Result<u64, Error> {
+        Cpu.correct(logits, labels, rows)
+    }
+    fn adam(
+        &mut self,
+        w: &mut Matrix,
+        g: &Matrix,
+        m: &mut Matrix,
+        v: &mut Matrix,
+        s: AdamStep,
+    ) -> Result<(), Error> {
+        Cpu.adam(w, g, m, v, s)
+    }
+}

@@ -25,7 +25,7 @@ mod defaults;
 pub(crate) mod model;
 mod sar;
 
-pub use cpu::Cpu;
+pub use cpu::{Cpu, CpuPrimitives};
 pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, GraphView, download_all};
 
 use std::sync::Arc;
