@@ -37,6 +37,20 @@ fn shape_error<E: From<DeviceError>>(what: String) -> E {
     DeviceError::Shape(what).into()
 }
 
+/// Replaces gradient `i` (zero until its layer's backward sets it), handing the old buffer back.
+fn set<O: Ops>(ops: &mut O, grads: &mut [O::Mat], i: usize, m: O::Mat) {
+    let old = std::mem::replace(&mut grads[i], m);
+    ops.recycle(old);
+}
+
+/// `set(ops, grads, i, value)` where computing the value borrows `ops` too.
+macro_rules! set_grad {
+    ($ops:expr, $grads:expr, $i:expr, $value:expr) => {{
+        let value = $value;
+        set($ops, $grads, $i, value);
+    }};
+}
+
 /// A layer's shape and parameter slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerPlan {
@@ -912,9 +926,11 @@ impl<O: Ops> DeviceModel<O> {
             pass,
             logits,
         } = fwd;
+        // zero gradients before the logits go, as every layer's replace theirs: the small buffers then do not
+        // split the logits' freed block, which the next n-row buffer reuses
+        let mut grads = self.zero_grads_on(ops)?;
         // the loss has read the logits; backward needs only their gradient
         ops.recycle(logits);
-        let mut grads: Vec<Option<O::Mat>> = (0..self.params.len()).map(|_| None).collect();
         let epoch = match pass {
             Pass::Train { epoch } => epoch,
             Pass::Eval => 0,
@@ -941,19 +957,11 @@ impl<O: Ops> DeviceModel<O> {
             let l = &self.layers[li];
             let h = inputs.pop().expect("one input per layer");
             if let Cache::External = cache {
-                let mut gb = ops.alloc(1, ops.dims(&d_out).1)?;
-                ops.col_sums(&d_out, &mut gb)?;
-                grads[l.bias] = Some(gb);
+                ops.col_sums(&d_out, &mut grads[l.bias])?;
                 if let Some(slot) = first_grad.as_mut() {
                     **slot = Some(d_out);
                 }
-                for (p, g) in self.params.iter().zip(grads.iter_mut()) {
-                    if g.is_none() {
-                        let (r, c) = ops.dims(&p.value);
-                        *g = Some(ops.zeros(r, c)?);
-                    }
-                }
-                return Ok(grads.into_iter().flatten().collect());
+                return Ok(grads);
             }
             let g = gs.layer(li);
             let fuse = li == 1 && fuse_first;
@@ -1004,11 +1012,11 @@ impl<O: Ops> DeviceModel<O> {
                         self.cfg.activation,
                         dropout(li),
                     )?;
-                    grads[l0.w] = Some(gw);
-                    if let Some(r) = l0.w_root {
-                        grads[r] = gr;
+                    set(ops, &mut grads, l0.w, gw);
+                    if let (Some(r), Some(gr)) = (l0.w_root, gr) {
+                        set(ops, &mut grads, r, gr);
                     }
-                    grads[l0.bias] = Some(gb);
+                    set(ops, &mut grads, l0.bias, gb);
                     drop(refs);
                     for (m, _) in terms {
                         ops.recycle(m);
@@ -1037,13 +1045,6 @@ impl<O: Ops> DeviceModel<O> {
                 }
             }
         }
-        let mut grads = grads
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| {
-                g.ok_or_else(|| shape_error(format!("no gradient for {}", self.params[i].name)))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         ops.all_reduce(&mut grads, ex)?;
         Ok(grads)
     }
@@ -1068,12 +1069,10 @@ impl<O: Ops> DeviceModel<O> {
         need_dx: bool,
         factored_ok: bool,
         pass: Pass,
-        grads: &mut [Option<O::Mat>],
+        grads: &mut [O::Mat],
         ex: &mut dyn Exchange,
     ) -> Result<Option<Dx<O::Mat>>, O::Error> {
-        let mut gb = ops.alloc(1, ops.dims(&d_out).1)?;
-        ops.col_sums(&d_out, &mut gb)?;
-        grads[l.bias] = Some(gb);
+        ops.col_sums(&d_out, &mut grads[l.bias])?;
         let cache = match cache {
             Cache::Gat {
                 m_own,
@@ -1109,17 +1108,22 @@ impl<O: Ops> DeviceModel<O> {
             match l.w_root {
                 Some(r) => {
                     let (gw, gr) = ops.matmul_at_pair(h, &dm, &d_out)?;
-                    grads[l.w] = Some(gw);
-                    grads[r] = Some(gr);
+                    set_grad!(ops, grads, l.w, gw);
+                    set_grad!(ops, grads, r, gr);
                     terms.push((d_out, r));
                 }
                 None => {
                     let n_in = ops.dims(h).0;
-                    grads[l.w] = Some(Self::product(
+                    set_grad!(
                         ops,
-                        View::full(h, n_in, d_in).t(),
-                        View::full(&dm, n_in, hc),
-                    )?);
+                        grads,
+                        l.w,
+                        Self::product(
+                            ops,
+                            View::full(h, n_in, d_in).t(),
+                            View::full(&dm, n_in, hc),
+                        )?
+                    );
                     ops.recycle(d_out);
                 }
             }
@@ -1131,11 +1135,12 @@ impl<O: Ops> DeviceModel<O> {
         let mut dx = None;
         let mut d_root = None;
         if let Some(r) = l.w_root {
-            grads[r] = Some(Self::product(
+            set_grad!(
                 ops,
-                View::full(h, n, d_in).t(),
-                View::full(&d_out, n, hc),
-            )?);
+                grads,
+                r,
+                Self::product(ops, View::full(h, n, d_in).t(), View::full(&d_out, n, hc),)?
+            );
             if need_dx {
                 let d = Self::product(
                     ops,
@@ -1155,11 +1160,12 @@ impl<O: Ops> DeviceModel<O> {
                     .as_ref()
                     .or(self.input_agg.as_ref())
                     .expect("aggregation cached in forward");
-                grads[l.w] = Some(Self::product(
+                set_grad!(
                     ops,
-                    View::full(a, n, d_in).t(),
-                    View::full(&d_out, n, hc),
-                )?);
+                    grads,
+                    l.w,
+                    Self::product(ops, View::full(a, n, d_in).t(), View::full(&d_out, n, hc),)?
+                );
                 if let Some(a) = agg {
                     ops.recycle(a);
                 }
@@ -1181,11 +1187,16 @@ impl<O: Ops> DeviceModel<O> {
             Cache::Transformed => {
                 let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
                 let n_in = ops.dims(&dm).0;
-                grads[l.w] = Some(Self::product(
+                set_grad!(
                     ops,
-                    View::full(h, n_in, d_in).t(),
-                    View::full(&dm, n_in, hc),
-                )?);
+                    grads,
+                    l.w,
+                    Self::product(
+                        ops,
+                        View::full(h, n_in, d_in).t(),
+                        View::full(&dm, n_in, hc),
+                    )?
+                );
                 if need_dx {
                     let (dmv, wt) = (View::full(&dm, n_in, hc), View::full(w, d_in, hc).t());
                     dx = Some(match dx {
@@ -1226,7 +1237,7 @@ impl<O: Ops> DeviceModel<O> {
         d_out: O::Mat,
         need_dx: bool,
         pass: Pass,
-        grads: &mut [Option<O::Mat>],
+        grads: &mut [O::Mat],
         ex: &mut dyn Exchange,
     ) -> Result<Option<O::Mat>, O::Error> {
         let heads = l.heads;
@@ -1280,7 +1291,7 @@ impl<O: Ops> DeviceModel<O> {
         dm: O::Mat,
         ds_dst: O::Mat,
         need_dx: bool,
-        grads: &mut [Option<O::Mat>],
+        grads: &mut [O::Mat],
     ) -> Result<Option<O::Mat>, O::Error> {
         let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
         let width = hc + heads;
@@ -1319,17 +1330,22 @@ impl<O: Ops> DeviceModel<O> {
                 trans: false,
             };
             ops.copy2d(diag, &mut ga, 0, c)?;
-            grads[idx] = Some(ga);
+            set_grad!(ops, grads, idx, ga);
         }
         ops.recycle(full);
         ops.recycle(dm);
         ops.recycle(ds_dst);
         ops.recycle(m_own);
-        grads[l.w] = Some(Self::product(
+        set_grad!(
             ops,
-            View::full(h, n_in, d_in).t(),
-            View::full(&dz, n_in, hc),
-        )?);
+            grads,
+            l.w,
+            Self::product(
+                ops,
+                View::full(h, n_in, d_in).t(),
+                View::full(&dz, n_in, hc),
+            )?
+        );
         let dx = if need_dx {
             Some(Self::product(
                 ops,
