@@ -2,6 +2,8 @@
 //! that has only the primitives (the GPU) runs every layer; [`super::Cpu`] overrides them with the engine's
 //! fused and per-range kernels. The exchange is on the host: halo rows go down to it and come back up.
 
+use std::ops::Range;
+
 use crate::Activation;
 use crate::exchange::{Exchange, ExchangeError};
 use crate::tensor::Matrix;
@@ -25,6 +27,24 @@ fn rows_of<M>(m: &M, row0: usize, rows: usize, cols: usize) -> View<'_, M> {
         cols,
         ld: cols,
         trans: false,
+    }
+}
+
+/// A visitor of halo ranges that copies each into its rows of `halo` (every halo row, as wide as the
+/// messages): the ranges put together for the one-shot kernels.
+fn put_together(
+    halo: &mut Matrix,
+) -> impl FnMut(Range<usize>, Matrix) -> Result<(), ExchangeError> + '_ {
+    move |range, rows| {
+        let (n_halo, cols) = halo.shape();
+        if range.end > n_halo || rows.shape() != (range.len(), cols) {
+            return Err(format!(
+                "halo range {range:?} does not fit {n_halo} halo rows {cols} wide"
+            )
+            .into());
+        }
+        halo.data_mut()[range.start * cols..range.end * cols].copy_from_slice(rows.data());
+        Ok(())
     }
 }
 
@@ -65,14 +85,8 @@ pub(super) fn halo_rows<O: Ops>(
     let halo = if ex.rematerializes() {
         // the ranges put together: the one-shot aggregation's input, at the one-shot's memory
         let mut halo = Matrix::zeros(n_halo, cols);
-        ex.forward_each(layer, &host, &mut |range, rows| {
-            if range.end > n_halo || rows.shape() != (range.len(), cols) {
-                return Err(format!("halo range {range:?} does not fit {n_halo} halo rows").into());
-            }
-            halo.data_mut()[range.start * cols..range.end * cols].copy_from_slice(rows.data());
-            Ok(())
-        })
-        .map_err(exchange_error)?;
+        ex.forward_each(layer, &host, &mut put_together(&mut halo))
+            .map_err(exchange_error)?;
         halo
     } else {
         match ex.forward(layer, &host).map_err(exchange_error)? {
@@ -309,14 +323,8 @@ pub(super) fn gat_backward_remat<O: Ops>(
         let host = ops.download(m_own)?;
         let n_halo = g.n_src - g.n;
         let mut halo = Matrix::zeros(n_halo, width);
-        ex.refetch_each(layer, &host, &mut |range, rows| {
-            if range.end > n_halo || rows.shape() != (range.len(), width) {
-                return Err(format!("halo range {range:?} does not fit {n_halo} halo rows").into());
-            }
-            halo.data_mut()[range.start * width..range.end * width].copy_from_slice(rows.data());
-            Ok(())
-        })
-        .map_err(exchange_error)?;
+        ex.refetch_each(layer, &host, &mut put_together(&mut halo))
+            .map_err(exchange_error)?;
         Some(ops.upload_owned(halo)?)
     };
     let mut alpha = ops.alloc(g.nnz, heads)?;

@@ -15,7 +15,7 @@
 //!
 //! The same layers run on sampled mini-batch blocks (each layer's input holds every source row, so no
 //! exchange is involved) and, for P3, from a first-layer product summed over column slices of the input
-//! ([`DeviceModel::forward_after_first_in`]).
+//! (`forward_after_first_in`).
 
 use std::sync::Arc;
 
@@ -1642,7 +1642,7 @@ mod tests {
     use crate::Activation;
 
     #[test]
-    fn plans_match_the_engine_layout() {
+    fn parameters_are_laid_out_as_saved_models_name_them() {
         for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
             let mut cfg = ModelConfig::new(kind, 12, 5, 3);
             cfg.layers = 3;
