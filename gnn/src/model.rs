@@ -112,7 +112,7 @@ impl LocalGraph {
             Some(src_in_degree),
             Some(global_ids),
         );
-        if let Some(op) = g.sym.take().and_then(|op| Arc::into_inner(op)) {
+        if let Some(op) = g.sym.take().and_then(Arc::into_inner) {
             let scale: Vec<f32> = (0..n_dst)
                 .map(|i| {
                     let kept = (indptr[i + 1] - indptr[i]) as u32;

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::{
-    AdamStep, AttnDropout, Dropout, GatRemat, GatShape, GraphView, Ops, View, check, check_copy2d,
-    check_labels, gemm_shape, sar,
+    AdamStep, AttnDropout, Dropout, FirstLayerGrads, GatRemat, GatShape, GraphView, Ops, View,
+    check, check_copy2d, check_labels, gemm_shape, sar,
 };
 use crate::Activation;
 use crate::dense::{
@@ -669,7 +669,7 @@ impl Ops for Cpu {
         gids: Option<&Vec<u32>>,
         act: Activation,
         dropout: Option<Dropout>,
-    ) -> Result<(Matrix, Option<Matrix>, Matrix), Error> {
+    ) -> Result<FirstLayerGrads<Matrix>, Error> {
         let n = h1.rows();
         let width = h1.cols();
         check(
@@ -713,7 +713,11 @@ impl Ops for Cpu {
             }
             gb.add_assign_serial(&pb);
         }
-        Ok((gw, gr, gb))
+        Ok(FirstLayerGrads {
+            w: gw,
+            w_root: gr,
+            bias: gb,
+        })
     }
 
     fn gat_forward_remat(

@@ -8,7 +8,9 @@ use crate::Activation;
 use crate::exchange::{Exchange, ExchangeError};
 use crate::tensor::Matrix;
 
-use super::{AttnDropout, DeviceError, Dropout, GatRemat, GatShape, GraphView, Ops, View};
+use super::{
+    AttnDropout, DeviceError, Dropout, FirstLayerGrads, GatRemat, GatShape, GraphView, Ops, View,
+};
 
 fn exchange_error<E: From<DeviceError>>(e: ExchangeError) -> E {
     DeviceError::Exchange(e).into()
@@ -225,7 +227,7 @@ pub(super) fn fused_first_backward<O: Ops>(
     gids: Option<&O::Idx>,
     act: Activation,
     dropout: Option<Dropout>,
-) -> Result<(O::Mat, Option<O::Mat>, O::Mat), O::Error> {
+) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
     let (n, width) = ops.dims(h1);
     let mut dz = ops.alloc(n, width)?;
     for (i, (a, w)) in terms.iter().enumerate() {
@@ -255,7 +257,11 @@ pub(super) fn fused_first_backward<O: Ops>(
     let mut gb = ops.alloc(1, width)?;
     ops.col_sums(&dz, &mut gb)?;
     ops.recycle(dz);
-    Ok((gw, gr, gb))
+    Ok(FirstLayerGrads {
+        w: gw,
+        w_root: gr,
+        bias: gb,
+    })
 }
 
 /// SAR's GAT from the primitives: the halo messages put together for the one-shot kernels and dropped

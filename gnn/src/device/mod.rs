@@ -187,6 +187,14 @@ pub struct GatRemat<M> {
     pub row_sum: M,
 }
 
+/// The first layer's gradients from [`Ops::fused_first_backward`].
+pub struct FirstLayerGrads<M> {
+    pub w: M,
+    /// GraphSAGE's root weight.
+    pub w_root: Option<M>,
+    pub bias: M,
+}
+
 /// Everything the layers need from a device. Shapes are checked by the implementations; on the GPU all sizes
 /// must fit the kernels' 32-bit indices.
 pub trait Ops: Sized {
@@ -481,7 +489,7 @@ pub trait Ops: Sized {
         gids: Option<&Self::Idx>,
         act: Activation,
         dropout: Option<Dropout>,
-    ) -> Result<(Self::Mat, Option<Self::Mat>, Self::Mat), Self::Error> {
+    ) -> Result<FirstLayerGrads<Self::Mat>, Self::Error> {
         defaults::fused_first_backward(self, agg, x_root, h1, terms, gids, act, dropout)
     }
 

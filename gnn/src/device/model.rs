@@ -1003,7 +1003,7 @@ impl<O: Ops> DeviceModel<O> {
                         .iter()
                         .map(|(a, w)| (a, &self.params[*w].value))
                         .collect();
-                    let (gw, gr, gb) = ops.fused_first_backward(
+                    let first = ops.fused_first_backward(
                         a,
                         l0.w_root.map(|_| x.get()),
                         &y,
@@ -1012,11 +1012,11 @@ impl<O: Ops> DeviceModel<O> {
                         self.cfg.activation,
                         dropout(li),
                     )?;
-                    set(ops, &mut grads, l0.w, gw);
-                    if let (Some(r), Some(gr)) = (l0.w_root, gr) {
+                    set(ops, &mut grads, l0.w, first.w);
+                    if let (Some(r), Some(gr)) = (l0.w_root, first.w_root) {
                         set(ops, &mut grads, r, gr);
                     }
-                    set(ops, &mut grads, l0.bias, gb);
+                    set(ops, &mut grads, l0.bias, first.bias);
                     drop(refs);
                     for (m, _) in terms {
                         ops.recycle(m);
