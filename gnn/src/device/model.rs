@@ -1057,6 +1057,18 @@ impl<O: Ops> DeviceModel<O> {
         Ok(c)
     }
 
+    /// `H^T X` over the first `rows` rows of both: a weight's gradient.
+    fn at_b(ops: &mut O, h: &O::Mat, x: &O::Mat, rows: usize) -> Result<O::Mat, O::Error> {
+        let (hc, xc) = (ops.dims(h).1, ops.dims(x).1);
+        Self::product(ops, View::full(h, rows, hc).t(), View::full(x, rows, xc))
+    }
+
+    /// `D W^T`: an input's gradient through a weight.
+    fn a_bt(ops: &mut O, d: &O::Mat, w: &O::Mat) -> Result<O::Mat, O::Error> {
+        let ((dr, dc), (wr, wc)) = (ops.dims(d), ops.dims(w));
+        Self::product(ops, View::full(d, dr, dc), View::full(w, wr, wc).t())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn layer_backward(
         &self,
@@ -1114,16 +1126,7 @@ impl<O: Ops> DeviceModel<O> {
                 }
                 None => {
                     let n_in = ops.dims(h).0;
-                    set_grad!(
-                        ops,
-                        grads,
-                        l.w,
-                        Self::product(
-                            ops,
-                            View::full(h, n_in, d_in).t(),
-                            View::full(&dm, n_in, hc),
-                        )?
-                    );
+                    set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dm, n_in)?);
                     ops.recycle(d_out);
                 }
             }
@@ -1135,18 +1138,9 @@ impl<O: Ops> DeviceModel<O> {
         let mut dx = None;
         let mut d_root = None;
         if let Some(r) = l.w_root {
-            set_grad!(
-                ops,
-                grads,
-                r,
-                Self::product(ops, View::full(h, n, d_in).t(), View::full(&d_out, n, hc),)?
-            );
+            set_grad!(ops, grads, r, Self::at_b(ops, h, &d_out, n)?);
             if need_dx {
-                let d = Self::product(
-                    ops,
-                    View::full(&d_out, n, hc),
-                    View::full(&self.params[r].value, d_in, hc).t(),
-                )?;
+                let d = Self::a_bt(ops, &d_out, &self.params[r].value)?;
                 if g.complete {
                     d_root = Some(d);
                 } else {
@@ -1160,18 +1154,12 @@ impl<O: Ops> DeviceModel<O> {
                     .as_ref()
                     .or(self.input_agg.as_ref())
                     .expect("aggregation cached in forward");
-                set_grad!(
-                    ops,
-                    grads,
-                    l.w,
-                    Self::product(ops, View::full(a, n, d_in).t(), View::full(&d_out, n, hc),)?
-                );
+                set_grad!(ops, grads, l.w, Self::at_b(ops, a, &d_out, n)?);
                 if let Some(a) = agg {
                     ops.recycle(a);
                 }
                 if need_dx {
-                    let d_agg =
-                        Self::product(ops, View::full(&d_out, n, hc), View::full(w, d_in, hc).t())?;
+                    let d_agg = Self::a_bt(ops, &d_out, w)?;
                     let d_own = ops.aggregate_backward(g, l.index, &d_agg, ex)?;
                     ops.recycle(d_agg);
                     dx = Some(match dx {
@@ -1187,16 +1175,7 @@ impl<O: Ops> DeviceModel<O> {
             Cache::Transformed => {
                 let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
                 let n_in = ops.dims(&dm).0;
-                set_grad!(
-                    ops,
-                    grads,
-                    l.w,
-                    Self::product(
-                        ops,
-                        View::full(h, n_in, d_in).t(),
-                        View::full(&dm, n_in, hc),
-                    )?
-                );
+                set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dm, n_in)?);
                 if need_dx {
                     let (dmv, wt) = (View::full(&dm, n_in, hc), View::full(w, d_in, hc).t());
                     dx = Some(match dx {
@@ -1297,7 +1276,6 @@ impl<O: Ops> DeviceModel<O> {
         let width = hc + heads;
         let n = g.n;
         let n_in = ops.dims(&m_own).0;
-        let d_in = l.d_in;
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let mut dz = ops.alloc(n_in, hc)?;
         ops.gat_dz(
@@ -1336,22 +1314,9 @@ impl<O: Ops> DeviceModel<O> {
         ops.recycle(dm);
         ops.recycle(ds_dst);
         ops.recycle(m_own);
-        set_grad!(
-            ops,
-            grads,
-            l.w,
-            Self::product(
-                ops,
-                View::full(h, n_in, d_in).t(),
-                View::full(&dz, n_in, hc),
-            )?
-        );
+        set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dz, n_in)?);
         let dx = if need_dx {
-            Some(Self::product(
-                ops,
-                View::full(&dz, n_in, hc),
-                View::full(&self.params[l.w].value, d_in, hc).t(),
-            )?)
+            Some(Self::a_bt(ops, &dz, &self.params[l.w].value)?)
         } else {
             None
         };
@@ -1465,24 +1430,20 @@ impl<O: Ops> DeviceModel<O> {
         let gw = if d <= hc {
             let mut ax = ops.alloc(n, d)?;
             ops.spmm(g.op, &x, None, &mut ax)?;
-            let gw = Self::product(ops, View::full(&ax, n, d).t(), View::full(d_z, n, hc))?;
+            let gw = Self::at_b(ops, &ax, d_z, n)?;
             ops.recycle(ax);
             gw
         } else {
             let mut t = ops.alloc(g.n_src, hc)?;
             ops.spmm_t(g.op, d_z, &mut t)?;
-            let gw = Self::product(
-                ops,
-                View::full(&x, g.n_src, d).t(),
-                View::full(&t, g.n_src, hc),
-            )?;
+            let gw = Self::at_b(ops, &x, &t, g.n_src)?;
             ops.recycle(t);
             gw
         };
         ops.add_rows(&mut grads[l.w], col0, &gw)?;
         ops.recycle(gw);
         if let Some(r) = l.w_root {
-            let gr = Self::product(ops, View::full(&x, n, d).t(), View::full(d_z, n, hc))?;
+            let gr = Self::at_b(ops, &x, d_z, n)?;
             ops.add_rows(&mut grads[r], col0, &gr)?;
             ops.recycle(gr);
         }
