@@ -2,9 +2,10 @@
 //! same launch geometry, index math and summation order: the light-row pass (`spmm_v4` / `spmm_scalar`), the
 //! heavy rows cut into chunks, and the in-order sum of each heavy row's chunks.
 //!
-//! The rest of the device is checked on the host through `physalia_gnn::device::Cpu` (the same trait, the
-//! CPU's kernels, the same `DeviceModel`), and against the CPU on a GPU (`tests/gpu.rs`). SpMM alone keeps an
-//! emulation because its chunked hub rows are an algorithm of the GPU's own (the CPU walks a row in one task):
+//! The rest of the device is checked on the host through `physalia_gnn::device::CpuPrimitives` (the same
+//! trait with its default layer-level operations, the CPU's kernels, the same `DeviceModel`), and against the
+//! CPU on a GPU (`tests/gpu.rs`). SpMM alone keeps an emulation because its chunked hub rows are an algorithm
+//! of the GPU's own (the CPU walks a row in one task):
 //! `tests/emulate.rs` checks it against `physalia_gnn`'s SpMM on a graph with a hub row, forward and
 //! transposed, with halo rows.
 

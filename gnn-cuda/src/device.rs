@@ -48,6 +48,8 @@ pub enum GpuError {
     /// The exchange with peers failed (partition-parallel training on the device).
     #[error("exchange with peers failed: {0}")]
     Exchange(String),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<physalia_gnn::DeviceError> for GpuError {
@@ -55,6 +57,7 @@ impl From<physalia_gnn::DeviceError> for GpuError {
         match e {
             physalia_gnn::DeviceError::Shape(s) => GpuError::Shape(s),
             physalia_gnn::DeviceError::Exchange(e) => GpuError::Exchange(e.to_string()),
+            physalia_gnn::DeviceError::Unsupported(s) => GpuError::Unsupported(s),
         }
     }
 }

@@ -1,12 +1,14 @@
 //! Host checks of the device layer without a GPU: every device operation and the generic `DeviceModel` on
-//! `physalia_gnn::Cpu` against `physalia_gnn`'s engine and `Model` (the checks `tests/gpu.rs` runs on the
-//! GPU), and the GPU's own SpMM algorithm (light rows, hub rows cut into chunks) through its thread-by-thread
+//! `physalia_gnn::CpuPrimitives` (the CPU's primitives with the device trait's default layer-level
+//! operations, as a GPU runs them) against `physalia_gnn`'s engine and `Model` (the same layers on `Cpu`, whose
+//! overrides are the engine's fused and per-range kernels), the checks `tests/gpu.rs` runs on the GPU, and
+//! the GPU's own SpMM algorithm (light rows, hub rows cut into chunks) through its thread-by-thread
 //! emulation (`cpu_emulate`) against `physalia_gnn`'s SpMM, to 1e-5.
 
 mod common;
 
 use common::*;
-use physalia_gnn::Cpu;
+use physalia_gnn::CpuPrimitives;
 use physalia_gnn::Matrix;
 use physalia_gnn::sparse::{Norm, SparseOp};
 use physalia_gnn_cuda::HostCsr;
@@ -17,38 +19,38 @@ const TOL: f32 = 1e-5;
 
 #[test]
 fn spmm_forward_transposed_and_with_halo_rows() {
-    check_spmm(&mut Cpu, 300, TOL);
+    check_spmm(&mut CpuPrimitives, 300, TOL);
 }
 
 #[test]
 fn spmm_over_heavy_rows() {
-    check_heavy_spmm(&mut Cpu, 7000, TOL);
+    check_heavy_spmm(&mut CpuPrimitives, 7000, TOL);
 }
 
 #[test]
 fn products_in_every_transpose_and_on_views() {
-    check_gemm(&mut Cpu, TOL);
+    check_gemm(&mut CpuPrimitives, TOL);
 }
 
 #[test]
 fn elementwise_dropout_and_reductions() {
-    check_elementwise(&mut Cpu, TOL);
+    check_elementwise(&mut CpuPrimitives, TOL);
 }
 
 #[test]
 fn masked_cross_entropy_and_accuracy() {
-    check_loss(&mut Cpu, TOL);
+    check_loss(&mut CpuPrimitives, TOL);
 }
 
 #[test]
 fn adam_with_weight_decay() {
-    check_adam(&mut Cpu, TOL);
+    check_adam(&mut CpuPrimitives, TOL);
 }
 
 #[test]
 fn models_equal_the_cpu_engine() {
     for cfg in model_configs() {
-        check_model(&mut Cpu, &cfg, 120, TOL);
+        check_model(&mut CpuPrimitives, &cfg, 120, TOL);
     }
 }
 
@@ -124,7 +126,7 @@ fn emulated_spmm_splits_heavy_rows_into_chunks() {
 fn cora_accuracy_equals_cpu_on_the_cpu_device() {
     if let Some(dir) = cora_dir() {
         check_cora(
-            &mut Cpu,
+            &mut CpuPrimitives,
             &dir,
             &[physalia_gnn::LayerKind::Gcn, physalia_gnn::LayerKind::Gat],
         );

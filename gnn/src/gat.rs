@@ -1,9 +1,10 @@
 //! GAT's kernels on the host, row-parallel with rayon: messages, the edge softmax with attention dropout, and
 //! the two backward passes (per destination over the CSR, per source over its transpose).
 //!
-//! They are shared by [`crate::Model`] and the [`crate::device::Cpu`] device, so the CPU's GAT exists once;
-//! each writes its output rows from one task and never scatters, so results do not depend on the thread
-//! count. The CUDA twins are `physalia-gnn-cuda`'s `kernels.rs`.
+//! They are the [`crate::device::Cpu`] device's GAT primitives (and so [`crate::Model`]'s); the
+//! rematerialising variants of `device/sar.rs` reuse their pieces. Each writes its output rows from one task
+//! and never scatters, so results do not depend on the thread count. The CUDA twins are
+//! `physalia-gnn-cuda`'s `kernels.rs`.
 
 use rayon::prelude::*;
 

@@ -27,7 +27,7 @@ pub mod tensor;
 pub mod train;
 
 pub use config::{Activation, LayerKind, ModelConfig};
-pub use device::{Cpu, DeviceError, DeviceGraph, DeviceModel, Ops};
+pub use device::{Cpu, CpuPrimitives, DeviceError, DeviceGraph, DeviceModel, Ops};
 pub use exchange::{
     Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, LocalExchange, VisitRows,
 };

@@ -101,8 +101,10 @@ pub enum Device {
     Cpu,
     /// The CUDA engine (`physalia_gnn_cuda`) on GPU `index` as the driver numbers the visible devices.
     Cuda { index: usize },
-    /// The GPU's path without a GPU (tests): the generic `physalia_gnn::DeviceModel` and the device training
-    /// loops on `physalia_gnn::Cpu`, with halo rows leaving and entering the device as on the GPU.
+    /// The GPU's path without a GPU (tests): the device training loops on `physalia_gnn::CpuPrimitives` (the
+    /// CPU's primitives, the device trait's default layer-level operations, as on a GPU), with halo rows
+    /// leaving and entering the device as on the GPU. Unlike the GPU it accepts `exchange.rematerialize`, so
+    /// the trait's SAR defaults are checked too.
     Emulated,
 }
 
@@ -289,7 +291,8 @@ fn train_inputs<L: Link + ?Sized>(
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     opts.check().map_err(Error::Config)?;
-    if opts.rematerialize && !matches!(device, Device::Cpu) {
+    // the emulated device runs the device trait's SAR defaults (checked against the CPU's per-range kernels)
+    if opts.rematerialize && matches!(device, Device::Cuda { .. }) {
         return Err(Error::Config(
             "exchange.rematerialize runs on the CPU engine only (the GPU engine keeps every halo row on the \
              device); train on the CPU or drop the option"
@@ -320,7 +323,7 @@ fn train_inputs<L: Link + ?Sized>(
             &mut model, &mut opt, progress, &graph, x, &sets, tc, &mut ex, on_epoch,
         )?,
         Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
-        Device::Emulated => on_device!(&mut physalia_gnn::Cpu),
+        Device::Emulated => on_device!(&mut physalia_gnn::CpuPrimitives),
     };
     Ok((model, summary, progress))
 }

@@ -327,13 +327,13 @@ where
         let labels = ops.upload_labels(labels)?;
         let rows: Vec<u32> = (0..seeds as u32).collect();
         let rows = ops.upload_idx(&rows)?;
-        let fwd = self.model.forward_blocks(ops, &blocks, &xd, pass)?;
+        let fwd = self.model.forward_device_blocks(ops, &blocks, &xd, pass)?;
         let (r, c) = ops.dims(&fwd.logits);
         let mut d_logits = ops.alloc(r, c)?;
         let loss = ops.cross_entropy(&fwd.logits, &labels, &rows, batch_size, &mut d_logits)?;
         let grads = self
             .model
-            .backward_blocks(ops, &blocks, fwd, d_logits, mesh)?;
+            .backward_device_blocks(ops, &blocks, fwd, d_logits, mesh)?;
         self.model.adam_step(ops, grads, self.adam)?;
         ops.recycle(xd);
         // every step's blocks have new shapes: keep no buffer cached for shapes that will not come back
@@ -342,7 +342,7 @@ where
     }
 
     fn empty_step(&mut self, mesh: &mut dyn Exchange) -> Result<(), Error> {
-        let grads = self.model.zero_grads(&mut self.ops, mesh)?;
+        let grads = self.model.zero_grads_reduced(&mut self.ops, mesh)?;
         self.model.adam_step(&mut self.ops, grads, self.adam)?;
         Ok(())
     }
@@ -424,7 +424,11 @@ pub fn train_minibatch_on(
             &model,
             &opt,
         )?)),
-        crate::Device::Emulated => Some(Box::new(OnDevice::new(physalia_gnn::Cpu, &model, &opt)?)),
+        crate::Device::Emulated => Some(Box::new(OnDevice::new(
+            physalia_gnn::CpuPrimitives,
+            &model,
+            &opt,
+        )?)),
     };
     let mut summary = progress.summary(tc.epochs);
     let cache = build_cache(mesh, shard, &sampler, seed, opts, d)?;

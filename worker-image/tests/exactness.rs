@@ -256,6 +256,21 @@ fn rematerialized_partition_parallel_equals_single_worker_on_sbm() {
     );
 }
 
+/// SAR through the device trait's defaults (the emulated device: the CPU's primitives; the GPU refuses
+/// rematerialisation): halo rows arrive one peer's range at a time and GAT's are fetched again in backward, as
+/// `Cpu`'s per-range kernels take them. Same invariant, against one CPU worker.
+#[test]
+fn rematerialized_device_partition_parallel_equals_single_cpu_worker() {
+    check_exact_with(
+        Device::Emulated,
+        1..=3,
+        "sbm rematerialized on the emulated device",
+        &sbm(),
+        false,
+        &rematerialize(),
+    );
+}
+
 /// Each worker's payload bytes of epoch 1 by (layer, phase).
 fn first_epoch_bytes(
     ds: &OwnedDataset,

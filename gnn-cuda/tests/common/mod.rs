@@ -557,7 +557,9 @@ pub fn check_model<O: Ops>(ops: &mut O, cfg: &ModelConfig, n: usize, tol: f32) {
     let grads = model
         .backward(&g, fwd, d_logits, &mut LocalExchange)
         .unwrap();
-    let dfwd = dm.forward(ops, &dg, &x, pass).unwrap();
+    let dfwd = dm
+        .forward_ex(ops, &dg, &x, pass, &mut LocalExchange)
+        .unwrap();
     assert_close(
         &format!("{what}: logits"),
         &ops.download(&dfwd.logits).unwrap(),
@@ -573,8 +575,10 @@ pub fn check_model<O: Ops>(ops: &mut O, cfg: &ModelConfig, n: usize, tol: f32) {
         ((dloss - loss) / loss).abs() < tol as f64,
         "{what}: loss {dloss} vs {loss}"
     );
-    let dgrads = dm.backward(ops, &dg, dfwd, dd).unwrap();
-    for ((name, got), want) in dm.names().to_vec().iter().zip(&dgrads).zip(&grads) {
+    let dgrads = dm
+        .backward_ex(ops, &dg, dfwd, dd, &mut LocalExchange)
+        .unwrap();
+    for ((name, got), want) in dm.names().iter().zip(&dgrads).zip(&grads) {
         assert_close(
             &format!("{what}: gradient of {name}"),
             &ops.download(got).unwrap(),
@@ -617,7 +621,7 @@ pub fn check_model<O: Ops>(ops: &mut O, cfg: &ModelConfig, n: usize, tol: f32) {
     for (pc, pd) in model.params.iter().zip(&dm.params) {
         assert_close(
             &format!("{what}: {} after 3 epochs", pc.name),
-            &ops.download(pd).unwrap(),
+            &ops.download(&pd.value).unwrap(),
             &pc.value,
             10.0 * tol,
         );

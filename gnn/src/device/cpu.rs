@@ -1,27 +1,35 @@
 //! [`Cpu`]: the device of host memory, whose operations are this crate's kernels: SpMM over both directions
 //! of a [`SparseOp`] (`sparse.rs`), the row-block-parallel products of `dense.rs`, the GAT kernels of
-//! `gat.rs`, and the dropout, activation and loss functions [`crate::Model`] runs. A [`DeviceModel`] on it
-//! computes what `Model` computes, with the same kernels, so the generic layer code is checked on any
-//! machine (`physalia-gnn-cuda`'s `tests/emulate.rs`), and a GPU run of the same code differs only in its
-//! kernels.
+//! `gat.rs`, the dropout, activation and loss functions below, and SAR's per-range kernels (`sar.rs`).
+//! [`crate::Model`] is `DeviceModel<Cpu>`: every CPU worker trains through the generic layer code on this
+//! device, and a GPU run of the same code differs only in its kernels.
 //!
-//! [`DeviceModel`]: super::DeviceModel
+//! Besides the primitives, `Cpu` overrides the layer-level operations whose defaults would cost it time or
+//! memory: halo rows are handed to the exchange without a copy, `H [W | W_root]` and `H^T [A | B]` are
+//! one product each, the fused first-layer backward forms the hidden-width gradient one row block at a
+//! time, SAR aggregates one peer's range of halo rows at a time and rematerialises GAT's, and sparse
+//! operators are shared (`Arc`), not copied, when a device graph is made from a [`crate::LocalGraph`].
+
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::{
-    AdamStep, AttnDropout, Dropout, GatShape, Ops, View, check, check_copy2d, check_labels,
-    gemm_shape,
+    AdamStep, AttnDropout, Dropout, FirstLayerGrads, GatRemat, GatShape, GraphView, Ops, View,
+    check, check_copy2d, check_labels, gemm_shape, sar,
 };
 use crate::Activation;
-use crate::dense::{matmul_at, matmul_bt_into, matmul_into};
-use crate::model::{activate, activation_backward, add_bias, dropout_cols};
-use crate::rng::Stream;
+use crate::dense::{
+    matmul, matmul_at, matmul_at_concat, matmul_at_rows, matmul_bt_into, matmul_bt_serial,
+    matmul_into, reduction_block,
+};
+use crate::exchange::Exchange;
+use crate::rng::{Mask, Stream};
 use crate::sparse::{SparseOp, Src};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
 use crate::{Error, gat, loss};
 
-/// The host device: matrices are [`Matrix`], operators [`SparseOp`], errors the engine's [`Error`].
+/// The host device: matrices are [`Matrix`], operators shared [`SparseOp`]s, errors the engine's [`Error`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
 
@@ -104,7 +112,7 @@ fn attn_drop(d: Option<AttnDropout>) -> gat::AttnDrop {
 
 impl Ops for Cpu {
     type Mat = Matrix;
-    type Csr = SparseOp;
+    type Csr = Arc<SparseOp>;
     type Idx = Vec<u32>;
     type Labels = Vec<i64>;
     type Error = Error;
@@ -128,8 +136,11 @@ impl Ops for Cpu {
         Ok(Matrix::zeros(rows, cols))
     }
     fn recycle(&mut self, _m: Matrix) {}
-    fn upload_csr(&mut self, op: &SparseOp) -> Result<SparseOp, Error> {
-        Ok(op.clone())
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
+        Ok(Arc::new(op.clone()))
+    }
+    fn share_csr(&mut self, op: &Arc<SparseOp>) -> Result<Arc<SparseOp>, Error> {
+        Ok(Arc::clone(op))
     }
     fn upload_idx(&mut self, v: &[u32]) -> Result<Vec<u32>, Error> {
         Ok(v.to_vec())
@@ -170,7 +181,7 @@ impl Ops for Cpu {
 
     fn spmm(
         &mut self,
-        a: &SparseOp,
+        a: &Arc<SparseOp>,
         own: &Matrix,
         halo: Option<&Matrix>,
         y: &mut Matrix,
@@ -193,7 +204,7 @@ impl Ops for Cpu {
         Ok(())
     }
 
-    fn spmm_t(&mut self, a: &SparseOp, x: &Matrix, y: &mut Matrix) -> Result<(), Error> {
+    fn spmm_t(&mut self, a: &Arc<SparseOp>, x: &Matrix, y: &mut Matrix) -> Result<(), Error> {
         check(
             x.rows() == a.n_dst() && y.shape() == (a.n_src(), x.cols()),
             || format!("spmm_t: {} rows for {} destinations", x.rows(), a.n_dst()),
@@ -234,7 +245,7 @@ impl Ops for Cpu {
 
     fn gat_forward(
         &mut self,
-        a: &SparseOp,
+        a: &Arc<SparseOp>,
         m_own: &Matrix,
         m_halo: Option<&Matrix>,
         s_dst: &Matrix,
@@ -266,7 +277,7 @@ impl Ops for Cpu {
 
     fn gat_backward_edges(
         &mut self,
-        a: &SparseOp,
+        a: &Arc<SparseOp>,
         m_own: &Matrix,
         m_halo: Option<&Matrix>,
         s_dst: &Matrix,
@@ -307,7 +318,7 @@ impl Ops for Cpu {
 
     fn gat_backward_sources(
         &mut self,
-        a: &SparseOp,
+        a: &Arc<SparseOp>,
         a_used: &Matrix,
         d_score: &Matrix,
         d_out: &Matrix,
@@ -541,5 +552,535 @@ impl Ops for Cpu {
             *w -= s.step_size * *m / ((*v).sqrt() / s.bc2_sqrt + s.eps);
         }
         Ok(())
+    }
+    fn duplicate(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Ok(m.clone())
+    }
+
+    fn add_rows(&mut self, a: &mut Matrix, row0: usize, b: &Matrix) -> Result<(), Error> {
+        check(a.cols() == b.cols() && row0 + b.rows() <= a.rows(), || {
+            "add_rows shapes".into()
+        })?;
+        let cols = a.cols();
+        let dst = &mut a.data_mut()[row0 * cols..(row0 + b.rows()) * cols];
+        for (x, y) in dst.iter_mut().zip(b.data()) {
+            *x += *y;
+        }
+        Ok(())
+    }
+
+    fn halo_rows(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        own: &Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<Matrix>, Error> {
+        if g.complete {
+            return Ok(None);
+        }
+        if ex.rematerializes() {
+            return super::defaults::halo_rows(self, g, layer, own, ex);
+        }
+        ex.forward(layer, own).map_err(Error::Exchange)
+    }
+
+    fn halo_backward(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        ext: Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Matrix, Error> {
+        if g.complete {
+            return Ok(ext);
+        }
+        let (mut own, halo) = split_rows(ext, g.n);
+        if ex.rematerializes() {
+            ex.backward_each(layer, halo.rows(), &mut own, &mut |r| {
+                halo.row_block(r.start, r.end)
+            })
+        } else {
+            ex.backward(layer, halo, &mut own)
+        }
+        .map_err(Error::Exchange)?;
+        Ok(own)
+    }
+
+    fn aggregate(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        own: &Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Matrix, Error> {
+        if g.complete {
+            return Ok(g.op.spmm(own));
+        }
+        sar::aggregate(g.op, layer, own, ex)
+    }
+
+    fn aggregate_backward(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        d: &Matrix,
+        ex: &mut dyn Exchange,
+    ) -> Result<Matrix, Error> {
+        if g.complete {
+            return Ok(g.op.spmm_t(d));
+        }
+        sar::aggregate_backward(g.op, layer, d, ex)
+    }
+
+    fn linear_pair(
+        &mut self,
+        h: &Matrix,
+        w: &Matrix,
+        w_root: &Matrix,
+    ) -> Result<(Matrix, Matrix), Error> {
+        check(w.shape() == w_root.shape() && h.cols() == w.rows(), || {
+            "linear_pair shapes".into()
+        })?;
+        let both = matmul(h, &Matrix::concat_cols(w, w_root));
+        Ok(both.split_off_cols(w.cols()))
+    }
+
+    fn matmul_at_pair(
+        &mut self,
+        h: &Matrix,
+        a: &Matrix,
+        b: &Matrix,
+    ) -> Result<(Matrix, Matrix), Error> {
+        check(h.rows() == a.rows() && h.rows() == b.rows(), || {
+            "matmul_at_pair shapes".into()
+        })?;
+        // `[a | b]` a row block at a time: never a third copy of both beside them
+        let both = matmul_at_concat(h, &[a, b]);
+        Ok(both.split_cols(a.cols()))
+    }
+
+    fn fused_first_backward(
+        &mut self,
+        agg: &Matrix,
+        x_root: Option<&Matrix>,
+        h1: &Matrix,
+        terms: &[(&Matrix, &Matrix)],
+        gids: Option<&Vec<u32>>,
+        act: Activation,
+        dropout: Option<Dropout>,
+    ) -> Result<FirstLayerGrads<Matrix>, Error> {
+        let n = h1.rows();
+        let width = h1.cols();
+        check(
+            agg.rows() == n
+                && x_root.is_none_or(|x| x.rows() == n)
+                && terms
+                    .iter()
+                    .all(|(a, w)| a.rows() == n && a.cols() == w.cols() && w.rows() == width),
+            || "fused_first_backward shapes".into(),
+        )?;
+        let gids = gids.map(Vec::as_slice);
+        let mask = Stream::from_key(dropout.map_or(0, |d| d.key));
+        let p = dropout.map(|d| d.p);
+        let block = reduction_block(n);
+        let n_blocks = n.div_ceil(block.max(1));
+        let partials: Vec<(Matrix, Option<Matrix>, Matrix)> = (0..n_blocks)
+            .into_par_iter()
+            .map(|b| {
+                let (r0, r1) = (b * block, ((b + 1) * block).min(n));
+                let mut dz = Matrix::zeros(r1 - r0, width);
+                for (a, w) in terms {
+                    let a_blk = a.row_block(r0, r1);
+                    matmul_bt_serial(&a_blk, w, &mut dz, true);
+                }
+                fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
+                    &m.data()[r0 * m.cols()..r1 * m.cols()]
+                }
+                activation_backward(&mut dz, rows(h1, r0, r1), r0, gids, act, p, mask);
+                let gw = matmul_at_rows(rows(agg, r0, r1), agg.cols(), &dz);
+                let gr = x_root.map(|x| matmul_at_rows(rows(x, r0, r1), x.cols(), &dz));
+                (gw, gr, dz.column_sums_serial())
+            })
+            .collect();
+        let mut gw = Matrix::zeros(agg.cols(), width);
+        let mut gr = x_root.map(|x| Matrix::zeros(x.cols(), width));
+        let mut gb = Matrix::zeros(1, width);
+        for (pw, pr, pb) in partials {
+            gw.add_assign_serial(&pw);
+            if let (Some(gr), Some(pr)) = (&mut gr, &pr) {
+                gr.add_assign_serial(pr);
+            }
+            gb.add_assign_serial(&pb);
+        }
+        Ok(FirstLayerGrads {
+            w: gw,
+            w_root: gr,
+            bias: gb,
+        })
+    }
+
+    fn gat_forward_remat(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        m_own: &Matrix,
+        s_dst: &Matrix,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        ex: &mut dyn Exchange,
+        out: &mut Matrix,
+    ) -> Result<GatRemat<Matrix>, Error> {
+        sar::gat_forward_remat(g, layer, m_own, s_dst, drop, shape, ex, out)
+    }
+
+    fn gat_backward_remat(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        m_own: &Matrix,
+        s_dst: &Matrix,
+        st: GatRemat<Matrix>,
+        d_out: &Matrix,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        ex: &mut dyn Exchange,
+    ) -> Result<(Matrix, Matrix), Error> {
+        sar::gat_backward_remat(g, layer, m_own, s_dst, st, d_out, drop, shape, ex)
+    }
+
+    fn all_reduce(&mut self, grads: &mut [Matrix], ex: &mut dyn Exchange) -> Result<(), Error> {
+        ex.all_reduce(grads).map_err(Error::Exchange)
+    }
+}
+
+/// Splits an `n_src`-row matrix into its first `n_dst` rows and the rest.
+pub(super) fn split_rows(m: Matrix, n_dst: usize) -> (Matrix, Matrix) {
+    let cols = m.cols();
+    let rows = m.rows();
+    let mut data = m.into_vec();
+    let halo = data.split_off(n_dst * cols);
+    (
+        Matrix::from_vec(n_dst, cols, data),
+        Matrix::from_vec(rows - n_dst, cols, halo),
+    )
+}
+
+fn add_bias(out: &mut Matrix, bias: &Matrix) {
+    let b = bias.data();
+    if b.is_empty() {
+        return;
+    }
+    out.data_mut()
+        .par_chunks_mut(b.len())
+        .with_min_len(ELEMENTWISE_CHUNK / b.len().max(1))
+        .for_each(|row| {
+            for (o, &v) in row.iter_mut().zip(b) {
+                *o += v;
+            }
+        });
+}
+
+fn activate(m: &mut Matrix, act: Activation) {
+    m.data_mut()
+        .par_iter_mut()
+        .with_min_len(ELEMENTWISE_CHUNK)
+        .for_each(|v| {
+            *v = match act {
+                Activation::Relu => v.max(0.0),
+                Activation::Elu => {
+                    if *v > 0.0 {
+                        *v
+                    } else {
+                        v.exp_m1()
+                    }
+                }
+            }
+        });
+}
+
+/// Inverted dropout on columns `col0..col0 + m.cols()` of rows `total_cols` wide, keyed by the rows' global
+/// ids: the same decisions as on the whole rows. Row `i` is source row `row0 + i` of `gids` (the row itself
+/// without).
+fn dropout_cols(
+    m: &mut Matrix,
+    gids: Option<&[u32]>,
+    row0: usize,
+    p: f32,
+    s: Stream,
+    col0: usize,
+    total_cols: usize,
+) {
+    let cols = m.cols();
+    if cols == 0 {
+        return;
+    }
+    let mask = Mask::new(s, p);
+    let scale = 1.0 / (1.0 - p);
+    m.data_mut()
+        .par_chunks_mut(cols)
+        .enumerate()
+        .with_min_len(64)
+        .for_each(|(i, row)| {
+            let key = gat::gid(gids, row0 + i) * total_cols as u64 + col0 as u64;
+            mask.apply(key, row, scale)
+        });
+}
+
+/// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
+/// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
+fn activation_backward(
+    dy: &mut Matrix,
+    y: &[f32],
+    row0: usize,
+    gids: Option<&[u32]>,
+    act: Activation,
+    dropout: Option<f32>,
+    s: Stream,
+) {
+    let cols = dy.cols();
+    if cols == 0 {
+        return;
+    }
+    let scale = dropout.map(|p| 1.0 / (1.0 - p)).unwrap_or(1.0);
+    let rows = dy
+        .data_mut()
+        .par_chunks_mut(cols)
+        .zip(y.par_chunks(cols))
+        .enumerate()
+        .with_min_len(64);
+    match act {
+        Activation::Relu => rows.for_each(|(_, (drow, yrow))| {
+            for (d, &yv) in drow.iter_mut().zip(yrow) {
+                *d = if yv > 0.0 { *d * scale } else { 0.0 };
+            }
+        }),
+        Activation::Elu => {
+            let mask = dropout.map(|p| Mask::new(s, p));
+            rows.for_each_init(
+                || vec![true; cols],
+                |keep, (i, (drow, yrow))| {
+                    if let Some(m) = &mask {
+                        m.fill(gat::gid(gids, row0 + i) * cols as u64, keep);
+                    }
+                    for ((d, &yv), &k) in drow.iter_mut().zip(yrow).zip(keep.iter()) {
+                        // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0
+                        let a = yv / scale;
+                        let deriv = if a > 0.0 { 1.0 } else { a + 1.0 };
+                        *d = if k { *d * deriv * scale } else { 0.0 };
+                    }
+                },
+            );
+        }
+    }
+}
+
+/// [`Cpu`]'s primitives without its layer-level overrides: the aggregation, the halo exchange, the fused
+/// first-layer backward, SAR and P3's row update run the trait's defaults (`defaults.rs`), as on a device that
+/// implements only the primitives (the GPU). Tests and the worker's emulated-GPU hook train on it, so the
+/// defaults are checked against [`Cpu`]'s kernels on any machine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuPrimitives;
+
+impl Ops for CpuPrimitives {
+    type Mat = Matrix;
+    type Csr = Arc<SparseOp>;
+    type Idx = Vec<u32>;
+    type Labels = Vec<i64>;
+    type Error = Error;
+
+    fn dims(&self, m: &Matrix) -> (usize, usize) {
+        Cpu.dims(m)
+    }
+    fn upload(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Cpu.upload(m)
+    }
+    fn upload_owned(&mut self, m: Matrix) -> Result<Matrix, Error> {
+        Cpu.upload_owned(m)
+    }
+    fn download(&mut self, m: &Matrix) -> Result<Matrix, Error> {
+        Cpu.download(m)
+    }
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Cpu.alloc(rows, cols)
+    }
+    fn zeros(&mut self, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Cpu.zeros(rows, cols)
+    }
+    fn recycle(&mut self, m: Matrix) {
+        Cpu.recycle(m)
+    }
+    fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
+        Cpu.upload_csr(op)
+    }
+    fn share_csr(&mut self, op: &Arc<SparseOp>) -> Result<Arc<SparseOp>, Error> {
+        Cpu.share_csr(op)
+    }
+    fn upload_idx(&mut self, v: &[u32]) -> Result<Vec<u32>, Error> {
+        Cpu.upload_idx(v)
+    }
+    fn upload_labels(&mut self, v: &[i64]) -> Result<Vec<i64>, Error> {
+        Cpu.upload_labels(v)
+    }
+    fn gemm(
+        &mut self,
+        a: View<'_, Matrix>,
+        b: View<'_, Matrix>,
+        beta: f32,
+        c: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gemm(a, b, beta, c)
+    }
+    fn spmm(
+        &mut self,
+        a: &Arc<SparseOp>,
+        own: &Matrix,
+        halo: Option<&Matrix>,
+        y: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.spmm(a, own, halo, y)
+    }
+    fn spmm_t(&mut self, a: &Arc<SparseOp>, x: &Matrix, y: &mut Matrix) -> Result<(), Error> {
+        Cpu.spmm_t(a, x, y)
+    }
+    fn gat_messages(
+        &mut self,
+        z: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        m: &mut Matrix,
+        s_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_messages(z, a_src, a_dst, shape, m, s_dst)
+    }
+    fn gat_forward(
+        &mut self,
+        a: &Arc<SparseOp>,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        alpha: &mut Matrix,
+        out: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_forward(a, m_own, m_halo, s_dst, gids, drop, shape, alpha, out)
+    }
+    fn gat_backward_edges(
+        &mut self,
+        a: &Arc<SparseOp>,
+        m_own: &Matrix,
+        m_halo: Option<&Matrix>,
+        s_dst: &Matrix,
+        alpha: &Matrix,
+        d_out: &Matrix,
+        gids: Option<&Vec<u32>>,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        d_score: &mut Matrix,
+        a_used: &mut Matrix,
+        ds_dst: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_backward_edges(
+            a, m_own, m_halo, s_dst, alpha, d_out, gids, drop, shape, d_score, a_used, ds_dst,
+        )
+    }
+    fn gat_backward_sources(
+        &mut self,
+        a: &Arc<SparseOp>,
+        a_used: &Matrix,
+        d_score: &Matrix,
+        d_out: &Matrix,
+        shape: GatShape,
+        dm: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_backward_sources(a, a_used, d_score, d_out, shape, dm)
+    }
+    fn gat_dz(
+        &mut self,
+        dm: &Matrix,
+        ds_dst: &Matrix,
+        a_src: &Matrix,
+        a_dst: &Matrix,
+        shape: GatShape,
+        dz: &mut Matrix,
+    ) -> Result<(), Error> {
+        Cpu.gat_dz(dm, ds_dst, a_src, a_dst, shape, dz)
+    }
+    fn bias_add(&mut self, x: &mut Matrix, bias: &Matrix) -> Result<(), Error> {
+        Cpu.bias_add(x, bias)
+    }
+    fn activate(&mut self, x: &mut Matrix, act: Activation) -> Result<(), Error> {
+        Cpu.activate(x, act)
+    }
+    fn dropout(
+        &mut self,
+        x: &mut Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        col0: usize,
+        total_cols: usize,
+        d: Dropout,
+    ) -> Result<(), Error> {
+        Cpu.dropout(x, gids, row0, col0, total_cols, d)
+    }
+    fn activation_backward(
+        &mut self,
+        dy: &mut Matrix,
+        y: &Matrix,
+        gids: Option<&Vec<u32>>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), Error> {
+        Cpu.activation_backward(dy, y, gids, row0, act, d)
+    }
+    fn add_assign(&mut self, a: &mut Matrix, b: &Matrix) -> Result<(), Error> {
+        Cpu.add_assign(a, b)
+    }
+    fn col_sums(&mut self, x: &Matrix, out: &mut Matrix) -> Result<(), Error> {
+        Cpu.col_sums(x, out)
+    }
+    fn copy2d(
+        &mut self,
+        src: View<'_, Matrix>,
+        dst: &mut Matrix,
+        dst_offset: usize,
+        dst_ld: usize,
+    ) -> Result<(), Error> {
+        Cpu.copy2d(src, dst, dst_offset, dst_ld)
+    }
+    fn gather_rows(&mut self, src: &Matrix, idx: &Vec<u32>, dst: &mut Matrix) -> Result<(), Error> {
+        Cpu.gather_rows(src, idx, dst)
+    }
+    fn cross_entropy(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+        normalizer: f64,
+        grad: &mut Matrix,
+    ) -> Result<f64, Error> {
+        Cpu.cross_entropy(logits, labels, rows, normalizer, grad)
+    }
+    fn correct(
+        &mut self,
+        logits: &Matrix,
+        labels: &Vec<i64>,
+        rows: &Vec<u32>,
+    ) -> Result<u64, Error> {
+        Cpu.correct(logits, labels, rows)
+    }
+    fn adam(
+        &mut self,
+        w: &mut Matrix,
+        g: &Matrix,
+        m: &mut Matrix,
+        v: &mut Matrix,
+        s: AdamStep,
+    ) -> Result<(), Error> {
+        Cpu.adam(w, g, m, v, s)
     }
 }

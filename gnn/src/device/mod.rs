@@ -2,25 +2,36 @@
 //! in the manner of candle's backend traits.
 //!
 //! Implementations: [`Cpu`] (host memory, this crate's rayon kernels: `sparse`, `dense`, the GAT kernels of
-//! `gat`) and `physalia_gnn_cuda::CudaEngine` (device memory, NVRTC kernels, cuBLAS). [`DeviceModel`]
-//! composes a GCN / GraphSAGE / GAT forward, backward and Adam step from these operations once, generic over
-//! the trait, so the code that runs on the GPU is the code the host tests run on [`Cpu`] against [`Model`].
+//! `gat`, SAR's per-range kernels) and `physalia_gnn_cuda::CudaEngine` (device memory, NVRTC kernels,
+//! cuBLAS). [`DeviceModel`] composes a GCN / GraphSAGE / GAT forward, backward and Adam step from these
+//! operations once, generic over the trait: [`crate::Model`] is `DeviceModel<Cpu>`, so the code that runs on
+//! the GPU is the code every CPU worker trains with.
+//!
+//! The trait has two levels. The primitives (products on strided views, SpMM, the GAT kernels, elementwise,
+//! loss, Adam) are what a device must implement. The layer-level operations after them (the aggregation with
+//! its exchange of halo rows, `H [W | W_root]` as one product, the fused first-layer backward, SAR's GAT,
+//! a column slice's weight gradient) have default implementations composed of the primitives (`defaults.rs`);
+//! a device overrides one where it has a faster kernel or a smaller footprint, as [`Cpu`] does with the
+//! engine's row-block and per-range kernels.
 //!
 //! The trait lives in the base crate so that a device crate only adds kernels: the plan types the kernels
-//! take ([`View`], [`GatShape`], [`Dropout`], [`AttnDropout`], [`AdamStep`]) and the shape checks shared by
-//! every implementation are here too. Each device has its own error type; it must hold a [`DeviceError`]
-//! (shapes, the exchange), which is what the generic model code raises.
-//!
-//! [`Model`]: crate::Model
+//! take ([`View`], [`GatShape`], [`Dropout`], [`AttnDropout`], [`AdamStep`], [`GraphView`], [`GatRemat`]) and
+//! the shape checks shared by every implementation are here too. Each device has its own error type; it must
+//! hold a [`DeviceError`] (shapes, the exchange, an unsupported configuration), which is what the generic
+//! model code raises.
 
 mod cpu;
-mod model;
+mod defaults;
+pub(crate) mod model;
+mod sar;
 
-pub use cpu::Cpu;
-pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, download_all};
+pub use cpu::{Cpu, CpuPrimitives};
+pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, GraphView, download_all};
+
+use std::sync::Arc;
 
 use crate::Activation;
-use crate::exchange::ExchangeError;
+use crate::exchange::{Exchange, ExchangeError};
 use crate::rng::drop_threshold;
 use crate::sparse::SparseOp;
 use crate::tensor::Matrix;
@@ -32,6 +43,8 @@ pub enum DeviceError {
     Shape(String),
     #[error("exchange with peers failed: {0}")]
     Exchange(ExchangeError),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<DeviceError> for crate::Error {
@@ -39,6 +52,7 @@ impl From<DeviceError> for crate::Error {
         match e {
             DeviceError::Shape(s) => crate::Error::Shape(s),
             DeviceError::Exchange(e) => crate::Error::Exchange(e),
+            DeviceError::Unsupported(s) => crate::Error::Config(s),
         }
     }
 }
@@ -164,9 +178,26 @@ impl AdamStep {
     }
 }
 
+/// What SAR's GAT keeps between forward and backward instead of the halo messages and the attention
+/// coefficients: the halo rows' scores (`n_halo x heads`) and each destination's softmax maximum and sum per
+/// head (`n x heads` each). A device whose forward recomputes everything in backward leaves them empty.
+pub struct GatRemat<M> {
+    pub s_halo: M,
+    pub row_max: M,
+    pub row_sum: M,
+}
+
+/// The first layer's gradients from [`Ops::fused_first_backward`].
+pub struct FirstLayerGrads<M> {
+    pub w: M,
+    /// GraphSAGE's root weight.
+    pub w_root: Option<M>,
+    pub bias: M,
+}
+
 /// Everything the layers need from a device. Shapes are checked by the implementations; on the GPU all sizes
 /// must fit the kernels' 32-bit indices.
-pub trait Ops {
+pub trait Ops: Sized {
     /// A dense row-major f32 matrix in the device's memory.
     type Mat;
     /// A sparse operator with its transpose.
@@ -191,6 +222,10 @@ pub trait Ops {
     /// Hands a buffer back for reuse by a later `alloc` of the same size.
     fn recycle(&mut self, m: Self::Mat);
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Self::Csr, Self::Error>;
+    /// Like [`Ops::upload_csr`] for an operator the host keeps (the host device shares it without a copy).
+    fn share_csr(&mut self, op: &Arc<SparseOp>) -> Result<Self::Csr, Self::Error> {
+        self.upload_csr(op)
+    }
     fn upload_idx(&mut self, v: &[u32]) -> Result<Self::Idx, Self::Error>;
     fn upload_labels(&mut self, v: &[i64]) -> Result<Self::Labels, Self::Error>;
 
@@ -358,6 +393,150 @@ pub trait Ops {
         let mut out = self.alloc(r, c)?;
         self.copy2d(View::full(m, r, c), &mut out, 0, c)?;
         Ok(out)
+    }
+
+    /// `a[row0..row0 + b.rows()] += b` (a column slice's weight gradient, P3).
+    fn add_rows(
+        &mut self,
+        a: &mut Self::Mat,
+        row0: usize,
+        b: &Self::Mat,
+    ) -> Result<(), Self::Error> {
+        defaults::add_rows(self, a, row0, b)
+    }
+
+    // The layer-level operations: defaults in `defaults.rs`, composed of the primitives above.
+
+    /// The halo rows of `layer`'s messages from the peers, given the owned rows `own` (`None`: no halo, a
+    /// local exchange, or a block whose input holds every source). With a rematerialising exchange the rows
+    /// arrive one range at a time and are put together.
+    fn halo_rows(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        own: &Self::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<Self::Mat>, Self::Error> {
+        defaults::halo_rows(self, g, layer, own, ex)
+    }
+
+    /// The owned rows' gradient from `ext`, a gradient over every source row: the halo rows' part goes to
+    /// their owners through `ex`, and what peers computed for our rows is added.
+    fn halo_backward(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        ext: Self::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Self::Mat, Self::Error> {
+        defaults::halo_backward(self, g, layer, ext, ex)
+    }
+
+    /// `A [own; halo]` of `layer`, the halo rows through `ex` (none on a block: `own` has every source).
+    fn aggregate(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        own: &Self::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Self::Mat, Self::Error> {
+        defaults::aggregate(self, g, layer, own, ex)
+    }
+
+    /// The owned rows of `A^T d` (every source on a block), the halo rows' part sent to their owners through
+    /// `ex` and what peers computed for our rows added.
+    fn aggregate_backward(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        d: &Self::Mat,
+        ex: &mut dyn Exchange,
+    ) -> Result<Self::Mat, Self::Error> {
+        defaults::aggregate_backward(self, g, layer, d, ex)
+    }
+
+    /// `(H W, H W_root)`, which a device may compute as one product `H [W | W_root]` that reads `H` once.
+    fn linear_pair(
+        &mut self,
+        h: &Self::Mat,
+        w: &Self::Mat,
+        w_root: &Self::Mat,
+    ) -> Result<(Self::Mat, Self::Mat), Self::Error> {
+        defaults::linear_pair(self, h, w, w_root)
+    }
+
+    /// `(H^T A, H^T B)`, which a device may compute as one product `H^T [A | B]`.
+    fn matmul_at_pair(
+        &mut self,
+        h: &Self::Mat,
+        a: &Self::Mat,
+        b: &Self::Mat,
+    ) -> Result<(Self::Mat, Self::Mat), Self::Error> {
+        defaults::matmul_at_pair(self, h, a, b)
+    }
+
+    /// The first layer's gradients (weight, root weight when `x_root` is its input, bias) when it
+    /// aggregated its input (`agg = A X`) and its output gradient is `sum_t A_t W_t^T` (`terms`, the second
+    /// layer's factors) through the activation and dropout whose output is `h1`. The hidden-width gradient
+    /// need never exist whole: a device may form and consume it a row block at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_first_backward(
+        &mut self,
+        agg: &Self::Mat,
+        x_root: Option<&Self::Mat>,
+        h1: &Self::Mat,
+        terms: &[(&Self::Mat, &Self::Mat)],
+        gids: Option<&Self::Idx>,
+        act: Activation,
+        dropout: Option<Dropout>,
+    ) -> Result<FirstLayerGrads<Self::Mat>, Self::Error> {
+        defaults::fused_first_backward(self, agg, x_root, h1, terms, gids, act, dropout)
+    }
+
+    /// GAT's aggregation with a rematerialising exchange (SAR) into `out` (`n x d_out`, bias not added),
+    /// from the owned messages `m_own` (`[Z | s_src]`) and `s_dst`. Returns what
+    /// [`Ops::gat_backward_remat`] needs besides them.
+    #[allow(clippy::too_many_arguments)]
+    fn gat_forward_remat(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        m_own: &Self::Mat,
+        s_dst: &Self::Mat,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        ex: &mut dyn Exchange,
+        out: &mut Self::Mat,
+    ) -> Result<GatRemat<Self::Mat>, Self::Error> {
+        defaults::gat_forward_remat(self, g, layer, m_own, s_dst, drop, shape, ex, out)
+    }
+
+    /// Backward of [`Ops::gat_forward_remat`]: the halo messages fetched again, the coefficients recomputed,
+    /// halo gradients returned to their owners. Returns the owned rows' `[dZ | ds_src]` (peers'
+    /// contributions added) and `ds_dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward_remat(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        m_own: &Self::Mat,
+        s_dst: &Self::Mat,
+        st: GatRemat<Self::Mat>,
+        d_out: &Self::Mat,
+        drop: Option<AttnDropout>,
+        shape: GatShape,
+        ex: &mut dyn Exchange,
+    ) -> Result<(Self::Mat, Self::Mat), Self::Error> {
+        defaults::gat_backward_remat(self, g, layer, m_own, s_dst, st, d_out, drop, shape, ex)
+    }
+
+    /// Sums the weight gradients over every worker through `ex`, in place.
+    fn all_reduce(
+        &mut self,
+        grads: &mut [Self::Mat],
+        ex: &mut dyn Exchange,
+    ) -> Result<(), Self::Error> {
+        defaults::all_reduce(self, grads, ex)
     }
 }
 

@@ -1,27 +1,32 @@
-//! [`crate::Model`]'s forward, backward and Adam step composed from [`Ops`]: the layer logic written once
-//! for every device (the CPU's [`super::Cpu`], `physalia_gnn_cuda::CudaEngine`).
+//! The layer logic, written once for every device: a GCN / GraphSAGE / GAT forward, backward and Adam step
+//! composed from [`Ops`]. [`crate::Model`] is `DeviceModel<`[`super::Cpu`]`>`, the model every CPU worker
+//! trains with; `physalia_gnn_cuda::CudaEngine` runs the same code on the GPU.
 //!
-//! Every step follows `model.rs` (layer order, which side of the product is aggregated, dropout keys, the
-//! GAT split into messages, edge softmax and the two backward passes) and `optim.rs`, so the parameters,
-//! logits, loss and gradients equal [`crate::Model`]'s up to float reordering: `physalia-gnn-cuda`'s
-//! `tests/emulate.rs` checks that on [`super::Cpu`], its `tests/gpu.rs` on the GPU, and
-//! `worker-image/tests/exactness.rs` / `minibatch.rs` on partitions and blocks.
+//! Each layer is split at its aggregation: the messages of the owned rows (the input, `H W`, or GAT's
+//! `[H W | s_src]`), the halo rows from the peers ([`Ops::halo_rows`] / [`Ops::aggregate`] through the
+//! host's [`Exchange`]), then the aggregation and the dense part; backward mirrors it, the halo rows'
+//! gradients going to their owners ([`Ops::halo_backward`] / [`Ops::aggregate_backward`]) and the weight
+//! gradients all-reduced. GCN and GraphSAGE aggregate the input (`(A H) W`) or the transformed rows
+//! (`A (H W)`), whichever is narrower; when the first layer aggregates raw features that no dropout touches,
+//! `A X` is computed once and kept. When the first layer aggregated its input and the second transformed
+//! first, the first layer's gradients come from the second layer's factors ([`Ops::fused_first_backward`]),
+//! so a device need not hold the hidden-width gradient whole. Dropout and attention dropout are keyed by
+//! global node ids, so every partitioning draws the masks of one worker.
 //!
-//! Partitions: a [`DeviceGraph::local`] holds a worker's owned rows and halo sources. At every aggregation the
-//! owned messages go to the host, through [`Exchange::forward`], and the halo rows it returns come back as
-//! the SpMM's second source buffer; backward sends the halo rows' gradients through [`Exchange::backward`]
-//! and adds what peers computed for our rows; weight gradients are all-reduced on the host. Dropout and
-//! attention dropout are keyed by global node ids, so every partitioning draws the masks of one worker.
-//! With a local exchange (one worker, the whole graph) nothing leaves the device.
+//! The same layers run on sampled mini-batch blocks (each layer's input holds every source row, so no
+//! exchange is involved) and, for P3, from a first-layer product summed over column slices of the input
+//! (`forward_after_first_in`).
 
-use crate::exchange::{Exchange, ExchangeError, LocalExchange};
-use crate::model::{LocalGraph, Model, Pass};
+use std::sync::Arc;
+
+use crate::exchange::{Exchange, LocalExchange};
+use crate::model::{LocalGraph, Model, Param, Pass};
 use crate::rng::Stream;
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::Matrix;
 use crate::{LayerKind, ModelConfig};
 
-use super::{AdamStep, AttnDropout, DeviceError, Dropout, GatShape, Ops, View};
+use super::{AdamStep, AttnDropout, DeviceError, Dropout, GatRemat, GatShape, Ops, View};
 
 /// The key of `Stream::new(seed, parts)`, as the kernels take it.
 fn stream_key(seed: u64, parts: &[u64]) -> u64 {
@@ -32,14 +37,30 @@ fn shape_error<E: From<DeviceError>>(what: String) -> E {
     DeviceError::Shape(what).into()
 }
 
-/// A layer's shape and parameter slots, as `Model::new` lays them out.
+/// Replaces gradient `i` (zero until its layer's backward sets it), handing the old buffer back.
+fn set<O: Ops>(ops: &mut O, grads: &mut [O::Mat], i: usize, m: O::Mat) {
+    let old = std::mem::replace(&mut grads[i], m);
+    ops.recycle(old);
+}
+
+/// `set(ops, grads, i, value)` where computing the value borrows `ops` too.
+macro_rules! set_grad {
+    ($ops:expr, $grads:expr, $i:expr, $value:expr) => {{
+        let value = $value;
+        set($ops, $grads, $i, value);
+    }};
+}
+
+/// A layer's shape and parameter slots.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct LayerPlan {
+pub struct LayerPlan {
     index: usize,
     kind: LayerKind,
     heads: usize,
     head_dim: usize,
     concat: bool,
+    d_in: usize,
+    /// `(A H) W` rather than `A (H W)`: the input is no wider than the output (never for GAT).
     aggregate_first: bool,
     w: usize,
     w_root: Option<usize>,
@@ -51,11 +72,20 @@ impl LayerPlan {
     fn hc(&self) -> usize {
         self.heads * self.head_dim
     }
+
+    fn d_out(&self) -> usize {
+        if self.concat {
+            self.hc()
+        } else {
+            self.head_dim
+        }
+    }
 }
 
-/// The layer plans and parameter names of a configuration, in `Model::new`'s order.
-fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<String>) {
-    let mut names = Vec::new();
+/// The layer plans of a configuration and every parameter's (name, rows, cols, Glorot-initialised).
+#[allow(clippy::type_complexity)]
+fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<(String, usize, usize, bool)>) {
+    let mut params = Vec::new();
     let mut layers = Vec::new();
     let mut d_in = cfg.in_dim;
     for index in 0..cfg.layers {
@@ -66,30 +96,113 @@ fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<String>) {
             _ => (1, if last { cfg.out_dim } else { cfg.hidden }, true),
         };
         let hc = heads * head_dim;
-        let mut add = |name: &str| {
-            names.push(format!("layers.{index}.{name}"));
-            names.len() - 1
+        let mut add = |name: &str, rows: usize, cols: usize, glorot: bool| {
+            params.push((format!("layers.{index}.{name}"), rows, cols, glorot));
+            params.len() - 1
         };
-        let w = add("weight");
-        let w_root = (cfg.kind == LayerKind::Sage).then(|| add("root_weight"));
-        let att = (cfg.kind == LayerKind::Gat).then(|| (add("att_src"), add("att_dst")));
-        let bias = add("bias");
+        let w = add("weight", d_in, hc, true);
+        let w_root = (cfg.kind == LayerKind::Sage).then(|| add("root_weight", d_in, hc, true));
+        // PyG's glorot on a (1, heads, head_dim) tensor: bound sqrt(6 / (heads + head_dim))
+        let att = (cfg.kind == LayerKind::Gat).then(|| {
+            (
+                add("att_src", heads, head_dim, true),
+                add("att_dst", heads, head_dim, true),
+            )
+        });
+        let d_out = if concat { hc } else { head_dim };
+        let bias = add("bias", 1, d_out, false);
         layers.push(LayerPlan {
             index,
             kind: cfg.kind,
             heads,
             head_dim,
             concat,
+            d_in,
             aggregate_first: cfg.kind != LayerKind::Gat && d_in <= hc,
             w,
             w_root,
             att,
             bias,
         });
-        d_in = if concat { hc } else { head_dim };
+        d_in = d_out;
     }
-    (layers, names)
+    (layers, params)
 }
+
+/// Glorot-initialised weights and zero biases of `cfg`, seeded, on the host.
+fn initial_params(cfg: &ModelConfig, seed: u64) -> Vec<Param> {
+    let (layers, shapes) = plan(cfg);
+    let layer_of = |i: usize| {
+        layers
+            .iter()
+            .find(|l| i <= l.bias)
+            .expect("every parameter belongs to a layer")
+            .index
+    };
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, rows, cols, glorot))| {
+            let mut m = Matrix::zeros(rows, cols);
+            if glorot {
+                let stream = Stream::new(seed, &[0x1A17, layer_of(i) as u64, i as u64]);
+                let a = (6.0 / (rows + cols) as f32).sqrt();
+                for (k, v) in m.data_mut().iter_mut().enumerate() {
+                    *v = (2.0 * stream.uniform(k as u64) - 1.0) * a;
+                }
+            }
+            Param { name, value: m }
+        })
+        .collect()
+}
+
+fn validate(cfg: &ModelConfig) -> Result<(), DeviceError> {
+    let bad = |m: String| Err(DeviceError::Unsupported(m));
+    if cfg.layers == 0 {
+        return bad("layers must be at least 1".into());
+    }
+    if cfg.in_dim == 0 || cfg.out_dim == 0 || cfg.hidden == 0 {
+        return bad(format!(
+            "in_dim, hidden and out_dim must be positive, got {}, {}, {}",
+            cfg.in_dim, cfg.hidden, cfg.out_dim
+        ));
+    }
+    if cfg.kind == LayerKind::Gat && (cfg.heads == 0 || cfg.out_heads == 0) {
+        return bad("heads and out_heads must be positive".into());
+    }
+    for (name, p) in [
+        ("dropout", cfg.dropout),
+        ("input_dropout", cfg.input_dropout),
+        ("attn_dropout", cfg.attn_dropout),
+    ] {
+        if !(0.0..1.0).contains(&p) {
+            return bad(format!("{name} must be in [0, 1), got {p}"));
+        }
+    }
+    Ok(())
+}
+
+/// One layer's graph as the layer code reads it: `n` destination rows (the owned nodes, a block's
+/// destinations) over `n_src` sources (the owned nodes then the halo, or a block's sources).
+pub struct GraphView<'g, O: Ops> {
+    pub n: usize,
+    pub n_src: usize,
+    pub op: &'g O::Csr,
+    pub nnz: usize,
+    /// Every source row's global node id (dropout keys); `None`: the row is the id.
+    pub gids: Option<&'g O::Idx>,
+    /// A sampled block: every source row is in the layer's input (no exchange of rows).
+    pub complete: bool,
+}
+
+// by hand: derived impls would ask `O: Copy`
+impl<O: Ops> Clone for GraphView<'_, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O: Ops> Copy for GraphView<'_, O> {}
 
 /// The sparse operator of one layer kind, resident on the device: `n` destination rows (the owned nodes)
 /// over `n_src` sources (the owned nodes, then the halo).
@@ -118,12 +231,12 @@ impl<O: Ops> DeviceGraph<O> {
             LayerKind::Sage => Norm::Mean,
             LayerKind::Gat => Norm::SelfLoopsOnly,
         };
-        let op = SparseOp::build(n, n, indptr, indices, norm, None);
+        let op = Arc::new(SparseOp::build(n, n, indptr, indices, norm, None));
         Ok(DeviceGraph {
             n,
             n_src: n,
             nnz: op.nnz(),
-            op: ops.upload_csr(&op)?,
+            op: ops.share_csr(&op)?,
             gids: None,
             complete: false,
         })
@@ -131,13 +244,13 @@ impl<O: Ops> DeviceGraph<O> {
 
     /// A worker's part of the graph as the CPU engine holds it (`LocalGraph` built for `kind`).
     pub fn local(ops: &mut O, g: &LocalGraph, kind: LayerKind) -> Result<DeviceGraph<O>, O::Error> {
-        let op = g.op(kind);
+        let op = g.shared_op(kind);
         let gids = g.global_ids().map(|ids| ops.upload_idx(ids)).transpose()?;
         Ok(DeviceGraph {
             n: g.n_dst(),
             n_src: g.n_src(),
             nnz: op.nnz(),
-            op: ops.upload_csr(op)?,
+            op: ops.share_csr(op)?,
             gids,
             complete: false,
         })
@@ -150,12 +263,23 @@ impl<O: Ops> DeviceGraph<O> {
             ..DeviceGraph::local(ops, g, kind)?
         })
     }
+
+    pub fn view(&self) -> GraphView<'_, O> {
+        GraphView {
+            n: self.n,
+            n_src: self.n_src,
+            op: &self.op,
+            nnz: self.nnz,
+            gids: self.gids.as_ref(),
+            complete: self.complete,
+        }
+    }
 }
 
 /// The graphs a pass runs over: one for every layer, or a sampled block per layer.
-enum Graphs<'g, O: Ops> {
-    Whole(&'g DeviceGraph<O>),
-    Blocks(&'g [DeviceGraph<O>]),
+pub(crate) enum Graphs<'g, O: Ops> {
+    Whole(GraphView<'g, O>),
+    Blocks(&'g [GraphView<'g, O>]),
 }
 
 // by hand: derived impls would ask `O: Copy`
@@ -168,11 +292,15 @@ impl<O: Ops> Clone for Graphs<'_, O> {
 impl<O: Ops> Copy for Graphs<'_, O> {}
 
 impl<'g, O: Ops> Graphs<'g, O> {
-    fn layer(self, l: usize) -> &'g DeviceGraph<O> {
+    fn layer(self, l: usize) -> GraphView<'g, O> {
         match self {
             Graphs::Whole(g) => g,
-            Graphs::Blocks(b) => &b[l],
+            Graphs::Blocks(b) => b[l],
         }
+    }
+
+    fn whole(self) -> bool {
+        matches!(self, Graphs::Whole(_))
     }
 
     /// Rows of layer `l`'s input: the owned rows, or every source of the block.
@@ -184,99 +312,56 @@ impl<'g, O: Ops> Graphs<'g, O> {
     }
 }
 
-fn exchange_error<E: From<DeviceError>>(e: ExchangeError) -> E {
-    DeviceError::Exchange(e).into()
-}
-
-/// The halo rows of `layer`'s messages from the peers (`None`: no halo), given the owned rows on the device.
-fn exchange_forward<O: Ops>(
-    ops: &mut O,
-    ex: &mut dyn Exchange,
-    g: &DeviceGraph<O>,
-    layer: usize,
-    own: &O::Mat,
-) -> Result<Option<O::Mat>, O::Error> {
-    if ex.is_local() || g.complete {
-        return Ok(None);
-    }
-    let host = ops.download(own)?;
-    let Some(halo) = ex.forward(layer, &host).map_err(exchange_error)? else {
-        return Ok(None);
-    };
-    if halo.shape() != (g.n_src - g.n, host.cols()) {
-        return Err(shape_error(format!(
-            "the exchange returned {}x{} halo rows, the partition has {} halo sources {} wide",
-            halo.rows(),
-            halo.cols(),
-            g.n_src - g.n,
-            host.cols()
+/// Checks that consecutive blocks chain (block `l + 1`'s sources are block `l`'s destinations).
+pub(crate) fn check_blocks<O: Ops>(
+    blocks: &[GraphView<'_, O>],
+    layers: usize,
+) -> Result<(), DeviceError> {
+    if blocks.len() != layers {
+        return Err(DeviceError::Shape(format!(
+            "{} blocks for a model of {layers} layers",
+            blocks.len()
         )));
     }
-    Ok(Some(ops.upload(&halo)?))
+    for (l, pair) in blocks.windows(2).enumerate() {
+        if pair[1].n_src != pair[0].n {
+            return Err(DeviceError::Shape(format!(
+                "block {} has {} sources but block {l} has {} destinations",
+                l + 1,
+                pair[1].n_src,
+                pair[0].n
+            )));
+        }
+    }
+    Ok(())
 }
 
-/// The owned rows' gradient from the gradient over every source (`n_src` rows): the halo rows' part goes to
-/// their owners, and what peers computed for our rows is added.
-fn exchange_backward<O: Ops>(
-    ops: &mut O,
-    ex: &mut dyn Exchange,
-    g: &DeviceGraph<O>,
-    layer: usize,
-    ext: O::Mat,
-) -> Result<O::Mat, O::Error> {
-    let (rows, cols) = ops.dims(&ext);
-    if g.complete || (ex.is_local() && rows == g.n) {
-        return Ok(ext);
-    }
-    let n = g.n;
-    let rows_of = |m, offset, rows| View {
-        m,
-        offset,
-        rows,
-        cols,
-        ld: cols,
-        trans: false,
-    };
-    let mut own = ops.alloc(n, cols)?;
-    ops.copy2d(rows_of(&ext, 0, n), &mut own, 0, cols)?;
-    let halo = if rows > n {
-        let mut h = ops.alloc(rows - n, cols)?;
-        ops.copy2d(rows_of(&ext, n * cols, rows - n), &mut h, 0, cols)?;
-        let host = ops.download(&h)?;
-        ops.recycle(h);
-        host
-    } else {
-        Matrix::zeros(0, cols)
-    };
-    ops.recycle(ext);
-    if ex.is_local() {
-        return Ok(own);
-    }
-    let mut from_peers = Matrix::zeros(n, cols);
-    ex.backward(layer, halo, &mut from_peers)
-        .map_err(exchange_error)?;
-    let up = ops.upload(&from_peers)?;
-    ops.add_assign(&mut own, &up)?;
-    ops.recycle(up);
-    Ok(own)
-}
-
-/// What backward needs from a layer's forward.
+/// What backward needs from a layer's forward, besides the layer's input.
 enum Cache<M> {
     /// `A H` (None: the model's cached `A X`).
     Aggregated(Option<M>),
     Transformed,
+    /// The first layer's product came from outside (P3: summed over the workers' column slices).
+    External,
     Gat {
         m_own: M,
         m_halo: Option<M>,
         s_dst: M,
         alpha: M,
     },
+    /// GAT with rematerialised halo rows (SAR): the owned messages and what the device kept.
+    GatRemat {
+        m_own: M,
+        s_dst: M,
+        st: GatRemat<M>,
+    },
 }
 
 enum Input<'x, M> {
     Borrowed(&'x M),
     Owned(M),
+    /// P3: the first layer's input stayed with its column slices.
+    Absent,
 }
 
 impl<M> Input<'_, M> {
@@ -284,8 +369,15 @@ impl<M> Input<'_, M> {
         match self {
             Input::Borrowed(m) => m,
             Input::Owned(m) => m,
+            Input::Absent => unreachable!("P3's first layer is never run here"),
         }
     }
+}
+
+/// A layer's input gradient: dense, or as `sum_t A_t W_t^T` (parameter `t`'s weight).
+enum Dx<M> {
+    Dense(M),
+    Factored(Vec<(M, usize)>),
 }
 
 /// A layer's output and what its backward needs.
@@ -293,6 +385,7 @@ type LayerOut<O> = (<O as Ops>::Mat, Cache<<O as Ops>::Mat>);
 
 /// Activations kept between forward and backward.
 pub struct DeviceForward<'x, O: Ops> {
+    /// The input of each layer (after activation and dropout of the previous one).
     inputs: Vec<Input<'x, O::Mat>>,
     caches: Vec<Cache<O::Mat>>,
     pub logits: O::Mat,
@@ -311,9 +404,9 @@ pub struct DeviceModel<O: Ops> {
     cfg: ModelConfig,
     seed: u64,
     layers: Vec<LayerPlan>,
-    names: Vec<String>,
-    pub params: Vec<O::Mat>,
+    pub params: Vec<Param<O::Mat>>,
     adam: Option<AdamState<O::Mat>>,
+    /// `A X` of the first layer when it is constant across epochs.
     input_agg: Option<O::Mat>,
 }
 
@@ -340,54 +433,98 @@ impl AdamConfig {
 }
 
 impl<O: Ops> DeviceModel<O> {
-    /// Copies a CPU model's configuration and current parameters to the device.
-    pub fn from_model(ops: &mut O, model: &Model) -> Result<DeviceModel<O>, O::Error> {
-        let cfg = model.config().clone();
-        let (layers, names) = plan(&cfg);
-        let cpu_names: Vec<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
-        if cpu_names != names.iter().map(String::as_str).collect::<Vec<_>>() {
+    /// A model of `cfg` with Glorot-initialised weights and zero biases, seeded, on the device.
+    pub fn init(ops: &mut O, cfg: &ModelConfig, seed: u64) -> Result<DeviceModel<O>, O::Error> {
+        validate(cfg)?;
+        DeviceModel::from_params(ops, cfg, seed, initial_params(cfg, seed))
+    }
+
+    /// A model of `cfg` with the given host parameters (laid out as [`DeviceModel::init`] makes them).
+    pub fn from_params(
+        ops: &mut O,
+        cfg: &ModelConfig,
+        seed: u64,
+        params: Vec<Param>,
+    ) -> Result<DeviceModel<O>, O::Error> {
+        let (layers, shapes) = plan(cfg);
+        let ok = params.len() == shapes.len()
+            && params
+                .iter()
+                .zip(&shapes)
+                .all(|(p, (name, r, c, _))| &p.name == name && p.value.shape() == (*r, *c));
+        if !ok {
+            let got: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+            let want: Vec<&str> = shapes.iter().map(|s| s.0.as_str()).collect();
             return Err(shape_error(format!(
-                "the engine's parameters {cpu_names:?} are not laid out as expected ({names:?})"
+                "the parameters {got:?} are not laid out as the configuration's ({want:?})"
             )));
         }
-        let params = model
-            .params
-            .iter()
-            .map(|p| ops.upload(&p.value))
-            .collect::<Result<Vec<_>, _>>()?;
+        let params = params
+            .into_iter()
+            .map(|p| {
+                Ok(Param {
+                    name: p.name,
+                    value: ops.upload_owned(p.value)?,
+                })
+            })
+            .collect::<Result<Vec<_>, O::Error>>()?;
         Ok(DeviceModel {
-            cfg,
-            seed: model.seed(),
+            cfg: cfg.clone(),
+            seed,
             layers,
-            names,
             params,
             adam: None,
             input_agg: None,
         })
     }
 
+    /// Copies a CPU model's configuration and current parameters to the device.
+    pub fn from_model(ops: &mut O, model: &Model) -> Result<DeviceModel<O>, O::Error> {
+        DeviceModel::from_params(ops, model.config(), model.seed(), model.params.clone())
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
+    /// The seed of the initial weights and of every dropout mask.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Parameter names, in the engine's order.
-    pub fn names(&self) -> &[String] {
-        &self.names
+    pub fn names(&self) -> Vec<&str> {
+        self.params.iter().map(|p| p.name.as_str()).collect()
     }
 
     /// Copies the parameters back into a CPU model of the same configuration.
     pub fn download_into(&self, ops: &mut O, model: &mut Model) -> Result<(), O::Error> {
         for (p, d) in model.params.iter_mut().zip(&self.params) {
-            p.value = ops.download(d)?;
+            p.value = ops.download(&d.value)?;
         }
         Ok(())
     }
 
-    /// Forgets the cached `A X` (call when the graph or the features change), as `Model::clear_cache`.
-    pub fn clear_cache(&mut self, ops: &mut O) {
-        if let Some(m) = self.input_agg.take() {
-            ops.recycle(m);
-        }
+    /// Forgets the cached `A X` (call when the graph or the features change).
+    pub fn clear_cache(&mut self) {
+        self.input_agg = None;
+    }
+
+    /// Whether later passes read the input features: false once the first layer's `A X` is cached for
+    /// training and evaluation alike and nothing else reads `X` (no root weight, no input dropout), so a
+    /// caller may free the features and pass an empty matrix from then on.
+    pub fn needs_input(&self) -> bool {
+        let l = &self.layers[0];
+        !(self.input_agg.is_some()
+            && l.aggregate_first
+            && l.w_root.is_none()
+            && self.cfg.input_dropout == 0.0)
+    }
+
+    /// Indices of the first layer's weights (the parameters P3 splits by rows).
+    pub fn first_layer_weights(&self) -> Vec<usize> {
+        let l = &self.layers[0];
+        std::iter::once(l.w).chain(l.w_root).collect()
     }
 
     fn first_aggregation_is_constant(&self, pass: Pass) -> bool {
@@ -398,18 +535,8 @@ impl<O: Ops> DeviceModel<O> {
         stream_key(self.seed, &[0xD0, epoch, layer])
     }
 
-    /// Forward over the whole graph; `x` is `n x in_dim`.
-    pub fn forward<'x>(
-        &mut self,
-        ops: &mut O,
-        g: &DeviceGraph<O>,
-        x: &'x O::Mat,
-        pass: Pass,
-    ) -> Result<DeviceForward<'x, O>, O::Error> {
-        self.forward_ex(ops, g, x, pass, &mut LocalExchange)
-    }
-
-    /// Forward over a worker's part: `x` holds the owned rows; halo rows come through `ex`.
+    /// Forward over a worker's part (or the whole graph with a [`LocalExchange`]): `x` holds the owned rows;
+    /// halo rows come through `ex`.
     pub fn forward_ex<'x>(
         &mut self,
         ops: &mut O,
@@ -418,29 +545,26 @@ impl<O: Ops> DeviceModel<O> {
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<DeviceForward<'x, O>, O::Error> {
-        self.forward_graphs(ops, Graphs::Whole(g), x, pass, ex)
+        self.forward_in(ops, Graphs::Whole(g.view()), x, pass, ex)
     }
 
-    /// Forward over sampled blocks (`Model::forward_blocks`): `x` holds block 0's source rows; the logits
-    /// are the last block's destinations.
-    pub fn forward_blocks<'x>(
+    /// Forward over sampled blocks: `x` holds block 0's source rows; the logits are the last block's
+    /// destinations.
+    pub fn forward_device_blocks<'x>(
         &mut self,
         ops: &mut O,
         blocks: &[DeviceGraph<O>],
         x: &'x O::Mat,
         pass: Pass,
     ) -> Result<DeviceForward<'x, O>, O::Error> {
-        if blocks.len() != self.layers.len() {
-            return Err(shape_error(format!(
-                "{} blocks for {} layers",
-                blocks.len(),
-                self.layers.len()
-            )));
-        }
-        self.forward_graphs(ops, Graphs::Blocks(blocks), x, pass, &mut LocalExchange)
+        let views: Vec<_> = blocks.iter().map(DeviceGraph::view).collect();
+        check_blocks(&views, self.layers.len())?;
+        self.forward_in(ops, Graphs::Blocks(&views), x, pass, &mut LocalExchange)
     }
 
-    fn forward_graphs<'x>(
+    /// Forward over `gs`; `x` is layer 0's input (an empty matrix once [`DeviceModel::needs_input`] says
+    /// nothing reads it).
+    pub(crate) fn forward_in<'x>(
         &mut self,
         ops: &mut O,
         gs: Graphs<'_, O>,
@@ -449,25 +573,17 @@ impl<O: Ops> DeviceModel<O> {
         ex: &mut dyn Exchange,
     ) -> Result<DeviceForward<'x, O>, O::Error> {
         let (rows, cols) = ops.dims(x);
-        if (rows, cols) != (gs.input_rows(0), self.cfg.in_dim) {
+        let want = (gs.input_rows(0), self.cfg.in_dim);
+        // freed features are an empty matrix once the model no longer reads them
+        let released = (rows, cols) == (0, 0) && gs.whole() && !self.needs_input();
+        if (rows, cols) != want && !released {
             return Err(shape_error(format!(
                 "input features are {rows}x{cols}, the model expects {}x{}",
-                gs.input_rows(0),
-                self.cfg.in_dim
+                want.0, want.1
             )));
         }
+        self.cache_input_aggregation_in(ops, gs, x, pass, ex)?;
         let g = gs.layer(0);
-        ex.begin_pass(pass);
-        let whole = matches!(gs, Graphs::Whole(_));
-        if whole && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
-            let halo = exchange_forward(ops, ex, g, 0, x)?;
-            let mut agg = ops.alloc(g.n, cols)?;
-            ops.spmm(&g.op, x, halo.as_ref(), &mut agg)?;
-            if let Some(h) = halo {
-                ops.recycle(h);
-            }
-            self.input_agg = Some(agg);
-        }
         let input = match pass {
             Pass::Train { epoch } if self.cfg.input_dropout > 0.0 => {
                 let mut xd = ops.duplicate(x)?;
@@ -475,19 +591,85 @@ impl<O: Ops> DeviceModel<O> {
                     key: self.dropout_key(epoch, 0),
                     p: self.cfg.input_dropout,
                 };
-                ops.dropout(&mut xd, g.gids.as_ref(), 0, 0, cols, d)?;
+                ops.dropout(&mut xd, g.gids, 0, 0, cols, d)?;
                 Input::Owned(xd)
             }
             _ => Input::Borrowed(x),
         };
-        let mut inputs = vec![input];
-        let mut caches = Vec::with_capacity(self.layers.len());
-        for li in 0..self.layers.len() {
-            let l = self.layers[li].clone();
+        let caches = Vec::with_capacity(self.layers.len());
+        self.run_layers(ops, gs, vec![input], caches, None, pass, ex)
+    }
+
+    /// Starts `pass` on `ex` and computes the first layer's `A X` when it is constant across epochs and not
+    /// cached yet (what a forward pass does first), so a caller can free the features before the pass when
+    /// [`DeviceModel::needs_input`] says nothing reads them any more.
+    pub(crate) fn cache_input_aggregation_in(
+        &mut self,
+        ops: &mut O,
+        gs: Graphs<'_, O>,
+        x: &O::Mat,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<(), O::Error> {
+        ex.begin_pass(pass);
+        if gs.whole() && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
+            self.input_agg = Some(ops.aggregate(gs.layer(0), 0, x, ex)?);
+        }
+        Ok(())
+    }
+
+    /// P3: the first layer's output is `z0 + bias` (`z0` summed over the column slices of
+    /// [`DeviceModel::first_layer_partial_in`]); the remaining layers run as usual.
+    pub(crate) fn forward_after_first_in(
+        &mut self,
+        ops: &mut O,
+        gs: Graphs<'_, O>,
+        mut z0: O::Mat,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<DeviceForward<'static, O>, O::Error> {
+        let l = &self.layers[0];
+        let g = gs.layer(0);
+        let (r, c) = ops.dims(&z0);
+        if (r, c) != (g.n, l.d_out()) {
+            return Err(shape_error(format!(
+                "the first layer's product is {r}x{c}, expected {}x{}",
+                g.n,
+                l.d_out()
+            )));
+        }
+        ex.begin_pass(pass);
+        ops.bias_add(&mut z0, &self.params[l.bias].value)?;
+        let inputs = vec![Input::Absent];
+        self.run_layers(ops, gs, inputs, vec![Cache::External], Some(z0), pass, ex)
+    }
+
+    /// Runs layers `inputs.len() - 1..`: each entry of `inputs` is a layer's input; `done` is the output of
+    /// the last of them when it is already computed (P3's first layer).
+    #[allow(clippy::too_many_arguments)]
+    fn run_layers<'x>(
+        &mut self,
+        ops: &mut O,
+        gs: Graphs<'_, O>,
+        mut inputs: Vec<Input<'x, O::Mat>>,
+        mut caches: Vec<Cache<O::Mat>>,
+        mut done: Option<O::Mat>,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<DeviceForward<'x, O>, O::Error> {
+        loop {
+            let li = inputs.len() - 1;
             let g = gs.layer(li);
-            let (mut out, cache) =
-                self.layer_forward(ops, &l, g, inputs[li].get(), pass, whole, ex)?;
-            caches.push(cache);
+            let mut out = match done.take() {
+                Some(out) => out,
+                None => {
+                    let l = self.layers[li].clone();
+                    let (out, cache) =
+                        self.layer_forward(ops, &l, g, inputs[li].get(), pass, gs.whole(), ex)?;
+                    caches.push(cache);
+                    out
+                }
+            };
             if li + 1 == self.layers.len() {
                 return Ok(DeviceForward {
                     inputs,
@@ -505,19 +687,20 @@ impl<O: Ops> DeviceModel<O> {
                     key: self.dropout_key(epoch, li as u64 + 1),
                     p: self.cfg.dropout,
                 };
-                ops.dropout(&mut out, g.gids.as_ref(), 0, 0, cols, d)?;
+                ops.dropout(&mut out, g.gids, 0, 0, cols, d)?;
             }
             inputs.push(Input::Owned(out));
         }
-        unreachable!("a model has at least one layer")
     }
 
+    /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, on a
+    /// block, every source row.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         ops: &mut O,
         l: &LayerPlan,
-        g: &DeviceGraph<O>,
+        g: GraphView<'_, O>,
         h: &O::Mat,
         pass: Pass,
         whole: bool,
@@ -528,20 +711,14 @@ impl<O: Ops> DeviceModel<O> {
         }
         // `n` destinations; the input has `n_in` rows (more than `n` on a block: every source)
         let n = g.n;
-        let (n_in, d_in) = ops.dims(h);
-        let hc = l.hc();
-        let w = &self.params[l.w];
+        let (d_in, hc) = (l.d_in, l.hc());
+        let w = &self.params[l.w].value;
+        let root = l.w_root.map(|r| &self.params[r].value);
         let (mut out, cache) = if l.aggregate_first {
             let agg = if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
             } else {
-                let halo = exchange_forward(ops, ex, g, l.index, h)?;
-                let mut a = ops.alloc(n, d_in)?;
-                ops.spmm(&g.op, h, halo.as_ref(), &mut a)?;
-                if let Some(h) = halo {
-                    ops.recycle(h);
-                }
-                Some(a)
+                Some(ops.aggregate(g, l.index, h, ex)?)
             };
             let a = match &agg {
                 Some(a) => a,
@@ -557,8 +734,25 @@ impl<O: Ops> DeviceModel<O> {
                 0.0,
                 &mut out,
             )?;
+            if let Some(wr) = root {
+                ops.gemm(
+                    View::full(h, n, d_in),
+                    View::full(wr, d_in, hc),
+                    1.0,
+                    &mut out,
+                )?;
+            }
             (out, Cache::Aggregated(agg))
+        } else if let (Some(wr), false) = (root, g.complete) {
+            // one product `H [W | W_root]` reads H once instead of twice
+            let (m, r) = ops.linear_pair(h, w, wr)?;
+            let mut out = ops.aggregate(g, l.index, &m, ex)?;
+            ops.recycle(m);
+            ops.add_assign(&mut out, &r)?;
+            ops.recycle(r);
+            (out, Cache::Transformed)
         } else {
+            let n_in = ops.dims(h).0;
             let mut m = ops.alloc(n_in, hc)?;
             ops.gemm(
                 View::full(h, n_in, d_in),
@@ -566,25 +760,20 @@ impl<O: Ops> DeviceModel<O> {
                 0.0,
                 &mut m,
             )?;
-            let halo = exchange_forward(ops, ex, g, l.index, &m)?;
-            let mut out = ops.alloc(n, hc)?;
-            ops.spmm(&g.op, &m, halo.as_ref(), &mut out)?;
+            let mut out = ops.aggregate(g, l.index, &m, ex)?;
             ops.recycle(m);
-            if let Some(h) = halo {
-                ops.recycle(h);
+            if let Some(wr) = root {
+                // the root weight reads the destinations' rows of the input (a prefix of it on a block)
+                ops.gemm(
+                    View::full(h, n, d_in),
+                    View::full(wr, d_in, hc),
+                    1.0,
+                    &mut out,
+                )?;
             }
             (out, Cache::Transformed)
         };
-        if let Some(r) = l.w_root {
-            let wr = &self.params[r];
-            ops.gemm(
-                View::full(h, n, d_in),
-                View::full(wr, d_in, hc),
-                1.0,
-                &mut out,
-            )?;
-        }
-        ops.bias_add(&mut out, &self.params[l.bias])?;
+        ops.bias_add(&mut out, &self.params[l.bias].value)?;
         Ok((out, cache))
     }
 
@@ -611,73 +800,68 @@ impl<O: Ops> DeviceModel<O> {
         &self,
         ops: &mut O,
         l: &LayerPlan,
-        g: &DeviceGraph<O>,
+        g: GraphView<'_, O>,
         h: &O::Mat,
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<LayerOut<O>, O::Error> {
         let (heads, hc) = (l.heads, l.hc());
         let (ia, id) = l.att.expect("GAT layer has attention vectors");
-        let (n, d_in) = ops.dims(h);
+        let (n_in, d_in) = ops.dims(h);
         let shape = self.gat_shape(l);
-        let mut z = ops.alloc(n, hc)?;
+        // messages: [Z | s_src] for the input rows, and s_dst
+        let mut z = ops.alloc(n_in, hc)?;
         ops.gemm(
-            View::full(h, n, d_in),
-            View::full(&self.params[l.w], d_in, hc),
+            View::full(h, n_in, d_in),
+            View::full(&self.params[l.w].value, d_in, hc),
             0.0,
             &mut z,
         )?;
-        let mut m_own = ops.alloc(n, hc + heads)?;
-        let mut s_dst = ops.alloc(n, heads)?;
+        let mut m_own = ops.alloc(n_in, hc + heads)?;
+        let mut s_dst = ops.alloc(n_in, heads)?;
         ops.gat_messages(
             &z,
-            &self.params[ia],
-            &self.params[id],
+            &self.params[ia].value,
+            &self.params[id].value,
             shape,
             &mut m_own,
             &mut s_dst,
         )?;
         ops.recycle(z);
-        let m_halo = exchange_forward(ops, ex, g, l.index, &m_own)?;
-        let d_out = if l.concat { hc } else { l.head_dim };
-        let mut alpha = ops.alloc(g.nnz, heads)?;
-        let mut out = ops.alloc(g.n, d_out)?;
-        ops.gat_forward(
-            &g.op,
-            &m_own,
-            m_halo.as_ref(),
-            &s_dst,
-            g.gids.as_ref(),
-            self.attn_dropout(l, pass),
-            shape,
-            &mut alpha,
-            &mut out,
-        )?;
-        ops.bias_add(&mut out, &self.params[l.bias])?;
-        Ok((
-            out,
+        let drop = self.attn_dropout(l, pass);
+        let mut out = ops.alloc(g.n, l.d_out())?;
+        let cache = if !g.complete && ex.rematerializes() {
+            let st =
+                ops.gat_forward_remat(g, l.index, &m_own, &s_dst, drop, shape, ex, &mut out)?;
+            Cache::GatRemat { m_own, s_dst, st }
+        } else {
+            let m_halo = ops.halo_rows(g, l.index, &m_own, ex)?;
+            let mut alpha = ops.alloc(g.nnz, heads)?;
+            ops.gat_forward(
+                g.op,
+                &m_own,
+                m_halo.as_ref(),
+                &s_dst,
+                g.gids,
+                drop,
+                shape,
+                &mut alpha,
+                &mut out,
+            )?;
             Cache::Gat {
                 m_own,
                 m_halo,
                 s_dst,
                 alpha,
-            },
-        ))
+            }
+        };
+        ops.bias_add(&mut out, &self.params[l.bias].value)?;
+        Ok((out, cache))
     }
 
-    /// Parameter gradients from the gradient of the mean loss with respect to the logits.
-    pub fn backward(
-        &self,
-        ops: &mut O,
-        g: &DeviceGraph<O>,
-        fwd: DeviceForward<'_, O>,
-        d_logits: O::Mat,
-    ) -> Result<Vec<O::Mat>, O::Error> {
-        self.backward_ex(ops, g, fwd, d_logits, &mut LocalExchange)
-    }
-
-    /// [`DeviceModel::backward`] of a worker's part: halo gradients go to their owners through `ex`, and the
-    /// parameter gradients are all-reduced through it.
+    /// Parameter gradients of a worker's part (or the whole graph with a [`LocalExchange`]) from the
+    /// gradient of the mean loss with respect to the logits: halo gradients go to their owners through
+    /// `ex`, and the parameter gradients are all-reduced through it.
     pub fn backward_ex(
         &self,
         ops: &mut O,
@@ -686,12 +870,12 @@ impl<O: Ops> DeviceModel<O> {
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<O::Mat>, O::Error> {
-        self.backward_graphs(ops, Graphs::Whole(g), fwd, d_logits, ex)
+        self.backward_in(ops, Graphs::Whole(g.view()), fwd, d_logits, ex, None)
     }
 
-    /// Backward of [`DeviceModel::forward_blocks`]; the parameter gradients are all-reduced through `ex`
-    /// (data parallelism: every worker trained its share of the batch).
-    pub fn backward_blocks(
+    /// Backward of [`DeviceModel::forward_device_blocks`]; the parameter gradients are all-reduced through
+    /// `ex` (data parallelism: every worker trained its share of the batch).
+    pub fn backward_device_blocks(
         &self,
         ops: &mut O,
         blocks: &[DeviceGraph<O>],
@@ -699,108 +883,190 @@ impl<O: Ops> DeviceModel<O> {
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<O::Mat>, O::Error> {
-        self.backward_graphs(ops, Graphs::Blocks(blocks), fwd, d_logits, ex)
+        let views: Vec<_> = blocks.iter().map(DeviceGraph::view).collect();
+        self.backward_in(ops, Graphs::Blocks(&views), fwd, d_logits, ex, None)
     }
 
     /// Zero gradients of every parameter, all-reduced through `ex` (a worker with no seeds in a step).
-    pub fn zero_grads(&self, ops: &mut O, ex: &mut dyn Exchange) -> Result<Vec<O::Mat>, O::Error> {
-        let grads = self
-            .params
-            .iter()
-            .map(|p| {
-                let (r, c) = ops.dims(p);
-                ops.zeros(r, c)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.all_reduce(ops, grads, ex)
-    }
-
-    fn all_reduce(
+    pub fn zero_grads_reduced(
         &self,
         ops: &mut O,
-        mut grads: Vec<O::Mat>,
         ex: &mut dyn Exchange,
     ) -> Result<Vec<O::Mat>, O::Error> {
-        if !ex.is_local() {
-            let mut host = download_all(ops, &grads)?;
-            ex.all_reduce(&mut host).map_err(exchange_error)?;
-            for (d, h) in grads.iter_mut().zip(&host) {
-                let up = ops.upload(h)?;
-                ops.recycle(std::mem::replace(d, up));
-            }
-        }
+        let mut grads = self.zero_grads_on(ops)?;
+        ops.all_reduce(&mut grads, ex)?;
         Ok(grads)
     }
 
-    fn backward_graphs(
+    fn zero_grads_on(&self, ops: &mut O) -> Result<Vec<O::Mat>, O::Error> {
+        self.params
+            .iter()
+            .map(|p| {
+                let (r, c) = ops.dims(&p.value);
+                ops.zeros(r, c)
+            })
+            .collect()
+    }
+
+    /// Backward from the gradient of the mean loss with respect to the logits. With `first_grad`, the first
+    /// layer's product came from outside (P3): its output gradient is stored there, the first layer's
+    /// weights get zero gradients, and nothing is all-reduced (the caller owns both).
+    pub(crate) fn backward_in(
         &self,
         ops: &mut O,
         gs: Graphs<'_, O>,
         fwd: DeviceForward<'_, O>,
         d_logits: O::Mat,
         ex: &mut dyn Exchange,
+        mut first_grad: Option<&mut Option<O::Mat>>,
     ) -> Result<Vec<O::Mat>, O::Error> {
         let DeviceForward {
-            inputs,
+            mut inputs,
             mut caches,
             pass,
             logits,
         } = fwd;
+        // zero gradients before the logits go, as every layer's replace theirs: the small buffers then do not
+        // split the logits' freed block, which the next n-row buffer reuses
+        let mut grads = self.zero_grads_on(ops)?;
+        // the loss has read the logits; backward needs only their gradient
         ops.recycle(logits);
-        let mut grads: Vec<Option<O::Mat>> = (0..self.params.len()).map(|_| None).collect();
         let epoch = match pass {
             Pass::Train { epoch } => epoch,
             Pass::Eval => 0,
         };
-        let dropout = matches!(pass, Pass::Train { .. })
+        let p_drop = matches!(pass, Pass::Train { .. })
             .then_some(self.cfg.dropout)
             .filter(|&p| p > 0.0);
+        let dropout = |li: usize| {
+            p_drop.map(|p| Dropout {
+                key: self.dropout_key(epoch, li as u64),
+                p,
+            })
+        };
+        // The first layer never needs its input's gradient. When it aggregated its input, its weight gradients
+        // are row-block sums, so the second layer's input gradient (as wide as the hidden layer) can be formed
+        // block by block and consumed at once instead of held whole.
+        let fuse_first = gs.whole()
+            && first_grad.is_none()
+            && self.layers[0].aggregate_first
+            && self.layers.len() > 1;
         let mut d_out = d_logits;
-        let mut inputs = inputs;
         while let Some(cache) = caches.pop() {
             let li = caches.len();
             let l = &self.layers[li];
             let h = inputs.pop().expect("one input per layer");
+            if let Cache::External = cache {
+                ops.col_sums(&d_out, &mut grads[l.bias])?;
+                if let Some(slot) = first_grad.as_mut() {
+                    **slot = Some(d_out);
+                }
+                return Ok(grads);
+            }
             let g = gs.layer(li);
+            let fuse = li == 1 && fuse_first;
             let dx = self.layer_backward(
                 ops,
                 l,
                 g,
                 h.get(),
                 cache,
-                &d_out,
+                d_out,
                 li > 0,
+                fuse,
                 pass,
                 &mut grads,
                 ex,
             )?;
-            ops.recycle(d_out);
-            let y = match h {
-                Input::Owned(m) if li > 0 => m,
-                Input::Owned(m) => {
+            let Some(dx) = dx else {
+                if let Input::Owned(m) = h {
                     ops.recycle(m);
+                }
+                break;
+            };
+            let y = match h {
+                Input::Owned(m) => m,
+                _ => unreachable!("a hidden layer's input is the previous layer's output"),
+            };
+            match dx {
+                Dx::Factored(terms) => {
+                    let Some(Cache::Aggregated(agg)) = caches.pop() else {
+                        unreachable!("fused only after an aggregate-first layer 0")
+                    };
+                    let l0 = &self.layers[0];
+                    let x = inputs.pop().expect("layer 0's input");
+                    let a = agg
+                        .as_ref()
+                        .or(self.input_agg.as_ref())
+                        .expect("aggregation cached in forward");
+                    let refs: Vec<(&O::Mat, &O::Mat)> = terms
+                        .iter()
+                        .map(|(a, w)| (a, &self.params[*w].value))
+                        .collect();
+                    let first = ops.fused_first_backward(
+                        a,
+                        l0.w_root.map(|_| x.get()),
+                        &y,
+                        &refs,
+                        g.gids,
+                        self.cfg.activation,
+                        dropout(li),
+                    )?;
+                    set(ops, &mut grads, l0.w, first.w);
+                    if let (Some(r), Some(gr)) = (l0.w_root, first.w_root) {
+                        set(ops, &mut grads, r, gr);
+                    }
+                    set(ops, &mut grads, l0.bias, first.bias);
+                    drop(refs);
+                    for (m, _) in terms {
+                        ops.recycle(m);
+                    }
+                    if let Some(a) = agg {
+                        ops.recycle(a);
+                    }
+                    ops.recycle(y);
+                    if let Input::Owned(m) = x {
+                        ops.recycle(m);
+                    }
                     break;
                 }
-                Input::Borrowed(_) => break,
-            };
-            // the layer's input is the previous layer's output: `y` of the activation's backward
-            let mut dx = dx.expect("hidden layers return their input gradient");
-            let d = dropout.map(|p| Dropout {
-                key: self.dropout_key(epoch, li as u64),
-                p,
-            });
-            ops.activation_backward(&mut dx, &y, g.gids.as_ref(), 0, self.cfg.activation, d)?;
-            ops.recycle(y);
-            d_out = dx;
+                Dx::Dense(mut dx) => {
+                    // through the previous layer's activation and dropout; `y` is their output
+                    ops.activation_backward(
+                        &mut dx,
+                        &y,
+                        g.gids,
+                        0,
+                        self.cfg.activation,
+                        dropout(li),
+                    )?;
+                    ops.recycle(y);
+                    d_out = dx;
+                }
+            }
         }
-        let grads = grads
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| {
-                g.ok_or_else(|| shape_error(format!("no gradient for {}", self.names[i])))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.all_reduce(ops, grads, ex)
+        ops.all_reduce(&mut grads, ex)?;
+        Ok(grads)
+    }
+
+    /// `C = op(A) op(B)` into a new matrix.
+    fn product(ops: &mut O, a: View<'_, O::Mat>, b: View<'_, O::Mat>) -> Result<O::Mat, O::Error> {
+        let (m, n) = (a.op_shape().0, b.op_shape().1);
+        let mut c = ops.alloc(m, n)?;
+        ops.gemm(a, b, 0.0, &mut c)?;
+        Ok(c)
+    }
+
+    /// `H^T X` over the first `rows` rows of both: a weight's gradient.
+    fn at_b(ops: &mut O, h: &O::Mat, x: &O::Mat, rows: usize) -> Result<O::Mat, O::Error> {
+        let (hc, xc) = (ops.dims(h).1, ops.dims(x).1);
+        Self::product(ops, View::full(h, rows, hc).t(), View::full(x, rows, xc))
+    }
+
+    /// `D W^T`: an input's gradient through a weight.
+    fn a_bt(ops: &mut O, d: &O::Mat, w: &O::Mat) -> Result<O::Mat, O::Error> {
+        let ((dr, dc), (wr, wc)) = (ops.dims(d), ops.dims(w));
+        Self::product(ops, View::full(d, dr, dc), View::full(w, wr, wc).t())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -808,123 +1074,132 @@ impl<O: Ops> DeviceModel<O> {
         &self,
         ops: &mut O,
         l: &LayerPlan,
-        g: &DeviceGraph<O>,
+        g: GraphView<'_, O>,
         h: &O::Mat,
         cache: Cache<O::Mat>,
-        d_out: &O::Mat,
+        d_out: O::Mat,
         need_dx: bool,
+        factored_ok: bool,
         pass: Pass,
-        grads: &mut [Option<O::Mat>],
+        grads: &mut [O::Mat],
         ex: &mut dyn Exchange,
-    ) -> Result<Option<O::Mat>, O::Error> {
+    ) -> Result<Option<Dx<O::Mat>>, O::Error> {
+        ops.col_sums(&d_out, &mut grads[l.bias])?;
+        let cache = match cache {
+            Cache::Gat {
+                m_own,
+                m_halo,
+                s_dst,
+                alpha,
+            } => {
+                let dx = self.gat_backward(
+                    ops, l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
+                )?;
+                return Ok(dx.map(Dx::Dense));
+            }
+            Cache::GatRemat { m_own, s_dst, st } => {
+                let shape = self.gat_shape(l);
+                let drop = self.attn_dropout(l, pass);
+                let (dm, ds_dst) = ops
+                    .gat_backward_remat(g, l.index, &m_own, &s_dst, st, &d_out, drop, shape, ex)?;
+                ops.recycle(d_out);
+                ops.recycle(s_dst);
+                let dx = self.gat_backward_tail(ops, l, g, h, m_own, dm, ds_dst, need_dx, grads)?;
+                return Ok(dx.map(Dx::Dense));
+            }
+            Cache::External => unreachable!("handled by the caller"),
+            c => c,
+        };
         // `n` destinations (d_out's rows); the input has `n_in` rows (every source on a block)
         let n = g.n;
-        let (n_in, d_in) = ops.dims(h);
-        let d_o = ops.dims(d_out).1;
-        let mut gb = ops.alloc(1, d_o)?;
-        ops.col_sums(d_out, &mut gb)?;
-        grads[l.bias] = Some(gb);
-        if let Cache::Gat {
-            m_own,
-            m_halo,
-            s_dst,
-            alpha,
-        } = cache
-        {
-            return self.gat_backward(
-                ops, l, g, h, m_own, m_halo, s_dst, alpha, d_out, need_dx, pass, grads, ex,
-            );
+        let (d_in, hc) = (l.d_in, l.hc());
+        let w = &self.params[l.w].value;
+        if let (true, Cache::Transformed) = (need_dx && factored_ok, &cache) {
+            let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
+            let mut terms = vec![];
+            match l.w_root {
+                Some(r) => {
+                    let (gw, gr) = ops.matmul_at_pair(h, &dm, &d_out)?;
+                    set_grad!(ops, grads, l.w, gw);
+                    set_grad!(ops, grads, r, gr);
+                    terms.push((d_out, r));
+                }
+                None => {
+                    let n_in = ops.dims(h).0;
+                    set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dm, n_in)?);
+                    ops.recycle(d_out);
+                }
+            }
+            terms.push((dm, l.w));
+            return Ok(Some(Dx::Factored(terms)));
         }
-        let hc = l.hc();
-        let w = &self.params[l.w];
-        // the root weight reads the destinations' rows of the input (a prefix of it on a block)
+        // the root weight reads the destinations' rows of the input (a prefix of it on a block); on a
+        // partition its input gradient comes first, and the aggregation's is added to it
+        let mut dx = None;
         let mut d_root = None;
         if let Some(r) = l.w_root {
-            let mut gr = ops.alloc(d_in, hc)?;
-            ops.gemm(
-                View::full(h, n, d_in).t(),
-                View::full(d_out, n, hc),
-                0.0,
-                &mut gr,
-            )?;
-            grads[r] = Some(gr);
+            set_grad!(ops, grads, r, Self::at_b(ops, h, &d_out, n)?);
             if need_dx {
-                let mut d = ops.alloc(n, d_in)?;
-                let wr = &self.params[r];
-                ops.gemm(
-                    View::full(d_out, n, hc),
-                    View::full(wr, d_in, hc).t(),
-                    0.0,
-                    &mut d,
-                )?;
-                d_root = Some(d);
+                let d = Self::a_bt(ops, &d_out, &self.params[r].value)?;
+                if g.complete {
+                    d_root = Some(d);
+                } else {
+                    dx = Some(d);
+                }
             }
         }
-        let mut dx = None;
         match cache {
-            Cache::Gat { .. } => unreachable!("handled above"),
             Cache::Aggregated(agg) => {
                 let a = agg
                     .as_ref()
                     .or(self.input_agg.as_ref())
                     .expect("aggregation cached in forward");
-                let mut gw = ops.alloc(d_in, hc)?;
-                ops.gemm(
-                    View::full(a, n, d_in).t(),
-                    View::full(d_out, n, hc),
-                    0.0,
-                    &mut gw,
-                )?;
-                grads[l.w] = Some(gw);
-                if need_dx {
-                    let mut d_agg = ops.alloc(n, d_in)?;
-                    ops.gemm(
-                        View::full(d_out, n, hc),
-                        View::full(w, d_in, hc).t(),
-                        0.0,
-                        &mut d_agg,
-                    )?;
-                    let mut d_ext = ops.alloc(g.n_src, d_in)?;
-                    ops.spmm_t(&g.op, &d_agg, &mut d_ext)?;
-                    ops.recycle(d_agg);
-                    dx = Some(exchange_backward(ops, ex, g, l.index, d_ext)?);
-                }
+                set_grad!(ops, grads, l.w, Self::at_b(ops, a, &d_out, n)?);
                 if let Some(a) = agg {
                     ops.recycle(a);
                 }
+                if need_dx {
+                    let d_agg = Self::a_bt(ops, &d_out, w)?;
+                    let d_own = ops.aggregate_backward(g, l.index, &d_agg, ex)?;
+                    ops.recycle(d_agg);
+                    dx = Some(match dx {
+                        Some(mut dx) => {
+                            ops.add_assign(&mut dx, &d_own)?;
+                            ops.recycle(d_own);
+                            dx
+                        }
+                        None => d_own,
+                    });
+                }
             }
             Cache::Transformed => {
-                let mut dm_ext = ops.alloc(g.n_src, hc)?;
-                ops.spmm_t(&g.op, d_out, &mut dm_ext)?;
-                let dm = exchange_backward(ops, ex, g, l.index, dm_ext)?;
-                let mut gw = ops.alloc(d_in, hc)?;
-                ops.gemm(
-                    View::full(h, n_in, d_in).t(),
-                    View::full(&dm, n_in, hc),
-                    0.0,
-                    &mut gw,
-                )?;
-                grads[l.w] = Some(gw);
+                let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
+                let n_in = ops.dims(&dm).0;
+                set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dm, n_in)?);
                 if need_dx {
-                    let mut d = ops.alloc(n_in, d_in)?;
-                    ops.gemm(
-                        View::full(&dm, n_in, hc),
-                        View::full(w, d_in, hc).t(),
-                        0.0,
-                        &mut d,
-                    )?;
-                    dx = Some(d);
+                    let (dmv, wt) = (View::full(&dm, n_in, hc), View::full(w, d_in, hc).t());
+                    dx = Some(match dx {
+                        Some(mut dx) => {
+                            ops.gemm(dmv, wt, 1.0, &mut dx)?;
+                            dx
+                        }
+                        None => Self::product(ops, dmv, wt)?,
+                    });
                 }
                 ops.recycle(dm);
             }
+            Cache::Gat { .. } | Cache::GatRemat { .. } | Cache::External => {
+                unreachable!("handled above")
+            }
         }
+        ops.recycle(d_out);
         if let (Some(dx), Some(d)) = (&mut dx, &d_root) {
             ops.add_assign(dx, d)?;
         }
         if let Some(d) = d_root {
             ops.recycle(d);
         }
-        Ok(dx)
+        Ok(dx.map(Dx::Dense))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -932,36 +1207,34 @@ impl<O: Ops> DeviceModel<O> {
         &self,
         ops: &mut O,
         l: &LayerPlan,
-        g: &DeviceGraph<O>,
+        g: GraphView<'_, O>,
         h: &O::Mat,
         m_own: O::Mat,
         m_halo: Option<O::Mat>,
         s_dst: O::Mat,
         alpha: O::Mat,
-        d_out: &O::Mat,
+        d_out: O::Mat,
         need_dx: bool,
         pass: Pass,
-        grads: &mut [Option<O::Mat>],
+        grads: &mut [O::Mat],
         ex: &mut dyn Exchange,
     ) -> Result<Option<O::Mat>, O::Error> {
-        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
-        let width = hc + heads;
-        let (n_in, d_in) = ops.dims(h);
+        let heads = l.heads;
+        let width = l.hc() + heads;
         let n = g.n;
         let shape = self.gat_shape(l);
-        let (ia, id) = l.att.expect("GAT layer has attention vectors");
-        // pass 1 per destination, pass 2 per source over the transpose
+        // pass 1 per destination: d(score sum) per edge and head, the used attention, and d s_dst
         let mut d_score = ops.alloc(g.nnz, heads)?;
         let mut a_used = ops.alloc(g.nnz, heads)?;
         let mut ds_dst = ops.alloc(n, heads)?;
         ops.gat_backward_edges(
-            &g.op,
+            g.op,
             &m_own,
             m_halo.as_ref(),
             &s_dst,
             &alpha,
-            d_out,
-            g.gids.as_ref(),
+            &d_out,
+            g.gids,
             self.attn_dropout(l, pass),
             shape,
             &mut d_score,
@@ -973,19 +1246,44 @@ impl<O: Ops> DeviceModel<O> {
         if let Some(m) = m_halo {
             ops.recycle(m);
         }
+        // pass 2 per source over the transpose: [dZ_j | d s_src_j]
         let mut dm_ext = ops.alloc(g.n_src, width)?;
-        ops.gat_backward_sources(&g.op, &a_used, &d_score, d_out, shape, &mut dm_ext)?;
-        let dm = exchange_backward(ops, ex, g, l.index, dm_ext)?;
+        ops.gat_backward_sources(g.op, &a_used, &d_score, &d_out, shape, &mut dm_ext)?;
         ops.recycle(d_score);
         ops.recycle(a_used);
-        // through the scores into Z and the attention vectors
+        ops.recycle(d_out);
+        let dm = ops.halo_backward(g, l.index, dm_ext, ex)?;
+        self.gat_backward_tail(ops, l, g, h, m_own, dm, ds_dst, need_dx, grads)
+    }
+
+    /// The end of GAT's backward, once the gradients of the input rows' messages (`dm`, `[dZ | ds_src]`,
+    /// peers' contributions included) and of `s_dst` are known: through the scores into `Z` and the
+    /// attention vectors, then through `Z = h W`.
+    #[allow(clippy::too_many_arguments)]
+    fn gat_backward_tail(
+        &self,
+        ops: &mut O,
+        l: &LayerPlan,
+        g: GraphView<'_, O>,
+        h: &O::Mat,
+        m_own: O::Mat,
+        dm: O::Mat,
+        ds_dst: O::Mat,
+        need_dx: bool,
+        grads: &mut [O::Mat],
+    ) -> Result<Option<O::Mat>, O::Error> {
+        let (heads, c, hc) = (l.heads, l.head_dim, l.hc());
+        let width = hc + heads;
+        let n = g.n;
+        let n_in = ops.dims(&m_own).0;
+        let (ia, id) = l.att.expect("GAT layer has attention vectors");
         let mut dz = ops.alloc(n_in, hc)?;
         ops.gat_dz(
             &dm,
             &ds_dst,
-            &self.params[ia],
-            &self.params[id],
-            shape,
+            &self.params[ia].value,
+            &self.params[id].value,
+            self.gat_shape(l),
             &mut dz,
         )?;
         // head k's attention gradient is the diagonal block (k, k) of s^T Z (heads x hc)
@@ -1010,35 +1308,147 @@ impl<O: Ops> DeviceModel<O> {
                 trans: false,
             };
             ops.copy2d(diag, &mut ga, 0, c)?;
-            grads[idx] = Some(ga);
+            set_grad!(ops, grads, idx, ga);
         }
         ops.recycle(full);
         ops.recycle(dm);
         ops.recycle(ds_dst);
         ops.recycle(m_own);
-        let mut gw = ops.alloc(d_in, hc)?;
-        ops.gemm(
-            View::full(h, n_in, d_in).t(),
-            View::full(&dz, n_in, hc),
-            0.0,
-            &mut gw,
-        )?;
-        grads[l.w] = Some(gw);
+        set_grad!(ops, grads, l.w, Self::at_b(ops, h, &dz, n_in)?);
         let dx = if need_dx {
-            let mut d = ops.alloc(n_in, d_in)?;
-            let w = &self.params[l.w];
-            ops.gemm(
-                View::full(&dz, n_in, hc),
-                View::full(w, d_in, hc).t(),
-                0.0,
-                &mut d,
-            )?;
-            Some(d)
+            Some(Self::a_bt(ops, &dz, &self.params[l.w].value)?)
         } else {
             None
         };
         ops.recycle(dz);
         Ok(dx)
+    }
+
+    /// The first layer and its input slice after input dropout, checked for P3.
+    fn p3_input(
+        &self,
+        ops: &mut O,
+        g: GraphView<'_, O>,
+        x_cols: &O::Mat,
+        col0: usize,
+        pass: Pass,
+    ) -> Result<(&LayerPlan, O::Mat), O::Error> {
+        let l = &self.layers[0];
+        if l.kind == LayerKind::Gat {
+            return Err(DeviceError::Unsupported(
+                "model parallelism (P3) splits the first layer's product by input columns; GAT's attention \
+                 needs whole rows, so use gcn or sage, or data or partition parallelism"
+                    .into(),
+            )
+            .into());
+        }
+        let (rows, d) = ops.dims(x_cols);
+        if rows != g.n_src || col0 + d > self.cfg.in_dim {
+            return Err(shape_error(format!(
+                "a column slice {col0}..{} of {rows} rows for a layer of {} inputs and {} source rows",
+                col0 + d,
+                self.cfg.in_dim,
+                g.n_src
+            )));
+        }
+        let mut x = ops.duplicate(x_cols)?;
+        if let Pass::Train { epoch } = pass
+            && self.cfg.input_dropout > 0.0
+        {
+            let drop = Dropout {
+                key: self.dropout_key(epoch, 0),
+                p: self.cfg.input_dropout,
+            };
+            ops.dropout(&mut x, g.gids, 0, col0, self.cfg.in_dim, drop)?;
+        }
+        Ok((l, x))
+    }
+
+    /// Rows `col0..col0 + d` of parameter `p` (`? x hc`).
+    fn weight_rows(&self, p: usize, col0: usize, d: usize, hc: usize) -> View<'_, O::Mat> {
+        View {
+            m: &self.params[p].value,
+            offset: col0 * hc,
+            rows: d,
+            cols: hc,
+            ld: hc,
+            trans: false,
+        }
+    }
+
+    /// P3 model parallelism: the first layer's linear part (`A X W` and, for GraphSAGE, the root term)
+    /// restricted to input columns `col0..col0 + x_cols.cols()`, for the destinations of `g` (a block, or the
+    /// whole graph). `x_cols` holds those columns of every source row. Summing the results of all column
+    /// slices gives the first layer's output before its bias.
+    pub(crate) fn first_layer_partial_in(
+        &self,
+        ops: &mut O,
+        g: GraphView<'_, O>,
+        x_cols: &O::Mat,
+        col0: usize,
+        pass: Pass,
+    ) -> Result<O::Mat, O::Error> {
+        let (l, x) = self.p3_input(ops, g, x_cols, col0, pass)?;
+        let (d, hc, n) = (ops.dims(&x).1, l.hc(), g.n);
+        let w = self.weight_rows(l.w, col0, d, hc);
+        let mut out = ops.alloc(n, hc)?;
+        if d <= hc {
+            let mut ax = ops.alloc(n, d)?;
+            ops.spmm(g.op, &x, None, &mut ax)?;
+            ops.gemm(View::full(&ax, n, d), w, 0.0, &mut out)?;
+            ops.recycle(ax);
+        } else {
+            let mut xw = ops.alloc(g.n_src, hc)?;
+            ops.gemm(View::full(&x, g.n_src, d), w, 0.0, &mut xw)?;
+            ops.spmm(g.op, &xw, None, &mut out)?;
+            ops.recycle(xw);
+        }
+        if let Some(r) = l.w_root {
+            let wr = self.weight_rows(r, col0, d, hc);
+            ops.gemm(View::full(&x, n, d), wr, 1.0, &mut out)?;
+        }
+        ops.recycle(x);
+        Ok(out)
+    }
+
+    /// Gradients of the first layer's weight rows `col0..col0 + x_cols.cols()` from the gradient `d_z` of
+    /// its output (as P3's backward returns it), added into `grads`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn first_layer_partial_backward_in(
+        &self,
+        ops: &mut O,
+        g: GraphView<'_, O>,
+        x_cols: &O::Mat,
+        col0: usize,
+        pass: Pass,
+        d_z: &O::Mat,
+        grads: &mut [O::Mat],
+    ) -> Result<(), O::Error> {
+        let (l, x) = self.p3_input(ops, g, x_cols, col0, pass)?;
+        let (d, n) = (ops.dims(&x).1, g.n);
+        let hc = ops.dims(d_z).1;
+        let gw = if d <= hc {
+            let mut ax = ops.alloc(n, d)?;
+            ops.spmm(g.op, &x, None, &mut ax)?;
+            let gw = Self::at_b(ops, &ax, d_z, n)?;
+            ops.recycle(ax);
+            gw
+        } else {
+            let mut t = ops.alloc(g.n_src, hc)?;
+            ops.spmm_t(g.op, d_z, &mut t)?;
+            let gw = Self::at_b(ops, &x, &t, g.n_src)?;
+            ops.recycle(t);
+            gw
+        };
+        ops.add_rows(&mut grads[l.w], col0, &gw)?;
+        ops.recycle(gw);
+        if let Some(r) = l.w_root {
+            let gr = Self::at_b(ops, &x, d_z, n)?;
+            ops.add_rows(&mut grads[r], col0, &gr)?;
+            ops.recycle(gr);
+        }
+        ops.recycle(x);
+        Ok(())
     }
 
     /// Continues from `opt`'s state (a resumed checkpoint): its step count and moments go to the device.
@@ -1049,7 +1459,7 @@ impl<O: Ops> DeviceModel<O> {
                 .iter()
                 .zip(bufs)
                 .map(|(p, b)| {
-                    let (r, c) = ops.dims(p);
+                    let (r, c) = ops.dims(&p.value);
                     if b.len() != r * c {
                         return Err(shape_error(
                             "optimizer state does not match the model's parameters".into(),
@@ -1098,7 +1508,7 @@ impl<O: Ops> DeviceModel<O> {
             let mut m = Vec::with_capacity(self.params.len());
             let mut v = Vec::with_capacity(self.params.len());
             for p in &self.params {
-                let (r, c) = ops.dims(p);
+                let (r, c) = ops.dims(&p.value);
                 m.push(ops.zeros(r, c)?);
                 v.push(ops.zeros(r, c)?);
             }
@@ -1115,7 +1525,7 @@ impl<O: Ops> DeviceModel<O> {
             cfg.weight_decay,
         );
         for (i, g) in grads.into_iter().enumerate() {
-            ops.adam(&mut self.params[i], &g, &mut st.m[i], &mut st.v[i], s)?;
+            ops.adam(&mut self.params[i].value, &g, &mut st.m[i], &mut st.v[i], s)?;
             ops.recycle(g);
         }
         Ok(())
@@ -1135,11 +1545,11 @@ impl<O: Ops> DeviceModel<O> {
         epoch: u64,
         adam: AdamConfig,
     ) -> Result<f64, O::Error> {
-        let fwd = self.forward(ops, g, x, Pass::Train { epoch })?;
+        let fwd = self.forward_ex(ops, g, x, Pass::Train { epoch }, &mut LocalExchange)?;
         let (r, c) = ops.dims(&fwd.logits);
         let mut d_logits = ops.alloc(r, c)?;
         let loss = ops.cross_entropy(&fwd.logits, labels, train, n_train as f64, &mut d_logits)?;
-        let grads = self.backward(ops, g, fwd, d_logits)?;
+        let grads = self.backward_ex(ops, g, fwd, d_logits, &mut LocalExchange)?;
         self.adam_step(ops, grads, adam)?;
         Ok(loss / n_train as f64)
     }
@@ -1193,15 +1603,24 @@ mod tests {
     use crate::Activation;
 
     #[test]
-    fn plans_match_the_engine_layout() {
+    fn parameters_are_laid_out_as_saved_models_name_them() {
         for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
             let mut cfg = ModelConfig::new(kind, 12, 5, 3);
             cfg.layers = 3;
             cfg.activation = Activation::Elu;
-            let model = Model::new(&cfg, 1).unwrap();
-            let (_, names) = plan(&cfg);
-            let cpu: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
-            assert_eq!(names, cpu);
+            let (layers, params) = plan(&cfg);
+            let names: Vec<String> = params.into_iter().map(|p| p.0).collect();
+            let mut want = vec![];
+            for l in 0..3 {
+                let per_kind: &[&str] = match kind {
+                    LayerKind::Gcn => &["weight", "bias"],
+                    LayerKind::Sage => &["weight", "root_weight", "bias"],
+                    LayerKind::Gat => &["weight", "att_src", "att_dst", "bias"],
+                };
+                want.extend(per_kind.iter().map(|p| format!("layers.{l}.{p}")));
+            }
+            assert_eq!(names, want);
+            assert_eq!(layers.len(), 3);
         }
     }
 }

@@ -1,0 +1,397 @@
+//! The default implementations of [`Ops`]' layer-level operations, composed of its primitives, so a device
+//! that has only the primitives (the GPU) runs every layer; [`super::Cpu`] overrides them with the engine's
+//! fused and per-range kernels. The exchange is on the host: halo rows go down to it and come back up.
+
+use std::ops::Range;
+
+use crate::Activation;
+use crate::exchange::{Exchange, ExchangeError};
+use crate::tensor::Matrix;
+
+use super::{
+    AttnDropout, DeviceError, Dropout, FirstLayerGrads, GatRemat, GatShape, GraphView, Ops, View,
+};
+
+fn exchange_error<E: From<DeviceError>>(e: ExchangeError) -> E {
+    DeviceError::Exchange(e).into()
+}
+
+fn shape_error<E: From<DeviceError>>(what: String) -> E {
+    DeviceError::Shape(what).into()
+}
+
+/// Rows `row0..row0 + rows` of a matrix `cols` wide.
+fn rows_of<M>(m: &M, row0: usize, rows: usize, cols: usize) -> View<'_, M> {
+    View {
+        m,
+        offset: row0 * cols,
+        rows,
+        cols,
+        ld: cols,
+        trans: false,
+    }
+}
+
+/// A visitor of halo ranges that copies each into its rows of `halo` (every halo row, as wide as the
+/// messages): the ranges put together for the one-shot kernels.
+fn put_together(
+    halo: &mut Matrix,
+) -> impl FnMut(Range<usize>, Matrix) -> Result<(), ExchangeError> + '_ {
+    move |range, rows| {
+        let (n_halo, cols) = halo.shape();
+        if range.end > n_halo || rows.shape() != (range.len(), cols) {
+            return Err(format!(
+                "halo range {range:?} does not fit {n_halo} halo rows {cols} wide"
+            )
+            .into());
+        }
+        halo.data_mut()[range.start * cols..range.end * cols].copy_from_slice(rows.data());
+        Ok(())
+    }
+}
+
+pub(super) fn add_rows<O: Ops>(
+    ops: &mut O,
+    a: &mut O::Mat,
+    row0: usize,
+    b: &O::Mat,
+) -> Result<(), O::Error> {
+    let (rows, cols) = ops.dims(b);
+    let (a_rows, a_cols) = ops.dims(a);
+    if a_cols != cols || row0 + rows > a_rows {
+        return Err(shape_error(format!(
+            "add_rows: {rows}x{cols} at row {row0} of {a_rows}x{a_cols}"
+        )));
+    }
+    let mut part = ops.alloc(rows, cols)?;
+    ops.copy2d(rows_of(&*a, row0, rows, cols), &mut part, 0, cols)?;
+    ops.add_assign(&mut part, b)?;
+    ops.copy2d(View::full(&part, rows, cols), a, row0 * cols, cols)?;
+    ops.recycle(part);
+    Ok(())
+}
+
+pub(super) fn halo_rows<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    own: &O::Mat,
+    ex: &mut dyn Exchange,
+) -> Result<Option<O::Mat>, O::Error> {
+    if ex.is_local() || g.complete {
+        return Ok(None);
+    }
+    let host = ops.download(own)?;
+    let cols = host.cols();
+    let n_halo = g.n_src - g.n;
+    let halo = if ex.rematerializes() {
+        // the ranges put together: the one-shot aggregation's input, at the one-shot's memory
+        let mut halo = Matrix::zeros(n_halo, cols);
+        ex.forward_each(layer, &host, &mut put_together(&mut halo))
+            .map_err(exchange_error)?;
+        halo
+    } else {
+        match ex.forward(layer, &host).map_err(exchange_error)? {
+            Some(h) => h,
+            None => return Ok(None),
+        }
+    };
+    if halo.shape() != (n_halo, cols) {
+        return Err(shape_error(format!(
+            "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
+            halo.rows(),
+            halo.cols(),
+        )));
+    }
+    Ok(Some(ops.upload_owned(halo)?))
+}
+
+pub(super) fn halo_backward<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    ext: O::Mat,
+    ex: &mut dyn Exchange,
+) -> Result<O::Mat, O::Error> {
+    let (rows, cols) = ops.dims(&ext);
+    if g.complete || (ex.is_local() && rows == g.n) {
+        return Ok(ext);
+    }
+    let n = g.n;
+    let mut own = ops.alloc(n, cols)?;
+    ops.copy2d(rows_of(&ext, 0, n, cols), &mut own, 0, cols)?;
+    let halo = if rows > n {
+        let mut h = ops.alloc(rows - n, cols)?;
+        ops.copy2d(rows_of(&ext, n, rows - n, cols), &mut h, 0, cols)?;
+        let host = ops.download(&h)?;
+        ops.recycle(h);
+        host
+    } else {
+        Matrix::zeros(0, cols)
+    };
+    ops.recycle(ext);
+    if ex.is_local() {
+        return Ok(own);
+    }
+    let mut from_peers = Matrix::zeros(n, cols);
+    if ex.rematerializes() {
+        ex.backward_each(layer, halo.rows(), &mut from_peers, &mut |r| {
+            halo.row_block(r.start, r.end)
+        })
+    } else {
+        ex.backward(layer, halo, &mut from_peers)
+    }
+    .map_err(exchange_error)?;
+    let up = ops.upload_owned(from_peers)?;
+    ops.add_assign(&mut own, &up)?;
+    ops.recycle(up);
+    Ok(own)
+}
+
+pub(super) fn aggregate<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    own: &O::Mat,
+    ex: &mut dyn Exchange,
+) -> Result<O::Mat, O::Error> {
+    let halo = ops.halo_rows(g, layer, own, ex)?;
+    let cols = ops.dims(own).1;
+    let mut y = ops.alloc(g.n, cols)?;
+    ops.spmm(g.op, own, halo.as_ref(), &mut y)?;
+    if let Some(h) = halo {
+        ops.recycle(h);
+    }
+    Ok(y)
+}
+
+pub(super) fn aggregate_backward<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    d: &O::Mat,
+    ex: &mut dyn Exchange,
+) -> Result<O::Mat, O::Error> {
+    let cols = ops.dims(d).1;
+    let mut ext = ops.alloc(g.n_src, cols)?;
+    ops.spmm_t(g.op, d, &mut ext)?;
+    ops.halo_backward(g, layer, ext, ex)
+}
+
+fn product<O: Ops>(
+    ops: &mut O,
+    a: View<'_, O::Mat>,
+    b: View<'_, O::Mat>,
+) -> Result<O::Mat, O::Error> {
+    let (m, n) = (a.op_shape().0, b.op_shape().1);
+    let mut c = ops.alloc(m, n)?;
+    ops.gemm(a, b, 0.0, &mut c)?;
+    Ok(c)
+}
+
+fn whole<O: Ops>(ops: &O, m: &O::Mat) -> (usize, usize) {
+    ops.dims(m)
+}
+
+pub(super) fn linear_pair<O: Ops>(
+    ops: &mut O,
+    h: &O::Mat,
+    w: &O::Mat,
+    w_root: &O::Mat,
+) -> Result<(O::Mat, O::Mat), O::Error> {
+    let ((hr, hc), (wr, wc)) = (whole(ops, h), whole(ops, w));
+    let m = product(ops, View::full(h, hr, hc), View::full(w, wr, wc))?;
+    let root = product(ops, View::full(h, hr, hc), View::full(w_root, wr, wc))?;
+    Ok((m, root))
+}
+
+pub(super) fn matmul_at_pair<O: Ops>(
+    ops: &mut O,
+    h: &O::Mat,
+    a: &O::Mat,
+    b: &O::Mat,
+) -> Result<(O::Mat, O::Mat), O::Error> {
+    let ((hr, hc), (ar, ac), (br, bc)) = (whole(ops, h), whole(ops, a), whole(ops, b));
+    let ga = product(ops, View::full(h, hr, hc).t(), View::full(a, ar, ac))?;
+    let gb = product(ops, View::full(h, hr, hc).t(), View::full(b, br, bc))?;
+    Ok((ga, gb))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fused_first_backward<O: Ops>(
+    ops: &mut O,
+    agg: &O::Mat,
+    x_root: Option<&O::Mat>,
+    h1: &O::Mat,
+    terms: &[(&O::Mat, &O::Mat)],
+    gids: Option<&O::Idx>,
+    act: Activation,
+    dropout: Option<Dropout>,
+) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
+    let (n, width) = ops.dims(h1);
+    let mut dz = ops.alloc(n, width)?;
+    for (i, (a, w)) in terms.iter().enumerate() {
+        let ((ar, ac), (wr, wc)) = (ops.dims(a), ops.dims(w));
+        let beta = if i == 0 { 0.0 } else { 1.0 };
+        ops.gemm(
+            View::full(*a, ar, ac),
+            View::full(*w, wr, wc).t(),
+            beta,
+            &mut dz,
+        )?;
+    }
+    ops.activation_backward(&mut dz, h1, gids, 0, act, dropout)?;
+    let (ar, ac) = ops.dims(agg);
+    let gw = product(ops, View::full(agg, ar, ac).t(), View::full(&dz, n, width))?;
+    let gr = match x_root {
+        Some(x) => {
+            let (xr, xc) = ops.dims(x);
+            Some(product(
+                ops,
+                View::full(x, xr, xc).t(),
+                View::full(&dz, n, width),
+            )?)
+        }
+        None => None,
+    };
+    let mut gb = ops.alloc(1, width)?;
+    ops.col_sums(&dz, &mut gb)?;
+    ops.recycle(dz);
+    Ok(FirstLayerGrads {
+        w: gw,
+        w_root: gr,
+        bias: gb,
+    })
+}
+
+/// SAR's GAT from the primitives: the halo messages put together for the one-shot kernels and dropped
+/// after the layer (fetched again in backward); nothing kept but `m_own` and `s_dst`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gat_forward_remat<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    m_own: &O::Mat,
+    s_dst: &O::Mat,
+    drop: Option<AttnDropout>,
+    shape: GatShape,
+    ex: &mut dyn Exchange,
+    out: &mut O::Mat,
+) -> Result<GatRemat<O::Mat>, O::Error> {
+    let m_halo = ops.halo_rows(g, layer, m_own, ex)?;
+    let heads = shape.heads as usize;
+    let mut alpha = ops.alloc(g.nnz, heads)?;
+    ops.gat_forward(
+        g.op,
+        m_own,
+        m_halo.as_ref(),
+        s_dst,
+        g.gids,
+        drop,
+        shape,
+        &mut alpha,
+        out,
+    )?;
+    ops.recycle(alpha);
+    if let Some(m) = m_halo {
+        ops.recycle(m);
+    }
+    Ok(GatRemat {
+        s_halo: ops.alloc(0, heads)?,
+        row_max: ops.alloc(0, heads)?,
+        row_sum: ops.alloc(0, heads)?,
+    })
+}
+
+/// Backward of [`gat_forward_remat`]: the halo messages fetched again and put together, the coefficients
+/// recomputed by the forward kernel, then the one-shot backward kernels.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gat_backward_remat<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    m_own: &O::Mat,
+    s_dst: &O::Mat,
+    st: GatRemat<O::Mat>,
+    d_out: &O::Mat,
+    drop: Option<AttnDropout>,
+    shape: GatShape,
+    ex: &mut dyn Exchange,
+) -> Result<(O::Mat, O::Mat), O::Error> {
+    for m in [st.s_halo, st.row_max, st.row_sum] {
+        ops.recycle(m);
+    }
+    let heads = shape.heads as usize;
+    let width = ops.dims(m_own).1;
+    let m_halo = if ex.is_local() {
+        None
+    } else {
+        let host = ops.download(m_own)?;
+        let n_halo = g.n_src - g.n;
+        let mut halo = Matrix::zeros(n_halo, width);
+        ex.refetch_each(layer, &host, &mut put_together(&mut halo))
+            .map_err(exchange_error)?;
+        Some(ops.upload_owned(halo)?)
+    };
+    let mut alpha = ops.alloc(g.nnz, heads)?;
+    let mut out = ops.alloc(g.n, shape.d_out())?;
+    ops.gat_forward(
+        g.op,
+        m_own,
+        m_halo.as_ref(),
+        s_dst,
+        g.gids,
+        drop,
+        shape,
+        &mut alpha,
+        &mut out,
+    )?;
+    ops.recycle(out);
+    let mut d_score = ops.alloc(g.nnz, heads)?;
+    let mut a_used = ops.alloc(g.nnz, heads)?;
+    let mut ds_dst = ops.alloc(g.n, heads)?;
+    ops.gat_backward_edges(
+        g.op,
+        m_own,
+        m_halo.as_ref(),
+        s_dst,
+        &alpha,
+        d_out,
+        g.gids,
+        drop,
+        shape,
+        &mut d_score,
+        &mut a_used,
+        &mut ds_dst,
+    )?;
+    ops.recycle(alpha);
+    if let Some(m) = m_halo {
+        ops.recycle(m);
+    }
+    let mut dm_ext = ops.alloc(g.n_src, width)?;
+    ops.gat_backward_sources(g.op, &a_used, &d_score, d_out, shape, &mut dm_ext)?;
+    ops.recycle(d_score);
+    ops.recycle(a_used);
+    let dm = ops.halo_backward(g, layer, dm_ext, ex)?;
+    Ok((dm, ds_dst))
+}
+
+pub(super) fn all_reduce<O: Ops>(
+    ops: &mut O,
+    grads: &mut [O::Mat],
+    ex: &mut dyn Exchange,
+) -> Result<(), O::Error> {
+    if ex.is_local() {
+        return Ok(());
+    }
+    let mut host = grads
+        .iter()
+        .map(|g| ops.download(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    ex.all_reduce(&mut host).map_err(exchange_error)?;
+    for (d, h) in grads.iter_mut().zip(host) {
+        let up = ops.upload_owned(h)?;
+        ops.recycle(std::mem::replace(d, up));
+    }
+    Ok(())
+}
