@@ -181,7 +181,7 @@ pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
     let (r, m) = a.shape();
     let (r2, n) = b.shape();
     assert_eq!(r, r2, "matmul_at row counts differ");
-    let mut c = Matrix::zeros(m, n);
+    let c = Matrix::zeros(m, n);
     if r == 0 || m == 0 || n == 0 {
         return c;
     }
@@ -190,38 +190,9 @@ pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
         .data()
         .par_chunks(block * m)
         .zip(b.data().par_chunks(block * n))
-        .map(|(ab, bb)| {
-            let rows = ab.len() / m;
-            let mut p = vec![0f32; m * n];
-            // SAFETY: A's block is read transposed (row stride 1, column stride m).
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    rows,
-                    n,
-                    1.0,
-                    ab.as_ptr(),
-                    1,
-                    m as isize,
-                    bb.as_ptr(),
-                    n as isize,
-                    1,
-                    0.0,
-                    p.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
-            p
-        })
+        .map(|(ab, bb)| block_at_b(ab, bb, m, n))
         .collect();
-    let out = c.data_mut();
-    for p in partials {
-        for (o, v) in out.iter_mut().zip(p) {
-            *o += v;
-        }
-    }
-    c
+    sum_partials(c, partials)
 }
 
 /// `A^T [B_1 | B_2 | ...]`, equal to [`matmul_at`] of `A` and the column concatenation of the `B`s, bit for bit
@@ -233,7 +204,7 @@ pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
     for b in bs {
         assert_eq!(b.rows(), r, "matmul_at_concat row counts differ");
     }
-    let mut c = Matrix::zeros(m, n);
+    let c = Matrix::zeros(m, n);
     if r == 0 || m == 0 || n == 0 {
         return c;
     }
@@ -253,29 +224,43 @@ pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
                     c0 += b.cols();
                 }
             }
-            let mut p = vec![0f32; m * n];
-            // SAFETY: A's block is read transposed (row stride 1, column stride m); `bb` is rows x n.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    rows,
-                    n,
-                    1.0,
-                    ab.as_ptr(),
-                    1,
-                    m as isize,
-                    bb.as_ptr(),
-                    n as isize,
-                    1,
-                    0.0,
-                    p.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
-            p
+            block_at_b(ab, &bb, m, n)
         })
         .collect();
+    sum_partials(c, partials)
+}
+
+/// One row block's `A_b^T B_b` (A_b: rows x m, B_b: rows x n, both row-major), a partial of `A^T B`.
+fn block_at_b(ab: &[f32], bb: &[f32], m: usize, n: usize) -> Vec<f32> {
+    let rows = ab.len() / m;
+    assert_eq!(bb.len(), rows * n, "a row block of B is rows x n");
+    let mut p = vec![0f32; m * n];
+    // SAFETY: A's block is read transposed (row stride 1, column stride m); `bb` is rows x n (checked
+    // above) and `p` is m x n.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            rows,
+            n,
+            1.0,
+            ab.as_ptr(),
+            1,
+            m as isize,
+            bb.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            p.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    p
+}
+
+/// `c` plus the row blocks' partials, summed in block order (the same order for every caller, so
+/// `matmul_at` and `matmul_at_concat` agree bit for bit).
+fn sum_partials(mut c: Matrix, partials: Vec<Vec<f32>>) -> Matrix {
     let out = c.data_mut();
     for p in partials {
         for (o, v) in out.iter_mut().zip(p) {
