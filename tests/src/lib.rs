@@ -379,6 +379,53 @@ pub fn assert_same_losses(platform: &str, got: &[f64], want: &[f64], tol: f64) {
     }
 }
 
+/// The per-epoch losses of `job` (a job file's text without `output:`) trained by local processes in
+/// `dir`, written there as `file`: the reference a cloud run of the same job must equal.
+pub fn local_losses(dir: &Path, file: &str, job: &str) -> Vec<f64> {
+    write_job(dir, file, &format!("{job}output: {{dir: jobs}}\n"));
+    let (out, _) = ok_output(
+        Command::new(physalia_bin())
+            .current_dir(dir)
+            .args(["submit", file, "-q", "--output", "json"]),
+    );
+    let job_dir = dir.join(last_json(&out)["job_dir"].as_str().unwrap());
+    losses(&std::fs::read_to_string(job_dir.join("metrics.jsonl")).unwrap())
+}
+
+/// Polls `physalia status ID --dir STORE --output json` (run by `cli`, with the platform's environment)
+/// until `done(state, last epoch)` holds, for at most 300 s; returns that state and epoch. A job whose
+/// record cannot be read yet is `absent` at epoch 0.
+pub fn wait_for_job(
+    cli: &dyn Fn(&[&str]) -> Command,
+    store: &str,
+    id: &str,
+    done: &dyn Fn(&str, u64) -> bool,
+) -> (String, u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let out = cli(&["status", id, "--dir", store, "--output", "json"])
+            .output()
+            .unwrap();
+        let (state, e) = if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            (
+                v["state"].as_str().unwrap_or("").to_string(),
+                v["last_epoch"]["epoch"].as_u64().unwrap_or(0),
+            )
+        } else {
+            ("absent".to_string(), 0)
+        };
+        if done(&state, e) {
+            return (state, e);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job {id}: still {state} at epoch {e}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
 /// The job id at the end of a job URL.
 pub fn job_id(url: &str) -> String {
     url.rsplit('/').next().unwrap().to_string()

@@ -15,8 +15,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use physalia_tests::{
-    assert_same_losses, build_image, job_id, last_json, losses, ok_output, physalia_bin, repo_root,
-    write_job,
+    assert_same_losses, build_image, job_id, last_json, local_losses, losses, ok_output,
+    physalia_bin, repo_root, wait_for_job, write_job,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -291,20 +291,7 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
             .args(["--out", "cora.safetensors"]),
     );
     let job = "name: aci\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 20, seed: 0, threads: 1}\nworkers: 3\n";
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!("{job}output: {{dir: jobs}}\n"),
-    );
-    let (local, _) = ok_output(
-        Command::new(physalia_bin())
-            .current_dir(t.path())
-            .args(["submit", "job.yaml", "-q", "--output", "json"]),
-    );
-    let local_dir = t
-        .path()
-        .join(last_json(&local)["job_dir"].as_str().unwrap());
-    let want = losses(&std::fs::read_to_string(local_dir.join("metrics.jsonl")).unwrap());
+    let want = local_losses(t.path(), "job.yaml", job);
     let store = azure.store();
     write_job(
         t.path(),
@@ -439,22 +426,7 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
 
     // 3. detached, a worker lost and its epoch retried
     let heal = "name: heal\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 200, seed: 0, threads: 1}\nworkers: 2\n";
-    write_job(
-        t.path(),
-        "heal.yaml",
-        &format!("{heal}output: {{dir: jobs}}\n"),
-    );
-    let (fixed, _) = ok_output(Command::new(physalia_bin()).current_dir(t.path()).args([
-        "submit",
-        "heal.yaml",
-        "-q",
-        "--output",
-        "json",
-    ]));
-    let fixed_dir = t
-        .path()
-        .join(last_json(&fixed)["job_dir"].as_str().unwrap());
-    let want = losses(&std::fs::read_to_string(fixed_dir.join("metrics.jsonl")).unwrap());
+    let want = local_losses(t.path(), "heal.yaml", heal);
     write_job(
         t.path(),
         "heal.yaml",
@@ -465,37 +437,8 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
         &["submit", "heal.yaml", "--detach", "--output", "json"],
     ));
     let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
-    let epoch = |id: &str| -> (String, u64) {
-        let out = azure
-            .cli(
-                t.path(),
-                &["status", id, "--dir", &store, "--output", "json"],
-            )
-            .output()
-            .unwrap();
-        if !out.status.success() {
-            return ("absent".into(), 0);
-        }
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        (
-            v["state"].as_str().unwrap_or("").to_string(),
-            v["last_epoch"]["epoch"].as_u64().unwrap_or(0),
-        )
-    };
-    let wait = |id: &str, done: &dyn Fn(&str, u64) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            let (state, e) = epoch(id);
-            if done(&state, e) {
-                return (state, e);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {id}: still {state} at epoch {e}"
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    };
+    let cli = |args: &[&str]| azure.cli(t.path(), args);
+    let wait = |id: &str, done: &dyn Fn(&str, u64) -> bool| wait_for_job(&cli, &store, id, done);
     wait(&id, &|_, e| e >= 3);
     let running = azure.worker_containers();
     assert!(!running.is_empty(), "no worker container runs");

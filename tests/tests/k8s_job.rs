@@ -14,8 +14,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use physalia_tests::{
-    assert_same_losses, build_image, job_id, last_json, losses, ok_output, physalia_bin, repo_root,
-    write_job,
+    assert_same_losses, build_image, job_id, last_json, local_losses, losses, ok_output,
+    physalia_bin, repo_root, wait_for_job, write_job,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -240,20 +240,7 @@ fn issue_14_cora_in_cluster_mode_on_kubernetes_trains_like_three_local_processes
             .args(["--out", "cora.safetensors"]),
     );
     let job = "name: kube\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 20, seed: 0, threads: 1}\nworkers: 3\n";
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!("{job}output: {{dir: jobs}}\n"),
-    );
-    let (local, _) = ok_output(
-        Command::new(physalia_bin())
-            .current_dir(t.path())
-            .args(["submit", "job.yaml", "-q", "--output", "json"]),
-    );
-    let local_dir = t
-        .path()
-        .join(last_json(&local)["job_dir"].as_str().unwrap());
-    let want = losses(&std::fs::read_to_string(local_dir.join("metrics.jsonl")).unwrap());
+    let want = local_losses(t.path(), "job.yaml", job);
     let store = cluster.store();
     write_job(
         t.path(),
@@ -356,20 +343,7 @@ fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
     };
     let t = TempDir::new().unwrap();
     let job = "name: heal\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 200, seed: 0, threads: 1}\nworkers: 2\n";
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!("{job}output: {{dir: jobs}}\n"),
-    );
-    let (fixed, _) = ok_output(
-        Command::new(physalia_bin())
-            .current_dir(t.path())
-            .args(["submit", "job.yaml", "-q", "--output", "json"]),
-    );
-    let fixed_dir = t
-        .path()
-        .join(last_json(&fixed)["job_dir"].as_str().unwrap());
-    let want = losses(&std::fs::read_to_string(fixed_dir.join("metrics.jsonl")).unwrap());
+    let want = local_losses(t.path(), "job.yaml", job);
     let store = cluster.store();
     write_job(
         t.path(),
@@ -404,37 +378,8 @@ fn issue_14_a_kubernetes_job_replaces_a_failed_worker_pod_and_cancels() {
         &["submit", "job.yaml", "--detach", "--output", "json"],
     ));
     let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
-    let epoch = |id: &str| -> (String, u64) {
-        let out = cluster
-            .cli(
-                t.path(),
-                &["status", id, "--dir", &store, "--output", "json"],
-            )
-            .output()
-            .unwrap();
-        if !out.status.success() {
-            return ("absent".into(), 0);
-        }
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        (
-            v["state"].as_str().unwrap_or("").to_string(),
-            v["last_epoch"]["epoch"].as_u64().unwrap_or(0),
-        )
-    };
-    let wait = |id: &str, done: &dyn Fn(&str, u64) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            let (state, e) = epoch(id);
-            if done(&state, e) {
-                return (state, e);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {id}: still {state} at epoch {e}"
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    };
+    let cli = |args: &[&str]| cluster.cli(t.path(), args);
+    let wait = |id: &str, done: &dyn Fn(&str, u64) -> bool| wait_for_job(&cli, &store, id, done);
     wait(&id, &|_, e| e >= 3);
     let workers = cluster.worker_containers();
     assert!(!workers.is_empty(), "no worker pod runs");
@@ -515,20 +460,7 @@ fn issue_14_a_kubernetes_job_whose_coordinator_died_resumes_from_the_store() {
     };
     let t = TempDir::new().unwrap();
     let job = "name: phoenix\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 40, seed: 0, threads: 1}\nworkers: 2\n";
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!("{job}output: {{dir: jobs}}\n"),
-    );
-    let (fixed, _) = ok_output(
-        Command::new(physalia_bin())
-            .current_dir(t.path())
-            .args(["submit", "job.yaml", "-q", "--output", "json"]),
-    );
-    let fixed_dir = t
-        .path()
-        .join(last_json(&fixed)["job_dir"].as_str().unwrap());
-    let want = losses(&std::fs::read_to_string(fixed_dir.join("metrics.jsonl")).unwrap());
+    let want = local_losses(t.path(), "job.yaml", job);
     let store = cluster.store();
     write_job(
         t.path(),
