@@ -2,7 +2,7 @@
 """Physalia's CUDA engine against PyTorch Geometric on the same GPU and the same graph.
 
   python3 gnn-cuda/bench/gpu_bench.py [--nodes 2000000] [--avg-degree 20] [--feat-dim 128]
-        [--hidden 256] [--models gcn,sage] [--dropouts 0.5,0] [--epochs 10] [--ours PATH]
+        [--hidden 256] [--gat-hidden 32] [--models gcn,sage,gat] [--dropouts 0.5,0] [--epochs 10] [--ours PATH]
         [--skip-ours] [--skip-pyg]
 
 1. bench/gen_sbm.py writes the stochastic block model graph to bench/out/sbm-<N>-d<D>/ (skipped when
@@ -51,9 +51,24 @@ def graph_dir(a):
     return d
 
 
+def hidden_of(a, model):
+    """Hidden width per head: GAT's 8 heads of `--gat-hidden` concatenate to `--hidden` (256 = 8 x 32)."""
+    return a.gat_hidden if model == "gat" else a.hidden
+
+
 def run_ours(a, d, dropout):
+    """One gpu_epoch process per hidden width (GAT's is per head), every model's JSON line by name."""
+    out = {}
+    models = a.models.split(",")
+    for hidden in sorted({hidden_of(a, m) for m in models}):
+        names = ",".join(m for m in models if hidden_of(a, m) == hidden)
+        out.update(run_ours_once(a, d, dropout, names, hidden))
+    return out
+
+
+def run_ours_once(a, d, dropout, models, hidden):
     binary = a.ours or os.path.join(ROOT, "target", "release", "examples", "gpu_epoch")
-    cmd = [binary, "--data", d, "--models", a.models, "--hidden", str(a.hidden), "--epochs", str(a.epochs),
+    cmd = [binary, "--data", d, "--models", models, "--hidden", str(hidden), "--epochs", str(a.epochs),
            "--dropout", str(dropout)]
     say("$ " + " ".join(cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -72,7 +87,7 @@ def run_ours(a, d, dropout):
 
 def run_pyg_child(a, d, model, dropout):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", model, "--data", d, "--hidden",
-           str(a.hidden), "--epochs", str(a.epochs), "--dropout", str(dropout)]
+           str(hidden_of(a, model)), "--epochs", str(a.epochs), "--dropout", str(dropout)]
     say("$ " + " ".join(cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -103,6 +118,32 @@ def child(a):
     classes = int(y.max()) + 1
     adj = build_csr(edges, n).to(dev)
     del edges
+
+    if a.child == "gat":
+        # PyG's GATConv as its examples run it: edge_index (sources, targets) in COO, self-loops added by the
+        # layer, 8 concatenated heads of `hidden`, then one averaged output head; ReLU and dropout between
+        # layers (gpu_epoch's GAT: 8 heads, out_heads 1, attention dropout 0, ReLU).
+        import torch_geometric
+        from torch_geometric.nn import GATConv
+
+        impl, version = "pyg", torch_geometric.__version__
+        crow, col = adj.crow_indices(), adj.col_indices()
+        row = torch.repeat_interleave(torch.arange(n, device=dev), crow[1:] - crow[:-1])
+        edge_index = torch.stack([col, row])
+        del adj, crow, col, row
+        heads = 8
+        convs = torch.nn.ModuleList([GATConv(f, a.hidden, heads=heads),
+                                     GATConv(a.hidden * heads, classes, heads=1, concat=False)]).to(dev)
+
+        def forward():
+            h = F.relu(convs[0](x, edge_index))
+            if a.dropout > 0:
+                h = F.dropout(h, a.dropout, training=True)
+            return convs[1](h, edge_index)
+
+        params = convs.parameters()
+        train_mode = convs.train
+        return train_and_print(a, impl, version, forward, params, train_mode, y, train_idx, n)
 
     try:
         import torch_geometric
@@ -154,6 +195,13 @@ def child(a):
 
         params = mods.parameters()
         train_mode = mods.train
+    return train_and_print(a, impl, version, forward, params, train_mode, y, train_idx, n)
+
+
+def train_and_print(a, impl, version, forward, params, train_mode, y, train_idx, n):
+    """Times forward + loss + backward + Adam with synchronisation around each epoch; one JSON line."""
+    import torch
+    import torch.nn.functional as F
 
     opt = torch.optim.Adam(params, lr=0.01, weight_decay=5e-4)
     train_mode()
@@ -189,7 +237,8 @@ def main():
     p.add_argument("--feat-dim", type=int, default=128)
     p.add_argument("--classes", type=int, default=16)
     p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--models", default="gcn,sage")
+    p.add_argument("--models", default="gcn,sage,gat")
+    p.add_argument("--gat-hidden", type=int, default=32, help="GAT's width per head (8 heads, concatenated)")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--dropouts", default="0.5,0", help="dropout rates between layers, one run each")
     p.add_argument("--dropout", type=float, default=0.5, help=argparse.SUPPRESS)

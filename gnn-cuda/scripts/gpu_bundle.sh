@@ -38,6 +38,6 @@ if [ -f "$cora/edges.csv" ]; then
   tar czf "$out/cora.tar.gz" -C "$(dirname "$cora")" --exclude raw "$(basename "$cora")"
 fi
 cp gnn-cuda/scripts/run_bundle.sh "$out/run.sh"
-cp gnn-cuda/scripts/cuda_env.sh gnn-cuda/scripts/gpu_jobs.sh "$out/"
+cp gnn-cuda/scripts/cuda_env.sh gnn-cuda/scripts/gpu_jobs.sh gnn-cuda/scripts/gpu_check.sh "$out/"
 du -sh "$out"
 ls -la "$out"

@@ -60,13 +60,22 @@ pub struct DeviceCsr {
     indptr: CudaSlice<i64>,
     indices: CudaSlice<u32>,
     values: CudaSlice<f32>,
-    t_indptr: CudaSlice<i64>,
-    t_indices: CudaSlice<u32>,
-    t_perm: CudaSlice<u32>,
-    t_values: CudaSlice<f32>,
-    /// The rows with more than `HEAVY_ROW_EDGES` edges, forward and over the transpose.
+    /// The rows with more than `HEAVY_ROW_EDGES` edges.
     heavy: Option<DeviceHeavy>,
-    t_heavy: Option<DeviceHeavy>,
+    /// The transpose; `None` for an operator equal to its transpose (GCN's normalised adjacency of an
+    /// undirected graph), whose transposed products read the forward arrays.
+    t: Option<DeviceTranspose>,
+    /// For each transposed entry, its forward position: GAT's attention gradient alone reads it, so it is
+    /// uploaded only for an operator whose weights are all 1 (GAT's structure).
+    t_perm: Option<CudaSlice<u32>>,
+}
+
+/// The arrays of a CSR's transpose.
+struct DeviceTranspose {
+    indptr: CudaSlice<i64>,
+    indices: CudaSlice<u32>,
+    values: CudaSlice<f32>,
+    heavy: Option<DeviceHeavy>,
 }
 
 /// A [`HeavyPlan`] in device memory.
@@ -82,6 +91,31 @@ struct DeviceHeavy {
 impl DeviceCsr {
     pub fn nnz(&self) -> usize {
         self.nnz
+    }
+
+    /// Whether the transposed products read the forward arrays (the operator is symmetric).
+    pub fn shares_transpose(&self) -> bool {
+        self.t.is_none()
+    }
+
+    /// The transpose's row pointers, indices, weights and heavy rows.
+    fn transposed(
+        &self,
+    ) -> (
+        &CudaSlice<i64>,
+        &CudaSlice<u32>,
+        &CudaSlice<f32>,
+        Option<&DeviceHeavy>,
+    ) {
+        match &self.t {
+            Some(t) => (&t.indptr, &t.indices, &t.values, t.heavy.as_ref()),
+            None => (
+                &self.indptr,
+                &self.indices,
+                &self.values,
+                self.heavy.as_ref(),
+            ),
+        }
     }
     /// Bytes one SpMM over this operator must move at width `d`: the CSR arrays, every source row once per
     /// edge that reads it (an upper bound of what the caches must serve), the output rows once.
@@ -110,12 +144,50 @@ pub struct DeviceLabels {
     buf: CudaSlice<i32>,
 }
 
-/// Reuse counts of the buffer pool.
+/// Reuse counts of the buffer pool, and where the device's memory peaked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     pub reused: u64,
     pub allocated: u64,
     pub cached_bytes: u64,
+    /// The most device memory in use (total - free: the context, every buffer and the driver's pool) seen
+    /// right after the pool had to allocate, since the engine opened or [`CudaEngine::reset_peak`]. A peak
+    /// can only rise at an allocation, so this is the peak of everything the engine allocates.
+    pub peak_used_bytes: u64,
+    /// What the pool held cached (free buffers of other sizes) at that peak: memory a bounded cache would
+    /// have handed back.
+    pub cached_at_peak: u64,
+    /// The allocation (f32 elements) that set the peak.
+    pub peak_alloc_len: u64,
+}
+
+/// Where the engine's freed buffers go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolMode {
+    /// Kept by exact size and handed out again: after the first epoch no allocator call, but a size one
+    /// phase used stays cached while another phase needs other sizes, so the device holds the sum of every
+    /// size's largest working set.
+    Exact,
+    /// Handed back to the driver's stream-ordered pool (`cuMemFreeAsync`), which is told to keep what it
+    /// holds (no release threshold) and reuses it for buffers of any size: the device holds about the
+    /// largest working set of any moment.
+    Driver,
+}
+
+impl PoolMode {
+    /// `PHYSALIA_GPU_POOL` (`exact` or `driver`), or the default ([`PoolMode::Driver`]).
+    pub fn from_env() -> Result<PoolMode, GpuError> {
+        match std::env::var("PHYSALIA_GPU_POOL") {
+            Err(_) => Ok(PoolMode::Driver),
+            Ok(v) => match v.as_str() {
+                "exact" => Ok(PoolMode::Exact),
+                "driver" => Ok(PoolMode::Driver),
+                other => Err(GpuError::Driver(format!(
+                    "PHYSALIA_GPU_POOL={other:?}: expected \"exact\" or \"driver\""
+                ))),
+            },
+        }
+    }
 }
 
 /// Pinned host buffers and the events of the last copies, for moving halo rows on the copy stream.
@@ -142,6 +214,7 @@ pub struct CudaEngine {
     sigs: HashMap<String, Vec<String>>,
     pool: HashMap<usize, Vec<CudaSlice<f32>>>,
     pool64: HashMap<usize, Vec<CudaSlice<f64>>>,
+    pool_mode: PoolMode,
     stats: PoolStats,
     dummy_u32: CudaSlice<u32>,
     dummy_f32: CudaSlice<f32>,
@@ -169,7 +242,14 @@ fn u32_size(n: usize, what: &str) -> Result<u32, GpuError> {
 impl CudaEngine {
     /// Opens GPU `index`: probes the driver and the libraries (a clear error, never a panic, when one is
     /// missing), creates the streams, compiles the kernels for the device's architecture and loads them.
+    /// Freed buffers go where [`PoolMode::from_env`] says.
     pub fn new(index: usize) -> Result<CudaEngine, GpuError> {
+        Self::with_pool(index, PoolMode::from_env()?)
+    }
+
+    /// [`CudaEngine::new`] with freed buffers going to `pool_mode` (the driver's pool falls back to the
+    /// exact-size cache on a device without one).
+    pub fn with_pool(index: usize, pool_mode: PoolMode) -> Result<CudaEngine, GpuError> {
         let info = probe()?;
         let device = info.devices.get(index).cloned().ok_or(GpuError::NoDevice {
             index,
@@ -182,7 +262,8 @@ impl CudaEngine {
             return Err(GpuError::MissingLibrary { name: "libcublas" });
         }
         let driver_version = info.driver_version;
-        let opened = std::panic::catch_unwind(|| Self::open(device.clone(), driver_version));
+        let opened =
+            std::panic::catch_unwind(|| Self::open(device.clone(), driver_version, pool_mode));
         match opened {
             Ok(r) => r,
             Err(_) => Err(GpuError::Driver(
@@ -192,8 +273,17 @@ impl CudaEngine {
         }
     }
 
-    fn open(device: DeviceInfo, driver_version: u32) -> Result<CudaEngine, GpuError> {
+    fn open(
+        device: DeviceInfo,
+        driver_version: u32,
+        pool_mode: PoolMode,
+    ) -> Result<CudaEngine, GpuError> {
         let ctx = CudaContext::new(device.index)?;
+        let pool_mode = match pool_mode {
+            PoolMode::Driver if keep_driver_pool(&ctx).is_ok() => PoolMode::Driver,
+            // no stream-ordered allocator (or its pool refused the setting): our own cache
+            _ => PoolMode::Exact,
+        };
         let stream = ctx.new_stream()?;
         let copy = ctx.new_stream()?;
         let opts = CompileOptions {
@@ -229,6 +319,7 @@ impl CudaEngine {
             sigs: signatures(SOURCE),
             pool: HashMap::new(),
             pool64: HashMap::new(),
+            pool_mode,
             stats: PoolStats::default(),
             dummy_u32,
             dummy_f32,
@@ -290,7 +381,29 @@ impl CudaEngine {
         self.stats.allocated += 1;
         // SAFETY: the pool hands out buffers whose contents the next kernel overwrites (`alloc`) or that are
         // zeroed (`zeros`).
-        Ok(unsafe { self.stream.alloc::<f32>(len) }?)
+        let b = unsafe { self.stream.alloc::<f32>(len) }?;
+        self.note_peak(len);
+        Ok(b)
+    }
+
+    /// Records the device's use after an allocation of `len` floats if it is the highest seen.
+    fn note_peak(&mut self, len: usize) {
+        if let Ok((free, total)) = self.ctx.mem_get_info() {
+            let used = (total - free) as u64;
+            if used > self.stats.peak_used_bytes {
+                self.stats.peak_used_bytes = used;
+                self.stats.cached_at_peak = self.stats.cached_bytes;
+                self.stats.peak_alloc_len = len as u64;
+            }
+        }
+    }
+
+    /// Starts a new peak (the memory in use now), so a caller can find which phase sets it.
+    pub fn reset_peak(&mut self) {
+        self.stats.peak_used_bytes = 0;
+        self.stats.cached_at_peak = 0;
+        self.stats.peak_alloc_len = 0;
+        self.note_peak(0);
     }
 
     fn take64(&mut self, len: usize) -> Result<CudaSlice<f64>, GpuError> {
@@ -303,14 +416,35 @@ impl CudaEngine {
     }
 
     fn give64(&mut self, b: CudaSlice<f64>) {
-        self.pool64.entry(b.len()).or_default().push(b);
+        if self.pool_mode == PoolMode::Exact {
+            self.pool64.entry(b.len()).or_default().push(b);
+        }
     }
 
-    /// Drops every cached buffer (the memory goes back to the driver's pool).
+    /// A buffer no longer used: into the exact-size cache, or back to the driver's pool (dropping it frees
+    /// it on the stream, after the work queued so far).
+    fn give(&mut self, b: CudaSlice<f32>) {
+        if self.pool_mode == PoolMode::Exact {
+            self.stats.cached_bytes += b.len() as u64 * 4;
+            self.pool.entry(b.len()).or_default().push(b);
+        }
+    }
+
+    /// Where freed buffers go (the driver's pool when the device has one, unless `PHYSALIA_GPU_POOL=exact`).
+    pub fn pool_mode(&self) -> PoolMode {
+        self.pool_mode
+    }
+
+    /// Drops every cached buffer and hands what the driver's pool keeps unused back to the device, once the
+    /// queued work is done.
     pub fn trim_pool(&mut self) {
         self.pool.clear();
         self.pool64.clear();
         self.stats.cached_bytes = 0;
+        if self.stream.synchronize().is_ok() {
+            // a device without a stream-ordered pool frees synchronously: nothing to hand back
+            let _ = trim_driver_pool(&self.ctx);
+        }
     }
 
     /// Milliseconds per call of `f` on the compute stream (events around `reps` calls, after one warm-up).
@@ -511,8 +645,7 @@ impl CudaEngine {
             .arg(&d32);
         // SAFETY: `partial` holds n_chunks x d floats, `first` n_heavy + 1 chunk bounds, `rows` < y.rows.
         unsafe { b.launch(launch_cfg(elementwise_launch(h.n_heavy as usize * d))) }?;
-        self.stats.cached_bytes += partial.len() as u64 * 4;
-        self.pool.entry(partial.len()).or_default().push(partial);
+        self.give(partial);
         Ok(())
     }
 
@@ -630,14 +763,28 @@ impl Ops for CudaEngine {
     }
 
     fn recycle(&mut self, m: DeviceMatrix) {
-        let len = m.buf.len();
-        self.stats.cached_bytes += len as u64 * 4;
-        self.pool.entry(len).or_default().push(m.buf);
+        self.give(m.buf);
     }
 
     fn upload_csr(&mut self, op: &SparseOp) -> Result<DeviceCsr, GpuError> {
         let h = HostCsr::from_op(op);
         u32_size(h.n_src.max(h.n_dst), "nodes")?;
+        let t = if h.is_symmetric() {
+            None
+        } else {
+            Some(DeviceTranspose {
+                indptr: self.upload_vec(&h.t_indptr)?,
+                indices: self.upload_vec(&h.t_indices)?,
+                values: self.upload_vec(&h.t_values)?,
+                heavy: self.upload_heavy(&h.t_indptr)?,
+            })
+        };
+        // GAT's structure has every weight 1 (GCN's and the mean's are 1 only on nodes without neighbours)
+        let t_perm = if h.values.iter().all(|&v| v == 1.0) {
+            Some(self.upload_vec(&h.t_perm)?)
+        } else {
+            None
+        };
         Ok(DeviceCsr {
             n_dst: h.n_dst,
             n_src: h.n_src,
@@ -645,12 +792,9 @@ impl Ops for CudaEngine {
             indptr: self.upload_vec(&h.indptr)?,
             indices: self.upload_vec(&h.indices)?,
             values: self.upload_vec(&h.values)?,
-            t_indptr: self.upload_vec(&h.t_indptr)?,
-            t_indices: self.upload_vec(&h.t_indices)?,
-            t_perm: self.upload_vec(&h.t_perm)?,
-            t_values: self.upload_vec(&h.t_values)?,
             heavy: self.upload_heavy(&h.indptr)?,
-            t_heavy: self.upload_heavy(&h.t_indptr)?,
+            t,
+            t_perm,
         })
     }
 
@@ -755,15 +899,8 @@ impl Ops for CudaEngine {
         check(x.rows == a.n_dst && y.shape() == (a.n_src, x.cols), || {
             format!("spmm_t: {} rows for {} destinations", x.rows, a.n_dst)
         })?;
-        self.launch_spmm(
-            &a.t_indptr,
-            &a.t_indices,
-            &a.t_values,
-            a.t_heavy.as_ref(),
-            x,
-            None,
-            y,
-        )
+        let (indptr, indices, values, heavy) = a.transposed();
+        self.launch_spmm(indptr, indices, values, heavy, x, None, y)
     }
 
     fn gat_messages(
@@ -944,10 +1081,18 @@ impl Ops for CudaEngine {
         }
         let n_src = a.n_src as u32;
         let concat = shape.concat as u32;
+        let t_perm = a.t_perm.as_ref().ok_or_else(|| {
+            GpuError::Unsupported(
+                "GAT's backward over an operator uploaded without its entry map (its weights are not \
+                 GAT's structure)"
+                    .into(),
+            )
+        })?;
+        let (t_indptr, t_indices, _, _) = a.transposed();
         let mut b = self.launch("gat_backward_sources");
-        b.arg(&a.t_indptr)
-            .arg(&a.t_indices)
-            .arg(&a.t_perm)
+        b.arg(t_indptr)
+            .arg(t_indices)
+            .arg(t_perm)
             .arg(&a_used.buf)
             .arg(&d_score.buf)
             .arg(&d_out.buf)
@@ -1329,7 +1474,11 @@ impl Ops for CudaEngine {
     }
 
     fn release_cached(&mut self) {
-        self.trim_pool();
+        // the exact-size cache only: the driver's pool reuses its memory for the next step's shapes, and
+        // handing it to the device every step would make each step reserve it again
+        self.pool.clear();
+        self.pool64.clear();
+        self.stats.cached_bytes = 0;
     }
 }
 
@@ -1365,4 +1514,44 @@ impl CudaEngine {
             self.spmm(a, x, None, y)
         }
     }
+}
+
+/// The device's default stream-ordered pool, which `cuMemAllocAsync` draws from.
+fn default_pool(ctx: &CudaContext) -> Result<sys::CUmemoryPool, GpuError> {
+    if ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
+        return Err(GpuError::Unsupported(
+            "the device has no stream-ordered allocator".into(),
+        ));
+    }
+    ctx.bind_to_thread()?;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and the context's device is current.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
+    Ok(pool)
+}
+
+/// Tells the default pool to keep freed memory for later allocations instead of handing it back to the
+/// device at every synchronisation (its release threshold, 0 by default, set to no limit): the driver then
+/// caches as our exact-size pool did, for buffers of any size.
+fn keep_driver_pool(ctx: &CudaContext) -> Result<(), GpuError> {
+    let pool = default_pool(ctx)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the release threshold attribute takes a pointer to a u64.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    }
+    .result()?;
+    Ok(())
+}
+
+/// Hands every unused byte of the default pool back to the device.
+fn trim_driver_pool(ctx: &CudaContext) -> Result<(), GpuError> {
+    let pool = default_pool(ctx)?;
+    // SAFETY: trimming keeps every allocation in use; 0 releases all the rest.
+    unsafe { sys::cuMemPoolTrimTo(pool, 0) }.result()?;
+    Ok(())
 }

@@ -32,7 +32,7 @@ pub use device::{
     DeviceInfo, DevicePreference, GpuError, GpuInfo, Selected, decide, probe, select,
 };
 pub use engine::{
-    CudaEngine, DeviceCsr, DeviceIdx, DeviceLabels, DeviceMatrix, HaloStaging, PoolStats,
+    CudaEngine, DeviceCsr, DeviceIdx, DeviceLabels, DeviceMatrix, HaloStaging, PoolMode, PoolStats,
 };
 pub use ops::HostCsr;
 pub use train::{TrainError, train_resumable_on};

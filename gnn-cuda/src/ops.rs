@@ -50,4 +50,13 @@ impl HostCsr {
     pub fn nnz(&self) -> usize {
         self.indices.len()
     }
+
+    /// Whether the operator equals its transpose, entry for entry and weight for weight (GCN's normalised
+    /// adjacency of an undirected graph): then its transposed product is its forward product.
+    pub fn is_symmetric(&self) -> bool {
+        self.n_dst == self.n_src
+            && self.t_indptr == self.indptr
+            && self.t_indices == self.indices
+            && self.t_values == self.values
+    }
 }

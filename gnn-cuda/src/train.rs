@@ -65,7 +65,7 @@ where
     }
     let kind = model.config().kind;
     let dg = DeviceGraph::local(ops, g, kind)?;
-    let xd = ops.upload(x)?;
+    let mut xd = ops.upload(x)?;
     let labels = ops.upload_labels(&sets.labels)?;
     let rows = [&sets.train, &sets.val, &sets.test].map(|r| ops.upload_idx(r));
     let [train, val, test] = rows;
@@ -83,6 +83,15 @@ where
     };
     let mut summary = start.summary(cfg.epochs);
     let mut progress = start;
+    if progress.epoch < cfg.epochs {
+        // a constant `A X` before the first epoch, so features the model no longer reads are freed before any
+        // activation exists (as the CPU's loop does)
+        let first = Pass::Train {
+            epoch: progress.epoch as u64 + 1,
+        };
+        dm.cache_input_aggregation_ex(ops, &dg, &xd, first, ex)?;
+        release_unneeded_features(ops, &dm, &mut xd)?;
+    }
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
         let fwd = dm.forward_ex(
@@ -136,4 +145,19 @@ where
         }
     }
     Ok((summary, progress))
+}
+
+/// Frees the device's copy of the features once the model no longer reads them
+/// ([`DeviceModel::needs_input`]: GCN's first layer with `A X` cached and no input dropout): an empty matrix
+/// stands in for them, and the buffer goes back to the device's allocator, not to the pool's cache (no other
+/// buffer of the epoch has its shape).
+fn release_unneeded_features<O: Ops>(
+    ops: &mut O,
+    dm: &DeviceModel<O>,
+    xd: &mut O::Mat,
+) -> Result<(), O::Error> {
+    if ops.dims(xd) != (0, 0) && !dm.needs_input() {
+        *xd = ops.alloc(0, 0)?;
+    }
+    Ok(())
 }

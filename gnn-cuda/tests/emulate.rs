@@ -132,3 +132,114 @@ fn cora_accuracy_equals_cpu_on_the_cpu_device() {
         );
     }
 }
+
+/// The device's training loop (`train_resumable_on`, the loop a GPU worker runs) against the CPU's
+/// (`physalia_gnn::train_resumable`): per-epoch losses and validation accuracy, with GCN's features freed
+/// once `A X` is cached (no input dropout) and kept (input dropout), and with SAGE, whose root weight reads
+/// them every epoch.
+#[test]
+fn device_loop_equals_the_cpu_loop_with_and_without_the_features_freed() {
+    use physalia_gnn::{
+        Adam, LayerKind, LocalExchange, LocalGraph, Model, ModelConfig, NodeSets, Progress,
+        TrainConfig,
+    };
+    let n = 400;
+    let p = problem(n, 24, 4, 13);
+    let sets = NodeSets {
+        labels: p.labels.clone(),
+        train: p.train.clone(),
+        val: (0..n as u32).filter(|i| i % 5 == 1).collect(),
+        test: (0..n as u32).filter(|i| i % 5 == 2).collect(),
+    };
+    let tc = TrainConfig {
+        epochs: 6,
+        lr: 0.01,
+        weight_decay: 5e-4,
+        eval_every: 2,
+        patience: None,
+    };
+    for (kind, input_dropout) in [
+        (LayerKind::Gcn, 0.0),
+        (LayerKind::Gcn, 0.3),
+        (LayerKind::Sage, 0.0),
+    ] {
+        let mut cfg = ModelConfig::new(kind, 24, 32, 4);
+        cfg.input_dropout = input_dropout;
+        cfg.dropout = 0.2;
+        let what = format!("{kind:?} input dropout {input_dropout}");
+        let g = LocalGraph::whole(kind, &p.indptr, &p.indices);
+        let run = |device: bool| {
+            let mut model = Model::new(&cfg, 3).unwrap();
+            let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
+            let (summary, _) = if device {
+                physalia_gnn_cuda::train_resumable_on(
+                    &mut CpuPrimitives,
+                    &mut model,
+                    &mut opt,
+                    Progress::default(),
+                    &g,
+                    &p.x,
+                    &sets,
+                    &tc,
+                    &mut LocalExchange,
+                    &mut |_| true,
+                )
+                .unwrap()
+            } else {
+                physalia_gnn::train_resumable(
+                    &mut model,
+                    &mut opt,
+                    Progress::default(),
+                    &g,
+                    &p.x,
+                    &sets,
+                    &tc,
+                    &mut LocalExchange,
+                    &mut |_| true,
+                )
+                .unwrap()
+            };
+            summary.epochs
+        };
+        let (cpu, dev) = (run(false), run(true));
+        assert_eq!(cpu.len(), tc.epochs, "{what}");
+        assert_eq!(dev.len(), tc.epochs, "{what}");
+        for (c, d) in cpu.iter().zip(&dev) {
+            let rel = (c.loss - d.loss).abs() / c.loss.abs().max(1e-3);
+            assert!(
+                rel < 1e-4,
+                "{what}: epoch {}: loss {} vs {}",
+                c.epoch,
+                d.loss,
+                c.loss
+            );
+            assert_eq!(c.val_acc, d.val_acc, "{what}: epoch {}", c.epoch);
+        }
+    }
+}
+
+/// GCN's normalised adjacency of an undirected graph is its own transpose (the GPU then uploads it once);
+/// GraphSAGE's mean weights by the destination's degree and a partition's operator has halo columns, so
+/// neither is.
+#[test]
+fn only_symmetric_operators_share_their_transpose() {
+    let n = 500;
+    let p = problem(n, 1, 2, 7);
+    let of = |norm| HostCsr::from_op(&SparseOp::build(n, n, &p.indptr, &p.indices, norm, None));
+    assert!(of(Norm::Symmetric).is_symmetric());
+    assert!(of(Norm::SelfLoopsOnly).is_symmetric());
+    assert!(!of(Norm::Mean).is_symmetric());
+    let n_dst = n / 2;
+    let deg: Vec<u32> = (0..n)
+        .map(|j| (p.indptr[j + 1] - p.indptr[j]) as u32)
+        .collect();
+    let part = SparseOp::build(
+        n_dst,
+        n,
+        &p.indptr[..=n_dst],
+        &p.indices[..p.indptr[n_dst] as usize],
+        Norm::Symmetric,
+        Some(&deg),
+    );
+    assert!(!HostCsr::from_op(&part).is_symmetric());
+}

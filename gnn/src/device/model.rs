@@ -600,9 +600,30 @@ impl<O: Ops> DeviceModel<O> {
         self.run_layers(ops, gs, vec![input], caches, None, pass, ex)
     }
 
-    /// Starts `pass` on `ex` and computes the first layer's `A X` when it is constant across epochs and not
-    /// cached yet (what a forward pass does first), so a caller can free the features before the pass when
-    /// [`DeviceModel::needs_input`] says nothing reads them any more.
+    /// Starts `pass` on `ex` and computes the first layer's `A X` over `g` when it is constant across epochs
+    /// and not cached yet (what [`DeviceModel::forward_ex`] does first), so a caller can free the features
+    /// before the pass when [`DeviceModel::needs_input`] says nothing reads them any more.
+    pub fn cache_input_aggregation_ex(
+        &mut self,
+        ops: &mut O,
+        g: &DeviceGraph<O>,
+        x: &O::Mat,
+        pass: Pass,
+        ex: &mut dyn Exchange,
+    ) -> Result<(), O::Error> {
+        let (rows, cols) = ops.dims(x);
+        let gs = Graphs::Whole(g.view());
+        if (rows, cols) != (gs.input_rows(0), self.cfg.in_dim) {
+            return Err(shape_error(format!(
+                "input features are {rows}x{cols}, the model expects {}x{}",
+                gs.input_rows(0),
+                self.cfg.in_dim
+            )));
+        }
+        self.cache_input_aggregation_in(ops, gs, x, pass, ex)
+    }
+
+    /// [`DeviceModel::cache_input_aggregation_ex`] over `gs`.
     pub(crate) fn cache_input_aggregation_in(
         &mut self,
         ops: &mut O,
