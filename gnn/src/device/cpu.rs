@@ -664,7 +664,7 @@ impl Ops for Cpu {
         &mut self,
         agg: &Matrix,
         x_root: Option<&Matrix>,
-        h1: &Matrix,
+        h1: Matrix,
         terms: &[(&Matrix, &Matrix)],
         gids: Option<&Vec<u32>>,
         act: Activation,
@@ -697,7 +697,7 @@ impl Ops for Cpu {
                 fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
                     &m.data()[r0 * m.cols()..r1 * m.cols()]
                 }
-                activation_backward(&mut dz, rows(h1, r0, r1), r0, gids, act, p, mask);
+                activation_backward(&mut dz, rows(&h1, r0, r1), r0, gids, act, p, mask);
                 let gw = matmul_at_rows(rows(agg, r0, r1), agg.cols(), &dz);
                 let gr = x_root.map(|x| matmul_at_rows(rows(x, r0, r1), x.cols(), &dz));
                 (gw, gr, dz.column_sums_serial())

@@ -21,6 +21,10 @@ fn shape_error<E: From<DeviceError>>(what: String) -> E {
 }
 
 /// Rows `row0..row0 + rows` of a matrix `cols` wide.
+/// The row blocks in which the fused first-layer backward forms its gradient (bytes of one block's
+/// gradient): small against the hidden layer, large enough that a GPU's launches stay few.
+const FUSED_BLOCK_BYTES: usize = 64 << 20;
+
 fn rows_of<M>(m: &M, row0: usize, rows: usize, cols: usize) -> View<'_, M> {
     View {
         m,
@@ -222,25 +226,63 @@ pub(super) fn fused_first_backward<O: Ops>(
     ops: &mut O,
     agg: &O::Mat,
     x_root: Option<&O::Mat>,
-    h1: &O::Mat,
+    h1: O::Mat,
     terms: &[(&O::Mat, &O::Mat)],
     gids: Option<&O::Idx>,
     act: Activation,
     dropout: Option<Dropout>,
 ) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
-    let (n, width) = ops.dims(h1);
-    let mut dz = ops.alloc(n, width)?;
-    for (i, (a, w)) in terms.iter().enumerate() {
+    let (n, width) = ops.dims(&h1);
+    for (a, w) in terms {
         let ((ar, ac), (wr, wc)) = (ops.dims(a), ops.dims(w));
-        let beta = if i == 0 { 0.0 } else { 1.0 };
-        ops.gemm(
-            View::full(*a, ar, ac),
-            View::full(*w, wr, wc).t(),
-            beta,
-            &mut dz,
-        )?;
+        if ar != n || wr != width || wc != ac {
+            return Err(shape_error(format!(
+                "fused_first_backward: a {ar}-row term through a {wr}x{wc} weight for {n}x{width} hidden rows"
+            )));
+        }
     }
-    ops.activation_backward(&mut dz, h1, gids, 0, act, dropout)?;
+    let block = (FUSED_BLOCK_BYTES / (4 * width.max(1))).max(1);
+    fused_first_backward_in_blocks(ops, agg, x_root, h1, terms, gids, act, dropout, block)
+}
+
+/// [`fused_first_backward`] with the gradient formed `block` rows at a time.
+#[allow(clippy::too_many_arguments)]
+fn fused_first_backward_in_blocks<O: Ops>(
+    ops: &mut O,
+    agg: &O::Mat,
+    x_root: Option<&O::Mat>,
+    h1: O::Mat,
+    terms: &[(&O::Mat, &O::Mat)],
+    gids: Option<&O::Idx>,
+    act: Activation,
+    dropout: Option<Dropout>,
+    block: usize,
+) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
+    let (n, width) = ops.dims(&h1);
+    // the gradient through the activation is written over `h1` a row block at a time: the hidden layer's
+    // rows are read once (by the block's activation backward) before its gradient replaces them, so the
+    // pass never holds a second n x width matrix
+    let mut dz = h1;
+    for r0 in (0..n).step_by(block.max(1)) {
+        let rows = block.min(n - r0);
+        let mut d = ops.alloc(rows, width)?;
+        for (i, (a, w)) in terms.iter().enumerate() {
+            let ((_, ac), (wr, wc)) = (ops.dims(a), ops.dims(w));
+            let beta = if i == 0 { 0.0 } else { 1.0 };
+            ops.gemm(
+                rows_of(*a, r0, rows, ac),
+                View::full(*w, wr, wc).t(),
+                beta,
+                &mut d,
+            )?;
+        }
+        let mut y = ops.alloc(rows, width)?;
+        ops.copy2d(rows_of(&dz, r0, rows, width), &mut y, 0, width)?;
+        ops.activation_backward(&mut d, &y, gids, r0, act, dropout)?;
+        ops.copy2d(View::full(&d, rows, width), &mut dz, r0 * width, width)?;
+        ops.recycle(y);
+        ops.recycle(d);
+    }
     let (ar, ac) = ops.dims(agg);
     let gw = product(ops, View::full(agg, ar, ac).t(), View::full(&dz, n, width))?;
     let gr = match x_root {
@@ -394,4 +436,64 @@ pub(super) fn all_reduce<O: Ops>(
         ops.recycle(std::mem::replace(d, up));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::CpuPrimitives;
+
+    fn filled(rows: usize, cols: usize, seed: u32) -> Matrix {
+        let v = (0..rows * cols)
+            .map(|i| {
+                let h = (i as u32 ^ seed).wrapping_mul(2654435761);
+                (h >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        Matrix::from_vec(rows, cols, v)
+    }
+
+    /// The gradient formed over `h1` in row blocks (the last one short) equals one block over every row:
+    /// each row's gradient reads only that row of `h1` and of the terms, and dropout is keyed by the
+    /// global row, so the block boundaries change nothing, bit for bit.
+    #[test]
+    fn fused_first_backward_is_the_same_in_any_row_blocks() {
+        let (n, width, f, c) = (53, 12, 5, 4);
+        let agg = filled(n, f, 1);
+        let x = filled(n, f, 2);
+        let (a1, w1) = (filled(n, c, 3), filled(width, c, 4));
+        let (a2, w2) = (filled(n, c, 5), filled(width, c, 6));
+        let terms = [(&a1, &w1), (&a2, &w2)];
+        for act in [Activation::Relu, Activation::Elu] {
+            for dropout in [None, Some(Dropout { key: 9, p: 0.3 })] {
+                let run = |block: usize| {
+                    let h1 = filled(n, width, 7);
+                    fused_first_backward_in_blocks(
+                        &mut CpuPrimitives,
+                        &agg,
+                        Some(&x),
+                        h1,
+                        &terms,
+                        None,
+                        act,
+                        dropout,
+                        block,
+                    )
+                    .unwrap()
+                };
+                let whole = run(n);
+                for block in [1, 7, 52] {
+                    let b = run(block);
+                    let what = format!("{act:?} dropout {dropout:?} block {block}");
+                    assert_eq!(b.w.data(), whole.w.data(), "{what}: weight");
+                    assert_eq!(
+                        b.w_root.as_ref().unwrap().data(),
+                        whole.w_root.as_ref().unwrap().data(),
+                        "{what}: root weight"
+                    );
+                    assert_eq!(b.bias.data(), whole.bias.data(), "{what}: bias");
+                }
+            }
+        }
+    }
 }

@@ -477,14 +477,15 @@ pub trait Ops: Sized {
 
     /// The first layer's gradients (weight, root weight when `x_root` is its input, bias) when it
     /// aggregated its input (`agg = A X`) and its output gradient is `sum_t A_t W_t^T` (`terms`, the second
-    /// layer's factors) through the activation and dropout whose output is `h1`. The hidden-width gradient
-    /// need never exist whole: a device may form and consume it a row block at a time.
+    /// layer's factors) through the activation and dropout whose output is `h1`, which this consumes (the
+    /// hidden layer is not read again). The hidden-width gradient need never exist beside it: a device may
+    /// form and consume it a row block at a time, or write it over `h1` a row block at a time.
     #[allow(clippy::too_many_arguments)]
     fn fused_first_backward(
         &mut self,
         agg: &Self::Mat,
         x_root: Option<&Self::Mat>,
-        h1: &Self::Mat,
+        h1: Self::Mat,
         terms: &[(&Self::Mat, &Self::Mat)],
         gids: Option<&Self::Idx>,
         act: Activation,

@@ -1027,7 +1027,7 @@ impl<O: Ops> DeviceModel<O> {
                     let first = ops.fused_first_backward(
                         a,
                         l0.w_root.map(|_| x.get()),
-                        &y,
+                        y,
                         &refs,
                         g.gids,
                         self.cfg.activation,
@@ -1045,7 +1045,6 @@ impl<O: Ops> DeviceModel<O> {
                     if let Some(a) = agg {
                         ops.recycle(a);
                     }
-                    ops.recycle(y);
                     if let Input::Owned(m) = x {
                         ops.recycle(m);
                     }
