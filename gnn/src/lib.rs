@@ -16,6 +16,7 @@ pub mod dense;
 pub mod device;
 pub mod exchange;
 mod gat;
+mod gather;
 pub mod heap;
 pub mod loss;
 pub mod model;
