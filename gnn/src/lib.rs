@@ -21,6 +21,7 @@ pub mod heap;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod profile;
 pub mod rng;
 pub mod save;
 pub mod sparse;
