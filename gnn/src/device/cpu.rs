@@ -857,6 +857,14 @@ fn dropout_cols(
         });
 }
 
+/// `d * scale` where `y > 0`, else `+0.0`: ReLU's (and dropout's) backward for one element, without a
+/// branch, bit for bit what the select gives.
+#[inline(always)]
+fn relu_grad(d: f32, y: f32, scale: f32) -> f32 {
+    let keep = u32::from(y > 0.0).wrapping_neg();
+    f32::from_bits((d * scale).to_bits() & keep)
+}
+
 /// `dy` (gradient of `y = dropout(act(z))`) becomes the gradient of `z`, from `y` and, for ELU, the
 /// regenerated mask. For ReLU `y > 0` exactly when the element was kept and `z > 0`, so no mask is needed.
 fn activation_backward(
@@ -881,8 +889,11 @@ fn activation_backward(
         .with_min_len(64);
     match act {
         Activation::Relu => rows.for_each(|(_, (drow, yrow))| {
+            // `if y > 0 { d * scale } else { 0 }` as a bit mask: the compiler made the branch a scalar loop,
+            // and a branch on which half of the elements are positive mispredicts at random (issue 34: the
+            // reason an epoch without dropout, where half are, was slower than one with it)
             for (d, &yv) in drow.iter_mut().zip(yrow) {
-                *d = if yv > 0.0 { *d * scale } else { 0.0 };
+                *d = relu_grad(*d, yv, scale);
             }
         }),
         Activation::Elu => {
@@ -1115,3 +1126,33 @@ impl Ops for CpuPrimitives {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relu_grad_is_the_select_bit_for_bit() {
+        let values = [
+            -2.5f32,
+            -1e-30,
+            -0.0,
+            0.0,
+            1e-30,
+            0.75,
+            3.0e7,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE / 2.0,
+        ];
+        for &d in &values {
+            for &y in &values {
+                for scale in [1.0f32, 2.0, 1.0 / 0.7] {
+                    let want = if y > 0.0 { d * scale } else { 0.0 };
+                    let got = relu_grad(d, y, scale);
+                    assert_eq!(got.to_bits(), want.to_bits(), "d={d} y={y} scale={scale}");
+                }
+            }
+        }
+    }
+}
