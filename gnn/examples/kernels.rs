@@ -9,11 +9,37 @@
 //! fraction of the stream figure, measured the way `calibrate` measures it (`Matrix::add_assign`, 3 x 4 bytes a
 //! float). The vector path the kernels picked on this CPU is printed first.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::time::Instant;
 
 use physalia_gnn::Matrix;
 use physalia_gnn::sparse::{Norm, Path, SparseOp};
 use physalia_graph::synth::{SbmParams, sbm};
+
+/// With `ALIGN64=1`, allocations of 1 MiB and more start on a cache line (glibc's malloc aligns to 16
+/// bytes, so a 64-byte row of a width-16 matrix usually straddles two lines).
+struct Aligned;
+static ALIGN64: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+fn layout(l: Layout) -> Layout {
+    if l.size() >= 1 << 20 && ALIGN64.load(std::sync::atomic::Ordering::Relaxed) {
+        l.align_to(64).expect("64 is a valid alignment")
+    } else {
+        l
+    }
+}
+unsafe impl GlobalAlloc for Aligned {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        unsafe { System.alloc(layout(l)) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        unsafe { System.alloc_zeroed(layout(l)) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, layout(l)) }
+    }
+}
+#[global_allocator]
+static A: Aligned = Aligned;
 
 fn median_s(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -86,6 +112,11 @@ fn main() {
             mallopt(M_TRIM_THRESHOLD, i32::MAX);
         }
     }
+    // set before any large allocation, so every one is freed with the layout it was made with
+    ALIGN64.store(
+        std::env::var("ALIGN64").is_ok(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     println!("vector path: {}", Path::detect().name());
 
     let len = 1usize << 24;
@@ -111,6 +142,7 @@ fn main() {
     println!("graph: {n} nodes, {} entries with self-loops", op.nnz());
     for &d in &widths {
         let x = filled(n, d);
+        let misaligned = x.data().as_ptr() as usize % 64;
         let bytes = op.nnz() as f64 * (8.0 + d as f64 * 4.0) + (n * d * 4) as f64;
         for (name, t) in [
             (
@@ -128,7 +160,7 @@ fn main() {
         ] {
             let gbs = bytes / t / 1e9;
             println!(
-                "{name} d={d:3}  {t:.4} s  {gbs:5.1} GB/s  {:.0}% of stream",
+                "{name} d={d:3}  {t:.4} s  {gbs:5.1} GB/s  {:.0}% of stream  (rows start {misaligned} B past a line)",
                 100.0 * gbs / stream
             );
         }
