@@ -4,6 +4,8 @@
 //!
 //! `cargo run --release -p physalia-gnn --example epoch -- MODEL NODES EPOCHS DROPOUT THREADS` (defaults
 //! `gcn 100000 5 0.5 2`); prints the median epoch (forward + loss + backward + Adam, no evaluation) in seconds.
+//! A sixth argument `profile` also prints where the epochs after the first went, per CPU operation
+//! (`physalia_gnn::profile`: seconds per epoch, calls per epoch, share of the epoch; epochs 2..E-1, E >= 3).
 
 use physalia_gnn::{
     LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
@@ -23,6 +25,12 @@ fn main() {
     let epochs: usize = arg(2, "5").parse().expect("EPOCHS is a number");
     let dropout: f32 = arg(3, "0.5").parse().expect("DROPOUT is a number");
     let threads: usize = arg(4, "2").parse().expect("THREADS is a number");
+    let profile = arg(5, "") == "profile";
+    assert!(
+        !profile || epochs >= 3,
+        "profile counts epochs 2..E-1: give at least 3"
+    );
+    let mut spans = Vec::new();
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()
@@ -70,9 +78,32 @@ fn main() {
         &sets,
         &tc,
         &mut LocalExchange,
-        &mut |m| times.push(m.train_s),
+        &mut |m| {
+            times.push(m.train_s);
+            // epochs 2..E-1: the first also caches `A X`, the last ends with an evaluation
+            if profile && times.len() == 1 {
+                physalia_gnn::profile::enable();
+            }
+            if profile && times.len() == epochs - 1 {
+                spans = physalia_gnn::profile::take();
+            }
+        },
     )
     .expect("training runs");
+    let steady_times = &times[1.min(times.len())..times.len().saturating_sub(1).max(1)];
+    let counted: f64 = steady_times.iter().sum();
+    let steady = steady_times.len().max(1) as f64;
     times.sort_by(f64::total_cmp);
     println!("{:.4}", times[times.len() / 2]);
+    if profile {
+        println!("epochs 2..{}: {:.4} s/epoch", epochs - 1, counted / steady);
+        for (name, s, calls) in spans {
+            println!(
+                "  {name:<22} {:8.4} s/epoch {:6.1} calls/epoch {:5.1}%",
+                s / steady,
+                calls as f64 / steady,
+                100.0 * s / counted.max(1e-12)
+            );
+        }
+    }
 }

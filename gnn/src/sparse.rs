@@ -10,6 +10,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+pub use crate::gather::Path;
+use crate::gather::{Block, gather};
 use crate::tensor::Matrix;
 
 /// Destination rows per rayon task in SpMM.
@@ -331,22 +333,26 @@ impl SparseOp {
         }
         let (indptr, indices, values) = (&self.indptr, &self.indices, &self.values);
         let xd = x.data();
+        let path = Path::detect();
         y.data_mut()
             .par_chunks_mut(SPMM_ROWS * d)
             .enumerate()
             .for_each(|(chunk, out)| {
-                let first = chunk * SPMM_ROWS;
-                for (r, orow) in out.chunks_exact_mut(d).enumerate() {
-                    let i = first + r;
-                    let (lo, hi) = col_range(indices, indptr[i], indptr[i + 1], col0, col1);
-                    for k in lo..hi {
-                        let w = values[k];
-                        let j = indices[k] as usize - col0;
-                        for (o, &v) in orow.iter_mut().zip(&xd[j * d..(j + 1) * d]) {
-                            *o += w * v;
-                        }
-                    }
-                }
+                gather(
+                    path,
+                    Block {
+                        out,
+                        first: chunk * SPMM_ROWS,
+                        d,
+                        accumulate: true,
+                        entries: |i| col_range(indices, indptr[i], indptr[i + 1], col0, col1),
+                        indices,
+                        weight: |k, _| values[k],
+                        row: |j| &xd[(j - col0) * d..(j - col0 + 1) * d],
+                        // entries outside the column range have no row here
+                        prefetch: false,
+                    },
+                )
             });
     }
 
@@ -446,23 +452,25 @@ fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
     if d == 0 {
         return;
     }
+    let path = Path::detect();
     y.data_mut()
         .par_chunks_mut(SPMM_ROWS * d)
         .enumerate()
         .for_each(|(chunk, out)| {
-            let first = chunk * SPMM_ROWS;
-            for (r, orow) in out.chunks_exact_mut(d).enumerate() {
-                let i = first + r;
-                let (lo, hi) = (indptr[i], indptr[i + 1]);
-                for (k, &j) in (lo..hi).zip(&indices[lo..hi]) {
-                    let j = j as usize;
-                    let w = weight(k, j);
-                    let xr = x.row(j);
-                    for (o, &v) in orow.iter_mut().zip(xr) {
-                        *o += w * v;
-                    }
-                }
-            }
+            gather(
+                path,
+                Block {
+                    out,
+                    first: chunk * SPMM_ROWS,
+                    d,
+                    accumulate: false,
+                    entries: |i| (indptr[i], indptr[i + 1]),
+                    indices,
+                    weight: &weight,
+                    row: |j| x.row(j),
+                    prefetch: true,
+                },
+            )
         });
 }
 

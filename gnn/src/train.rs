@@ -366,6 +366,7 @@ fn train_loop(
     }
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
+        let span = crate::profile::span("(forward, all)");
         let fwd = model.forward(
             g,
             x.get(),
@@ -374,11 +375,18 @@ fn train_loop(
             },
             ex,
         )?;
+        drop(span);
+        let span = crate::profile::span("loss");
         let (loss_sum, d_logits) =
             cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
+        drop(span);
+        let span = crate::profile::span("(backward, all)");
         let grads = model.backward(g, fwd, d_logits, ex)?;
+        drop(span);
         x.release_if_unneeded(model);
+        let span = crate::profile::span("optimizer");
         opt.step(&mut model.params, &grads);
+        drop(span);
         let mut loss = [loss_sum];
         ex.all_reduce_scalars(&mut loss).map_err(Error::Exchange)?;
         let train_s = t0.elapsed().as_secs_f64();

@@ -5,6 +5,10 @@
 //! Exit codes: 0 trained and reported, 1 an error (printed on stderr, also reported to the coordinator),
 //! 3 stopped by the coordinator or lost it.
 
+/// Large buffers start on a cache line, so a gathered row of a width-16 matrix is one line, not two (issue 34).
+#[global_allocator]
+static ALLOC: physalia_gnn::heap::LineAligned = physalia_gnn::heap::LineAligned;
+
 fn main() {
     // the image's health check: the binary loads and runs
     if std::env::args().nth(1).as_deref() == Some("--health") {
