@@ -1,10 +1,12 @@
 //! `physalia plan`: the planner's answer for a job file, from the dataset's statistics and the partition sets
 //! stored beside it, the built-in catalog (plus the user's) and, when given, a calibration profile.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSummary};
 use physalia_graph::{FeatureDtype, Split};
 use physalia_planner::{
     Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats,
@@ -145,22 +147,44 @@ pub(crate) fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
         },
     };
     let partitions = match (&spec.dataset.path, source) {
-        (Some(path), Source::File(_)) => physalia_graph::partition::list_partitions(path)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| p.status == physalia_graph::partition::ArtifactStatus::Current)
-            .filter_map(|p| p.meta)
-            .map(|m| PartitionStats {
-                parts: m.k as u32,
-                edge_cut: m.edge_cut as u64,
-                owned_rows: m.parts.iter().map(|p| p.n_owned as u64).collect(),
-                halo_rows: m.parts.iter().map(|p| p.n_halo as u64).collect(),
-                local_edges: m.parts.iter().map(|p| p.n_local_edges as u64).collect(),
-            })
-            .collect(),
+        (Some(path), Source::File(_)) => one_per_part_count(
+            physalia_graph::partition::list_partitions(path).unwrap_or_default(),
+            spec.train.seed,
+        ),
         _ => Vec::new(),
     };
     request_from(spec, graph, partitions)
+}
+
+/// The planner's measured partitionings from the sets stored beside a dataset: one per part count (the
+/// planner refuses two), the job's own seed's where it is stored (the set the job will train on), else
+/// the lowest seed's. Jobs with other seeds leave sets of the same part count beside the dataset.
+fn one_per_part_count(stored: Vec<PartitionSummary>, seed: u64) -> Vec<PartitionStats> {
+    // part count -> (seed, its partitioning)
+    let mut chosen: BTreeMap<usize, (u64, PartitionMeta)> = BTreeMap::new();
+    for set in stored {
+        if set.status != ArtifactStatus::Current {
+            continue;
+        }
+        let Some(meta) = set.meta else { continue };
+        let better = match chosen.get(&set.k) {
+            None => true,
+            Some(&(kept, _)) => kept != seed && (set.seed == seed || set.seed < kept),
+        };
+        if better {
+            chosen.insert(set.k, (set.seed, meta));
+        }
+    }
+    chosen
+        .into_values()
+        .map(|(_, m)| PartitionStats {
+            parts: m.k as u32,
+            edge_cut: m.edge_cut as u64,
+            owned_rows: m.parts.iter().map(|p| p.n_owned as u64).collect(),
+            halo_rows: m.parts.iter().map(|p| p.n_halo as u64).collect(),
+            local_edges: m.parts.iter().map(|p| p.n_local_edges as u64).collect(),
+        })
+        .collect()
 }
 
 /// [`request`] from the graph's statistics and its stored partitionings.
@@ -186,7 +210,7 @@ fn request_from(
     let mut train: TrainShape = serde_json::from_value(serde_json::json!({
         "epochs": spec.train.epochs,
         "batch_size": mb.batch_size,
-        "fanouts": mb.fanouts,
+        "fanouts": mb.fanouts_for(spec.model.layers),
         "eval_every": spec.train.eval_every,
     }))
     .context("describing the training to the planner")?;
