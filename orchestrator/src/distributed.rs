@@ -1052,7 +1052,7 @@ impl Driver<'_> {
                 .borrow()
                 .clone()
                 .unwrap_or_default()
-                .options()
+                .options(spec.model.layers)
                 .into(),
             resume_from,
             // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and

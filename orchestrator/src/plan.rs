@@ -210,7 +210,7 @@ fn request_from(
     let mut train: TrainShape = serde_json::from_value(serde_json::json!({
         "epochs": spec.train.epochs,
         "batch_size": mb.batch_size,
-        "fanouts": mb.fanouts,
+        "fanouts": mb.fanouts_for(spec.model.layers),
         "eval_every": spec.train.eval_every,
     }))
     .context("describing the training to the planner")?;

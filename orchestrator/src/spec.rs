@@ -513,7 +513,8 @@ pub struct GroupsSpec {
 #[serde(default, deny_unknown_fields)]
 pub struct MiniBatchSpec {
     /// In-neighbours sampled per node and hop, one per layer, the seeds' hop first (PyG order); -1 takes
-    /// every neighbour.
+    /// every neighbour. Default (or empty): one per layer, 25 for the seeds' hop and 10 for each other
+    /// ([`default_fanouts`]).
     pub fanouts: Vec<i64>,
     /// Seeds per step over all workers (the global batch): each worker trains its share of every step's
     /// batch, so the number of workers does not change what is learned.
@@ -527,11 +528,28 @@ pub struct MiniBatchSpec {
     pub prefetch: u32,
 }
 
+/// The fan-outs of a job file that gives none: one per layer, 25 for the seeds' hop and 10 for each
+/// other hop (`[25, 10]` for two layers, as GraphSAGE's paper and PyG's examples; the planner's
+/// `TrainShape::fanouts_for` assumes the same).
+pub fn default_fanouts(layers: u32) -> Vec<i64> {
+    (0..layers).map(|l| if l == 0 { 25 } else { 10 }).collect()
+}
+
 impl MiniBatchSpec {
-    pub fn options(&self) -> physalia_control::MiniBatchOptions {
+    /// The fan-outs for a model of `layers` layers: the written ones, else [`default_fanouts`].
+    pub fn fanouts_for(&self, layers: u32) -> Vec<i64> {
+        if self.fanouts.is_empty() {
+            default_fanouts(layers)
+        } else {
+            self.fanouts.clone()
+        }
+    }
+
+    /// The workers' mini-batch options for a model of `layers` layers.
+    pub fn options(&self, layers: u32) -> physalia_control::MiniBatchOptions {
         physalia_control::MiniBatchOptions {
             fanouts: self
-                .fanouts
+                .fanouts_for(layers)
                 .iter()
                 .map(|&f| (f > 0).then_some(f as u32))
                 .collect(),
@@ -547,7 +565,8 @@ impl MiniBatchSpec {
 impl Default for MiniBatchSpec {
     fn default() -> Self {
         MiniBatchSpec {
-            fanouts: vec![25, 10],
+            // the model's layer count decides: `fanouts_for`
+            fanouts: Vec::new(),
             batch_size: 1024,
             cache_rows: 0,
             presample_batches: 8,
@@ -1376,7 +1395,7 @@ impl JobSpec {
             }
         }
         if let Some(mb) = &self.minibatch {
-            if mb.fanouts.len() != self.model.layers as usize {
+            if !mb.fanouts.is_empty() && mb.fanouts.len() != self.model.layers as usize {
                 return Err(invalid(
                     "minibatch.fanouts",
                     format!(
@@ -1443,23 +1462,11 @@ impl JobSpec {
                 ));
             }
         }
-        if self.mode() != Parallelism::Partition {
-            let layers = self.model.layers as usize;
-            let fanouts = self.minibatch.as_ref().map_or(2, |m| m.fanouts.len());
-            if self.minibatch.is_none() && layers != fanouts {
-                return Err(invalid(
-                    "minibatch.fanouts",
-                    format!(
-                        "the default fan-outs [25, 10] are for 2 layers; give {layers} in minibatch.fanouts"
-                    ),
-                ));
-            }
-            if self.exchange.is_some() {
-                return Err(invalid(
-                    "exchange",
-                    "boundary sampling, staleness and compressed halo rows apply to partition parallelism only",
-                ));
-            }
+        if self.mode() != Parallelism::Partition && self.exchange.is_some() {
+            return Err(invalid(
+                "exchange",
+                "boundary sampling, staleness and compressed halo rows apply to partition parallelism only",
+            ));
         }
         if self.mode() == Parallelism::Model {
             if self.model.kind == ModelKind::Gat {

@@ -227,7 +227,11 @@ fn train_runs(
                 io_err.get_or_insert(e);
             }
         };
-        let options = spec.minibatch.clone().unwrap_or_default().options();
+        let options = spec
+            .minibatch
+            .clone()
+            .unwrap_or_default()
+            .options(spec.model.layers);
         let copy_sets = || NodeSets {
             labels: sets.labels.clone(),
             train: sets.train.clone(),

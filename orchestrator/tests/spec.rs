@@ -1179,3 +1179,53 @@ fn backend_mode_defaults_to_cluster_on_clouds_and_is_checked() {
         "{err}"
     );
 }
+
+/// Issue 29 (b): a job that writes no fan-outs gets one per layer, whatever its layer count; fan-outs
+/// the user wrote are still checked against the layers.
+#[test]
+fn issue_29_default_fanouts_follow_the_layer_count() {
+    for mode in ["partition", "data", "model"] {
+        let spec = ok(
+            &format!("{MINIMAL}parallelism: {mode}\n"),
+            &["model.layers=3"],
+        );
+        let mb = spec.minibatch.clone().unwrap_or_default();
+        assert_eq!(
+            mb.fanouts_for(spec.model.layers),
+            vec![25, 10, 10],
+            "{mode}"
+        );
+        let options = mb.options(spec.model.layers);
+        assert_eq!(
+            options.fanouts,
+            vec![Some(25), Some(10), Some(10)],
+            "{mode}"
+        );
+    }
+    // a `minibatch` section without `fanouts`
+    let spec = ok(
+        &format!("{MINIMAL}parallelism: data\nminibatch: {{batch_size: 64}}\n"),
+        &["model.layers=4"],
+    );
+    let mb = spec.minibatch.as_ref().unwrap();
+    assert_eq!(mb.fanouts_for(spec.model.layers), vec![25, 10, 10, 10]);
+    assert_eq!(default_fanouts(1), vec![25]);
+    assert_eq!(default_fanouts(2), vec![25, 10]);
+    // written ones are kept, and must match the layers
+    let spec = ok(
+        &format!("{MINIMAL}parallelism: data\nminibatch: {{fanouts: [5, -1, 3]}}\n"),
+        &["model.layers=3"],
+    );
+    assert_eq!(
+        spec.minibatch.unwrap().fanouts_for(spec.model.layers),
+        vec![5, -1, 3]
+    );
+    let message = err(
+        &format!("{MINIMAL}parallelism: data\nminibatch: {{fanouts: [5, 5]}}\n"),
+        &["model.layers=3"],
+    );
+    assert!(
+        message.contains("minibatch.fanouts: needs one fan-out per layer (3), got 2"),
+        "{message}"
+    );
+}

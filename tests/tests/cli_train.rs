@@ -533,6 +533,29 @@ fn data_and_model_parallelism_train_on_one_and_several_workers() {
     }
 }
 
+/// Issue 29 (b): `model.layers: 3` without fan-outs trains in every mode; the default fan-outs follow the
+/// layer count (they were `[25, 10]` for any model, refused as "2 entries for 3 layers").
+#[test]
+fn issue_29_three_layers_without_fanouts_train_in_every_mode() {
+    let t = sbm_setup();
+    for mode in ["partition", "data", "model"] {
+        let (s, _) = submit_json(
+            t.path(),
+            "job.yaml",
+            &[
+                &format!("parallelism={mode}"),
+                "model.layers=3",
+                "train.epochs=2",
+            ],
+            true,
+        );
+        let dir = t.path().join(s["job_dir"].as_str().unwrap());
+        assert_eq!(metrics(&dir).len(), 2, "{mode}: one metrics line per epoch");
+        let job = read_json(&dir.join("job.json"));
+        assert_eq!(job["model"]["layers"], 3, "{mode}: {job}");
+    }
+}
+
 #[test]
 fn bad_parallelism_settings_are_refused_with_the_field() {
     let t = sbm_setup();
