@@ -153,6 +153,9 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
 }
 
 fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
+    if !path.exists() {
+        bail!("{}", missing_path(path));
+    }
     let format = match format {
         DatasetFormat::Auto if path.is_file() => DatasetFormat::Safetensors,
         DatasetFormat::Auto => match detect_format(path).context("dataset.path")? {
@@ -176,4 +179,25 @@ fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
                 .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
     })
+}
+
+/// Why `dataset.path` names nothing, and, when its last component is a dataset known by name, the
+/// `{stats: NAME}` form that plans it without its files.
+fn missing_path(path: &Path) -> String {
+    let mut message = format!(
+        "dataset.path: {}: no such file or directory",
+        path.display()
+    );
+    let known = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(crate::spec::known_graph_named);
+    if let Some(name) = known {
+        message.push_str(&format!(
+            "; {name} is known by its published sizes: `dataset: {{stats: {name}}}` plans it without its \
+             files (`physalia plan`), and training needs the graph itself (`physalia data import` of its \
+             OGB folder)"
+        ));
+    }
+    message
 }

@@ -182,6 +182,16 @@ pub const KNOWN_GRAPHS: [(&str, u64, u64, u32, u32, u64); 3] = [
     ),
 ];
 
+/// The known dataset a path's last component names, if any: its own name in any case, or OGB's folder
+/// name (`ogbn_papers100M`).
+pub fn known_graph_named(name: &str) -> Option<&'static str> {
+    let name = name.replace('_', "-").to_ascii_lowercase();
+    KNOWN_GRAPHS
+        .iter()
+        .map(|k| k.0)
+        .find(|k| k.to_ascii_lowercase() == name)
+}
+
 impl StatsSpec {
     /// A known dataset's statistics by name.
     pub fn named(name: &str) -> Option<StatsSpec> {

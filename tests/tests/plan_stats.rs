@@ -84,3 +84,43 @@ fn submit_refuses_a_graph_given_by_statistics_and_writes_nothing() {
     ]);
     assert!(job_dirs(&t.path().join("jobs")).is_empty());
 }
+
+/// Issue 29 (c): an OGB dataset's name written as a path that is not here points to the
+/// `{stats: NAME}` form that plans it, in `plan` and in `submit` (it said "no such directory").
+#[test]
+fn issue_29_a_known_dataset_name_as_a_missing_path_names_the_stats_form() {
+    let t = TempDir::new().unwrap();
+    write_job(
+        t.path(),
+        "papers.yaml",
+        &format!("dataset: ogbn-papers100M\n{MODEL}output: {{dir: jobs}}\n"),
+    );
+    for command in ["plan", "submit"] {
+        physalia(t.path(), [command, "papers.yaml"]).one_line_error(&[
+            "dataset.path",
+            "ogbn-papers100M",
+            "no such file or directory",
+            "{stats: ogbn-papers100M}",
+        ]);
+    }
+    // OGB's own folder name (`ogbn_papers100M`) is the same dataset
+    write_job(
+        t.path(),
+        "folder.yaml",
+        &format!("dataset: data/ogbn_papers100M\n{MODEL}"),
+    );
+    physalia(t.path(), ["plan", "folder.yaml"]).one_line_error(&["{stats: ogbn-papers100M}"]);
+    // a name that is no known dataset says only what is missing
+    write_job(
+        t.path(),
+        "mine.yaml",
+        &format!("dataset: my-graph\n{MODEL}"),
+    );
+    let line = physalia(t.path(), ["plan", "mine.yaml"]).one_line_error(&[
+        "dataset.path",
+        "my-graph",
+        "no such file or directory",
+    ]);
+    assert!(!line.contains("stats:"), "{line}");
+    assert!(job_dirs(&t.path().join("jobs")).is_empty());
+}
