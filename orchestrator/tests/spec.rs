@@ -1,14 +1,8 @@
 //! Job-file parsing, overrides, validation and schema.
-//!
-//! The orchestrator is a binary crate, so the module is compiled into this test directly.
-
-#[allow(dead_code)]
-#[path = "../src/spec.rs"]
-mod spec;
 
 use std::path::{Path, PathBuf};
 
-use spec::*;
+use physalia_coordinator::spec::*;
 
 const FULL: &str = "\
 name: cora-gcn

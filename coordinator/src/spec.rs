@@ -26,11 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-// by path: `tests/spec.rs` compiles this file on its own
-#[path = "spec/backend.rs"]
 mod backend;
 
-#[allow(unused_imports)] // the settings types are the schema's; `tests/spec.rs` names them
 pub use backend::{
     AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Mode,
     Priced, is_fargate,
