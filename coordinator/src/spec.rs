@@ -435,15 +435,9 @@ impl Default for TrainSpec {
     }
 }
 
-/// How a job splits its work over workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Parallelism {
-    #[default]
-    Partition,
-    Data,
-    Model,
-}
+/// How a job splits its work over workers: the planner's [`physalia_planner::Mode`], which the workers'
+/// assignment carries as is (`physalia_control::TrainMode`).
+pub use physalia_planner::Mode as Parallelism;
 
 /// The planner's objective and constraints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
