@@ -151,18 +151,9 @@ pub struct DeviceRequest {
     pub fallback_cpu: bool,
 }
 
-/// The three ways a job splits its work over workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TrainMode {
-    /// Full-graph training on METIS partitions with halo exchange.
-    #[default]
-    Partition,
-    /// Mini-batches of each worker's own seeds; gradients all-reduced every step.
-    Data,
-    /// P3: features split by column; the first layer's partial products go to the batch owners.
-    Model,
-}
+/// The three ways a job splits its work over workers: the planner's [`physalia_planner::Mode`], one type
+/// for the job file, the planner and the assignment (serialised `partition`, `data`, `model` in each).
+pub use physalia_planner::Mode as TrainMode;
 
 /// How halo rows are exchanged.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

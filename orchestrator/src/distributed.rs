@@ -40,7 +40,7 @@ use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::{Cancelled, JobDir};
-use crate::spec::{BackendKind, ExchangeDtype, JobSpec, Parallelism, ParallelismSpec};
+use crate::spec::{BackendKind, ExchangeDtype, JobSpec, ParallelismSpec};
 use crate::summary::OutputFormat;
 use crate::summary::{self, RunResult};
 use crate::workers::{
@@ -265,7 +265,7 @@ pub fn run(
                 // the coordinator is this process: on the user's machine (client mode, free) or a
                 // platform's container (cluster mode) at its price
                 coordinator_price_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
-                mode: train_mode(spec.mode()),
+                mode: spec.mode(),
             },
             elastic,
             first_launch,
@@ -953,11 +953,7 @@ impl Driver<'_> {
     ) -> std::result::Result<Replan, String> {
         let mut now = self.spec.clone();
         now.workers = workers as u32;
-        now.parallelism = ParallelismSpec::Mode(match mode {
-            TrainMode::Partition => Parallelism::Partition,
-            TrainMode::Data => Parallelism::Data,
-            TrainMode::Model => Parallelism::Model,
-        });
+        now.parallelism = ParallelismSpec::Mode(mode);
         now.minibatch = self.minibatch.borrow().clone();
         now.goal = None;
         let max_workers = self
@@ -972,7 +968,7 @@ impl Driver<'_> {
         *self.minibatch.borrow_mut() = chosen.minibatch.clone();
         Ok(Replan {
             workers: chosen.workers as usize,
-            mode: train_mode(chosen.mode()),
+            mode: chosen.mode(),
             boundary_sampling: x.boundary_sampling,
             staleness: x.staleness,
             why,
@@ -1088,14 +1084,6 @@ pub(crate) fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest 
             .resources
             .as_ref()
             .is_some_and(|r| r.gpu_fallback == crate::spec::GpuFallback::Cpu),
-    }
-}
-
-fn train_mode(p: Parallelism) -> TrainMode {
-    match p {
-        Parallelism::Partition => TrainMode::Partition,
-        Parallelism::Data => TrainMode::Data,
-        Parallelism::Model => TrainMode::Model,
     }
 }
 

@@ -13,25 +13,22 @@ use clap::{Args, Parser, Subcommand};
 mod admission;
 mod calibrate;
 mod cluster;
-mod coordinator;
 mod data;
 mod dataset;
 mod distributed;
 mod docker;
-mod elastic;
-mod job;
-mod jobdir;
 mod jobs;
 mod plan;
 mod platform;
 mod progress;
 mod replay;
 mod report;
-mod spec;
-mod store;
 mod submit;
 mod summary;
 mod workers;
+
+// the coordinator library's modules, under the names the commands use (`crate::spec`, ...)
+use physalia_coordinator::{coordinator, elastic, job, jobdir, spec, store};
 
 use summary::OutputFormat;
 

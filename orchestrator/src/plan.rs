@@ -10,7 +10,7 @@ use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSummary}
 use physalia_graph::{FeatureDtype, Split};
 use physalia_planner::{
     Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats,
-    Mode, ModelShape, PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
+    ModelShape, PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
 };
 use serde::Serialize;
 
@@ -330,7 +330,7 @@ pub(crate) fn as_written(
     sku: Option<&str>,
     calibration: Option<&CalibrationProfile>,
 ) -> Result<AsWritten> {
-    use crate::spec::{Parallelism, ParallelismSpec};
+    use crate::spec::ParallelismSpec;
     let backend = planner_backend(spec.backend.name)?;
     // `--sku`, else the SKU the job's section names (local and docker: this machine)
     let named = match spec.backend.name {
@@ -371,11 +371,7 @@ pub(crate) fn as_written(
             }
         }
     };
-    let mode = match spec.mode() {
-        Parallelism::Partition => Mode::Partition,
-        Parallelism::Data => Mode::Data,
-        Parallelism::Model => Mode::Model,
-    };
+    let mode = spec.mode();
     let replicas = match spec.parallelism {
         ParallelismSpec::Groups(g) => g.replicas,
         ParallelismSpec::Mode(_) => 1,
@@ -452,7 +448,7 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
 /// exchange options and the data-parallel cache.
 fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
     use crate::spec::{ExchangeDtype, ExchangeSpec, GroupsSpec, Parallelism, ParallelismSpec};
-    use physalia_planner::{Mode, RowDtype};
+    use physalia_planner::RowDtype;
     let mut out = spec.clone();
     out.workers = c.workers;
     // the container the planner chose is the one the job is billed at
@@ -465,11 +461,7 @@ fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
     if let Some(sku) = sku {
         *sku = Some(c.sku.clone());
     }
-    let mode = match c.mode {
-        Mode::Partition => Parallelism::Partition,
-        Mode::Data => Parallelism::Data,
-        Mode::Model => Parallelism::Model,
-    };
+    let mode = c.mode;
     out.parallelism = if c.replicas > 1 {
         ParallelismSpec::Groups(GroupsSpec {
             partition: (mode == Parallelism::Partition).then_some(c.parts),

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use physalia_gnn::{Activation, EpochMetrics, LayerKind, Model, ModelConfig, TrainSummary};
+use physalia_gnn::{Activation, EpochMetrics, LayerKind, Model, ModelConfig};
 use serde::Serialize;
 
 use crate::spec::{self, JobSpec, ModelKind, Priced};
@@ -18,10 +18,7 @@ pub enum OutputFormat {
     Json,
 }
 
-pub(crate) struct RunResult {
-    pub seed: u64,
-    pub summary: TrainSummary,
-}
+pub(crate) use physalia_coordinator::elastic::RunResult;
 
 pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
     let prefix = if runs > 1 {

@@ -1,10 +1,6 @@
 //! The job file's `resources` section: GPUs per worker and the CPU fallback, validated with the field named.
 
-#[allow(dead_code)]
-#[path = "../src/spec.rs"]
-mod spec;
-
-use spec::*;
+use physalia_coordinator::spec::*;
 
 const BASE: &str = "\
 dataset: ../shared/data/cora

@@ -1,14 +1,8 @@
 //! Job-file parsing, overrides, validation and schema.
-//!
-//! The orchestrator is a binary crate, so the module is compiled into this test directly.
-
-#[allow(dead_code)]
-#[path = "../src/spec.rs"]
-mod spec;
 
 use std::path::{Path, PathBuf};
 
-use spec::*;
+use physalia_coordinator::spec::*;
 
 const FULL: &str = "\
 name: cora-gcn
@@ -1228,4 +1222,26 @@ fn issue_29_default_fanouts_follow_the_layer_count() {
         message.contains("minibatch.fanouts: needs one fan-out per layer (3), got 2"),
         "{message}"
     );
+}
+
+/// Issue 29: the parallelism mode is one type: the job file's `parallelism`, the planner's candidate mode
+/// and the workers' assignment mode, spelled the same in each, with no conversion between them.
+#[test]
+fn issue_29_the_parallelism_mode_is_one_type() {
+    use physalia_planner::Mode;
+    for (word, mode) in [
+        ("partition", Mode::Partition),
+        ("data", Mode::Data),
+        ("model", Mode::Model),
+    ] {
+        let spec = ok(&format!("{MINIMAL}parallelism: {word}\nworkers: 2\n"), &[]);
+        let assigned: physalia_control::TrainMode = spec.mode();
+        assert_eq!(assigned, mode);
+        assert_eq!(
+            serde_json::to_value(assigned).unwrap(),
+            serde_json::json!(word)
+        );
+        assert_eq!(mode.as_str(), word);
+    }
+    assert_eq!(Parallelism::default(), Mode::Partition);
 }

@@ -240,11 +240,27 @@ impl Objective {
     }
 }
 
-/// The three parallelism modes the engine has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// The three parallelism modes the engine has: how a job splits its work over workers. The one type of
+/// this concept: the job file's `parallelism` (`physalia_coordinator::spec::Parallelism`) and the
+/// workers' assignment (`physalia_control::TrainMode`) are this enum under those names.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Full-graph training on METIS parts with halo exchange.
+    #[default]
     Partition,
     /// Mini-batches of sampled neighbourhoods, gradients all-reduced every step.
     Data,

@@ -10,10 +10,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The job file parser, compiled from the CLI's own source (the `physalia` package is a binary only).
-#[allow(dead_code, clippy::all)]
-#[path = "../../orchestrator/src/spec.rs"]
-pub mod spec;
+/// The job file parser.
+pub use physalia_coordinator::spec;
 
 /// One input kind of the fuzzing harness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,19 +8,23 @@ use physalia_control::MetricsLine;
 use physalia_gnn::{EpochMetrics, TrainSummary};
 use serde_json::{Value, json};
 
-use crate::summary::RunResult;
-
 /// What an epoch cost: each worker's wall time in it times the price per worker-second.
-pub(crate) fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f64 {
+pub fn epoch_usd(by_rank: &[EpochMetrics], price_per_worker_s: f64) -> f64 {
     by_rank.iter().map(|m| m.train_s + m.eval_s).sum::<f64>() * price_per_worker_s
 }
 
 /// Retries in a row (without an epoch completing in between) before a job fails, unless the job says.
-pub(crate) const MAX_RETRIES: usize = crate::spec::DEFAULT_MAX_RETRIES as usize;
+/// One training run's result: its seed and what it learned, epoch by epoch.
+pub struct RunResult {
+    pub seed: u64,
+    pub summary: TrainSummary,
+}
+
+pub const MAX_RETRIES: usize = crate::spec::DEFAULT_MAX_RETRIES as usize;
 
 /// Why every worker of a launch was stopped after an epoch.
 #[derive(Debug)]
-pub(crate) enum Stop {
+pub enum Stop {
     Rescale {
         to: usize,
         rule: String,
@@ -46,29 +50,29 @@ pub(crate) enum Stop {
 }
 
 /// A job with a scaling policy: the policy's inputs over all segments, and what happened.
-pub(crate) struct Elastic {
+pub struct Elastic {
     policy: physalia_policies::PolicySet,
     plan: physalia_policies::PlanState,
     history: Vec<physalia_policies::EpochRecord>,
     last_change: Option<u32>,
     /// Rank 0's metrics of every completed epoch, over all segments.
     metrics: Vec<EpochMetrics>,
-    pub(crate) bytes: u64,
-    pub(crate) usd: f64,
+    pub bytes: u64,
+    pub usd: f64,
     price_per_worker_s: f64,
     retries: usize,
     max_retries: usize,
     /// Every worker's metrics of the last recorded epoch, for a replan.
     last_by_rank: Vec<EpochMetrics>,
     /// One line per rescale, retry or policy stop, with its epoch.
-    pub(crate) events: Vec<Value>,
+    pub events: Vec<Value>,
     /// Spare workers the policy's `prewarm` asked for after the last epoch.
     prewarm: u32,
 }
 
 /// What to do after a launch stopped.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Next {
+pub enum Next {
     /// Launch `workers` workers from the checkpoint of `resume_epoch` (0: from scratch).
     Relaunch { workers: usize, resume_epoch: usize },
     /// The policy stopped the job: it ends with the epochs so far.
@@ -78,7 +82,7 @@ pub(crate) enum Next {
 }
 
 impl Elastic {
-    pub(crate) fn new(
+    pub fn new(
         policy: physalia_policies::PolicySet,
         workers: u32,
         epochs: u32,
@@ -107,7 +111,7 @@ impl Elastic {
     /// recorded epochs was the policy's decision after the first of them: it restarts the cooldown there,
     /// as it did in the run that recorded them. Returns the policy's decision after the last recorded epoch
     /// (made again: the coordinator that recorded it may have died before acting on it).
-    pub(crate) fn replay(&mut self, lines: &[MetricsLine], epochs_total: usize) -> Option<Stop> {
+    pub fn replay(&mut self, lines: &[MetricsLine], epochs_total: usize) -> Option<Stop> {
         let mut previous: Option<(usize, usize)> = None;
         for line in lines {
             let by_rank = line.by_rank();
@@ -126,12 +130,7 @@ impl Elastic {
     }
 
     /// Records an event; returns its line for the terminal.
-    pub(crate) fn event(
-        &mut self,
-        epoch: usize,
-        what: String,
-        rule: Option<(String, Value)>,
-    ) -> String {
+    pub fn event(&mut self, epoch: usize, what: String, rule: Option<(String, Value)>) -> String {
         let line = format!("after epoch {epoch}: {what}");
         let mut e = json!({ "epoch": epoch, "event": what });
         if let Some((rule, values)) = rule {
@@ -143,11 +142,7 @@ impl Elastic {
     }
 
     /// Records a completed epoch and asks the policy what to do before the next one.
-    pub(crate) fn after_epoch(
-        &mut self,
-        by_rank: &[EpochMetrics],
-        epochs_total: usize,
-    ) -> Option<Stop> {
+    pub fn after_epoch(&mut self, by_rank: &[EpochMetrics], epochs_total: usize) -> Option<Stop> {
         self.after_epoch_record(by_rank);
         self.decide(epochs_total)
     }
@@ -235,7 +230,7 @@ impl Elastic {
     }
 
     /// The job's result from every segment's epochs.
-    pub(crate) fn summary(&self, seed: u64, stopped_early: bool) -> RunResult {
+    pub fn summary(&self, seed: u64, stopped_early: bool) -> RunResult {
         let mut summary = TrainSummary::new(self.metrics.len());
         for m in &self.metrics {
             summary.observe(m.epoch, m.val_acc, m.test_acc);
@@ -247,7 +242,7 @@ impl Elastic {
 
     /// After a launch stopped after `after_epoch` for `why`: the next launch, the end, or failure.
     /// `workers` is the size of the launch that stopped; returns the line to print, if any.
-    pub(crate) fn after_stop(
+    pub fn after_stop(
         &mut self,
         workers: usize,
         after_epoch: usize,
@@ -325,13 +320,13 @@ impl Elastic {
 
     /// The size of the next launch to start early, when the policy's `prewarm` expects a scale-up: the
     /// current workers plus the spares it asked for.
-    pub(crate) fn prewarm_target(&self) -> Option<usize> {
+    pub fn prewarm_target(&self) -> Option<usize> {
         (self.prewarm > 0).then(|| (self.plan.workers + self.prewarm) as usize)
     }
 
     /// Records what a replan after `epoch` chose (`what`), and takes its workers and exchange settings as
     /// the plan's; returns the line for the terminal.
-    pub(crate) fn replanned(
+    pub fn replanned(
         &mut self,
         epoch: usize,
         what: String,
@@ -349,37 +344,37 @@ impl Elastic {
     }
 
     /// The fewest and the most workers any recorded epoch trained on (`None` before the first).
-    pub(crate) fn workers_range(&self) -> Option<[u32; 2]> {
+    pub fn workers_range(&self) -> Option<[u32; 2]> {
         let min = self.history.iter().map(|h| h.workers).min()?;
         let max = self.history.iter().map(|h| h.workers).max()?;
         Some([min, max])
     }
 
     /// Workers of the plan now (the last launch's, or the next one's).
-    pub(crate) fn workers(&self) -> u32 {
+    pub fn workers(&self) -> u32 {
         self.plan.workers
     }
 
     /// Every worker's metrics of the last recorded epoch (empty before the first).
-    pub(crate) fn last_by_rank(&self) -> &[EpochMetrics] {
+    pub fn last_by_rank(&self) -> &[EpochMetrics] {
         &self.last_by_rank
     }
 
     /// Retries in a row of a lost worker's epoch before the job fails.
-    pub(crate) fn with_max_retries(mut self, max_retries: u32) -> Elastic {
+    pub fn with_max_retries(mut self, max_retries: u32) -> Elastic {
         self.max_retries = max_retries as usize;
         self
     }
 
     /// Starts from the job's exchange settings.
-    pub(crate) fn with_exchange(mut self, boundary_sampling: f64, staleness: u32) -> Elastic {
+    pub fn with_exchange(mut self, boundary_sampling: f64, staleness: u32) -> Elastic {
         self.plan.boundary_sampling = boundary_sampling;
         self.plan.staleness = staleness;
         self
     }
 
     /// The exchange settings the policy has chosen so far: boundary sampling rate and staleness.
-    pub(crate) fn exchange(&self) -> (f64, u32) {
+    pub fn exchange(&self) -> (f64, u32) {
         (self.plan.boundary_sampling, self.plan.staleness)
     }
 }

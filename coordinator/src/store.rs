@@ -132,7 +132,6 @@ impl Remote {
     }
 
     /// An in-memory store (object_store's), for tests of what goes through a store.
-    #[cfg(test)]
     pub fn in_memory(url: &str) -> Remote {
         Remote {
             store: Arc::new(object_store::memory::InMemory::new()),

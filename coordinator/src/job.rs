@@ -757,8 +757,8 @@ impl Job {
                     epoch,
                     format!(
                         "replanned ({o}): {} on {workers} -> {} on {} workers ({})",
-                        mode_name(self.mode),
-                        mode_name(r.mode),
+                        self.mode.as_str(),
+                        r.mode.as_str(),
                         r.workers,
                         r.why
                     ),
@@ -782,7 +782,7 @@ impl Job {
                     epoch,
                     format!(
                         "replan ({o}) keeps {} on {workers} workers ({})",
-                        mode_name(r.mode),
+                        r.mode.as_str(),
                         r.why
                     ),
                     None,
@@ -849,14 +849,6 @@ impl Job {
         self.current = None;
         self.over = true;
         out.push(JobAction::Fail { error });
-    }
-}
-
-fn mode_name(m: TrainMode) -> &'static str {
-    match m {
-        TrainMode::Partition => "partition",
-        TrainMode::Data => "data",
-        TrainMode::Model => "model",
     }
 }
 

@@ -26,11 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-// by path: `tests/spec.rs` compiles this file on its own
-#[path = "spec/backend.rs"]
 mod backend;
 
-#[allow(unused_imports)] // the settings types are the schema's; `tests/spec.rs` names them
 pub use backend::{
     AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Mode,
     Priced, is_fargate,
@@ -438,15 +435,9 @@ impl Default for TrainSpec {
     }
 }
 
-/// How a job splits its work over workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Parallelism {
-    #[default]
-    Partition,
-    Data,
-    Model,
-}
+/// How a job splits its work over workers: the planner's [`physalia_planner::Mode`], which the workers'
+/// assignment carries as is (`physalia_control::TrainMode`).
+pub use physalia_planner::Mode as Parallelism;
 
 /// The planner's objective and constraints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -1472,13 +1463,11 @@ impl JobSpec {
                 ));
             }
         }
-        if self.mode() != Parallelism::Partition {
-            if self.exchange.is_some() {
-                return Err(invalid(
-                    "exchange",
-                    "boundary sampling, staleness and compressed halo rows apply to partition parallelism only",
-                ));
-            }
+        if self.mode() != Parallelism::Partition && self.exchange.is_some() {
+            return Err(invalid(
+                "exchange",
+                "boundary sampling, staleness and compressed halo rows apply to partition parallelism only",
+            ));
         }
         if self.mode() == Parallelism::Model {
             if self.model.kind == ModelKind::Gat {
