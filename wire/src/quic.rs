@@ -62,6 +62,10 @@ pub struct QuicOptions {
     /// A connection with no traffic (keep-alives included) for this long is lost.
     pub idle_timeout: Duration,
     pub keep_alive: Duration,
+    /// The largest UDP payload path MTU discovery probes for (quinn's default, 1452, fits a 1500-byte
+    /// Ethernet frame; loopback and cloud networks with jumbo frames carry more, and discovery never
+    /// exceeds what the path delivers).
+    pub max_udp_payload: u16,
 }
 
 impl Default for QuicOptions {
@@ -72,6 +76,7 @@ impl Default for QuicOptions {
             linger: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
+            max_udp_payload: 1452,
         }
     }
 }
@@ -173,6 +178,9 @@ impl QuicEndpoint {
             // Halo and gradient messages are megabytes; the default windows are tuned for the internet.
             .stream_receive_window(VarInt::from_u32(32 << 20))
             .send_window(64 << 20);
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(options.max_udp_payload);
+        transport.mtu_discovery_config(Some(mtu));
         let transport = Arc::new(transport);
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
         server.transport_config(transport.clone());
