@@ -258,6 +258,7 @@ impl Objective {
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
+#[schemars(description = "How a job splits its work over workers: `partition`, `data` or `model`.")]
 pub enum Mode {
     /// Full-graph training on METIS parts with halo exchange.
     #[default]
