@@ -221,6 +221,7 @@ pub(super) fn matmul_at_pair<O: Ops>(
     Ok((ga, gb))
 }
 
+/// The first layer's gradients; `block` rows of the gradient are formed at a time (`None`: 64 MiB of them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn fused_first_backward<O: Ops>(
     ops: &mut O,
@@ -231,6 +232,7 @@ pub(super) fn fused_first_backward<O: Ops>(
     gids: Option<&O::Idx>,
     act: Activation,
     dropout: Option<Dropout>,
+    block: Option<usize>,
 ) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
     let (n, width) = ops.dims(&h1);
     for (a, w) in terms {
@@ -241,29 +243,12 @@ pub(super) fn fused_first_backward<O: Ops>(
             )));
         }
     }
-    let block = (FUSED_BLOCK_BYTES / (4 * width.max(1))).max(1);
-    fused_first_backward_in_blocks(ops, agg, x_root, h1, terms, gids, act, dropout, block)
-}
-
-/// [`fused_first_backward`] with the gradient formed `block` rows at a time.
-#[allow(clippy::too_many_arguments)]
-fn fused_first_backward_in_blocks<O: Ops>(
-    ops: &mut O,
-    agg: &O::Mat,
-    x_root: Option<&O::Mat>,
-    h1: O::Mat,
-    terms: &[(&O::Mat, &O::Mat)],
-    gids: Option<&O::Idx>,
-    act: Activation,
-    dropout: Option<Dropout>,
-    block: usize,
-) -> Result<FirstLayerGrads<O::Mat>, O::Error> {
-    let (n, width) = ops.dims(&h1);
+    let block = block.unwrap_or(FUSED_BLOCK_BYTES / (4 * width.max(1))).max(1);
     // the gradient through the activation is written over `h1` a row block at a time: the hidden layer's
     // rows are read once (by the block's activation backward) before its gradient replaces them, so the
     // pass never holds a second n x width matrix
     let mut dz = h1;
-    for r0 in (0..n).step_by(block.max(1)) {
+    for r0 in (0..n).step_by(block) {
         let rows = block.min(n - r0);
         let mut d = ops.alloc(rows, width)?;
         for (i, (a, w)) in terms.iter().enumerate() {
@@ -468,7 +453,7 @@ mod tests {
             for dropout in [None, Some(Dropout { key: 9, p: 0.3 })] {
                 let run = |block: usize| {
                     let h1 = filled(n, width, 7);
-                    fused_first_backward_in_blocks(
+                    fused_first_backward(
                         &mut CpuPrimitives,
                         &agg,
                         Some(&x),
@@ -477,7 +462,7 @@ mod tests {
                         None,
                         act,
                         dropout,
-                        block,
+                        Some(block),
                     )
                     .unwrap()
                 };

@@ -491,7 +491,7 @@ pub trait Ops: Sized {
         act: Activation,
         dropout: Option<Dropout>,
     ) -> Result<FirstLayerGrads<Self::Mat>, Self::Error> {
-        defaults::fused_first_backward(self, agg, x_root, h1, terms, gids, act, dropout)
+        defaults::fused_first_backward(self, agg, x_root, h1, terms, gids, act, dropout, None)
     }
 
     /// GAT's aggregation with a rematerialising exchange (SAR) into `out` (`n x d_out`, bias not added),
