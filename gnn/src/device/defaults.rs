@@ -243,7 +243,9 @@ pub(super) fn fused_first_backward<O: Ops>(
             )));
         }
     }
-    let block = block.unwrap_or(FUSED_BLOCK_BYTES / (4 * width.max(1))).max(1);
+    let block = block
+        .unwrap_or(FUSED_BLOCK_BYTES / (4 * width.max(1)))
+        .max(1);
     // the gradient through the activation is written over `h1` a row block at a time: the hidden layer's
     // rows are read once (by the block's activation backward) before its gradient replaces them, so the
     // pass never holds a second n x width matrix
