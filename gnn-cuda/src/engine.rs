@@ -151,8 +151,9 @@ pub struct PoolStats {
     pub allocated: u64,
     pub cached_bytes: u64,
     /// The most device memory in use (total - free: the context, every buffer and the driver's pool) seen
-    /// right after the pool had to allocate, since the engine opened or [`CudaEngine::reset_peak`]. A peak
-    /// can only rise at an allocation, so this is the peak of everything the engine allocates.
+    /// right after an allocation of 1 MiB or more, since the engine opened or [`CudaEngine::reset_peak`]. A
+    /// peak can only rise at an allocation, so this is the peak of everything the engine allocates, to
+    /// within the small buffers allocated after the last large one.
     pub peak_used_bytes: u64,
     /// What the pool held cached (free buffers of other sizes) at that peak: memory a bounded cache would
     /// have handed back.
@@ -160,6 +161,9 @@ pub struct PoolStats {
     /// The allocation (f32 elements) that set the peak.
     pub peak_alloc_len: u64,
 }
+
+/// Allocations from this size (1 MiB of f32) on update [`PoolStats::peak_used_bytes`].
+const PEAK_PROBE_FLOATS: usize = 1 << 18;
 
 /// Where the engine's freed buffers go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,7 +386,11 @@ impl CudaEngine {
         // SAFETY: the pool hands out buffers whose contents the next kernel overwrites (`alloc`) or that are
         // zeroed (`zeros`).
         let b = unsafe { self.stream.alloc::<f32>(len) }?;
-        self.note_peak(len);
+        // the peak moves with large buffers; asking the driver after every small one (a mini-batch step
+        // makes hundreds) would cost more than it tells
+        if len >= PEAK_PROBE_FLOATS {
+            self.note_peak(len);
+        }
         Ok(b)
     }
 
