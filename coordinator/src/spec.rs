@@ -688,37 +688,8 @@ impl Default for TimeoutsSpec {
     }
 }
 
-/// Where a job runs.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// In this process, on this machine.
-    #[default]
-    Local,
-    /// Containers on the local Docker Engine, on a private bridge network.
-    Docker,
-    /// Pods on a Kubernetes cluster.
-    Kubernetes,
-    /// AWS Elastic Container Service tasks.
-    Ecs,
-    /// Azure Container Instances.
-    Aci,
-}
-
-impl BackendKind {
-    /// The name used in job files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Local => "local",
-            BackendKind::Docker => "docker",
-            BackendKind::Kubernetes => "kubernetes",
-            BackendKind::Ecs => "ecs",
-            BackendKind::Aci => "aci",
-        }
-    }
-}
+/// Where a job runs: the planner's platform type, one for the job file, the catalog and the plan.
+pub use physalia_planner::Backend as BackendKind;
 
 /// Where job directories go.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -1552,7 +1523,7 @@ impl JobSpec {
             self.backend
                 .priced(&physalia_planner::Catalog::builtin(), None)?;
         }
-        if self.backend.name != BackendKind::Local && self.train.runs > 1 {
+        if self.train.runs > 1 && !self.backend.section()?.trains_in_this_process() {
             return Err(invalid(
                 "train.runs",
                 format!(

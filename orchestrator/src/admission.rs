@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use physalia_planner::Catalog;
 
 use crate::dataset::Source;
-use crate::spec::{BackendKind, JobSpec};
+use crate::spec::JobSpec;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -25,8 +25,8 @@ pub(crate) fn available_bytes() -> Option<f64> {
 
 /// Refuses `spec` when its workers, all on this machine, would need more than `available` bytes.
 pub(crate) fn check(spec: &JobSpec, source: &Source, available: Option<f64>) -> Result<()> {
-    let on_this_machine = matches!(spec.backend.name, BackendKind::Local | BackendKind::Docker);
-    let gpu = crate::distributed::gpu_request(spec).is_some();
+    let on_this_machine = spec.backend.name.on_this_machine();
+    let gpu = crate::platform::gpu_request(spec).is_some();
     let Some(available) = available.filter(|_| on_this_machine && !gpu) else {
         return Ok(());
     };

@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -33,7 +32,7 @@ use physalia_backends::{Backend, CoordinatorHandle, CoordinatorSpec, WorkerState
 use physalia_control::{JobState, JobStatus, MetricsLine};
 use serde_json::Value;
 
-use crate::spec::{BackendKind, JobSpec};
+use crate::spec::JobSpec;
 use crate::store::{self, Remote};
 use crate::summary::OutputFormat;
 use crate::workers::block_on;
@@ -102,6 +101,8 @@ const GRACE: Duration = Duration::from_secs(5);
 pub struct Role {
     /// The id `submit` chose: the job's folder in the store.
     pub job_id: String,
+    /// The port the coordinator's platform object declares for its control endpoint.
+    pub control_port: u16,
     /// Where the record is staged in the coordinator's container.
     pub staging: PathBuf,
     /// What the coordinator's container costs a second, for the ledger.
@@ -134,6 +135,11 @@ pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
     Ok(priced.usd_per_worker_s * COORDINATOR_VCPUS / sku.vcpus.max(COORDINATOR_VCPUS))
 }
 
+/// The backend of the job's platform that starts, follows and stops its coordinator.
+fn platform_backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
+    crate::platform::of_job(spec).backend(spec, "", Path::new(""), 0)
+}
+
 /// What cluster mode needs of the job file beyond what validation checks, refused before anything is
 /// made: a job store at a URL, the coordinator's identity, one seed.
 fn check_settings(spec: &JobSpec) -> Result<()> {
@@ -152,32 +158,7 @@ fn check_settings(spec: &JobSpec) -> Result<()> {
              backend.mode: client, or submit one job per seed"
         );
     }
-    match spec.backend.name {
-        BackendKind::Ecs => {
-            let e = spec.backend.ecs.as_ref().context("backend.ecs: missing")?;
-            if e.coordinator_task_role_arn.is_none() {
-                bail!(
-                    "backend.ecs.coordinator_task_role_arn: cluster mode (the default on ecs) runs \
-                     the coordinator as a task with infra/ecs's coordinator task role (`terraform \
-                     output coordinator_task_role_arn`); set it, or backend.mode: client"
-                );
-            }
-        }
-        BackendKind::Aci => {
-            let a = spec.backend.aci.as_ref().context("backend.aci: missing")?;
-            if a.coordinator_identity_id.is_none() {
-                bail!(
-                    "backend.aci.coordinator_identity_id: cluster mode (the default on aci) runs the \
-                     coordinator with infra/azure's managed identity (`terraform output \
-                     coordinator_identity_id`); set it, or backend.mode: client"
-                );
-            }
-        }
-        BackendKind::Kubernetes => {}
-        BackendKind::Local | BackendKind::Docker => {
-            bail!("backend.mode: cluster mode runs on kubernetes, ecs or aci")
-        }
-    }
+    spec.backend.check_cluster()?;
     Ok(())
 }
 
@@ -198,15 +179,9 @@ pub fn submit(
         .coordinator_image()
         .context("the platform's section names no image")?
         .to_string();
-    let backend = crate::platform::backend(&spec).with_context(|| file.clone())?;
+    let backend = platform_backend(&spec).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
-    let probe = crate::platform::worker_spec(
-        &spec,
-        "preflight",
-        0,
-        SocketAddr::from(([127, 0, 0, 1], crate::platform::COORDINATOR_PORT)),
-        BTreeMap::new(),
-    )?;
+    let probe = crate::platform::preflight_worker(&spec)?;
     block_on(backend.check(&probe))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
     let remote = Remote::open(&spec.output.dir.to_string_lossy())
@@ -369,7 +344,7 @@ pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) ->
             status.state.as_str()
         );
     }
-    let backend = crate::platform::backend(&spec).with_context(|| format!("{job_url}/job.json"))?;
+    let backend = platform_backend(&spec).with_context(|| format!("{job_url}/job.json"))?;
     if let Some(bytes) = remote.get(id, COORDINATOR_JSON)? {
         let old: CoordinatorHandle = serde_json::from_slice(&bytes)
             .with_context(|| format!("{job_url}/{COORDINATOR_JSON}: not a coordinator handle"))?;
@@ -457,15 +432,7 @@ fn coordinator_env(
             }
         }
     }
-    if let Some(id) = spec
-        .backend
-        .aci
-        .as_ref()
-        .and_then(|a| a.coordinator_identity_id.as_ref())
-        .filter(|_| spec.backend.name == BackendKind::Aci)
-    {
-        env.insert("AZURE_MSI_RESOURCE_ID".into(), id.clone());
-    }
+    crate::platform::of_job(spec).coordinator_env(spec, &mut env);
     Ok(env)
 }
 
@@ -825,7 +792,6 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
         spec.dataset.path = Some(download_dataset(&url, &work.join("datasets"))?);
         partitions = Some(StoredPartitions::beside(&url)?);
     }
-    crate::platform::set_control_port(control_port);
     // resuming: the record as the gone coordinator left it in the store, checkpoints included
     let resume = match resume {
         true => {
@@ -844,6 +810,7 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
         )?,
         recorded,
         partitions,
+        control_port,
     };
     let name = spec.name.clone().unwrap_or_else(|| id.to_string());
     let result = crate::distributed::run(
@@ -872,7 +839,7 @@ fn release_template(remote: &Remote, spec: &JobSpec, id: &str) -> Result<()> {
     if handle.objects.is_empty() {
         return Ok(());
     }
-    let backend = crate::platform::backend(spec)?;
+    let backend = platform_backend(spec)?;
     block_on(backend.stop_coordinator(&handle))??;
     Ok(())
 }
@@ -891,14 +858,14 @@ pub fn recorded_handle(dir: &Path) -> Result<Option<CoordinatorHandle>> {
 
 /// Stops the coordinator of the job in `dir` and deletes its platform objects.
 pub fn stop_coordinator(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<()> {
-    let backend = crate::platform::backend(spec)?;
+    let backend = platform_backend(spec)?;
     block_on(backend.stop_coordinator(handle))?
         .with_context(|| format!("stopping the coordinator of job {}", handle.job_id))
 }
 
 /// The coordinator's output as its platform keeps it, and whether it has ended (its output is whole).
 pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(String, bool)> {
-    let backend = crate::platform::backend(spec)?;
+    let backend = platform_backend(spec)?;
     // asked first: output read after the end is whole
     let ended = !matches!(
         block_on(backend.coordinator_status(handle))?.map(|s| s.state),

@@ -40,13 +40,11 @@ use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::{Cancelled, JobDir};
-use crate::spec::{BackendKind, ExchangeDtype, JobSpec, ParallelismSpec};
+use crate::platform;
+use crate::spec::{ExchangeDtype, JobSpec, ParallelismSpec};
 use crate::summary::OutputFormat;
 use crate::summary::{self, RunResult};
-use crate::workers::{
-    BackendWorkers, block_on, identities, local_backend, local_spec, local_worker_command,
-    worker_binary,
-};
+use crate::workers::{BackendWorkers, block_on, identities, local_worker_command};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -282,6 +280,7 @@ pub fn run(
             files: Files::new(Some(job_abs.clone())),
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
+            control_port: cluster.map(|r| r.control_port),
         };
         let (job, outcome) = driver.run(job, pending, &mut dir)?;
         let elastic = job.elastic();
@@ -317,18 +316,9 @@ pub fn run(
         v["workers_range"] = json!(elastic.workers_range());
         Ok(v)
     })();
-    if spec.backend.name == BackendKind::Docker {
-        // every launch's containers are gone by now; the network goes with the job
-        let job_id = dir
-            .path()
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if let Ok(backend) = crate::docker::backend(&job_id)
-            && let Ok(Err(e)) = block_on(backend.release(&job_id))
-        {
-            eprintln!("warning: removing the job's docker network: {e}");
-        }
+    // every launch's workers are gone by now; what the platform made for the job goes with it
+    if let Err(e) = platform::of_job(spec).release(spec, &jobdir_id(dir.path())) {
+        eprintln!("warning: releasing the job's platform objects: {e:#}");
     }
     let mut mirror = mirror;
     match result {
@@ -461,6 +451,7 @@ impl Launch {
         local_command: &[String],
         register_timeout: Duration,
         files: Files,
+        control_port: Option<u16>,
     ) -> Result<Launch> {
         let dir = &std::path::absolute(dir)?;
         // The job id names the CA and keys frames: the job directory's name is unique per submission.
@@ -471,22 +462,17 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        let backend = job_backend(spec, dir, index)?;
+        let platform = platform::of_job(spec);
+        let backend = platform.backend(spec, &job_id, dir, index)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
         // for containers, every interface (advertising one) for a cloud platform's
         let prepared = block_on(backend.prepare(&job_id))?
             .with_context(|| format!("preparing {} for the job", backend.name()))?;
-        let reach = match crate::platform::is_cloud(spec.backend.name) {
-            true => crate::platform::reach(spec)?,
-            false => crate::platform::Reach {
-                bind: prepared.control_ip,
-                advertise: prepared.control_ip,
-            },
-        };
+        let reach = platform.reach(spec, &prepared)?;
         // port 0 (any) unless this is a cluster-mode coordinator, whose platform object declares one
         let identity = ca.identity(COORDINATOR_NAME)?;
         let mut bound = None;
-        for port in crate::platform::control_ports() {
+        for port in platform::control_ports(control_port) {
             match ControlServer::bind(
                 &identity,
                 ca.job_key(),
@@ -514,44 +500,35 @@ impl Launch {
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
         let coordinator = SocketAddr::new(reach.advertise, server.local_addr().port());
+        let launch = platform.worker(
+            spec,
+            platform::Worker {
+                job_id: &job_id,
+                segment: index,
+                coordinator,
+                threads,
+                secrets,
+                local_command,
+            },
+        )?;
         // where each rank's output is copied when it ends, for platforms that keep it themselves
-        let copied_logs = || -> Result<Vec<PathBuf>> {
-            let logs_dir = dir.join("logs");
-            std::fs::create_dir_all(&logs_dir)?;
-            Ok((0..n)
-                .map(|rank| physalia_backends::local::log_path(&logs_dir, index as u32, rank))
-                .collect())
-        };
-        let (worker_spec, logs, poll_every) = match spec.backend.name {
-            BackendKind::Local => (
-                local_spec(local_command, &job_id, index, coordinator, threads, secrets),
-                // the backend writes each rank's output into logs/ itself, and asking it is cheap
-                None,
-                Duration::ZERO,
-            ),
-            BackendKind::Docker => {
-                let named = spec
-                    .backend
-                    .docker
-                    .as_ref()
-                    .and_then(|d| d.image.as_deref());
-                let image = match named {
-                    Some(image) => crate::docker::named_image(image)?,
-                    None => crate::docker::ensure_image(&worker_binary()?, false)?,
-                };
-                let spec =
-                    crate::docker::spec(&image, &job_id, index, coordinator, secrets, threads);
-                (spec, Some(copied_logs()?), Duration::from_millis(500))
+        let logs = match launch.copy_logs {
+            true => {
+                let logs_dir = dir.join("logs");
+                std::fs::create_dir_all(&logs_dir)?;
+                Some(
+                    (0..n)
+                        .map(|rank| {
+                            physalia_backends::local::log_path(&logs_dir, index as u32, rank)
+                        })
+                        .collect(),
+                )
             }
-            BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci => (
-                crate::platform::worker_spec(spec, &job_id, index, coordinator, secrets)?,
-                Some(copied_logs()?),
-                crate::platform::POLL_EVERY,
-            ),
+            false => None,
         };
-        let mut worker_spec = worker_spec;
-        worker_spec.gpu = gpu_request(spec);
-        let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, poll_every)?;
+        let mut worker_spec = launch.spec;
+        worker_spec.gpu = platform::gpu_request(spec);
+        let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, launch.poll_every)?;
         Ok(Launch { server, workers })
     }
 }
@@ -563,23 +540,7 @@ pub(crate) fn job_backend(
     segment: usize,
 ) -> Result<Box<dyn physalia_backends::Backend>> {
     let job_dir = std::path::absolute(job_dir)?;
-    let job_id = job_dir
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    match spec.backend.name {
-        BackendKind::Local => Ok(local_backend(&job_dir, segment)),
-        // GPU workers run the CUDA image (the job's `gpu_image`, or the one built from this physalia-worker)
-        BackendKind::Docker if gpu_request(spec).is_some() => {
-            let image =
-                crate::docker::gpu_image(spec.backend.gpu_image(), &worker_binary()?, false)?;
-            crate::docker::backend_with(&job_id, Some(image))
-        }
-        BackendKind::Docker => crate::docker::backend(&job_id),
-        BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci => {
-            crate::platform::backend(spec)
-        }
-    }
+    platform::of_job(spec).backend(spec, &jobdir_id(&job_dir), &job_dir, segment)
 }
 
 fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
@@ -650,6 +611,9 @@ struct Driver<'a> {
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
     /// Partition sets kept beside the dataset in its object store (cluster mode).
     stored_partitions: Option<&'a crate::cluster::StoredPartitions>,
+    /// The port the control endpoints bind (and the next few): the one a cluster-mode
+    /// coordinator's platform object declares; `None`: any.
+    control_port: Option<u16>,
 }
 
 /// A launch the job has not stopped: its workers, their control connections, its partition files.
@@ -933,6 +897,7 @@ impl Driver<'_> {
             self.local_command,
             Duration::from_secs_f64(timeouts.register_s),
             self.files.clone(),
+            self.control_port,
         )?;
         Ok(Live {
             launch,
@@ -1059,27 +1024,10 @@ impl Driver<'_> {
     }
 }
 
-/// The GPUs each worker of `spec` gets: `resources.gpu`, else one when the job's SKU is a GPU container.
-pub(crate) fn gpu_request(spec: &JobSpec) -> Option<physalia_backends::GpuRequest> {
-    if let Some(g) = spec.resources.as_ref().and_then(|r| r.gpu.as_ref()) {
-        return Some(physalia_backends::GpuRequest {
-            count: g.count,
-            kind: g.model.clone(),
-        });
-    }
-    let priced = summary::price(spec).ok()?;
-    let catalog = physalia_planner::Catalog::builtin();
-    let gpu = catalog.get(&priced.sku)?.gpu.as_ref()?;
-    Some(physalia_backends::GpuRequest {
-        count: 1,
-        kind: Some(gpu.model.clone()),
-    })
-}
-
 /// What each worker trains on: its GPUs (none: the CPU) and whether it may fall back to the CPU.
 pub(crate) fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest {
     physalia_control::DeviceRequest {
-        gpus: gpu_request(spec).map_or(0, |g| g.count),
+        gpus: platform::gpu_request(spec).map_or(0, |g| g.count),
         fallback_cpu: spec
             .resources
             .as_ref()

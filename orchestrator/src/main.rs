@@ -16,7 +16,7 @@ mod cluster;
 mod data;
 mod dataset;
 mod distributed;
-mod docker;
+mod image;
 mod jobs;
 mod plan;
 mod platform;
@@ -112,7 +112,7 @@ struct SubmitArgs {
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
     /// Run on this platform instead of the job file's `backend.name` (the file's section for it applies).
-    #[arg(long, value_enum, value_name = "NAME", conflicts_with = "resume")]
+    #[arg(long, value_name = "NAME", conflicts_with = "resume", value_parser = crate::backend_arg())]
     backend: Option<spec::BackendKind>,
     /// `json` prints a machine-readable summary as the last line of standard output.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
@@ -221,8 +221,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Image(ImageCommand::Push(a)) => {
             let local = build_or_find_image(&a.image)?;
-            let remote = docker::push_image(&local, &a.registry)?;
-            if let Some(digest) = docker::pushed_digest(&remote) {
+            let remote = image::push_image(&local, &a.registry)?;
+            if let Some(digest) = image::pushed_digest(&remote) {
                 eprintln!("pushed {local} as {remote} ({digest})");
             }
             println!("{remote}");
@@ -277,17 +277,24 @@ fn run(cli: Cli) -> Result<()> {
 
 /// `physalia image build`'s image: found, or built from the physalia-worker (and physalia) beside this
 /// binary; its local reference.
+/// `--backend NAME`: one of the platforms, listed in `--help` and in the error for another name.
+pub(crate) fn backend_arg() -> impl clap::builder::TypedValueParser<Value = spec::BackendKind> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(spec::BackendKind::ALL.map(|b| b.as_str()))
+        .map(|name| name.parse().expect("one of the possible values"))
+}
+
 fn build_or_find_image(a: &ImageBuildArgs) -> Result<String> {
     let worker = workers::worker_binary()?;
     if a.with_cli {
         let cli = std::env::current_exe().context("locating the physalia executable")?;
-        return docker::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false);
+        return image::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false);
     }
     match (a.cuda, &a.tag) {
-        (true, None) => docker::ensure_cuda_image(&worker, false),
-        (true, Some(t)) => docker::ensure_cuda_image_tagged(&worker, t, false),
-        (false, None) => docker::ensure_image(&worker, false),
-        (false, Some(t)) => docker::ensure_image_tagged(&worker, t, false),
+        (true, None) => image::ensure_cuda_image(&worker, false),
+        (true, Some(t)) => image::ensure_cuda_image_tagged(&worker, t, false),
+        (false, None) => image::ensure_image(&worker, false),
+        (false, Some(t)) => image::ensure_image_tagged(&worker, t, false),
     }
 }
 

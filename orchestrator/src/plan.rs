@@ -9,8 +9,8 @@ use clap::Args;
 use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSummary};
 use physalia_graph::{FeatureDtype, Split};
 use physalia_planner::{
-    Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats,
-    ModelShape, PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
+    CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats, ModelShape,
+    PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
 };
 use serde::Serialize;
 
@@ -32,7 +32,7 @@ pub struct PlanArgs {
     overrides: Vec<String>,
     /// Plan for this platform only (and, with `--as-written`, predict on its section's SKU) instead of the
     /// job file's `goal.backends`.
-    #[arg(long, value_enum, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = crate::backend_arg())]
     backend: Option<spec::BackendKind>,
     /// A catalog of your own (YAML, the format of `infra/catalog/`), merged with the built-in one.
     #[arg(long)]
@@ -78,7 +78,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         None => request(&spec, &dataset::load(&spec.dataset)?)?,
     };
     if let Some(b) = a.backend {
-        req.constraints.backends = vec![planner_backend(b)?];
+        req.constraints.backends = vec![b];
     }
     let mut catalog = Catalog::builtin();
     if let Some(path) = &a.catalog {
@@ -308,18 +308,13 @@ impl AsWritten {
         ));
         out.push_str(if self.calibrated {
             "rates: the calibration profile\n"
-        } else if self.sku.backend == Backend::Local {
+        } else if self.sku.backend.on_this_machine() {
             "rates: catalog peaks x efficiency (run `physalia calibrate` and pass --calibration)\n"
         } else {
             "rates: catalog peaks x efficiency\n"
         });
         out
     }
-}
-
-/// The planner's name for a job file's platform.
-fn planner_backend(b: spec::BackendKind) -> Result<Backend> {
-    serde_json::from_value(serde_json::to_value(b)?).context("the job's backend")
 }
 
 /// The planner's prediction for the job's own settings on its backend's SKU.
@@ -331,13 +326,9 @@ pub(crate) fn as_written(
     calibration: Option<&CalibrationProfile>,
 ) -> Result<AsWritten> {
     use crate::spec::ParallelismSpec;
-    let backend = planner_backend(spec.backend.name)?;
+    let backend = spec.backend.name;
     // `--sku`, else the SKU the job's section names (local and docker: this machine)
-    let named = match spec.backend.name {
-        spec::BackendKind::Local => None,
-        _ => spec.backend.sku(),
-    };
-    let sku = match sku.or(named) {
+    let sku = match sku.or(spec.backend.sku()) {
         Some(name) => catalog
             .get(name)
             .with_context(|| format!("--sku: no SKU named `{name}` in the catalog"))?,
@@ -345,18 +336,14 @@ pub(crate) fn as_written(
             let of_backend: Vec<&Sku> = catalog
                 .skus
                 .iter()
-                .filter(|s| s.backend == backend)
+                .filter(|s| s.backend == backend.sku_platform())
                 .collect();
             match of_backend[..] {
                 [one] => one,
                 [] => anyhow::bail!(
-                    "the catalog has no SKU for the backend `{}`; name one with --sku{}",
+                    "the catalog has no SKU for the backend `{}`; name one with --sku, or add one \
+                     with --catalog",
                     backend.as_str(),
-                    if backend == Backend::Docker {
-                        " (docker containers run on this machine: --sku local)"
-                    } else {
-                        ", or add one with --catalog"
-                    }
                 ),
                 _ => anyhow::bail!(
                     "the backend `{}` has {} SKUs in the catalog ({}); pick one with --sku",
@@ -396,7 +383,7 @@ pub(crate) fn as_written(
         candidate,
         sku: sku.clone(),
         prediction,
-        calibrated: calibration.is_some() && sku.backend == Backend::Local,
+        calibrated: calibration.is_some() && sku.backend.on_this_machine(),
     })
 }
 
@@ -411,7 +398,7 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
     let mut req = request(spec, &source)?;
     drop(source);
     // only the backend the job runs on
-    req.constraints.backends = vec![planner_backend(spec.backend.name)?];
+    req.constraints.backends = vec![spec.backend.name];
     let name = req.constraints.backends[0].as_str();
     if !goal.backends.is_empty() && !goal.backends.iter().any(|b| b == name) {
         anyhow::bail!(
@@ -421,9 +408,7 @@ pub fn apply_goal(spec: &JobSpec) -> Result<Option<(JobSpec, String)>> {
     }
     // a SKU the job's section names is the only one the planner may pick
     let mut catalog = Catalog::builtin();
-    if spec.backend.name != spec::BackendKind::Local
-        && let Some(sku) = spec.backend.sku()
-    {
+    if let Some(sku) = spec.backend.sku() {
         catalog.skus.retain(|s| s.name == sku);
     }
     let plan = physalia_planner::plan(&req, &catalog, None)?;
@@ -452,15 +437,7 @@ fn apply_choice(spec: &JobSpec, c: &Candidate) -> Result<JobSpec> {
     let mut out = spec.clone();
     out.workers = c.workers;
     // the container the planner chose is the one the job is billed at
-    let sku = match spec.backend.name {
-        spec::BackendKind::Kubernetes => out.backend.kubernetes.as_mut().map(|k| &mut k.sku),
-        spec::BackendKind::Ecs => out.backend.ecs.as_mut().map(|e| &mut e.sku),
-        spec::BackendKind::Aci => out.backend.aci.as_mut().map(|a| &mut a.sku),
-        spec::BackendKind::Local | spec::BackendKind::Docker => None,
-    };
-    if let Some(sku) = sku {
-        *sku = Some(c.sku.clone());
-    }
+    out.backend.set_sku(&c.sku);
     let mode = c.mode;
     out.parallelism = if c.replicas > 1 {
         ParallelismSpec::Groups(GroupsSpec {
@@ -519,7 +496,7 @@ pub fn replan(
     file.dataset.path = Some(dataset.to_path_buf());
     let mut req = request(&file, &source)?;
     drop(source);
-    req.constraints.backends = vec![planner_backend(spec.backend.name)?];
+    req.constraints.backends = vec![spec.backend.name];
     req.constraints.max_workers = max_workers;
     req.constraints.objective = match objective {
         physalia_policies::Objective::MinCost => physalia_planner::Objective::MinCost,
@@ -528,9 +505,8 @@ pub fn replan(
     req.constraints.budget_usd = None;
     req.constraints.deadline_s = None;
     let catalog = Catalog::builtin();
-    let sku = (spec.backend.name == spec::BackendKind::Docker).then_some("local");
     let base = CalibrationProfile::dev_vm_2026_11();
-    let now = as_written(spec, &req, &catalog, sku, Some(&base))?;
+    let now = as_written(spec, &req, &catalog, None, Some(&base))?;
     // what the model predicted for the job as it runs, against what its workers measured
     let t = &now.prediction.time;
     let median = |mut v: Vec<f64>| {

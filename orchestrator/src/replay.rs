@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use physalia_control::MetricsLine;
 use physalia_gnn::EpochMetrics;
-use physalia_planner::{Backend, CalibrationProfile, Catalog, PlanRequest, Sku, TimeBreakdown};
+use physalia_planner::{CalibrationProfile, Catalog, PlanRequest, Sku, TimeBreakdown};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -303,7 +303,7 @@ impl Model {
             &self.req,
             &self.catalog,
             Some(&sku.name),
-            (sku.backend == Backend::Local).then_some(&profile),
+            sku.backend.on_this_machine().then_some(&profile),
         )
         .with_context(|| format!("predicting {workers} workers on {}", sku.name))?;
         Ok(w.prediction)
@@ -597,7 +597,7 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
     if skus.is_empty() && model.sku.usd_per_s() == 0.0 {
         for s in &model.catalog.skus {
             if !s.is_gpu()
-                && !matches!(s.backend, Backend::Local | Backend::Docker)
+                && !s.backend.on_this_machine()
                 && !targets.iter().any(|t| t.name == s.name)
             {
                 targets.push(s.clone());

@@ -21,23 +21,49 @@ use serde_saphyr::Spanned;
 
 use crate::error::{Location, PlanError, one_line};
 
-/// Where workers run: the backends of the `physalia` CLI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// Where a job's workers run: the platforms of the `physalia` CLI. One type for the job file's
+/// `backend.name`, the catalog's SKUs and the planner's candidates; each platform's behaviour is one
+/// implementation in the coordinator's platform registry.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
-    /// Worker processes on this machine.
+    /// In this process, on this machine.
+    #[default]
     Local,
-    /// Containers on the local Docker Engine.
+    /// Containers on the local Docker Engine, on a private bridge network.
     Docker,
-    /// Pods on a Kubernetes node pool (EKS, GKE, AKS).
+    /// Pods on a Kubernetes cluster.
     Kubernetes,
-    /// AWS ECS tasks on GPU or CPU EC2 instances.
+    /// AWS Elastic Container Service tasks.
     Ecs,
-    /// Azure Container Instances container groups (CPU only since July 2025).
+    /// Azure Container Instances (CPU only since July 2025).
     Aci,
 }
 
 impl Backend {
+    /// Every platform, in the order the CLI lists them.
+    pub const ALL: [Backend; 5] = [
+        Backend::Local,
+        Backend::Docker,
+        Backend::Kubernetes,
+        Backend::Ecs,
+        Backend::Aci,
+    ];
+
+    /// The name used in job files, catalogs and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Local => "local",
@@ -46,6 +72,54 @@ impl Backend {
             Backend::Ecs => "ecs",
             Backend::Aci => "aci",
         }
+    }
+}
+
+impl Backend {
+    /// Whether its workers run on this machine (processes, or containers of the local Docker Engine)
+    /// rather than on a cloud platform, which has its own coordinator (cluster mode) and polls.
+    pub fn on_this_machine(self) -> bool {
+        match self {
+            Backend::Local | Backend::Docker => true,
+            Backend::Kubernetes | Backend::Ecs | Backend::Aci => false,
+        }
+    }
+
+    /// Whether the platform runs GPU workers (ACI retired its GPU SKUs in July 2025).
+    pub fn runs_gpus(self) -> bool {
+        match self {
+            Backend::Local | Backend::Docker | Backend::Kubernetes | Backend::Ecs => true,
+            Backend::Aci => false,
+        }
+    }
+
+    /// The platform whose catalog SKUs this one's workers are: docker's containers run on this
+    /// machine, the `local` SKUs.
+    pub fn sku_platform(self) -> Backend {
+        match self {
+            Backend::Docker => Backend::Local,
+            b @ (Backend::Local | Backend::Kubernetes | Backend::Ecs | Backend::Aci) => b,
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Backend, String> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Backend::ALL.iter().map(|b| b.as_str()).collect();
+                format!("unknown backend {s:?}: one of {}", names.join(", "))
+            })
     }
 }
 
@@ -339,7 +413,7 @@ impl Catalog {
             if sku.max_containers == Some(0) {
                 return Err(err(".max_containers", "must be at least 1".into()));
             }
-            if sku.backend == Backend::Aci && sku.gpu.is_some() {
+            if !sku.backend.runs_gpus() && sku.gpu.is_some() {
                 return Err(err(
                     ".gpu",
                     "ACI retired its GPU SKUs in July 2025; Azure GPUs go through kubernetes (AKS)"

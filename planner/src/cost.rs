@@ -243,12 +243,12 @@ impl Rates {
             .single_flow_gbit_s
             .map_or(a.quic_flow_gbit_s, |f| f.min(a.quic_flow_gbit_s));
         let latency_s = sku.network_latency_us.unwrap_or(a.network_latency_us) * 1e-6;
-        let load_byte_s = if sku.backend == Backend::Local {
+        let load_byte_s = if sku.backend.on_this_machine() {
             a.local_load_gb_s * 1e9
         } else {
             nic
         };
-        if let (Some(p), Backend::Local) = (profile, sku.backend) {
+        if let Some(p) = profile.filter(|_| sku.backend.on_this_machine()) {
             return Rates {
                 gemm_flop_s: p.gemm_gflop_s * 1e9,
                 mem_byte_s: p.spmm_gb_s * 1e9,

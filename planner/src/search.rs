@@ -16,7 +16,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::calibration::CalibrationProfile;
-use crate::catalog::{Backend, Catalog, Sku};
+use crate::catalog::{Catalog, Sku};
 use crate::cost::{
     Candidate, MemoryBreakdown, Prediction, estimated_cut_fraction, predict_checked,
 };
@@ -735,7 +735,7 @@ fn explain(
             measured.join(", ")
         ));
     }
-    if skus.iter().any(|s| s.backend == Backend::Local) {
+    if skus.iter().any(|s| s.backend.on_this_machine()) {
         out.push(match calibration {
             Some(p) => format!(
                 "local SKUs use the calibration profile of {} ({}, {} threads)",

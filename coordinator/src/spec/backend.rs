@@ -244,56 +244,358 @@ pub struct Priced {
     pub usd_per_worker_s: f64,
 }
 
-impl BackendSpec {
-    /// The named platform's `gpu_image` setting, the image its GPU workers run (`None`: the platform's
-    /// default, see each section; ACI runs no GPUs).
-    /// Where the coordinator runs: `backend.mode`, else cluster on kubernetes, ecs and aci and client
-    /// on local and docker.
-    pub fn mode(&self) -> Mode {
-        match (self.mode, self.name) {
-            (Some(m), _) => m,
-            (None, BackendKind::Kubernetes | BackendKind::Ecs | BackendKind::Aci) => Mode::Cluster,
-            (None, _) => Mode::Client,
-        }
+/// One platform as the job file sees it: its section's settings and what the job file's checks know
+/// of the platform. Each platform's section type implements it; [`BackendSpec::section`] chooses one,
+/// the only place in this crate where a platform's name picks code (the CLI's drivers have the same
+/// one place, `orchestrator/src/platform/mod.rs`).
+pub trait Section: std::fmt::Debug + Sync {
+    /// The platform.
+    fn kind(&self) -> BackendKind;
+    /// The SKU its workers are billed as (`None`: the section names none, a `goal:` may choose).
+    fn sku(&self) -> Option<&str>;
+    /// Whether a job can train in the `physalia` process itself (repeated seeds, `train.runs`).
+    fn trains_in_this_process(&self) -> bool {
+        false
     }
+    /// Where the planner's chosen SKU is written (`None`: the platform has one SKU, this machine).
+    fn sku_mut(&mut self) -> Option<&mut Option<String>> {
+        None
+    }
+    /// The image GPU workers run (`None`: the platform's default, see each section).
+    fn gpu_image(&self) -> Option<&str> {
+        None
+    }
+    /// The coordinator's image in cluster mode: `coordinator_image`, else the worker image (built
+    /// `--with-cli`). `None`: the platform runs no coordinator (local, docker).
+    fn coordinator_image(&self) -> Option<&str> {
+        None
+    }
+    /// Checks the section's fields: every list non-empty and every name well-formed.
+    fn validate(&self) -> Result<(), SpecError> {
+        Ok(())
+    }
+    /// Refuses a SKU the platform's section cannot run (a GPU where the capacity has none).
+    fn check_sku(&self, _sku: &physalia_planner::Sku) -> Result<(), SpecError> {
+        Ok(())
+    }
+    /// What cluster mode needs of the section beyond [`Section::validate`] (the coordinator's
+    /// identity), as `field: why`.
+    fn check_cluster(&self) -> Result<(), SpecError> {
+        Err(invalid(
+            "backend.mode",
+            format!(
+                "cluster mode starts the coordinator on a cloud platform (kubernetes, ecs, aci); on \
+                 {} the `physalia` process is the coordinator: leave `mode` out or say `client`",
+                self.kind().as_str()
+            ),
+        ))
+    }
+}
 
-    /// The image of the coordinator in cluster mode: the platform section's `coordinator_image`, else
-    /// its worker `image` (built `--with-cli`).
-    pub fn coordinator_image(&self) -> Option<&str> {
-        match self.name {
+/// `backend: local`: worker processes on this machine; nothing to set.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LocalSettings;
+
+impl Section for LocalSettings {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Local
+    }
+    fn sku(&self) -> Option<&str> {
+        Some("local")
+    }
+    fn trains_in_this_process(&self) -> bool {
+        true
+    }
+}
+
+impl Section for DockerSettings {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Docker
+    }
+    fn sku(&self) -> Option<&str> {
+        // containers on this machine
+        Some("local")
+    }
+    fn gpu_image(&self) -> Option<&str> {
+        self.gpu_image.as_deref()
+    }
+    fn validate(&self) -> Result<(), SpecError> {
+        if let Some(image) = &self.image {
+            not_blank("backend.docker.image", image)?;
+        }
+        if let Some(image) = &self.gpu_image {
+            not_blank("backend.docker.gpu_image", image)?;
+        }
+        Ok(())
+    }
+}
+
+impl Section for KubernetesSettings {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Kubernetes
+    }
+    fn sku(&self) -> Option<&str> {
+        self.sku.as_deref()
+    }
+    fn sku_mut(&mut self) -> Option<&mut Option<String>> {
+        Some(&mut self.sku)
+    }
+    fn gpu_image(&self) -> Option<&str> {
+        self.gpu_image.as_deref()
+    }
+    fn coordinator_image(&self) -> Option<&str> {
+        Some(self.coordinator_image.as_deref().unwrap_or(&self.image))
+    }
+    fn validate(&self) -> Result<(), SpecError> {
+        dns_label("backend.kubernetes.namespace", &self.namespace)?;
+        not_blank("backend.kubernetes.image", &self.image)?;
+        if let Some(image) = &self.gpu_image {
+            not_blank("backend.kubernetes.gpu_image", image)?;
+        }
+        if let Some(image) = &self.coordinator_image {
+            not_blank("backend.kubernetes.coordinator_image", image)?;
+        }
+        Ok(())
+    }
+    fn check_cluster(&self) -> Result<(), SpecError> {
+        // the coordinator's service account comes from infra/k8s's manifests
+        Ok(())
+    }
+}
+
+impl Section for EcsSettings {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Ecs
+    }
+    fn sku(&self) -> Option<&str> {
+        self.sku.as_deref()
+    }
+    fn sku_mut(&mut self) -> Option<&mut Option<String>> {
+        Some(&mut self.sku)
+    }
+    fn gpu_image(&self) -> Option<&str> {
+        self.gpu_image.as_deref()
+    }
+    fn coordinator_image(&self) -> Option<&str> {
+        Some(self.coordinator_image.as_deref().unwrap_or(&self.image))
+    }
+    fn validate(&self) -> Result<(), SpecError> {
+        not_blank("backend.ecs.cluster", &self.cluster)?;
+        not_empty("backend.ecs.subnets", &self.subnets, "subnet-")?;
+        not_empty("backend.ecs.security_groups", &self.security_groups, "sg-")?;
+        arn("backend.ecs.execution_role_arn", &self.execution_role_arn)?;
+        if let Some(r) = &self.task_role_arn {
+            arn("backend.ecs.task_role_arn", r)?;
+        }
+        if let Some(r) = &self.coordinator_task_role_arn {
+            arn("backend.ecs.coordinator_task_role_arn", r)?;
+        }
+        if let Some(image) = &self.coordinator_image {
+            not_blank("backend.ecs.coordinator_image", image)?;
+        }
+        not_blank("backend.ecs.log_group", &self.log_group)?;
+        not_blank("backend.ecs.image", &self.image)?;
+        if let Some(image) = &self.gpu_image {
+            not_blank("backend.ecs.gpu_image", image)?;
+        }
+        if let Some(c) = &self.capacity {
+            not_blank("backend.ecs.capacity", c)?;
+        }
+        Ok(())
+    }
+    fn check_sku(&self, sku: &physalia_planner::Sku) -> Result<(), SpecError> {
+        if let (Some(gpu), Some(c)) = (&sku.gpu, self.capacity.as_deref())
+            && is_fargate(c)
+        {
+            return Err(invalid(
+                "backend.ecs.capacity",
+                format!(
+                    "{c} runs no GPUs, and the SKU {} has one ({}): use the GPU capacity provider \
+                     (infra/ecs's `gpu_capacity_provider`, `physalia-gpu`) or `ec2`",
+                    sku.name, gpu.model
+                ),
+            ));
+        }
+        Ok(())
+    }
+    fn check_cluster(&self) -> Result<(), SpecError> {
+        if self.coordinator_task_role_arn.is_none() {
+            return Err(invalid(
+                "backend.ecs.coordinator_task_role_arn",
+                "cluster mode (the default on ecs) runs the coordinator as a task with infra/ecs's \
+                 coordinator task role (`terraform output coordinator_task_role_arn`); set it, or \
+                 backend.mode: client",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Section for AciSettings {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Aci
+    }
+    fn sku(&self) -> Option<&str> {
+        self.sku.as_deref()
+    }
+    fn sku_mut(&mut self) -> Option<&mut Option<String>> {
+        Some(&mut self.sku)
+    }
+    fn coordinator_image(&self) -> Option<&str> {
+        Some(self.coordinator_image.as_deref().unwrap_or(&self.image))
+    }
+    fn validate(&self) -> Result<(), SpecError> {
+        not_blank("backend.aci.subscription_id", &self.subscription_id)?;
+        not_blank("backend.aci.resource_group", &self.resource_group)?;
+        not_blank("backend.aci.location", &self.location)?;
+        if !self.subnet_id.starts_with("/subscriptions/") {
+            return Err(invalid(
+                "backend.aci.subnet_id",
+                format!(
+                    "must be a subnet's resource id (/subscriptions/.../subnets/NAME, infra/azure's \
+                     `subnet_id`), got {:?}",
+                    one_line(&self.subnet_id)
+                ),
+            ));
+        }
+        not_blank("backend.aci.image", &self.image)?;
+        if let Some(id) = &self.coordinator_identity_id
+            && !id.starts_with("/subscriptions/")
+        {
+            return Err(invalid(
+                "backend.aci.coordinator_identity_id",
+                format!(
+                    "must be a user-assigned identity's resource id (/subscriptions/.../\
+                     userAssignedIdentities/NAME, infra/azure's `coordinator_identity_id`), got {:?}",
+                    one_line(id)
+                ),
+            ));
+        }
+        if let Some(image) = &self.coordinator_image {
+            not_blank("backend.aci.coordinator_image", image)?;
+        }
+        if let Some(endpoint) = &self.arm_endpoint {
+            arm_endpoint(endpoint)?;
+        }
+        Ok(())
+    }
+    fn check_cluster(&self) -> Result<(), SpecError> {
+        if self.coordinator_identity_id.is_none() {
+            return Err(invalid(
+                "backend.aci.coordinator_identity_id",
+                "cluster mode (the default on aci) runs the coordinator with infra/azure's managed \
+                 identity (`terraform output coordinator_identity_id`); set it, or backend.mode: \
+                 client",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn arm_endpoint(endpoint: &str) -> Result<(), SpecError> {
+    let host = endpoint
+        .strip_prefix("https://")
+        .or_else(|| endpoint.strip_prefix("http://"))
+        .map(|rest| rest.split('/').next().unwrap_or(""));
+    let ok =
+        host.is_some_and(|h| !h.is_empty() && !h.contains(|c: char| c.is_whitespace() || c == '@'));
+    if !ok {
+        return Err(invalid(
+            "backend.aci.arm_endpoint",
+            format!(
+                "must be Azure Resource Manager's URL (https://management.azure.com, or a sovereign \
+                 cloud's), got {:?}",
+                one_line(endpoint)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// docker's section when the job file has none: the worker image built from this physalia-worker.
+static DOCKER_DEFAULTS: DockerSettings = DockerSettings {
+    image: None,
+    gpu_image: None,
+};
+
+impl BackendSpec {
+    /// The named platform's section, or why the job file lacks it: the one place a platform's name
+    /// chooses its code in this crate.
+    pub fn section(&self) -> Result<&dyn Section, SpecError> {
+        let missing = |what: &str, infra: &str| {
+            invalid(
+                &format!("backend.{}", self.name.as_str()),
+                format!(
+                    "the {} backend needs its settings: {what} (`terraform output` of infra/{infra} \
+                     gives most of them; see infra/README.md)",
+                    self.name.as_str(),
+                ),
+            )
+        };
+        Ok(match self.name {
+            BackendKind::Local => &LocalSettings,
+            BackendKind::Docker => self.docker.as_ref().unwrap_or(&DOCKER_DEFAULTS),
             BackendKind::Kubernetes => self
                 .kubernetes
                 .as_ref()
-                .map(|k| k.coordinator_image.as_deref().unwrap_or(&k.image)),
-            BackendKind::Ecs => self
-                .ecs
-                .as_ref()
-                .map(|e| e.coordinator_image.as_deref().unwrap_or(&e.image)),
-            BackendKind::Aci => self
-                .aci
-                .as_ref()
-                .map(|a| a.coordinator_image.as_deref().unwrap_or(&a.image)),
-            BackendKind::Local | BackendKind::Docker => None,
+                .ok_or_else(|| missing("namespace, image, sku", "k8s"))?,
+            BackendKind::Ecs => self.ecs.as_ref().ok_or_else(|| {
+                missing(
+                    "cluster, subnets, security_groups, execution_role_arn, image, sku",
+                    "ecs",
+                )
+            })?,
+            BackendKind::Aci => self.aci.as_ref().ok_or_else(|| {
+                missing(
+                    "subscription_id, resource_group, location, subnet_id, image, sku",
+                    "azure",
+                )
+            })?,
+        })
+    }
+
+    /// [`BackendSpec::section`], to write the planner's SKU into (`None`: no section to write).
+    fn section_mut(&mut self) -> Option<&mut dyn Section> {
+        match self.name {
+            BackendKind::Local => None,
+            BackendKind::Docker => self.docker.as_mut().map(|s| s as &mut dyn Section),
+            BackendKind::Kubernetes => self.kubernetes.as_mut().map(|s| s as &mut dyn Section),
+            BackendKind::Ecs => self.ecs.as_mut().map(|s| s as &mut dyn Section),
+            BackendKind::Aci => self.aci.as_mut().map(|s| s as &mut dyn Section),
         }
     }
 
-    pub fn gpu_image(&self) -> Option<&str> {
-        match self.name {
-            BackendKind::Local | BackendKind::Aci => None,
-            BackendKind::Docker => self.docker.as_ref()?.gpu_image.as_deref(),
-            BackendKind::Kubernetes => self.kubernetes.as_ref()?.gpu_image.as_deref(),
-            BackendKind::Ecs => self.ecs.as_ref()?.gpu_image.as_deref(),
+    /// Bills the job's workers as `sku` (the planner's choice) where the section names SKUs.
+    pub fn set_sku(&mut self, sku: &str) {
+        if let Some(slot) = self.section_mut().and_then(|s| s.sku_mut()) {
+            *slot = Some(sku.to_string());
         }
+    }
+
+    /// Where the coordinator runs: `backend.mode`, else cluster on a cloud platform and client on
+    /// this machine.
+    pub fn mode(&self) -> Mode {
+        match self.mode {
+            Some(m) => m,
+            None if self.name.on_this_machine() => Mode::Client,
+            None => Mode::Cluster,
+        }
+    }
+
+    /// The coordinator's image in cluster mode (see [`Section::coordinator_image`]).
+    pub fn coordinator_image(&self) -> Option<&str> {
+        self.section().ok()?.coordinator_image()
+    }
+
+    /// The named platform's `gpu_image` setting, the image its GPU workers run (`None`: the platform's
+    /// default, see each section; ACI runs no GPUs).
+    pub fn gpu_image(&self) -> Option<&str> {
+        self.section().ok()?.gpu_image()
     }
 
     /// The named platform's SKU setting (`local` and `docker` run on this machine: the `local` SKU).
     pub fn sku(&self) -> Option<&str> {
-        match self.name {
-            BackendKind::Local | BackendKind::Docker => Some("local"),
-            BackendKind::Kubernetes => self.kubernetes.as_ref()?.sku.as_deref(),
-            BackendKind::Ecs => self.ecs.as_ref()?.sku.as_deref(),
-            BackendKind::Aci => self.aci.as_ref()?.sku.as_deref(),
-        }
+        self.section().ok()?.sku()
     }
 
     /// The platform's SKU and its catalog price, or why there is none. `planned` is the SKU the planner
@@ -304,13 +606,14 @@ impl BackendSpec {
         planned: Option<&str>,
     ) -> Result<Priced, SpecError> {
         let field = format!("backend.{}.sku", self.name.as_str());
+        let skus = || skus_of(catalog, self.name).join(", ");
         let Some(name) = self.sku().or(planned) else {
             return Err(invalid(
                 &field,
                 format!(
                     "name the worker container: one of {} (infra/catalog), or add a `goal:` for the \
                      planner to choose",
-                    skus_of(catalog, self.name).join(", ")
+                    skus()
                 ),
             ));
         };
@@ -321,13 +624,11 @@ impl BackendSpec {
                     "no SKU named {:?} in the catalog; the {} backend's are {}",
                     one_line(name),
                     self.name.as_str(),
-                    skus_of(catalog, self.name).join(", ")
+                    skus()
                 ),
             ));
         };
-        if sku.backend.as_str() != self.name.as_str()
-            && !(self.name == BackendKind::Docker && sku.backend.as_str() == "local")
-        {
+        if sku.backend != self.name.sku_platform() {
             return Err(invalid(
                 &field,
                 format!(
@@ -335,40 +636,21 @@ impl BackendSpec {
                     sku.backend.as_str(),
                     self.name.as_str(),
                     self.name.as_str(),
-                    skus_of(catalog, self.name).join(", ")
+                    skus()
                 ),
             ));
         }
-        if let Some(gpu) = &sku.gpu {
-            match self.name {
-                BackendKind::Aci => {
-                    return Err(invalid(
-                        &field,
-                        format!(
-                            "{name} has a GPU ({}); Azure Container Instances runs no GPUs since July \
-                             2025: pick a CPU SKU, or run GPU workers on kubernetes (AKS) or ecs",
-                            gpu.model
-                        ),
-                    ));
-                }
-                BackendKind::Ecs => {
-                    let capacity = self.ecs.as_ref().and_then(|e| e.capacity.as_deref());
-                    if let Some(c) = capacity
-                        && is_fargate(c)
-                    {
-                        return Err(invalid(
-                            "backend.ecs.capacity",
-                            format!(
-                                "{c} runs no GPUs, and the SKU {name} has one ({}): use the GPU capacity \
-                                 provider (infra/ecs's `gpu_capacity_provider`, `physalia-gpu`) or `ec2`",
-                                gpu.model
-                            ),
-                        ));
-                    }
-                }
-                _ => {}
-            }
+        if let Some(gpu) = sku.gpu.as_ref().filter(|_| !self.name.runs_gpus()) {
+            return Err(invalid(
+                &field,
+                format!(
+                    "{name} has a GPU ({}); Azure Container Instances runs no GPUs since July 2025: \
+                     pick a CPU SKU, or run GPU workers on kubernetes (AKS) or ecs",
+                    gpu.model
+                ),
+            ));
         }
+        self.section()?.check_sku(sku)?;
         Ok(Priced {
             sku: sku.name.clone(),
             usd_per_worker_s: sku.usd_per_s(),
@@ -378,144 +660,16 @@ impl BackendSpec {
     /// Checks the named platform's section: present where the platform needs settings, every list
     /// non-empty and every name well-formed. The SKU is checked by [`BackendSpec::priced`].
     pub(super) fn validate(&self) -> Result<(), SpecError> {
-        let missing = |what: &str| {
-            invalid(
-                &format!("backend.{}", self.name.as_str()),
-                format!(
-                    "the {} backend needs its settings: {what} (`terraform output` of infra/{} gives \
-                     most of them; see infra/README.md)",
-                    self.name.as_str(),
-                    match self.name {
-                        BackendKind::Kubernetes => "k8s",
-                        BackendKind::Aci => "azure",
-                        _ => self.name.as_str(),
-                    }
-                ),
-            )
-        };
-        if self.mode == Some(Mode::Cluster)
-            && matches!(self.name, BackendKind::Local | BackendKind::Docker)
-        {
-            return Err(invalid(
-                "backend.mode",
-                format!(
-                    "cluster mode starts the coordinator on a cloud platform (kubernetes, ecs, aci); \
-                     on {} the `physalia` process is the coordinator: leave `mode` out or say `client`",
-                    self.name.as_str()
-                ),
-            ));
+        let section = self.section()?;
+        if self.mode == Some(Mode::Cluster) && self.name.on_this_machine() {
+            section.check_cluster()?;
         }
-        match self.name {
-            BackendKind::Local => {}
-            BackendKind::Docker => {
-                if let Some(d) = &self.docker {
-                    if let Some(image) = &d.image {
-                        not_blank("backend.docker.image", image)?;
-                    }
-                    if let Some(image) = &d.gpu_image {
-                        not_blank("backend.docker.gpu_image", image)?;
-                    }
-                }
-            }
-            BackendKind::Kubernetes => {
-                let Some(k) = &self.kubernetes else {
-                    return Err(missing("namespace, image, sku"));
-                };
-                dns_label("backend.kubernetes.namespace", &k.namespace)?;
-                not_blank("backend.kubernetes.image", &k.image)?;
-                if let Some(image) = &k.gpu_image {
-                    not_blank("backend.kubernetes.gpu_image", image)?;
-                }
-                if let Some(image) = &k.coordinator_image {
-                    not_blank("backend.kubernetes.coordinator_image", image)?;
-                }
-            }
-            BackendKind::Ecs => {
-                let Some(e) = &self.ecs else {
-                    return Err(missing(
-                        "cluster, subnets, security_groups, execution_role_arn, image, sku",
-                    ));
-                };
-                not_blank("backend.ecs.cluster", &e.cluster)?;
-                not_empty("backend.ecs.subnets", &e.subnets, "subnet-")?;
-                not_empty("backend.ecs.security_groups", &e.security_groups, "sg-")?;
-                arn("backend.ecs.execution_role_arn", &e.execution_role_arn)?;
-                if let Some(r) = &e.task_role_arn {
-                    arn("backend.ecs.task_role_arn", r)?;
-                }
-                if let Some(r) = &e.coordinator_task_role_arn {
-                    arn("backend.ecs.coordinator_task_role_arn", r)?;
-                }
-                if let Some(image) = &e.coordinator_image {
-                    not_blank("backend.ecs.coordinator_image", image)?;
-                }
-                not_blank("backend.ecs.log_group", &e.log_group)?;
-                not_blank("backend.ecs.image", &e.image)?;
-                if let Some(image) = &e.gpu_image {
-                    not_blank("backend.ecs.gpu_image", image)?;
-                }
-                if let Some(c) = &e.capacity {
-                    not_blank("backend.ecs.capacity", c)?;
-                }
-            }
-            BackendKind::Aci => {
-                let Some(a) = &self.aci else {
-                    return Err(missing(
-                        "subscription_id, resource_group, location, subnet_id, image, sku",
-                    ));
-                };
-                not_blank("backend.aci.subscription_id", &a.subscription_id)?;
-                not_blank("backend.aci.resource_group", &a.resource_group)?;
-                not_blank("backend.aci.location", &a.location)?;
-                if !a.subnet_id.starts_with("/subscriptions/") {
-                    return Err(invalid(
-                        "backend.aci.subnet_id",
-                        format!(
-                            "must be a subnet's resource id (/subscriptions/.../subnets/NAME, \
-                             infra/azure's `subnet_id`), got {:?}",
-                            one_line(&a.subnet_id)
-                        ),
-                    ));
-                }
-                not_blank("backend.aci.image", &a.image)?;
-                if let Some(id) = &a.coordinator_identity_id
-                    && !id.starts_with("/subscriptions/")
-                {
-                    return Err(invalid(
-                        "backend.aci.coordinator_identity_id",
-                        format!(
-                            "must be a user-assigned identity's resource id (/subscriptions/.../\
-                             userAssignedIdentities/NAME, infra/azure's `coordinator_identity_id`), \
-                             got {:?}",
-                            one_line(id)
-                        ),
-                    ));
-                }
-                if let Some(image) = &a.coordinator_image {
-                    not_blank("backend.aci.coordinator_image", image)?;
-                }
-                if let Some(endpoint) = &a.arm_endpoint {
-                    let host = endpoint
-                        .strip_prefix("https://")
-                        .or_else(|| endpoint.strip_prefix("http://"))
-                        .map(|rest| rest.split('/').next().unwrap_or(""));
-                    let ok = host.is_some_and(|h| {
-                        !h.is_empty() && !h.contains(|c: char| c.is_whitespace() || c == '@')
-                    });
-                    if !ok {
-                        return Err(invalid(
-                            "backend.aci.arm_endpoint",
-                            format!(
-                                "must be Azure Resource Manager's URL (https://management.azure.com, \
-                                 or a sovereign cloud's), got {:?}",
-                                one_line(endpoint)
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
+        section.validate()
+    }
+
+    /// What cluster mode needs of the job's platform section beyond [`BackendSpec::validate`].
+    pub fn check_cluster(&self) -> Result<(), SpecError> {
+        self.section()?.check_cluster()
     }
 }
 
@@ -525,18 +679,12 @@ pub fn is_fargate(capacity: &str) -> bool {
 }
 
 fn skus_of(catalog: &physalia_planner::Catalog, backend: BackendKind) -> Vec<String> {
-    let of = |b: &str| {
-        catalog
-            .skus
-            .iter()
-            .filter(|s| s.backend.as_str() == b)
-            .map(|s| s.name.clone())
-            .collect::<Vec<_>>()
-    };
-    match backend {
-        BackendKind::Docker => of("local"),
-        b => of(b.as_str()),
-    }
+    catalog
+        .skus
+        .iter()
+        .filter(|s| s.backend == backend.sku_platform())
+        .map(|s| s.name.clone())
+        .collect()
 }
 
 fn not_blank(field: &str, value: &str) -> Result<(), SpecError> {

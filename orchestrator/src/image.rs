@@ -1,5 +1,5 @@
-//! The docker backend: workers as containers of the worker image on a private bridge network, driven through
-//! the Docker CLI.
+//! The worker images (the docker platform's containers are in `platform/docker.rs`): built from the
+//! `physalia-worker` beside this binary, through the Docker CLI.
 //!
 //! * Image: `physalia image build` makes a runtime base with no registry (the worker binary's shared libraries
 //!   from this machine, `/etc/passwd` with the non-root user 65532, `/tmp`, `/run`) by `docker import`, then
@@ -26,20 +26,14 @@
 //!   dataset, a checkpoint) over its control connection into `/tmp`, and rank 0 sends its checkpoints and
 //!   the model back the same way: the containers share no disk with this machine.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
-use physalia_backends::docker::{DockerBackend, DockerConfig};
-use physalia_backends::{Backend, SecretValue, WorkerSpec};
 
 /// The worker's user inside the image (non-root).
 pub const WORKER_UID: u32 = 65532;
-/// The mesh port every worker binds in its own container.
-const MESH_PORT: u16 = 7000;
-const SECRETS_IN_CONTAINER: &str = "/run/secrets/physalia";
 
 fn docker(args: &[&str]) -> Result<String> {
     let out = Command::new("docker")
@@ -654,69 +648,6 @@ fn parse_ldd(text: &str) -> Vec<PathBuf> {
     libs
 }
 
-fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
-
-/// The docker backend of a job: its containers on the job's own bridge network (made by
-/// `Backend::prepare`), running as the image's non-root user, secrets copied in, nothing mounted.
-/// Workers that ask for a GPU run the CUDA image of the `physalia-worker` beside `physalia`
-/// ([`cuda_image_tag`]; `physalia image build --cuda` or [`ensure_cuda_image`] builds it).
-pub fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
-    let gpu_image = crate::workers::worker_binary()
-        .ok()
-        .and_then(|w| cuda_image_tag(&w).ok());
-    backend_with(job_id, gpu_image)
-}
-
-/// [`backend`] with the image of GPU workers named (the job's `backend.docker.gpu_image`, see
-/// [`gpu_image`]); `None` runs the spec's image on GPUs too.
-pub fn backend_with(job_id: &str, gpu_image: Option<String>) -> Result<Box<dyn Backend>> {
-    if !available() {
-        bail!(
-            "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
-        );
-    }
-    Ok(Box::new(DockerBackend::new(config(job_id, gpu_image))?))
-}
-
-fn config(job_id: &str, gpu_image: Option<String>) -> DockerConfig {
-    let mut cfg = DockerConfig::new(format!("physalia-{}", sanitize(job_id)));
-    cfg.user = Some((WORKER_UID, WORKER_UID));
-    cfg.secrets_dir = SECRETS_IN_CONTAINER.into();
-    cfg.gpu_image = gpu_image;
-    cfg
-}
-
-/// The spec of a docker launch: containers of `image`, each binding the mesh on its own address.
-pub fn spec(
-    image: &str,
-    job_id: &str,
-    segment: usize,
-    coordinator: SocketAddr,
-    secrets: BTreeMap<String, SecretValue>,
-    threads: usize,
-) -> WorkerSpec {
-    crate::workers::worker_spec(
-        job_id,
-        segment,
-        image.to_string(),
-        Vec::new(),
-        coordinator,
-        threads,
-        secrets,
-        MESH_PORT,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -826,7 +757,7 @@ mod tests {
 
     #[test]
     fn gpu_workers_of_a_docker_job_run_the_gpu_image() {
-        let cfg = config(
+        let cfg = crate::platform::docker::config(
             "cora 1",
             Some("physalia-worker:0123456789abcdef-cuda".into()),
         );
