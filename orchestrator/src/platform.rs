@@ -116,6 +116,17 @@ pub(crate) fn kubernetes_config(k: &KubernetesSettings) -> KubernetesConfig {
         gpu_image: k.gpu_image.clone(),
         fs_group: Some(i64::from(crate::docker::WORKER_UID)),
         poll_interval: Duration::from_secs(1),
+        node_selector: k.node_selector.clone(),
+        tolerations: (k.tolerations.iter())
+            .map(|t| {
+                let (op, value, effect) = (
+                    t.operator.as_deref(),
+                    t.value.as_deref(),
+                    t.effect.as_deref(),
+                );
+                physalia_backends::kubernetes::toleration(&t.key, op, value, effect)
+            })
+            .collect(),
         ..KubernetesConfig::default()
     }
 }
@@ -255,8 +266,9 @@ pub(crate) fn worker_spec(
         secrets,
         MESH_PORT,
     );
-    worker.cpu = sku.vcpus;
-    worker.memory_gib = sku.memory_gib;
+    worker.cpu = sku.request_vcpus();
+    worker.memory_gib = sku.request_memory_gib();
+    worker.instance_types = sku.instance_types();
     worker.gpu = crate::distributed::gpu_request(spec);
     Ok(worker)
 }
@@ -295,6 +307,8 @@ mod tests {
             sku: None,
             image_pull_secret: Some("pull".into()),
             coordinator_image: None,
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
         };
         let cfg = kubernetes_config(&k);
         assert_eq!(cfg.namespace, "ml");
