@@ -107,7 +107,7 @@ NODES = (
      for i in range(2)]
     + [node(f"aks-cpu-{i}", "Standard_D16s_v5", 15740, 60386,
             labels={"kubernetes.azure.com/agentpool": "cpu", "kubernetes.azure.com/mode": "user"})
-       for i in range(4)]
+       for i in range(6)]
     + [node(f"gke-l4-{i}", "g2-standard-8", 7910, 29022, gpus=1,
             labels={"cloud.google.com/gke-nodepool": "l4",
                      "cloud.google.com/gke-accelerator": "nvidia-l4",
