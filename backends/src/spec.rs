@@ -34,11 +34,17 @@ pub struct WorkerSpec {
     pub image: String,
     /// The full command (argv[0] first); empty runs the image's entrypoint and default command.
     pub command: Vec<String>,
-    /// Virtual CPUs per worker (fractions allowed).
+    /// Virtual CPUs of each worker's platform object (an ECS task, a pod, a container group), fractions
+    /// allowed: what the platform must find free on one machine to place it.
     pub cpu: f64,
-    /// Memory per worker, GiB.
+    /// Memory of each worker's platform object, GiB (helper containers of the object included).
     pub memory_gib: f64,
     pub gpu: Option<GpuRequest>,
+    /// The machine types a worker may be placed on, as the platform names them (ECS's attribute
+    /// `ecs.instance-type`, Kubernetes' node label `node.kubernetes.io/instance-type`): the SKU's
+    /// (`physalia_planner::Placement`). Empty: anywhere the platform's capacity offers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instance_types: Vec<String>,
     /// Plain environment (for example `RAYON_NUM_THREADS`); never secrets. The backend adds the
     /// [`RESERVED_ENV`] variables.
     pub env: BTreeMap<String, String>,
@@ -147,6 +153,12 @@ impl WorkerSpec {
         {
             return bad("gpu.count is 0; leave gpu out for a CPU worker".into());
         }
+        if let Some(t) = self.instance_types.iter().find(|t| !is_instance_type(t)) {
+            return bad(format!(
+                "instance_types: {t:?} is not an instance type name (1-63 of [A-Za-z0-9._-], \
+                 starting and ending alphanumeric)"
+            ));
+        }
         if self.network.mesh_port == 0 {
             return bad("network.mesh_port is 0; workers need a fixed port peers can reach".into());
         }
@@ -236,6 +248,11 @@ pub(crate) fn is_label_value(s: &str) -> bool {
             && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
 
+/// An instance type as ECS's attribute and the Kubernetes node label carry it: a non-empty label value.
+fn is_instance_type(s: &str) -> bool {
+    !s.is_empty() && is_label_value(s)
+}
+
 /// A Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a non-empty label value.
 pub(crate) fn is_label_key(s: &str) -> bool {
     let (prefix, name) = match s.rsplit_once('/') {
@@ -280,6 +297,7 @@ pub(crate) mod tests {
             cpu: 2.0,
             memory_gib: 8.0,
             gpu: None,
+            instance_types: Vec::new(),
             env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
             secrets: BTreeMap::from([("ca.pem".into(), SecretValue::Same(SecretBytes::new("CA")))]),
             network: NetworkSpec {
@@ -301,6 +319,11 @@ pub(crate) mod tests {
         check(&|_| {}, 0, "at least one worker");
         check(&|s| s.cpu = 0.0, 1, "cpu");
         check(&|s| s.memory_gib = f64::NAN, 1, "memory_gib");
+        check(
+            &|s| s.instance_types = vec!["g5.xlarge; rm".into()],
+            1,
+            "instance_types",
+        );
         check(
             &|s| s.network.coordinator_addr = "nohost".into(),
             1,

@@ -24,6 +24,7 @@ fn spec(segment: u32, script: &str) -> WorkerSpec {
         cpu: 1.0,
         memory_gib: 1.0,
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "3".into())]),
         secrets: BTreeMap::from([
             ("ca.pem".into(), SecretValue::Same(SecretBytes::new(CA))),

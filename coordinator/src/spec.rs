@@ -29,8 +29,8 @@ use serde_json::Value;
 mod backend;
 
 pub use backend::{
-    AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings, Mode,
-    Priced, is_fargate,
+    AciRegistry, AciSettings, BackendSpec, DockerSettings, EcsSettings, KubernetesSettings,
+    KubernetesToleration, Mode, Priced, is_fargate,
 };
 
 /// Default number of attention heads of a GAT hidden layer.

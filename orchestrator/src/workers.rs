@@ -83,6 +83,7 @@ pub fn worker_spec(
         // no limit beyond the machine's: the planner's memory estimate is not a hard bound
         memory_gib: machine_memory_gib(),
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::from([("RAYON_NUM_THREADS".to_string(), threads.to_string())]),
         secrets,
         network: NetworkSpec {

@@ -134,6 +134,30 @@ pub struct Gpu {
     pub memory_gib: f64,
 }
 
+/// What one worker container can actually be given on its machine, and the machine types it is
+/// placed on, as the platform names them.
+///
+/// The ECS container agent registers an instance's memory as the operating system reports it
+/// (less than the instance's advertised memory), and a Kubernetes node's allocatable is its
+/// capacity less the kubelet's and the system's reservations and the eviction threshold: a
+/// worker asking for the whole machine is never placed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// The machine types, as the platform's placement sees them: the ECS attribute
+    /// `ecs.instance-type` (`g5.xlarge`), the Kubernetes node label
+    /// `node.kubernetes.io/instance-type` (`g2-standard-8`, `Standard_NC4as_T4_v3`).
+    pub instance_types: Vec<String>,
+    /// vCPUs the task or pod asks for.
+    #[serde(deserialize_with = "positive")]
+    pub vcpus: f64,
+    /// Memory the task or pod asks for, MiB.
+    #[serde(deserialize_with = "positive")]
+    pub memory_mib: f64,
+    /// Where the figures come from (the platform's documented reservations).
+    pub source: Sources,
+}
+
 /// What a container costs. Exactly one form: `usd_per_hour`, `usd_per_second`, or the pair
 /// `usd_per_vcpu_second` + `usd_per_gib_second` (ACI bills vCPU-seconds and GB-seconds).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -201,6 +225,12 @@ pub struct Sku {
     /// Present for a GPU SKU: one GPU per worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<Gpu>,
+    /// Where the platform places the worker and what the worker asks it for, where that is less
+    /// than the machine (`vcpus`, `memory_gib`, which the price and the planner's speeds are
+    /// for): an ECS task on an EC2 instance or a Kubernetes pod on a node. Absent for a container
+    /// that is sold at exactly its size (Fargate, ACI, the local machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
     /// Peak FP32 throughput of the device that runs the kernels (the GPU, else the vCPUs).
     #[serde(deserialize_with = "positive")]
     pub fp32_tflops: f64,
@@ -291,6 +321,10 @@ impl Sku {
         if let Some(g) = &self.gpu {
             positive.push(("gpu.memory_gib", g.memory_gib));
         }
+        if let Some(p) = &self.placement {
+            positive.push(("placement.vcpus", p.vcpus));
+            positive.push(("placement.memory_mib", p.memory_mib));
+        }
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
                 return Err(PlanError::invalid(
@@ -319,6 +353,9 @@ impl Sku {
             }
         }
         check_price(p).map_err(|m| PlanError::invalid(field("price"), m))?;
+        if let Some(m) = check_placement(self) {
+            return Err(PlanError::invalid(field(m.0), m.1));
+        }
         if self.max_containers == Some(0) {
             return Err(PlanError::invalid(
                 field("max_containers"),
@@ -326,6 +363,26 @@ impl Sku {
             ));
         }
         Ok(())
+    }
+
+    /// vCPUs a worker container asks its platform for: [`Placement::vcpus`], else [`Sku::vcpus`].
+    pub fn request_vcpus(&self) -> f64 {
+        self.placement.as_ref().map_or(self.vcpus, |p| p.vcpus)
+    }
+
+    /// Memory a worker container asks its platform for, GiB: [`Placement::memory_mib`], else
+    /// [`Sku::memory_gib`].
+    pub fn request_memory_gib(&self) -> f64 {
+        self.placement
+            .as_ref()
+            .map_or(self.memory_gib, |p| p.memory_mib / 1024.0)
+    }
+
+    /// The machine types a worker may be placed on (empty: anywhere the platform offers).
+    pub fn instance_types(&self) -> Vec<String> {
+        self.placement
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.instance_types.clone())
     }
 
     /// `A10G` or `4 vCPU`.
@@ -413,6 +470,9 @@ impl Catalog {
             if sku.max_containers == Some(0) {
                 return Err(err(".max_containers", "must be at least 1".into()));
             }
+            if let Some((f, m)) = check_placement(&sku) {
+                return Err(err(&format!(".{f}"), m));
+            }
             if !sku.backend.runs_gpus() && sku.gpu.is_some() {
                 return Err(err(
                     ".gpu",
@@ -498,6 +558,69 @@ fn at_entry(e: PlanError, text: &str) -> PlanError {
         path,
         message,
     }
+}
+
+/// The placement's checks across fields: required where the worker shares a machine with the
+/// platform's own processes (a Kubernetes node, an ECS GPU instance), at most the machine, with
+/// machine types that are label values. Returns the failing field and why.
+fn check_placement(sku: &Sku) -> Option<(&'static str, String)> {
+    let Some(p) = &sku.placement else {
+        return match sku.backend {
+            Backend::Kubernetes => Some((
+                "placement",
+                "a kubernetes SKU needs `placement` (the node's instance types and what a pod \
+                 can get after the node's reservations)"
+                    .into(),
+            )),
+            Backend::Ecs if sku.gpu.is_some() => Some((
+                "placement",
+                "an ECS GPU SKU needs `placement` (the instance types and what the ECS agent \
+                 registers on them)"
+                    .into(),
+            )),
+            _ => None,
+        };
+    };
+    if p.instance_types.is_empty() {
+        return Some((
+            "placement.instance_types",
+            "must name at least one instance type".into(),
+        ));
+    }
+    if let Some(t) = p.instance_types.iter().find(|t| {
+        t.is_empty()
+            || t.len() > 63
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    }) {
+        return Some((
+            "placement.instance_types",
+            format!(
+                "`{}` is not an instance type name (1-63 of [A-Za-z0-9._-])",
+                one_line(t)
+            ),
+        ));
+    }
+    if p.vcpus > sku.vcpus {
+        return Some((
+            "placement.vcpus",
+            format!("{} is more than the SKU's {} vcpus", p.vcpus, sku.vcpus),
+        ));
+    }
+    if p.memory_mib > sku.memory_gib * 1024.0 {
+        return Some((
+            "placement.memory_mib",
+            format!(
+                "{} MiB is more than the SKU's {} GiB",
+                p.memory_mib, sku.memory_gib
+            ),
+        ));
+    }
+    if p.source.urls().is_empty() || p.source.urls().iter().any(|u| u.is_empty()) {
+        return Some(("placement.source", "must name at least one source".into()));
+    }
+    None
 }
 
 fn check_price(p: &Price) -> Result<(), String> {

@@ -47,9 +47,144 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "backends
 
 import boto3  # noqa: E402
 import moto.ecs.models as ecs_models  # noqa: E402
+import moto.ecs.responses as ecs_responses  # noqa: E402
 import moto_fixture  # noqa: E402
 
 LABEL = f"physalia.ecs-agent={os.getpid()}"
+
+# What the ECS agent registers for a g5.xlarge (4 vCPU, 16 GiB, one A10G): 1024 CPU units per vCPU, the
+# memory Linux reports (MemTotal, less ECS_RESERVED_MEMORY's default 0), not the 16,384 MiB EC2
+# advertises (the ECS developer guide's "Container instance memory management": an m4.large's 8 GiB
+# registers as 7,985 MiB), and its GPU. AWS publishes no per-type figure; 15,785 MiB is in the range
+# g5.xlarge instances on the ECS-optimized GPU AMI register.
+G5_XLARGE = {"CPU": 4096, "MEMORY": 15785, "GPU": 1}
+
+
+def _resource(name: str, value: int) -> dict:
+    return {"doubleValue": 0.0, "integerValue": value, "longValue": 0, "name": name,
+            "type": "INTEGER"}
+
+
+def as_g5_xlarge(ci) -> None:
+    """Gives a container instance a g5.xlarge's registered resources (moto registers 4096 / 7482)."""
+    for res in (ci.registered_resources, ci.remaining_resources):
+        for r in res:
+            if r["name"] in ("CPU", "MEMORY"):
+                r["integerValue"] = G5_XLARGE[r["name"]]
+    ci.registered_resources.append(
+        {"doubleValue": 0.0, "integerValue": 0, "longValue": 0, "name": "GPU",
+         "type": "STRINGSET", "stringSetValue": ["GPU-0d1f2a3b-0000-0000-0000-000000000000"]})
+    ci.physalia_gpus = G5_XLARGE["GPU"]
+
+
+def task_requirements(td) -> dict:
+    """What ECS places a task by: the task-level CPU and memory where the task definition has them
+    (moto sums the containers'), its containers' GPUs, its placement constraints."""
+    req = _calculate(td)
+    if getattr(td, "cpu", None):
+        req["CPU"] = int(td.cpu)
+    if getattr(td, "memory", None):
+        req["MEMORY"] = int(td.memory)
+    req["GPU"] = sum(
+        int(r.get("value", 0))
+        for c in td.container_definitions
+        for r in (c.get("resourceRequirements") or [])
+        if r.get("type") == "GPU"
+    )
+    req["CONSTRAINTS"] = [c for c in (td.placement_constraints or []) if c.get("type") == "memberOf"]
+    return req
+
+
+def matches(expression: str, attributes: dict) -> bool:
+    """ECS's cluster query language, as far as physalia's constraints use it:
+    `attribute:NAME == V`, `!= V`, `in [A, B]`, `not_in [...]`, `=~ REGEX`, `!~ REGEX`."""
+    import re
+    m = re.fullmatch(r"\s*attribute:([\w.\-]+)\s*(==|!=|=~|!~|in|not_in)\s*(.+?)\s*", expression)
+    if not m:
+        raise ValueError(f"unsupported placement constraint expression {expression!r}")
+    name, op, value = m.groups()
+    have = attributes.get(name)
+    if op in ("in", "not_in"):
+        if not (value.startswith("[") and value.endswith("]")):
+            raise ValueError(f"`{op}` takes a list: {expression!r}")
+        values = [v.strip() for v in value[1:-1].split(",")]
+        return (have in values) == (op == "in")
+    if op in ("==", "!="):
+        return (have == value) == (op == "==")
+    found = have is not None and re.fullmatch(value, have) is not None
+    return found == (op == "=~")
+
+
+def why_not(ci, req: dict) -> str | None:
+    """Why the task cannot be placed on `ci` (ECS's failure reasons), or None."""
+    attributes = {a: v for a, v in (ci.attributes or {}).items()}
+    for c in req.get("CONSTRAINTS", []):
+        if not matches(c.get("expression", ""), attributes):
+            return "MemberOf placement constraint unsatisfied."
+    left = {r["name"]: r.get("integerValue", 0) for r in ci.remaining_resources}
+    if req.get("CPU", 0) > left.get("CPU", 0):
+        return "RESOURCE:CPU"
+    if req.get("MEMORY", 0) > left.get("MEMORY", 0):
+        return "RESOURCE:MEMORY"
+    if req.get("GPU", 0) > getattr(ci, "physalia_gpus", 0):
+        return "RESOURCE:GPU"
+    return None
+
+
+_calculate = ecs_models.EC2ContainerServiceBackend._calculate_task_resource_requirements
+_update = ecs_models.EC2ContainerServiceBackend.update_container_instance_resources
+_run_task = ecs_models.EC2ContainerServiceBackend.run_task
+_run_task_response_moto = ecs_responses.EC2ContainerServiceResponse.run_task
+LAST_FAILURES: list[dict] = []
+
+
+def _can_be_placed(ci, req) -> bool:
+    return why_not(ci, req) is None
+
+
+def _update_resources(self, ci, req, removing=False):
+    _update(self, ci, req, removing)
+    ci.physalia_gpus = getattr(ci, "physalia_gpus", 0) + (1 if removing else -1) * req.get("GPU", 0)
+
+
+def _strict_run_task(self, cluster_str, task_definition_str, count, overrides, started_by, tags,
+                     launch_type, networking_configuration, *rest, **kw):
+    """moto's RunTask, placing as ECS does; a task that fits no instance is a failure with ECS's
+    reason (moto would raise or return nothing and no reason)."""
+    LAST_FAILURES.clear()
+    if launch_type == "FARGATE":
+        return _run_task(self, cluster_str, task_definition_str, count, overrides, started_by, tags,
+                         launch_type, networking_configuration, *rest, **kw)
+    cluster = self._get_cluster(cluster_str)
+    instances = [ci for ci in self.container_instances.get(cluster.name, {}).values()
+                 if ci.status == "ACTIVE"]
+    arn = cluster.arn
+    if not instances:
+        LAST_FAILURES.append({"arn": arn, "reason": "No Container Instances were found in your cluster."})
+        return []
+    req = task_requirements(self.describe_task_definition(task_definition_str))
+    reasons = [why_not(ci, req) for ci in instances]
+    if all(reasons):
+        for ci, reason in zip(instances, reasons):
+            LAST_FAILURES.append({"arn": ci.container_instance_arn, "reason": reason})
+        return []
+    return _run_task(self, cluster_str, task_definition_str, count, overrides, started_by, tags,
+                     launch_type, networking_configuration, *rest, **kw)
+
+
+def _run_task_response(self):
+    result = _run_task_response_moto(self)
+    if LAST_FAILURES:
+        result.result["failures"] = list(LAST_FAILURES)
+    return result
+
+
+ecs_models.EC2ContainerServiceBackend._calculate_task_resource_requirements = staticmethod(
+    task_requirements)
+ecs_models.EC2ContainerServiceBackend._can_be_placed = staticmethod(_can_be_placed)
+ecs_models.EC2ContainerServiceBackend.update_container_instance_resources = _update_resources
+ecs_models.EC2ContainerServiceBackend.run_task = _strict_run_task
+ecs_responses.EC2ContainerServiceResponse.run_task = _run_task_response
 ACCOUNT = "123456789012"
 
 
@@ -329,7 +464,9 @@ class TaskRunner:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.parse_args()
+    ap.add_argument("--g5-instances", type=int, default=0,
+                    help="register N g5.xlarge container instances (a GPU capacity provider's)")
+    args = ap.parse_args()
     network, subnet = make_network()
     hosts = subnet.hosts()
     gateway = str(next(hosts))
@@ -355,6 +492,23 @@ def main() -> None:
         aws_access_key_id="testing", aws_secret_access_key="testing",
     ).create_bucket(Bucket="physalia-jobs")
     out["bucket"] = "physalia-jobs"
+    if args.g5_instances:
+        kw = dict(endpoint_url=out["endpoint"], region_name=moto_fixture.REGION,
+                  aws_access_key_id="testing", aws_secret_access_key="testing")
+        ec2, ecs = boto3.client("ec2", **kw), boto3.client("ecs", **kw)
+        ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        for inst in ec2.run_instances(ImageId=ami, MinCount=args.g5_instances,
+                                      MaxCount=args.g5_instances, InstanceType="g5.xlarge",
+                                      SubnetId=out["subnets"][0])["Instances"]:
+            ecs.register_container_instance(
+                cluster=out["cluster"],
+                instanceIdentityDocument=json.dumps({"instanceId": inst["InstanceId"],
+                                                     "region": moto_fixture.REGION,
+                                                     "instanceType": "g5.xlarge"}))
+        backend = ecs_models.ecs_backends[ACCOUNT][moto_fixture.REGION]
+        for ci in backend.container_instances[out["cluster"]].values():
+            as_g5_xlarge(ci)
+        out["g5_xlarge"] = G5_XLARGE
     agent = Agent(out["endpoint"], out["cluster"], network)
     threading.Thread(target=agent.loop, daemon=True).start()
     out["network"] = network

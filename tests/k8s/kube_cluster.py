@@ -32,7 +32,15 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE, answered by this process with moto's test credentials, and
   moto (S3, bucket `physalia-jobs`, for the job store) at AWS_ENDPOINT_URL.
 
-Not done: scheduling (every pod fits), resource limits, ResourceQuota, ttlSecondsAfterFinished, watches.
+- the scheduler, over the nodes of NODES (node pools shaped as GKE, EKS and AKS document theirs: the
+  well-known `node.kubernetes.io/instance-type` label, each distribution's GPU labels and taints, and
+  allocatable CPU, memory and `nvidia.com/gpu` by its documented reservations): a pod is bound to a
+  node whose labels match its `nodeSelector` and required node affinity (`In`, `NotIn`, `Exists`),
+  whose NoSchedule/NoExecute taints it tolerates, and whose allocatable less the requests of the pods
+  bound there holds its requests. A pod that fits no node stays Pending with the PodScheduled condition
+  False, reason Unschedulable, as kube-scheduler words it; `/_fake/nodes` lists the nodes.
+
+Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished, watches.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
 URL; `region`; `bucket`; `network`; `api`, the API server's URL), then serves until its standard input
@@ -69,6 +77,110 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 NAMESPACES = {"physalia"}
 RBAC = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "k8s", "rbac.yaml")
 POD_IDENTITY_DIR = "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount"
+
+
+def node(name: str, instance_type: str, cpu_m: int, memory_mi: int, gpus: int = 0,
+         labels: dict | None = None, taints: list | None = None) -> dict:
+    alloc = {"cpu": f"{cpu_m}m", "memory": f"{memory_mi}Mi", "pods": "110"}
+    if gpus:
+        alloc["nvidia.com/gpu"] = str(gpus)
+    return {
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "kubernetes.io/hostname": name, "node.kubernetes.io/instance-type": instance_type,
+            **(labels or {})}},
+        "spec": {"taints": taints or []},
+        "status": {"allocatable": alloc},
+    }
+
+
+# Allocatable by each provider's documented reservations (infra/catalog/kubernetes.yaml's comment):
+# AKS 1.29+: CPU by its table, memory min(20 MB x 250 pods + 50 MB, 25%) + 100 Mi eviction;
+# GKE: its tiered CPU and memory percentages + 100 Mi eviction; EKS AMI: CPU as GKE, memory
+# 11 Mi x 58 pods + 255 Mi + 100 Mi eviction from a g5.xlarge's MemTotal (15,785 Mi, as the ECS
+# harness registers it).
+GKE_GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+AKS_GPU_TAINT = {"key": "sku", "value": "gpu", "effect": "NoSchedule"}
+NODES = (
+    [node(f"aks-system-{i}", "Standard_D4s_v5", 3860, 12188,
+          labels={"kubernetes.azure.com/agentpool": "system", "kubernetes.azure.com/mode": "system"})
+     for i in range(2)]
+    + [node(f"aks-cpu-{i}", "Standard_D16s_v5", 15740, 60386,
+            labels={"kubernetes.azure.com/agentpool": "cpu", "kubernetes.azure.com/mode": "user"})
+       for i in range(6)]
+    + [node(f"gke-l4-{i}", "g2-standard-8", 7910, 29022, gpus=1,
+            labels={"cloud.google.com/gke-nodepool": "l4",
+                     "cloud.google.com/gke-accelerator": "nvidia-l4",
+                     "cloud.google.com/gke-gpu": "true"},
+            taints=[GKE_GPU_TAINT]) for i in range(3)]
+    + [node(f"eks-a10g-{i}", "g5.xlarge", 3920, 14792, gpus=1,
+            labels={"eks.amazonaws.com/nodegroup": "gpu", "eks.amazonaws.com/capacityType": "ON_DEMAND",
+                    "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-A10G",
+                    "nvidia.com/gpu.count": "1"}) for i in range(3)]
+    + [node(f"aks-t4-{i}", "Standard_NC4as_T4_v3", 3860, 23522, gpus=1,
+            labels={"kubernetes.azure.com/agentpool": "gput4", "kubernetes.azure.com/mode": "user",
+                    "kubernetes.azure.com/accelerator": "nvidia"},
+            taints=[AKS_GPU_TAINT]) for i in range(3)]
+)
+
+
+def quantity(q: str | int | float | None) -> float:
+    """A Kubernetes quantity as a number (CPU in cores, memory in bytes)."""
+    if q is None:
+        return 0.0
+    q = str(q)
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6,
+             "G": 1e9, "T": 1e12}
+    for suffix in ("Ki", "Mi", "Gi", "Ti", "m", "k", "M", "G", "T"):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * units[suffix]
+    return float(q)
+
+
+def pod_requests(pod: dict) -> dict[str, float]:
+    """The pod's requests as the scheduler counts them: its containers' sum, or an init container's
+    if larger; a limit without a request requests the limit."""
+    def of(c: dict) -> dict[str, float]:
+        r = c.get("resources") or {}
+        want = dict(r.get("limits") or {})
+        want.update(r.get("requests") or {})
+        return {k: quantity(v) for k, v in want.items()}
+    total: dict[str, float] = {}
+    for c in pod["spec"].get("containers", []):
+        for k, v in of(c).items():
+            total[k] = total.get(k, 0.0) + v
+    for c in pod["spec"].get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, 0.0), v)
+    return total
+
+
+def tolerates(tolerations: list, taint: dict) -> bool:
+    for t in tolerations or []:
+        if t.get("effect") and t["effect"] != taint["effect"]:
+            continue
+        op = t.get("operator", "Equal")
+        if op == "Exists" and (not t.get("key") or t["key"] == taint["key"]):
+            return True
+        if op == "Equal" and t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def affinity_matches(pod: dict, labels: dict) -> bool:
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    def term_ok(term: dict) -> bool:
+        for e in term.get("matchExpressions") or []:
+            have, op, values = labels.get(e["key"]), e["operator"], e.get("values") or []
+            ok = {"In": have in values, "NotIn": have not in values,
+                  "Exists": have is not None, "DoesNotExist": have is None}.get(op)
+            if not ok:
+                return False
+        return True
+    return any(term_ok(t) for t in required.get("nodeSelectorTerms") or [])
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -271,11 +383,59 @@ class Cluster:
             pods = [(k, o) for k, o in self.objects.items() if k[1] == "pods"]
         for key, pod in pods:
             if key not in self.containers and pod["status"]["phase"] == "Pending" \
-                    and not pod.get("_starting"):
+                    and not pod.get("_starting") and self.schedule(key, pod):
                 pod["_starting"] = True
                 threading.Thread(target=self.start_pod, args=(key, pod), daemon=True).start()
             elif key in self.containers and pod["status"]["phase"] == "Running":
                 self.observe(key, pod)
+
+    def schedule(self, key, pod: dict) -> bool:
+        """Binds the pod to a node (True), or records why none fits (False), as kube-scheduler does."""
+        if pod["spec"].get("nodeName"):
+            return True
+        want = pod_requests(pod)
+        why: dict[str, int] = {}
+        with self.lock:
+            bound = [o for (_, r, _), o in self.objects.items() if r == "pods"
+                     and o["spec"].get("nodeName") and o["status"]["phase"] in ("Pending", "Running")]
+            for n in NODES:
+                labels, name = n["metadata"]["labels"], n["metadata"]["name"]
+                selector = pod["spec"].get("nodeSelector") or {}
+                if any(labels.get(k) != v for k, v in selector.items()) \
+                        or not affinity_matches(pod, labels):
+                    reason = "node(s) didn't match Pod's node affinity/selector"
+                elif any(t["effect"] in ("NoSchedule", "NoExecute")
+                         and not tolerates(pod["spec"].get("tolerations"), t)
+                         for t in n["spec"]["taints"]):
+                    t = next(t for t in n["spec"]["taints"]
+                             if not tolerates(pod["spec"].get("tolerations"), t))
+                    reason = f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"
+                else:
+                    used: dict[str, float] = {}
+                    for o in bound:
+                        if o["spec"]["nodeName"] == name:
+                            for k, v in pod_requests(o).items():
+                                used[k] = used.get(k, 0.0) + v
+                    alloc = {k: quantity(v) for k, v in n["status"]["allocatable"].items()}
+                    short = [k for k, v in want.items()
+                             if v > alloc.get(k, 0.0) - used.get(k, 0.0) + 1e-9]
+                    if not short:
+                        pod["spec"]["nodeName"] = name
+                        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                                        "lastTransitionTime": now()}]
+                        self.stamp(pod)
+                        return True
+                    reason = f"Insufficient {short[0]}"
+                why[reason] = why.get(reason, 0) + 1
+            message = f"0/{len(NODES)} nodes are available: " + ", ".join(
+                f"{c} {r}" for r, c in sorted(why.items())) + "."
+            cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": message}
+            old = (pod["status"].get("conditions") or [{}])[0]
+            if old.get("reason") != "Unschedulable" or old.get("message") != message:
+                pod["status"]["conditions"] = [dict(cond, lastTransitionTime=now())]
+                self.stamp(pod)
+            return False
 
     def sync_job(self, job: dict) -> None:
         spec = job.get("spec", {})
@@ -599,6 +759,8 @@ class Api(http.server.BaseHTTPRequestHandler):
                 obj = next((o for (_, r, n), o in self.cluster.objects.items()
                             if r == res and n == name), None)
                 return self.reply(200, clean(obj, "", "") if obj else None)
+        if url.path == "/_fake/nodes":
+            return self.reply(200, NODES)
         if url.path == "/_fake/requests":
             with self.cluster.lock:
                 return self.reply(200, list(self.cluster.requests))

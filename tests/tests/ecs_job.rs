@@ -37,6 +37,11 @@ struct Agent {
 impl Agent {
     /// `None` (and a note) where the test cannot run here.
     fn start() -> Option<Agent> {
+        Agent::start_with(&[])
+    }
+
+    /// The agent with `args` (`--g5-instances N`: N container instances registered as a g5.xlarge).
+    fn start_with(args: &[&str]) -> Option<Agent> {
         let required = std::env::var("PHYSALIA_REQUIRE_MOTO").as_deref() == Ok("1");
         let docker = Command::new("docker")
             .args(["info", "--format", "{{.ServerVersion}}"])
@@ -59,6 +64,7 @@ impl Agent {
         }
         let mut child = Command::new("python3")
             .arg(repo_root().join("tests/ecs/ecs_agent.py"))
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -267,6 +273,108 @@ fn cora_on_three_ecs_tasks_trains_like_three_local_processes() {
     assert!(ws > 0.0 && usd > 0.0, "{ecs}");
     let want = ws * price_per_s();
     assert!((usd - want).abs() <= 1e-9 + 1e-6 * want, "{usd} vs {want}");
+    assert_nothing_left(&agent);
+}
+
+/// Issue 30: a GPU SKU's job is placed on g5.xlarge-faithful container instances (4096 CPU units,
+/// 15,785 MiB registered, one GPU, `ecs.instance-type` g5.xlarge) and trains, each worker falling back to
+/// the CPU in its container; every epoch once, the local run's losses. Today's task (the whole
+/// instance, 4096 units and 16,448 MiB, placed by `=~ A10G`) is refused by the same harness, for its
+/// memory and for its constraint: the fake bites.
+#[test]
+fn issue_30_a_gpu_sku_job_is_placed_on_g5_xlarge_instances_and_trains() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let Some(agent) = Agent::start_with(&["--g5-instances", "3"]) else {
+        return;
+    };
+    // what the worker asks for is what the catalog's placement says, and it fits the registered size
+    let catalog = physalia_planner::Catalog::builtin();
+    let sku = catalog.get("ecs-g5.xlarge").unwrap();
+    assert_eq!(sku.instance_types(), ["g5.xlarge"]);
+    let registered = agent.info["g5_xlarge"]["MEMORY"].as_f64().unwrap();
+    assert!(
+        sku.request_memory_gib() * 1024.0 <= registered,
+        "{registered}"
+    );
+    assert!(
+        sku.memory_gib * 1024.0 + 64.0 > registered,
+        "the whole instance must not fit"
+    );
+
+    // the fake refuses what ECS refuses: today's request and today's constraint
+    let refused = agent.query(&format!(
+        "net = {{'awsvpcConfiguration': {{'subnets': {subnets}, 'securityGroups': []}}}}
+         def run(mem, expr):
+             c = [dict(name='secrets', image='x', memory=64, essential=False),
+                  dict(name='worker', image='x', cpu=4096, memory=mem - 64,
+                       resourceRequirements=[{{'type': 'GPU', 'value': '1'}}])]
+             td = ecs.register_task_definition(family='today', networkMode='awsvpc',
+                 requiresCompatibilities=['EC2'], cpu='4096', memory=str(mem), containerDefinitions=c,
+                 placementConstraints=[{{'type': 'memberOf', 'expression': expr}}])['taskDefinition']
+             r = ecs.run_task(cluster='physalia', taskDefinition=td['taskDefinitionArn'], networkConfiguration=net)
+             ecs.deregister_task_definition(taskDefinition=td['taskDefinitionArn'])
+             return [len(r['tasks'])] + sorted({{f['reason'] for f in r['failures']}})
+         print(json.dumps([run(16448, 'attribute:ecs.instance-type == g5.xlarge'),
+                           run(15155, 'attribute:ecs.instance-type =~ A10G')]))",
+        subnets = agent.info["subnets"]
+    ));
+    assert_eq!(
+        refused,
+        serde_json::json!([
+            [0, "RESOURCE:MEMORY"],
+            [0, "MemberOf placement constraint unsatisfied."]
+        ])
+    );
+
+    let t = TempDir::new().unwrap();
+    let job = format!(
+        "name: ecs-gpu
+dataset:
+  path: {}
+  row_normalize: true
+model: {{kind: gcn, layers: 2, hidden: 16}}
+train: {{epochs: 5, seed: 0, threads: 1}}
+workers: 3
+output: {{dir: jobs}}
+resources: {{gpu: {{count: 1}}, gpu_fallback: cpu}}
+",
+        cora.display()
+    );
+    write_job(t.path(), "job.yaml", &job);
+    let local = submit(t.path(), None, &[]);
+    let backend = agent.backend(&image()).replace(
+        &format!("sku: {SKU}"),
+        "sku: ecs-g5.xlarge
+    capacity: ec2",
+    );
+    write_job(t.path(), "job.yaml", &format!("{job}{backend}"));
+    let ecs = submit(t.path(), Some(&agent), &[]);
+    let dir = t.path().join(ecs["job_dir"].as_str().unwrap());
+    assert_same_losses(
+        &losses(&dir),
+        &losses(&t.path().join(local["job_dir"].as_str().unwrap())),
+    );
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
+    // the tasks were placed on the g5.xlarge instances, sized as the catalog says
+    let placed = agent.query(
+        "arns = ecs.list_tasks(cluster='physalia', desiredStatus='STOPPED')['taskArns']
+         ts = ecs.describe_tasks(cluster='physalia', tasks=arns)['tasks']
+         def size(arn):
+             td = ecs.describe_task_definition(taskDefinition=arn)['taskDefinition']
+             return (td.get('cpu'), td.get('memory'), td['placementConstraints'][0]['expression'])
+         print(json.dumps(sorted({(t.get('containerInstanceArn') is not None,) + size(t['taskDefinitionArn']) for t in ts})))",
+    );
+    assert_eq!(
+        placed,
+        serde_json::json!([[
+            true,
+            "4096",
+            "15155",
+            "attribute:ecs.instance-type == g5.xlarge"
+        ]])
+    );
     assert_nothing_left(&agent);
 }
 

@@ -19,6 +19,7 @@ fn spec() -> WorkerSpec {
         cpu: 1.0,
         memory_gib: 2.0,
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::new(),
         secrets: BTreeMap::from([
             (

@@ -548,3 +548,135 @@ fn issue_14_a_kubernetes_job_whose_coordinator_died_resumes_from_the_store() {
     eprintln!("resumed after its coordinator died at epoch {killed_after}");
     cluster.wait_nothing_left(&[]);
 }
+
+/// Issue 30: GPU SKU jobs on GKE-, EKS- and AKS-shaped GPU nodes (the fake schedules by allocatable,
+/// labels and taints as those distributions document them) are placed and train, each worker falling
+/// back to the CPU in its container: every epoch once, the local run's losses. The GKE job also selects
+/// on GKE's accelerator label and the AKS job tolerates AKS's `sku=gpu` taint, as a user's job file
+/// would. Today's pods (the whole node, selected by `nvidia.com/gpu.product: <model>`) stay unplaced:
+/// the fake bites.
+#[test]
+fn issue_30_gpu_sku_jobs_are_placed_on_gke_eks_and_aks_gpu_nodes_and_train() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    // today's worker pods: the SKU's whole machine, placed by the GPU model's product label
+    let today = [
+        ("today-gke", "8", "32Gi", "nvidia.com/gpu.product", "L4"),
+        ("today-eks", "4", "16Gi", "nvidia.com/gpu.product", "A10G"),
+        ("today-aks", "4", "28Gi", "nvidia.com/gpu.product", "T4"),
+        // the whole node on the right label is still too big
+        (
+            "whole-gke",
+            "8",
+            "32Gi",
+            "node.kubernetes.io/instance-type",
+            "g2-standard-8",
+        ),
+        (
+            "whole-eks",
+            "4",
+            "16Gi",
+            "node.kubernetes.io/instance-type",
+            "g5.xlarge",
+        ),
+        (
+            "whole-aks",
+            "4",
+            "28Gi",
+            "node.kubernetes.io/instance-type",
+            "Standard_NC4as_T4_v3",
+        ),
+    ];
+    let pods: Vec<String> = today
+        .iter()
+        .map(|(name, cpu, mem, key, value)| {
+            format!(
+                "{{'metadata': {{'name': '{name}'}}, 'spec': {{'containers': [{{'name': 'w', 'image': 'x', \
+                 'resources': {{'requests': {{'cpu': '{cpu}', 'memory': '{mem}', 'nvidia.com/gpu': '1'}}, \
+                 'limits': {{'nvidia.com/gpu': '1'}}}}}}], 'nodeSelector': {{'{key}': '{value}'}}, \
+                 'tolerations': [{{'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}}, \
+                 {{'key': 'sku', 'operator': 'Exists'}}]}}}}"
+            )
+        })
+        .collect();
+    let code = format!(
+        "import json, ssl, time, urllib.request\nctx = ssl.create_default_context()\nctx.check_hostname = False\nctx.verify_mode = ssl.CERT_NONE\n\
+         def call(method, path, body=None):\n\
+         \x20   req = urllib.request.Request({api:?} + '/api/v1/namespaces/physalia/pods' + path, method=method,\n\
+         \x20       data=json.dumps(body).encode() if body else None,\n\
+         \x20       headers={{'Authorization': 'Bearer ' + {token:?}, 'Content-Type': 'application/json'}})\n\
+         \x20   return json.loads(urllib.request.urlopen(req, context=ctx).read())\n\
+         pods = [{pods}]\n\
+         for p in pods: call('POST', '', p)\n\
+         time.sleep(2)\n\
+         out = {{}}\n\
+         for p in pods:\n\
+         \x20   o = call('GET', '/' + p['metadata']['name'])\n\
+         \x20   c = (o['status'].get('conditions') or [{{}}])[0]\n\
+         \x20   out[p['metadata']['name']] = [o['spec'].get('nodeName'), o['status']['phase'], c.get('reason')]\n\
+         \x20   call('DELETE', '/' + p['metadata']['name'])\n\
+         print(json.dumps(out))",
+        api = cluster.info["api"].as_str().unwrap(),
+        token = cluster.info["user_token"].as_str().unwrap(),
+        pods = pods.join(", "),
+    );
+    let out = Command::new("python3")
+        .args(["-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let placed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (name, ..) in today {
+        assert_eq!(
+            placed[name],
+            serde_json::json!([null, "Pending", "Unschedulable"]),
+            "{name}: {placed}"
+        );
+    }
+
+    let t = TempDir::new().unwrap();
+    ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["data", "import"])
+            .arg(&cora)
+            .args(["--out", "cora.safetensors"]),
+    );
+    let job = "name: kube-gpu\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 3, seed: 0, threads: 1}\nworkers: 2\nresources: {gpu: {count: 1}, gpu_fallback: cpu}\n";
+    let want = local_losses(t.path(), "local.yaml", job);
+    let store = cluster.store();
+    for (sku, extra) in [
+        (
+            "gke-g2-standard-8",
+            "    node_selector: {cloud.google.com/gke-accelerator: nvidia-l4}\n",
+        ),
+        ("eks-g5.xlarge", ""),
+        (
+            "aks-nc4as-t4-v3",
+            "    tolerations: [{key: sku, value: gpu, effect: NoSchedule}]\n",
+        ),
+    ] {
+        let section = backend(&image()).replace(&format!("sku: {SKU}"), &format!("sku: {sku}"));
+        write_job(
+            t.path(),
+            "job.yaml",
+            &format!("{job}output: {{dir: {store}}}\n{section}{extra}"),
+        );
+        let (stdout, _) =
+            ok_output(&mut cluster.cli(t.path(), &["submit", "job.yaml", "--output", "json"]));
+        let id = job_id(last_json(&stdout)["job_url"].as_str().unwrap());
+        let metrics = cluster
+            .s3_object(&format!("jobs/{id}/metrics.jsonl"))
+            .expect("metrics in S3");
+        assert_same_losses(sku, &losses(&metrics), &want, 1e-4);
+    }
+    cluster.wait_nothing_left(&[]);
+}

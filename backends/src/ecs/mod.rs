@@ -801,12 +801,26 @@ impl EcsBackend {
     {
         let launch = LaunchId::new(&spec.job_id, spec.segment);
         let fargate = self.cfg.capacity.is_fargate();
-        let (worker_cpu, worker_mib) = task::ec2_size(spec.cpu, spec.memory_gib);
+        // On EC2 the task is the spec's size, which the SKU chose to fit the instance's registered
+        // resources; the worker gets all of it but the unpacker's share. Fargate sells fixed sizes.
         let (task_cpu, task_mib) = if fargate {
             task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?
         } else {
-            (worker_cpu, worker_mib + UNPACKER_MIB)
+            task::ec2_size(spec.cpu, spec.memory_gib)
         };
+        let (worker_cpu, worker_mib) = (
+            task_cpu,
+            task_mib
+                .checked_sub(UNPACKER_MIB)
+                .filter(|&m| m >= 4)
+                .ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "memory_gib {} leaves the worker container nothing beside the secrets \
+                 container's {UNPACKER_MIB} MiB",
+                        spec.memory_gib
+                    ))
+                })?,
+        );
 
         let mut env = spec.base_env(n);
         env.insert(ENV_RANK.into(), rank.to_string());
@@ -848,7 +862,7 @@ impl EcsBackend {
         // Every container gets a hard memory limit (moto insists, like EC2 without task-level memory):
         // on Fargate the worker may use all of the task's memory but the unpacker's share.
         worker = if fargate {
-            worker.memory((task_mib - UNPACKER_MIB) as i32)
+            worker.memory(worker_mib as i32)
         } else {
             worker.cpu(worker_cpu as i32).memory(worker_mib as i32)
         };
@@ -943,11 +957,14 @@ impl EcsBackend {
             .volumes(volume)
             .tags(t_launch)
             .tags(t_rank);
-        if let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_deref()) {
+        // Fargate has no instances to choose (and refuses memberOf constraints)
+        if let Some(expression) = task::instance_type_constraint(&spec.instance_types)
+            && !fargate
+        {
             input = input.placement_constraints(
                 ecs::TaskDefinitionPlacementConstraint::builder()
                     .r#type(ecs::TaskDefinitionPlacementConstraintType::MemberOf)
-                    .expression(format!("attribute:ecs.instance-type =~ {kind}"))
+                    .expression(expression)
                     .build(),
             );
         }

@@ -100,6 +100,19 @@ pub fn ec2_size(cpu: f64, memory_gib: f64) -> (u32, u32) {
     )
 }
 
+/// The cluster query language expression that places a task on one of `types` (ECS's built-in attribute
+/// `ecs.instance-type`, which names the instance type as EC2 does: `g5.xlarge`), or `None` for any.
+pub fn instance_type_constraint(types: &[String]) -> Option<String> {
+    match types {
+        [] => None,
+        [one] => Some(format!("attribute:ecs.instance-type == {one}")),
+        many => Some(format!(
+            "attribute:ecs.instance-type in [{}]",
+            many.join(", ")
+        )),
+    }
+}
+
 /// The task's private IPv4 address, from its elastic network interface attachment (awsvpc mode).
 pub fn eni_ip(task: &aws_sdk_ecs::types::Task) -> Option<std::net::IpAddr> {
     let from_attachment = task
@@ -149,6 +162,19 @@ mod tests {
         let err = fargate_size(32.0, 8.0).unwrap_err().to_string();
         assert!(err.contains("larger than any Fargate task"), "{err}");
         assert!(fargate_size(4.0, 121.0).is_err());
+    }
+
+    #[test]
+    fn tasks_are_placed_by_the_instance_type_ecs_reports() {
+        assert_eq!(instance_type_constraint(&[]), None);
+        assert_eq!(
+            instance_type_constraint(&["g5.xlarge".into()]).as_deref(),
+            Some("attribute:ecs.instance-type == g5.xlarge")
+        );
+        assert_eq!(
+            instance_type_constraint(&["g5.xlarge".into(), "g6.xlarge".into()]).as_deref(),
+            Some("attribute:ecs.instance-type in [g5.xlarge, g6.xlarge]")
+        );
     }
 
     #[test]

@@ -56,8 +56,17 @@ pub struct KubernetesConfig {
     /// Finished Jobs (and, through owner references, their Secret and Service) are deleted this long
     /// after they finish, in case the coordinator did not.
     pub ttl_after_finished_s: Option<i32>,
-    /// The node label a [`crate::GpuRequest::kind`] selects on (NVIDIA GPU feature discovery's).
+    /// The node label a [`crate::GpuRequest::kind`] selects on (NVIDIA GPU feature discovery's) when the
+    /// spec names no instance type.
     pub gpu_product_label: String,
+    /// The node label [`WorkerSpec::instance_types`] select on: `node.kubernetes.io/instance-type`.
+    pub instance_type_label: String,
+    /// Labels a worker's node must also carry (a distribution's GPU label, a node pool), from the job
+    /// file's `backend.kubernetes.node_selector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints worker pods tolerate beyond `nvidia.com/gpu` (AKS GPU pools' `sku=gpu:NoSchedule`), from
+    /// the job file's `backend.kubernetes.tolerations`.
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
     /// A pull secret for a private registry, in the namespace.
     pub image_pull_secret: Option<String>,
     /// The image GPU workers run (a [`WorkerSpec`] with `gpu`): the CUDA worker image
@@ -78,11 +87,30 @@ impl Default for KubernetesConfig {
             poll_interval: Duration::from_secs(2),
             ttl_after_finished_s: Some(3600),
             gpu_product_label: "nvidia.com/gpu.product".into(),
+            instance_type_label: "node.kubernetes.io/instance-type".into(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
             image_pull_secret: None,
             gpu_image: None,
             fs_group: None,
             coordinator_service_account: "physalia-coordinator".into(),
         }
+    }
+}
+
+/// A toleration of the taint `key` (`operator` `Equal` by default, or `Exists`), of one `effect` or all.
+pub fn toleration(
+    key: &str,
+    operator: Option<&str>,
+    value: Option<&str>,
+    effect: Option<&str>,
+) -> k8s_openapi::api::core::v1::Toleration {
+    k8s_openapi::api::core::v1::Toleration {
+        key: Some(key.to_string()),
+        operator: Some(operator.unwrap_or("Equal").to_string()),
+        value: value.map(str::to_string),
+        effect: effect.map(str::to_string),
+        ..Default::default()
     }
 }
 

@@ -19,9 +19,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
-    Secret, SecretVolumeSource, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, Secret, SecretVolumeSource,
+    Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -155,25 +156,11 @@ pub fn launch_objects(
         ("memory".to_string(), memory_quantity(spec.memory_gib)),
     ]);
     let mut limits = BTreeMap::from([("memory".to_string(), memory_quantity(spec.memory_gib))]);
-    let mut node_selector = None;
-    let mut tolerations = None;
+    let (node_selector, affinity, tolerations) = placement(cfg, spec);
     if let Some(gpu) = &spec.gpu {
         let count = Quantity(gpu.count.to_string());
         requests.insert(GPU_RESOURCE.into(), count.clone());
         limits.insert(GPU_RESOURCE.into(), count);
-        if let Some(kind) = &gpu.kind {
-            node_selector = Some(BTreeMap::from([(
-                cfg.gpu_product_label.clone(),
-                kind.clone(),
-            )]));
-        }
-        // GPU node pools (AKS, GKE, EKS) taint their nodes so only pods asking for GPUs land there.
-        tolerations = Some(vec![Toleration {
-            key: Some(GPU_RESOURCE.into()),
-            operator: Some("Exists".into()),
-            effect: Some("NoSchedule".into()),
-            ..Toleration::default()
-        }]);
     }
 
     let container = Container {
@@ -238,6 +225,7 @@ pub fn launch_objects(
                         ..Volume::default()
                     }]),
                     node_selector,
+                    affinity,
                     tolerations,
                     image_pull_secrets: cfg
                         .image_pull_secret
@@ -420,6 +408,67 @@ fn secret_layout(
     Ok((data, items))
 }
 
+/// Where a worker pod may run: on a node of one of the spec's instance types (the well-known label
+/// every distribution sets; `nodeSelector` for one type, a required node affinity for several), and
+/// on nodes carrying the configuration's labels; tolerating the configuration's taints and, for a GPU
+/// pod, the `nvidia.com/gpu` taint GKE (and many EKS set-ups) put on GPU nodes. A GPU model
+/// ([`crate::GpuRequest::kind`]) selects on [`KubernetesConfig::gpu_product_label`] only where the
+/// spec names no instance type.
+fn placement(
+    cfg: &KubernetesConfig,
+    spec: &WorkerSpec,
+) -> (
+    Option<BTreeMap<String, String>>,
+    Option<Affinity>,
+    Option<Vec<Toleration>>,
+) {
+    let mut selector = cfg.node_selector.clone();
+    let mut affinity = None;
+    match spec.instance_types.as_slice() {
+        [] => {
+            if let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_ref()) {
+                selector.insert(cfg.gpu_product_label.clone(), kind.clone());
+            }
+        }
+        [one] => {
+            selector.insert(cfg.instance_type_label.clone(), one.clone());
+        }
+        many => {
+            affinity = Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: cfg.instance_type_label.clone(),
+                                operator: "In".into(),
+                                values: Some(many.to_vec()),
+                            }]),
+                            ..NodeSelectorTerm::default()
+                        }],
+                    }),
+                    ..NodeAffinity::default()
+                }),
+                ..Affinity::default()
+            });
+        }
+    }
+    let mut tolerations = Vec::new();
+    if spec.gpu.is_some() {
+        tolerations.push(Toleration {
+            key: Some(GPU_RESOURCE.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        });
+    }
+    tolerations.extend(cfg.tolerations.iter().cloned());
+    (
+        (!selector.is_empty()).then_some(selector),
+        affinity,
+        (!tolerations.is_empty()).then_some(tolerations),
+    )
+}
+
 /// `cpu` in millicores, rounded up (the scheduler must not give less than asked).
 pub fn cpu_quantity(cpu: f64) -> Quantity {
     Quantity(format!("{}m", (cpu * 1000.0).ceil() as u64))
@@ -497,6 +546,77 @@ mod tests {
             pod.containers[0].image.as_deref(),
             Some("ghcr.io/physalia/worker:0.1.0")
         );
+    }
+
+    #[test]
+    fn pods_are_placed_by_instance_type_and_the_configured_labels_and_taints() {
+        use crate::GpuRequest;
+        use crate::spec::tests::spec;
+        let pod = |cfg: &KubernetesConfig, s: &WorkerSpec| {
+            let objects = launch_objects(cfg, s, 1).unwrap();
+            objects.job.spec.unwrap().template.spec.unwrap()
+        };
+        let mut s = spec();
+        s.gpu = Some(GpuRequest {
+            count: 1,
+            kind: Some("L4".into()),
+        });
+        s.instance_types = vec!["g2-standard-8".into()];
+        let p = pod(&KubernetesConfig::default(), &s);
+        assert_eq!(
+            p.node_selector,
+            Some(BTreeMap::from([(
+                "node.kubernetes.io/instance-type".into(),
+                "g2-standard-8".into()
+            )]))
+        );
+        let tolerations = p.tolerations.unwrap();
+        assert_eq!(tolerations.len(), 1);
+        assert_eq!(tolerations[0].key.as_deref(), Some(GPU_RESOURCE));
+        // a distribution's labels and taints, from the job file
+        let cfg = KubernetesConfig {
+            node_selector: BTreeMap::from([(
+                "cloud.google.com/gke-accelerator".into(),
+                "nvidia-l4".into(),
+            )]),
+            tolerations: vec![Toleration {
+                key: Some("sku".into()),
+                operator: Some("Equal".into()),
+                value: Some("gpu".into()),
+                effect: Some("NoSchedule".into()),
+                ..Toleration::default()
+            }],
+            ..KubernetesConfig::default()
+        };
+        let p = pod(&cfg, &s);
+        let selector = p.node_selector.unwrap();
+        assert_eq!(selector["cloud.google.com/gke-accelerator"], "nvidia-l4");
+        assert_eq!(
+            selector["node.kubernetes.io/instance-type"],
+            "g2-standard-8"
+        );
+        assert_eq!(p.tolerations.unwrap()[1].key.as_deref(), Some("sku"));
+        // several types: a node affinity
+        s.instance_types.push("g2-standard-12".into());
+        let p = pod(&KubernetesConfig::default(), &s);
+        assert!(p.node_selector.is_none());
+        let terms = p
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        let req = &terms[0].match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (req.operator.as_str(), req.values.clone().unwrap().len()),
+            ("In", 2)
+        );
+        // no instance type: the GPU model on the product label, as before
+        s.instance_types.clear();
+        let p = pod(&KubernetesConfig::default(), &s);
+        assert_eq!(p.node_selector.unwrap()["nvidia.com/gpu.product"], "L4");
     }
 
     #[test]

@@ -62,6 +62,7 @@ fn spec(n: usize) -> WorkerSpec {
         cpu: 4.0,
         memory_gib: 15.9,
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "4".into())]),
         secrets: BTreeMap::from([
             (

@@ -137,6 +137,7 @@ fn spec(n: usize) -> WorkerSpec {
         cpu: 2.0,
         memory_gib: 6.0,
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
         secrets: BTreeMap::from([
             (
@@ -493,8 +494,9 @@ async fn gpus_on_ec2_capacity_and_running_out_of_it() {
     spec.memory_gib = 2.0;
     spec.gpu = Some(GpuRequest {
         count: 1,
-        kind: Some("g5.*".into()),
+        kind: Some("A10G".into()),
     });
+    spec.instance_types = vec!["g5.xlarge".into()];
     let launch = LaunchId::new(&spec.job_id, spec.segment);
     let err = backend.launch(&spec, 4).await.unwrap_err();
     match &err {
@@ -547,18 +549,20 @@ async fn gpus_on_ec2_capacity_and_running_out_of_it() {
         .unwrap();
     let td = td.task_definition().unwrap();
     assert_eq!(td.requires_compatibilities(), [ecs::Compatibility::Ec2]);
-    assert_eq!((td.cpu(), td.memory()), (Some("2048"), Some("2112")));
+    // the task is the spec's size (what the instance registers room for); the worker gets all of it
+    // but the secrets container's 64 MiB
+    assert_eq!((td.cpu(), td.memory()), (Some("2048"), Some("2048")));
     let worker = td
         .container_definitions()
         .iter()
         .find(|c| c.name() == Some("worker"))
         .unwrap();
-    assert_eq!((worker.cpu(), worker.memory()), (2048, Some(2048)));
+    assert_eq!((worker.cpu(), worker.memory()), (2048, Some(1984)));
     let gpu = &worker.resource_requirements()[0];
     assert_eq!((gpu.r#type(), gpu.value()), (&ecs::ResourceType::Gpu, "1"));
     assert_eq!(
         td.placement_constraints()[0].expression(),
-        Some("attribute:ecs.instance-type =~ g5.*")
+        Some("attribute:ecs.instance-type == g5.xlarge")
     );
     let volume = &td.volumes()[0];
     let docker = volume.docker_volume_configuration().unwrap();

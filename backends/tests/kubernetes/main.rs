@@ -33,6 +33,7 @@ fn spec(n: usize) -> WorkerSpec {
         cpu: 2.0,
         memory_gib: 7.5,
         gpu: None,
+        instance_types: Vec::new(),
         env: BTreeMap::from([("RAYON_NUM_THREADS".into(), "2".into())]),
         secrets: BTreeMap::from([
             ("ca.pem".into(), SecretValue::Same(SecretBytes::new(CA))),

@@ -100,6 +100,32 @@ pub struct KubernetesSettings {
     /// build --with-cli`). Default: `image`, which must then be built `--with-cli`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinator_image: Option<String>,
+    /// Node labels the worker pods also select on, beyond the SKU's instance type
+    /// (`node.kubernetes.io/instance-type`, which every distribution sets): a GPU product label where a
+    /// cluster has several GPU pools of one machine type (GKE: `cloud.google.com/gke-accelerator:
+    /// nvidia-l4`; NVIDIA GPU feature discovery: `nvidia.com/gpu.product: NVIDIA-L4`), or a node pool.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    /// Taints the worker pods tolerate, beyond `nvidia.com/gpu` (which GPU pods always tolerate: GKE
+    /// taints GPU nodes `nvidia.com/gpu=present:NoSchedule`): AKS's GPU pools are commonly tainted
+    /// `sku=gpu:NoSchedule`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<KubernetesToleration>,
+}
+
+/// A taint worker pods tolerate (a Kubernetes toleration): `{key: sku, value: gpu, effect: NoSchedule}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesToleration {
+    pub key: String,
+    /// `Equal` (the default, with `value`) or `Exists` (any value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; none tolerates every effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }
 
 /// `backend.ecs`: `terraform output` of `infra/ecs` gives every field but `image` and `sku`.
@@ -354,6 +380,56 @@ impl Section for KubernetesSettings {
         }
         if let Some(image) = &self.coordinator_image {
             not_blank("backend.kubernetes.coordinator_image", image)?;
+        }
+        for (key, value) in &self.node_selector {
+            let field = format!("backend.kubernetes.node_selector.{}", one_line(key));
+            if !is_label_key(key) {
+                return Err(invalid(&field, "must be a label key (PREFIX/NAME)"));
+            }
+            if !is_label_value(value) {
+                return Err(invalid(
+                    &field,
+                    format!(
+                        "must be a label value (at most 63 of [A-Za-z0-9._-]), got {:?}",
+                        one_line(value)
+                    ),
+                ));
+            }
+        }
+        for (i, t) in self.tolerations.iter().enumerate() {
+            let field = |f: &str| format!("backend.kubernetes.tolerations[{i}].{f}");
+            if !is_label_key(&t.key) {
+                return Err(invalid(&field("key"), "must be a taint key (PREFIX/NAME)"));
+            }
+            match t.operator.as_deref() {
+                None | Some("Equal") => {}
+                Some("Exists") if t.value.is_none() => {}
+                Some("Exists") => {
+                    return Err(invalid(&field("value"), "must be left out with Exists"));
+                }
+                Some(other) => {
+                    return Err(invalid(
+                        &field("operator"),
+                        format!("must be Equal or Exists, got {:?}", one_line(other)),
+                    ));
+                }
+            }
+            if let Some(v) = &t.value
+                && !is_label_value(v)
+            {
+                return Err(invalid(&field("value"), "must be a label value"));
+            }
+            if let Some(e) = t.effect.as_deref()
+                && !matches!(e, "NoSchedule" | "PreferNoSchedule" | "NoExecute")
+            {
+                return Err(invalid(
+                    &field("effect"),
+                    format!(
+                        "must be NoSchedule, PreferNoSchedule or NoExecute, got {:?}",
+                        one_line(e)
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -724,6 +800,32 @@ fn arn(field: &str, value: &str) -> Result<(), SpecError> {
         ));
     }
     Ok(())
+}
+
+/// A Kubernetes label value: at most 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends (or empty).
+fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// A Kubernetes label (or taint) key: an optional DNS-subdomain prefix and `/`, then a name.
+fn is_label_key(s: &str) -> bool {
+    let (prefix, name) = s.rsplit_once('/').map_or((None, s), |(p, n)| (Some(p), n));
+    prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    }) && !name.is_empty()
+        && is_label_value(name)
 }
 
 fn dns_label(field: &str, value: &str) -> Result<(), SpecError> {

@@ -46,6 +46,17 @@ fn config(k: &KubernetesSettings) -> KubernetesConfig {
         gpu_image: k.gpu_image.clone(),
         fs_group: Some(i64::from(crate::image::WORKER_UID)),
         poll_interval: Duration::from_secs(1),
+        node_selector: k.node_selector.clone(),
+        tolerations: (k.tolerations.iter())
+            .map(|t| {
+                let (op, value, effect) = (
+                    t.operator.as_deref(),
+                    t.value.as_deref(),
+                    t.effect.as_deref(),
+                );
+                physalia_backends::kubernetes::toleration(&t.key, op, value, effect)
+            })
+            .collect(),
         ..KubernetesConfig::default()
     }
 }
@@ -66,6 +77,8 @@ mod tests {
             sku: None,
             image_pull_secret: Some("pull".into()),
             coordinator_image: None,
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
         };
         let cfg = config(&k);
         assert_eq!(cfg.namespace, "ml");

@@ -206,8 +206,11 @@ fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
         w.secrets,
         MESH_PORT,
     );
-    spec.cpu = sku.vcpus;
-    spec.memory_gib = sku.memory_gib;
+    // what a task or pod can get on the SKU's machine (the price stays the machine's), placed on
+    // the SKU's instance types
+    spec.cpu = sku.request_vcpus();
+    spec.memory_gib = sku.request_memory_gib();
+    spec.instance_types = sku.instance_types();
     Ok(Launch::copying_logs(spec, POLL_EVERY))
 }
 
