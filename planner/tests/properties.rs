@@ -719,6 +719,10 @@ fn rematerialization_is_picked_when_only_it_fits() {
     mid.name = "mid".into();
     let between = (plain.memory.host_bytes + remat.memory.host_bytes) / 2.0;
     mid.memory_gib = between / req.assumptions.memory_headroom / (1024.0 * 1024.0 * 1024.0);
+    // a pod on the smaller node asks for what it can get there (the catalog refuses more)
+    if let Some(p) = mid.placement.as_mut() {
+        p.memory_mib = mid.memory_gib * 1024.0 * 0.9;
+    }
     mid.max_containers = Some(4);
     let catalog = Catalog { skus: vec![mid] };
     let p = plan(&req, &catalog, None).unwrap();
@@ -743,6 +747,9 @@ fn rematerialization_is_picked_when_only_it_fits() {
     // with room for everything, the faster plan without it wins
     let mut big = base.clone();
     big.memory_gib = 4.0 * plain.memory.host_bytes / (1024.0 * 1024.0 * 1024.0);
+    if let Some(p) = big.placement.as_mut() {
+        p.memory_mib = big.memory_gib * 1024.0 * 0.9;
+    }
     big.max_containers = Some(4);
     let p = plan(&req, &Catalog { skus: vec![big] }, None).unwrap();
     assert!(!p.chosen.candidate.exchange.rematerialize);
