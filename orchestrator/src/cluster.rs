@@ -118,10 +118,9 @@ pub struct Role {
 /// catalog prices whole nodes (kubernetes), one vCPU's share of the job's SKU.
 pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
     let catalog = physalia_planner::Catalog::builtin();
-    let backend = spec.backend.name.as_str();
     let per_unit = catalog.skus.iter().find_map(|s| {
         let p = &s.price;
-        (s.backend.as_str() == backend && !s.is_gpu())
+        (s.backend == spec.backend.name && !s.is_gpu())
             .then_some(())
             .and(p.usd_per_vcpu_second.zip(p.usd_per_gib_second))
     });
@@ -778,12 +777,7 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
         .with_context(|| format!("{job_url}/job.json: the recorded job"))?;
     let work = std::env::temp_dir().join("physalia-coordinator");
     let mut spec = recorded.clone();
-    // client mode's address of the submitting machine; this process advertises its own
-    spec.backend.coordinator_address = None;
-    // the submitting machine's kubeconfig context: in its pod, the coordinator is its ServiceAccount
-    if let Some(k) = spec.backend.kubernetes.as_mut() {
-        k.context = None;
-    }
+    spec.backend.coordinate_inside();
     let mut partitions = None;
     if let Some(path) = &spec.dataset.path
         && store::is_url(path)

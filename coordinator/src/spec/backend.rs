@@ -283,6 +283,9 @@ pub trait Section: std::fmt::Debug + Sync {
     fn trains_in_this_process(&self) -> bool {
         false
     }
+    /// Forgets what only the submitting machine means (its kubeconfig context): the coordinator now
+    /// runs inside the platform, as the identity its platform object gives it.
+    fn coordinate_inside(&mut self) {}
     /// Where the planner's chosen SKU is written (`None`: the platform has one SKU, this machine).
     fn sku_mut(&mut self) -> Option<&mut Option<String>> {
         None
@@ -436,6 +439,10 @@ impl Section for KubernetesSettings {
     fn check_cluster(&self) -> Result<(), SpecError> {
         // the coordinator's service account comes from infra/k8s's manifests
         Ok(())
+    }
+    fn coordinate_inside(&mut self) {
+        // in its pod, the coordinator is its ServiceAccount
+        self.context = None;
     }
 }
 
@@ -645,6 +652,15 @@ impl BackendSpec {
     pub fn set_sku(&mut self, sku: &str) {
         if let Some(slot) = self.section_mut().and_then(|s| s.sku_mut()) {
             *slot = Some(sku.to_string());
+        }
+    }
+
+    /// The job as a coordinator inside the platform runs it (cluster mode): no address of the
+    /// submitting machine (the coordinator advertises its own), nothing of its local sign-in.
+    pub fn coordinate_inside(&mut self) {
+        self.coordinator_address = None;
+        if let Some(section) = self.section_mut() {
+            section.coordinate_inside();
         }
     }
 
