@@ -1289,6 +1289,44 @@ impl JobSpec {
                 format!("must be at most {}, got {}", u16::MAX, self.workers),
             ));
         }
+        self.validate_exchange()?;
+        self.validate_resources()?;
+        self.validate_minibatch()?;
+        self.validate_parallelism()?;
+        self.validate_scaling()?;
+        self.validate_limits()?;
+        if self.workers > 1 && self.train.runs > 1 {
+            return Err(invalid(
+                "train.runs",
+                format!(
+                    "repeated runs need workers: 1, got {} runs on {} workers",
+                    self.train.runs, self.workers
+                ),
+            ));
+        }
+        self.backend.validate()?;
+        // with a `goal:` and no SKU named, the planner picks the SKU
+        if self.goal.is_none() || self.backend.sku().is_some() {
+            self.backend
+                .priced(&physalia_planner::Catalog::builtin(), None)?;
+        }
+        if self.train.runs > 1 && !self.backend.section()?.trains_in_this_process() {
+            return Err(invalid(
+                "train.runs",
+                format!(
+                    "repeated runs run in this process; the {} backend runs one job of workers",
+                    self.backend.name.as_str()
+                ),
+            ));
+        }
+        if self.output.dir.as_os_str().is_empty() {
+            return Err(invalid("output.dir", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// `exchange:`: boundary sampling, staleness and rematerialisation, and what they exclude.
+    fn validate_exchange(&self) -> Result<(), SpecError> {
         if let Some(x) = &self.exchange {
             let p = x.boundary_sampling;
             if !(p.is_finite() && p > 0.0 && p <= 1.0) {
@@ -1337,6 +1375,11 @@ impl JobSpec {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `resources:`: the GPU request and its CPU fallback.
+    fn validate_resources(&self) -> Result<(), SpecError> {
         if let Some(r) = &self.resources {
             if let Some(g) = &r.gpu {
                 if g.count == 0 || g.count > 16 {
@@ -1366,6 +1409,11 @@ impl JobSpec {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `minibatch:`: fan-outs per layer, batch size, loaders; data and model parallelism only.
+    fn validate_minibatch(&self) -> Result<(), SpecError> {
         if let Some(mb) = &self.minibatch {
             if !mb.fanouts.is_empty() && mb.fanouts.len() != self.model.layers as usize {
                 return Err(invalid(
@@ -1403,6 +1451,11 @@ impl JobSpec {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `parallelism:` and `workers`: replica groups that add up, what each mode allows.
+    fn validate_parallelism(&self) -> Result<(), SpecError> {
         if let ParallelismSpec::Groups(g) = self.parallelism {
             let k = match (g.partition, g.data) {
                 (Some(k), None) | (None, Some(k)) => k,
@@ -1454,6 +1507,11 @@ impl JobSpec {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `scaling:` / `scaling_file:`: one policy, within the job's worker bounds, not on replica groups.
+    fn validate_scaling(&self) -> Result<(), SpecError> {
         if self.scaling.is_some() && self.scaling_file.is_some() {
             return Err(invalid(
                 "scaling_file",
@@ -1490,6 +1548,11 @@ impl JobSpec {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// `max_retries` and `timeouts:`.
+    fn validate_limits(&self) -> Result<(), SpecError> {
         if let Some(r) = self.max_retries
             && r > MAX_RETRIES_LIMIT
         {
@@ -1507,33 +1570,6 @@ impl JobSpec {
                     return Err(invalid(field, format!("must be > 0 seconds, got {v}")));
                 }
             }
-        }
-        if self.workers > 1 && self.train.runs > 1 {
-            return Err(invalid(
-                "train.runs",
-                format!(
-                    "repeated runs need workers: 1, got {} runs on {} workers",
-                    self.train.runs, self.workers
-                ),
-            ));
-        }
-        self.backend.validate()?;
-        // with a `goal:` and no SKU named, the planner picks the SKU
-        if self.goal.is_none() || self.backend.sku().is_some() {
-            self.backend
-                .priced(&physalia_planner::Catalog::builtin(), None)?;
-        }
-        if self.train.runs > 1 && !self.backend.section()?.trains_in_this_process() {
-            return Err(invalid(
-                "train.runs",
-                format!(
-                    "repeated runs run in this process; the {} backend runs one job of workers",
-                    self.backend.name.as_str()
-                ),
-            ));
-        }
-        if self.output.dir.as_os_str().is_empty() {
-            return Err(invalid("output.dir", "must not be empty"));
         }
         Ok(())
     }
