@@ -371,17 +371,8 @@ pub struct ModelSpec {
     pub negative_slope: Option<f64>,
 }
 
-/// GNN architectures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    /// Graph convolutional network (Kipf & Welling).
-    Gcn,
-    /// GraphSAGE with mean aggregation.
-    Sage,
-    /// Graph attention network.
-    Gat,
-}
+/// GNN architectures: the planner's type, one for the job file and the plan.
+pub use physalia_planner::ModelKind;
 
 /// Activation functions between layers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -1800,11 +1791,7 @@ impl ModelSpec {
             return Err(invalid("model.hidden", "must be >= 1, got 0"));
         }
         if self.kind != ModelKind::Gat {
-            let kind = match self.kind {
-                ModelKind::Gcn => "gcn",
-                ModelKind::Sage => "sage",
-                ModelKind::Gat => "gat",
-            };
+            let kind = self.kind.as_str();
             let gat_only = [
                 ("heads", self.heads.is_some()),
                 ("out_heads", self.out_heads.is_some()),

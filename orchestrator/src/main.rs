@@ -250,7 +250,7 @@ fn run(cli: Cli) -> Result<()> {
             println!(
                 "{}: ok ({} {} layers, {} epochs)",
                 a.job.display(),
-                kind_name(&spec),
+                spec.model.kind.as_str(),
                 spec.model.layers,
                 spec.train.epochs
             );
@@ -304,14 +304,6 @@ fn readable(path: &std::path::Path) -> std::io::Result<()> {
         std::fs::read_dir(path).map(|_| ())
     } else {
         std::fs::File::open(path).map(|_| ())
-    }
-}
-
-fn kind_name(spec: &spec::JobSpec) -> &'static str {
-    match spec.model.kind {
-        spec::ModelKind::Gcn => "gcn",
-        spec::ModelKind::Sage => "sage",
-        spec::ModelKind::Gat => "gat",
     }
 }
 

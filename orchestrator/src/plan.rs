@@ -15,7 +15,7 @@ use physalia_planner::{
 use serde::Serialize;
 
 use crate::dataset::{self, Source};
-use crate::spec::{self, JobSpec, ModelKind, Objective};
+use crate::spec::{self, JobSpec, Objective};
 use crate::summary::OutputFormat;
 
 #[derive(Args)]
@@ -194,11 +194,7 @@ fn request_from(
     partitions: Vec<PartitionStats>,
 ) -> Result<PlanRequest> {
     let model = serde_json::from_value::<ModelShape>(serde_json::json!({
-        "kind": match spec.model.kind {
-            ModelKind::Gcn => "gcn",
-            ModelKind::Sage => "sage",
-            ModelKind::Gat => "gat",
-        },
+        "kind": spec.model.kind,
         "layers": spec.model.layers,
         "hidden": spec.model.hidden,
         "heads": spec.model.heads.unwrap_or(8),

@@ -45,12 +45,28 @@ pub struct PartitionStats {
     pub local_edges: Vec<u64>,
 }
 
-/// GNN architectures, as in the job file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// GNN architectures: one type for the job file's `model.kind` and the planner's model (the engine's
+/// `LayerKind` is the same three, converted where a job's model is built).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
+    /// Graph convolutional network (Kipf & Welling).
     Gcn,
+    /// GraphSAGE with mean aggregation.
     Sage,
+    /// Graph attention network.
     Gat,
 }
 
