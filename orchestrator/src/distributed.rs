@@ -126,14 +126,11 @@ pub fn run(
 ) -> Result<()> {
     let n = spec.workers as usize;
     let price = summary::price(spec)?;
-    // replica groups train on a partitioning into fewer parts than workers: rank = replica * k + part
-    let k = spec.parts() as usize;
-    let local_command = local_worker_command()?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
     let stats = source.stats();
-    let data_name = source.name().to_string();
     let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
+    let local_command = local_worker_command()?;
     if n > stats.num_nodes {
         bail!(
             "workers: {n} workers for a graph of {} nodes",
@@ -144,35 +141,7 @@ pub fn run(
     if memory_check {
         crate::admission::check(spec, &source, crate::admission::available_bytes())?;
     }
-    // a job store at a URL: the record is kept in a staging folder here and mirrored there
-    let remote = match crate::store::is_url(&spec.output.dir) {
-        true => {
-            let r = crate::store::Remote::open(&spec.output.dir.to_string_lossy())
-                .context("output.dir")?;
-            r.check_writable().context("output.dir")?;
-            Some(r)
-        }
-        false => None,
-    };
-    let mut dir = match &resume {
-        Some(rp) => JobDir::reopen(&rp.dir, rp.epoch)?,
-        // cluster mode: the job's id and record are the submitter's; this process stages it
-        None if cluster.is_some() => {
-            let role = cluster.expect("checked by the guard");
-            let dir = JobDir::create_exact(&role.staging, &role.job_id)?;
-            dir.write_json("job.json", &role.recorded)?;
-            dir
-        }
-        None => {
-            let root = match &remote {
-                Some(_) => crate::store::staging_root(),
-                None => spec.output.dir.clone(),
-            };
-            let dir = JobDir::create(&root, name)?;
-            dir.write_json("job.json", spec)?;
-            dir
-        }
-    };
+    let (mut dir, remote) = open_record(spec, name, resume.as_ref(), cluster)?;
     let job_url = remote
         .as_ref()
         .map(|r| format!("{}/{}", r.url(), jobdir_id(dir.path())));
@@ -182,97 +151,21 @@ pub fn run(
         spec.train.epochs as usize,
     )?;
     // from here the record has its status: the store's copy is readable from the first pass
-    let mirror = remote
+    let mut mirror = remote
         .map(|r| crate::store::Mirror::start(r, jobdir_id(dir.path()), dir.path().to_path_buf()));
-    let result = (|| -> Result<Value> {
-        let dataset_path = match &source {
-            Source::File(_) => spec
-                .dataset
-                .path
-                .clone()
-                .expect("a file source comes from dataset.path"),
-            Source::Memory(ds) => {
-                let path = dir.path().join("dataset.safetensors");
-                crate::progress::step("writing the generated dataset", || ds.write(&path))
-                    .with_context(|| format!("writing {}", path.display()))?;
-                path
-            }
-        };
-        drop(source);
-        crate::release_freed_memory();
+    let result = (|| -> Result<summary::JobSummary> {
+        let data_name = source.name().to_string();
+        let dataset_path = dataset_file(spec, source, dir.path())?;
         let load_s = t_load.elapsed().as_secs_f64();
-        let dataset_path = std::path::absolute(&dataset_path)?;
         let job_abs = std::path::absolute(dir.path())?;
-        // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
-        // retried and a resumed job merges its epochs all the same.
-        let policy = match &spec.scaling {
-            Some(p) => p.clone(),
-            None => serde_json::from_value(json!({ "max_workers": n.max(1), "rules": [] }))?,
-        };
-        let x = spec.exchange.clone().unwrap_or_default();
-        let mut elastic = Elastic::new(
-            policy,
-            spec.workers,
-            spec.train.epochs,
-            price.usd_per_worker_s,
-        )
-        .with_exchange(x.boundary_sampling, x.staleness)
-        .with_max_retries(spec.max_retries());
-        let mut workers_now = n;
-        let mut start_epoch = 0;
-        // the policy's decision after the last recorded epoch: the coordinator may have died before it
-        // acted on it, so it is made again and acted on first
-        let mut pending: Option<Stop> = None;
-        if let Some(rp) = &resume {
-            pending = elastic.replay(&rp.lines, spec.train.epochs as usize);
-            workers_now = rp.workers;
-            start_epoch = rp.epoch;
-            let line = elastic.event(
-                rp.epoch,
-                format!(
-                    "resumed from {} on {workers_now} workers",
-                    rp.checkpoint.display()
-                ),
-                None,
-            );
-            if !quiet {
-                eprintln!("{line}");
-            }
-        }
-        // a resumed job's launches continue the numbering of the ones before (their logs stay)
-        let first_launch = std::fs::read_dir(dir.path().join("logs"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("worker-0."))
-                    .count()
-            })
-            .unwrap_or(0);
-        let timeouts = spec.timeouts.clone().unwrap_or_default();
-        let job = Job::new(
-            JobConfig {
-                workers: workers_now,
-                epochs: spec.train.epochs as usize,
-                seed: spec.train.seed,
-                register_timeout: Duration::from_secs_f64(timeouts.register_s),
-                epoch_timeout: Duration::from_secs_f64(timeouts.epoch_s),
-                // every coordinated job checkpoints every epoch: rescales, retries and `submit --resume`
-                // start there
-                checkpoints: true,
-                start_epoch,
-                price_per_worker_s: price.usd_per_worker_s,
-                // the coordinator is this process: on the user's machine (client mode, free) or a
-                // platform's container (cluster mode) at its price
-                coordinator_price_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
-                mode: spec.mode(),
-            },
-            elastic,
-            first_launch,
-        );
+        let (job, pending) = new_job(spec, resume.as_ref(), cluster, &price, dir.path(), quiet)?;
         let driver = Driver {
             spec,
             name,
             cfg: &cfg,
-            k,
+            // replica groups train on a partitioning into fewer parts than workers: rank = replica
+            // * k + part
+            k: spec.parts() as usize,
             dataset_path: &dataset_path,
             job_abs: &job_abs,
             local_command: &local_command,
@@ -284,7 +177,7 @@ pub fn run(
         };
         let (job, outcome) = driver.run(job, pending, &mut dir)?;
         let elastic = job.elastic();
-        let summary = summary::summarize(
+        let mut run = summary::summarize(
             name,
             &data_name,
             &stats,
@@ -298,75 +191,221 @@ pub fn run(
             load_s,
             &price,
         );
-        let mut v = serde_json::to_value(&summary)?;
-        v["workers"] = json!(elastic.workers());
-        v["bytes_exchanged"] = json!(outcome.bytes_exchanged);
-        v["worker_peak_rss_bytes"] = json!(outcome.worker_peak_rss);
-        // what this process holds while its workers train (its peak was reached loading the dataset)
-        v["coordinator_rss_bytes"] = json!(summary::rss_bytes());
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
-        v["usd_total"] = json!(outcome.usd);
-        v["worker_seconds"] = json!(outcome.worker_s);
-        v["coordinator_seconds"] = json!(outcome.coordinator_s);
-        v["coordinator_usd_per_s"] = json!(cluster.map_or(0.0, |r| r.coordinator_usd_per_s));
-        v["scaling_events"] = json!(elastic.events);
-        // when each launch ran and each epoch ended: `plan --replay` fits its model to them
-        v["launches"] = json!(outcome.launches);
-        v["epoch_ends"] = json!(outcome.epochs);
-        v["workers_range"] = json!(elastic.workers_range());
-        Ok(v)
+        run.usd_total = outcome.usd;
+        Ok(summary::JobSummary {
+            run,
+            workers: elastic.workers(),
+            bytes_exchanged: outcome.bytes_exchanged,
+            worker_peak_rss_bytes: outcome.worker_peak_rss,
+            coordinator_rss_bytes: summary::rss_bytes(),
+            worker_seconds: outcome.worker_s,
+            coordinator_seconds: outcome.coordinator_s,
+            coordinator_usd_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
+            scaling_events: elastic.events.clone(),
+            launches: outcome.launches,
+            epoch_ends: outcome.epochs,
+            workers_range: elastic.workers_range(),
+            job_url: job_url.clone(),
+        })
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
     if let Err(e) = platform::of_job(spec).release(spec, &jobdir_id(dir.path())) {
         eprintln!("warning: releasing the job's platform objects: {e:#}");
     }
-    let mut mirror = mirror;
-    match result {
-        Err(e) if e.is::<Cancelled>() => {
-            dir.end(JobState::Cancelled, None)?;
-            finish_mirror(&mut mirror, job_url.as_deref());
-            Err(e.context(format!(
-                "job {name} was cancelled; its record is in {}",
-                dir.path().display()
-            )))
-        }
+    let summary = match result {
+        Ok(summary) => summary,
         Err(e) => {
-            let msg = format!("{e:#}");
-            dir.end(JobState::Failed, Some(msg))?;
-            finish_mirror(&mut mirror, job_url.as_deref());
-            Err(e.context(format!(
-                "job {name} failed; its record is in {}",
-                dir.path().display()
-            )))
-        }
-        Ok(mut v) => {
-            if let Some(url) = &job_url {
-                v["job_url"] = json!(url);
+            let cancelled = e.is::<Cancelled>();
+            match cancelled {
+                true => dir.end(JobState::Cancelled, None)?,
+                false => dir.end(JobState::Failed, Some(format!("{e:#}")))?,
             }
-            dir.write_json("summary.json", &v)?;
-            dir.end(JobState::Succeeded, None)?;
-            // the report is a view of the record (its state included): a failure to render it does not
-            // fail the job
-            let report = dir.path().join("report.html");
-            let report = match crate::report::write(dir.path(), &report) {
-                Ok(()) => Some(report),
-                Err(e) => {
-                    eprintln!("warning: writing the job's report: {e:#}");
-                    None
-                }
-            };
             finish_mirror(&mut mirror, job_url.as_deref());
-            let location = job_url
-                .clone()
-                .unwrap_or_else(|| dir.path().display().to_string());
-            // a record in a store is read there
-            let report = match &job_url {
-                Some(url) => report.map(|_| format!("{url}/report.html")),
-                None => report.map(|r| r.display().to_string()),
+            let how = if cancelled { "was cancelled" } else { "failed" };
+            return Err(e.context(format!(
+                "job {name} {how}; its record is in {}",
+                dir.path().display()
+            )));
+        }
+    };
+    succeed(
+        &mut dir,
+        &summary,
+        &mut mirror,
+        job_url.as_deref(),
+        name,
+        output,
+    )
+}
+
+/// Records a finished job (`summary.json`, its state, its report), mirrors it one last time, and prints
+/// its final lines.
+fn succeed(
+    dir: &mut JobDir,
+    summary: &summary::JobSummary,
+    mirror: &mut Option<crate::store::Mirror>,
+    job_url: Option<&str>,
+    name: &str,
+    output: OutputFormat,
+) -> Result<()> {
+    let v = serde_json::to_value(summary)?;
+    dir.write_json("summary.json", &v)?;
+    dir.end(JobState::Succeeded, None)?;
+    // the report is a view of the record (its state included): a failure to render it does not fail
+    // the job
+    let report = dir.path().join("report.html");
+    let report = match crate::report::write(dir.path(), &report) {
+        Ok(()) => Some(report),
+        Err(e) => {
+            eprintln!("warning: writing the job's report: {e:#}");
+            None
+        }
+    };
+    finish_mirror(mirror, job_url);
+    let location = job_url.map_or_else(|| dir.path().display().to_string(), str::to_string);
+    // a record in a store is read there
+    let report = match job_url {
+        Some(url) => report.map(|_| format!("{url}/report.html")),
+        None => report.map(|r| r.display().to_string()),
+    };
+    print_finished(name, &v, &location, report.as_deref(), output)
+}
+
+/// The job's record: reopened to resume, staged under the id cluster mode's submitter chose, or new
+/// under `output.dir` (staged here when that is a job store at a URL, returned to mirror it there).
+fn open_record(
+    spec: &JobSpec,
+    name: &str,
+    resume: Option<&ResumePoint>,
+    cluster: Option<&crate::cluster::Role>,
+) -> Result<(JobDir, Option<crate::store::Remote>)> {
+    let remote = match crate::store::is_url(&spec.output.dir) {
+        true => {
+            let r = crate::store::Remote::open(&spec.output.dir.to_string_lossy())
+                .context("output.dir")?;
+            r.check_writable().context("output.dir")?;
+            Some(r)
+        }
+        false => None,
+    };
+    let dir = match (resume, cluster) {
+        (Some(rp), _) => JobDir::reopen(&rp.dir, rp.epoch)?,
+        // cluster mode: the job's id and record are the submitter's; this process stages it
+        (None, Some(role)) => {
+            let dir = JobDir::create_exact(&role.staging, &role.job_id)?;
+            dir.write_json("job.json", &role.recorded)?;
+            dir
+        }
+        (None, None) => {
+            let root = match &remote {
+                Some(_) => crate::store::staging_root(),
+                None => spec.output.dir.clone(),
             };
-            print_finished(name, &v, &location, report.as_deref(), output)
+            let dir = JobDir::create(&root, name)?;
+            dir.write_json("job.json", spec)?;
+            dir
+        }
+    };
+    Ok((dir, remote))
+}
+
+/// The dataset file the workers fetch: `dataset.path`, or a generated dataset written into the job's
+/// record. The loaded dataset is dropped and its memory given back before the workers start.
+fn dataset_file(spec: &JobSpec, source: Source, dir: &Path) -> Result<PathBuf> {
+    let path = match &source {
+        Source::File(_) => spec
+            .dataset
+            .path
+            .clone()
+            .expect("a file source comes from dataset.path"),
+        Source::Memory(ds) => {
+            let path = dir.join("dataset.safetensors");
+            crate::progress::step("writing the generated dataset", || ds.write(&path))
+                .with_context(|| format!("writing {}", path.display()))?;
+            path
+        }
+    };
+    drop(source);
+    crate::release_freed_memory();
+    Ok(std::path::absolute(&path)?)
+}
+
+/// The job's state machine, under its policy, from the start or from `resume`'s checkpoint; and the
+/// policy's decision after the last recorded epoch (the coordinator may have died before it acted on
+/// it, so it is made again and acted on first).
+fn new_job(
+    spec: &JobSpec,
+    resume: Option<&ResumePoint>,
+    cluster: Option<&crate::cluster::Role>,
+    price: &crate::spec::Priced,
+    dir: &Path,
+    quiet: bool,
+) -> Result<(Job, Option<Stop>)> {
+    // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
+    // retried and a resumed job merges its epochs all the same.
+    let policy = match &spec.scaling {
+        Some(p) => p.clone(),
+        None => serde_json::from_value(json!({ "max_workers": spec.workers.max(1), "rules": [] }))?,
+    };
+    let x = spec.exchange.clone().unwrap_or_default();
+    let mut elastic = Elastic::new(
+        policy,
+        spec.workers,
+        spec.train.epochs,
+        price.usd_per_worker_s,
+    )
+    .with_exchange(x.boundary_sampling, x.staleness)
+    .with_max_retries(spec.max_retries());
+    let mut workers_now = spec.workers as usize;
+    let mut start_epoch = 0;
+    let mut pending: Option<Stop> = None;
+    if let Some(rp) = resume {
+        pending = elastic.replay(&rp.lines, spec.train.epochs as usize);
+        workers_now = rp.workers;
+        start_epoch = rp.epoch;
+        let line = elastic.event(
+            rp.epoch,
+            format!(
+                "resumed from {} on {workers_now} workers",
+                rp.checkpoint.display()
+            ),
+            None,
+        );
+        if !quiet {
+            eprintln!("{line}");
         }
     }
+    // a resumed job's launches continue the numbering of the ones before (their logs stay)
+    let first_launch = std::fs::read_dir(dir.join("logs"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("worker-0."))
+                .count()
+        })
+        .unwrap_or(0);
+    let timeouts = spec.timeouts.clone().unwrap_or_default();
+    let job = Job::new(
+        JobConfig {
+            workers: workers_now,
+            epochs: spec.train.epochs as usize,
+            seed: spec.train.seed,
+            register_timeout: Duration::from_secs_f64(timeouts.register_s),
+            epoch_timeout: Duration::from_secs_f64(timeouts.epoch_s),
+            // every coordinated job checkpoints every epoch: rescales, retries and `submit --resume`
+            // start there
+            checkpoints: true,
+            start_epoch,
+            price_per_worker_s: price.usd_per_worker_s,
+            // the coordinator is this process: on the user's machine (client mode, free) or a
+            // platform's container (cluster mode) at its price
+            coordinator_price_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
+            mode: spec.mode(),
+        },
+        elastic,
+        first_launch,
+    );
+    Ok((job, pending))
 }
 
 /// A finished job's final lines (`summary.json` as JSON, or what it ran on, its loss and accuracy, its
@@ -616,6 +655,79 @@ struct Driver<'a> {
     control_port: Option<u16>,
 }
 
+/// How a job's run ended.
+enum End {
+    Finished,
+    Failed(String),
+    /// `physalia cancel`.
+    Cancelled,
+}
+
+/// A job while the driver runs it: the state machine, its live launches, the actions it asked for
+/// and not yet carried out, the coordinator's log.
+struct Running {
+    job: Job,
+    live: std::collections::BTreeMap<usize, Live>,
+    queue: std::collections::VecDeque<JobAction>,
+    log: CoordLog,
+    checkpoints: PathBuf,
+}
+
+impl Running {
+    /// Tells the job `event` now and queues what it answers.
+    fn feed(&mut self, event: JobEvent) {
+        let actions = self.job.handle(event, Instant::now());
+        self.queue.extend(actions);
+    }
+
+    /// Listens to every live launch once: exits first, messages second (a worker sends its last
+    /// message before it exits, so whatever it said is in by the time its exit is handled), then
+    /// the clock's tick.
+    fn listen(&mut self) {
+        let mut fed = Vec::new();
+        let wait = Duration::from_millis(100 / self.live.len().max(1) as u64);
+        for (&launch, l) in self.live.iter_mut() {
+            let exits = l.launch.workers.poll_exits();
+            let mut events = Vec::new();
+            let first = if exits.is_empty() {
+                wait
+            } else {
+                Duration::ZERO
+            };
+            if let Some(ev) = l.launch.server.next_event(first) {
+                events.push(ev);
+                while let Some(ev) = l.launch.server.next_event(Duration::ZERO) {
+                    events.push(ev);
+                }
+            }
+            for ev in events {
+                if let Some(event) = worker_event(ev, &mut l.outboxes, &mut self.log, launch) {
+                    fed.push(JobEvent::Worker { launch, event });
+                }
+            }
+            for (rank, how, by_signal) in exits {
+                self.log
+                    .line(&format!("launch {launch}: worker {rank} {how}"));
+                fed.push(JobEvent::Worker {
+                    launch,
+                    event: Event::Exited {
+                        rank,
+                        how,
+                        by_signal,
+                    },
+                });
+            }
+        }
+        if self.live.is_empty() {
+            std::thread::sleep(wait);
+        }
+        fed.push(JobEvent::Tick);
+        for ev in fed {
+            self.feed(ev);
+        }
+    }
+}
+
 /// A launch the job has not stopped: its workers, their control connections, its partition files.
 struct Live {
     launch: Launch,
@@ -626,209 +738,45 @@ struct Live {
 impl Driver<'_> {
     /// Runs the [`Job`] state machine until it ends: carries out its actions, feeds it what the launches'
     /// workers and control servers say, and ticks its clock. Every launch is stopped when this returns.
-    fn run(&self, mut job: Job, pending: Option<Stop>, dir: &mut JobDir) -> Result<(Job, Outcome)> {
+    fn run(&self, job: Job, pending: Option<Stop>, dir: &mut JobDir) -> Result<(Job, Outcome)> {
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         // checkpoints/ exists before any worker writes into it
         let checkpoints = checkpoints_dir(self.job_abs);
         std::fs::create_dir_all(&checkpoints)
             .with_context(|| format!("creating {}", checkpoints.display()))?;
-        let mut log = CoordLog::open(&logs.join("coordinator.log"));
-        let mut live: std::collections::BTreeMap<usize, Live> = Default::default();
-        let mut queue: std::collections::VecDeque<JobAction> =
-            job.start(pending, Instant::now()).into();
-        // `None`: cancelled
-        let end: Result<(), Option<String>> = loop {
+        let mut r = Running {
+            job,
+            live: Default::default(),
+            queue: Default::default(),
+            log: CoordLog::open(&logs.join("coordinator.log")),
+            checkpoints,
+        };
+        r.queue = r.job.start(pending, Instant::now()).into();
+        let end = loop {
             // carry out every action, and what answering them makes the job decide
-            let mut end = None;
-            while let Some(action) = queue.pop_front() {
-                match action {
-                    JobAction::Launch {
-                        launch,
-                        workers,
-                        prewarm,
-                    } => {
-                        let started = self.launch(launch, workers, dir);
-                        let result = match started {
-                            Ok(l) => {
-                                let pids = l.launch.workers.pids();
-                                log.line(&format!(
-                                    "launch {launch}: control endpoint {}",
-                                    l.launch.server.local_addr()
-                                ));
-                                live.insert(launch, l);
-                                let _ = dir.update(|s| s.launches.push(launch as u32));
-                                Ok(pids)
-                            }
-                            Err(e) => {
-                                let e = format!("{e:#}");
-                                log.line(&format!(
-                                    "launch {launch} ({workers} workers{}) failed to start: {e}",
-                                    if prewarm { ", prewarm" } else { "" }
-                                ));
-                                Err(e)
-                            }
-                        };
-                        let answer = JobEvent::Started { launch, result };
-                        queue.extend(job.handle(answer, Instant::now()));
-                    }
-                    JobAction::Assign {
-                        launch,
-                        peers,
-                        resume_epoch,
-                        mode,
-                        boundary_sampling,
-                        staleness,
-                    } => {
-                        let l = live.get(&launch).expect("the job assigns a live launch");
-                        for (rank, outbox) in l.outboxes.iter().enumerate() {
-                            let a = self.assignment(
-                                rank,
-                                &l.parts,
-                                peers.clone(),
-                                resume_epoch,
-                                mode,
-                                (boundary_sampling, staleness),
-                            )?;
-                            if let Some(o) = outbox {
-                                o.send(ToWorker::Assign(Box::new(a)));
-                            }
-                        }
-                        log.line(&format!(
-                            "launch {launch}: all workers registered; assignments sent"
-                        ));
-                        let _ = dir.update(|s| s.workers = l.outboxes.len());
-                    }
-                    JobAction::Replan {
-                        epoch,
-                        objective,
-                        workers,
-                        mode,
-                        by_rank,
-                    } => {
-                        log.line(&format!(
-                            "after epoch {epoch}: asking the planner again ({})",
-                            objective.as_str()
-                        ));
-                        let answer = self.replan(objective, workers, mode, &by_rank);
-                        queue.extend(job.handle(JobEvent::Replanned(answer), Instant::now()));
-                    }
-                    JobAction::KeepWaiting { launch, for_s } => {
-                        if let Some(l) = live.get(&launch) {
-                            for o in l.outboxes.iter().flatten() {
-                                o.send(ToWorker::Wait { for_s });
-                            }
-                        }
-                    }
-                    JobAction::StopLaunch {
-                        launch,
-                        reason,
-                        finished,
-                    } => {
-                        if let Some(l) = live.remove(&launch) {
-                            stop(l, &reason, finished);
-                        }
-                        let _ = dir.update(|s| s.launches.retain(|&l| l != launch as u32));
-                    }
-                    JobAction::Record {
-                        epoch,
-                        by_rank,
-                        usd,
-                    } => {
-                        if !self.quiet {
-                            eprintln!(
-                                "{}",
-                                epoch_line(self.spec.train.epochs as usize, &by_rank, usd)
-                            );
-                        }
-                        let line = MetricsLine::coordinated(self.spec.train.seed, &by_rank, usd);
-                        if let Err(e) = dir.append_metrics(&line) {
-                            // the record is the job's truth: without it the epoch does not count
-                            end = Some(Err(Some(format!("{e:#}"))));
-                            break;
-                        }
-                        let bill = job.usd_at(Instant::now());
-                        let _ = dir.update(|s| {
-                            s.epoch = epoch;
-                            s.usd = bill;
-                        });
-                        // older checkpoints are no longer needed
-                        if epoch > 1 {
-                            let _ = std::fs::remove_file(checkpoint_path(&checkpoints, epoch - 1));
-                        }
-                    }
-                    JobAction::Say(line) => {
-                        log.line(&line);
-                        if !self.quiet {
-                            eprintln!("{line}");
-                        }
-                    }
-                    JobAction::Log(line) => log.line(&line),
-                    JobAction::Finish => end = Some(Ok(())),
-                    JobAction::Fail { error } => end = Some(Err(Some(error))),
-                }
-            }
-            if let Some(end) = end {
+            if let Some(end) = self.act(&mut r, dir)? {
                 break end;
             }
             if dir.cancel_requested() {
-                log.line("cancel requested (physalia cancel): stopping every launch");
+                r.log
+                    .line("cancel requested (physalia cancel): stopping every launch");
                 if !self.quiet {
                     eprintln!("cancel requested: stopping every worker");
                 }
-                break Err(None);
+                break End::Cancelled;
             }
-            let bill = job.usd_at(Instant::now());
+            let bill = r.job.usd_at(Instant::now());
             let _ = dir.update_if_stale(|s| s.usd = bill);
-            // then listen: exits first, messages second (a worker sends its last message before it exits,
-            // so whatever it said is in by the time its exit is handled)
-            let mut fed = Vec::new();
-            let wait = Duration::from_millis(100 / live.len().max(1) as u64);
-            for (&launch, l) in live.iter_mut() {
-                let exits = l.launch.workers.poll_exits();
-                let mut events = Vec::new();
-                let first = if exits.is_empty() {
-                    wait
-                } else {
-                    Duration::ZERO
-                };
-                if let Some(ev) = l.launch.server.next_event(first) {
-                    events.push(ev);
-                    while let Some(ev) = l.launch.server.next_event(Duration::ZERO) {
-                        events.push(ev);
-                    }
-                }
-                for ev in events {
-                    if let Some(event) = worker_event(ev, &mut l.outboxes, &mut log, launch) {
-                        fed.push(JobEvent::Worker { launch, event });
-                    }
-                }
-                for (rank, how, by_signal) in exits {
-                    log.line(&format!("launch {launch}: worker {rank} {how}"));
-                    fed.push(JobEvent::Worker {
-                        launch,
-                        event: Event::Exited {
-                            rank,
-                            how,
-                            by_signal,
-                        },
-                    });
-                }
-            }
-            if live.is_empty() {
-                std::thread::sleep(wait);
-            }
-            fed.push(JobEvent::Tick);
-            for ev in fed {
-                queue.extend(job.handle(ev, Instant::now()));
-            }
+            r.listen();
         };
         // nothing outlives the job
-        for (_, l) in std::mem::take(&mut live) {
+        for (_, l) in std::mem::take(&mut r.live) {
             stop(l, "the job ended", false);
         }
+        let Running { job, mut log, .. } = r;
         match end {
-            Ok(()) => {
+            End::Finished => {
                 log.line("finished");
                 let outcome = job
                     .outcome()
@@ -836,15 +784,170 @@ impl Driver<'_> {
                     .expect("a finished job has an outcome");
                 Ok((job, outcome))
             }
-            Err(Some(error)) => {
+            End::Failed(error) => {
                 log.line(&format!("failed: {error}"));
                 Err(anyhow!(error))
             }
-            Err(None) => {
+            End::Cancelled => {
                 log.line("cancelled");
                 Err(anyhow!(Cancelled))
             }
         }
+    }
+
+    /// Carries out the queued actions until none is left or the job ends.
+    fn act(&self, r: &mut Running, dir: &mut JobDir) -> Result<Option<End>> {
+        // the job's end is known when it says so; what it queued with it is still carried out
+        let mut end = None;
+        while let Some(action) = r.queue.pop_front() {
+            match action {
+                JobAction::Launch {
+                    launch,
+                    workers,
+                    prewarm,
+                } => self.handle_launch(r, dir, launch, workers, prewarm),
+                JobAction::Assign {
+                    launch,
+                    peers,
+                    resume_epoch,
+                    mode,
+                    boundary_sampling,
+                    staleness,
+                } => {
+                    let l = r.live.get(&launch).expect("the job assigns a live launch");
+                    for (rank, outbox) in l.outboxes.iter().enumerate() {
+                        let a = self.assignment(
+                            rank,
+                            &l.parts,
+                            peers.clone(),
+                            resume_epoch,
+                            mode,
+                            (boundary_sampling, staleness),
+                        )?;
+                        if let Some(o) = outbox {
+                            o.send(ToWorker::Assign(Box::new(a)));
+                        }
+                    }
+                    r.log.line(&format!(
+                        "launch {launch}: all workers registered; assignments sent"
+                    ));
+                    let workers = l.outboxes.len();
+                    let _ = dir.update(|s| s.workers = workers);
+                }
+                JobAction::Replan {
+                    epoch,
+                    objective,
+                    workers,
+                    mode,
+                    by_rank,
+                } => {
+                    r.log.line(&format!(
+                        "after epoch {epoch}: asking the planner again ({})",
+                        objective.as_str()
+                    ));
+                    let answer = self.replan(objective, workers, mode, &by_rank);
+                    r.feed(JobEvent::Replanned(answer));
+                }
+                JobAction::KeepWaiting { launch, for_s } => {
+                    if let Some(l) = r.live.get(&launch) {
+                        for o in l.outboxes.iter().flatten() {
+                            o.send(ToWorker::Wait { for_s });
+                        }
+                    }
+                }
+                JobAction::StopLaunch {
+                    launch,
+                    reason,
+                    finished,
+                } => {
+                    if let Some(l) = r.live.remove(&launch) {
+                        stop(l, &reason, finished);
+                    }
+                    let _ = dir.update(|s| s.launches.retain(|&l| l != launch as u32));
+                }
+                JobAction::Record {
+                    epoch,
+                    by_rank,
+                    usd,
+                } => {
+                    if let Err(e) = self.handle_record(r, dir, epoch, &by_rank, usd) {
+                        // the record is the job's truth: without it the epoch does not count
+                        return Ok(Some(End::Failed(format!("{e:#}"))));
+                    }
+                }
+                JobAction::Say(line) => {
+                    r.log.line(&line);
+                    if !self.quiet {
+                        eprintln!("{line}");
+                    }
+                }
+                JobAction::Log(line) => r.log.line(&line),
+                JobAction::Finish => end = Some(End::Finished),
+                JobAction::Fail { error } => end = Some(End::Failed(error)),
+            }
+        }
+        Ok(end)
+    }
+
+    /// `JobAction::Launch`: partitions and starts the launch's workers, and tells the job how it went.
+    fn handle_launch(
+        &self,
+        r: &mut Running,
+        dir: &mut JobDir,
+        launch: usize,
+        workers: usize,
+        prewarm: bool,
+    ) {
+        let result = match self.launch(launch, workers, dir) {
+            Ok(l) => {
+                let pids = l.launch.workers.pids();
+                r.log.line(&format!(
+                    "launch {launch}: control endpoint {}",
+                    l.launch.server.local_addr()
+                ));
+                r.live.insert(launch, l);
+                let _ = dir.update(|s| s.launches.push(launch as u32));
+                Ok(pids)
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                r.log.line(&format!(
+                    "launch {launch} ({workers} workers{}) failed to start: {e}",
+                    if prewarm { ", prewarm" } else { "" }
+                ));
+                Err(e)
+            }
+        };
+        r.feed(JobEvent::Started { launch, result });
+    }
+
+    /// `JobAction::Record`: the epoch's line on the terminal and in `metrics.jsonl`, the status's
+    /// epoch and bill; the checkpoint before it is no longer needed.
+    fn handle_record(
+        &self,
+        r: &mut Running,
+        dir: &mut JobDir,
+        epoch: usize,
+        by_rank: &[physalia_gnn::EpochMetrics],
+        usd: f64,
+    ) -> Result<()> {
+        if !self.quiet {
+            eprintln!(
+                "{}",
+                epoch_line(self.spec.train.epochs as usize, by_rank, usd)
+            );
+        }
+        let line = MetricsLine::coordinated(self.spec.train.seed, by_rank, usd);
+        dir.append_metrics(&line)?;
+        let bill = r.job.usd_at(Instant::now());
+        let _ = dir.update(|s| {
+            s.epoch = epoch;
+            s.usd = bill;
+        });
+        if epoch > 1 {
+            let _ = std::fs::remove_file(checkpoint_path(&r.checkpoints, epoch - 1));
+        }
+        Ok(())
     }
 
     /// Partitions the graph for `n` workers (stored beside the dataset and reused) and starts them.

@@ -584,40 +584,8 @@ pub(crate) struct Replay {
 pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
     let record = Record::read(dir)?;
     let model = Model::new(&record)?;
-    let mut targets: Vec<Sku> = vec![model.sku.clone()];
-    for name in skus {
-        let s = model
-            .catalog
-            .get(name)
-            .with_context(|| format!("--sku: no SKU named `{name}` in the catalog"))?;
-        if !targets.iter().any(|t| t.name == s.name) {
-            targets.push(s.clone());
-        }
-    }
-    if skus.is_empty() && model.sku.usd_per_s() == 0.0 {
-        for s in &model.catalog.skus {
-            if !s.is_gpu()
-                && !s.backend.on_this_machine()
-                && !targets.iter().any(|t| t.name == s.name)
-            {
-                targets.push(s.clone());
-            }
-        }
-    }
-    // the job's own launches: the workers and epochs of each that trained
-    let mut own: Schedule = Vec::new();
-    let mut previous = None;
-    for line in &record.lines {
-        let key = (
-            line.worker_count(),
-            record.launch_of(line).map(|s| s.launch),
-        );
-        match own.last_mut() {
-            Some(last) if previous == Some(key) => last.1 += 1,
-            _ => own.push((key.0, 1)),
-        }
-        previous = Some(key);
-    }
+    let targets = target_skus(&model, skus)?;
+    let own = own_schedule(&record);
     let peak = record
         .lines
         .iter()
@@ -646,19 +614,7 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
         ));
     }
     let mut rows = Vec::new();
-    let max_w = record
-        .spec
-        .scaling
-        .as_ref()
-        .map_or(peak, |p| (p.max_workers as usize).max(peak));
-    let mut counts: Vec<usize> = (0..)
-        .map(|i| 1usize << i)
-        .take_while(|&w| w <= max_w)
-        .collect();
-    if !counts.contains(&peak) {
-        counts.push(peak);
-        counts.sort();
-    }
+    let counts = worker_counts(&record, peak);
     for sku in &targets {
         let mut block = Vec::new();
         if sku.name == model.sku.name {
@@ -718,6 +674,69 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
         rows,
         notes,
     })
+}
+
+/// The SKUs a replay prices: the job's, those named, and where the job's cost nothing (this machine)
+/// every CPU SKU of a cloud.
+fn target_skus(model: &Model, skus: &[String]) -> Result<Vec<Sku>> {
+    let mut targets: Vec<Sku> = vec![model.sku.clone()];
+    for name in skus {
+        let s = model
+            .catalog
+            .get(name)
+            .with_context(|| format!("--sku: no SKU named `{name}` in the catalog"))?;
+        if !targets.iter().any(|t| t.name == s.name) {
+            targets.push(s.clone());
+        }
+    }
+    if skus.is_empty() && model.sku.usd_per_s() == 0.0 {
+        for s in &model.catalog.skus {
+            if !s.is_gpu()
+                && !s.backend.on_this_machine()
+                && !targets.iter().any(|t| t.name == s.name)
+            {
+                targets.push(s.clone());
+            }
+        }
+    }
+    Ok(targets)
+}
+
+/// The job's own launches: the workers and epochs of each that trained.
+fn own_schedule(record: &Record) -> Schedule {
+    let mut own: Schedule = Vec::new();
+    let mut previous = None;
+    for line in &record.lines {
+        let key = (
+            line.worker_count(),
+            record.launch_of(line).map(|s| s.launch),
+        );
+        match own.last_mut() {
+            Some(last) if previous == Some(key) => last.1 += 1,
+            _ => own.push((key.0, 1)),
+        }
+        previous = Some(key);
+    }
+    own
+}
+
+/// The fixed worker counts a replay prices: powers of two up to the policy's maximum (or the peak),
+/// and the peak.
+fn worker_counts(record: &Record, peak: usize) -> Vec<usize> {
+    let max_w = record
+        .spec
+        .scaling
+        .as_ref()
+        .map_or(peak, |p| (p.max_workers as usize).max(peak));
+    let mut counts: Vec<usize> = (0..)
+        .map(|i| 1usize << i)
+        .take_while(|&w| w <= max_w)
+        .collect();
+    if !counts.contains(&peak) {
+        counts.push(peak);
+        counts.sort();
+    }
+    counts
 }
 
 impl Replay {

@@ -229,6 +229,25 @@ fn render(job: &Path) -> Result<String> {
             "<p>test accuracy at best validation: <b>{acc:.4}</b></p>"
         );
     }
+    plots(&mut h, &rows);
+    cost(&mut h, &rows, &summary);
+    // needs the finished job's record and its dataset: left out (with why) when either is missing
+    if summary.get("launches").is_some() {
+        match prediction(job, &rows, &summary) {
+            Ok(p) => h.push_str(&p),
+            Err(e) => {
+                let _ = write!(h, "<p>(no prediction: {})</p>", esc(&format!("{e:#}")));
+            }
+        }
+    }
+    scaling_events(&mut h, &summary);
+    epoch_table(&mut h, &rows);
+    h.push_str("</body></html>\n");
+    Ok(h)
+}
+
+/// Loss, accuracy, workers, each epoch's time and bytes against time or epoch.
+fn plots(h: &mut String, rows: &[Row]) {
     let t: Vec<f64> = rows.iter().map(|r| r.elapsed_s).collect();
     let ep: Vec<f64> = rows.iter().map(|r| r.epoch as f64).collect();
     h.push_str("<h2>Loss against training time</h2>");
@@ -299,6 +318,11 @@ fn render(job: &Path) -> Result<String> {
         true,
         false,
     ));
+}
+
+/// The bill over time: the SKU's dollars, or worker-seconds where it costs nothing.
+fn cost(h: &mut String, rows: &[Row], summary: &Value) {
+    let t: Vec<f64> = rows.iter().map(|r| r.elapsed_s).collect();
     // a priced SKU's dollars; the local SKU costs nothing, so its worker-seconds
     let priced = summary["usd_per_worker_hour"].as_f64().unwrap_or(0.0) > 0.0;
     let _ = write!(
@@ -342,15 +366,10 @@ fn render(job: &Path) -> Result<String> {
             false,
         )
     });
-    // needs the finished job's record and its dataset: left out (with why) when either is missing
-    if summary.get("launches").is_some() {
-        match prediction(job, &rows, &summary) {
-            Ok(p) => h.push_str(&p),
-            Err(e) => {
-                let _ = write!(h, "<p>(no prediction: {})</p>", esc(&format!("{e:#}")));
-            }
-        }
-    }
+}
+
+/// The policy's decisions, as `summary.json` lists them.
+fn scaling_events(h: &mut String, summary: &Value) {
     if let Some(events) = summary["scaling_events"].as_array() {
         h.push_str("<h2>Scaling events</h2><table><tr><th>after epoch</th><th>event</th><th>rule</th></tr>");
         for e in events {
@@ -364,13 +383,17 @@ fn render(job: &Path) -> Result<String> {
         }
         h.push_str("</table>");
     }
+}
+
+/// Every recorded epoch, one row each.
+fn epoch_table(h: &mut String, rows: &[Row]) {
     h.push_str(
         "<h2>Epochs</h2><table><tr><th>epoch</th><th>time s</th><th>loss</th><th>val</th><th>test</th>\
          <th>workers</th><th>compute s</th><th>halo s</th><th>all-reduce s</th><th>sampling s</th>\
          <th>eval s</th><th>MiB sent</th><th>USD</th></tr>",
     );
     let acc = |a: Option<f64>| a.map(|a| format!("{a:.4}")).unwrap_or_else(|| "-".into());
-    for r in &rows {
+    for r in rows {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{:.3}</td><td>{:.4}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.4}</td>\
@@ -390,8 +413,7 @@ fn render(job: &Path) -> Result<String> {
             r.usd
         );
     }
-    h.push_str("</table></body></html>\n");
-    Ok(h)
+    h.push_str("</table>");
 }
 
 fn series(x: &[f64], y: impl Iterator<Item = Option<f64>>) -> Vec<(f64, f64)> {

@@ -88,6 +88,17 @@ pub fn run(
             None,
         );
     }
+    run_seeds(job, &spec, output, quiet, memory_check)
+}
+
+/// Repeated seeds (`train.runs` > 1): one after another in this process, for a mean and a deviation.
+fn run_seeds(
+    job: &Path,
+    spec: &JobSpec,
+    output: OutputFormat,
+    quiet: bool,
+    memory_check: bool,
+) -> Result<()> {
     if let Some(t) = spec.train.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(t as usize)
@@ -95,11 +106,11 @@ pub fn run(
             .context("train.threads: starting the thread pool")?;
     }
     let name = spec.job_name(job);
-    let price = price(&spec)?;
+    let price = price(spec)?;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset)?;
     if memory_check {
-        crate::admission::check(&spec, &source, crate::admission::available_bytes())?;
+        crate::admission::check(spec, &source, crate::admission::available_bytes())?;
     }
     let stats = source.stats();
     let data_name = source.name().to_string();
@@ -111,7 +122,7 @@ pub fn run(
     if spec.dataset.row_normalize {
         x.row_normalize();
     }
-    let cfg = model_config(&spec, stats.feat_dim, stats.num_classes)?;
+    let cfg = model_config(spec, stats.feat_dim, stats.num_classes)?;
     let graph = LocalGraph::whole(cfg.kind, source.indptr(), source.indices());
     let rows = |s: Split| {
         source
@@ -134,10 +145,10 @@ pub fn run(
     let load_s = t_load.elapsed().as_secs_f64();
 
     let mut dir = JobDir::create(&spec.output.dir, &name)?;
-    dir.write_json("job.json", &spec)?;
+    dir.write_json("job.json", spec)?;
     dir.begin(spec.backend.name.as_str(), 0, spec.train.epochs as usize)?;
     let result = train_runs(
-        &spec,
+        spec,
         &cfg,
         &graph,
         structure.as_ref(),
@@ -163,7 +174,7 @@ pub fn run(
                 &data_name,
                 &stats,
                 &cfg,
-                &spec,
+                spec,
                 &runs,
                 dir.path(),
                 load_s,
@@ -227,76 +238,14 @@ fn train_runs(
                 io_err.get_or_insert(e);
             }
         };
-        let options = spec
-            .minibatch
-            .clone()
-            .unwrap_or_default()
-            .options(spec.model.layers);
-        let copy_sets = || NodeSets {
-            labels: sets.labels.clone(),
-            train: sets.train.clone(),
-            val: sets.val.clone(),
-            test: sets.test.clone(),
+        let input = Input {
+            cfg,
+            graph,
+            structure,
+            x,
+            sets,
         };
-        let trained: Result<(Model, TrainSummary)> = match (spec.mode(), structure) {
-            (Parallelism::Data, Some((indptr, indices))) => {
-                let data = ShardData::whole(cfg.kind, indptr, indices, x.clone(), copy_sets());
-                let shard = data.shard(indptr, indices);
-                train_minibatch(
-                    &mut LocalExchange,
-                    &shard,
-                    cfg,
-                    seed,
-                    &tc,
-                    &options,
-                    None,
-                    &mut |e| {
-                        on_epoch(e.metrics);
-                        true
-                    },
-                )
-                .map_err(Into::into)
-            }
-            (Parallelism::Model, Some((indptr, indices))) => {
-                let sets = copy_sets();
-                let shard = ColumnShard {
-                    indptr,
-                    indices,
-                    x_cols: x,
-                    cols: 0..x.cols(),
-                    sets: &sets,
-                };
-                let mut link = physalia_wire::MemLink::mesh(1).pop().expect("one rank");
-                train_p3(
-                    &mut link,
-                    &shard,
-                    cfg,
-                    seed,
-                    &tc,
-                    &options,
-                    None,
-                    &mut |e| {
-                        on_epoch(e.metrics);
-                        true
-                    },
-                )
-                .map_err(Into::into)
-            }
-            _ => {
-                let mut model = Model::new(cfg, seed)?;
-                physalia_gnn::train(
-                    &mut model,
-                    graph,
-                    x,
-                    sets,
-                    &tc,
-                    &mut LocalExchange,
-                    &mut on_epoch,
-                )
-                .map(|s| (model, s))
-                .map_err(Into::into)
-            }
-        };
+        let trained = train_one(spec, &input, seed, &tc, &mut on_epoch);
         let (model, summary) =
             trained.with_context(|| format!("training run {run} (seed {seed})"))?;
         if let Some(e) = io_err {
@@ -325,4 +274,101 @@ fn train_runs(
         out.push(RunResult { seed, summary });
     }
     Ok(out)
+}
+
+/// What one seed trains on: the model, the whole graph (and its structure for mini-batch modes), the
+/// features and the node sets.
+struct Input<'a> {
+    cfg: &'a ModelConfig,
+    graph: &'a LocalGraph,
+    structure: Option<&'a (Vec<i64>, Vec<i32>)>,
+    x: &'a Matrix,
+    sets: &'a NodeSets,
+}
+
+/// Trains one seed in this process, in the job's mode, calling `on_epoch` after every epoch.
+fn train_one(
+    spec: &JobSpec,
+    input: &Input,
+    seed: u64,
+    tc: &TrainConfig,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<(Model, TrainSummary)> {
+    let Input {
+        cfg,
+        graph,
+        x,
+        sets,
+        ..
+    } = *input;
+    let options = spec
+        .minibatch
+        .clone()
+        .unwrap_or_default()
+        .options(spec.model.layers);
+    let copy_sets = || NodeSets {
+        labels: sets.labels.clone(),
+        train: sets.train.clone(),
+        val: sets.val.clone(),
+        test: sets.test.clone(),
+    };
+    match (spec.mode(), input.structure) {
+        (Parallelism::Data, Some((indptr, indices))) => {
+            let data = ShardData::whole(cfg.kind, indptr, indices, x.clone(), copy_sets());
+            let shard = data.shard(indptr, indices);
+            train_minibatch(
+                &mut LocalExchange,
+                &shard,
+                cfg,
+                seed,
+                &tc,
+                &options,
+                None,
+                &mut |e| {
+                    on_epoch(e.metrics);
+                    true
+                },
+            )
+            .map_err(Into::into)
+        }
+        (Parallelism::Model, Some((indptr, indices))) => {
+            let sets = copy_sets();
+            let shard = ColumnShard {
+                indptr,
+                indices,
+                x_cols: x,
+                cols: 0..x.cols(),
+                sets: &sets,
+            };
+            let mut link = physalia_wire::MemLink::mesh(1).pop().expect("one rank");
+            train_p3(
+                &mut link,
+                &shard,
+                cfg,
+                seed,
+                &tc,
+                &options,
+                None,
+                &mut |e| {
+                    on_epoch(e.metrics);
+                    true
+                },
+            )
+            .map_err(Into::into)
+        }
+        _ => {
+            let mut model = Model::new(cfg, seed)?;
+            physalia_gnn::train(
+                &mut model,
+                graph,
+                x,
+                sets,
+                &tc,
+                &mut LocalExchange,
+                on_epoch,
+            )
+            .map(|s| (model, s))
+            .map_err(Into::into)
+        }
+    }
 }

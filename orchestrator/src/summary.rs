@@ -89,6 +89,34 @@ pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<Mod
     })
 }
 
+/// `summary.json` of a coordinated job: what every job reports ([`Summary`]), and what the
+/// coordinator measured and billed over its launches.
+#[derive(Serialize)]
+pub(crate) struct JobSummary {
+    #[serde(flatten)]
+    pub run: Summary,
+    /// Workers of the last launch.
+    pub workers: u32,
+    pub bytes_exchanged: u64,
+    /// Peak memory by rank of the launch that finished.
+    pub worker_peak_rss_bytes: Vec<Option<u64>>,
+    /// What the coordinator holds while its workers train (its peak was reached loading the dataset).
+    pub coordinator_rss_bytes: Option<u64>,
+    /// Worker-seconds billed (every launch, prewarmed and idle workers included).
+    pub worker_seconds: f64,
+    /// Seconds the coordinator was billed for, and its price.
+    pub coordinator_seconds: f64,
+    pub coordinator_usd_per_s: f64,
+    pub scaling_events: Vec<serde_json::Value>,
+    /// When each launch ran and each epoch ended: `plan --replay` fits its model to them.
+    pub launches: Vec<crate::job::LaunchSpan>,
+    pub epoch_ends: Vec<crate::job::EpochEnd>,
+    pub workers_range: Option<[u32; 2]>,
+    /// The record's URL when it is kept in a job store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_url: Option<String>,
+}
+
 #[derive(Serialize)]
 pub(crate) struct Summary {
     job: String,
@@ -110,8 +138,9 @@ pub(crate) struct Summary {
     epoch_times_s: Vec<f64>,
     load_s: f64,
     peak_rss_bytes: Option<u64>,
-    /// Every worker's seconds times its container's price, over all runs.
-    usd_total: f64,
+    /// Every worker's seconds times its container's price, over all runs; a coordinated job's bill
+    /// (every launch's workers from start to stop, and the coordinator).
+    pub usd_total: f64,
     /// The workers' container (a catalog SKU) and its price.
     sku: String,
     usd_per_worker_hour: f64,
