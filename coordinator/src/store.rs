@@ -1,7 +1,8 @@
 //! The job store: where job records live. A local folder, or an object store URL (`s3://bucket/prefix`,
 //! `az://container/prefix`, `gs://bucket/prefix`) through the `object_store` crate, its credentials
-//! from each cloud's standard chain (`AWS_*` and the task role, `AZURE_*` and the managed identity,
-//! `GOOGLE_*` and the metadata server), never from a job file or an argument.
+//! from each cloud's standard chain (aws-config's: `AWS_*`, `AWS_PROFILE` with SSO and
+//! `credential_process`, the task role ([`s3_builder`]); `AZURE_*` and the managed identity; `GOOGLE_*`
+//! and the metadata server), never from a job file or an argument.
 //!
 //! A job whose `output.dir` is a URL keeps its record in a staging folder on the coordinator's machine,
 //! laid out as a local job directory, and mirrors it to `<url>/<job id>/` while it runs ([`Mirror`]):
