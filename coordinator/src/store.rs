@@ -1,7 +1,8 @@
 //! The job store: where job records live. A local folder, or an object store URL (`s3://bucket/prefix`,
 //! `az://container/prefix`, `gs://bucket/prefix`) through the `object_store` crate, its credentials
-//! from each cloud's standard chain (`AWS_*` and the task role, `AZURE_*` and the managed identity,
-//! `GOOGLE_*` and the metadata server), never from a job file or an argument.
+//! from each cloud's standard chain (aws-config's: `AWS_*`, `AWS_PROFILE` with SSO and
+//! `credential_process`, the task role ([`s3_builder`]); `AZURE_*` and the managed identity; `GOOGLE_*`
+//! and the metadata server), never from a job file or an argument.
 //!
 //! A job whose `output.dir` is a URL keeps its record in a staging folder on the coordinator's machine,
 //! laid out as a local job directory, and mirrors it to `<url>/<job id>/` while it runs ([`Mirror`]):
@@ -80,6 +81,191 @@ fn azure_builder() -> object_store::azure::MicrosoftAzureBuilder {
     }
 }
 
+/// The whole AWS chain (profile files, `credential_process`, SSO, STS, the container endpoint) gets this
+/// long, as the ECS calls do (backends' `ecs::from_env`).
+const AWS_CHAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// One try, one second per phase, for the instance-metadata service: where it exists it answers in
+/// milliseconds, and on a laptop it must not hold every command up.
+const IMDS_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long S3 may take to say where a bucket is ([`s3_builder`]).
+const BUCKET_REGION_TIMEOUT: Duration = Duration::from_secs(2);
+/// Credentials that expire are fetched again this long before they do.
+const REFRESH_BEFORE: Duration = Duration::from_secs(5 * 60);
+const AWS_HINT: &str = "run `aws configure` or `aws sso login`, set AWS_PROFILE to a profile that has \
+     credentials (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); inside AWS, give the task or instance \
+     its role";
+
+/// The profile aws-config reads: `AWS_PROFILE`'s, else `default`; said in errors.
+fn aws_profile() -> String {
+    match std::env::var("AWS_PROFILE") {
+        Ok(p) if !p.is_empty() => format!("profile `{p}` (AWS_PROFILE)"),
+        _ => "profile `default`".to_string(),
+    }
+}
+
+/// An error and its causes on one line (aws-config's errors say the useful part in their sources).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+/// An S3 store's builder for `url`, with aws-config's default chains, the ones the ECS calls use:
+///
+/// - credentials: the environment (`AWS_ACCESS_KEY_ID`, ...), the profile (`AWS_PROFILE`, else
+///   `default`, in `AWS_CONFIG_FILE`/`AWS_SHARED_CREDENTIALS_FILE` or `~/.aws`) with its keys, SSO
+///   session, `credential_process` or role to assume, web identity, the ECS container endpoint and
+///   the instance-metadata service, in that order; fetched once here (so that none, or a profile whose
+///   `credential_process` fails, is an error of `open` naming the profile) and again before they
+///   expire ([`AwsChain`]);
+/// - the region: `AWS_REGION`/`AWS_DEFAULT_REGION`, the profile's `region`, the instance's, else
+///   us-east-1. S3 answers a request signed for another region than the bucket's with a 301 that
+///   object_store does not follow ("Received redirect without LOCATION, this normally indicates an
+///   incorrectly configured region"), so on AWS itself (no endpoint set) the bucket's own region is
+///   asked of S3 first (an unsigned HEAD, which S3 answers with `x-amz-bucket-region` to anyone) and
+///   wins over the chain's; where S3 does not answer within 2 s, the chain's region is used and a
+///   bucket elsewhere fails at its first request with that error (set AWS_REGION to its region);
+/// - the endpoint and the rest as object_store reads them from the environment: `AWS_ENDPOINT_URL`,
+///   `AWS_ENDPOINT_URL_S3` (moto, MinIO, private endpoints: their region is the chain's, never asked
+///   of the endpoint), `AWS_ALLOW_HTTP` and the other `AWS_*` settings it knows.
+///
+/// Returns the builder and the region its requests are signed for.
+async fn s3_builder(
+    url: &str,
+    parsed: &url::Url,
+) -> Result<(object_store::aws::AmazonS3Builder, String)> {
+    use aws_config::meta::region::RegionProviderChain;
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as K};
+
+    let builder = AmazonS3Builder::from_env().with_url(url);
+    let imds = aws_config::imds::Client::builder()
+        .max_attempts(1)
+        .connect_timeout(IMDS_TIMEOUT)
+        .read_timeout(IMDS_TIMEOUT)
+        .operation_timeout(IMDS_TIMEOUT * 2)
+        .build();
+    let region_chain = RegionProviderChain::first_try(
+        aws_config::environment::region::EnvironmentVariableRegionProvider::new(),
+    )
+    .or_else(aws_config::profile::ProfileFileRegionProvider::new())
+    .or_else(
+        aws_config::imds::region::ImdsRegionProvider::builder()
+            .imds_client(imds.clone())
+            .build(),
+    );
+    let profile = aws_profile();
+    let load = async {
+        let region = region_chain.region().await;
+        let chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
+            .imds_client(imds)
+            .build()
+            .await;
+        (region, chain)
+    };
+    let (region, chain) = tokio::time::timeout(AWS_CHAIN_TIMEOUT, load)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{url}: loading the AWS configuration ({profile}) took over {} s",
+                AWS_CHAIN_TIMEOUT.as_secs()
+            )
+        })?;
+    let credentials = Arc::new(AwsChain {
+        chain: aws_credential_types::provider::SharedCredentialsProvider::new(chain),
+        profile,
+        cached: tokio::sync::Mutex::new(None),
+    });
+    // now, not at the first request: none (or a failing profile) is said once, with the profile's name
+    object_store::CredentialProvider::get_credential(&*credentials)
+        .await
+        .map_err(|e| anyhow::anyhow!("{url}: {}", error_chain(&e)))?;
+
+    let endpoint = [K::Endpoint, K::S3Endpoint]
+        .iter()
+        .any(|k| builder.get_config_value(k).is_some());
+    let mut region = region.map_or_else(|| "us-east-1".to_string(), |r| r.to_string());
+    if !endpoint && let Some(bucket) = parsed.host_str() {
+        let options = object_store::ClientOptions::new()
+            .with_timeout(BUCKET_REGION_TIMEOUT)
+            .with_connect_timeout(BUCKET_REGION_TIMEOUT);
+        let asked = object_store::aws::resolve_bucket_region(bucket, &options);
+        if let Ok(Ok(found)) = tokio::time::timeout(BUCKET_REGION_TIMEOUT, asked).await {
+            region = found;
+        }
+    }
+    Ok((
+        builder.with_credentials(credentials).with_region(&region),
+        region,
+    ))
+}
+
+/// aws-config's credential chain as object_store's [`object_store::CredentialProvider`]: asked once,
+/// kept until [`REFRESH_BEFORE`] their expiry (profile keys and environment keys never expire), then
+/// asked again; credentials still valid are kept where asking again fails.
+#[derive(Debug)]
+struct AwsChain {
+    chain: aws_credential_types::provider::SharedCredentialsProvider,
+    /// Which profile the chain reads, for errors.
+    profile: String,
+    cached: tokio::sync::Mutex<Option<(Arc<object_store::aws::AwsCredential>, Option<SystemTime>)>>,
+}
+
+#[async_trait::async_trait]
+impl object_store::CredentialProvider for AwsChain {
+    type Credential = object_store::aws::AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<Self::Credential>> {
+        use aws_credential_types::provider::ProvideCredentials;
+        let mut cached = self.cached.lock().await;
+        let now = SystemTime::now();
+        if let Some((credential, expiry)) = &*cached
+            && expiry.is_none_or(|at| at > now + REFRESH_BEFORE)
+        {
+            return Ok(credential.clone());
+        }
+        let refused = |detail: String| object_store::Error::Generic {
+            store: "S3",
+            source: format!(
+                "the AWS credential chain ({}) gave no credentials: {detail}; {AWS_HINT}",
+                self.profile
+            )
+            .into(),
+        };
+        let fetched = match self.chain.provide_credentials().await {
+            Ok(c) => c,
+            Err(e) => {
+                return match &*cached {
+                    Some((credential, Some(at))) if *at > now => Ok(credential.clone()),
+                    _ => Err(refused(error_chain(&e))),
+                };
+            }
+        };
+        if let Some(at) = fetched.expiry()
+            && at <= now
+        {
+            let ago = now.duration_since(at).unwrap_or_default().as_secs();
+            return Err(refused(format!(
+                "the credentials it gave expired {ago} s ago"
+            )));
+        }
+        let credential = Arc::new(object_store::aws::AwsCredential {
+            key_id: fetched.access_key_id().to_string(),
+            secret_key: fetched.secret_access_key().to_string(),
+            token: fetched.session_token().map(str::to_string),
+        });
+        *cached = Some((credential.clone(), fetched.expiry()));
+        Ok(credential)
+    }
+}
+
 /// A job store at a URL: the store and the prefix under which each job is a folder.
 #[derive(Clone)]
 pub struct Remote {
@@ -88,6 +274,7 @@ pub struct Remote {
     url: String,
     /// The store's HTTP connections live on this runtime, so every call goes through it.
     rt: Arc<tokio::runtime::Runtime>,
+    s3_region: Option<String>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -100,13 +287,18 @@ impl Remote {
     /// Opens `url` (`s3://`, `az://`/`abfs://`, `gs://`).
     pub fn open(url: &str) -> Result<Remote> {
         let parsed = url::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
+        let rt = runtime()?;
+        let mut s3_region = None;
         let store: Arc<dyn ObjectStore> = match parsed.scheme() {
-            "s3" | "s3a" => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(url)
-                    .build()
-                    .with_context(|| format!("{url}: opening the S3 bucket"))?,
-            ),
+            "s3" | "s3a" => {
+                let (builder, region) = rt.block_on(s3_builder(url, &parsed))?;
+                s3_region = Some(region);
+                Arc::new(
+                    builder
+                        .build()
+                        .with_context(|| format!("{url}: opening the S3 bucket"))?,
+                )
+            }
             "az" | "abfs" | "abfss" | "azure" => Arc::new(
                 azure_builder()
                     .with_url(url)
@@ -127,8 +319,14 @@ impl Remote {
             store,
             prefix,
             url: url.trim_end_matches('/').to_string(),
-            rt: runtime()?,
+            rt,
+            s3_region,
         })
+    }
+
+    /// The region an S3 store's requests are signed for (see [`s3_builder`]); `None` for other stores.
+    pub fn s3_region(&self) -> Option<&str> {
+        self.s3_region.as_deref()
     }
 
     /// An in-memory store (object_store's), for tests of what goes through a store.
@@ -138,6 +336,7 @@ impl Remote {
             prefix: ObjPath::from(url.split_once("://").map_or(url, |(_, p)| p)),
             url: url.to_string(),
             rt: runtime().expect("a runtime"),
+            s3_region: None,
         }
     }
 
@@ -698,6 +897,7 @@ mod tests {
             prefix: ObjPath::from("jobs"),
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
+            s3_region: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let local = dir.path().join("j-1");
@@ -738,6 +938,7 @@ mod tests {
             prefix: ObjPath::from("jobs"),
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
+            s3_region: None,
         };
         let id = remote.new_job_id("cora gcn").unwrap();
         assert!(id.starts_with("cora_gcn-"), "{id}");
@@ -772,6 +973,7 @@ mod tests {
             prefix: ObjPath::from("jobs"),
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
+            s3_region: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("big.bin");
