@@ -562,6 +562,8 @@ class Cluster:
                 args += ["-v", f"{pi_dir}:{POD_IDENTITY_DIR}:ro",
                          "-e", f"AWS_CONTAINER_CREDENTIALS_FULL_URI={self.creds_url}",
                          "-e", f"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE={POD_IDENTITY_DIR}/eks-pod-identity-token",
+                         # the credentials endpoint's CA (see `creds` in main)
+                         "-e", f"SSL_CERT_FILE={SA_DIR}/ca.crt",
                          "-e", f"AWS_REGION={REGION}", "-e", f"AWS_DEFAULT_REGION={REGION}",
                          # this test's AWS is moto, in plain HTTP
                          "-e", f"AWS_ENDPOINT_URL={self.moto_url}", "-e", "AWS_ALLOW_HTTP=true"]
@@ -909,10 +911,14 @@ def main() -> None:
     api.socket = tls.wrap_socket(api.socket, server_side=True)
     threading.Thread(target=api.serve_forever, daemon=True).start()
 
+    # EKS serves Pod Identity at http://169.254.170.23/v1/credentials, an address this fake cannot own;
+    # the SDKs (aws-config, botocore) refuse plain HTTP to any other address that is not loopback, so
+    # the fake serves it over HTTPS with the cluster's CA, which the pod trusts (SSL_CERT_FILE)
     creds = http.server.ThreadingHTTPServer((gateway, 0), PodIdentity)
     creds.daemon_threads = True
+    creds.socket = tls.wrap_socket(creds.socket, server_side=True)
     threading.Thread(target=creds.serve_forever, daemon=True).start()
-    cluster.creds_url = f"http://{gateway}:{creds.server_address[1]}/v1/credentials"
+    cluster.creds_url = f"https://{gateway}:{creds.server_address[1]}/v1/credentials"
 
     moto_port = free_port(gateway)
     moto = ThreadedMotoServer(ip_address=gateway, port=moto_port)
