@@ -20,5 +20,7 @@ pub use messages::{
     Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, ToCoordinator,
     ToWorker, TrainMode, Upload, checkpoint_path,
 };
-pub use record::{CoordinatorRef, HEARTBEAT_S, JobState, JobStatus, MetricsLine, WorkerLine};
+pub use record::{
+    CoordinatorRef, HEARTBEAT_S, JobState, JobStatus, MetricsLine, ScalingEvent, WorkerLine,
+};
 pub use transfer::Files;

@@ -7,6 +7,23 @@ use std::path::Path;
 use physalia_gnn::{EpochMetrics, ExchangeStats};
 use serde::{Deserialize, Serialize};
 
+/// What happened to a job after an epoch: a scaling policy's decision (with the rule that fired and the
+/// values its condition saw), a retry, a resume; `summary.json`'s `scaling_events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalingEvent {
+    /// The epoch after which it happened.
+    pub epoch: usize,
+    /// What happened, in words (`stop` when a policy stopped the job).
+    pub event: String,
+    /// The policy's rule that decided it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// The values the rule's condition saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<serde_json::Value>,
+}
+
 /// One recorded epoch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,7 +4,7 @@
 //! still retried). The job's state machine (`job.rs`) feeds it real epochs; the simulation below feeds it
 //! a fake cluster in virtual time.
 
-use physalia_control::MetricsLine;
+use physalia_control::{MetricsLine, ScalingEvent};
 use physalia_gnn::{EpochMetrics, TrainSummary};
 use serde_json::{Value, json};
 
@@ -65,7 +65,7 @@ pub struct Elastic {
     /// Every worker's metrics of the last recorded epoch, for a replan.
     last_by_rank: Vec<EpochMetrics>,
     /// One line per rescale, retry or policy stop, with its epoch.
-    pub events: Vec<Value>,
+    pub events: Vec<ScalingEvent>,
     /// Spare workers the policy's `prewarm` asked for after the last epoch.
     prewarm: u32,
 }
@@ -132,12 +132,13 @@ impl Elastic {
     /// Records an event; returns its line for the terminal.
     pub fn event(&mut self, epoch: usize, what: String, rule: Option<(String, Value)>) -> String {
         let line = format!("after epoch {epoch}: {what}");
-        let mut e = json!({ "epoch": epoch, "event": what });
-        if let Some((rule, values)) = rule {
-            e["rule"] = json!(rule);
-            e["values"] = values;
-        }
-        self.events.push(e);
+        let (rule, values) = rule.unzip();
+        self.events.push(ScalingEvent {
+            epoch,
+            event: what,
+            rule,
+            values,
+        });
         line
     }
 
@@ -198,8 +199,12 @@ impl Elastic {
                 })
             }
             Effect::Stop => {
-                self.events
-                    .push(json!({ "epoch": m.epoch, "rule": change.rule, "event": "stop" }));
+                self.events.push(ScalingEvent {
+                    epoch: m.epoch,
+                    event: "stop".into(),
+                    rule: Some(change.rule.clone()),
+                    values: None,
+                });
                 Some(Stop::Finish)
             }
             Effect::BoundarySampling { from, to } => {
@@ -439,7 +444,7 @@ mod simulation {
         /// Every epoch as trained (retried epochs appear more than once), and the virtual time at the end.
         attempts: Vec<usize>,
         clock_s: f64,
-        decisions: Vec<Value>,
+        decisions: Vec<ScalingEvent>,
     }
 
     /// Runs `epochs` epochs of a job starting at `workers` under `policy` on the fake cluster.
@@ -569,7 +574,7 @@ mod simulation {
                 // every epoch recorded exactly once, in order, however often it was attempted; all 40
                 // unless the policy stopped the job
                 let recorded = t.workers.len();
-                let stopped = t.decisions.iter().any(|d| d["event"] == "stop");
+                let stopped = t.decisions.iter().any(|d| d.event == "stop");
                 assert!(
                     recorded == 40 || (stopped && recorded < 40),
                     "{what}: {recorded} epochs"
@@ -687,7 +692,7 @@ mod simulation {
         assert!(
             t.decisions
                 .iter()
-                .all(|d| d["rule"].is_string() || d["event"].is_string())
+                .all(|d| d.rule.is_some() || !d.event.is_empty())
         );
     }
 

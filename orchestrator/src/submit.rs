@@ -321,7 +321,7 @@ fn train_one(
                 &shard,
                 cfg,
                 seed,
-                &tc,
+                tc,
                 &options,
                 None,
                 &mut |e| {
@@ -341,34 +341,17 @@ fn train_one(
                 sets: &sets,
             };
             let mut link = physalia_wire::MemLink::mesh(1).pop().expect("one rank");
-            train_p3(
-                &mut link,
-                &shard,
-                cfg,
-                seed,
-                &tc,
-                &options,
-                None,
-                &mut |e| {
-                    on_epoch(e.metrics);
-                    true
-                },
-            )
+            train_p3(&mut link, &shard, cfg, seed, tc, &options, None, &mut |e| {
+                on_epoch(e.metrics);
+                true
+            })
             .map_err(Into::into)
         }
         _ => {
             let mut model = Model::new(cfg, seed)?;
-            physalia_gnn::train(
-                &mut model,
-                graph,
-                x,
-                sets,
-                &tc,
-                &mut LocalExchange,
-                on_epoch,
-            )
-            .map(|s| (model, s))
-            .map_err(Into::into)
+            physalia_gnn::train(&mut model, graph, x, sets, tc, &mut LocalExchange, on_epoch)
+                .map(|s| (model, s))
+                .map_err(Into::into)
         }
     }
 }

@@ -107,7 +107,7 @@ pub(crate) struct JobSummary {
     /// Seconds the coordinator was billed for, and its price.
     pub coordinator_seconds: f64,
     pub coordinator_usd_per_s: f64,
-    pub scaling_events: Vec<serde_json::Value>,
+    pub scaling_events: Vec<physalia_control::ScalingEvent>,
     /// When each launch ran and each epoch ended: `plan --replay` fits its model to them.
     pub launches: Vec<crate::job::LaunchSpan>,
     pub epoch_ends: Vec<crate::job::EpochEnd>,

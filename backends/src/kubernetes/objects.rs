@@ -408,20 +408,20 @@ fn secret_layout(
     Ok((data, items))
 }
 
+/// A pod's `nodeSelector`, node affinity and tolerations.
+type Placement = (
+    Option<BTreeMap<String, String>>,
+    Option<Affinity>,
+    Option<Vec<Toleration>>,
+);
+
 /// Where a worker pod may run: on a node of one of the spec's instance types (the well-known label
 /// every distribution sets; `nodeSelector` for one type, a required node affinity for several), and
 /// on nodes carrying the configuration's labels; tolerating the configuration's taints and, for a GPU
 /// pod, the `nvidia.com/gpu` taint GKE (and many EKS set-ups) put on GPU nodes. A GPU model
 /// ([`crate::GpuRequest::kind`]) selects on [`KubernetesConfig::gpu_product_label`] only where the
 /// spec names no instance type.
-fn placement(
-    cfg: &KubernetesConfig,
-    spec: &WorkerSpec,
-) -> (
-    Option<BTreeMap<String, String>>,
-    Option<Affinity>,
-    Option<Vec<Toleration>>,
-) {
+fn placement(cfg: &KubernetesConfig, spec: &WorkerSpec) -> Placement {
     let mut selector = cfg.node_selector.clone();
     let mut affinity = None;
     match spec.instance_types.as_slice() {
