@@ -4,7 +4,8 @@
 //! Everything produces an [`OwnedDataset`]; [`OwnedDataset::write`] stores it as one safetensors file and
 //! [`Dataset::open`] maps it back, validated, so the rest of the system never parses text formats or
 //! re-checks indices at training time. [`partition`] cuts a dataset into per-worker parts (METIS) and
-//! stores them beside the dataset file. [`sample`] draws GraphSAGE-style mini-batches (sampled
+//! stores them beside the dataset file; [`stream`] partitions by streaming the CSR rows (Fennel/LDG with
+//! restreaming) in O(n) memory, for graphs METIS cannot hold. [`sample`] draws GraphSAGE-style mini-batches (sampled
 //! computation graphs) and prefetches them on a thread pool.
 //!
 //! Crate-wide conventions: node ids are `i32` in the CSR and `i64` in labels and splits (the dtypes
@@ -18,6 +19,7 @@ mod npy;
 pub mod partition;
 mod rng;
 pub mod sample;
+pub mod stream;
 pub mod synth;
 
 pub use csr::{Csr, csr_from_edge_pairs, csr_from_edges};
@@ -30,5 +32,8 @@ pub use import::ImportOptions;
 pub use partition::{
     Part, PartitionSet, PartitionSummary, Partitioning, build_parts, ensure_partitions,
     list_partitions, partition_metis,
+};
+pub use stream::{
+    PartitionQuality, StreamAlgorithm, StreamOrder, StreamOutcome, StreamParams, partition_stream,
 };
 pub use synth::{RmatParams, SbmParams};

@@ -201,7 +201,7 @@ fn metis_seed(seed: u64) -> metis::Idx {
     (folded & 0x7fff_ffff) as metis::Idx
 }
 
-fn check_k(k: usize, n: usize) -> Result<(), Error> {
+pub(crate) fn check_k(k: usize, n: usize) -> Result<(), Error> {
     if k == 0 {
         return Err(Error::param("k", "the number of parts must be at least 1"));
     }
@@ -232,7 +232,7 @@ fn check_assignment(n: usize, k: usize, parts: &[u32]) -> Result<(), Error> {
     Ok(())
 }
 
-fn part_sizes(k: usize, parts: &[u32]) -> Vec<usize> {
+pub(crate) fn part_sizes(k: usize, parts: &[u32]) -> Vec<usize> {
     let mut sizes = vec![0usize; k];
     for &p in parts {
         sizes[p as usize] += 1;
@@ -240,7 +240,7 @@ fn part_sizes(k: usize, parts: &[u32]) -> Vec<usize> {
     sizes
 }
 
-fn balance_of(sizes: &[usize]) -> f64 {
+pub(crate) fn balance_of(sizes: &[usize]) -> f64 {
     let n: usize = sizes.iter().sum();
     if n == 0 {
         return 1.0;
@@ -252,7 +252,7 @@ fn balance_of(sizes: &[usize]) -> f64 {
 /// `(cut, total)` undirected edges of `csr` under `parts` (see the module doc). An entry `u -> v` whose
 /// reverse is also stored is half of an undirected edge, a one-way entry a whole one; doubled counts keep
 /// the sum in integers.
-fn cut_and_total(csr: Csr<'_>, parts: &[u32]) -> (usize, usize) {
+pub(crate) fn cut_and_total(csr: Csr<'_>, parts: &[u32]) -> (usize, usize) {
     let (cut2, total2) = (0..csr.num_nodes())
         .into_par_iter()
         .with_min_len(4096)

@@ -14,7 +14,7 @@ pub(crate) const FEATURES: u64 = 4;
 pub(crate) const SPLITS: u64 = 5;
 pub(crate) const PERMUTE: u64 = 6;
 
-fn splitmix64(mut z: u64) -> u64 {
+pub(crate) fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -1,0 +1,428 @@
+//! Streaming vertex partitioning with bounded memory: Fennel or LDG over the CSR rows, one pass plus
+//! optional restreaming passes, under a hard balance cap.
+//!
+//! The first building block for graphs larger than one machine (issue 31): METIS needs the symmetrised
+//! graph and its own coarsening hierarchy in memory (several times the CSR), while a streaming partitioner
+//! reads each CSR row once per pass, in order, and keeps only the node -> part assignment. The CSR may be
+//! memory-mapped ([`crate::Dataset::csr`]): pages are read sequentially and the kernel may drop them again.
+//!
+//! # Algorithm
+//!
+//! Nodes arrive in the stream order ([`StreamOrder`]). Node `v` goes to the part `p` that maximises
+//!
+//! - Fennel (Tsourakakis et al., WSDM 2014): `|N(v) ∩ P_p| - alpha * gamma * |P_p|^(gamma - 1)`, with
+//!   `alpha = sqrt(k) * m / n^gamma` (`m` undirected edges, `n` nodes; `gamma` default 1.5, the paper's);
+//! - LDG (Stanton & Kliot, KDD 2012): `|N(v) ∩ P_p| * (1 - |P_p| / C)`;
+//!
+//! among the parts below the hard capacity `C = ceil((1 + eps) * n / k)` (a full part is never chosen, so
+//! every part ends at most `C` nodes: since `k * C >= n` some part always has room). Ties go to the
+//! smaller part, then to the first part in a rotation that starts at a seeded hash of `v`.
+//!
+//! `N(v)` is row `v` of the CSR: the in-neighbours. For an undirected dataset (both directions stored)
+//! that is the whole neighbourhood; for a directed one the partitioner sees only in-edges (reading
+//! out-edges would need the transpose, an O(E) structure), so it optimises the in-edge half of the cut.
+//!
+//! Restreaming (Nishimura & Ugander, KDD 2013): pass `t > 1` streams the nodes again in the same order;
+//! part sizes start from zero each pass, and a neighbour counts in the part the current pass gave it if
+//! already seen, else in the part the previous pass gave it. One assignment array updated in place is
+//! exactly that. The result is the last pass's assignment; the cap holds for every pass.
+//!
+//! # Memory bound
+//!
+//! Besides the caller's CSR (read only, never copied), [`partition_stream`] allocates the assignment,
+//! `4 * n` bytes (returned inside the [`Partitioning`]), plus `O(k)`: part sizes and per-node neighbour
+//! counts (`24 * k` bytes) and the pass statistics (`O(passes)`). Nothing is proportional to the number of
+//! edges or to the feature width (the function never sees features). The final edge cut is computed by
+//! [`Partitioning::from_assignment`] with the same bound (a parallel count over rows). Checked in
+//! `tests/stream.rs` with a counting global allocator: the peak of live heap bytes during the call stays
+//! under `4 n + 64 k + 64 KiB` on a graph whose CSR is far larger.
+
+use std::time::Instant;
+
+use crate::csr::Csr;
+use crate::error::Error;
+use crate::partition::{Partitioning, balance_of, check_k, cut_and_total, part_sizes};
+use crate::rng::splitmix64;
+
+/// The scoring rule of a streaming pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StreamAlgorithm {
+    /// Fennel with exponent `gamma` (> 1; the paper uses 1.5).
+    Fennel { gamma: f64 },
+    /// Linear deterministic greedy.
+    Ldg,
+}
+
+/// The order in which nodes arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamOrder {
+    /// Ascending node id: CSR rows are read front to back, so a memory-mapped file is read sequentially,
+    /// once per pass (the out-of-core case). The default. Quality depends on how ids were assigned: ids
+    /// in BFS or crawl order help, an adversarial order (e.g. sorted by class) can hurt.
+    Natural,
+    /// A seeded pseudo-random permutation of the ids, computed on the fly (a Feistel network with cycle
+    /// walking), so it costs no memory. Reads rows in random order: use it when the ids are known to be
+    /// adversarially ordered and the CSR is in memory.
+    Shuffled,
+}
+
+/// Parameters of [`partition_stream`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamParams {
+    /// Number of parts, at least 1 and at most the number of nodes (k = 1 on an empty graph is allowed).
+    pub k: usize,
+    /// Imbalance tolerance: every part holds at most `ceil((1 + eps) * n / k)` nodes. Default 0.05.
+    pub eps: f64,
+    /// Passes over the stream: 1 is plain Fennel/LDG, more are restreaming passes. Default 1.
+    pub passes: usize,
+    pub algorithm: StreamAlgorithm,
+    pub order: StreamOrder,
+    /// Seeds the tie-breaking and the [`StreamOrder::Shuffled`] permutation.
+    pub seed: u64,
+}
+
+impl StreamParams {
+    /// Fennel (gamma 1.5), eps 0.05, one pass, natural order, seed 0.
+    pub fn new(k: usize) -> StreamParams {
+        StreamParams {
+            k,
+            eps: 0.05,
+            passes: 1,
+            algorithm: StreamAlgorithm::Fennel { gamma: 1.5 },
+            order: StreamOrder::Natural,
+            seed: 0,
+        }
+    }
+
+    /// The largest part size allowed on an `n`-node graph: `ceil((1 + eps) * n / k)`, and at least
+    /// `ceil(n / k)` so that rounding can never make the cap infeasible.
+    pub fn capacity(&self, n: usize) -> usize {
+        let k = self.k.max(1);
+        let cap = ((1.0 + self.eps) * n as f64 / k as f64).ceil();
+        (cap as usize).max(n.div_ceil(k))
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(Error::param(
+                "eps",
+                format!("{} must be finite and at least 0", self.eps),
+            ));
+        }
+        if self.passes == 0 {
+            return Err(Error::param("passes", "at least one pass is needed"));
+        }
+        if let StreamAlgorithm::Fennel { gamma } = self.algorithm
+            && !(gamma.is_finite() && gamma > 1.0)
+        {
+            return Err(Error::param(
+                "gamma",
+                format!("{gamma} must be finite and greater than 1"),
+            ));
+        }
+        if self.k > u32::MAX as usize {
+            return Err(Error::param(
+                "k",
+                format!("{} parts do not fit the u32 part ids", self.k),
+            ));
+        }
+        Ok(())
+    }
+
+    fn method(&self) -> String {
+        let algo = match self.algorithm {
+            StreamAlgorithm::Fennel { .. } => "fennel",
+            StreamAlgorithm::Ldg => "ldg",
+        };
+        if self.passes == 1 {
+            algo.to_string()
+        } else {
+            format!("{algo}-x{}", self.passes)
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassStats {
+    /// Nodes whose part differs from the previous pass's (all nodes in the first pass).
+    pub moved: usize,
+    pub seconds: f64,
+}
+
+/// A streaming partitioning and how it was reached.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamOutcome {
+    pub partitioning: Partitioning,
+    pub passes: Vec<PassStats>,
+}
+
+/// Edge cut and balance of a partitioning, as fractions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionQuality {
+    pub k: usize,
+    /// Undirected edges across parts (see [`crate::partition`]'s conventions).
+    pub edge_cut: usize,
+    /// Undirected edges in the graph.
+    pub num_undirected_edges: usize,
+    /// `edge_cut / num_undirected_edges` (0 for a graph without edges). A uniformly random assignment
+    /// gives about `1 - 1/k`.
+    pub cut_fraction: f64,
+    pub max_part: usize,
+    pub min_part: usize,
+    /// `max_part` over the mean part size.
+    pub balance: f64,
+}
+
+/// Cut fraction and balance of `parts` on `csr` (any partitioner's: METIS, streaming, random).
+/// O(k) memory besides the inputs.
+pub fn quality(csr: Csr<'_>, parts: &Partitioning) -> Result<PartitionQuality, Error> {
+    if parts.parts.len() != csr.num_nodes() {
+        return Err(Error::partition(format!(
+            "assigns {} nodes but the graph has {}",
+            parts.parts.len(),
+            csr.num_nodes()
+        )));
+    }
+    let (edge_cut, total) = cut_and_total(csr, &parts.parts);
+    let sizes = part_sizes(parts.k, &parts.parts);
+    Ok(PartitionQuality {
+        k: parts.k,
+        edge_cut,
+        num_undirected_edges: total,
+        cut_fraction: if total == 0 {
+            0.0
+        } else {
+            edge_cut as f64 / total as f64
+        },
+        max_part: sizes.iter().copied().max().unwrap_or(0),
+        min_part: sizes.iter().copied().min().unwrap_or(0),
+        balance: balance_of(&sizes),
+    })
+}
+
+/// Partitions `csr` into `params.k` parts by streaming its rows (see the module doc for the algorithm,
+/// the stream order and the memory bound). Deterministic: the result is a function of the graph and
+/// `params` alone (single-threaded passes; the seed drives tie-breaking and the shuffled order).
+///
+/// Errors: `k` is 0 or exceeds the number of nodes (k = 1 on an empty graph gives the empty
+/// partitioning); `eps` is negative or not finite; `passes` is 0; Fennel's `gamma` is not above 1; the
+/// CSR is invalid.
+pub fn partition_stream(csr: Csr<'_>, params: &StreamParams) -> Result<StreamOutcome, Error> {
+    let n = csr.num_nodes();
+    check_k(params.k, n)?;
+    params.check()?;
+    csr.validate()?;
+    let k = params.k;
+    let cap = params.capacity(n);
+    let order = Order::new(params.order, n, params.seed);
+    let scorer = Scorer::new(params.algorithm, csr, k, cap);
+
+    const UNASSIGNED: u32 = u32::MAX;
+    let mut parts = vec![UNASSIGNED; n];
+    let mut sizes = vec![0usize; k];
+    let mut counts = vec![0u32; k];
+    let mut touched: Vec<u32> = Vec::with_capacity(k);
+    let mut stats = Vec::with_capacity(params.passes);
+    for _ in 0..params.passes {
+        let t0 = Instant::now();
+        sizes.fill(0);
+        let mut moved = 0;
+        for i in 0..n {
+            let v = order.at(i);
+            for &u in csr.neighbors(v) {
+                let p = parts[u as usize];
+                if p != UNASSIGNED && u as usize != v {
+                    if counts[p as usize] == 0 {
+                        touched.push(p);
+                    }
+                    counts[p as usize] += 1;
+                }
+            }
+            let start = (splitmix64(params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64)
+                as usize;
+            let best = scorer.choose(&counts, &sizes, start);
+            for &p in &touched {
+                counts[p as usize] = 0;
+            }
+            touched.clear();
+            sizes[best] += 1;
+            if parts[v] != best as u32 {
+                moved += 1;
+                parts[v] = best as u32;
+            }
+        }
+        stats.push(PassStats {
+            moved,
+            seconds: t0.elapsed().as_secs_f64(),
+        });
+    }
+    debug_assert!(sizes.iter().all(|&s| s <= cap));
+    let partitioning = Partitioning::from_assignment(csr, k, parts, params.method(), params.seed)?;
+    Ok(StreamOutcome {
+        partitioning,
+        passes: stats,
+    })
+}
+
+/// The per-part score of one node, and the choice among parts with room.
+struct Scorer {
+    algorithm: StreamAlgorithm,
+    cap: usize,
+    /// Fennel's `alpha * gamma`.
+    alpha_gamma: f64,
+}
+
+impl Scorer {
+    fn new(algorithm: StreamAlgorithm, csr: Csr<'_>, k: usize, cap: usize) -> Scorer {
+        let n = csr.num_nodes().max(1) as f64;
+        // Undirected edges, approximately: an undirected dataset stores each edge twice. For a directed
+        // one this halves m, which is also what the in-edge-only view sees of it.
+        let m = csr.num_edges() as f64 / 2.0;
+        let alpha_gamma = match algorithm {
+            StreamAlgorithm::Fennel { gamma } => (k as f64).sqrt() * m / n.powf(gamma) * gamma,
+            StreamAlgorithm::Ldg => 0.0,
+        };
+        Scorer {
+            algorithm,
+            cap,
+            alpha_gamma,
+        }
+    }
+
+    /// The best part with room: highest score, then smaller size, then first in rotation from `start`.
+    fn choose(&self, counts: &[u32], sizes: &[usize], start: usize) -> usize {
+        let k = sizes.len();
+        let mut best = usize::MAX;
+        let mut best_score = f64::NEG_INFINITY;
+        for j in 0..k {
+            let p = (start + j) % k;
+            let size = sizes[p];
+            if size >= self.cap {
+                continue;
+            }
+            let c = counts[p] as f64;
+            let score = match self.algorithm {
+                StreamAlgorithm::Fennel { gamma } => {
+                    let penalty = if gamma == 1.5 {
+                        (size as f64).sqrt()
+                    } else {
+                        (size as f64).powf(gamma - 1.0)
+                    };
+                    c - self.alpha_gamma * penalty
+                }
+                StreamAlgorithm::Ldg => c * (1.0 - size as f64 / self.cap as f64),
+            };
+            if best == usize::MAX
+                || score > best_score
+                || (score == best_score && size < sizes[best])
+            {
+                best = p;
+                best_score = score;
+            }
+        }
+        assert!(
+            best != usize::MAX,
+            "every part is full, yet k * capacity >= n: a bug in the capacity"
+        );
+        best
+    }
+}
+
+/// A stream order: `at(i)` is the `i`-th node to arrive.
+enum Order {
+    Natural,
+    /// A Feistel permutation of `0..2^(2 * half_bits)` restricted to `0..n` by cycle walking.
+    Shuffled {
+        n: usize,
+        half_bits: u32,
+        keys: [u64; ROUNDS],
+    },
+}
+
+const ROUNDS: usize = 4;
+
+impl Order {
+    fn new(order: StreamOrder, n: usize, seed: u64) -> Order {
+        match order {
+            StreamOrder::Natural => Order::Natural,
+            StreamOrder::Shuffled => {
+                let bits = usize::BITS - n.max(2).saturating_sub(1).leading_zeros();
+                let half_bits = bits.div_ceil(2).max(1);
+                let mut keys = [0u64; ROUNDS];
+                let mut x = seed ^ 0x5851_f42d_4c95_7f2d;
+                for key in &mut keys {
+                    x = splitmix64(x);
+                    *key = x;
+                }
+                Order::Shuffled { n, half_bits, keys }
+            }
+        }
+    }
+
+    fn at(&self, i: usize) -> usize {
+        match *self {
+            Order::Natural => i,
+            Order::Shuffled {
+                n,
+                half_bits,
+                ref keys,
+            } => {
+                // The domain is at most 4n (2 * half_bits <= bits + 1), so the walk takes < 4 steps on
+                // average; it ends because the permutation's cycle through `i < n` returns to `0..n`.
+                let mut x = i as u64;
+                loop {
+                    x = feistel(x, half_bits, keys);
+                    if (x as usize) < n {
+                        return x as usize;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn feistel(x: u64, half_bits: u32, keys: &[u64; ROUNDS]) -> u64 {
+    let mask = (1u64 << half_bits) - 1;
+    let (mut l, mut r) = (x >> half_bits, x & mask);
+    for &key in keys {
+        let f = splitmix64(r ^ key) & mask;
+        (l, r) = (r, l ^ f);
+    }
+    (l << half_bits) | r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shuffled_order_is_a_permutation() {
+        for n in [0usize, 1, 2, 3, 5, 17, 64, 65, 1000, 4097] {
+            let order = Order::new(StreamOrder::Shuffled, n, 7);
+            let mut seen = vec![false; n];
+            for i in 0..n {
+                let v = order.at(i);
+                assert!(!seen[v], "n = {n}: node {v} arrives twice");
+                seen[v] = true;
+            }
+            if n >= 64 {
+                let moved = (0..n).filter(|&i| order.at(i) != i).count();
+                assert!(moved > n / 2, "n = {n}: only {moved} nodes moved");
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_is_feasible_and_tight() {
+        let mut p = StreamParams::new(3);
+        p.eps = 0.0;
+        assert_eq!(p.capacity(10), 4);
+        p.eps = 0.1;
+        assert_eq!(p.capacity(300), 110);
+        p.k = 7;
+        for n in 0..200 {
+            assert!(p.capacity(n) * 7 >= n);
+        }
+    }
+}
