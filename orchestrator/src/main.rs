@@ -7,6 +7,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Large buffers start on a cache line, so a gathered row of a width-16 matrix is one line, not two
+/// (issue 34): local workers are this binary's `worker` subcommand, and repeated seeds train in it, so
+/// they get the allocator `physalia-worker` has.
+#[global_allocator]
+static ALLOC: physalia_gnn::heap::LineAligned = physalia_gnn::heap::LineAligned;
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
