@@ -296,12 +296,19 @@ impl Sku {
     }
 
     /// Memory of the device that runs the kernels (the GPU's, or the host's for a CPU SKU).
+    /// The memory the kernels run in: the GPU's, else the worker container's (see
+    /// [`Sku::host_memory_bytes`]).
     pub fn device_memory_bytes(&self) -> f64 {
-        self.gpu.as_ref().map_or(self.memory_gib, |g| g.memory_gib) * GIB
+        self.gpu
+            .as_ref()
+            .map_or(self.request_memory_gib(), |g| g.memory_gib)
+            * GIB
     }
 
+    /// The host memory a worker has: what its container asks for ([`Sku::request_memory_gib`]: on a
+    /// node, what is left after the platform's reservations), which is its limit, not the machine's.
     pub fn host_memory_bytes(&self) -> f64 {
-        self.memory_gib * GIB
+        self.request_memory_gib() * GIB
     }
 
     /// Checks a SKU built in code (the parser checks the same while reading): every rate and

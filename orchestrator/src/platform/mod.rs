@@ -182,7 +182,7 @@ fn default_route_source() -> Result<IpAddr> {
 }
 
 /// The worker container of a cloud launch: `image` (the backend picks the section's `gpu_image`
-/// for GPU workers), the SKU's vCPUs and memory, a thread per vCPU unless `train.threads` says
+/// for GPU workers), what its placement says a task or pod gets (vCPUs and memory), a thread per vCPU of it unless `train.threads` says
 /// otherwise, the mesh on [`MESH_PORT`].
 fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
     let priced = crate::summary::price(job)?;
@@ -194,7 +194,7 @@ fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
         .train
         .threads
         .map(|t| t as usize)
-        .unwrap_or((sku.vcpus.floor() as usize).max(1));
+        .unwrap_or((sku.request_vcpus().floor() as usize).max(1));
     let mut spec = crate::workers::worker_spec(
         w.job_id,
         w.segment,
