@@ -166,7 +166,12 @@ impl JobView {
         if s.state == JobState::Running && s.workers > 0 && !self.is_lost() {
             line.push_str(&format!(" on {} workers", s.workers));
         }
-        line.push_str(&format!(", {backend} backend, ${:.4} so far\n", s.usd));
+        // a job that is no longer running has its whole bill in the record
+        let bill = match s.state == JobState::Running && !self.is_lost() {
+            true => "so far",
+            false => "in all",
+        };
+        line.push_str(&format!(", {backend} backend, ${:.4} {bill}\n", s.usd));
         out.push_str(&line);
         if let Some(e) = &s.error {
             out.push_str(&format!("error: {e}\n"));
