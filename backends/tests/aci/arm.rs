@@ -65,6 +65,9 @@ pub struct Throttle {
     pub retry_after: Option<&'static str>,
     /// Throttle at most this many requests in all, then none.
     pub limit: Option<usize>,
+    /// Also throttle the first of each distinct request (`METHOD path?query`): every call path meets
+    /// a 429 at least once.
+    pub first_of_each: bool,
 }
 
 impl Default for Throttle {
@@ -74,6 +77,7 @@ impl Default for Throttle {
             status: 429,
             retry_after: Some("0"),
             limit: None,
+            first_of_each: false,
         }
     }
 }
@@ -271,8 +275,11 @@ async fn handle(
     let seen = st.per_principal.entry(auth.clone()).or_insert(0);
     *seen += 1;
     let seen = *seen;
-    if t.every > 0 && seen % t.every == 0 && t.limit.is_none_or(|l| st.throttled.len() < l) {
-        st.throttled.push(format!("{method} {path}?{query}"));
+    let this = format!("{method} {path}?{query}");
+    let first = st.requests.iter().filter(|r| **r == this).count() == 1;
+    let due = (t.every > 0 && seen % t.every == 0) || (t.first_of_each && first);
+    if due && t.limit.is_none_or(|l| st.throttled.len() < l) {
+        st.throttled.push(this);
         let headers: Vec<(&str, String)> = t
             .retry_after
             .map(|r| ("Retry-After", r.to_string()))
