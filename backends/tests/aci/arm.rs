@@ -277,7 +277,7 @@ async fn handle(
     let seen = *seen;
     let this = format!("{method} {path}?{query}");
     let first = st.requests.iter().filter(|r| **r == this).count() == 1;
-    let due = (t.every > 0 && seen % t.every == 0) || (t.first_of_each && first);
+    let due = (t.every > 0 && seen.is_multiple_of(t.every)) || (t.first_of_each && first);
     if due && t.limit.is_none_or(|l| st.throttled.len() < l) {
         st.throttled.push(this);
         let headers: Vec<(&str, String)> = t
