@@ -43,6 +43,12 @@ Azure would do with it, for what infra/azure sets up:
   `az account get-access-token --resource R` / `--scope S`, as both the aci backend and object_store
   call it.
 
+`--throttle-every N` makes Resource Manager throttle as it does when a principal passes its limits: every
+Nth ARM request of each principal (counted per principal, after authentication, the long-running
+operations' polls included) is answered 429 TooManyRequests with `Retry-After: 1` and
+`x-ms-ratelimit-remaining-subscription-reads`/`-writes`/`-deletes: 0`, without being carried out;
+`/_fake/throttled` counts them per principal.
+
 Prints one JSON line (`arm`, the ARM endpoint; `blob`, the storage endpoint; `account`; `container`;
 `bin`, the folder holding `az`; `network`; `subscription`, `resource_group`, `location`, `subnet_id`,
 `coordinator_identity_id`, `pull_identity_id`), then serves until its standard input closes, and removes
@@ -296,6 +302,10 @@ class Aci:
         self.ops: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.violations: list[str] = []
+        # --throttle-every: every Nth ARM request of a principal is answered 429 (0: never)
+        self.throttle_every = 0
+        self.seen: dict[str, int] = {}
+        self.throttled: dict[str, int] = {}
         self.swagger = Swagger(SPEC)
         self.arm = ""
         self.blob = ""
@@ -552,11 +562,13 @@ class Arm(Handler):
             with aci.lock:
                 what = {"groups": lambda: {n: aci.view(g) for n, g in aci.groups.items()},
                         "requests": lambda: aci.requests,
+                        "throttled": lambda: aci.throttled,
                         "violations": lambda: aci.violations}.get(url.path[len("/_fake/"):])
                 return self.reply(200, what()) if what else self.reply(404)
         who = bearer_principal(self.headers.get("Authorization"), "arm")
         with aci.lock:
-            aci.requests.append({"who": who, "method": self.command, "path": url.path})
+            entry = {"who": who, "method": self.command, "path": url.path}
+            aci.requests.append(entry)
         if query.get("api-version") != API_VERSION:
             with aci.lock:
                 aci.violations.append(f"{self.command} {self.path}: api-version is not {API_VERSION}")
@@ -565,6 +577,20 @@ class Arm(Handler):
         if who is None:
             return self.reply(401, cloud_error("InvalidAuthenticationToken",
                                                "The access token is invalid."))
+        if aci.throttle_every:
+            with aci.lock:
+                aci.seen[who] = aci.seen.get(who, 0) + 1
+                throttle = aci.seen[who] % aci.throttle_every == 0
+                if throttle:
+                    aci.throttled[who] = aci.throttled.get(who, 0) + 1
+                    entry["throttled"] = True
+            if throttle:
+                kind = {"GET": "reads", "DELETE": "deletes"}.get(self.command, "writes")
+                return self.reply(429, cloud_error(
+                    "TooManyRequests",
+                    "The request is being throttled as the limit has been reached for operation type "
+                    f"- {'Read' if kind == 'reads' else 'Write'}_ObservationWindow_00:05:00."),
+                    {"Retry-After": "1", f"x-ms-ratelimit-remaining-subscription-{kind}": "0"})
         parts = url.path.strip("/").split("/")
         # operations: /subscriptions/S/providers/Microsoft.ContainerInstance/locations/L/operations/ID
         if len(parts) == 8 and parts[2:5] == ["providers", "Microsoft.ContainerInstance", "locations"] \
@@ -895,6 +921,13 @@ print(json.dumps({{
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["--throttle-every"] and len(args) == 2 and args[1].isdigit():
+        throttle_every = int(args[1])
+    elif not args:
+        throttle_every = 0
+    else:
+        sys.exit(f"usage: {sys.argv[0]} [--throttle-every N]")
     out = sys.stdout
     sys.stdout = sys.stderr
     network, subnet = make_network()
@@ -903,6 +936,7 @@ def main() -> None:
     files = tempfile.mkdtemp(prefix="physalia-aci-fake-")
     os.chmod(files, 0o755)
     aci = Aci(network, subnet, gateway, files)
+    aci.throttle_every = throttle_every
     Arm.aci = aci
     arm = http.server.ThreadingHTTPServer((gateway, 0), Arm)
     arm.daemon_threads = True

@@ -32,8 +32,9 @@ struct Azure {
 }
 
 impl Azure {
-    /// `None` (and a note) where the test cannot run here.
-    fn start() -> Option<Azure> {
+    /// `None` (and a note) where the test cannot run here. `args` go to the fake
+    /// (`--throttle-every N`).
+    fn start(args: &[&str]) -> Option<Azure> {
         let required = std::env::var("PHYSALIA_REQUIRE_MOTO").as_deref() == Ok("1");
         let docker = Command::new("docker")
             .args(["info", "--format", "{{.ServerVersion}}"])
@@ -65,6 +66,7 @@ impl Azure {
         }
         let mut child = Command::new("python3")
             .arg(repo_root().join("tests/aci/aci_cloud.py"))
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -238,6 +240,12 @@ impl Drop for Azure {
     }
 }
 
+/// The fake's metadata service address is one per machine: its tests run one at a time.
+fn one_fake_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static FAKE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    FAKE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The catalog's ACI prices: (per vCPU-second, per GiB-second) of [`SKU`], and its vCPUs and GiB.
 fn aci_price() -> (f64, f64, f64, f64) {
     let text = std::fs::read_to_string(repo_root().join("infra/catalog/azure-aci.yaml")).unwrap();
@@ -278,7 +286,8 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
     let Some(cora) = physalia_tests::cora_dir() else {
         return;
     };
-    let Some(azure) = Azure::start() else {
+    let _one = one_fake_at_a_time();
+    let Some(azure) = Azure::start(&[]) else {
         return;
     };
     let image = build_image(&["--with-cli"]);
@@ -500,4 +509,76 @@ fn issue_14_jobs_in_cluster_mode_on_azure_container_instances() {
     assert_eq!(state, "cancelled");
     azure.wait_nothing_left(&[&finished]);
     azure.assert_no_violations();
+}
+
+/// Issue 30 on ACI: Resource Manager throttles every third request of each principal (429,
+/// `Retry-After: 1`), the signed-in user's (the coordinator's group: its PUT, polls, status, logs,
+/// delete) and the coordinator identity's (the workers' groups). A followed cluster-mode Cora job
+/// trains to a local run's losses all the same, nothing is left, and the fake's counters show that
+/// both principals were throttled (so the test cannot pass without retries being exercised).
+#[test]
+fn issue_30_a_job_trains_alike_while_arm_throttles_every_third_request() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let _one = one_fake_at_a_time();
+    let Some(azure) = Azure::start(&["--throttle-every", "3"]) else {
+        return;
+    };
+    let image = build_image(&["--with-cli"]);
+    let t = TempDir::new().unwrap();
+    ok_output(
+        Command::new(physalia_bin())
+            .current_dir(t.path())
+            .args(["data", "import"])
+            .arg(&cora)
+            .args(["--out", "cora.safetensors"]),
+    );
+    let job = "name: throttled\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 5, seed: 0, threads: 1}\nworkers: 2\n";
+    let want = local_losses(t.path(), "job.yaml", job);
+    let store = azure.store();
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}output: {{dir: {store}}}\n{}", azure.backend(&image)),
+    );
+    let t0 = Instant::now();
+    let (stdout, stderr) =
+        ok_output(&mut azure.cli(t.path(), &["submit", "job.yaml", "--output", "json"]));
+    let took = t0.elapsed();
+    let id = job_id(last_json(&stdout)["job_url"].as_str().unwrap());
+    let metrics = azure
+        .blob(&format!("runs/{id}/metrics.jsonl"))
+        .unwrap_or_else(|| panic!("no metrics in the Blob store: {stderr}"));
+    assert_same_losses("aci throttled", &losses(&metrics), &want, 1e-4);
+    let status: Value =
+        serde_json::from_str(&azure.blob(&format!("runs/{id}/status.json")).unwrap()).unwrap();
+    assert_eq!(status["state"], "succeeded", "{status}");
+    azure.wait_nothing_left(&[]);
+    azure.assert_no_violations();
+
+    let throttled = azure.fake("throttled");
+    let count = |who: &str| throttled[who].as_u64().unwrap_or(0);
+    assert!(
+        count("user") > 0 && count("physalia-coordinator") > 0,
+        "both principals were throttled: {throttled}"
+    );
+    // every throttled request was sent again: each group the job made was PUT and carried out once
+    let requests = azure.fake("requests");
+    let requests = requests.as_array().unwrap();
+    let throttled_puts = requests
+        .iter()
+        .filter(|r| r["method"] == "PUT" && r["throttled"] == true)
+        .count();
+    let puts = requests.iter().filter(|r| r["method"] == "PUT").count();
+    assert_eq!(
+        puts - throttled_puts,
+        3,
+        "the coordinator's group and 2 workers' groups, each carried out once: {requests:?}"
+    );
+    eprintln!(
+        "aci cluster-mode Cora under throttling: {:.1} s end to end, throttled {throttled} of {} ARM requests",
+        took.as_secs_f64(),
+        requests.len()
+    );
 }

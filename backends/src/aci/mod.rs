@@ -74,8 +74,18 @@ pub struct AciConfig {
     pub max_parallel: usize,
     /// Wait between polls of a long-running operation when the server gives no `Retry-After`.
     pub poll_interval: Duration,
-    /// Upper bound on any `Retry-After` the server asks for.
+    /// Upper bound on any `Retry-After` the server asks for, while polling or when throttled, and on the
+    /// backoff between throttled attempts.
     pub max_poll_interval: Duration,
+    /// Attempts of one ARM request that ARM throttles (429, or 503 with `Retry-After`), the first
+    /// included; then the call fails with [`Error::Throttled`].
+    pub throttle_attempts: u32,
+    /// How long one ARM request may keep being throttled, waits included; a wait that would pass it is
+    /// not started and the call fails with [`Error::Throttled`].
+    pub throttle_budget: Duration,
+    /// First wait after a throttled answer without `Retry-After`; later ones double (capped by
+    /// `max_poll_interval`), with jitter.
+    pub throttle_backoff: Duration,
     /// How long one long-running operation (a create, a delete) may take.
     pub operation_timeout: Duration,
     /// How long one HTTP request may take.
@@ -101,6 +111,9 @@ impl AciConfig {
             max_parallel: 8,
             poll_interval: Duration::from_secs(5),
             max_poll_interval: Duration::from_secs(30),
+            throttle_attempts: 10,
+            throttle_budget: Duration::from_secs(300),
+            throttle_backoff: Duration::from_secs(1),
             operation_timeout: Duration::from_secs(900),
             request_timeout: Duration::from_secs(60),
         }
@@ -143,6 +156,11 @@ impl AciBackend {
         if cfg.max_parallel == 0 {
             return Err(config_err("max_parallel is 0".into()));
         }
+        if cfg.throttle_attempts == 0 {
+            return Err(config_err(
+                "throttle_attempts is 0 (1 sends each request once)".into(),
+            ));
+        }
         let http = reqwest::Client::builder()
             .timeout(cfg.request_timeout)
             .build()
@@ -168,8 +186,105 @@ impl AciBackend {
         format!("{}/{group}?api-version={API_VERSION}", self.groups_url())
     }
 
-    /// One authenticated request. Transport failures become [`Error::Api`] without a status.
+    /// One authenticated ARM request, retried while ARM throttles it: every call the backend makes (PUT,
+    /// GET, list, DELETE, logs, the polls of a long-running operation) goes through here.
+    ///
+    /// ARM throttles per principal and subscription (and the resource provider per region) and answers
+    /// 429 Too Many Requests with `Retry-After` in seconds; it also answers 503 with `Retry-After` when
+    /// busy. Such an answer is retried after the server's `Retry-After` (capped by
+    /// [`AciConfig::max_poll_interval`]), or, without one, after an exponential backoff with jitter from
+    /// [`AciConfig::throttle_backoff`]; at most [`AciConfig::throttle_attempts`] attempts within
+    /// [`AciConfig::throttle_budget`], then [`Error::Throttled`] with the status, the attempts and the
+    /// time spent. Any other answer (a 503 without `Retry-After` included) is returned as it is.
+    ///
+    /// Retrying is safe for every request the backend sends: GETs and lists read; a PUT of a container
+    /// group is create-or-update by name in ARM (sending the same body again gives the same group, and a
+    /// throttled request was not carried out at all); a DELETE is idempotent (a group already gone
+    /// answers 204, which [`Self::delete_group`] takes as done).
     async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&Value>,
+        operation: &str,
+    ) -> Result<reqwest::Response> {
+        let started = tokio::time::Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let resp = self.send_once(method.clone(), url, body, operation).await?;
+            let status = resp.status();
+            let retry_after = retry_after(resp.headers());
+            let throttled = status == StatusCode::TOO_MANY_REQUESTS
+                || (status == StatusCode::SERVICE_UNAVAILABLE && retry_after.is_some());
+            if !throttled {
+                return Ok(resp);
+            }
+            let wait = match retry_after {
+                Some(d) => d.min(self.cfg.max_poll_interval),
+                None => backoff(
+                    self.cfg.throttle_backoff,
+                    self.cfg.max_poll_interval,
+                    attempts,
+                ),
+            };
+            let spent = started.elapsed();
+            if attempts >= self.cfg.throttle_attempts || spent + wait > self.cfg.throttle_budget {
+                let remaining = ratelimit_remaining(resp.headers());
+                let text = resp.text().await.unwrap_or_default();
+                let (code, message) = cloud_error(&text);
+                let said = [code, message]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                let why = if attempts >= self.cfg.throttle_attempts {
+                    format!("{attempts} attempts are the most allowed (throttle_attempts)")
+                } else {
+                    format!(
+                        "waiting {:.1} s more would pass the throttle budget of {:.1} s",
+                        wait.as_secs_f64(),
+                        self.cfg.throttle_budget.as_secs_f64()
+                    )
+                };
+                return Err(Error::Throttled {
+                    backend: NAME,
+                    operation: operation.into(),
+                    attempts,
+                    detail: format!(
+                        "Azure Resource Manager answered HTTP {}{}{} to each of them for {:.1} s; {why}{}",
+                        status.as_u16(),
+                        status
+                            .canonical_reason()
+                            .map(|r| format!(" {r}"))
+                            .unwrap_or_default(),
+                        if said.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({said})")
+                        },
+                        spent.as_secs_f64(),
+                        if remaining.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; remaining: {}", remaining.join(", "))
+                        }
+                    ),
+                    hint: format!(
+                        "ARM limits requests per principal ({}) and subscription: wait and \
+                         resubmit, launch fewer groups at once (max_parallel), or look for \
+                         another client of subscription {} using up the same limits",
+                        self.token.describe(),
+                        self.cfg.subscription_id
+                    ),
+                });
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One authenticated request, sent once. Transport failures become [`Error::Api`] without a status.
+    async fn send_once(
         &self,
         method: Method,
         url: &str,
@@ -283,10 +398,7 @@ impl AciBackend {
     }
 
     fn wait_for(&self, headers: &HeaderMap) -> Duration {
-        headers
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-            .map(Duration::from_secs)
+        retry_after(headers)
             .unwrap_or(self.cfg.poll_interval)
             .min(self.cfg.max_poll_interval)
     }
@@ -389,7 +501,8 @@ impl AciBackend {
             RankFailure::Failed(e.at_rank(rank))
         };
         let payload = body::container_group(&self.cfg, spec, n, rank);
-        // Recorded before the request: a PUT whose answer is lost may still have created the group.
+        // Recorded before the request: a PUT whose answer is lost may still have created the group. (One
+        // that stayed throttled to the end created nothing, but stays recorded: its DELETE answers 204.)
         attempted.lock().expect("attempted list lock").push(rank);
         let resp = self
             .send(Method::PUT, &self.group_url(&group), Some(&payload), &op)
@@ -832,6 +945,41 @@ impl Backend for AciBackend {
     }
 }
 
+/// The `Retry-After` of an answer, in seconds as ARM sends it; `None` without one (or with the
+/// HTTP-date form, which ARM does not use: the caller's own backoff applies then).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// ARM's `x-ms-ratelimit-remaining-*` headers of an answer, as `name=value`, for a throttling error.
+fn ratelimit_remaining(headers: &HeaderMap) -> Vec<String> {
+    let mut out: Vec<String> = headers
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-ms-ratelimit-remaining-"))
+        .filter_map(|(k, v)| Some(format!("{}={}", k.as_str(), v.to_str().ok()?)))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The wait before attempt `attempts + 1` of a throttled request without `Retry-After`: `first`
+/// doubled per attempt so far, capped by `cap`, then drawn uniformly from its upper half (jitter, so
+/// that the parallel creates of a launch do not come back at the same instant).
+fn backoff(first: Duration, cap: Duration, attempts: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let full = first
+        .saturating_mul(1u32 << attempts.saturating_sub(1).min(20))
+        .min(cap);
+    // RandomState is seeded afresh per instance: a cheap uniform draw without a random-number crate.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempts);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    full.mul_f64(0.5 + 0.5 * unit)
+}
+
 /// ACI has no GPUs: a GPU request is refused before any call.
 fn unsupported_gpu(spec: &WorkerSpec) -> Result<()> {
     match &spec.gpu {
@@ -924,5 +1072,44 @@ fn group_status(rank: usize, name: &str, g: &Value) -> WorkerStatus {
             .and_then(|ip| ip.parse().ok()),
         dns_name: props["ipAddress"]["fqdn"].as_str().map(str::to_string),
         detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
+        let (first, cap) = (Duration::from_millis(100), Duration::from_secs(1));
+        for (attempts, full) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ] {
+            for _ in 0..50 {
+                let d = backoff(first, cap, attempts).as_millis();
+                assert!((full / 2..=full).contains(&d), "{attempts}: {d} ms");
+            }
+        }
+        let draws: std::collections::BTreeSet<_> =
+            (0..20).map(|_| backoff(first, cap, 3)).collect();
+        assert!(draws.len() > 1, "no jitter: {draws:?}");
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(RETRY_AFTER, " 7 ".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        h.insert(
+            RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h), None);
     }
 }

@@ -52,6 +52,34 @@ pub struct Script {
     pub page_size: usize,
     /// The async-operation URL points at another host (the client must not follow it).
     pub foreign_operation_url: bool,
+    /// ARM's throttling: every Nth request of a principal (0: none) is answered [`Throttle::status`]
+    /// (429 Too Many Requests) without being carried out.
+    pub throttle: Throttle,
+}
+
+#[derive(Clone, Debug)]
+pub struct Throttle {
+    pub every: usize,
+    pub status: u16,
+    /// Its `Retry-After` (seconds), or none.
+    pub retry_after: Option<&'static str>,
+    /// Throttle at most this many requests in all, then none.
+    pub limit: Option<usize>,
+    /// Also throttle the first of each distinct request (`METHOD path?query`): every call path meets
+    /// a 429 at least once.
+    pub first_of_each: bool,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle {
+            every: 0,
+            status: 429,
+            retry_after: Some("0"),
+            limit: None,
+            first_of_each: false,
+        }
+    }
 }
 
 impl Default for Script {
@@ -62,6 +90,7 @@ impl Default for Script {
             failures: BTreeMap::new(),
             page_size: 100,
             foreign_operation_url: false,
+            throttle: Throttle::default(),
         }
     }
 }
@@ -93,6 +122,10 @@ pub struct Record {
     /// Broken rules: schema violations, a wrong api-version, an unknown route. Tests assert it is empty.
     pub violations: Vec<String>,
     pub groups: BTreeMap<String, Group>,
+    /// Requests answered as throttled, as `METHOD path?query`.
+    pub throttled: Vec<String>,
+    /// Requests seen per principal (its bearer token), for throttling.
+    pub per_principal: BTreeMap<String, usize>,
 }
 
 struct State {
@@ -236,6 +269,31 @@ async fn handle(
             "InvalidAuthenticationToken",
             "The access token is invalid.",
         );
+    }
+
+    let t = st.script.throttle.clone();
+    let seen = st.per_principal.entry(auth.clone()).or_insert(0);
+    *seen += 1;
+    let seen = *seen;
+    let this = format!("{method} {path}?{query}");
+    let first = st.requests.iter().filter(|r| **r == this).count() == 1;
+    let due = (t.every > 0 && seen.is_multiple_of(t.every)) || (t.first_of_each && first);
+    if due && t.limit.is_none_or(|l| st.throttled.len() < l) {
+        st.throttled.push(this);
+        let headers: Vec<(&str, String)> = t
+            .retry_after
+            .map(|r| ("Retry-After", r.to_string()))
+            .into_iter()
+            .chain([(
+                "x-ms-ratelimit-remaining-subscription-reads",
+                "0".to_string(),
+            )])
+            .collect();
+        let body = json!({"error": {
+            "code": if t.status == 429 { "TooManyRequests" } else { "ServiceUnavailable" },
+            "message": "The request is being throttled as the limit has been reached for operation type."
+        }});
+        return reply(t.status, Some(&body), &headers);
     }
 
     let prefix = groups_prefix();

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arm::{ArmServer, COORDINATOR_RANK, Failure, Lro, RESOURCE_GROUP, SUBSCRIPTION, Script, TOKEN};
+use arm::{
+    ArmServer, COORDINATOR_RANK, Failure, Lro, RESOURCE_GROUP, SUBSCRIPTION, Script, TOKEN,
+    Throttle,
+};
 use base64::Engine as _;
 use physalia_backends::aci::{
     AciBackend, AciConfig, AzCliToken, DefaultAzureToken, ManagedIdentityToken, StaticToken,
@@ -535,6 +538,232 @@ async fn list_logs_stop_and_stop_all_follow_pages_and_leave_nothing() {
     assert_cleaned_up(&server);
     b.stop(id, 1).await.unwrap();
     b.stop_all(id).await.unwrap();
+}
+
+/// Issue 30: ARM throttles every third request of the principal (429, or 503 with `Retry-After: 0`),
+/// and the first of each distinct request, so that every call path (PUT, the operation polls, GET,
+/// list and its pages, logs, DELETE) meets it. Each is retried until it goes through: the launch,
+/// list, logs, stop and stop_all come out as without throttling.
+#[tokio::test]
+async fn every_call_is_retried_while_arm_throttles_every_third_request() {
+    for (lro, status) in [(Lro::AsyncOperation, 429), (Lro::Location, 503)] {
+        let server = ArmServer::start(Script {
+            lro,
+            page_size: 2,
+            throttle: Throttle {
+                every: 3,
+                status,
+                first_of_each: true,
+                ..Throttle::default()
+            },
+            ..Script::default()
+        })
+        .await;
+        let b = backend(&server);
+        let launched = b.launch(&spec(3), 3).await.unwrap();
+        assert!(
+            launched
+                .workers
+                .iter()
+                .all(|w| w.state == WorkerState::Running),
+            "{launched:?}"
+        );
+        assert_eq!(b.list(&launched.id).await.unwrap(), launched.workers);
+        assert_eq!(
+            b.logs(&launched.id, 1).await.unwrap(),
+            format!("log of {}/worker\n", group(1))
+        );
+        b.check(&spec(3)).await.unwrap();
+        b.stop(&launched.id, 1).await.unwrap();
+        b.stop_all(&launched.id).await.unwrap();
+        assert_cleaned_up(&server);
+        let rec = server.record();
+        assert_eq!(rec.created.len(), 3, "each group PUT once carried out");
+        // every distinct request was throttled once, then sent again and answered
+        let distinct: std::collections::BTreeSet<&String> = rec.requests.iter().collect();
+        for r in &distinct {
+            assert!(
+                rec.throttled.contains(r),
+                "{lro:?}: {r} was never throttled"
+            );
+            assert!(
+                rec.requests.iter().filter(|q| q == r).count() >= 2,
+                "{lro:?}: {r} was not sent again"
+            );
+        }
+        for kind in ["PUT ", "GET /operation", "DELETE ", "/logs?", "$skiptoken="] {
+            assert!(
+                distinct.iter().any(|r| r.contains(kind)),
+                "{lro:?}: no {kind:?} request: {distinct:#?}"
+            );
+        }
+        assert!(
+            rec.throttled.len() >= rec.requests.len() / 3,
+            "every third request too"
+        );
+    }
+}
+
+/// The coordinator's calls (its PUT, polls, status, logs, delete) are retried alike.
+#[tokio::test]
+async fn the_coordinators_calls_are_retried_while_arm_throttles() {
+    let server = ArmServer::start(Script {
+        throttle: Throttle {
+            every: 2,
+            ..Throttle::default()
+        },
+        ..Script::default()
+    })
+    .await;
+    let backend = coordinator_backend(&server, test_token());
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    let status = backend.coordinator_status(&handle).await.unwrap();
+    assert_eq!(status.state, WorkerState::Running);
+    assert_eq!(
+        backend.coordinator_logs(&handle).await.unwrap(),
+        format!("log of {COORDINATOR}/coordinator\n")
+    );
+    backend.stop_coordinator(&handle).await.unwrap();
+    assert_cleaned_up(&server);
+    assert!(server.record().throttled.len() >= 4);
+}
+
+/// `Retry-After` is waited for, and capped by `max_poll_interval`; without one, the backoff applies.
+#[tokio::test]
+async fn retry_after_is_honoured_up_to_the_cap_and_backoff_applies_without_it() {
+    for (retry_after, cap, min, max) in [
+        (Some("1"), Duration::from_secs(30), 1.0, 10.0),
+        (Some("3600"), Duration::from_millis(300), 0.3, 10.0),
+        (None, Duration::from_secs(30), 0.0, 10.0),
+    ] {
+        let server = ArmServer::start(Script {
+            throttle: Throttle {
+                every: 1,
+                retry_after,
+                limit: Some(1),
+                ..Throttle::default()
+            },
+            ..Script::default()
+        })
+        .await;
+        let cfg = AciConfig {
+            max_poll_interval: cap,
+            throttle_backoff: Duration::from_millis(20),
+            ..config(&server, 1)
+        };
+        let b = AciBackend::new(cfg, test_token()).unwrap();
+        let t0 = std::time::Instant::now();
+        b.check(&spec(1)).await.unwrap();
+        let took = t0.elapsed().as_secs_f64();
+        assert!(
+            (min..max).contains(&took),
+            "Retry-After {retry_after:?}, cap {cap:?}: {took} s"
+        );
+        let rec = server.record();
+        assert_eq!(rec.throttled.len(), 1);
+        assert_eq!(rec.requests.len(), 2, "sent again once: {:?}", rec.requests);
+    }
+}
+
+/// Throttling that never ends fails the call with an error that says so: the status, the attempts, the
+/// time spent; by the attempt limit or by the time budget. A 503 without `Retry-After` is an ordinary
+/// error, not retried.
+#[tokio::test]
+async fn throttling_that_never_ends_is_a_throttled_error_naming_status_attempts_and_time() {
+    let forever = |status, retry_after| Script {
+        throttle: Throttle {
+            every: 1,
+            status,
+            retry_after,
+            limit: None,
+            first_of_each: false,
+        },
+        ..Script::default()
+    };
+    // by attempts
+    let server = ArmServer::start(forever(429, Some("0"))).await;
+    let cfg = AciConfig {
+        throttle_attempts: 4,
+        ..config(&server, 1)
+    };
+    let b = AciBackend::new(cfg, test_token()).unwrap();
+    let err = b.check(&spec(1)).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Throttled { attempts: 4, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for needle in [
+        "throttled",
+        "after 4 attempts",
+        "HTTP 429 Too Many Requests",
+        "TooManyRequests",
+        "4 attempts are the most allowed",
+        "x-ms-ratelimit-remaining-subscription-reads=0",
+        "list container groups in resource group physalia-rg",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    assert_eq!(server.record().requests.len(), 4);
+    // a delete (stop) likewise
+    let err = b.stop(&launch_id(), 0).await.unwrap_err();
+    assert!(matches!(err, Error::Throttled { .. }), "{err}");
+    assert!(err.to_string().contains("delete container group"), "{err}");
+
+    // by time: Retry-After 1 s, a budget of 1.5 s: the second wait would pass it
+    let server = ArmServer::start(forever(503, Some("1"))).await;
+    let cfg = AciConfig {
+        throttle_budget: Duration::from_millis(1500),
+        ..config(&server, 1)
+    };
+    let b = AciBackend::new(cfg, test_token()).unwrap();
+    let t0 = std::time::Instant::now();
+    let err = b.check(&spec(1)).await.unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(err, Error::Throttled { attempts: 2, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    for needle in [
+        "HTTP 503 Service Unavailable",
+        "would pass the throttle budget of 1.5 s",
+        "for 1.",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+
+    // a launch throttled to the end fails with the throttling, and creates nothing
+    let server = ArmServer::start(forever(429, Some("0"))).await;
+    let cfg = AciConfig {
+        throttle_attempts: 3,
+        ..config(&server, 2)
+    };
+    let err = AciBackend::new(cfg, test_token())
+        .unwrap()
+        .launch(&spec(2), 2)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("throttled"), "{err}");
+    assert!(server.record().created.is_empty());
+
+    // 503 without Retry-After: not ARM's throttling, one attempt
+    let server = ArmServer::start(forever(503, None)).await;
+    let err = backend(&server).check(&spec(1)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Api {
+                status: Some(503),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(server.record().requests.len(), 1);
 }
 
 #[tokio::test]
