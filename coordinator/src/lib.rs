@@ -11,13 +11,17 @@
 //!   (feature `store`, on by default): job stores at URLs through `object_store`, mirrored from a
 //!   staging folder.
 //!
-//! The drivers that carry the core's actions out over a backend, the control server and the job
-//! directory are still the `physalia` binary's (`orchestrator/src/distributed.rs`, `cluster.rs`).
+//! - [`driver`] (feature `driver`): the IO edge that carries the core's actions out over a platform's
+//!   backend, the control server and the job directory, in client and cluster mode, reporting to an
+//!   [`driver::Observer`] instead of printing. The `physalia` CLI is its caller.
 //!
-//! Module imports have no cycle: `job -> {coordinator, elastic}`, `elastic -> spec`, `store -> jobdir`;
-//! `spec`, `coordinator` and `jobdir` import no other module of this crate.
+//! Module imports have no cycle among the core: `job -> {coordinator, elastic}`, `elastic -> spec`,
+//! `store -> jobdir`; `spec`, `coordinator` and `jobdir` import no other module of this crate. The
+//! drivers import the core, never the other way.
 
 pub mod coordinator;
+#[cfg(feature = "driver")]
+pub mod driver;
 pub mod elastic;
 pub mod job;
 pub mod jobdir;

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSet, PartitionSummary};
 use physalia_graph::{
@@ -10,7 +10,10 @@ use physalia_graph::{
     synth,
 };
 
-use crate::summary::OutputFormat;
+use physalia_coordinator::driver::dataset;
+use physalia_coordinator::spec::DatasetFormat;
+
+use crate::output::OutputFormat;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ImportFormat {
@@ -147,20 +150,12 @@ pub fn import(a: &ImportArgs) -> Result<()> {
     write(&ds, &a.out)
 }
 
-/// Which raw layout a folder holds.
-pub fn detect_format(dir: &Path) -> Result<ImportFormat> {
-    if dir.join("raw").join("edge.csv.gz").is_file() {
-        Ok(ImportFormat::Ogb)
-    } else if dir.join("edges.csv").is_file() || dir.join("edges.npy").is_file() {
-        Ok(ImportFormat::Generic)
-    } else if !dir.is_dir() {
-        bail!("{}: no such directory", dir.display())
-    } else {
-        bail!(
-            "{}: not a recognised dataset folder: expected edges.csv or edges.npy (generic layout) or raw/edge.csv.gz (OGB layout)",
-            dir.display()
-        )
-    }
+/// Which raw layout a folder holds (the coordinator's detection, as a job's `dataset.path` uses it).
+fn detect_format(dir: &Path) -> Result<ImportFormat> {
+    Ok(match dataset::detect_format(dir)? {
+        DatasetFormat::Ogb => ImportFormat::Ogb,
+        _ => ImportFormat::Generic,
+    })
 }
 
 pub fn synth(c: &SynthCommand) -> Result<()> {

@@ -22,9 +22,10 @@ use physalia_control::{HEARTBEAT_S, JobState, JobStatus, MetricsLine};
 use serde::Serialize;
 
 use crate::jobdir::{CANCEL_FILE, write_atomic, write_json};
+use crate::output::{OutputFormat, Terminal};
 use crate::spec::JobSpec;
 use crate::store::{self, Fetched};
-use crate::summary::OutputFormat;
+use physalia_coordinator::driver::{cluster, distributed};
 
 /// A coordinator on another host is taken for dead after this much silence.
 const SILENT_S: f64 = 12.0 * HEARTBEAT_S;
@@ -149,7 +150,7 @@ impl JobView {
             status,
             last_epoch,
             updated_s_ago,
-            platform_coordinator: crate::cluster::recorded_handle(dir)?,
+            platform_coordinator: cluster::recorded_handle(dir)?,
         })
     }
 
@@ -490,7 +491,7 @@ pub fn logs(a: &LogsArgs) -> Result<()> {
 /// the pod's log, the container group's), until the job ends with `follow`.
 fn coordinator_logs(dir: &Path, fetched: Option<&Fetched>, follow: bool) -> Result<()> {
     let id = job_id(dir);
-    let Some(handle) = crate::cluster::recorded_handle(dir)? else {
+    let Some(handle) = cluster::recorded_handle(dir)? else {
         bail!(
             "job {id} ran no coordinator on a platform (client mode): `physalia logs {id}` shows its \
              coordinator's log"
@@ -505,7 +506,7 @@ fn coordinator_logs(dir: &Path, fetched: Option<&Fetched>, follow: bool) -> Resu
             f.refresh()?;
         }
         let v = JobView::read(dir)?;
-        let (text, ended) = crate::cluster::coordinator_logs(&spec, &handle)?;
+        let (text, ended) = cluster::coordinator_logs(&spec, &handle)?;
         // the job's end is recorded a moment before its coordinator's last words and exit
         let over = (v.status.state.is_final() || v.is_lost())
             && (ended
@@ -540,8 +541,8 @@ fn recorded_spec(dir: &Path) -> Result<JobSpec> {
 /// Stops a cluster-mode job's coordinator and deletes its platform objects (a client-mode job has
 /// none): after its job ended, or when it is gone.
 fn stop_recorded_coordinator(dir: &Path) -> Result<()> {
-    if let Some(handle) = crate::cluster::recorded_handle(dir)? {
-        crate::cluster::stop_coordinator(&recorded_spec(dir)?, &handle)?;
+    if let Some(handle) = cluster::recorded_handle(dir)? {
+        cluster::stop_coordinator(&recorded_spec(dir)?, &handle)?;
     }
     Ok(())
 }
@@ -564,7 +565,11 @@ pub fn cancel(a: &CancelArgs) -> Result<()> {
     .with_context(|| format!("asking job {id} to stop"))?;
     if view.is_lost() {
         // nobody will act on the request: stop what the dead coordinator left, then say so in the record
-        crate::distributed::clean_up_after(&dir, &view.status)?;
+        distributed::clean_up_after(
+            &dir,
+            &view.status,
+            &Terminal::new(OutputFormat::Text, false),
+        )?;
         stop_recorded_coordinator(&dir)?;
         let mut status = view.status;
         status.state = JobState::Cancelled;

@@ -16,27 +16,21 @@ static ALLOC: physalia_gnn::heap::LineAligned = physalia_gnn::heap::LineAligned;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-mod admission;
 mod calibrate;
-mod cluster;
 mod data;
-mod dataset;
-mod distributed;
-mod image;
 mod jobs;
+mod output;
 mod plan;
-mod platform;
 mod progress;
 mod replay;
 mod report;
 mod submit;
-mod summary;
-mod workers;
 
 // the coordinator library's modules, under the names the commands use (`crate::spec`, ...)
-use physalia_coordinator::{coordinator, elastic, job, jobdir, spec, store};
+use physalia_coordinator::driver::{cluster, image, workers};
+use physalia_coordinator::{elastic, job, jobdir, spec, store};
 
-use summary::OutputFormat;
+use output::{OutputFormat, Terminal};
 
 #[derive(Parser)]
 #[command(
@@ -98,7 +92,7 @@ struct CoordinateArgs {
     /// The job in its store: `STORE_URL/JOB_ID`.
     job_url: String,
     /// The UDP port of the control endpoint, the one the coordinator's platform object declares.
-    #[arg(long, default_value_t = platform::COORDINATOR_PORT)]
+    #[arg(long, default_value_t = physalia_coordinator::driver::platform::COORDINATOR_PORT)]
     control_port: u16,
     /// Continue the job from its newest checkpoint in the store (`submit --resume STORE/JOB`).
     #[arg(long)]
@@ -199,9 +193,11 @@ enum DataCommand {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Submit(a) => match (&a.resume, &a.job) {
-            (Some(dir), _) if store::is_url(dir) => {
-                cluster::resume(&dir.to_string_lossy(), a.output, a.quiet, a.detach)
-            }
+            (Some(dir), _) if store::is_url(dir) => cluster::resume(
+                &dir.to_string_lossy(),
+                &Terminal::new(a.output, a.quiet),
+                a.detach,
+            ),
             (Some(dir), _) => submit::resume(dir, a.output, a.quiet, !a.skip_memory_check),
             (None, Some(job)) => submit::run(
                 job,
@@ -277,7 +273,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data(DataCommand::Partition(a)) => data::partition(&a),
         // exit codes as physalia-worker's: 1 an error (also reported to the coordinator), 3 stopped
         Command::Worker => physalia_worker::run::run_from_env(),
-        Command::Coordinate(a) => cluster::coordinate(&a.job_url, a.control_port, a.resume),
+        Command::Coordinate(a) => cluster::coordinate(
+            &a.job_url,
+            a.control_port,
+            a.resume,
+            &Terminal::new(OutputFormat::Text, false),
+        ),
     }
 }
 
@@ -292,15 +293,16 @@ pub(crate) fn backend_arg() -> impl clap::builder::TypedValueParser<Value = spec
 
 fn build_or_find_image(a: &ImageBuildArgs) -> Result<String> {
     let worker = workers::worker_binary()?;
+    let obs = &Terminal::new(OutputFormat::Text, false);
     if a.with_cli {
         let cli = std::env::current_exe().context("locating the physalia executable")?;
-        return image::ensure_cli_image(&worker, &cli, a.tag.as_deref(), false);
+        return image::ensure_cli_image(&worker, &cli, a.tag.as_deref(), obs);
     }
     match (a.cuda, &a.tag) {
-        (true, None) => image::ensure_cuda_image(&worker, false),
-        (true, Some(t)) => image::ensure_cuda_image_tagged(&worker, t, false),
-        (false, None) => image::ensure_image(&worker, false),
-        (false, Some(t)) => image::ensure_image_tagged(&worker, t, false),
+        (true, None) => image::ensure_cuda_image(&worker, obs),
+        (true, Some(t)) => image::ensure_cuda_image_tagged(&worker, t, obs),
+        (false, None) => image::ensure_image(&worker, obs),
+        (false, Some(t)) => image::ensure_image_tagged(&worker, t, obs),
     }
 }
 
@@ -321,20 +323,13 @@ fn readable(path: &std::path::Path) -> std::io::Result<()> {
 /// second epoch reuse the first epoch's pages. The price: a buffer freed for good stays resident as a hole
 /// the next, larger buffer may not fit in, so the engine trims at those points
 /// (`physalia_gnn::heap::release_freed_memory`, e.g. once GCN's `A X` is cached) and the coordinator after
-/// partitioning ([`release_freed_memory`]).
+/// partitioning (`physalia_coordinator::driver::distributed`).
 fn keep_freed_memory() {
     // SAFETY: mallopt only tunes allocator parameters; it is called before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
-}
-
-/// Hands the heap's free pages back to the OS once. The coordinator calls it after loading, checking and
-/// partitioning the dataset: with [`keep_freed_memory`] that memory would otherwise stay resident while
-/// its workers train (half a gigabyte at a million nodes).
-pub(crate) fn release_freed_memory() {
-    physalia_gnn::heap::release_freed_memory();
 }
 
 /// The error and its causes joined by ": ", skipping a cause whose text an outer message already

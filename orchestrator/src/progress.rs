@@ -20,7 +20,7 @@ pub(crate) fn step<T>(what: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn spinner(what: &str) -> ProgressBar {
+pub(crate) fn spinner(what: &str) -> ProgressBar {
     if !shown() {
         return ProgressBar::hidden();
     }

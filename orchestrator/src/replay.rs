@@ -23,10 +23,11 @@ use physalia_planner::{CalibrationProfile, Catalog, PlanRequest, Sku, TimeBreakd
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::dataset::{self, Source};
 use crate::elastic::{Elastic, Stop};
 use crate::job::{EpochEnd, LaunchSpan};
 use crate::spec::{self, JobSpec, ParallelismSpec};
+use physalia_coordinator::driver::dataset::{self, Source};
+use physalia_coordinator::driver::{plan, summary};
 
 /// A finished job's record, as the replay reads it.
 pub(crate) struct Record {
@@ -246,12 +247,16 @@ impl Model {
                     .with_context(|| format!("reading {}", written.display()))?,
             )
         } else {
-            dataset::load(&spec.dataset).context("loading the job's dataset")?
+            dataset::load(
+                &spec.dataset,
+                &physalia_coordinator::driver::Plain { quiet: true },
+            )
+            .context("loading the job's dataset")?
         };
-        let req = crate::plan::request(&file, &source)?;
+        let req = plan::request(&file, &source)?;
         drop(source);
         let catalog = Catalog::builtin();
-        let price = crate::summary::price(spec)?;
+        let price = summary::price(spec)?;
         let sku = catalog
             .get(&price.sku)
             .with_context(|| format!("the job's SKU `{}` is not in the catalog", price.sku))?
@@ -298,7 +303,7 @@ impl Model {
             m => m,
         };
         let profile = local_profile();
-        let w = crate::plan::as_written(
+        let w = plan::as_written(
             &spec,
             &self.req,
             &self.catalog,

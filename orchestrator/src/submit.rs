@@ -15,13 +15,14 @@ use physalia_gnn::{
 };
 use physalia_graph::Split;
 
-use crate::dataset;
-use crate::jobdir::JobDir;
-use crate::spec::{self, BackendKind, JobSpec, Mode, Parallelism};
-use crate::summary::OutputFormat;
-use crate::summary::{
-    RunResult, epoch_line, fmt_acc, model_config, price, print_summary, summarize,
+use physalia_coordinator::driver::summary::{
+    RunResult, epoch_line, fmt_acc, model_config, price, summarize,
 };
+use physalia_coordinator::driver::{admission, cluster, dataset, distributed, plan};
+
+use crate::jobdir::JobDir;
+use crate::output::{OutputFormat, Terminal, print_summary};
+use crate::spec::{self, BackendKind, JobSpec, Mode, Parallelism};
 use physalia_worker::minibatch::{ColumnShard, ShardData, train_minibatch, train_p3};
 
 /// Continues the job in `dir` (its coordinator died, or it was stopped) from its newest checkpoint whose epochs
@@ -34,7 +35,7 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool)
         .with_context(|| format!("{}: not a job record", spec_path.display()))?;
     spec.validate()
         .with_context(|| format!("{}: the recorded job", spec_path.display()))?;
-    let point = crate::distributed::resume_point(dir)?;
+    let point = distributed::resume_point(dir)?;
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -45,7 +46,8 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool)
             point.epoch, point.workers
         );
     }
-    crate::distributed::run(&spec, &name, output, quiet, Some(point), memory_check, None)
+    let obs = Terminal::new(output, quiet);
+    distributed::run(&spec, &name, &obs, Some(point), memory_check, None)
 }
 
 pub fn run(
@@ -58,7 +60,8 @@ pub fn run(
     detach: bool,
 ) -> Result<()> {
     let mut spec = spec::load_on(job, overrides, backend)?;
-    if let Some((planned, line)) = crate::plan::apply_goal(&spec)? {
+    let obs = Terminal::new(output, quiet);
+    if let Some((planned, line)) = plan::apply_goal(&spec, &obs)? {
         if !quiet {
             eprintln!("{line}");
         }
@@ -66,7 +69,7 @@ pub fn run(
     }
     // cluster mode: the coordinator runs on the platform; this process hands it the job and follows it
     if spec.backend.mode() == Mode::Cluster {
-        return crate::cluster::submit(job, spec, output, quiet, detach);
+        return cluster::submit(job, spec, &obs, detach);
     }
     if detach {
         bail!(
@@ -78,15 +81,7 @@ pub fn run(
     // Every job is the coordinator's (its workers checkpoint every epoch, a lost one is retried, a stopped
     // job resumes) except repeated seeds (`train.runs` > 1), a statistics loop that trains in this process.
     if spec.train.runs.max(1) == 1 {
-        return crate::distributed::run(
-            &spec,
-            &spec.job_name(job),
-            output,
-            quiet,
-            None,
-            memory_check,
-            None,
-        );
+        return distributed::run(&spec, &spec.job_name(job), &obs, None, memory_check, None);
     }
     run_seeds(job, &spec, output, quiet, memory_check)
 }
@@ -108,9 +103,9 @@ fn run_seeds(
     let name = spec.job_name(job);
     let price = price(spec)?;
     let t_load = Instant::now();
-    let source = dataset::load(&spec.dataset)?;
+    let source = dataset::load(&spec.dataset, &Terminal::new(output, quiet))?;
     if memory_check {
-        crate::admission::check(spec, &source, crate::admission::available_bytes())?;
+        admission::check(spec, &source, admission::available_bytes())?;
     }
     let stats = source.stats();
     let data_name = source.name().to_string();

@@ -58,8 +58,9 @@ pub fn filter(level: LevelFilter) -> Targets {
 }
 
 /// The crates whose events follow the chosen level.
-const PHYSALIA_TARGETS: [&str; 9] = [
+const PHYSALIA_TARGETS: [&str; 10] = [
     "physalia",
+    "physalia_coordinator",
     "physalia_worker",
     "physalia_wire",
     "physalia_control",

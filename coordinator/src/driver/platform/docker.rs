@@ -1,5 +1,5 @@
 //! `backend: docker`: workers as containers of the worker image on the job's own bridge network of
-//! this machine's Docker Engine (`physalia_backends::docker`); the images come from `crate::image`.
+//! this machine's Docker Engine (`physalia_backends::docker`); the images come from `crate::driver::image`.
 
 use std::path::Path;
 
@@ -8,22 +8,30 @@ use physalia_backends::docker::{DockerBackend, DockerConfig};
 use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
-use crate::image::{self, WORKER_UID};
+use crate::driver::Observer;
+use crate::driver::image::{self, WORKER_UID};
+use crate::driver::workers::{block_on, worker_binary};
 use crate::spec::JobSpec;
-use crate::workers::{block_on, worker_binary};
 
 /// The mesh port every worker binds in its own container.
 const MESH_PORT: u16 = 7000;
 const SECRETS_IN_CONTAINER: &str = "/run/secrets/physalia";
 
-pub(crate) struct Docker;
+pub struct Docker;
 
 impl Platform for Docker {
-    fn backend(&self, job: &JobSpec, job_id: &str, _: &Path, _: usize) -> Result<Box<dyn Backend>> {
+    fn backend(
+        &self,
+        job: &JobSpec,
+        job_id: &str,
+        _: &Path,
+        _: usize,
+        obs: &dyn Observer,
+    ) -> Result<Box<dyn Backend>> {
         // GPU workers run the CUDA image (the job's `gpu_image`, or the one built from this
         // physalia-worker)
         if super::gpu_request(job).is_some() {
-            let gpu = image::gpu_image(job.backend.gpu_image(), &worker_binary()?, false)?;
+            let gpu = image::gpu_image(job.backend.gpu_image(), &worker_binary()?, obs)?;
             return backend_with(job_id, Some(gpu));
         }
         backend(job_id)
@@ -38,9 +46,9 @@ impl Platform for Docker {
         let named = job.backend.docker.as_ref().and_then(|d| d.image.as_deref());
         let image = match named {
             Some(named) => image::named_image(named)?,
-            None => image::ensure_image(&worker_binary()?, false)?,
+            None => image::ensure_image(&worker_binary()?, w.obs)?,
         };
-        let spec = crate::workers::worker_spec(
+        let spec = crate::driver::workers::worker_spec(
             w.job_id,
             w.segment,
             image,
@@ -84,7 +92,7 @@ fn sanitize(s: &str) -> String {
 /// `Backend::prepare`), running as the image's non-root user, secrets copied in, nothing mounted.
 /// Workers that ask for a GPU run the CUDA image of the `physalia-worker` beside `physalia`
 /// ([`image::cuda_image_tag`]; `physalia image build --cuda` or [`image::ensure_cuda_image`] builds it).
-pub(crate) fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
+pub fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
     let gpu_image = worker_binary()
         .ok()
         .and_then(|w| image::cuda_image_tag(&w).ok());
@@ -93,7 +101,7 @@ pub(crate) fn backend(job_id: &str) -> Result<Box<dyn Backend>> {
 
 /// [`backend`] with the image of GPU workers named (the job's `backend.docker.gpu_image`, see
 /// [`image::gpu_image`]); `None` runs the spec's image on GPUs too.
-pub(crate) fn backend_with(job_id: &str, gpu_image: Option<String>) -> Result<Box<dyn Backend>> {
+pub fn backend_with(job_id: &str, gpu_image: Option<String>) -> Result<Box<dyn Backend>> {
     if !image::available() {
         bail!(
             "backend docker: no Docker Engine answers (`docker info` failed); start it or use `backend: local`"
@@ -102,7 +110,7 @@ pub(crate) fn backend_with(job_id: &str, gpu_image: Option<String>) -> Result<Bo
     Ok(Box::new(DockerBackend::new(config(job_id, gpu_image))?))
 }
 
-pub(crate) fn config(job_id: &str, gpu_image: Option<String>) -> DockerConfig {
+pub fn config(job_id: &str, gpu_image: Option<String>) -> DockerConfig {
     let mut cfg = DockerConfig::new(format!("physalia-{}", sanitize(job_id)));
     cfg.user = Some((WORKER_UID, WORKER_UID));
     cfg.secrets_dir = SECRETS_IN_CONTAINER.into();

@@ -8,9 +8,10 @@ use anyhow::Result;
 use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
+use crate::driver::Observer;
 use crate::spec::JobSpec;
 
-pub(crate) struct Local;
+pub struct Local;
 
 impl Platform for Local {
     fn backend(
@@ -19,8 +20,9 @@ impl Platform for Local {
         _: &str,
         job_dir: &Path,
         segment: usize,
+        _: &dyn Observer,
     ) -> Result<Box<dyn Backend>> {
-        Ok(crate::workers::local_backend(job_dir, segment))
+        Ok(crate::driver::workers::local_backend(job_dir, segment))
     }
 
     fn reach(&self, _: &JobSpec, prepared: &Prepared) -> Result<Reach> {
@@ -28,7 +30,7 @@ impl Platform for Local {
     }
 
     fn worker(&self, _: &JobSpec, w: Worker) -> Result<Launch> {
-        let spec = crate::workers::local_spec(
+        let spec = crate::driver::workers::local_spec(
             w.local_command,
             w.job_id,
             w.segment,

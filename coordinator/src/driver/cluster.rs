@@ -32,10 +32,10 @@ use physalia_backends::{Backend, CoordinatorHandle, CoordinatorSpec, WorkerState
 use physalia_control::{JobState, JobStatus, MetricsLine};
 use serde_json::Value;
 
+use crate::driver::Observer;
+use crate::driver::workers::block_on;
 use crate::spec::JobSpec;
 use crate::store::{self, Remote};
-use crate::summary::OutputFormat;
-use crate::workers::block_on;
 
 /// The coordinator's handle in the job's store folder.
 pub const COORDINATOR_JSON: &str = "coordinator.json";
@@ -127,7 +127,7 @@ pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
     if let Some((vcpu, gib)) = per_unit {
         return Ok(vcpu * COORDINATOR_VCPUS + gib * memory_gib);
     }
-    let priced = crate::summary::price(spec)?;
+    let priced = crate::driver::summary::price(spec)?;
     let sku = catalog
         .get(&priced.sku)
         .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?;
@@ -136,7 +136,13 @@ pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
 
 /// The backend of the job's platform that starts, follows and stops its coordinator.
 fn platform_backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
-    crate::platform::of_job(spec).backend(spec, "", Path::new(""), 0)
+    crate::driver::platform::of_job(spec).backend(
+        spec,
+        "",
+        Path::new(""),
+        0,
+        &super::Plain { quiet: true },
+    )
 }
 
 /// What cluster mode needs of the job file beyond what validation checks, refused before anything is
@@ -162,13 +168,7 @@ fn check_settings(spec: &JobSpec) -> Result<()> {
 }
 
 /// `physalia submit` in cluster mode. `spec` is resolved (its goal applied).
-pub fn submit(
-    job_file: &Path,
-    mut spec: JobSpec,
-    output: OutputFormat,
-    quiet: bool,
-    detach: bool,
-) -> Result<()> {
+pub fn submit(job_file: &Path, mut spec: JobSpec, obs: &dyn Observer, detach: bool) -> Result<()> {
     let file = job_file.display().to_string();
     let kind = spec.backend.name;
     check_settings(&spec).with_context(|| file.clone())?;
@@ -180,7 +180,7 @@ pub fn submit(
         .to_string();
     let backend = platform_backend(&spec).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
-    let probe = crate::platform::preflight_worker(&spec)?;
+    let probe = crate::driver::platform::preflight_worker(&spec, obs)?;
     block_on(backend.check(&probe))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
     let remote = Remote::open(&spec.output.dir.to_string_lossy())
@@ -192,7 +192,7 @@ pub fn submit(
     if let Some(path) = spec.dataset.path.clone()
         && !store::is_url(&path)
     {
-        let url = upload_dataset(&remote, &path, quiet)
+        let url = upload_dataset(&remote, &path, obs)
             .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
         spec.dataset.path = Some(PathBuf::from(url));
     }
@@ -214,8 +214,7 @@ pub fn submit(
             resume: false,
             status,
         },
-        output,
-        quiet,
+        obs,
         detach,
     )
 }
@@ -237,7 +236,7 @@ struct Started<'a> {
 
 /// Starts job `s.id`'s coordinator on its platform, records its handle, and follows the job (or
 /// returns at once with `detach`).
-fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool) -> Result<()> {
+fn start_and_follow(s: Started, obs: &dyn Observer, detach: bool) -> Result<()> {
     let Started {
         remote,
         id,
@@ -256,7 +255,7 @@ fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool)
         "coordinate".into(),
         job_url.clone(),
         "--control-port".into(),
-        crate::platform::COORDINATOR_PORT.to_string(),
+        crate::driver::platform::COORDINATOR_PORT.to_string(),
     ];
     if resume {
         command.push("--resume".into());
@@ -268,12 +267,12 @@ fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool)
         env,
         cpu: COORDINATOR_VCPUS,
         memory_gib,
-        control_port: crate::platform::COORDINATOR_PORT,
+        control_port: crate::driver::platform::COORDINATOR_PORT,
         labels: BTreeMap::new(),
     };
-    if !quiet {
-        eprintln!("job {id}: starting its coordinator on {kind} (record: {job_url})");
-    }
+    obs.progress(&format!(
+        "job {id}: starting its coordinator on {kind} (record: {job_url})"
+    ));
     // from here a Ctrl-C detaches: the coordinator about to run must be recorded to be followed,
     // cancelled and cleaned up
     catch_interrupt();
@@ -295,25 +294,20 @@ fn start_and_follow(s: Started, output: OutputFormat, quiet: bool, detach: bool)
         store = remote.url()
     );
     if detach {
-        match output {
-            // the job's id and record, as the final line of a followed job names them
-            OutputFormat::Json => println!(
-                "{}",
-                serde_json::json!({"job_id": id, "job_url": job_url, "state": "running"})
-            ),
-            OutputFormat::Text => println!("{id}"),
-        }
-        eprintln!("job {id} runs on {kind} (cluster mode); its record: {job_url}\n{hints}");
+        obs.detached(&id, &job_url)?;
+        obs.notice(&format!(
+            "job {id} runs on {kind} (cluster mode); its record: {job_url}\n{hints}"
+        ));
         return Ok(());
     }
-    follow(remote, &id, backend, &handle, output, quiet, &hints)
+    follow(remote, &id, backend, &handle, obs, &hints)
 }
 
 /// `physalia submit --resume STORE/JOB`: continues a cluster-mode job whose coordinator is gone (its
 /// container killed, its node lost) from its newest checkpoint in the store, with a new coordinator on
 /// the same platform, and follows it as `submit` does. Refused while the old coordinator still runs,
 /// and for a job that ended.
-pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) -> Result<()> {
+pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
     let (base, id) = job_url
         .trim_end_matches('/')
         .rsplit_once('/')
@@ -363,7 +357,7 @@ pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) ->
         // ended task, pod or group): the new one takes the same names
         let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
         let dir = remote.fetch(id, tmp.path())?;
-        crate::distributed::clean_up_after(&dir, &status)
+        crate::driver::distributed::clean_up_after(&dir, &status, obs)
             .with_context(|| format!("{job_url}: stopping the gone coordinator's workers"))?;
         block_on(backend.stop_coordinator(&old))?.with_context(|| {
             format!("{job_url}: deleting the gone coordinator's platform objects")
@@ -379,12 +373,10 @@ pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) ->
         .coordinator_image()
         .context("the platform's section names no image")?
         .to_string();
-    if !quiet {
-        eprintln!(
-            "resuming {id} (recorded through epoch {} of {}) with a new coordinator",
-            status.epoch, status.epochs
-        );
-    }
+    obs.progress(&format!(
+        "resuming {id} (recorded through epoch {} of {}) with a new coordinator",
+        status.epoch, status.epochs
+    ));
     start_and_follow(
         Started {
             remote: &remote,
@@ -396,8 +388,7 @@ pub fn resume(job_url: &str, output: OutputFormat, quiet: bool, detach: bool) ->
             resume: true,
             status,
         },
-        output,
-        quiet,
+        obs,
         detach,
     )
 }
@@ -431,7 +422,7 @@ fn coordinator_env(
             }
         }
     }
-    crate::platform::of_job(spec).coordinator_env(spec, &mut env);
+    crate::driver::platform::of_job(spec).coordinator_env(spec, &mut env);
     Ok(env)
 }
 
@@ -443,7 +434,7 @@ fn json_bytes(v: &impl serde::Serialize) -> Result<Vec<u8>> {
 
 /// Uploads the dataset file at `path` to `<store>/.datasets/<xxh3 of its bytes>-<file name>` unless it
 /// is there already; returns its URL.
-fn upload_dataset(remote: &Remote, path: &Path, quiet: bool) -> Result<String> {
+fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<String> {
     let meta = std::fs::metadata(path).context("cannot read")?;
     if !meta.is_file() {
         bail!(
@@ -468,14 +459,13 @@ fn upload_dataset(remote: &Remote, path: &Path, quiet: bool) -> Result<String> {
     let name = format!("{:016x}-{file_name}", hasher.digest());
     let url = format!("{}/{DATASETS}/{name}", remote.url());
     if remote.exists(DATASETS, &name)? {
-        if !quiet {
-            eprintln!("dataset already in the store: {url}");
-        }
+        obs.progress(&format!("dataset already in the store: {url}"));
         return Ok(url);
     }
-    if !quiet {
-        eprintln!("uploading the dataset ({} bytes) to {url}", meta.len());
-    }
+    obs.progress(&format!(
+        "uploading the dataset ({} bytes) to {url}",
+        meta.len()
+    ));
     remote.put_file(DATASETS, &name, path)?;
     Ok(url)
 }
@@ -601,8 +591,7 @@ fn follow(
     id: &str,
     backend: &dyn Backend,
     handle: &CoordinatorHandle,
-    output: OutputFormat,
-    quiet: bool,
+    obs: &dyn Observer,
     hints: &str,
 ) -> Result<()> {
     let tmp = tempfile::tempdir().context("making a folder for the job's record")?;
@@ -611,29 +600,33 @@ fn follow(
     let mut ended: Option<(Instant, String)> = None;
     loop {
         if INTERRUPTED.load(Ordering::SeqCst) {
-            eprintln!("\ndetached: job {id} goes on without this process\n{hints}");
+            obs.notice(&format!(
+                "\ndetached: job {id} goes on without this process\n{hints}"
+            ));
             return Ok(());
         }
         let dir = match remote.fetch(id, tmp.path()) {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("warning: reading the job's record: {e:#}");
+                obs.notice(&format!("warning: reading the job's record: {e:#}"));
                 sleep_unless_interrupted(Duration::from_secs(2));
                 continue;
             }
         };
         let status = JobStatus::read(&dir.join("status.json")).map_err(anyhow::Error::msg)?;
-        print_new_epochs(&dir, status.epochs, &mut printed, quiet)?;
+        print_new_epochs(&dir, status.epochs, &mut printed, obs)?;
         if status.state.is_final() {
             // its last mirror pass (the report) and its own clean-up come after the recorded end;
             // the final status may have been uploaded before the last epochs' metrics
             wait_ended(backend, handle, Duration::from_secs(30));
             let dir = remote.fetch(id, tmp.path()).unwrap_or(dir);
-            print_new_epochs(&dir, status.epochs, &mut printed, quiet)?;
+            print_new_epochs(&dir, status.epochs, &mut printed, obs)?;
             if let Err(e) = block_on(backend.stop_coordinator(handle))? {
-                eprintln!("warning: deleting the coordinator's platform objects: {e}");
+                obs.notice(&format!(
+                    "warning: deleting the coordinator's platform objects: {e}"
+                ));
             }
-            return finished(remote, id, &dir, &status, output);
+            return finished(remote, id, &dir, &status, obs);
         }
         if asked.elapsed() >= Duration::from_secs(5) {
             asked = Instant::now();
@@ -647,7 +640,7 @@ fn follow(
                     );
                     ended.get_or_insert((Instant::now(), why));
                 }
-                Err(e) => eprintln!("warning: asking for the coordinator: {e}"),
+                Err(e) => obs.notice(&format!("warning: asking for the coordinator: {e}")),
             }
         }
         if let Some((t, why)) = &ended
@@ -677,15 +670,18 @@ fn follow(
 }
 
 /// Prints the epoch lines of the fetched record `dir` past the first `printed`.
-fn print_new_epochs(dir: &Path, epochs: usize, printed: &mut usize, quiet: bool) -> Result<()> {
+fn print_new_epochs(
+    dir: &Path,
+    epochs: usize,
+    printed: &mut usize,
+    obs: &dyn Observer,
+) -> Result<()> {
     let metrics = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&metrics).unwrap_or_default();
     let lines = MetricsLine::parse_all(&text, &metrics.display().to_string())
         .map_err(anyhow::Error::msg)?;
     for line in lines.iter().skip(*printed) {
-        if !quiet {
-            eprintln!("{}", epoch_line(epochs, line));
-        }
+        obs.progress(&epoch_line(epochs, line));
     }
     *printed = (*printed).max(lines.len());
     Ok(())
@@ -725,7 +721,7 @@ fn epoch_line(epochs: usize, line: &MetricsLine) -> String {
             })
             .collect()
     };
-    crate::distributed::epoch_line(epochs, &by_rank, line.usd)
+    crate::driver::distributed::epoch_line(epochs, &by_rank, line.usd)
 }
 
 /// The final lines of a job that ended, from its record; an error unless it succeeded.
@@ -734,7 +730,7 @@ fn finished(
     id: &str,
     dir: &Path,
     status: &JobStatus,
-    output: OutputFormat,
+    obs: &dyn Observer,
 ) -> Result<()> {
     let url = format!("{}/{id}", remote.url());
     match status.state {
@@ -748,7 +744,12 @@ fn finished(
                 .join("report.html")
                 .is_file()
                 .then(|| format!("{url}/report.html"));
-            crate::distributed::print_finished(&name, &v, &url, report.as_deref(), output)
+            obs.finished(&super::Finished {
+                name: &name,
+                summary: &v,
+                location: &url,
+                report: report.as_deref(),
+            })
         }
         JobState::Cancelled => bail!("job {id} was cancelled; its record is in {url}"),
         JobState::Failed => bail!(
@@ -760,7 +761,12 @@ fn finished(
 }
 
 /// `physalia coordinate JOB_URL`: the coordinator of a cluster-mode job, inside the platform.
-pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> {
+pub fn coordinate(
+    job_url: &str,
+    control_port: u16,
+    resume: bool,
+    obs: &dyn Observer,
+) -> Result<()> {
     store::use_platform_identity();
     let (base, id) = job_url
         .trim_end_matches('/')
@@ -790,7 +796,7 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
     let resume = match resume {
         true => {
             let dir = remote.fetch_to_resume(id, &work.join("jobs"))?;
-            Some(crate::distributed::resume_point(&dir)?)
+            Some(crate::driver::distributed::resume_point(&dir)?)
         }
         false => None,
     };
@@ -807,17 +813,11 @@ pub fn coordinate(job_url: &str, control_port: u16, resume: bool) -> Result<()> 
         control_port,
     };
     let name = spec.name.clone().unwrap_or_else(|| id.to_string());
-    let result = crate::distributed::run(
-        &spec,
-        &name,
-        OutputFormat::Text,
-        false,
-        resume,
-        false,
-        Some(&role),
-    );
+    let result = crate::driver::distributed::run(&spec, &name, obs, resume, false, Some(&role));
     if let Err(e) = release_template(&remote, &spec, id) {
-        eprintln!("warning: deleting the coordinator's task definition: {e:#}");
+        obs.notice(&format!(
+            "warning: deleting the coordinator's task definition: {e:#}"
+        ));
     }
     result
 }

@@ -9,7 +9,7 @@ use physalia_graph::{
     Dataset, GraphStats, ImportOptions, OwnedDataset, RmatParams, SbmParams, Split, import, synth,
 };
 
-use crate::data::{ImportFormat, detect_format};
+use super::Observer;
 use crate::spec::{DatasetFormat, DatasetSource, DatasetSpec, SynthKind};
 
 pub enum Source {
@@ -90,8 +90,9 @@ impl Source {
     }
 }
 
-pub fn load(spec: &DatasetSpec) -> Result<Source> {
-    let source = load_unchecked(spec)?;
+/// The dataset `spec` names, checked to be trainable; `obs` shows the steps that take a while.
+pub fn load(spec: &DatasetSpec, obs: &dyn Observer) -> Result<Source> {
+    let source = load_unchecked(spec, obs)?;
     if let Err(e) = source.check_trainable() {
         let what = match &spec.path {
             Some(p) => format!("dataset.path: {}", p.display()),
@@ -102,14 +103,14 @@ pub fn load(spec: &DatasetSpec) -> Result<Source> {
     Ok(source)
 }
 
-fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
+fn load_unchecked(spec: &DatasetSpec, obs: &dyn Observer) -> Result<Source> {
     match spec.source() {
         Some(DatasetSource::Stats(st)) => bail!(
             "dataset.stats: {} describes a graph that is not here, for `physalia plan`; training needs \
              the graph itself (`dataset.path`, or `dataset.synth` to generate one)",
             st.name.as_deref().unwrap_or("the statistics")
         ),
-        Some(DatasetSource::Path(path)) => load_path(path, spec.format),
+        Some(DatasetSource::Path(path)) => load_path(path, spec.format, obs),
         Some(DatasetSource::Synth(s)) => {
             let ds = match s.kind {
                 SynthKind::Sbm => {
@@ -126,7 +127,7 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
                     if let Some(h) = s.homophily {
                         p.homophily = h;
                     }
-                    crate::progress::step("generating the SBM graph", || synth::sbm(&p))
+                    super::step(obs, "generating the SBM graph", || synth::sbm(&p))
                         .context("generating dataset.synth (sbm)")?
                 }
                 SynthKind::Rmat => {
@@ -142,7 +143,7 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
                     if let Some(e) = s.edge_factor {
                         p.edge_factor = e as usize;
                     }
-                    crate::progress::step("generating the R-MAT graph", || synth::rmat(&p))
+                    super::step(obs, "generating the R-MAT graph", || synth::rmat(&p))
                         .context("generating dataset.synth (rmat)")?
                 }
             };
@@ -152,33 +153,51 @@ fn load_unchecked(spec: &DatasetSpec) -> Result<Source> {
     }
 }
 
-fn load_path(path: &Path, format: DatasetFormat) -> Result<Source> {
+fn load_path(path: &Path, format: DatasetFormat, obs: &dyn Observer) -> Result<Source> {
     if !path.exists() {
         bail!("{}", missing_path(path));
     }
     let format = match format {
         DatasetFormat::Auto if path.is_file() => DatasetFormat::Safetensors,
-        DatasetFormat::Auto => match detect_format(path).context("dataset.path")? {
-            ImportFormat::Ogb => DatasetFormat::Ogb,
-            _ => DatasetFormat::Generic,
-        },
+        DatasetFormat::Auto => detect_format(path).context("dataset.path")?,
         f => f,
     };
     let opts = ImportOptions::default();
     Ok(match format {
         DatasetFormat::Safetensors | DatasetFormat::Auto => Source::File(
-            crate::progress::step("verifying the dataset", || Dataset::open(path))
+            super::step(obs, "verifying the dataset", || Dataset::open(path))
                 .context("dataset.path")?,
         ),
         DatasetFormat::Generic => Source::Memory(
-            crate::progress::step("importing the dataset", || import::generic(path, &opts))
-                .with_context(|| format!("dataset.path: importing {}", path.display()))?,
+            super::step(obs, "importing the dataset", || {
+                import::generic(path, &opts)
+            })
+            .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
         DatasetFormat::Ogb => Source::Memory(
-            crate::progress::step("importing the OGB dataset", || import::ogb(path, &opts))
-                .with_context(|| format!("dataset.path: importing {}", path.display()))?,
+            super::step(obs, "importing the OGB dataset", || {
+                import::ogb(path, &opts)
+            })
+            .with_context(|| format!("dataset.path: importing {}", path.display()))?,
         ),
     })
+}
+
+/// Which raw layout the folder `dir` holds: [`DatasetFormat::Ogb`] when it has `raw/edge.csv.gz`,
+/// [`DatasetFormat::Generic`] when it has `edges.csv` or `edges.npy`.
+pub fn detect_format(dir: &Path) -> Result<DatasetFormat> {
+    if dir.join("raw").join("edge.csv.gz").is_file() {
+        Ok(DatasetFormat::Ogb)
+    } else if dir.join("edges.csv").is_file() || dir.join("edges.npy").is_file() {
+        Ok(DatasetFormat::Generic)
+    } else if !dir.is_dir() {
+        bail!("{}: no such directory", dir.display())
+    } else {
+        bail!(
+            "{}: not a recognised dataset folder: expected edges.csv or edges.npy (generic layout) or raw/edge.csv.gz (OGB layout)",
+            dir.display()
+        )
+    }
 }
 
 /// Why `dataset.path` names nothing, and, when its last component is a dataset known by name, the

@@ -277,7 +277,7 @@ impl BackendWorkers {
             }
         }
         if let Err(e) = block_on(self.backend.stop_all(&self.launch)).and_then(|r| Ok(r?)) {
-            eprintln!("warning: {e:#}");
+            tracing::warn!("{e:#}");
         }
     }
 }

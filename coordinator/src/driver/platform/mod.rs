@@ -24,16 +24,17 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use physalia_backends::{Backend, GpuRequest, Prepared, SecretValue, WorkerSpec};
 
+use crate::driver::Observer;
 use crate::spec::{BackendKind, JobSpec};
 
 mod aci;
-pub(crate) mod docker;
+pub mod docker;
 mod ecs;
 mod kubernetes;
 mod local;
 
 /// What every platform does for a job: one implementation per platform, chosen by [`of`].
-pub(crate) trait Platform: Sync {
+pub trait Platform: Sync {
     /// The backend of launch `segment` of job `job_id`, whose record is in `job_dir`.
     fn backend(
         &self,
@@ -41,6 +42,7 @@ pub(crate) trait Platform: Sync {
         job_id: &str,
         job_dir: &Path,
         segment: usize,
+        obs: &dyn Observer,
     ) -> Result<Box<dyn Backend>>;
 
     /// Where the control endpoint binds and the address the workers are given, once the backend
@@ -61,7 +63,7 @@ pub(crate) trait Platform: Sync {
 }
 
 /// The platform `kind`: the registry.
-pub(crate) fn of(kind: BackendKind) -> &'static dyn Platform {
+pub fn of(kind: BackendKind) -> &'static dyn Platform {
     match kind {
         BackendKind::Local => &local::Local,
         BackendKind::Docker => &docker::Docker,
@@ -72,12 +74,12 @@ pub(crate) fn of(kind: BackendKind) -> &'static dyn Platform {
 }
 
 /// The job's platform.
-pub(crate) fn of_job(job: &JobSpec) -> &'static dyn Platform {
+pub fn of_job(job: &JobSpec) -> &'static dyn Platform {
     of(job.backend.name)
 }
 
 /// One launch as the coordinator sees it, for [`Platform::worker`].
-pub(crate) struct Worker<'a> {
+pub struct Worker<'a> {
     pub job_id: &'a str,
     pub segment: usize,
     /// The coordinator's control endpoint, as the workers reach it.
@@ -89,10 +91,12 @@ pub(crate) struct Worker<'a> {
     pub secrets: BTreeMap<String, SecretValue>,
     /// The command of a worker process on this machine (program first).
     pub local_command: &'a [String],
+    /// Where images built for the launch are reported.
+    pub obs: &'a dyn Observer,
 }
 
 /// What a launch runs and how the coordinator follows it.
-pub(crate) struct Launch {
+pub struct Launch {
     pub spec: WorkerSpec,
     /// Whether each rank's output is copied into the job's `logs/` when it ends (platforms that keep
     /// it themselves); `false`: the backend writes it there.
@@ -114,12 +118,12 @@ impl Launch {
 /// The UDP port a cluster-mode coordinator's control endpoint listens on: the one its platform object
 /// declares (the ECS task definition's port mapping, the pod's container port) and infra/'s
 /// `coordinator_port` opens (7000 in infra/ecs, infra/k8s and infra/azure).
-pub(crate) const COORDINATOR_PORT: u16 = 7000;
+pub const COORDINATOR_PORT: u16 = 7000;
 
 /// The control endpoint's ports to try in order: any (`[0]`) unless the platform declared `port`
 /// (a cluster-mode coordinator), then it and the next few (a prewarmed launch's control endpoint
 /// lives beside the running one's): all that the coordinator's platform object declares.
-pub(crate) fn control_ports(port: Option<u16>) -> Vec<u16> {
+pub fn control_ports(port: Option<u16>) -> Vec<u16> {
     match port {
         Some(p) => (0..physalia_backends::CONTROL_PORTS)
             .map(|i| p.saturating_add(i))
@@ -130,14 +134,14 @@ pub(crate) fn control_ports(port: Option<u16>) -> Vec<u16> {
 
 /// The port every container worker's mesh listens on (each has its own address): infra/ecs's
 /// `mesh_port`, which its security group opens among the tasks.
-pub(crate) const MESH_PORT: u16 = 7100;
+pub const MESH_PORT: u16 = 7100;
 
 /// How often the coordinator asks a cloud platform whether workers ended.
 const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// Where the control endpoint binds and the address the workers are given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Reach {
+pub struct Reach {
     pub bind: IpAddr,
     pub advertise: IpAddr,
 }
@@ -185,7 +189,7 @@ fn default_route_source() -> Result<IpAddr> {
 /// for GPU workers), what its placement says a task or pod gets (vCPUs and memory), a thread per vCPU of it unless `train.threads` says
 /// otherwise, the mesh on [`MESH_PORT`].
 fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
-    let priced = crate::summary::price(job)?;
+    let priced = crate::driver::summary::price(job)?;
     let catalog = physalia_planner::Catalog::builtin();
     let sku = catalog
         .get(&priced.sku)
@@ -195,7 +199,7 @@ fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
         .threads
         .map(|t| t as usize)
         .unwrap_or((sku.request_vcpus().floor() as usize).max(1));
-    let mut spec = crate::workers::worker_spec(
+    let mut spec = crate::driver::workers::worker_spec(
         w.job_id,
         w.segment,
         image.to_string(),
@@ -216,7 +220,7 @@ fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
 
 /// The container a cloud platform's preflight checks (`Backend::check`): a launch's worker, before
 /// any launch.
-pub(crate) fn preflight_worker(job: &JobSpec) -> Result<WorkerSpec> {
+pub fn preflight_worker(job: &JobSpec, obs: &dyn Observer) -> Result<WorkerSpec> {
     let w = Worker {
         job_id: "preflight",
         segment: 0,
@@ -224,6 +228,7 @@ pub(crate) fn preflight_worker(job: &JobSpec) -> Result<WorkerSpec> {
         threads: 1,
         secrets: BTreeMap::new(),
         local_command: &[],
+        obs,
     };
     let mut spec = of_job(job).worker(job, w)?.spec;
     spec.gpu = gpu_request(job);
@@ -231,14 +236,14 @@ pub(crate) fn preflight_worker(job: &JobSpec) -> Result<WorkerSpec> {
 }
 
 /// The GPUs each worker asks its platform for: `resources.gpu`, else one of the job's SKU's GPU.
-pub(crate) fn gpu_request(job: &JobSpec) -> Option<GpuRequest> {
+pub fn gpu_request(job: &JobSpec) -> Option<GpuRequest> {
     if let Some(g) = job.resources.as_ref().and_then(|r| r.gpu.as_ref()) {
         return Some(GpuRequest {
             count: g.count,
             kind: g.model.clone(),
         });
     }
-    let priced = crate::summary::price(job).ok()?;
+    let priced = crate::driver::summary::price(job).ok()?;
     let catalog = physalia_planner::Catalog::builtin();
     let gpu = catalog.get(&priced.sku)?.gpu.as_ref()?;
     Some(GpuRequest {

@@ -10,12 +10,20 @@ use physalia_backends::aci::{AciBackend, AciConfig, DefaultAzureToken, RegistryP
 use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
+use crate::driver::Observer;
 use crate::spec::{AciSettings, JobSpec};
 
-pub(crate) struct Aci;
+pub struct Aci;
 
 impl Platform for Aci {
-    fn backend(&self, job: &JobSpec, _: &str, _: &Path, _: usize) -> Result<Box<dyn Backend>> {
+    fn backend(
+        &self,
+        job: &JobSpec,
+        _: &str,
+        _: &Path,
+        _: usize,
+        _: &dyn Observer,
+    ) -> Result<Box<dyn Backend>> {
         let a = settings(job)?;
         let token = Arc::new(DefaultAzureToken::from_env());
         let backend = AciBackend::new(config(a), token).context("connecting to Azure")?;

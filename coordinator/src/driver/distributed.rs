@@ -33,18 +33,18 @@ use physalia_control::{
 };
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_wire::{Dtype, JobCa};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::coordinator::Event;
-use crate::dataset::{self, Source};
+use crate::driver::dataset::{self, Source};
+use crate::driver::platform;
+use crate::driver::summary::{self, RunResult};
+use crate::driver::workers::{BackendWorkers, block_on, identities, local_worker_command};
+use crate::driver::{Finished, Observer};
 use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::{Cancelled, JobDir};
-use crate::platform;
 use crate::spec::{ExchangeDtype, JobSpec, ParallelismSpec};
-use crate::summary::OutputFormat;
-use crate::summary::{self, RunResult};
-use crate::workers::{BackendWorkers, block_on, identities, local_worker_command};
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -118,16 +118,15 @@ fn checkpoints_dir(job: &Path) -> PathBuf {
 pub fn run(
     spec: &JobSpec,
     name: &str,
-    output: OutputFormat,
-    quiet: bool,
+    obs: &dyn Observer,
     resume: Option<ResumePoint>,
     memory_check: bool,
-    cluster: Option<&crate::cluster::Role>,
+    cluster: Option<&crate::driver::cluster::Role>,
 ) -> Result<()> {
     let n = spec.workers as usize;
     let price = summary::price(spec)?;
     let t_load = Instant::now();
-    let source = dataset::load(&spec.dataset)?;
+    let source = dataset::load(&spec.dataset, obs)?;
     let stats = source.stats();
     let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
     let local_command = local_worker_command()?;
@@ -139,7 +138,11 @@ pub fn run(
     }
     // before anything is written or launched
     if memory_check {
-        crate::admission::check(spec, &source, crate::admission::available_bytes())?;
+        crate::driver::admission::check(
+            spec,
+            &source,
+            crate::driver::admission::available_bytes(),
+        )?;
     }
     let (mut dir, remote) = open_record(spec, name, resume.as_ref(), cluster)?;
     let job_url = remote
@@ -155,10 +158,10 @@ pub fn run(
         .map(|r| crate::store::Mirror::start(r, jobdir_id(dir.path()), dir.path().to_path_buf()));
     let result = (|| -> Result<summary::JobSummary> {
         let data_name = source.name().to_string();
-        let dataset_path = dataset_file(spec, source, dir.path())?;
+        let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;
-        let (job, pending) = new_job(spec, resume.as_ref(), cluster, &price, dir.path(), quiet)?;
+        let (job, pending) = new_job(spec, resume.as_ref(), cluster, &price, dir.path(), obs)?;
         let driver = Driver {
             spec,
             name,
@@ -169,7 +172,7 @@ pub fn run(
             dataset_path: &dataset_path,
             job_abs: &job_abs,
             local_command: &local_command,
-            quiet,
+            obs,
             files: Files::new(Some(job_abs.clone())),
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
@@ -211,7 +214,9 @@ pub fn run(
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
     if let Err(e) = platform::of_job(spec).release(spec, &jobdir_id(dir.path())) {
-        eprintln!("warning: releasing the job's platform objects: {e:#}");
+        obs.notice(&format!(
+            "warning: releasing the job's platform objects: {e:#}"
+        ));
     }
     let summary = match result {
         Ok(summary) => summary,
@@ -221,7 +226,7 @@ pub fn run(
                 true => dir.end(JobState::Cancelled, None)?,
                 false => dir.end(JobState::Failed, Some(format!("{e:#}")))?,
             }
-            finish_mirror(&mut mirror, job_url.as_deref());
+            finish_mirror(&mut mirror, job_url.as_deref(), obs);
             let how = if cancelled { "was cancelled" } else { "failed" };
             return Err(e.context(format!(
                 "job {name} {how}; its record is in {}",
@@ -235,7 +240,7 @@ pub fn run(
         &mut mirror,
         job_url.as_deref(),
         name,
-        output,
+        obs,
     )
 }
 
@@ -247,29 +252,33 @@ fn succeed(
     mirror: &mut Option<crate::store::Mirror>,
     job_url: Option<&str>,
     name: &str,
-    output: OutputFormat,
+    obs: &dyn Observer,
 ) -> Result<()> {
     let v = serde_json::to_value(summary)?;
     dir.write_json("summary.json", &v)?;
     dir.end(JobState::Succeeded, None)?;
     // the report is a view of the record (its state included): a failure to render it does not fail
     // the job
-    let report = dir.path().join("report.html");
-    let report = match crate::report::write(dir.path(), &report) {
-        Ok(()) => Some(report),
+    let report = match obs.write_report(dir.path()) {
+        Ok(report) => report,
         Err(e) => {
-            eprintln!("warning: writing the job's report: {e:#}");
+            obs.notice(&format!("warning: writing the job's report: {e:#}"));
             None
         }
     };
-    finish_mirror(mirror, job_url);
+    finish_mirror(mirror, job_url, obs);
     let location = job_url.map_or_else(|| dir.path().display().to_string(), str::to_string);
     // a record in a store is read there
     let report = match job_url {
         Some(url) => report.map(|_| format!("{url}/report.html")),
         None => report.map(|r| r.display().to_string()),
     };
-    print_finished(name, &v, &location, report.as_deref(), output)
+    obs.finished(&Finished {
+        name,
+        summary: &v,
+        location: &location,
+        report: report.as_deref(),
+    })
 }
 
 /// The job's record: reopened to resume, staged under the id cluster mode's submitter chose, or new
@@ -278,7 +287,7 @@ fn open_record(
     spec: &JobSpec,
     name: &str,
     resume: Option<&ResumePoint>,
-    cluster: Option<&crate::cluster::Role>,
+    cluster: Option<&crate::driver::cluster::Role>,
 ) -> Result<(JobDir, Option<crate::store::Remote>)> {
     let remote = match crate::store::is_url(&spec.output.dir) {
         true => {
@@ -312,7 +321,7 @@ fn open_record(
 
 /// The dataset file the workers fetch: `dataset.path`, or a generated dataset written into the job's
 /// record. The loaded dataset is dropped and its memory given back before the workers start.
-fn dataset_file(spec: &JobSpec, source: Source, dir: &Path) -> Result<PathBuf> {
+fn dataset_file(spec: &JobSpec, source: Source, dir: &Path, obs: &dyn Observer) -> Result<PathBuf> {
     let path = match &source {
         Source::File(_) => spec
             .dataset
@@ -321,13 +330,13 @@ fn dataset_file(spec: &JobSpec, source: Source, dir: &Path) -> Result<PathBuf> {
             .expect("a file source comes from dataset.path"),
         Source::Memory(ds) => {
             let path = dir.join("dataset.safetensors");
-            crate::progress::step("writing the generated dataset", || ds.write(&path))
+            super::step(obs, "writing the generated dataset", || ds.write(&path))
                 .with_context(|| format!("writing {}", path.display()))?;
             path
         }
     };
     drop(source);
-    crate::release_freed_memory();
+    physalia_gnn::heap::release_freed_memory();
     Ok(std::path::absolute(&path)?)
 }
 
@@ -337,10 +346,10 @@ fn dataset_file(spec: &JobSpec, source: Source, dir: &Path) -> Result<PathBuf> {
 fn new_job(
     spec: &JobSpec,
     resume: Option<&ResumePoint>,
-    cluster: Option<&crate::cluster::Role>,
+    cluster: Option<&crate::driver::cluster::Role>,
     price: &crate::spec::Priced,
     dir: &Path,
-    quiet: bool,
+    obs: &dyn Observer,
 ) -> Result<(Job, Option<Stop>)> {
     // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
     // retried and a resumed job merges its epochs all the same.
@@ -372,9 +381,7 @@ fn new_job(
             ),
             None,
         );
-        if !quiet {
-            eprintln!("{line}");
-        }
+        obs.progress(&line);
     }
     // a resumed job's launches continue the numbering of the ones before (their logs stay)
     let first_launch = std::fs::read_dir(dir.join("logs"))
@@ -408,58 +415,16 @@ fn new_job(
     Ok((job, pending))
 }
 
-/// A finished job's final lines (`summary.json` as JSON, or what it ran on, its loss and accuracy, its
-/// report), the same whether this process coordinated it or followed it in a store.
-pub(crate) fn print_finished(
-    name: &str,
-    v: &Value,
-    location: &str,
-    report: Option<&str>,
-    output: OutputFormat,
-) -> Result<()> {
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(v)?),
-        OutputFormat::Text => {
-            println!("job {name} {}: {location}", summary::finished_on(v));
-            println!(
-                "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
-                v["runs"][0]["final_loss"].as_f64().unwrap_or(f64::NAN),
-                v["runs"][0]["test_acc_at_best_val"]
-                    .as_f64()
-                    .map(|a| format!("{a:.4}"))
-                    .unwrap_or("-".into()),
-                v["median_epoch_s"].as_f64().unwrap_or(0.0),
-                fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
-            );
-            if v["coordinator_usd_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
-                println!(
-                    "billed ${:.6}: {:.1} worker-seconds and {:.1} coordinator-seconds",
-                    v["usd_total"].as_f64().unwrap_or(0.0),
-                    v["worker_seconds"].as_f64().unwrap_or(0.0),
-                    v["coordinator_seconds"].as_f64().unwrap_or(0.0)
-                );
-            }
-            if let Some(d) = v["device"].as_str() {
-                println!("rank 0 trained on {d}");
-            }
-            if let Some(r) = report {
-                println!("report: {r}");
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Uploads what the job's record gained since the mirror's last pass, and stops it. A record that
 /// cannot be uploaded stays whole here, and the warning says where.
-fn finish_mirror(mirror: &mut Option<crate::store::Mirror>, url: Option<&str>) {
+fn finish_mirror(mirror: &mut Option<crate::store::Mirror>, url: Option<&str>, obs: &dyn Observer) {
     if let Some(m) = mirror.take()
         && let Err(e) = m.finish()
     {
-        eprintln!(
+        obs.notice(&format!(
             "warning: the job's record could not be written to {}: {e:#}",
             url.unwrap_or("the job store")
-        );
+        ));
     }
 }
 
@@ -480,18 +445,12 @@ struct Launch {
 impl Launch {
     /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the workers on the
     /// job's backend from one `WorkerSpec`.
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        spec: &JobSpec,
-        name: &str,
-        dir: &Path,
-        n: usize,
-        index: usize,
-        local_command: &[String],
-        register_timeout: Duration,
-        files: Files,
-        control_port: Option<u16>,
-    ) -> Result<Launch> {
+    fn start(d: &Driver, dir: &Path, n: usize, index: usize) -> Result<Launch> {
+        let (spec, name, obs) = (d.spec, d.name, d.obs);
+        let local_command = d.local_command;
+        let timeouts = spec.timeouts.clone().unwrap_or_default();
+        let register_timeout = Duration::from_secs_f64(timeouts.register_s);
+        let (files, control_port) = (d.files.clone(), d.control_port);
         let dir = &std::path::absolute(dir)?;
         // The job id names the CA and keys frames: the job directory's name is unique per submission.
         let job_id = dir
@@ -502,7 +461,7 @@ impl Launch {
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
         let platform = platform::of_job(spec);
-        let backend = platform.backend(spec, &job_id, dir, index)?;
+        let backend = platform.backend(spec, &job_id, dir, index, obs)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
         // for containers, every interface (advertising one) for a cloud platform's
         let prepared = block_on(backend.prepare(&job_id))?
@@ -548,6 +507,7 @@ impl Launch {
                 threads,
                 secrets,
                 local_command,
+                obs,
             },
         )?;
         // where each rank's output is copied when it ends, for platforms that keep it themselves
@@ -573,13 +533,14 @@ impl Launch {
 }
 
 /// The job's backend for launch `segment` of the job in `job_dir` (named after the directory).
-pub(crate) fn job_backend(
+pub fn job_backend(
     spec: &JobSpec,
     job_dir: &Path,
     segment: usize,
+    obs: &dyn Observer,
 ) -> Result<Box<dyn physalia_backends::Backend>> {
     let job_dir = std::path::absolute(job_dir)?;
-    platform::of_job(spec).backend(spec, &jobdir_id(&job_dir), &job_dir, segment)
+    platform::of_job(spec).backend(spec, &jobdir_id(&job_dir), &job_dir, segment, obs)
 }
 
 fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
@@ -642,14 +603,15 @@ struct Driver<'a> {
     job_abs: &'a Path,
     /// How a worker process starts on this machine.
     local_command: &'a [String],
-    quiet: bool,
+    /// Where what happens is reported.
+    obs: &'a dyn Observer,
     /// What the control servers serve (partitions, the dataset, checkpoints) and where rank 0's
     /// checkpoints and model are stored: the job directory.
     files: Files,
     /// Mini-batch settings of the next assignments: the job file's, or a replan's choice.
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
     /// Partition sets kept beside the dataset in its object store (cluster mode).
-    stored_partitions: Option<&'a crate::cluster::StoredPartitions>,
+    stored_partitions: Option<&'a crate::driver::cluster::StoredPartitions>,
     /// The port the control endpoints bind (and the next few): the one a cluster-mode
     /// coordinator's platform object declares; `None`: any.
     control_port: Option<u16>,
@@ -761,9 +723,7 @@ impl Driver<'_> {
             if dir.cancel_requested() {
                 r.log
                     .line("cancel requested (physalia cancel): stopping every launch");
-                if !self.quiet {
-                    eprintln!("cancel requested: stopping every worker");
-                }
+                self.obs.progress("cancel requested: stopping every worker");
                 break End::Cancelled;
             }
             let bill = r.job.usd_at(Instant::now());
@@ -877,9 +837,7 @@ impl Driver<'_> {
                 }
                 JobAction::Say(line) => {
                     r.log.line(&line);
-                    if !self.quiet {
-                        eprintln!("{line}");
-                    }
+                    self.obs.progress(&line);
                 }
                 JobAction::Log(line) => r.log.line(&line),
                 JobAction::Finish => end = Some(End::Finished),
@@ -931,12 +889,8 @@ impl Driver<'_> {
         by_rank: &[physalia_gnn::EpochMetrics],
         usd: f64,
     ) -> Result<()> {
-        if !self.quiet {
-            eprintln!(
-                "{}",
-                epoch_line(self.spec.train.epochs as usize, by_rank, usd)
-            );
-        }
+        self.obs
+            .progress(&epoch_line(self.spec.train.epochs as usize, by_rank, usd));
         let line = MetricsLine::coordinated(self.spec.train.seed, by_rank, usd);
         dir.append_metrics(&line)?;
         let bill = r.job.usd_at(Instant::now());
@@ -965,10 +919,13 @@ impl Driver<'_> {
             match stored.fetch(self.dataset_path, k, seed) {
                 Ok(true) => tracing::info!("partitions for {k} workers from {}", stored.url()),
                 Ok(false) => {}
-                Err(e) => eprintln!("warning: reading partitions from {}: {e:#}", stored.url()),
+                Err(e) => self.obs.notice(&format!(
+                    "warning: reading partitions from {}: {e:#}",
+                    stored.url()
+                )),
             }
         }
-        let sets = crate::progress::step(&format!("partitioning into {k} parts"), || {
+        let sets = super::step(self.obs, &format!("partitioning into {k} parts"), || {
             physalia_graph::partition::ensure_partitions(self.dataset_path, &[k], seed)
         })
         .with_context(|| {
@@ -982,26 +939,15 @@ impl Driver<'_> {
             && !set.reused
             && let Err(e) = stored.store(&set)
         {
-            eprintln!(
+            self.obs.notice(&format!(
                 "warning: storing partitions beside the dataset at {}: {e:#}",
                 stored.url()
-            );
+            ));
         }
         let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
-        crate::release_freed_memory();
-        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
-        let launch = Launch::start(
-            self.spec,
-            self.name,
-            dir.path(),
-            n,
-            index,
-            self.local_command,
-            Duration::from_secs_f64(timeouts.register_s),
-            self.files.clone(),
-            self.control_port,
-        )?;
+        physalia_gnn::heap::release_freed_memory();
+        let launch = Launch::start(self, dir.path(), n, index)?;
         Ok(Live {
             launch,
             outboxes: vec![None; n],
@@ -1030,7 +976,7 @@ impl Driver<'_> {
             .as_ref()
             .map_or(now.workers, |p| p.max_workers);
         let (chosen, why) =
-            crate::plan::replan(&now, self.dataset_path, objective, by_rank, max_workers)
+            crate::driver::plan::replan(&now, self.dataset_path, objective, by_rank, max_workers)
                 .map_err(|e| format!("{e:#}"))?;
         let x = chosen.exchange.clone().unwrap_or_default();
         *self.minibatch.borrow_mut() = chosen.minibatch.clone();
@@ -1128,7 +1074,7 @@ impl Driver<'_> {
 }
 
 /// What each worker trains on: its GPUs (none: the CPU) and whether it may fall back to the CPU.
-pub(crate) fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest {
+pub fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest {
     physalia_control::DeviceRequest {
         gpus: platform::gpu_request(spec).map_or(0, |g| g.count),
         fallback_cpu: spec
@@ -1230,20 +1176,9 @@ fn stop(mut l: Live, reason: &str, finished: bool) {
     drop(l.launch.server);
 }
 
-fn fmt_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.2} MiB", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
-    }
-}
-
 /// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed
 /// over workers, the longest halo wait and the longest all-reduce of any worker.
-pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> String {
+pub fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> String {
     let m = &by_rank[0];
     let mut line = summary::epoch_line(1, 0, epochs, m);
     let sent: u64 = by_rank.iter().map(|m| m.exchange.bytes_sent).sum();
@@ -1268,7 +1203,7 @@ pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> S
         .map(|l| {
             let f = per_layer.get(&(l, true)).copied().unwrap_or(0);
             let b = per_layer.get(&(l, false)).copied().unwrap_or(0);
-            format!("L{l} {}/{}", fmt_bytes(f), fmt_bytes(b))
+            format!("L{l} {}/{}", summary::fmt_bytes(f), summary::fmt_bytes(b))
         })
         .collect();
     let halo = by_rank
@@ -1281,7 +1216,7 @@ pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> S
         .fold(0.0, f64::max);
     line.push_str(&format!(
         "  sent {}  fwd/bwd [{}]  halo max {:.3}s  allreduce max {:.3}s  ${:.6}",
-        fmt_bytes(sent),
+        summary::fmt_bytes(sent),
         layers.join(", "),
         halo,
         ar,
@@ -1291,7 +1226,11 @@ pub(crate) fn epoch_line(epochs: usize, by_rank: &[EpochMetrics], usd: f64) -> S
 }
 
 /// Stops every launch a dead coordinator left running and releases the job's platform objects.
-pub(crate) fn clean_up_after(dir: &Path, status: &physalia_control::JobStatus) -> Result<()> {
+pub fn clean_up_after(
+    dir: &Path,
+    status: &physalia_control::JobStatus,
+    obs: &dyn Observer,
+) -> Result<()> {
     let spec_path = dir.join("job.json");
     let text = std::fs::read_to_string(&spec_path)
         .with_context(|| format!("{}: cannot read", spec_path.display()))?;
@@ -1300,14 +1239,14 @@ pub(crate) fn clean_up_after(dir: &Path, status: &physalia_control::JobStatus) -
     let id = jobdir_id(dir);
     let mut failures = Vec::new();
     for &segment in &status.launches {
-        let backend = job_backend(&spec, dir, segment as usize)?;
+        let backend = job_backend(&spec, dir, segment as usize, obs)?;
         let launch = physalia_backends::LaunchId::new(id.clone(), segment);
-        if let Err(e) = crate::workers::block_on(backend.stop_all(&launch))? {
+        if let Err(e) = crate::driver::workers::block_on(backend.stop_all(&launch))? {
             failures.push(format!("launch {segment}: {e}"));
         }
     }
-    let backend = job_backend(&spec, dir, 0)?;
-    if let Err(e) = crate::workers::block_on(backend.release(&id))? {
+    let backend = job_backend(&spec, dir, 0, obs)?;
+    if let Err(e) = crate::driver::workers::block_on(backend.release(&id))? {
         failures.push(format!("releasing the job's platform objects: {e}"));
     }
     if !failures.is_empty() {

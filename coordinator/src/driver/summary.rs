@@ -10,17 +10,9 @@ use serde::Serialize;
 
 use crate::spec::{self, JobSpec, ModelKind, Priced};
 
-/// How a command prints its result.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    Text,
-    /// A machine-readable summary as the last line of standard output.
-    Json,
-}
+pub use crate::elastic::RunResult;
 
-pub(crate) use physalia_coordinator::elastic::RunResult;
-
-pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
+pub fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -> String {
     let prefix = if runs > 1 {
         format!("run {run} ")
     } else {
@@ -51,9 +43,21 @@ pub(crate) fn epoch_line(runs: u64, run: u64, epochs: usize, m: &EpochMetrics) -
     line
 }
 
-pub(crate) fn fmt_acc(a: Option<f64>) -> String {
+pub fn fmt_acc(a: Option<f64>) -> String {
     a.map(|a| format!("{:.4}", a))
         .unwrap_or_else(|| "  -   ".into())
+}
+
+/// `b` bytes in KiB, MiB or GiB.
+pub fn fmt_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
 }
 
 pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<ModelConfig> {
@@ -92,7 +96,7 @@ pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<Mod
 /// `summary.json` of a coordinated job: what every job reports ([`Summary`]), and what the
 /// coordinator measured and billed over its launches.
 #[derive(Serialize)]
-pub(crate) struct JobSummary {
+pub struct JobSummary {
     #[serde(flatten)]
     pub run: Summary,
     /// Workers of the last launch.
@@ -118,62 +122,62 @@ pub(crate) struct JobSummary {
 }
 
 #[derive(Serialize)]
-pub(crate) struct Summary {
-    job: String,
-    job_dir: String,
-    dataset: String,
-    nodes: usize,
-    edges: usize,
-    model: ModelConfig,
-    parameters: usize,
-    epochs: u32,
-    runs: Vec<RunSummary>,
+pub struct Summary {
+    pub job: String,
+    pub job_dir: String,
+    pub dataset: String,
+    pub nodes: usize,
+    pub edges: usize,
+    pub model: ModelConfig,
+    pub parameters: usize,
+    pub epochs: u32,
+    pub runs: Vec<RunSummary>,
     /// Over runs: mean and population standard deviation of the test accuracy at the best validation epoch.
-    mean_test_acc_at_best_val: Option<f64>,
-    std_test_acc_at_best_val: Option<f64>,
-    mean_final_test_acc: Option<f64>,
+    pub mean_test_acc_at_best_val: Option<f64>,
+    pub std_test_acc_at_best_val: Option<f64>,
+    pub mean_final_test_acc: Option<f64>,
     /// Median over all epochs of all runs of the training time per epoch (forward, backward, step).
-    median_epoch_s: f64,
+    pub median_epoch_s: f64,
     /// Training time per epoch of the first run.
-    epoch_times_s: Vec<f64>,
-    load_s: f64,
-    peak_rss_bytes: Option<u64>,
+    pub epoch_times_s: Vec<f64>,
+    pub load_s: f64,
+    pub peak_rss_bytes: Option<u64>,
     /// Every worker's seconds times its container's price, over all runs; a coordinated job's bill
     /// (every launch's workers from start to stop, and the coordinator).
     pub usd_total: f64,
     /// The workers' container (a catalog SKU) and its price.
-    sku: String,
-    usd_per_worker_hour: f64,
+    pub sku: String,
+    pub usd_per_worker_hour: f64,
     /// Rank 0's device when it is not the CPU that was asked for (a GPU, or the CPU a GPU job fell back to).
     #[serde(skip_serializing_if = "Option::is_none")]
-    device: Option<String>,
+    pub device: Option<String>,
 }
 
 /// The job's worker container (its platform's SKU) and its price per worker-second, from the planner's
 /// built-in catalog. Validation made sure the job names one (a `goal:` job gets the planner's).
-pub(crate) fn price(spec: &JobSpec) -> Result<Priced> {
+pub fn price(spec: &JobSpec) -> Result<Priced> {
     spec.backend
         .priced(&physalia_planner::Catalog::builtin(), None)
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 #[derive(Serialize)]
-struct RunSummary {
-    seed: u64,
-    final_epoch: usize,
-    final_loss: f64,
-    final_train_acc: Option<f64>,
-    final_val_acc: Option<f64>,
-    final_test_acc: Option<f64>,
-    best_epoch: Option<usize>,
-    best_val_acc: Option<f64>,
-    test_acc_at_best_val: Option<f64>,
-    stopped_early: bool,
-    median_epoch_s: f64,
+pub struct RunSummary {
+    pub seed: u64,
+    pub final_epoch: usize,
+    pub final_loss: f64,
+    pub final_train_acc: Option<f64>,
+    pub final_val_acc: Option<f64>,
+    pub final_test_acc: Option<f64>,
+    pub best_epoch: Option<usize>,
+    pub best_val_acc: Option<f64>,
+    pub test_acc_at_best_val: Option<f64>,
+    pub stopped_early: bool,
+    pub median_epoch_s: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn summarize(
+pub fn summarize(
     name: &str,
     data_name: &str,
     stats: &physalia_graph::GraphStats,
@@ -255,63 +259,6 @@ pub(crate) fn summarize(
     }
 }
 
-pub(crate) fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(s)?),
-        OutputFormat::Text => {
-            println!("job {} finished: {}", s.job, s.job_dir);
-            if s.runs.len() > 1 {
-                println!(
-                    "test accuracy at best val over {} runs: {} +- {}",
-                    s.runs.len(),
-                    fmt_acc(s.mean_test_acc_at_best_val),
-                    fmt_acc(s.std_test_acc_at_best_val)
-                );
-            } else if let Some(r) = s.runs.first() {
-                println!(
-                    "final: loss {:.4} train {} val {} test {}; best val {} at epoch {}, test there {}",
-                    r.final_loss,
-                    fmt_acc(r.final_train_acc),
-                    fmt_acc(r.final_val_acc),
-                    fmt_acc(r.final_test_acc),
-                    fmt_acc(r.best_val_acc),
-                    r.best_epoch.map(|e| e.to_string()).unwrap_or("-".into()),
-                    fmt_acc(r.test_acc_at_best_val)
-                );
-            }
-            println!(
-                "median epoch {:.4}s, peak memory {}",
-                s.median_epoch_s,
-                s.peak_rss_bytes
-                    .map(|b| format!("{:.1} MiB", b as f64 / (1 << 20) as f64))
-                    .unwrap_or("unknown".into())
-            );
-            if let Some(d) = &s.device {
-                println!("trained on {d}");
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The final line's "finished on 4 workers (1-4 during the job)" from a coordinated job's summary: the
-/// workers of the last launch, and the range its recorded epochs used when it changed.
-pub(crate) fn finished_on(v: &serde_json::Value) -> String {
-    let workers = v["workers"].as_u64().unwrap_or(0);
-    let mut line = format!(
-        "finished on {workers} worker{}",
-        if workers == 1 { "" } else { "s" }
-    );
-    if let (Some(lo), Some(hi)) = (
-        v["workers_range"][0].as_u64(),
-        v["workers_range"][1].as_u64(),
-    ) && lo != hi
-    {
-        line.push_str(&format!(" ({lo}-{hi} during the job)"));
-    }
-    line
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -341,7 +288,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// This process's resident set now (Linux `VmRSS`): a coordinator's while its workers train.
-pub(crate) fn rss_bytes() -> Option<u64> {
+pub fn rss_bytes() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
@@ -350,28 +297,4 @@ fn status_bytes(field: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::finished_on;
-    use serde_json::json;
-
-    #[test]
-    fn the_final_line_names_the_last_workers_and_the_range_used() {
-        let line = |v| finished_on(&v);
-        assert_eq!(
-            line(json!({"workers": 4, "workers_range": [1, 4]})),
-            "finished on 4 workers (1-4 during the job)"
-        );
-        assert_eq!(
-            line(json!({"workers": 2, "workers_range": [2, 4]})),
-            "finished on 2 workers (2-4 during the job)"
-        );
-        assert_eq!(
-            line(json!({"workers": 1, "workers_range": [1, 1]})),
-            "finished on 1 worker"
-        );
-        assert_eq!(line(json!({"workers": 3})), "finished on 3 workers");
-    }
 }

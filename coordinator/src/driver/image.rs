@@ -17,7 +17,7 @@
 //!   of its own container address and advertises it.
 //! * Containers: launched, listed, stopped and read through `physalia_backends::docker::DockerBackend`, the
 //!   `Backend` trait every platform implements, from a `WorkerSpec` (DESIGN invariant 6); this module makes
-//!   the image, and `crate::workers::BackendWorkers` gives the coordinator a blocking view
+//!   the image, and `crate::driver::workers::BackendWorkers` gives the coordinator a blocking view
 //!   of it, as of every backend.
 //! * Secrets: copied into each container before it starts as a tar stream (`docker cp -`) owned by the
 //!   worker's user, mode 0400, under `/run/secrets/physalia`; never in the command line, the environment or
@@ -28,6 +28,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+use super::Observer;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
@@ -75,21 +77,19 @@ pub fn named_image(image: &str) -> Result<String> {
 
 /// The worker image for `worker` (the physalia-worker binary): `physalia-worker:<content hash>`, built when
 /// missing. Returns its tag.
-pub fn ensure_image(worker: &Path, quiet: bool) -> Result<String> {
-    ensure_image_tagged(worker, &image_tag(worker)?, quiet)
+pub fn ensure_image(worker: &Path, obs: &dyn Observer) -> Result<String> {
+    ensure_image_tagged(worker, &image_tag(worker)?, obs)
 }
 
 /// [`ensure_image`] under another tag.
-pub fn ensure_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result<String> {
+pub fn ensure_image_tagged(worker: &Path, tag: &str, obs: &dyn Observer) -> Result<String> {
     tag_of(tag)?;
     let tag = tag.to_string();
     if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
         return Ok(tag);
     }
-    if !quiet {
-        eprintln!("building the worker image {tag}...");
-    }
-    build_image(worker, &tag)?;
+    obs.progress(&format!("building the worker image {tag}..."));
+    build_image(worker, &tag, obs)?;
     Ok(tag)
 }
 
@@ -100,7 +100,7 @@ pub fn ensure_cli_image(
     worker: &Path,
     cli: &Path,
     tag: Option<&str>,
-    quiet: bool,
+    obs: &dyn Observer,
 ) -> Result<String> {
     let tag = match tag {
         Some(t) => t.to_string(),
@@ -119,10 +119,8 @@ pub fn ensure_cli_image(
     if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
         return Ok(tag);
     }
-    let base = ensure_image(worker, quiet)?;
-    if !quiet {
-        eprintln!("building the coordinator image {tag}...");
-    }
+    let base = ensure_image(worker, obs)?;
+    obs.progress(&format!("building the coordinator image {tag}..."));
     let stage = tempfile::tempdir().context("creating a staging folder")?;
     let ctx = stage.path();
     let root = ctx.join("rootfs");
@@ -138,15 +136,15 @@ pub fn ensure_cli_image(
         std::fs::create_dir_all(&dest)?;
         std::fs::copy(bundle, dest.join("ca-certificates.crt"))
             .with_context(|| format!("copying {}", bundle.display()))?;
-    } else if !quiet {
-        eprintln!(
+    } else {
+        obs.progress(&format!(
             "warning: {} is not here: the coordinator image has no CA bundle (HTTPS fails in it)",
             bundle.display()
-        );
+        ));
     }
     std::fs::write(
         ctx.join("Dockerfile"),
-        include_str!("../../worker-image/Dockerfile.cli"),
+        include_str!("../../../worker-image/Dockerfile.cli"),
     )?;
     let bin = ctx.join("physalia");
     let stripped = Command::new("strip")
@@ -159,7 +157,7 @@ pub fn ensure_cli_image(
     if !stripped {
         std::fs::copy(cli, &bin)?;
     }
-    let out = crate::progress::step(&format!("building {tag}"), || {
+    let out = super::step(obs, &format!("building {tag}"), || {
         Command::new("docker")
             .args([
                 "build",
@@ -198,29 +196,27 @@ const CUDA_SUFFIX: &str = "-cuda";
 /// The CUDA worker image for `worker` (`physalia-worker:<content hash>-cuda`, for GPU workers), built when
 /// missing from `worker-image/Dockerfile.cuda` and the wheels of [`CUDA_WHEELS`] (downloaded into
 /// [`wheel_cache`] when not there). Returns its tag.
-pub fn ensure_cuda_image(worker: &Path, quiet: bool) -> Result<String> {
-    ensure_cuda_image_tagged(worker, &cuda_image_tag(worker)?, quiet)
+pub fn ensure_cuda_image(worker: &Path, obs: &dyn Observer) -> Result<String> {
+    ensure_cuda_image_tagged(worker, &cuda_image_tag(worker)?, obs)
 }
 
 /// [`ensure_cuda_image`] under another tag.
-pub fn ensure_cuda_image_tagged(worker: &Path, tag: &str, quiet: bool) -> Result<String> {
+pub fn ensure_cuda_image_tagged(worker: &Path, tag: &str, obs: &dyn Observer) -> Result<String> {
     tag_of(tag)?;
     let tag = tag.to_string();
     if docker(&["image", "inspect", "--format", "{{.Id}}", &tag]).is_ok() {
         return Ok(tag);
     }
     let cache = wheel_cache()?;
-    let wheels = cuda_wheels(&cache, quiet)?;
-    if !quiet {
-        eprintln!("building the CUDA worker image {tag}...");
-    }
-    build(worker, &tag, Some(&wheels))?;
+    let wheels = cuda_wheels(&cache, obs)?;
+    obs.progress(&format!("building the CUDA worker image {tag}..."));
+    build(worker, &tag, Some(&wheels), obs)?;
     Ok(tag)
 }
 
 /// The image of GPU workers: the job file's `backend.docker.gpu_image` (checked to be in the engine), or
 /// the CUDA image of `worker`, built when missing.
-pub fn gpu_image(named: Option<&str>, worker: &Path, quiet: bool) -> Result<String> {
+pub fn gpu_image(named: Option<&str>, worker: &Path, obs: &dyn Observer) -> Result<String> {
     match named {
         Some(image) => {
             docker(&["image", "inspect", "--format", "{{.Id}}", image]).with_context(|| {
@@ -231,7 +227,7 @@ pub fn gpu_image(named: Option<&str>, worker: &Path, quiet: bool) -> Result<Stri
             })?;
             Ok(image.to_string())
         }
-        None => ensure_cuda_image(worker, quiet),
+        None => ensure_cuda_image(worker, obs),
     }
 }
 
@@ -297,7 +293,7 @@ fn cached_wheel(cache: &Path, dist: &str, version: &str) -> Option<PathBuf> {
 
 /// The wheels of [`CUDA_WHEELS`] in `cache`, each downloaded with `python3 -m pip download` when not
 /// there (binary wheels for this machine, no dependencies: the libraries are all that is used).
-pub fn cuda_wheels(cache: &Path, quiet: bool) -> Result<Vec<PathBuf>> {
+pub fn cuda_wheels(cache: &Path, obs: &dyn Observer) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     let mut wheels = Vec::new();
     for (dist, version) in CUDA_WHEELS {
@@ -305,12 +301,10 @@ pub fn cuda_wheels(cache: &Path, quiet: bool) -> Result<Vec<PathBuf>> {
             wheels.push(w);
             continue;
         }
-        if !quiet {
-            eprintln!(
-                "downloading {dist}=={version} into {} (once)...",
-                cache.display()
-            );
-        }
+        obs.progress(&format!(
+            "downloading {dist}=={version} into {} (once)...",
+            cache.display()
+        ));
         let out = Command::new("python3")
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
             .arg("--dest")
@@ -459,14 +453,19 @@ pub fn pushed_digest(remote: &str) -> Option<String> {
 }
 
 /// Builds the runtime base from this machine's libraries and the image from `worker-image/Dockerfile`.
-pub fn build_image(worker: &Path, tag: &str) -> Result<()> {
-    build(worker, tag, None)
+pub fn build_image(worker: &Path, tag: &str, obs: &dyn Observer) -> Result<()> {
+    build(worker, tag, None, obs)
 }
 
 /// Builds the runtime base and the image `tag`: from `worker-image/Dockerfile`, or with `cuda_wheels`
 /// from `worker-image/Dockerfile.cuda` with the wheels' libraries in the context's `cuda/` folder and
 /// the host libraries they need in the base.
-fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()> {
+fn build(
+    worker: &Path,
+    tag: &str,
+    cuda_wheels: Option<&[PathBuf]>,
+    obs: &dyn Observer,
+) -> Result<()> {
     let stage = tempfile::tempdir().context("creating a staging folder")?;
     let ctx = stage.path().join("context");
     std::fs::create_dir_all(&ctx)?;
@@ -517,11 +516,11 @@ fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()
         bail!("tar could not pack the runtime base");
     }
     let base = format!("physalia-runtime:{}", tag_of(tag)?);
-    import_base(&tar, &base).context("importing the runtime base")?;
+    import_base(&tar, &base, obs).context("importing the runtime base")?;
     // the build context: the Dockerfile and the stripped binary (and cuda/)
     let dockerfile = match cuda_wheels {
         None => crate_dockerfile()?,
-        Some(_) => include_str!("../../worker-image/Dockerfile.cuda"),
+        Some(_) => include_str!("../../../worker-image/Dockerfile.cuda"),
     };
     std::fs::write(ctx.join("Dockerfile"), dockerfile)?;
     let bin = ctx.join("physalia-worker");
@@ -535,7 +534,7 @@ fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()
     if !stripped {
         std::fs::copy(worker, &bin)?;
     }
-    let out = crate::progress::step(&format!("building {tag}"), || {
+    let out = super::step(obs, &format!("building {tag}"), || {
         Command::new("docker")
             .args(["build", "--build-arg", &format!("BASE={base}"), "-t", tag])
             .arg(&ctx)
@@ -554,7 +553,7 @@ fn build(worker: &Path, tag: &str, cuda_wheels: Option<&[PathBuf]>) -> Result<()
 
 /// `docker import` of the runtime base's tar as `base`, streamed through standard input so the bar
 /// counts the bytes docker has taken.
-fn import_base(tar: &Path, base: &str) -> Result<()> {
+fn import_base(tar: &Path, base: &str, obs: &dyn Observer) -> Result<()> {
     let size = std::fs::metadata(tar)
         .with_context(|| format!("reading {}", tar.display()))?
         .len();
@@ -565,13 +564,17 @@ fn import_base(tar: &Path, base: &str) -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .context("running docker")?;
-    let bar = crate::progress::bytes("importing the runtime base", size);
+    let bar = obs.transfer("importing the runtime base", size);
     let file = std::fs::File::open(tar).with_context(|| format!("reading {}", tar.display()))?;
     let mut stdin = child.stdin.take().expect("stdin is piped");
     // a write error is docker having stopped reading: its own message says why
-    let copied = std::io::copy(&mut bar.wrap_read(file), &mut stdin);
+    let mut counted = super::Counted {
+        inner: file,
+        progress: bar.as_ref(),
+    };
+    let copied = std::io::copy(&mut counted, &mut stdin);
     drop(stdin);
-    bar.finish_and_clear();
+    drop(bar);
     let out = child.wait_with_output().context("running docker")?;
     if !out.status.success() {
         bail!(
@@ -594,7 +597,7 @@ fn tag_of(image: &str) -> Result<&str> {
 
 /// `worker-image/Dockerfile`, embedded so an installed `physalia` can build images anywhere.
 fn crate_dockerfile() -> Result<&'static str> {
-    Ok(include_str!("../../worker-image/Dockerfile"))
+    Ok(include_str!("../../../worker-image/Dockerfile"))
 }
 
 /// The host libraries `lib` (a CUDA library in `dir`) needs, from `ldd` with `dir` searched first: those
@@ -713,7 +716,7 @@ mod tests {
             cached_wheel(t.path(), "nvidia-cublas-cu12", "12.6.4.1"),
             None
         );
-        let wheels = cuda_wheels(t.path(), true).unwrap();
+        let wheels = cuda_wheels(t.path(), &crate::driver::Plain { quiet: true }).unwrap();
         assert_eq!(wheels, [nvrtc.clone(), cublas.clone()]);
 
         let dest = t.path().join("cuda");
@@ -757,7 +760,7 @@ mod tests {
 
     #[test]
     fn gpu_workers_of_a_docker_job_run_the_gpu_image() {
-        let cfg = crate::platform::docker::config(
+        let cfg = crate::driver::platform::docker::config(
             "cora 1",
             Some("physalia-worker:0123456789abcdef-cuda".into()),
         );

@@ -9,16 +9,26 @@ use physalia_backends::kubernetes::{KubernetesBackend, KubernetesConfig};
 use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
+use crate::driver::Observer;
 use crate::spec::{JobSpec, KubernetesSettings};
 
-pub(crate) struct Kubernetes;
+pub struct Kubernetes;
 
 impl Platform for Kubernetes {
-    fn backend(&self, job: &JobSpec, _: &str, _: &Path, _: usize) -> Result<Box<dyn Backend>> {
+    fn backend(
+        &self,
+        job: &JobSpec,
+        _: &str,
+        _: &Path,
+        _: usize,
+        _: &dyn Observer,
+    ) -> Result<Box<dyn Backend>> {
         let k = settings(job)?;
-        let backend =
-            crate::workers::block_on(KubernetesBackend::infer(config(k), k.context.as_deref()))?
-                .context("connecting to Kubernetes")?;
+        let backend = crate::driver::workers::block_on(KubernetesBackend::infer(
+            config(k),
+            k.context.as_deref(),
+        ))?
+        .context("connecting to Kubernetes")?;
         Ok(Box::new(backend))
     }
 
@@ -44,7 +54,7 @@ fn config(k: &KubernetesSettings) -> KubernetesConfig {
         namespace: k.namespace.clone(),
         image_pull_secret: k.image_pull_secret.clone(),
         gpu_image: k.gpu_image.clone(),
-        fs_group: Some(i64::from(crate::image::WORKER_UID)),
+        fs_group: Some(i64::from(crate::driver::image::WORKER_UID)),
         poll_interval: Duration::from_secs(1),
         node_selector: k.node_selector.clone(),
         tolerations: (k.tolerations.iter())
@@ -84,7 +94,10 @@ mod tests {
         assert_eq!(cfg.namespace, "ml");
         assert_eq!(cfg.gpu_image.as_deref(), Some("img-cuda"));
         assert_eq!(cfg.image_pull_secret.as_deref(), Some("pull"));
-        assert_eq!(cfg.fs_group, Some(i64::from(crate::image::WORKER_UID)));
+        assert_eq!(
+            cfg.fs_group,
+            Some(i64::from(crate::driver::image::WORKER_UID))
+        );
         assert_eq!(cfg.coordinator_service_account, "physalia-coordinator");
     }
 }

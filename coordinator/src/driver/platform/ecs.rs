@@ -9,16 +9,25 @@ use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig};
 use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
+use crate::driver::Observer;
 use crate::spec::{EcsSettings, JobSpec};
 
-pub(crate) struct Ecs;
+pub struct Ecs;
 
 impl Platform for Ecs {
-    fn backend(&self, job: &JobSpec, _: &str, _: &Path, _: usize) -> Result<Box<dyn Backend>> {
+    fn backend(
+        &self,
+        job: &JobSpec,
+        _: &str,
+        _: &Path,
+        _: usize,
+        _: &dyn Observer,
+    ) -> Result<Box<dyn Backend>> {
         let e = settings(job)?;
         let cfg = config(e, super::gpu_request(job).is_some());
-        let backend = crate::workers::block_on(EcsBackend::from_env(cfg, e.region.clone()))?
-            .context("connecting to AWS ECS")?;
+        let backend =
+            crate::driver::workers::block_on(EcsBackend::from_env(cfg, e.region.clone()))?
+                .context("connecting to AWS ECS")?;
         Ok(Box::new(backend))
     }
 

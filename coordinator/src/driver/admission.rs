@@ -10,13 +10,13 @@
 use anyhow::{Result, bail};
 use physalia_planner::Catalog;
 
-use crate::dataset::Source;
+use crate::driver::dataset::Source;
 use crate::spec::JobSpec;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// This machine's available memory (`MemAvailable` of `/proc/meminfo`), bytes.
-pub(crate) fn available_bytes() -> Option<f64> {
+pub fn available_bytes() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -24,19 +24,19 @@ pub(crate) fn available_bytes() -> Option<f64> {
 }
 
 /// Refuses `spec` when its workers, all on this machine, would need more than `available` bytes.
-pub(crate) fn check(spec: &JobSpec, source: &Source, available: Option<f64>) -> Result<()> {
+pub fn check(spec: &JobSpec, source: &Source, available: Option<f64>) -> Result<()> {
     let on_this_machine = spec.backend.name.on_this_machine();
-    let gpu = crate::platform::gpu_request(spec).is_some();
+    let gpu = crate::driver::platform::gpu_request(spec).is_some();
     let Some(available) = available.filter(|_| on_this_machine && !gpu) else {
         return Ok(());
     };
-    let req = crate::plan::request(spec, source)?;
+    let req = crate::driver::plan::request(spec, source)?;
     // the local SKU describes the development machine; this one has what /proc/meminfo says
     let mut catalog = Catalog::builtin();
     for sku in catalog.skus.iter_mut().filter(|s| s.name == "local") {
         sku.memory_gib = available / GIB;
     }
-    let w = crate::plan::as_written(spec, &req, &catalog, Some("local"), None)?;
+    let w = crate::driver::plan::as_written(spec, &req, &catalog, Some("local"), None)?;
     let m = &w.prediction.memory;
     if m.host_bytes <= m.host_usable_bytes {
         return Ok(());
