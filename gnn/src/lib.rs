@@ -37,8 +37,8 @@ pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
-    BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, close_epoch,
-    evaluate, global_accuracies, train, train_resumable, train_resumable_owned,
+    BatchStats, EpochEnd, EpochMetrics, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary,
+    close_epoch, evaluate, global_accuracies, train, train_loop, train_resumable, train_resumable_owned,
 };
 
 #[derive(Debug, thiserror::Error)]
