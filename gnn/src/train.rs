@@ -2,7 +2,9 @@
 //!
 //! The same loop runs on a single worker (with [`LocalExchange`](crate::LocalExchange)) and on every worker
 //! of a partition-parallel job; losses and accuracy counts are summed through the exchange so every worker
-//! reports the global numbers.
+//! reports the global numbers. It is also the loop of every device: [`train_loop`] runs an [`EpochStep`], the
+//! host [`Model`]'s here (`train_resumable`) or a [`crate::DeviceModel`]'s on any [`crate::Ops`] device
+//! ([`crate::device::train_resumable_on`], what a GPU worker runs), so the two cannot drift apart.
 
 use std::time::Instant;
 

@@ -33,8 +33,17 @@ where
     O: Ops,
     E: From<O::Error> + From<crate::Error>,
 {
-    let setup = || DeviceStep::upload(ops, model, opt, g, x, sets);
-    train_loop(setup, start, g.n_dst(), sets, cfg, ex, on_epoch)
+    // the closure is written at the call, where the bound makes it `FnOnce`: the step it returns keeps the
+    // references it was handed
+    train_loop(
+        || DeviceStep::upload(ops, model, opt, g, x, sets),
+        start,
+        g.n_dst(),
+        sets,
+        cfg,
+        ex,
+        on_epoch,
+    )
 }
 
 /// A [`DeviceModel`] training on one worker's graph, with everything an epoch reads resident on the device,
