@@ -38,7 +38,8 @@ pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
     BatchStats, EpochEnd, EpochMetrics, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary,
-    close_epoch, evaluate, global_accuracies, train, train_loop, train_resumable, train_resumable_owned,
+    close_epoch, evaluate, global_accuracies, train, train_loop, train_resumable,
+    train_resumable_owned,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -153,7 +153,10 @@ fn host_and_device_steps_train_alike_and_resume_on_each_other() {
         let (mut dm, mut dop) = fresh(&j);
         let (dev, _, dev_seen) = run(&j, Step::Device, &mut dm, &mut dop, Progress::default(), 99);
         assert_eq!(host.epochs.len(), j.tc.epochs, "{what}");
-        assert_eq!(host_seen, host.epochs, "{what}: the callback saw every epoch");
+        assert_eq!(
+            host_seen, host.epochs,
+            "{what}: the callback saw every epoch"
+        );
         assert_same_epochs(&format!("{what}: device"), &dev.epochs, &host.epochs);
         assert_eq!(dev_seen.len(), dev.epochs.len(), "{what}");
         assert_same_record(&format!("{what}: device"), &dev, &host);
@@ -187,7 +190,11 @@ fn patience_stops_both_steps_at_the_same_epoch() {
         let what = format!("{kind:?} patience 3");
         let (mut hm, mut ho) = fresh(&j);
         let (host, _, _) = run(&j, Step::Host, &mut hm, &mut ho, Progress::default(), 99);
-        assert!(host.stopped_early, "{what}: the host ran all {} epochs", j.tc.epochs);
+        assert!(
+            host.stopped_early,
+            "{what}: the host ran all {} epochs",
+            j.tc.epochs
+        );
         let stop = host.epochs.len();
         assert!(stop < j.tc.epochs, "{what}");
         let (mut dm, mut dop) = fresh(&j);
@@ -196,7 +203,14 @@ fn patience_stops_both_steps_at_the_same_epoch() {
         assert_same_record(&format!("{what}: device"), &dev, &host);
         // stopped one epoch before patience runs out, with evaluations since the best pending
         let (mut m, mut o) = fresh(&j);
-        let (head, progress, _) = run(&j, Step::Host, &mut m, &mut o, Progress::default(), stop - 1);
+        let (head, progress, _) = run(
+            &j,
+            Step::Host,
+            &mut m,
+            &mut o,
+            Progress::default(),
+            stop - 1,
+        );
         assert!(!head.stopped_early, "{what}");
         assert!(progress.since_best > 0, "{what}: {progress:?}");
         let (tail, end, _) = run(&j, Step::Device, &mut m, &mut o, progress, 99);

@@ -7,7 +7,9 @@ use crate::exchange::Exchange;
 use crate::model::{LocalGraph, Model, Pass};
 use crate::optim::Adam;
 use crate::tensor::Matrix;
-use crate::train::{EpochEnd, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary, train_loop};
+use crate::train::{
+    EpochEnd, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary, train_loop,
+};
 
 use super::{AdamConfig, DeviceGraph, DeviceModel, Ops};
 
