@@ -12,7 +12,8 @@
 //! - [`engine`]: [`CudaEngine`]: context, compute and copy streams, compiled module, cuBLAS, a buffer pool
 //!   reused across epochs, pinned halo buffers.
 //! - [`launch`]: kernel launches whose argument types are checked against the CUDA signatures.
-//! - [`train`]: [`train_resumable_on`]: the CPU's full-graph training loop on a device.
+//! - [`train`]: [`train_resumable_on`]: the full-graph training loop every device shares (`physalia_gnn`'s),
+//!   run on a device, with this crate's error.
 //!
 //! The layer logic is not here: `physalia_gnn::device::DeviceModel` composes the model from the trait once,
 //! for every device, and this crate implements the trait for the GPU.

@@ -133,8 +133,8 @@ fn cora_accuracy_equals_cpu_on_the_cpu_device() {
     }
 }
 
-/// The device's training loop (`train_resumable_on`, the loop a GPU worker runs) against the CPU's
-/// (`physalia_gnn::train_resumable`): per-epoch losses and validation accuracy, with GCN's features freed
+/// The device's step in the one training loop (`train_resumable_on`, what a GPU worker runs) against the
+/// CPU's (`physalia_gnn::train_resumable`): per-epoch losses and validation accuracy, with GCN's features freed
 /// once `A X` is cached (no input dropout) and kept (input dropout), and with SAGE, whose root weight reads
 /// them every epoch.
 #[test]

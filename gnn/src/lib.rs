@@ -3,7 +3,7 @@
 //! Dense row-major f32 tensors ([`Matrix`]), products parallelised over fixed row blocks ([`dense`]), sparse
 //! aggregation operators with their transposes ([`sparse`]), GCN / GraphSAGE / GAT layers whose forward and
 //! backward are split at the aggregation where rows owned by other workers enter ([`model`], [`exchange`]),
-//! masked cross-entropy, Adam, and the full-graph training loop ([`train`]).
+//! masked cross-entropy, Adam, and the full-graph training loop ([`mod@train`]).
 //!
 //! [`device`] is the seam between the layer logic and the hardware: the [`Ops`] trait every device implements
 //! (here [`Cpu`], in `physalia-gnn-cuda` the GPU) and [`DeviceModel`], the layers composed from it once.
@@ -37,8 +37,9 @@ pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
 pub use tensor::Matrix;
 pub use train::{
-    BatchStats, EpochEnd, EpochMetrics, NodeSets, Progress, TrainConfig, TrainSummary, close_epoch,
-    evaluate, global_accuracies, train, train_resumable, train_resumable_owned,
+    BatchStats, EpochEnd, EpochMetrics, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary,
+    close_epoch, evaluate, global_accuracies, train, train_loop, train_resumable,
+    train_resumable_owned,
 };
 
 #[derive(Debug, thiserror::Error)]

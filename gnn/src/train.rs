@@ -2,7 +2,9 @@
 //!
 //! The same loop runs on a single worker (with [`LocalExchange`](crate::LocalExchange)) and on every worker
 //! of a partition-parallel job; losses and accuracy counts are summed through the exchange so every worker
-//! reports the global numbers.
+//! reports the global numbers. It is also the loop of every device: [`train_loop`] runs an [`EpochStep`], the
+//! host [`Model`]'s here (`train_resumable`) or a [`crate::DeviceModel`]'s on any [`crate::Ops`] device
+//! ([`crate::device::train_resumable_on`], what a GPU worker runs), so the two cannot drift apart.
 
 use std::time::Instant;
 
@@ -154,13 +156,22 @@ pub fn evaluate(
     sets: &NodeSets,
     ex: &mut dyn Exchange,
 ) -> Result<[Option<f64>; 3]> {
+    let counts = correct_counts(model, g, x, sets, ex)?;
+    global_accuracies(counts, sets, ex)
+}
+
+/// This worker's correct predictions on its train, val and test rows from an evaluation pass; the
+/// activations are dropped before the caller sums the counts over workers.
+fn correct_counts(
+    model: &mut Model,
+    g: &LocalGraph,
+    x: &Matrix,
+    sets: &NodeSets,
+    ex: &mut dyn Exchange,
+) -> Result<[usize; 3]> {
     let fwd = model.forward(g, x, Pass::Eval, ex)?;
     let rows = [&sets.train, &sets.val, &sets.test];
-    global_accuracies(
-        rows.map(|r| correct(&fwd.logits, &sets.labels, r)),
-        sets,
-        ex,
-    )
+    Ok(rows.map(|r| correct(&fwd.logits, &sets.labels, r)))
 }
 
 /// Train, val and test accuracy over all workers from this worker's correct counts on its rows of each.
@@ -256,17 +267,14 @@ pub fn train_resumable(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
-    train_loop(
+    let step = HostStep {
         model,
         opt,
-        start,
         g,
-        &mut Features::Borrowed(x),
+        x: Features::Borrowed(x),
         sets,
-        cfg,
-        ex,
-        on_epoch,
-    )
+    };
+    train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
 }
 
 /// [`train_resumable`] owning the input features, so it can free them as soon as the model no longer reads
@@ -283,17 +291,124 @@ pub fn train_resumable_owned(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
-    train_loop(
+    let step = HostStep {
         model,
         opt,
-        start,
         g,
-        &mut Features::Owned(x),
+        x: Features::Owned(x),
         sets,
-        cfg,
-        ex,
-        on_epoch,
-    )
+    };
+    train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
+}
+
+/// One worker's share of a full-graph epoch on the device that holds the model: what [`train_loop`] asks of
+/// the host [`Model`] (`train_resumable`) and of a [`crate::DeviceModel`] on any [`crate::Ops`] device
+/// ([`crate::device::train_resumable_on`]). What is not a device's business stays in the loop, written once:
+/// the collective calls outside the layers (the training rows' count, the loss, the accuracy counts), so
+/// workers issue them in one order whatever their devices, and the timing, the divergence check, the
+/// evaluation schedule, best validation, patience and the callback, so both devices report alike.
+pub trait EpochStep {
+    type Error;
+
+    /// Runs before the first epoch of a call with epochs left (`first` is its pass): computes a constant
+    /// `A X` and frees the features the model no longer reads, so their memory is free before any
+    /// activation exists. A step whose features are borrowed has nothing to free and may do nothing.
+    fn prepare(&mut self, first: Pass, ex: &mut dyn Exchange) -> Result<(), Self::Error>;
+
+    /// One training step of epoch `epoch` (1-based, the dropout key): forward, the cross-entropy over this
+    /// worker's training rows with its gradient normalised by `n_train` (the count over all workers),
+    /// backward, the optimizer. Returns this worker's loss sum, which the loop sums over workers.
+    fn train_step(
+        &mut self,
+        epoch: usize,
+        n_train: f64,
+        ex: &mut dyn Exchange,
+    ) -> Result<f64, Self::Error>;
+
+    /// Waits for the step's queued work, so the epoch's training time covers it; called after the loss is
+    /// summed over workers, so an asynchronous device overlaps its last kernels with that exchange.
+    fn synchronize(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// This worker's correct predictions on its train, val and test rows, from an evaluation pass.
+    fn correct(&mut self, ex: &mut dyn Exchange) -> Result<[usize; 3], Self::Error>;
+
+    /// The host model and optimizer the callback sees, holding the step's current state (a device copies
+    /// its parameters and Adam's moments there, so a checkpoint written from them resumes on either device).
+    fn host_state(&mut self) -> Result<(&Model, &Adam), Self::Error>;
+}
+
+/// The full-graph epoch loop of every device: `setup` builds the step (on a device: uploads the graph, the
+/// features and the model) once the labels are checked and the training rows counted over all workers, then
+/// epochs `start.epoch + 1 ..= cfg.epochs` run as [`train_resumable`] documents. `n_dst` is the number of
+/// owned rows (one label each).
+pub fn train_loop<S, E>(
+    setup: impl FnOnce() -> Result<S, S::Error>,
+    start: Progress,
+    n_dst: usize,
+    sets: &NodeSets,
+    cfg: &TrainConfig,
+    ex: &mut dyn Exchange,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(TrainSummary, Progress), E>
+where
+    S: EpochStep,
+    E: From<S::Error> + From<Error>,
+{
+    if sets.labels.len() != n_dst {
+        return Err(Error::Shape(format!("{} labels for {n_dst} nodes", sets.labels.len())).into());
+    }
+    let mut n_train = [sets.train.len() as f64];
+    ex.all_reduce_scalars(&mut n_train)
+        .map_err(Error::Exchange)?;
+    let n_train = n_train[0];
+    if n_train == 0.0 {
+        return Err(Error::Config("the training split is empty".into()).into());
+    }
+    let mut step = setup()?;
+    let mut summary = start.summary(cfg.epochs);
+    let mut progress = start;
+    if progress.epoch < cfg.epochs {
+        let first = Pass::Train {
+            epoch: progress.epoch as u64 + 1,
+        };
+        step.prepare(first, ex)?;
+    }
+    for epoch in progress.epoch + 1..=cfg.epochs {
+        let t0 = Instant::now();
+        let mut loss = [step.train_step(epoch, n_train, ex)?];
+        ex.all_reduce_scalars(&mut loss).map_err(Error::Exchange)?;
+        step.synchronize()?;
+        let train_s = t0.elapsed().as_secs_f64();
+        let loss = loss[0] / n_train;
+        if !loss.is_finite() {
+            return Err(Error::Diverged { epoch, loss }.into());
+        }
+        let mut m = EpochMetrics::trained(epoch, loss, train_s);
+        let evaluated = cfg.evaluates(epoch);
+        if evaluated {
+            let t1 = Instant::now();
+            let correct = step.correct(ex)?;
+            [m.train_acc, m.val_acc, m.test_acc] = global_accuracies(correct, sets, ex)?;
+            m.eval_s = t1.elapsed().as_secs_f64();
+        }
+        m.exchange = ex.take_stats();
+        let (model, opt) = step.host_state()?;
+        if close_epoch(
+            &mut summary,
+            &mut progress,
+            cfg.patience,
+            m,
+            evaluated,
+            model,
+            opt,
+            on_epoch,
+        ) {
+            break;
+        }
+    }
+    Ok((summary, progress))
 }
 
 /// The input features of a training loop: borrowed, or owned and freed once the model no longer needs them.
@@ -323,53 +438,37 @@ impl Features<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn train_loop(
-    model: &mut Model,
-    opt: &mut Adam,
-    start: Progress,
-    g: &LocalGraph,
-    x: &mut Features<'_>,
-    sets: &NodeSets,
-    cfg: &TrainConfig,
-    ex: &mut dyn Exchange,
-    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
-) -> Result<(TrainSummary, Progress)> {
-    if sets.labels.len() != g.n_dst() {
-        return Err(Error::Shape(format!(
-            "{} labels for {} nodes",
-            sets.labels.len(),
-            g.n_dst()
-        )));
+/// The host [`Model`] as an [`EpochStep`]: the layers on [`crate::Cpu`], the host's loss and [`Adam`], and
+/// the caller's model and optimizer updated in place (nothing to copy for the callback).
+struct HostStep<'a, 'x> {
+    model: &'a mut Model,
+    opt: &'a mut Adam,
+    g: &'a LocalGraph,
+    x: Features<'x>,
+    sets: &'a NodeSets,
+}
+
+impl EpochStep for HostStep<'_, '_> {
+    type Error = Error;
+
+    fn prepare(&mut self, first: Pass, ex: &mut dyn Exchange) -> Result<()> {
+        // borrowed features stay the caller's: the first forward computes `A X` as every later one would
+        if let Features::Owned(_) = self.x {
+            self.model
+                .cache_input_aggregation(self.g, self.x.get(), first, ex)?;
+            self.x.release_if_unneeded(self.model);
+            // what loading freed (the part's arrays, the operators' build buffers) would stay resident below
+            // the epoch's buffers
+            crate::heap::release_freed_memory();
+        }
+        Ok(())
     }
-    let mut n_train = [sets.train.len() as f64];
-    ex.all_reduce_scalars(&mut n_train)
-        .map_err(Error::Exchange)?;
-    if n_train[0] == 0.0 {
-        return Err(Error::Config("the training split is empty".into()));
-    }
-    let mut summary = start.summary(cfg.epochs);
-    let mut progress = start;
-    if let Features::Owned(_) = x
-        && progress.epoch < cfg.epochs
-    {
-        // compute a constant `A X` before the first epoch, so owned features the model no longer reads are
-        // freed before any activation exists (the epoch reuses their memory)
-        let first = Pass::Train {
-            epoch: progress.epoch as u64 + 1,
-        };
-        model.cache_input_aggregation(g, x.get(), first, ex)?;
-        x.release_if_unneeded(model);
-        // what loading freed (the part's arrays, the operators' build buffers) would stay resident below
-        // the epoch's buffers
-        crate::heap::release_freed_memory();
-    }
-    for epoch in progress.epoch + 1..=cfg.epochs {
-        let t0 = Instant::now();
+
+    fn train_step(&mut self, epoch: usize, n_train: f64, ex: &mut dyn Exchange) -> Result<f64> {
         let span = crate::profile::span("(forward, all)");
-        let fwd = model.forward(
-            g,
-            x.get(),
+        let fwd = self.model.forward(
+            self.g,
+            self.x.get(),
             Pass::Train {
                 epoch: epoch as u64,
             },
@@ -377,47 +476,28 @@ fn train_loop(
         )?;
         drop(span);
         let span = crate::profile::span("loss");
-        let (loss_sum, d_logits) =
-            cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train[0]);
+        let sets = self.sets;
+        let (loss_sum, d_logits) = cross_entropy(&fwd.logits, &sets.labels, &sets.train, n_train);
         drop(span);
         let span = crate::profile::span("(backward, all)");
-        let grads = model.backward(g, fwd, d_logits, ex)?;
+        let grads = self.model.backward(self.g, fwd, d_logits, ex)?;
         drop(span);
-        x.release_if_unneeded(model);
+        self.x.release_if_unneeded(self.model);
         let span = crate::profile::span("optimizer");
-        opt.step(&mut model.params, &grads);
+        self.opt.step(&mut self.model.params, &grads);
         drop(span);
-        let mut loss = [loss_sum];
-        ex.all_reduce_scalars(&mut loss).map_err(Error::Exchange)?;
-        let train_s = t0.elapsed().as_secs_f64();
-        let loss = loss[0] / n_train[0];
-        if !loss.is_finite() {
-            return Err(Error::Diverged { epoch, loss });
-        }
-        let mut m = EpochMetrics::trained(epoch, loss, train_s);
-        let evaluated = cfg.evaluates(epoch);
-        if evaluated {
-            let t1 = Instant::now();
-            let [tr, va, te] = evaluate(model, g, x.get(), sets, ex)?;
-            x.release_if_unneeded(model);
-            m.eval_s = t1.elapsed().as_secs_f64();
-            (m.train_acc, m.val_acc, m.test_acc) = (tr, va, te);
-        }
-        m.exchange = ex.take_stats();
-        if close_epoch(
-            &mut summary,
-            &mut progress,
-            cfg.patience,
-            m,
-            evaluated,
-            model,
-            opt,
-            on_epoch,
-        ) {
-            break;
-        }
+        Ok(loss_sum)
     }
-    Ok((summary, progress))
+
+    fn correct(&mut self, ex: &mut dyn Exchange) -> Result<[usize; 3]> {
+        let counts = correct_counts(self.model, self.g, self.x.get(), self.sets, ex)?;
+        self.x.release_if_unneeded(self.model);
+        Ok(counts)
+    }
+
+    fn host_state(&mut self) -> Result<(&Model, &Adam)> {
+        Ok((self.model, self.opt))
+    }
 }
 
 /// An epoch's end, the same for every trainer (full graph, mini-batch, P3): takes in its evaluation when

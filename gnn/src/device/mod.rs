@@ -24,9 +24,11 @@ mod cpu;
 mod defaults;
 pub(crate) mod model;
 mod sar;
+mod train;
 
 pub use cpu::{Cpu, CpuPrimitives};
 pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, GraphView, download_all};
+pub use train::train_resumable_on;
 
 use std::sync::Arc;
 
