@@ -15,8 +15,9 @@ use physalia_gnn::{
 };
 use physalia_graph::Split;
 
+use physalia_coordinator::driver::resolved::ResolvedJob;
 use physalia_coordinator::driver::summary::{
-    RunResult, epoch_line, fmt_acc, model_config, price, summarize,
+    RunResult, epoch_line, fmt_acc, model_config, summarize,
 };
 use physalia_coordinator::driver::{admission, cluster, dataset, distributed, plan};
 
@@ -35,6 +36,8 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool)
         .with_context(|| format!("{}: not a job record", spec_path.display()))?;
     spec.validate()
         .with_context(|| format!("{}: the recorded job", spec_path.display()))?;
+    let job = ResolvedJob::new(spec)
+        .with_context(|| format!("{}: the recorded job", spec_path.display()))?;
     let point = distributed::resume_point(dir)?;
     let name = dir
         .file_name()
@@ -47,7 +50,7 @@ pub fn resume(dir: &Path, output: OutputFormat, quiet: bool, memory_check: bool)
         );
     }
     let obs = Terminal::new(output, quiet);
-    distributed::run(&spec, &name, &obs, Some(point), memory_check, None)
+    distributed::run(&job, &name, &obs, Some(point), memory_check, None)
 }
 
 pub fn run(
@@ -67,9 +70,12 @@ pub fn run(
         }
         spec = planned;
     }
+    let name = spec.job_name(job);
+    let resolved = ResolvedJob::new(spec)?;
+    let spec = &resolved.spec;
     // cluster mode: the coordinator runs on the platform; this process hands it the job and follows it
     if spec.backend.mode() == Mode::Cluster {
-        return cluster::submit(job, spec, &obs, detach);
+        return cluster::submit(job, resolved, &obs, detach);
     }
     if detach {
         bail!(
@@ -81,31 +87,31 @@ pub fn run(
     // Every job is the coordinator's (its workers checkpoint every epoch, a lost one is retried, a stopped
     // job resumes) except repeated seeds (`train.runs` > 1), a statistics loop that trains in this process.
     if spec.train.runs.max(1) == 1 {
-        return distributed::run(&spec, &spec.job_name(job), &obs, None, memory_check, None);
+        return distributed::run(&resolved, &name, &obs, None, memory_check, None);
     }
-    run_seeds(job, &spec, output, quiet, memory_check)
+    run_seeds(&name, &resolved, output, quiet, memory_check)
 }
 
 /// Repeated seeds (`train.runs` > 1): one after another in this process, for a mean and a deviation.
 fn run_seeds(
-    job: &Path,
-    spec: &JobSpec,
+    name: &str,
+    job: &ResolvedJob,
     output: OutputFormat,
     quiet: bool,
     memory_check: bool,
 ) -> Result<()> {
+    let spec = &job.spec;
     if let Some(t) = spec.train.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(t as usize)
             .build_global()
             .context("train.threads: starting the thread pool")?;
     }
-    let name = spec.job_name(job);
-    let price = price(spec)?;
+    let price = &job.priced;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset, &Terminal::new(output, quiet))?;
     if memory_check {
-        admission::check(spec, &source, admission::available_bytes())?;
+        admission::check(job, &source, admission::available_bytes())?;
     }
     let stats = source.stats();
     let data_name = source.name().to_string();
@@ -139,7 +145,7 @@ fn run_seeds(
     drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
 
-    let mut dir = JobDir::create(&spec.output.dir, &name)?;
+    let mut dir = JobDir::create(&spec.output.dir, name)?;
     dir.write_json("job.json", spec)?;
     dir.begin(spec.backend.name.as_str(), 0, spec.train.epochs as usize)?;
     let result = train_runs(
@@ -165,7 +171,7 @@ fn run_seeds(
         }
         Ok(runs) => {
             let summary = summarize(
-                &name,
+                name,
                 &data_name,
                 &stats,
                 &cfg,
@@ -173,7 +179,7 @@ fn run_seeds(
                 &runs,
                 dir.path(),
                 load_s,
-                &price,
+                price,
             );
             dir.write_json("summary.json", &summary)?;
             dir.end(JobState::Succeeded, None)?;

@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use physalia_planner::Catalog;
 
 use crate::driver::dataset::Source;
-use crate::spec::JobSpec;
+use crate::driver::resolved::ResolvedJob;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -23,10 +23,11 @@ pub fn available_bytes() -> Option<f64> {
     Some(kib * 1024.0)
 }
 
-/// Refuses `spec` when its workers, all on this machine, would need more than `available` bytes.
-pub fn check(spec: &JobSpec, source: &Source, available: Option<f64>) -> Result<()> {
+/// Refuses `job` when its workers, all on this machine, would need more than `available` bytes.
+pub fn check(job: &ResolvedJob, source: &Source, available: Option<f64>) -> Result<()> {
+    let spec = &job.spec;
     let on_this_machine = spec.backend.name.on_this_machine();
-    let gpu = crate::driver::platform::gpu_request(spec).is_some();
+    let gpu = job.gpu.is_some();
     let Some(available) = available.filter(|_| on_this_machine && !gpu) else {
         return Ok(());
     };

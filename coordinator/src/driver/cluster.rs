@@ -33,6 +33,7 @@ use physalia_control::{JobState, JobStatus, MetricsLine};
 use serde_json::Value;
 
 use crate::driver::Observer;
+use crate::driver::resolved::ResolvedJob;
 use crate::driver::workers::block_on;
 use crate::spec::JobSpec;
 use crate::store::{self, Remote};
@@ -116,33 +117,24 @@ pub struct Role {
 /// The price of the coordinator's container (1 vCPU, `memory_gib`) a second on the job's platform: the
 /// per-vCPU and per-GiB prices of the platform's catalog (Fargate's on ecs, ACI's on aci); where the
 /// catalog prices whole nodes (kubernetes), one vCPU's share of the job's SKU.
-pub fn coordinator_usd_per_s(spec: &JobSpec, memory_gib: f64) -> Result<f64> {
+pub fn coordinator_usd_per_s(job: &ResolvedJob, memory_gib: f64) -> Result<f64> {
     let catalog = physalia_planner::Catalog::builtin();
     let per_unit = catalog.skus.iter().find_map(|s| {
         let p = &s.price;
-        (s.backend == spec.backend.name && !s.is_gpu())
+        (s.backend == job.spec.backend.name && !s.is_gpu())
             .then_some(())
             .and(p.usd_per_vcpu_second.zip(p.usd_per_gib_second))
     });
     if let Some((vcpu, gib)) = per_unit {
         return Ok(vcpu * COORDINATOR_VCPUS + gib * memory_gib);
     }
-    let priced = crate::driver::summary::price(spec)?;
-    let sku = catalog
-        .get(&priced.sku)
-        .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?;
-    Ok(priced.usd_per_worker_s * COORDINATOR_VCPUS / sku.vcpus.max(COORDINATOR_VCPUS))
+    Ok(job.priced.usd_per_worker_s * COORDINATOR_VCPUS / job.sku.vcpus.max(COORDINATOR_VCPUS))
 }
 
 /// The backend of the job's platform that starts, follows and stops its coordinator.
-fn platform_backend(spec: &JobSpec) -> Result<Box<dyn Backend>> {
-    crate::driver::platform::of_job(spec).backend(
-        spec,
-        "",
-        Path::new(""),
-        0,
-        &super::Plain { quiet: true },
-    )
+fn platform_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
+    job.platform
+        .backend(job, "", Path::new(""), 0, &super::Plain { quiet: true })
 }
 
 /// What cluster mode needs of the job file beyond what validation checks, refused before anything is
@@ -168,19 +160,26 @@ fn check_settings(spec: &JobSpec) -> Result<()> {
 }
 
 /// `physalia submit` in cluster mode. `spec` is resolved (its goal applied).
-pub fn submit(job_file: &Path, mut spec: JobSpec, obs: &dyn Observer, detach: bool) -> Result<()> {
+pub fn submit(
+    job_file: &Path,
+    mut job: ResolvedJob,
+    obs: &dyn Observer,
+    detach: bool,
+) -> Result<()> {
     let file = job_file.display().to_string();
-    let kind = spec.backend.name;
-    check_settings(&spec).with_context(|| file.clone())?;
-    let env = coordinator_env(&spec, &|k| std::env::var(k).ok()).with_context(|| file.clone())?;
-    let image = spec
+    let kind = job.spec.backend.name;
+    check_settings(&job.spec).with_context(|| file.clone())?;
+    let env = coordinator_env(&job, &|k| std::env::var(k).ok()).with_context(|| file.clone())?;
+    let image = job
+        .spec
         .backend
         .coordinator_image()
         .context("the platform's section names no image")?
         .to_string();
-    let backend = platform_backend(&spec).with_context(|| file.clone())?;
+    let backend = platform_backend(&job).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
-    let probe = crate::driver::platform::preflight_worker(&spec, obs)?;
+    let probe = crate::driver::platform::preflight_worker(&job, obs)?;
+    let spec = &mut job.spec;
     block_on(backend.check(&probe))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
     let remote = Remote::open(&spec.output.dir.to_string_lossy())
@@ -188,7 +187,7 @@ pub fn submit(job_file: &Path, mut spec: JobSpec, obs: &dyn Observer, detach: bo
     remote
         .check_writable()
         .with_context(|| format!("{file}: output.dir"))?;
-    let memory_gib = coordinator_memory_gib(dataset_bytes(&spec).with_context(|| file.clone())?);
+    let memory_gib = coordinator_memory_gib(dataset_bytes(spec).with_context(|| file.clone())?);
     if let Some(path) = spec.dataset.path.clone()
         && !store::is_url(&path)
     {
@@ -197,7 +196,7 @@ pub fn submit(job_file: &Path, mut spec: JobSpec, obs: &dyn Observer, detach: bo
         spec.dataset.path = Some(PathBuf::from(url));
     }
     let id = remote.new_job_id(&spec.job_name(job_file))?;
-    remote.put(&id, "job.json", json_bytes(&spec)?)?;
+    remote.put(&id, "job.json", json_bytes(spec)?)?;
     // readable by `status` from now on; the coordinator rewrites it once it runs
     let mut status = JobStatus::starting(kind.as_str(), 0, spec.train.epochs as usize);
     status.coordinator = None;
@@ -337,7 +336,9 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
             status.state.as_str()
         );
     }
-    let backend = platform_backend(&spec).with_context(|| format!("{job_url}/job.json"))?;
+    let job = ResolvedJob::new(spec).with_context(|| format!("{job_url}/job.json"))?;
+    let spec = &job.spec;
+    let backend = platform_backend(&job).with_context(|| format!("{job_url}/job.json"))?;
     if let Some(bytes) = remote.get(id, COORDINATOR_JSON)? {
         let old: CoordinatorHandle = serde_json::from_slice(&bytes)
             .with_context(|| format!("{job_url}/{COORDINATOR_JSON}: not a coordinator handle"))?;
@@ -367,7 +368,7 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
     if checkpoints.is_empty() {
         bail!("{job_url}: no checkpoint in the store to resume from");
     }
-    let env = coordinator_env(&spec, &|k| std::env::var(k).ok())?;
+    let env = coordinator_env(&job, &|k| std::env::var(k).ok())?;
     let image = spec
         .backend
         .coordinator_image()
@@ -384,7 +385,7 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
             backend: backend.as_ref(),
             image,
             env,
-            memory_gib: coordinator_memory_gib(dataset_bytes(&spec)?),
+            memory_gib: coordinator_memory_gib(dataset_bytes(spec)?),
             resume: true,
             status,
         },
@@ -399,11 +400,11 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
 /// group's identities is the coordinator's (`AZURE_MSI_RESOURCE_ID`: a group that pulls from a registry
 /// holds the pull identity too, and the metadata service then wants to be told).
 fn coordinator_env(
-    spec: &JobSpec,
+    job: &ResolvedJob,
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
-    let dir = spec.output.dir.to_string_lossy();
+    let dir = job.spec.output.dir.to_string_lossy();
     let azure = ["az://", "abfs://", "abfss://", "azure://"]
         .iter()
         .any(|s| dir.starts_with(s));
@@ -422,7 +423,7 @@ fn coordinator_env(
             }
         }
     }
-    crate::driver::platform::of_job(spec).coordinator_env(spec, &mut env);
+    job.platform.coordinator_env(job, &mut env);
     Ok(env)
 }
 
@@ -800,21 +801,20 @@ pub fn coordinate(
         }
         false => None,
     };
+    let memory_gib = coordinator_memory_gib(dataset_bytes(&spec)?);
+    let job = ResolvedJob::new(spec).with_context(|| format!("{job_url}/job.json"))?;
     let role = Role {
         job_id: id.to_string(),
         staging: work.join("jobs"),
         // the size submit chose, from the same dataset's bytes
-        coordinator_usd_per_s: coordinator_usd_per_s(
-            &spec,
-            coordinator_memory_gib(dataset_bytes(&spec)?),
-        )?,
+        coordinator_usd_per_s: coordinator_usd_per_s(&job, memory_gib)?,
         recorded,
         partitions,
         control_port,
     };
-    let name = spec.name.clone().unwrap_or_else(|| id.to_string());
-    let result = crate::driver::distributed::run(&spec, &name, obs, resume, false, Some(&role));
-    if let Err(e) = release_template(&remote, &spec, id) {
+    let name = job.spec.name.clone().unwrap_or_else(|| id.to_string());
+    let result = crate::driver::distributed::run(&job, &name, obs, resume, false, Some(&role));
+    if let Err(e) = release_template(&remote, &job, id) {
         obs.notice(&format!(
             "warning: deleting the coordinator's task definition: {e:#}"
         ));
@@ -824,7 +824,7 @@ pub fn coordinate(
 
 /// Deletes the coordinator's template objects (the ECS task definition), which outlive its task: the
 /// task itself ends with this process.
-fn release_template(remote: &Remote, spec: &JobSpec, id: &str) -> Result<()> {
+fn release_template(remote: &Remote, job: &ResolvedJob, id: &str) -> Result<()> {
     let Some(bytes) = remote.get(id, COORDINATOR_JSON)? else {
         return Ok(());
     };
@@ -833,7 +833,7 @@ fn release_template(remote: &Remote, spec: &JobSpec, id: &str) -> Result<()> {
     if handle.objects.is_empty() {
         return Ok(());
     }
-    let backend = platform_backend(spec)?;
+    let backend = platform_backend(job)?;
     block_on(backend.stop_coordinator(&handle))??;
     Ok(())
 }
@@ -850,16 +850,16 @@ pub fn recorded_handle(dir: &Path) -> Result<Option<CoordinatorHandle>> {
     }
 }
 
-/// Stops the coordinator of the job in `dir` and deletes its platform objects.
+/// Stops the coordinator of the recorded job `spec` and deletes its platform objects.
 pub fn stop_coordinator(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<()> {
-    let backend = platform_backend(spec)?;
+    let backend = platform_backend(&ResolvedJob::new(spec.clone())?)?;
     block_on(backend.stop_coordinator(handle))?
         .with_context(|| format!("stopping the coordinator of job {}", handle.job_id))
 }
 
 /// The coordinator's output as its platform keeps it, and whether it has ended (its output is whole).
 pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(String, bool)> {
-    let backend = platform_backend(spec)?;
+    let backend = platform_backend(&ResolvedJob::new(spec.clone())?)?;
     // asked first: output read after the end is whole
     let ended = !matches!(
         block_on(backend.coordinator_status(handle))?.map(|s| s.state),
@@ -873,6 +873,10 @@ pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn resolved(spec: JobSpec) -> ResolvedJob {
+        ResolvedJob::new(spec).unwrap()
+    }
 
     fn job(backend: &str) -> JobSpec {
         let text = format!(
@@ -996,10 +1000,10 @@ mod tests {
         let fargate = catalog.get("ecs-fargate-2x8").unwrap();
         let want = fargate.price.usd_per_vcpu_second.unwrap()
             + 2.0 * fargate.price.usd_per_gib_second.unwrap();
-        let got = coordinator_usd_per_s(&job("ecs"), 2.0).unwrap();
+        let got = coordinator_usd_per_s(&resolved(job("ecs")), 2.0).unwrap();
         assert!((got - want).abs() < 1e-15 && got > 0.0, "{got} vs {want}");
         let node = catalog.get("gke-g2-standard-8").unwrap();
-        let got = coordinator_usd_per_s(&job("kubernetes"), 2.0).unwrap();
+        let got = coordinator_usd_per_s(&resolved(job("kubernetes")), 2.0).unwrap();
         assert!((got - node.usd_per_s() / node.vcpus).abs() < 1e-15, "{got}");
     }
 
@@ -1009,7 +1013,7 @@ mod tests {
     fn the_coordinator_gets_the_stores_account_and_its_identity() {
         let text = "dataset: cora.safetensors\nmodel: {kind: gcn}\nworkers: 2\noutput: {dir: az://jobs/runs}\nbackend:\n  name: aci\n  aci:\n    subscription_id: s\n    resource_group: rg\n    location: eastus\n    subnet_id: /subscriptions/s/subnets/w\n    image: img\n    coordinator_identity_id: /subscriptions/s/id/coordinator\n    sku: aci-cpu-2x8\n";
         let spec = crate::spec::parse_str(text, "job.yaml", &[]).unwrap();
-        let env = coordinator_env(&spec, &|k| match k {
+        let env = coordinator_env(&resolved(spec.clone()), &|k| match k {
             "AZURE_STORAGE_ACCOUNT_NAME" => Some("acct".into()),
             "AZURE_STORAGE_ACCOUNT_KEY" => Some("never-forwarded".into()),
             _ => None,
@@ -1025,7 +1029,7 @@ mod tests {
                 ("AZURE_STORAGE_ACCOUNT_NAME".to_string(), "acct".to_string()),
             ]
         );
-        let err = coordinator_env(&spec, &|_| None).unwrap_err().to_string();
+        let err = coordinator_env(&resolved(spec.clone()), &|_| None).unwrap_err().to_string();
         assert!(
             err.starts_with("output.dir: az://jobs/runs names no storage account")
                 && err.contains("AZURE_STORAGE_ACCOUNT_NAME"),
@@ -1033,7 +1037,7 @@ mod tests {
         );
         // an S3 store on ecs: nothing to pass on
         assert!(
-            coordinator_env(&job("ecs"), &|_| Some("x".into()))
+            coordinator_env(&resolved(job("ecs")), &|_| Some("x".into()))
                 .unwrap()
                 .is_empty()
         );

@@ -38,6 +38,7 @@ use serde_json::json;
 use crate::coordinator::Event;
 use crate::driver::dataset::{self, Source};
 use crate::driver::platform;
+use crate::driver::resolved::ResolvedJob;
 use crate::driver::summary::{self, RunResult};
 use crate::driver::workers::{BackendWorkers, block_on, identities, local_worker_command};
 use crate::driver::{Finished, Observer};
@@ -116,15 +117,16 @@ fn checkpoints_dir(job: &Path) -> PathBuf {
 }
 
 pub fn run(
-    spec: &JobSpec,
+    job: &ResolvedJob,
     name: &str,
     obs: &dyn Observer,
     resume: Option<ResumePoint>,
     memory_check: bool,
     cluster: Option<&crate::driver::cluster::Role>,
 ) -> Result<()> {
+    let spec = &job.spec;
     let n = spec.workers as usize;
-    let price = summary::price(spec)?;
+    let price = &job.priced;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset, obs)?;
     let stats = source.stats();
@@ -138,11 +140,7 @@ pub fn run(
     }
     // before anything is written or launched
     if memory_check {
-        crate::driver::admission::check(
-            spec,
-            &source,
-            crate::driver::admission::available_bytes(),
-        )?;
+        crate::driver::admission::check(job, &source, crate::driver::admission::available_bytes())?;
     }
     let (mut dir, remote) = open_record(spec, name, resume.as_ref(), cluster)?;
     let job_url = remote
@@ -161,8 +159,9 @@ pub fn run(
         let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;
-        let (job, pending) = new_job(spec, resume.as_ref(), cluster, &price, dir.path(), obs)?;
+        let (state, pending) = new_job(spec, resume.as_ref(), cluster, price, dir.path(), obs)?;
         let driver = Driver {
+            job,
             spec,
             name,
             cfg: &cfg,
@@ -178,8 +177,8 @@ pub fn run(
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
             control_port: cluster.map(|r| r.control_port),
         };
-        let (job, outcome) = driver.run(job, pending, &mut dir)?;
-        let elastic = job.elastic();
+        let (state, outcome) = driver.run(state, pending, &mut dir)?;
+        let elastic = state.elastic();
         let mut run = summary::summarize(
             name,
             &data_name,
@@ -192,7 +191,7 @@ pub fn run(
             }],
             dir.path(),
             load_s,
-            &price,
+            price,
         );
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
         run.usd_total = outcome.usd;
@@ -213,7 +212,7 @@ pub fn run(
         })
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
-    if let Err(e) = platform::of_job(spec).release(spec, &jobdir_id(dir.path())) {
+    if let Err(e) = job.platform.release(job, &jobdir_id(dir.path())) {
         obs.notice(&format!(
             "warning: releasing the job's platform objects: {e:#}"
         ));
@@ -446,7 +445,7 @@ impl Launch {
     /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the workers on the
     /// job's backend from one `WorkerSpec`.
     fn start(d: &Driver, dir: &Path, n: usize, index: usize) -> Result<Launch> {
-        let (spec, name, obs) = (d.spec, d.name, d.obs);
+        let (job, spec, name, obs) = (d.job, d.spec, d.name, d.obs);
         let local_command = d.local_command;
         let timeouts = spec.timeouts.clone().unwrap_or_default();
         let register_timeout = Duration::from_secs_f64(timeouts.register_s);
@@ -460,13 +459,13 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        let platform = platform::of_job(spec);
-        let backend = platform.backend(spec, &job_id, dir, index, obs)?;
+        let platform = job.platform;
+        let backend = platform.backend(job, &job_id, dir, index, obs)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
         // for containers, every interface (advertising one) for a cloud platform's
         let prepared = block_on(backend.prepare(&job_id))?
             .with_context(|| format!("preparing {} for the job", backend.name()))?;
-        let reach = platform.reach(spec, &prepared)?;
+        let reach = platform.reach(job, &prepared)?;
         // port 0 (any) unless this is a cluster-mode coordinator, whose platform object declares one
         let identity = ca.identity(COORDINATOR_NAME)?;
         let mut bound = None;
@@ -498,8 +497,8 @@ impl Launch {
             .map(|t| t as usize)
             .unwrap_or((cores / n).max(1));
         let coordinator = SocketAddr::new(reach.advertise, server.local_addr().port());
-        let launch = platform.worker(
-            spec,
+        let launch = platform::launch(
+            job,
             platform::Worker {
                 job_id: &job_id,
                 segment: index,
@@ -525,22 +524,21 @@ impl Launch {
             }
             false => None,
         };
-        let mut worker_spec = launch.spec;
-        worker_spec.gpu = platform::gpu_request(spec);
-        let workers = BackendWorkers::launch(backend, &worker_spec, n, logs, launch.poll_every)?;
+        let workers = BackendWorkers::launch(backend, &launch.spec, n, logs, launch.poll_every)?;
         Ok(Launch { server, workers })
     }
 }
 
 /// The job's backend for launch `segment` of the job in `job_dir` (named after the directory).
 pub fn job_backend(
-    spec: &JobSpec,
+    job: &ResolvedJob,
     job_dir: &Path,
     segment: usize,
     obs: &dyn Observer,
 ) -> Result<Box<dyn physalia_backends::Backend>> {
     let job_dir = std::path::absolute(job_dir)?;
-    platform::of_job(spec).backend(spec, &jobdir_id(&job_dir), &job_dir, segment, obs)
+    job.platform
+        .backend(job, &jobdir_id(&job_dir), &job_dir, segment, obs)
 }
 
 fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
@@ -594,6 +592,8 @@ impl CoordLog {
 
 /// What the job's launches share: the settings, the dataset and where things go.
 struct Driver<'a> {
+    job: &'a ResolvedJob,
+    /// `job.spec`.
     spec: &'a JobSpec,
     name: &'a str,
     cfg: &'a ModelConfig,
@@ -1068,16 +1068,17 @@ impl Driver<'_> {
             // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and
             // `submit --resume` start there
             checkpoints: true,
-            device: device_request(spec),
+            device: device_request(self.job),
         })
     }
 }
 
 /// What each worker trains on: its GPUs (none: the CPU) and whether it may fall back to the CPU.
-pub fn device_request(spec: &JobSpec) -> physalia_control::DeviceRequest {
+pub fn device_request(job: &ResolvedJob) -> physalia_control::DeviceRequest {
     physalia_control::DeviceRequest {
-        gpus: platform::gpu_request(spec).map_or(0, |g| g.count),
-        fallback_cpu: spec
+        gpus: job.gpu.as_ref().map_or(0, |g| g.count),
+        fallback_cpu: job
+            .spec
             .resources
             .as_ref()
             .is_some_and(|r| r.gpu_fallback == crate::spec::GpuFallback::Cpu),
@@ -1236,16 +1237,18 @@ pub fn clean_up_after(
         .with_context(|| format!("{}: cannot read", spec_path.display()))?;
     let spec: JobSpec = serde_json::from_str(&text)
         .with_context(|| format!("{}: not a job record", spec_path.display()))?;
+    let job = ResolvedJob::new(spec)
+        .with_context(|| format!("{}: the recorded job", spec_path.display()))?;
     let id = jobdir_id(dir);
     let mut failures = Vec::new();
     for &segment in &status.launches {
-        let backend = job_backend(&spec, dir, segment as usize, obs)?;
+        let backend = job_backend(&job, dir, segment as usize, obs)?;
         let launch = physalia_backends::LaunchId::new(id.clone(), segment);
         if let Err(e) = crate::driver::workers::block_on(backend.stop_all(&launch))? {
             failures.push(format!("launch {segment}: {e}"));
         }
     }
-    let backend = job_backend(&spec, dir, 0, obs)?;
+    let backend = job_backend(&job, dir, 0, obs)?;
     if let Err(e) = crate::driver::workers::block_on(backend.release(&id))? {
         failures.push(format!("releasing the job's platform objects: {e}"));
     }

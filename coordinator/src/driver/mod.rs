@@ -20,6 +20,7 @@ pub mod distributed;
 pub mod image;
 pub mod plan;
 pub mod platform;
+pub mod resolved;
 pub mod summary;
 pub mod workers;
 

@@ -11,6 +11,7 @@ use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
 use crate::driver::Observer;
+use crate::driver::resolved::ResolvedJob;
 use crate::spec::{AciSettings, JobSpec};
 
 pub struct Aci;
@@ -18,31 +19,32 @@ pub struct Aci;
 impl Platform for Aci {
     fn backend(
         &self,
-        job: &JobSpec,
+        job: &ResolvedJob,
         _: &str,
         _: &Path,
         _: usize,
         _: &dyn Observer,
     ) -> Result<Box<dyn Backend>> {
-        let a = settings(job)?;
+        let a = settings(&job.spec)?;
         let token = Arc::new(DefaultAzureToken::from_env());
         let backend = AciBackend::new(config(a), token).context("connecting to Azure")?;
         Ok(Box::new(backend))
     }
 
-    fn reach(&self, job: &JobSpec, _: &Prepared) -> Result<Reach> {
+    fn reach(&self, job: &ResolvedJob, _: &Prepared) -> Result<Reach> {
         super::cloud_reach(job)
     }
 
-    fn worker(&self, job: &JobSpec, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(job)?.image)
+    fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
+        super::cloud_worker(job, w, &settings(&job.spec)?.image)
     }
 
     /// Which of the group's identities is the coordinator's (`AZURE_MSI_RESOURCE_ID`: a group that
     /// pulls from a registry holds the pull identity too, and the metadata service then wants to be
     /// told).
-    fn coordinator_env(&self, job: &JobSpec, env: &mut BTreeMap<String, String>) {
+    fn coordinator_env(&self, job: &ResolvedJob, env: &mut BTreeMap<String, String>) {
         if let Some(id) = job
+            .spec
             .backend
             .aci
             .as_ref()

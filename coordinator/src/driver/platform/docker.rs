@@ -10,8 +10,8 @@ use physalia_backends::{Backend, Prepared};
 use super::{Launch, Platform, Reach, Worker};
 use crate::driver::Observer;
 use crate::driver::image::{self, WORKER_UID};
+use crate::driver::resolved::ResolvedJob;
 use crate::driver::workers::{block_on, worker_binary};
-use crate::spec::JobSpec;
 
 /// The mesh port every worker binds in its own container.
 const MESH_PORT: u16 = 7000;
@@ -22,7 +22,7 @@ pub struct Docker;
 impl Platform for Docker {
     fn backend(
         &self,
-        job: &JobSpec,
+        job: &ResolvedJob,
         job_id: &str,
         _: &Path,
         _: usize,
@@ -30,20 +30,25 @@ impl Platform for Docker {
     ) -> Result<Box<dyn Backend>> {
         // GPU workers run the CUDA image (the job's `gpu_image`, or the one built from this
         // physalia-worker)
-        if super::gpu_request(job).is_some() {
-            let gpu = image::gpu_image(job.backend.gpu_image(), &worker_binary()?, obs)?;
+        if job.gpu.is_some() {
+            let gpu = image::gpu_image(job.spec.backend.gpu_image(), &worker_binary()?, obs)?;
             return backend_with(job_id, Some(gpu));
         }
         backend(job_id)
     }
 
-    fn reach(&self, _: &JobSpec, prepared: &Prepared) -> Result<Reach> {
+    fn reach(&self, _: &ResolvedJob, prepared: &Prepared) -> Result<Reach> {
         // the job network's gateway: only the job's containers and this machine reach it
         Ok(Reach::at(prepared.control_ip))
     }
 
-    fn worker(&self, job: &JobSpec, w: Worker) -> Result<Launch> {
-        let named = job.backend.docker.as_ref().and_then(|d| d.image.as_deref());
+    fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
+        let named = job
+            .spec
+            .backend
+            .docker
+            .as_ref()
+            .and_then(|d| d.image.as_deref());
         let image = match named {
             Some(named) => image::named_image(named)?,
             None => image::ensure_image(&worker_binary()?, w.obs)?,
@@ -64,7 +69,7 @@ impl Platform for Docker {
         ))
     }
 
-    fn release(&self, _: &JobSpec, job_id: &str) -> Result<()> {
+    fn release(&self, _: &ResolvedJob, job_id: &str) -> Result<()> {
         // every launch's containers are gone by now; the network goes with the job
         // no engine answering: nothing was made
         let Ok(backend) = backend(job_id) else {

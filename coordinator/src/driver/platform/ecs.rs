@@ -10,6 +10,7 @@ use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
 use crate::driver::Observer;
+use crate::driver::resolved::ResolvedJob;
 use crate::spec::{EcsSettings, JobSpec};
 
 pub struct Ecs;
@@ -17,26 +18,26 @@ pub struct Ecs;
 impl Platform for Ecs {
     fn backend(
         &self,
-        job: &JobSpec,
+        job: &ResolvedJob,
         _: &str,
         _: &Path,
         _: usize,
         _: &dyn Observer,
     ) -> Result<Box<dyn Backend>> {
-        let e = settings(job)?;
-        let cfg = config(e, super::gpu_request(job).is_some());
+        let e = settings(&job.spec)?;
+        let cfg = config(e, job.gpu.is_some());
         let backend =
             crate::driver::workers::block_on(EcsBackend::from_env(cfg, e.region.clone()))?
                 .context("connecting to AWS ECS")?;
         Ok(Box::new(backend))
     }
 
-    fn reach(&self, job: &JobSpec, _: &Prepared) -> Result<Reach> {
+    fn reach(&self, job: &ResolvedJob, _: &Prepared) -> Result<Reach> {
         super::cloud_reach(job)
     }
 
-    fn worker(&self, job: &JobSpec, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(job)?.image)
+    fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
+        super::cloud_worker(job, w, &settings(&job.spec)?.image)
     }
 }
 

@@ -10,6 +10,7 @@ use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
 use crate::driver::Observer;
+use crate::driver::resolved::ResolvedJob;
 use crate::spec::{JobSpec, KubernetesSettings};
 
 pub struct Kubernetes;
@@ -17,13 +18,13 @@ pub struct Kubernetes;
 impl Platform for Kubernetes {
     fn backend(
         &self,
-        job: &JobSpec,
+        job: &ResolvedJob,
         _: &str,
         _: &Path,
         _: usize,
         _: &dyn Observer,
     ) -> Result<Box<dyn Backend>> {
-        let k = settings(job)?;
+        let k = settings(&job.spec)?;
         let backend = crate::driver::workers::block_on(KubernetesBackend::infer(
             config(k),
             k.context.as_deref(),
@@ -32,12 +33,12 @@ impl Platform for Kubernetes {
         Ok(Box::new(backend))
     }
 
-    fn reach(&self, job: &JobSpec, _: &Prepared) -> Result<Reach> {
+    fn reach(&self, job: &ResolvedJob, _: &Prepared) -> Result<Reach> {
         super::cloud_reach(job)
     }
 
-    fn worker(&self, job: &JobSpec, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(job)?.image)
+    fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
+        super::cloud_worker(job, w, &settings(&job.spec)?.image)
     }
 }
 

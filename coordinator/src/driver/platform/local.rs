@@ -9,14 +9,14 @@ use physalia_backends::{Backend, Prepared};
 
 use super::{Launch, Platform, Reach, Worker};
 use crate::driver::Observer;
-use crate::spec::JobSpec;
+use crate::driver::resolved::ResolvedJob;
 
 pub struct Local;
 
 impl Platform for Local {
     fn backend(
         &self,
-        _: &JobSpec,
+        _: &ResolvedJob,
         _: &str,
         job_dir: &Path,
         segment: usize,
@@ -25,11 +25,11 @@ impl Platform for Local {
         Ok(crate::driver::workers::local_backend(job_dir, segment))
     }
 
-    fn reach(&self, _: &JobSpec, prepared: &Prepared) -> Result<Reach> {
+    fn reach(&self, _: &ResolvedJob, prepared: &Prepared) -> Result<Reach> {
         Ok(Reach::at(prepared.control_ip))
     }
 
-    fn worker(&self, _: &JobSpec, w: Worker) -> Result<Launch> {
+    fn worker(&self, _: &ResolvedJob, w: Worker) -> Result<Launch> {
         let spec = crate::driver::workers::local_spec(
             w.local_command,
             w.job_id,

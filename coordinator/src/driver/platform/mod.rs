@@ -22,10 +22,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use physalia_backends::{Backend, GpuRequest, Prepared, SecretValue, WorkerSpec};
+use physalia_backends::{Backend, Prepared, SecretValue, WorkerSpec};
 
 use crate::driver::Observer;
-use crate::spec::{BackendKind, JobSpec};
+use crate::driver::resolved::ResolvedJob;
+use crate::spec::BackendKind;
 
 mod aci;
 pub mod docker;
@@ -38,7 +39,7 @@ pub trait Platform: Sync {
     /// The backend of launch `segment` of job `job_id`, whose record is in `job_dir`.
     fn backend(
         &self,
-        job: &JobSpec,
+        job: &ResolvedJob,
         job_id: &str,
         job_dir: &Path,
         segment: usize,
@@ -47,19 +48,20 @@ pub trait Platform: Sync {
 
     /// Where the control endpoint binds and the address the workers are given, once the backend
     /// prepared the job (`prepared`).
-    fn reach(&self, job: &JobSpec, prepared: &Prepared) -> Result<Reach>;
+    fn reach(&self, job: &ResolvedJob, prepared: &Prepared) -> Result<Reach>;
 
-    /// What launch `w.segment` asks its backend to run, and how the coordinator follows it.
-    fn worker(&self, job: &JobSpec, w: Worker) -> Result<Launch>;
+    /// What launch `w.segment` asks its backend to run, and how the coordinator follows it (the GPUs
+    /// aside: [`launch`] adds the job's).
+    fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch>;
 
     /// Removes what outlives every launch of the job (docker's network), at the job's end.
-    fn release(&self, _job: &JobSpec, _job_id: &str) -> Result<()> {
+    fn release(&self, _job: &ResolvedJob, _job_id: &str) -> Result<()> {
         Ok(())
     }
 
     /// What a cluster-mode coordinator on this platform is told beyond the job store's settings (none
     /// of it a credential).
-    fn coordinator_env(&self, _job: &JobSpec, _env: &mut BTreeMap<String, String>) {}
+    fn coordinator_env(&self, _job: &ResolvedJob, _env: &mut BTreeMap<String, String>) {}
 }
 
 /// The platform `kind`: the registry.
@@ -73,9 +75,11 @@ pub fn of(kind: BackendKind) -> &'static dyn Platform {
     }
 }
 
-/// The job's platform.
-pub fn of_job(job: &JobSpec) -> &'static dyn Platform {
-    of(job.backend.name)
+/// What launch `w.segment` of `job` runs on its platform, with the GPUs each worker asks for.
+pub fn launch(job: &ResolvedJob, w: Worker) -> Result<Launch> {
+    let mut launch = job.platform.worker(job, w)?;
+    launch.spec.gpu = job.gpu.clone();
+    Ok(launch)
 }
 
 /// One launch as the coordinator sees it, for [`Platform::worker`].
@@ -158,8 +162,8 @@ impl Reach {
 
 /// A cloud platform's reach: bind every interface, advertise `backend.coordinator_address` or the
 /// address this machine's default route leaves from.
-fn cloud_reach(job: &JobSpec) -> Result<Reach> {
-    let advertise = match job.backend.coordinator_address {
+fn cloud_reach(job: &ResolvedJob) -> Result<Reach> {
+    let advertise = match job.spec.backend.coordinator_address {
         Some(ip) => ip,
         None => default_route_source().context(
             "finding this machine's address for the workers (it has no default route): set \
@@ -188,13 +192,10 @@ fn default_route_source() -> Result<IpAddr> {
 /// The worker container of a cloud launch: `image` (the backend picks the section's `gpu_image`
 /// for GPU workers), what its placement says a task or pod gets (vCPUs and memory), a thread per vCPU of it unless `train.threads` says
 /// otherwise, the mesh on [`MESH_PORT`].
-fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
-    let priced = crate::driver::summary::price(job)?;
-    let catalog = physalia_planner::Catalog::builtin();
-    let sku = catalog
-        .get(&priced.sku)
-        .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?;
+fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str) -> Result<Launch> {
+    let sku = &job.sku;
     let threads = job
+        .spec
         .train
         .threads
         .map(|t| t as usize)
@@ -220,7 +221,7 @@ fn cloud_worker(job: &JobSpec, w: Worker, image: &str) -> Result<Launch> {
 
 /// The container a cloud platform's preflight checks (`Backend::check`): a launch's worker, before
 /// any launch.
-pub fn preflight_worker(job: &JobSpec, obs: &dyn Observer) -> Result<WorkerSpec> {
+pub fn preflight_worker(job: &ResolvedJob, obs: &dyn Observer) -> Result<WorkerSpec> {
     let w = Worker {
         job_id: "preflight",
         segment: 0,
@@ -230,24 +231,5 @@ pub fn preflight_worker(job: &JobSpec, obs: &dyn Observer) -> Result<WorkerSpec>
         local_command: &[],
         obs,
     };
-    let mut spec = of_job(job).worker(job, w)?.spec;
-    spec.gpu = gpu_request(job);
-    Ok(spec)
-}
-
-/// The GPUs each worker asks its platform for: `resources.gpu`, else one of the job's SKU's GPU.
-pub fn gpu_request(job: &JobSpec) -> Option<GpuRequest> {
-    if let Some(g) = job.resources.as_ref().and_then(|r| r.gpu.as_ref()) {
-        return Some(GpuRequest {
-            count: g.count,
-            kind: g.model.clone(),
-        });
-    }
-    let priced = crate::driver::summary::price(job).ok()?;
-    let catalog = physalia_planner::Catalog::builtin();
-    let gpu = catalog.get(&priced.sku)?.gpu.as_ref()?;
-    Some(GpuRequest {
-        count: 1,
-        kind: Some(gpu.model.clone()),
-    })
+    Ok(launch(job, w)?.spec)
 }

@@ -1,0 +1,54 @@
+//! A job resolved once: the job file (its goal applied) and everything the drivers derive from it,
+//! computed here and passed down instead of recomputed from the raw spec by each driver.
+
+use anyhow::{Context, Result};
+use physalia_backends::GpuRequest;
+use physalia_planner::{Catalog, Sku};
+
+use crate::driver::platform::{self, Platform};
+use crate::spec::{JobSpec, Priced};
+
+/// A job ready to run: its spec, its platform (the registry's entry, chosen once), the SKU its workers
+/// run on with its catalog price, and the GPUs each worker asks its platform for.
+pub struct ResolvedJob {
+    pub spec: JobSpec,
+    pub platform: &'static dyn Platform,
+    /// The SKU's name and its price a worker-second, which every epoch's `usd` and the ledger use.
+    pub priced: Priced,
+    /// The catalog's entry for that SKU: what a container or pod of it gets (`placement`).
+    pub sku: Sku,
+    /// `resources.gpu`, else one GPU of a GPU SKU; `None`: CPU workers.
+    pub gpu: Option<GpuRequest>,
+}
+
+impl ResolvedJob {
+    /// Resolves `spec`, which validation accepted (a `goal:` job after the planner chose its SKU).
+    pub fn new(spec: JobSpec) -> Result<ResolvedJob> {
+        let catalog = Catalog::builtin();
+        let priced = spec
+            .backend
+            .priced(&catalog, None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sku = catalog
+            .get(&priced.sku)
+            .with_context(|| format!("the SKU {} is not in the catalog", priced.sku))?
+            .clone();
+        let gpu = match spec.resources.as_ref().and_then(|r| r.gpu.as_ref()) {
+            Some(g) => Some(GpuRequest {
+                count: g.count,
+                kind: g.model.clone(),
+            }),
+            None => sku.gpu.as_ref().map(|gpu| GpuRequest {
+                count: 1,
+                kind: Some(gpu.model.clone()),
+            }),
+        };
+        Ok(ResolvedJob {
+            platform: platform::of(spec.backend.name),
+            spec,
+            priced,
+            sku,
+            gpu,
+        })
+    }
+}
