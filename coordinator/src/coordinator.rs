@@ -313,52 +313,25 @@ impl Coordinator {
         if self.stage == Stage::Over {
             return Vec::new();
         }
-        let mut out = Vec::new();
+        let mut out: Vec<Action> = self.handle_event(event, now).into_iter().collect();
+        self.check_timeouts(now);
+        out.extend(self.poll_end(now));
+        out
+    }
+
+    /// What `event` says of its worker; an assignment once every worker registered, a completed epoch
+    /// once every worker reported it.
+    fn handle_event(&mut self, event: Event, now: Instant) -> Option<Action> {
         match event {
             Event::Registered {
                 rank,
                 pid,
                 mesh_addr,
             } if rank < self.world => {
-                let w = &mut self.workers[rank];
-                w.pid = Some(pid);
-                w.mesh_addr = Some(mesh_addr);
-                w.last_heard = Some(now);
-                if self.stage == Stage::Registering
-                    && self.workers.iter().all(|w| w.mesh_addr.is_some())
-                {
-                    self.stage = Stage::Training;
-                    for w in &mut self.workers {
-                        w.last_heard = Some(now);
-                    }
-                    let peers = self
-                        .workers
-                        .iter()
-                        .map(|w| w.mesh_addr.expect("all registered"))
-                        .collect();
-                    out.push(Action::Assign { peers });
-                }
+                return self.on_registered(rank, pid, mesh_addr, now);
             }
             Event::Epoch { rank, metrics } if rank < self.world => {
-                let w = &mut self.workers[rank];
-                w.last_heard = Some(now);
-                w.epoch = metrics.epoch;
-                let epoch = metrics.epoch;
-                let slot = self
-                    .pending
-                    .entry(epoch)
-                    .or_insert_with(|| vec![None; self.world]);
-                slot[rank] = Some(metrics);
-                if slot.iter().all(Option::is_some) {
-                    let by_rank = self
-                        .pending
-                        .remove(&epoch)
-                        .expect("present")
-                        .into_iter()
-                        .flatten()
-                        .collect();
-                    out.push(Action::EpochComplete { epoch, by_rank });
-                }
+                return self.on_epoch(rank, metrics, now);
             }
             Event::Done {
                 rank,
@@ -431,7 +404,62 @@ impl Coordinator {
             // an out-of-range rank cannot happen: the server checks ranks against the world
             _ => {}
         }
-        // timeouts
+        None
+    }
+
+    /// A worker registered its mesh address: once all have, training starts and they are assigned.
+    fn on_registered(
+        &mut self,
+        rank: usize,
+        pid: u32,
+        mesh_addr: SocketAddr,
+        now: Instant,
+    ) -> Option<Action> {
+        let w = &mut self.workers[rank];
+        w.pid = Some(pid);
+        w.mesh_addr = Some(mesh_addr);
+        w.last_heard = Some(now);
+        if self.stage == Stage::Registering && self.workers.iter().all(|w| w.mesh_addr.is_some()) {
+            self.stage = Stage::Training;
+            for w in &mut self.workers {
+                w.last_heard = Some(now);
+            }
+            let peers = self
+                .workers
+                .iter()
+                .map(|w| w.mesh_addr.expect("all registered"))
+                .collect();
+            return Some(Action::Assign { peers });
+        }
+        None
+    }
+
+    /// A worker's epoch metrics: the epoch is complete once every worker reported it.
+    fn on_epoch(&mut self, rank: usize, metrics: EpochMetrics, now: Instant) -> Option<Action> {
+        let w = &mut self.workers[rank];
+        w.last_heard = Some(now);
+        w.epoch = metrics.epoch;
+        let epoch = metrics.epoch;
+        let slot = self
+            .pending
+            .entry(epoch)
+            .or_insert_with(|| vec![None; self.world]);
+        slot[rank] = Some(metrics);
+        if slot.iter().all(Option::is_some) {
+            let by_rank = self
+                .pending
+                .remove(&epoch)
+                .expect("present")
+                .into_iter()
+                .flatten()
+                .collect();
+            return Some(Action::EpochComplete { epoch, by_rank });
+        }
+        None
+    }
+
+    /// Registration and silence timeouts, turned into evidence.
+    fn check_timeouts(&mut self, now: Instant) {
         match self.stage {
             Stage::Registering if now.duration_since(self.started) > self.register_timeout => {
                 let missing: Vec<usize> = (0..self.world)
@@ -477,6 +505,11 @@ impl Coordinator {
             }
             _ => {}
         }
+    }
+
+    /// The launch's end once its evidence outlived the grace (or a timeout fired), or every worker is
+    /// done; nothing while a failure waits out its grace.
+    fn poll_end(&mut self, now: Instant) -> Option<Action> {
         if let Some(since) = self.failing_since {
             if now.duration_since(since) >= FAILURE_GRACE
                 || self.evidence.iter().any(|(p, _, _)| *p == 4)
@@ -488,13 +521,13 @@ impl Coordinator {
                     .map(|(p, e, _)| (*p, e.clone()))
                     .expect("failing implies evidence");
                 self.stage = Stage::Over;
-                out.push(Action::Fail {
+                return Some(Action::Fail {
                     error,
                     // 2 and 3: the worker reported an error of its own
                     lost: !matches!(priority, 2 | 3),
                 });
             }
-            return out;
+            return None;
         }
         if self.workers.iter().all(|w| w.done.is_some()) {
             self.stage = Stage::Over;
@@ -503,12 +536,12 @@ impl Coordinator {
                 .iter_mut()
                 .map(|w| w.done.take().expect("all done"))
                 .unzip();
-            out.push(Action::Finished {
+            return Some(Action::Finished {
                 summaries,
                 peak_rss_bytes,
             });
         }
-        out
+        None
     }
 }
 

@@ -37,6 +37,7 @@ use serde_json::json;
 
 use crate::coordinator::Event;
 use crate::driver::dataset::{self, Source};
+use crate::driver::partitions::StoredPartitions;
 use crate::driver::platform;
 use crate::driver::resolved::ResolvedJob;
 use crate::driver::summary::{self, RunResult};
@@ -46,6 +47,22 @@ use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::{Cancelled, JobDir};
 use crate::spec::{ExchangeDtype, JobSpec, ParallelismSpec};
+
+/// What makes `distributed::run` a cluster-mode coordinator.
+pub struct Role {
+    /// The id `submit` chose: the job's folder in the store.
+    pub job_id: String,
+    /// The port the coordinator's platform object declares for its control endpoint.
+    pub control_port: u16,
+    /// Where the record is staged in the coordinator's container.
+    pub staging: PathBuf,
+    /// What the coordinator's container costs a second, for the ledger.
+    pub coordinator_usd_per_s: f64,
+    /// The job as submitted (its dataset's store URL): what `job.json` keeps.
+    pub recorded: JobSpec,
+    /// The partition sets beside the dataset in its store (a dataset at a URL).
+    pub partitions: Option<StoredPartitions>,
+}
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
 pub struct ResumePoint {
@@ -122,7 +139,7 @@ pub fn run(
     obs: &dyn Observer,
     resume: Option<ResumePoint>,
     memory_check: bool,
-    cluster: Option<&crate::driver::cluster::Role>,
+    cluster: Option<&Role>,
 ) -> Result<()> {
     let spec = &job.spec;
     let n = spec.workers as usize;
@@ -212,7 +229,7 @@ pub fn run(
         })
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
-    if let Err(e) = job.platform.release(job, &jobdir_id(dir.path())) {
+    if let Err(e) = platform::of_job(job).release(job, &jobdir_id(dir.path())) {
         obs.notice(&format!(
             "warning: releasing the job's platform objects: {e:#}"
         ));
@@ -220,17 +237,14 @@ pub fn run(
     let summary = match result {
         Ok(summary) => summary,
         Err(e) => {
-            let cancelled = e.is::<Cancelled>();
-            match cancelled {
-                true => dir.end(JobState::Cancelled, None)?,
-                false => dir.end(JobState::Failed, Some(format!("{e:#}")))?,
-            }
-            finish_mirror(&mut mirror, job_url.as_deref(), obs);
-            let how = if cancelled { "was cancelled" } else { "failed" };
-            return Err(e.context(format!(
-                "job {name} {how}; its record is in {}",
-                dir.path().display()
-            )));
+            return Err(fail(
+                &mut dir,
+                &mut mirror,
+                job_url.as_deref(),
+                name,
+                e,
+                obs,
+            )?);
         }
     };
     succeed(
@@ -241,6 +255,29 @@ pub fn run(
         name,
         obs,
     )
+}
+
+/// Records a job that failed or was cancelled (`e` says which), mirrors it one last time, and returns
+/// the error naming where its record is.
+fn fail(
+    dir: &mut JobDir,
+    mirror: &mut Option<crate::store::Mirror>,
+    job_url: Option<&str>,
+    name: &str,
+    e: anyhow::Error,
+    obs: &dyn Observer,
+) -> Result<anyhow::Error> {
+    let cancelled = e.is::<Cancelled>();
+    match cancelled {
+        true => dir.end(JobState::Cancelled, None)?,
+        false => dir.end(JobState::Failed, Some(format!("{e:#}")))?,
+    }
+    finish_mirror(mirror, job_url, obs);
+    let how = if cancelled { "was cancelled" } else { "failed" };
+    Ok(e.context(format!(
+        "job {name} {how}; its record is in {}",
+        dir.path().display()
+    )))
 }
 
 /// Records a finished job (`summary.json`, its state, its report), mirrors it one last time, and prints
@@ -286,7 +323,7 @@ fn open_record(
     spec: &JobSpec,
     name: &str,
     resume: Option<&ResumePoint>,
-    cluster: Option<&crate::driver::cluster::Role>,
+    cluster: Option<&Role>,
 ) -> Result<(JobDir, Option<crate::store::Remote>)> {
     let remote = match crate::store::is_url(&spec.output.dir) {
         true => {
@@ -345,7 +382,7 @@ fn dataset_file(spec: &JobSpec, source: Source, dir: &Path, obs: &dyn Observer) 
 fn new_job(
     spec: &JobSpec,
     resume: Option<&ResumePoint>,
-    cluster: Option<&crate::driver::cluster::Role>,
+    cluster: Option<&Role>,
     price: &crate::spec::Priced,
     dir: &Path,
     obs: &dyn Observer,
@@ -459,7 +496,7 @@ impl Launch {
         let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
         // every launch has its own CA and keys, handed to the backend as the spec's secrets
         let secrets = identities(&ca, n)?;
-        let platform = job.platform;
+        let platform = platform::of_job(job);
         let backend = platform.backend(job, &job_id, dir, index, obs)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
         // for containers, every interface (advertising one) for a cloud platform's
@@ -537,8 +574,7 @@ pub fn job_backend(
     obs: &dyn Observer,
 ) -> Result<Box<dyn physalia_backends::Backend>> {
     let job_dir = std::path::absolute(job_dir)?;
-    job.platform
-        .backend(job, &jobdir_id(&job_dir), &job_dir, segment, obs)
+    platform::of_job(job).backend(job, &jobdir_id(&job_dir), &job_dir, segment, obs)
 }
 
 fn exchange_options(spec: &JobSpec) -> ExchangeOptions {
@@ -611,7 +647,7 @@ struct Driver<'a> {
     /// Mini-batch settings of the next assignments: the job file's, or a replan's choice.
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
     /// Partition sets kept beside the dataset in its object store (cluster mode).
-    stored_partitions: Option<&'a crate::driver::cluster::StoredPartitions>,
+    stored_partitions: Option<&'a StoredPartitions>,
     /// The port the control endpoints bind (and the next few): the one a cluster-mode
     /// coordinator's platform object declares; `None`: any.
     control_port: Option<u16>,

@@ -5,14 +5,13 @@ use anyhow::{Context, Result};
 use physalia_backends::GpuRequest;
 use physalia_planner::{Catalog, Sku};
 
-use crate::driver::platform::{self, Platform};
 use crate::spec::{JobSpec, Priced};
 
-/// A job ready to run: its spec, its platform (the registry's entry, chosen once), the SKU its workers
-/// run on with its catalog price, and the GPUs each worker asks its platform for.
+/// A job ready to run: its spec, the SKU its workers run on with its catalog price, and the GPUs each
+/// worker asks its platform for. Its platform is `driver::platform::of_job` (the registry imports this
+/// module, not the other way).
 pub struct ResolvedJob {
     pub spec: JobSpec,
-    pub platform: &'static dyn Platform,
     /// The SKU's name and its price a worker-second, which every epoch's `usd` and the ledger use.
     pub priced: Priced,
     /// The catalog's entry for that SKU: what a container or pod of it gets (`placement`).
@@ -44,7 +43,6 @@ impl ResolvedJob {
             }),
         };
         Ok(ResolvedJob {
-            platform: platform::of(spec.backend.name),
             spec,
             priced,
             sku,

@@ -75,9 +75,14 @@ pub fn of(kind: BackendKind) -> &'static dyn Platform {
     }
 }
 
+/// The job's platform.
+pub fn of_job(job: &ResolvedJob) -> &'static dyn Platform {
+    of(job.spec.backend.name)
+}
+
 /// What launch `w.segment` of `job` runs on its platform, with the GPUs each worker asks for.
 pub fn launch(job: &ResolvedJob, w: Worker) -> Result<Launch> {
-    let mut launch = job.platform.worker(job, w)?;
+    let mut launch = of_job(job).worker(job, w)?;
     launch.spec.gpu = job.gpu.clone();
     Ok(launch)
 }

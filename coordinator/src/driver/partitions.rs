@@ -1,0 +1,172 @@
+//! Partition sets kept beside a dataset in its object store, for cluster-mode coordinators.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::store::Remote;
+
+/// The partition sets of a dataset in an object store, stored beside it as on a disk
+/// (`<dataset URL without .safetensors>.parts/k<K>-seed<S>/`): computed by the first coordinator that
+/// needs one, reused by every later job of the same dataset, worker count and seed.
+pub struct StoredPartitions {
+    /// The store folder holding the dataset.
+    remote: Remote,
+    /// `X.parts` for the dataset `X.safetensors`.
+    folder: String,
+}
+
+impl StoredPartitions {
+    /// Beside the dataset at `url` (a store URL).
+    pub fn beside(url: &str) -> Result<StoredPartitions> {
+        let (base, name) = url
+            .trim_end_matches('/')
+            .rsplit_once('/')
+            .with_context(|| format!("dataset.path: {url} names no file"))?;
+        let folder = physalia_graph::partition::partitions_dir(Path::new(name))
+            .to_string_lossy()
+            .into_owned();
+        Ok(StoredPartitions {
+            remote: Remote::open(base)?,
+            folder,
+        })
+    }
+
+    /// Brings set `k`, `seed` from the store to `dataset`'s side here, unless it is here already or the
+    /// store has no whole set (its `partition.safetensors`, put last, is the mark of a whole one).
+    /// Returns whether it was fetched; `ensure_partitions` then checks it against the dataset as it
+    /// checks any stored set.
+    pub fn fetch(&self, dataset: &Path, k: usize, seed: u64) -> Result<bool> {
+        use physalia_graph::partition::{PARTITION_FILE, partition_set_dir};
+        let local = partition_set_dir(dataset, k, seed);
+        if local.exists() {
+            return Ok(false);
+        }
+        let set = format!("{}/k{k}-seed{seed}", self.folder);
+        let files = self.remote.list("", &set)?;
+        if !files.iter().any(|(f, _)| f == PARTITION_FILE) {
+            return Ok(false);
+        }
+        // whole or absent: into a temporary folder, renamed into place
+        let tmp = local.with_extension("download.tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        for (file, _) in &files {
+            if file.contains('/') || file.starts_with('.') {
+                continue;
+            }
+            self.remote
+                .get_file("", &format!("{set}/{file}"), &tmp.join(file))?;
+        }
+        std::fs::rename(&tmp, &local).with_context(|| format!("writing {}", local.display()))?;
+        Ok(true)
+    }
+
+    /// Puts a set computed here beside the dataset in the store: its part files first and the
+    /// partitioning last, so a reader never takes a half-uploaded set for a whole one.
+    pub fn store(&self, set: &physalia_graph::partition::PartitionSet) -> Result<()> {
+        use physalia_graph::partition::PARTITION_FILE;
+        let name = set
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .context("a partition set names no folder")?;
+        let last = set.dir.join(PARTITION_FILE);
+        for file in set.part_files.iter().chain(std::iter::once(&last)) {
+            let file_name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .context("a partition file names no file")?;
+            self.remote
+                .put_file("", &format!("{}/{name}/{file_name}", self.folder), file)?;
+        }
+        Ok(())
+    }
+
+    /// Where the sets are, for messages.
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.remote.url(), self.folder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A set computed by one coordinator goes beside the dataset in the store, whole (the partitioning
+    /// last); the next coordinator of the same dataset fetches it and `ensure_partitions` reuses it
+    /// instead of partitioning again. A set without its partitioning, or one already here, is not
+    /// fetched.
+    #[test]
+    fn partitions_computed_once_are_reused_from_the_store() {
+        use physalia_graph::partition::{PARTITION_FILE, ensure_partitions, partition_set_dir};
+        let stored = StoredPartitions {
+            remote: Remote::in_memory("memory://jobs/.datasets"),
+            folder: "0123-g.parts".into(),
+        };
+        let ds = physalia_graph::synth::sbm(&physalia_graph::SbmParams {
+            num_nodes: 400,
+            num_classes: 3,
+            feat_dim: 8,
+            ..Default::default()
+        })
+        .unwrap();
+        let first = tempfile::tempdir().unwrap();
+        let path = first.path().join("0123-g.safetensors");
+        ds.write(&path).unwrap();
+        assert!(
+            !stored.fetch(&path, 2, 0).unwrap(),
+            "nothing in the store yet"
+        );
+        let set = ensure_partitions(&path, &[2], 0).unwrap().remove(0);
+        assert!(!set.reused);
+        stored.store(&set).unwrap();
+        let mut listed: Vec<String> = stored
+            .remote
+            .list("", "0123-g.parts")
+            .unwrap()
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                "k2-seed0/part0.safetensors",
+                "k2-seed0/part1.safetensors",
+                "k2-seed0/partition.safetensors"
+            ]
+        );
+
+        // another coordinator, another disk: fetched, then reused as computed
+        let second = tempfile::tempdir().unwrap();
+        let path2 = second.path().join("0123-g.safetensors");
+        std::fs::copy(&path, &path2).unwrap();
+        assert!(stored.fetch(&path2, 2, 0).unwrap());
+        assert!(!stored.fetch(&path2, 2, 0).unwrap(), "already here");
+        let again = ensure_partitions(&path2, &[2], 0).unwrap().remove(0);
+        assert!(again.reused, "the fetched set is not reused");
+        assert_eq!(again.meta.checksums, set.meta.checksums);
+        for (a, b) in again.part_files.iter().zip(&set.part_files) {
+            assert_eq!(std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        }
+
+        // a set whose partitioning never arrived (an upload cut short) is not taken
+        let third = tempfile::tempdir().unwrap();
+        let path3 = third.path().join("0123-g.safetensors");
+        std::fs::copy(&path, &path3).unwrap();
+        stored
+            .remote
+            .put("", "0123-g.parts/k3-seed0/part0.safetensors", b"x".to_vec())
+            .unwrap();
+        assert!(!stored.fetch(&path3, 3, 0).unwrap());
+        assert!(!partition_set_dir(&path3, 3, 0).exists());
+        // nor is another seed's
+        assert!(!stored.fetch(&path3, 2, 1).unwrap());
+        assert!(
+            partition_set_dir(&path, 2, 0)
+                .join(PARTITION_FILE)
+                .is_file()
+        );
+    }
+}
