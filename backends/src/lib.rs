@@ -14,7 +14,7 @@
 //! - [`local`]: worker processes on this machine, each in its own process group, its secrets as files in
 //!   a private folder, its output in the job's `logs/`.
 //!
-//! The orchestrator builds the docker backend's image (`orchestrator/src/docker.rs`). See
+//! The orchestrator builds the docker backend's image (`coordinator/src/driver/image.rs`). See
 //! `README.md` for where the coordinator runs on each platform and how each backend is tested without a
 //! cloud.
 //!

@@ -1,8 +1,9 @@
 //! `physalia submit`: resolve the job, load the data, train on the local backend, record everything in a
 //! job directory, print a per-epoch line and a final summary.
 //!
-//! With `workers: 1` the local backend trains inside this process; with more, `distributed.rs` coordinates
-//! `physalia-worker` processes. Both report through `summary.rs`.
+//! Every job goes to the coordinator library's driver (`physalia_coordinator::driver::distributed`) except
+//! repeated seeds (`train.runs` > 1), which train here one after another; both report through
+//! `driver::summary`.
 
 use std::path::Path;
 use std::time::Instant;

@@ -273,7 +273,7 @@ pub struct Priced {
 /// One platform as the job file sees it: its section's settings and what the job file's checks know
 /// of the platform. Each platform's section type implements it; [`BackendSpec::section`] chooses one,
 /// the only place in this crate where a platform's name picks code (the CLI's drivers have the same
-/// one place, `orchestrator/src/platform/mod.rs`).
+/// one place, `coordinator/src/driver/platform/mod.rs`).
 pub trait Section: std::fmt::Debug + Sync {
     /// The platform.
     fn kind(&self) -> BackendKind;

@@ -1,6 +1,6 @@
 //! The platform registry: each platform the workers run on is one implementation of [`Platform`]
 //! (`local.rs`, `docker.rs`, `kubernetes.rs`, `ecs.rs`, `aci.rs`), chosen once by [`of`], the only place
-//! in the CLI where a platform's name picks code. A platform builds its backend (the job file's section
+//! in the drivers where a platform's name picks code. A platform builds its backend (the job file's section
 //! and the platform's standard credential chain), says where the workers reach the coordinator, and
 //! turns a launch into the `WorkerSpec` its backend runs. What the job file says of each platform
 //! (its section's checks, SKU, images, cluster-mode needs) is the coordinator crate's
