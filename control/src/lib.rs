@@ -21,6 +21,7 @@ pub use messages::{
     ToWorker, TrainMode, Upload, checkpoint_path,
 };
 pub use record::{
-    CoordinatorRef, HEARTBEAT_S, JobState, JobStatus, MetricsLine, ScalingEvent, WorkerLine,
+    Coordinated, CoordinatorRef, EpochEnd, HEARTBEAT_S, JobState, JobStatus, JobSummary,
+    LaunchSpan, MetricsLine, RunSummary, ScalingEvent, Summary, WorkerLine,
 };
 pub use transfer::Files;

@@ -1,10 +1,12 @@
-//! The job record's per-epoch line (`metrics.jsonl`), typed once: the coordinator and the single-worker
-//! run write it, `submit --resume`, the scaling policy's replay and the report read it back, and a line
-//! that does not parse is an error naming the file and line, never a silent default.
+//! The job record, typed once: its per-epoch line (`metrics.jsonl`), its status (`status.json`), its
+//! scaling events and its summary (`summary.json`). The coordinator and the single-worker run write them;
+//! `submit --resume`, the scaling policy's replay, `plan --replay`, `status`, `list` and the report read
+//! them back through these types, and a record that does not parse is an error naming the file (and line),
+//! never a silent default.
 
 use std::path::Path;
 
-use physalia_gnn::{EpochMetrics, ExchangeStats};
+use physalia_gnn::{EpochMetrics, ExchangeStats, ModelConfig};
 use serde::{Deserialize, Serialize};
 
 /// What happened to a job after an epoch: a scaling policy's decision (with the rule that fired and the
@@ -22,6 +24,149 @@ pub struct ScalingEvent {
     /// The values the rule's condition saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub values: Option<serde_json::Value>,
+}
+
+/// `summary.json`: what every job reports ([`Summary`]) and, for a job the coordinator ran, what it
+/// measured and billed over its launches ([`Coordinated`]; absent for repeated seeds trained in the
+/// submitting process).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    #[serde(flatten)]
+    pub run: Summary,
+    #[serde(flatten)]
+    pub coordinated: Option<Coordinated>,
+}
+
+impl JobSummary {
+    /// Reads `summary.json` at `path`; an error names the file.
+    pub fn read(path: &Path) -> Result<JobSummary, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a job summary: {e}", path.display()))
+    }
+
+    /// The coordinator's part, or an error saying the job has none (`what` needs it).
+    pub fn coordinator_part(&self, what: &str) -> Result<&Coordinated, String> {
+        self.coordinated.as_ref().ok_or_else(|| {
+            format!(
+                "{what} needs a job the coordinator ran; {} ran in the submitting process (train.runs > 1)",
+                self.run.job
+            )
+        })
+    }
+}
+
+/// What every job reports, however it ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub job: String,
+    pub job_dir: String,
+    pub dataset: String,
+    pub nodes: usize,
+    pub edges: usize,
+    pub model: ModelConfig,
+    pub parameters: usize,
+    pub epochs: u32,
+    pub runs: Vec<RunSummary>,
+    /// Over runs: mean and population standard deviation of the test accuracy at the best validation epoch.
+    pub mean_test_acc_at_best_val: Option<f64>,
+    pub std_test_acc_at_best_val: Option<f64>,
+    pub mean_final_test_acc: Option<f64>,
+    /// Median over all epochs of all runs of the training time per epoch (forward, backward, step).
+    pub median_epoch_s: f64,
+    /// Training time per epoch of the first run.
+    pub epoch_times_s: Vec<f64>,
+    pub load_s: f64,
+    pub peak_rss_bytes: Option<u64>,
+    /// Every worker's seconds times its container's price, over all runs; a coordinated job's bill
+    /// (every launch's workers from start to stop, and the coordinator).
+    pub usd_total: f64,
+    /// The workers' container (a catalog SKU) and its price.
+    pub sku: String,
+    pub usd_per_worker_hour: f64,
+    /// Rank 0's device when it is not the CPU that was asked for (a GPU, or the CPU a GPU job fell back to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+/// One run (seed) of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub seed: u64,
+    pub final_epoch: usize,
+    pub final_loss: f64,
+    pub final_train_acc: Option<f64>,
+    pub final_val_acc: Option<f64>,
+    pub final_test_acc: Option<f64>,
+    pub best_epoch: Option<usize>,
+    pub best_val_acc: Option<f64>,
+    pub test_acc_at_best_val: Option<f64>,
+    pub stopped_early: bool,
+    pub median_epoch_s: f64,
+}
+
+/// What the coordinator measured and billed over a job's launches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Coordinated {
+    /// Workers of the last launch.
+    pub workers: u32,
+    pub bytes_exchanged: u64,
+    /// Peak memory by rank of the launch that finished.
+    pub worker_peak_rss_bytes: Vec<Option<u64>>,
+    /// What the coordinator holds while its workers train (its peak was reached loading the dataset).
+    pub coordinator_rss_bytes: Option<u64>,
+    /// Worker-seconds billed (every launch, prewarmed and idle workers included).
+    pub worker_seconds: f64,
+    /// Seconds the coordinator was billed for, and its price.
+    pub coordinator_seconds: f64,
+    pub coordinator_usd_per_s: f64,
+    pub scaling_events: Vec<ScalingEvent>,
+    /// When each launch ran and each epoch ended: `plan --replay` fits its model to them.
+    pub launches: Vec<LaunchSpan>,
+    pub epoch_ends: Vec<EpochEnd>,
+    pub workers_range: Option<[u32; 2]>,
+    /// The record's URL when it is kept in a job store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_url: Option<String>,
+}
+
+impl Coordinated {
+    /// "finished on 4 workers (1-4 during the job)": the workers of the last launch, and the range its
+    /// recorded epochs used when it changed.
+    pub fn finished_on(&self) -> String {
+        let workers = self.workers;
+        let mut line = format!(
+            "finished on {workers} worker{}",
+            if workers == 1 { "" } else { "s" }
+        );
+        if let Some([lo, hi]) = self.workers_range
+            && lo != hi
+        {
+            line.push_str(&format!(" ({lo}-{hi} during the job)"));
+        }
+        line
+    }
+}
+
+/// One launch of a job: its workers, from the platform's start to the job's stop (seconds since the
+/// job started).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpan {
+    pub launch: usize,
+    pub workers: usize,
+    /// Started ahead of a relaunch (a policy's `prewarm`).
+    pub prewarm: bool,
+    pub start_s: f64,
+    /// `None` while it runs.
+    pub stop_s: Option<f64>,
+}
+
+/// When every worker had reported an epoch (seconds since the job started).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochEnd {
+    pub epoch: usize,
+    pub end_s: f64,
 }
 
 /// One recorded epoch.
@@ -114,6 +259,130 @@ impl MetricsLine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `summary.json` reads back as written, with and without the coordinator's part; a summary that
+    /// is not one is an error naming the file.
+    #[test]
+    fn job_summaries_read_back_typed() {
+        let run = Summary {
+            job: "j".into(),
+            job_dir: "jobs/j-1".into(),
+            dataset: "cora".into(),
+            nodes: 10,
+            edges: 20,
+            model: ModelConfig::new(physalia_gnn::LayerKind::Gcn, 4, 8, 2),
+            parameters: 50,
+            epochs: 3,
+            runs: vec![RunSummary {
+                seed: 0,
+                final_epoch: 3,
+                final_loss: 0.5,
+                final_train_acc: Some(0.9),
+                final_val_acc: None,
+                final_test_acc: None,
+                best_epoch: None,
+                best_val_acc: None,
+                test_acc_at_best_val: None,
+                stopped_early: false,
+                median_epoch_s: 0.1,
+            }],
+            mean_test_acc_at_best_val: None,
+            std_test_acc_at_best_val: None,
+            mean_final_test_acc: None,
+            median_epoch_s: 0.1,
+            epoch_times_s: vec![0.1, 0.1, 0.1],
+            load_s: 0.0,
+            peak_rss_bytes: Some(1),
+            usd_total: 0.0,
+            sku: "local".into(),
+            usd_per_worker_hour: 0.0,
+            device: None,
+        };
+        let coordinated = Coordinated {
+            workers: 2,
+            bytes_exchanged: 7,
+            worker_peak_rss_bytes: vec![Some(1), None],
+            coordinator_rss_bytes: None,
+            worker_seconds: 1.5,
+            coordinator_seconds: 0.0,
+            coordinator_usd_per_s: 0.0,
+            scaling_events: vec![],
+            launches: vec![LaunchSpan {
+                launch: 0,
+                workers: 2,
+                prewarm: false,
+                start_s: 0.0,
+                stop_s: Some(1.0),
+            }],
+            epoch_ends: vec![EpochEnd {
+                epoch: 1,
+                end_s: 0.5,
+            }],
+            workers_range: Some([2, 2]),
+            job_url: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("summary.json");
+        for s in [
+            JobSummary {
+                run: run.clone(),
+                coordinated: Some(coordinated.clone()),
+            },
+            JobSummary {
+                run: run.clone(),
+                coordinated: None,
+            },
+        ] {
+            std::fs::write(&path, serde_json::to_vec(&s).unwrap()).unwrap();
+            assert_eq!(JobSummary::read(&path).unwrap(), s);
+        }
+        let single = JobSummary {
+            run,
+            coordinated: None,
+        };
+        assert!(
+            single
+                .coordinator_part("replay")
+                .unwrap_err()
+                .contains("replay needs a job the coordinator ran")
+        );
+        std::fs::write(&path, b"{\"job\": 3}").unwrap();
+        let err = JobSummary::read(&path).unwrap_err();
+        assert!(err.contains("summary.json: not a job summary"), "{err}");
+    }
+
+    /// The final line's "finished on ..." (moved from the CLI with `finished_on`, now read from the typed
+    /// summary; the same lines asserted).
+    #[test]
+    fn the_final_line_names_the_last_workers_and_the_range_used() {
+        let line = |workers: u32, workers_range: Option<[u32; 2]>| {
+            Coordinated {
+                workers,
+                bytes_exchanged: 0,
+                worker_peak_rss_bytes: Vec::new(),
+                coordinator_rss_bytes: None,
+                worker_seconds: 0.0,
+                coordinator_seconds: 0.0,
+                coordinator_usd_per_s: 0.0,
+                scaling_events: Vec::new(),
+                launches: Vec::new(),
+                epoch_ends: Vec::new(),
+                workers_range,
+                job_url: None,
+            }
+            .finished_on()
+        };
+        assert_eq!(
+            line(4, Some([1, 4])),
+            "finished on 4 workers (1-4 during the job)"
+        );
+        assert_eq!(
+            line(2, Some([2, 4])),
+            "finished on 2 workers (2-4 during the job)"
+        );
+        assert_eq!(line(1, Some([1, 1])), "finished on 1 worker");
+        assert_eq!(line(3, None), "finished on 3 workers");
+    }
 
     fn metrics(epoch: usize, train_s: f64, sent: u64) -> EpochMetrics {
         EpochMetrics {

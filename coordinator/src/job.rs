@@ -156,25 +156,9 @@ pub struct Outcome {
     pub epochs: Vec<EpochEnd>,
 }
 
-/// One launch as the bill counts it: `workers` workers from `start_s` to `stop_s`, seconds since the job
-/// started (`physalia plan --replay` fits its model to these).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LaunchSpan {
-    pub launch: usize,
-    pub workers: usize,
-    /// Started ahead of a relaunch (a policy's `prewarm`).
-    pub prewarm: bool,
-    pub start_s: f64,
-    /// `None` while it runs.
-    pub stop_s: Option<f64>,
-}
-
-/// When every worker had reported an epoch (seconds since the job started).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EpochEnd {
-    pub epoch: usize,
-    pub end_s: f64,
-}
+/// A launch as the bill counts it and an epoch's end, in `summary.json` (`physalia plan --replay` fits
+/// its model to these).
+pub use physalia_control::record::{EpochEnd, LaunchSpan};
 
 /// What the job costs as it runs: each launch's workers are billed from the moment the platform started
 /// them to the moment the job stopped them, whatever they did meanwhile (trained, waited as a prewarm,

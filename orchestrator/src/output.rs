@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use physalia_coordinator::driver::summary::{Summary, fmt_acc, fmt_bytes};
 use physalia_coordinator::driver::{Finished, Observer, Progress};
-use serde_json::Value;
 
 /// How a command prints its result.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,30 +82,31 @@ impl Observer for Terminal {
 /// A finished job's final lines (`summary.json` as JSON, or what it ran on, its loss and accuracy, its
 /// report), the same whether this process coordinated it or followed it in a store.
 pub fn print_finished(job: &Finished<'_>, output: OutputFormat) -> Result<()> {
-    let v: &Value = job.summary;
+    let s = job.summary;
+    let c = s
+        .coordinator_part("the final lines")
+        .map_err(anyhow::Error::msg)?;
     match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(v)?),
+        OutputFormat::Json => println!("{}", serde_json::to_string(s)?),
         OutputFormat::Text => {
-            println!("job {} {}: {}", job.name, finished_on(v), job.location);
+            println!("job {} {}: {}", job.name, c.finished_on(), job.location);
+            let run = s.run.runs.first();
             println!(
                 "final loss {:.4}, test at best val {}, median epoch {:.4}s, {} exchanged",
-                v["runs"][0]["final_loss"].as_f64().unwrap_or(f64::NAN),
-                v["runs"][0]["test_acc_at_best_val"]
-                    .as_f64()
+                run.map_or(f64::NAN, |r| r.final_loss),
+                run.and_then(|r| r.test_acc_at_best_val)
                     .map(|a| format!("{a:.4}"))
                     .unwrap_or("-".into()),
-                v["median_epoch_s"].as_f64().unwrap_or(0.0),
-                fmt_bytes(v["bytes_exchanged"].as_u64().unwrap_or(0))
+                s.run.median_epoch_s,
+                fmt_bytes(c.bytes_exchanged)
             );
-            if v["coordinator_usd_per_s"].as_f64().unwrap_or(0.0) > 0.0 {
+            if c.coordinator_usd_per_s > 0.0 {
                 println!(
                     "billed ${:.6}: {:.1} worker-seconds and {:.1} coordinator-seconds",
-                    v["usd_total"].as_f64().unwrap_or(0.0),
-                    v["worker_seconds"].as_f64().unwrap_or(0.0),
-                    v["coordinator_seconds"].as_f64().unwrap_or(0.0)
+                    s.run.usd_total, c.worker_seconds, c.coordinator_seconds
                 );
             }
-            if let Some(d) = v["device"].as_str() {
+            if let Some(d) = &s.run.device {
                 println!("rank 0 trained on {d}");
             }
             if let Some(r) = job.report {
@@ -154,46 +154,4 @@ pub fn print_summary(s: &Summary, output: OutputFormat) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The final line's "finished on 4 workers (1-4 during the job)" from a coordinated job's summary: the
-/// workers of the last launch, and the range its recorded epochs used when it changed.
-pub fn finished_on(v: &serde_json::Value) -> String {
-    let workers = v["workers"].as_u64().unwrap_or(0);
-    let mut line = format!(
-        "finished on {workers} worker{}",
-        if workers == 1 { "" } else { "s" }
-    );
-    if let (Some(lo), Some(hi)) = (
-        v["workers_range"][0].as_u64(),
-        v["workers_range"][1].as_u64(),
-    ) && lo != hi
-    {
-        line.push_str(&format!(" ({lo}-{hi} during the job)"));
-    }
-    line
-}
-
-#[cfg(test)]
-mod tests {
-    use super::finished_on;
-    use serde_json::json;
-
-    #[test]
-    fn the_final_line_names_the_last_workers_and_the_range_used() {
-        let line = |v| finished_on(&v);
-        assert_eq!(
-            line(json!({"workers": 4, "workers_range": [1, 4]})),
-            "finished on 4 workers (1-4 during the job)"
-        );
-        assert_eq!(
-            line(json!({"workers": 2, "workers_range": [2, 4]})),
-            "finished on 2 workers (2-4 during the job)"
-        );
-        assert_eq!(
-            line(json!({"workers": 1, "workers_range": [1, 1]})),
-            "finished on 1 worker"
-        );
-        assert_eq!(line(json!({"workers": 3})), "finished on 3 workers");
-    }
 }

@@ -21,11 +21,11 @@ use physalia_control::MetricsLine;
 use physalia_gnn::EpochMetrics;
 use physalia_planner::{CalibrationProfile, Catalog, PlanRequest, Sku, TimeBreakdown};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::elastic::{Elastic, Stop};
 use crate::job::{EpochEnd, LaunchSpan};
 use crate::spec::{self, JobSpec, ParallelismSpec};
+use physalia_control::JobSummary;
 use physalia_coordinator::driver::dataset::{self, Source};
 use physalia_coordinator::driver::{plan, summary};
 
@@ -67,28 +67,15 @@ impl Record {
             bail!("{}: no recorded epoch to replay", metrics.display());
         }
         let summary_path = dir.join("summary.json");
-        let summary: Value = serde_json::from_str(
-            &read_text(&summary_path)
-                .with_context(|| format!("{}: the job has not finished", dir.display()))?,
-        )
-        .with_context(|| format!("{}: not JSON", summary_path.display()))?;
-        let field = |name: &str| -> Result<&Value> {
-            summary.get(name).with_context(|| {
-                format!(
-                    "{}: no `{name}` (the job ran in this process, or before launches were recorded; \
-                     replay needs a coordinated job)",
-                    summary_path.display()
-                )
-            })
-        };
-        let launches: Vec<LaunchSpan> = serde_json::from_value(field("launches")?.clone())
-            .with_context(|| format!("{}: launches", summary_path.display()))?;
-        let epoch_ends: Vec<EpochEnd> = serde_json::from_value(field("epoch_ends")?.clone())
-            .with_context(|| format!("{}: epoch_ends", summary_path.display()))?;
-        let worker_s = field("worker_seconds")?.as_f64().with_context(|| {
-            format!("{}: worker_seconds is not a number", summary_path.display())
-        })?;
-        let usd = field("usd_total")?.as_f64().unwrap_or(0.0);
+        if !summary_path.is_file() {
+            bail!("{}: the job has not finished", dir.display());
+        }
+        let summary = JobSummary::read(&summary_path).map_err(anyhow::Error::msg)?;
+        let c = summary
+            .coordinator_part("replay")
+            .map_err(|e| anyhow::anyhow!("{}: {e}", summary_path.display()))?;
+        let (launches, epoch_ends) = (c.launches.clone(), c.epoch_ends.clone());
+        let (worker_s, usd) = (c.worker_seconds, summary.run.usd_total);
         Ok(Record {
             dir: dir.to_path_buf(),
             spec,

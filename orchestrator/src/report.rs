@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use physalia_control::{Coordinated, JobStatus, JobSummary, Summary};
 use serde_json::Value;
 
 #[derive(Args)]
@@ -73,6 +74,14 @@ pub(crate) fn write(job: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A record file read through its type, `None` when it is not there (yet).
+fn read_record<T>(path: &Path, read: fn(&Path) -> Result<T, String>) -> Result<Option<T>> {
+    match path.is_file() {
+        true => Ok(Some(read(path).map_err(anyhow::Error::msg)?)),
+        false => Ok(None),
+    }
+}
+
 fn read_json(path: &Path) -> Option<Value> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
@@ -129,7 +138,7 @@ fn rows(job: &Path) -> Result<Vec<Row>> {
 
 /// The planner's prediction beside the measured epochs: per worker count, its epoch time unfitted (what
 /// it predicted) and fitted to this job; and the job's bill, predicted and measured.
-fn prediction(job: &Path, rows: &[Row], summary: &Value) -> Result<String> {
+fn prediction(job: &Path, rows: &[Row], summary: &Coordinated, usd_total: f64) -> Result<String> {
     let record = crate::replay::Record::read(job)?;
     let model = crate::replay::Model::new(&record)?;
     let sku = model.sku.clone();
@@ -166,9 +175,7 @@ fn prediction(job: &Path, rows: &[Row], summary: &Value) -> Result<String> {
         );
     }
     h.push_str("</table>");
-    let ledger = summary["worker_seconds"]
-        .as_f64()
-        .unwrap_or(record.worker_s);
+    let ledger = summary.worker_seconds;
     let _ = write!(
         h,
         "<table><tr><th></th><th>worker-seconds</th><th>USD at {} (${:.4}/worker-hour)</th></tr>\
@@ -179,7 +186,7 @@ fn prediction(job: &Path, rows: &[Row], summary: &Value) -> Result<String> {
         predicted_worker_s,
         predicted_worker_s * price,
         ledger,
-        summary["usd_total"].as_f64().unwrap_or(record.usd)
+        usd_total
     );
     h.push_str(
         "<p>`physalia plan --replay` prices this job on other worker counts and SKUs with the model \
@@ -194,8 +201,9 @@ fn render(job: &Path) -> Result<String> {
     }
     let rows = rows(job)?;
     let spec = read_json(&job.join("job.json")).unwrap_or(Value::Null);
-    let status = read_json(&job.join("status.json")).unwrap_or(Value::Null);
-    let summary = read_json(&job.join("summary.json")).unwrap_or(Value::Null);
+    // a running or failed job has no summary yet; one that is there must read
+    let status = read_record(&job.join("status.json"), JobStatus::read)?;
+    let summary = read_record(&job.join("summary.json"), JobSummary::read)?;
     let name = job
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -213,9 +221,10 @@ fn render(job: &Path) -> Result<String> {
     let _ = write!(
         h,
         "<p>state: <b>{}</b>{}; model {} ({} layers), {} epochs planned, {} recorded</p>",
-        esc(status["state"].as_str().unwrap_or("unknown")),
-        status["error"]
-            .as_str()
+        esc(status.as_ref().map_or("unknown", |s| s.state.as_str())),
+        status
+            .as_ref()
+            .and_then(|s| s.error.as_deref())
             .map(|e| format!(" — {}", esc(e)))
             .unwrap_or_default(),
         esc(spec["model"]["kind"].as_str().unwrap_or("?")),
@@ -223,24 +232,26 @@ fn render(job: &Path) -> Result<String> {
         spec["train"]["epochs"],
         rows.len()
     );
-    if let Some(acc) = summary["runs"][0]["test_acc_at_best_val"].as_f64() {
+    let best = summary.as_ref().and_then(|s| s.run.runs.first());
+    if let Some(acc) = best.and_then(|r| r.test_acc_at_best_val) {
         let _ = write!(
             h,
             "<p>test accuracy at best validation: <b>{acc:.4}</b></p>"
         );
     }
     plots(&mut h, &rows);
-    cost(&mut h, &rows, &summary);
+    cost(&mut h, &rows, summary.as_ref().map(|s| &s.run));
+    let coordinated = summary.as_ref().and_then(|s| s.coordinated.as_ref());
     // needs the finished job's record and its dataset: left out (with why) when either is missing
-    if summary.get("launches").is_some() {
-        match prediction(job, &rows, &summary) {
+    if let (Some(s), Some(c)) = (&summary, coordinated) {
+        match prediction(job, &rows, c, s.run.usd_total) {
             Ok(p) => h.push_str(&p),
             Err(e) => {
                 let _ = write!(h, "<p>(no prediction: {})</p>", esc(&format!("{e:#}")));
             }
         }
     }
-    scaling_events(&mut h, &summary);
+    scaling_events(&mut h, coordinated);
     epoch_table(&mut h, &rows);
     h.push_str("</body></html>\n");
     Ok(h)
@@ -321,23 +332,24 @@ fn plots(h: &mut String, rows: &[Row]) {
 }
 
 /// The bill over time: the SKU's dollars, or worker-seconds where it costs nothing.
-fn cost(h: &mut String, rows: &[Row], summary: &Value) {
+fn cost(h: &mut String, rows: &[Row], summary: Option<&Summary>) {
     let t: Vec<f64> = rows.iter().map(|r| r.elapsed_s).collect();
     // a priced SKU's dollars; the local SKU costs nothing, so its worker-seconds
-    let priced = summary["usd_per_worker_hour"].as_f64().unwrap_or(0.0) > 0.0;
+    let usd_per_hour = summary.map_or(0.0, |s| s.usd_per_worker_hour);
+    let priced = usd_per_hour > 0.0;
     let _ = write!(
         h,
         "<h2>Cost over time</h2><p>{}</p>",
         if priced {
             format!(
                 "at {} (${:.4} per worker-hour): each epoch's workers' training and evaluation seconds",
-                esc(summary["sku"].as_str().unwrap_or("?")),
-                summary["usd_per_worker_hour"].as_f64().unwrap_or(0.0)
+                esc(summary.map_or("?", |s| s.sku.as_str())),
+                usd_per_hour
             )
         } else {
             format!(
                 "{} costs nothing per worker-second: the workers' training and evaluation seconds",
-                esc(summary["sku"].as_str().unwrap_or("this machine"))
+                esc(summary.map_or("this machine", |s| s.sku.as_str()))
             )
         }
     );
@@ -369,16 +381,16 @@ fn cost(h: &mut String, rows: &[Row], summary: &Value) {
 }
 
 /// The policy's decisions, as `summary.json` lists them.
-fn scaling_events(h: &mut String, summary: &Value) {
-    if let Some(events) = summary["scaling_events"].as_array() {
+fn scaling_events(h: &mut String, summary: Option<&Coordinated>) {
+    if let Some(events) = summary.map(|s| &s.scaling_events) {
         h.push_str("<h2>Scaling events</h2><table><tr><th>after epoch</th><th>event</th><th>rule</th></tr>");
         for e in events {
             let _ = write!(
                 h,
                 "<tr><td>{}</td><td style=\"text-align:left\">{}</td><td>{}</td></tr>",
-                e["epoch"],
-                esc(e["event"].as_str().unwrap_or("")),
-                esc(e["rule"].as_str().unwrap_or("")),
+                e.epoch,
+                esc(&e.event),
+                esc(e.rule.as_deref().unwrap_or("")),
             );
         }
         h.push_str("</table>");

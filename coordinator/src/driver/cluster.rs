@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use physalia_backends::{Backend, CoordinatorHandle, CoordinatorSpec, WorkerState};
 use physalia_control::{JobState, JobStatus, MetricsLine};
-use serde_json::Value;
 
 use crate::driver::Observer;
 use crate::driver::distributed::Role;
@@ -644,18 +643,20 @@ fn finished(
     let url = format!("{}/{id}", remote.url());
     match status.state {
         JobState::Succeeded => {
-            let text = std::fs::read_to_string(dir.join("summary.json"))
-                .with_context(|| format!("{url}: the job succeeded but has no summary.json"))?;
-            let v: Value = serde_json::from_str(&text)
-                .with_context(|| format!("{url}/summary.json: not a summary"))?;
-            let name = v["job"].as_str().unwrap_or(id).to_string();
+            let path = dir.join("summary.json");
+            if !path.is_file() {
+                bail!("{url}: the job succeeded but has no summary.json");
+            }
+            let summary = physalia_control::JobSummary::read(&path)
+                .map_err(|e| anyhow::anyhow!("{url}/summary.json: {e}"))?;
+            let name = summary.run.job.clone();
             let report = dir
                 .join("report.html")
                 .is_file()
                 .then(|| format!("{url}/report.html"));
             obs.finished(&super::Finished {
                 name: &name,
-                summary: &v,
+                summary: &summary,
                 location: &url,
                 report: report.as_deref(),
             })

@@ -214,18 +214,20 @@ pub fn run(
         run.usd_total = outcome.usd;
         Ok(summary::JobSummary {
             run,
-            workers: elastic.workers(),
-            bytes_exchanged: outcome.bytes_exchanged,
-            worker_peak_rss_bytes: outcome.worker_peak_rss,
-            coordinator_rss_bytes: summary::rss_bytes(),
-            worker_seconds: outcome.worker_s,
-            coordinator_seconds: outcome.coordinator_s,
-            coordinator_usd_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
-            scaling_events: elastic.events.clone(),
-            launches: outcome.launches,
-            epoch_ends: outcome.epochs,
-            workers_range: elastic.workers_range(),
-            job_url: job_url.clone(),
+            coordinated: Some(summary::Coordinated {
+                workers: elastic.workers(),
+                bytes_exchanged: outcome.bytes_exchanged,
+                worker_peak_rss_bytes: outcome.worker_peak_rss,
+                coordinator_rss_bytes: summary::rss_bytes(),
+                worker_seconds: outcome.worker_s,
+                coordinator_seconds: outcome.coordinator_s,
+                coordinator_usd_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
+                scaling_events: elastic.events.clone(),
+                launches: outcome.launches,
+                epoch_ends: outcome.epochs,
+                workers_range: elastic.workers_range(),
+                job_url: job_url.clone(),
+            }),
         })
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
@@ -290,8 +292,7 @@ fn succeed(
     name: &str,
     obs: &dyn Observer,
 ) -> Result<()> {
-    let v = serde_json::to_value(summary)?;
-    dir.write_json("summary.json", &v)?;
+    dir.write_json("summary.json", summary)?;
     dir.end(JobState::Succeeded, None)?;
     // the report is a view of the record (its state included): a failure to render it does not fail
     // the job
@@ -311,7 +312,7 @@ fn succeed(
     };
     obs.finished(&Finished {
         name,
-        summary: &v,
+        summary,
         location: &location,
         report: report.as_deref(),
     })

@@ -59,7 +59,7 @@ pub trait Progress {
 pub struct Finished<'a> {
     pub name: &'a str,
     /// `summary.json`.
-    pub summary: &'a serde_json::Value,
+    pub summary: &'a physalia_control::JobSummary,
     /// Where its record is: a folder, or a URL in a job store.
     pub location: &'a str,
     /// Its report, where one was written (in the record's store when it has one).

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use physalia_gnn::{Activation, EpochMetrics, LayerKind, Model, ModelConfig};
-use serde::Serialize;
 
 use crate::spec::{self, JobSpec, ModelKind, Priced};
 
@@ -93,65 +92,7 @@ pub fn model_config(spec: &JobSpec, in_dim: usize, classes: usize) -> Result<Mod
     })
 }
 
-/// `summary.json` of a coordinated job: what every job reports ([`Summary`]), and what the
-/// coordinator measured and billed over its launches.
-#[derive(Serialize)]
-pub struct JobSummary {
-    #[serde(flatten)]
-    pub run: Summary,
-    /// Workers of the last launch.
-    pub workers: u32,
-    pub bytes_exchanged: u64,
-    /// Peak memory by rank of the launch that finished.
-    pub worker_peak_rss_bytes: Vec<Option<u64>>,
-    /// What the coordinator holds while its workers train (its peak was reached loading the dataset).
-    pub coordinator_rss_bytes: Option<u64>,
-    /// Worker-seconds billed (every launch, prewarmed and idle workers included).
-    pub worker_seconds: f64,
-    /// Seconds the coordinator was billed for, and its price.
-    pub coordinator_seconds: f64,
-    pub coordinator_usd_per_s: f64,
-    pub scaling_events: Vec<physalia_control::ScalingEvent>,
-    /// When each launch ran and each epoch ended: `plan --replay` fits its model to them.
-    pub launches: Vec<crate::job::LaunchSpan>,
-    pub epoch_ends: Vec<crate::job::EpochEnd>,
-    pub workers_range: Option<[u32; 2]>,
-    /// The record's URL when it is kept in a job store.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub job_url: Option<String>,
-}
-
-#[derive(Serialize)]
-pub struct Summary {
-    pub job: String,
-    pub job_dir: String,
-    pub dataset: String,
-    pub nodes: usize,
-    pub edges: usize,
-    pub model: ModelConfig,
-    pub parameters: usize,
-    pub epochs: u32,
-    pub runs: Vec<RunSummary>,
-    /// Over runs: mean and population standard deviation of the test accuracy at the best validation epoch.
-    pub mean_test_acc_at_best_val: Option<f64>,
-    pub std_test_acc_at_best_val: Option<f64>,
-    pub mean_final_test_acc: Option<f64>,
-    /// Median over all epochs of all runs of the training time per epoch (forward, backward, step).
-    pub median_epoch_s: f64,
-    /// Training time per epoch of the first run.
-    pub epoch_times_s: Vec<f64>,
-    pub load_s: f64,
-    pub peak_rss_bytes: Option<u64>,
-    /// Every worker's seconds times its container's price, over all runs; a coordinated job's bill
-    /// (every launch's workers from start to stop, and the coordinator).
-    pub usd_total: f64,
-    /// The workers' container (a catalog SKU) and its price.
-    pub sku: String,
-    pub usd_per_worker_hour: f64,
-    /// Rank 0's device when it is not the CPU that was asked for (a GPU, or the CPU a GPU job fell back to).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-}
+pub use physalia_control::record::{Coordinated, JobSummary, RunSummary, Summary};
 
 /// The job's worker container (its platform's SKU) and its price per worker-second, from the planner's
 /// built-in catalog. Validation made sure the job names one (a `goal:` job gets the planner's).
@@ -159,21 +100,6 @@ pub fn price(spec: &JobSpec) -> Result<Priced> {
     spec.backend
         .priced(&physalia_planner::Catalog::builtin(), None)
         .map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-#[derive(Serialize)]
-pub struct RunSummary {
-    pub seed: u64,
-    pub final_epoch: usize,
-    pub final_loss: f64,
-    pub final_train_acc: Option<f64>,
-    pub final_val_acc: Option<f64>,
-    pub final_test_acc: Option<f64>,
-    pub best_epoch: Option<usize>,
-    pub best_val_acc: Option<f64>,
-    pub test_acc_at_best_val: Option<f64>,
-    pub stopped_early: bool,
-    pub median_epoch_s: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
