@@ -749,9 +749,8 @@ fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), Error> {
 /// Removes the data folders an old manifest referenced, except `keep`. Best effort: a leftover folder
 /// wastes space but breaks nothing.
 fn remove_old_data(dir: &Path, old: &Manifest, keep: &str) {
-    let mut folders: Vec<&str> = old
-        .tensors
-        .all()
+    let all = old.tensors.all();
+    let mut folders: Vec<&str> = all
         .iter()
         .flat_map(|(_, t)| &t.chunks)
         .filter_map(|c| c.file.split_once('/').map(|(d, _)| d))
@@ -891,10 +890,21 @@ impl ChunkedDataset {
 
     /// Every tensor of chunk `i`.
     pub fn read_chunk(&self, i: usize) -> Result<NodeChunk, Error> {
-        let m = &self.manifest;
         let (indptr, indices) = self.read_chunk_edges(i)?;
-        let rows = indptr.len() - 1;
+        let (features, labels) = self.read_chunk_nodes(i)?;
+        Ok(NodeChunk {
+            indptr,
+            indices,
+            features,
+            labels,
+        })
+    }
+
+    /// The features and labels of chunk `i` (not its edges).
+    pub fn read_chunk_nodes(&self, i: usize) -> Result<(Features, Vec<i64>), Error> {
+        let m = &self.manifest;
         let fe = &m.tensors.features.chunks[i];
+        let rows = fe.rows[1] - fe.rows[0];
         let len = rows * m.feat_dim;
         let features = match m.feature_dtype {
             FeatureDtype::F32 => Features::F32(read_chunk::<f32>(&self.dir, "features", fe, len)?),
@@ -904,12 +914,7 @@ impl ChunkedDataset {
         let le = &m.tensors.labels.chunks[i];
         let labels: Vec<i64> = read_chunk(&self.dir, "labels", le, rows)?;
         check_labels(&self.dir.join(&le.file), le.rows[0], &labels, m.num_classes)?;
-        Ok(NodeChunk {
-            indptr,
-            indices,
-            features,
-            labels,
-        })
+        Ok((features, labels))
     }
 
     /// Rows `r` (any range inside `0..num_nodes`): the chunks that overlap it, read in parallel and cut.
@@ -926,7 +931,9 @@ impl ChunkedDataset {
         let last = chunks.partition_point(|c| c.rows[0] < r.end);
         let parts: Vec<(usize, NodeChunk)> = (first..last)
             .into_par_iter()
-            .map(|i| Ok((chunks[i].rows[0], self.read_chunk(i)?)))
+            .map(|i| -> Result<(usize, NodeChunk), Error> {
+                Ok((chunks[i].rows[0], self.read_chunk(i)?))
+            })
             .collect::<Result<_, Error>>()?;
         Ok(concat_cut(parts, r, self.manifest.feat_dim, self.manifest.feature_dtype))
     }
@@ -982,7 +989,7 @@ impl ChunkedDataset {
         let parts: Vec<Vec<i64>> = t
             .chunks
             .par_iter()
-            .map(|e| {
+            .map(|e| -> Result<Vec<i64>, Error> {
                 let v: Vec<i64> = read_chunk(&self.dir, s.tensor_name(), e, e.rows[1] - e.rows[0])?;
                 if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x >= n) {
                     return Err(Error::tensor(
@@ -1002,7 +1009,7 @@ impl ChunkedDataset {
     pub fn load(&self) -> Result<OwnedDataset, Error> {
         let m = &self.manifest;
         let all = self.read_rows(0..m.num_nodes)?;
-        let [train_idx, val_idx, test_idx] = Split::ALL
+        let [train_idx, val_idx, test_idx]: [Vec<i64>; 3] = Split::ALL
             .map(|s| self.read_split(s))
             .into_iter()
             .collect::<Result<Vec<_>, Error>>()?

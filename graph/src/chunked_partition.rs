@@ -214,11 +214,11 @@ impl<'a> PartContext<'a> {
             if end == at {
                 continue;
             }
-            let c = self.ds.read_chunk(i)?;
+            let (chunk_feats, chunk_labels) = self.ds.read_chunk_nodes(i)?;
             for &v in &owned[at..end] {
                 let j = v as usize - r.start;
-                labels.push(c.labels[j]);
-                extend_row(&mut feats, &c.features, j * f..(j + 1) * f);
+                labels.push(chunk_labels[j]);
+                extend_row(&mut feats, &chunk_feats, j * f..(j + 1) * f);
             }
             at = end;
         }

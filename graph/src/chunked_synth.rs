@@ -88,14 +88,14 @@ pub fn sbm_chunked(p: &SbmParams, dir: &Path, chunk_rows: usize) -> Result<Manif
         })?;
     drop(members);
     spill.flush()?;
-    let gen = NodeGen {
+    let nodes = NodeGen {
         seed: p.seed,
         classes: &classes,
         centroids: centroids(p.seed, p.num_classes, p.feat_dim, p.feature_signal),
         feat_dim: p.feat_dim,
         noise: p.feature_noise,
     };
-    write_nodes(&mut w, &spill, &gen)?;
+    write_nodes(&mut w, &spill, &nodes)?;
     drop(spill);
     finish(w, p.seed, n, p.train_frac, p.val_frac)
 }
@@ -125,27 +125,27 @@ pub fn rmat_chunked(p: &RmatParams, dir: &Path, chunk_rows: usize) -> Result<Man
     drop(rmat);
     spill.flush()?;
     let classes = synth::rmat_classes(p);
-    let gen = NodeGen {
+    let nodes = NodeGen {
         seed: p.seed,
         classes: &classes,
         centroids: centroids(p.seed, p.num_classes, p.feat_dim, p.feature_signal),
         feat_dim: p.feat_dim,
         noise: p.feature_noise,
     };
-    write_nodes(&mut w, &spill, &gen)?;
+    write_nodes(&mut w, &spill, &nodes)?;
     drop(spill);
     finish(w, p.seed, n, p.train_frac, p.val_frac)
 }
 
 /// Phase 2: the spill's buckets, a few at a time in parallel, into node chunks, appended in order.
-fn write_nodes(w: &mut ChunkedWriter, spill: &EdgeSpill, gen: &NodeGen<'_>) -> Result<(), Error> {
+fn write_nodes(w: &mut ChunkedWriter, spill: &EdgeSpill, nodes: &NodeGen<'_>) -> Result<(), Error> {
     let batch = rayon::current_num_threads().max(1);
     let buckets: Vec<usize> = (0..spill.num_buckets()).collect();
     let chunk_rows = w.chunk_rows();
     for group in buckets.chunks(batch) {
         let made: Vec<Vec<NodeChunk>> = group
             .par_iter()
-            .map(|&b| bucket_chunks(spill, b, chunk_rows, gen))
+            .map(|&b| bucket_chunks(spill, b, chunk_rows, nodes))
             .collect::<Result<_, Error>>()?;
         w.append(made.into_iter().flatten().collect())?;
     }
@@ -157,7 +157,7 @@ fn bucket_chunks(
     spill: &EdgeSpill,
     b: usize,
     chunk_rows: usize,
-    gen: &NodeGen<'_>,
+    nodes: &NodeGen<'_>,
 ) -> Result<Vec<NodeChunk>, Error> {
     let r = spill.bucket_range(b);
     let (indptr, indices) = spill.read_bucket(b)?;
@@ -172,8 +172,8 @@ fn bucket_chunks(
                 .map(|&x| x - a)
                 .collect(),
             indices: indices[a as usize..z as usize].to_vec(),
-            features: Features::F32(gen.features(lo..hi)),
-            labels: gen.classes[lo..hi].iter().map(|&c| c as i64).collect(),
+            features: Features::F32(nodes.features(lo..hi)),
+            labels: nodes.classes[lo..hi].iter().map(|&c| c as i64).collect(),
         });
         lo = hi;
     }

@@ -12,6 +12,7 @@
 //! PyTorch/NumPy users expect); CSR row `v` lists the in-neighbours of `v`; label `-1` means unlabelled.
 
 pub mod chunked;
+pub mod chunked_import;
 pub mod chunked_partition;
 pub mod chunked_synth;
 pub mod csr;

@@ -67,9 +67,9 @@ impl EdgeSpill {
             if s == d {
                 continue;
             }
-            keys.push((d as u64) << 32 | s as u64);
+            keys.push(((d as u64) << 32) | s as u64);
             if undirected {
-                keys.push((s as u64) << 32 | d as u64);
+                keys.push(((s as u64) << 32) | d as u64);
             }
         }
         keys.sort_unstable();

@@ -257,12 +257,12 @@ pub(crate) fn sbm_name_source(p: &SbmParams) -> (String, String) {
 /// partitioner that splits by id range.
 pub fn rmat(p: &RmatParams) -> Result<OwnedDataset, Error> {
     let (n, num_edges) = check_rmat(p)?;
-    let gen = RmatGen::new(p);
+    let draw = RmatGen::new(p);
     let chunks: Vec<(Vec<u32>, Vec<u32>)> = (0..num_edges.div_ceil(EDGE_CHUNK))
         .into_par_iter()
-        .map(|ci| gen.edges(p, ci, num_edges))
+        .map(|ci| draw.edges(p, ci, num_edges))
         .collect();
-    drop(gen);
+    drop(draw);
     let (src, dst) = concat_pairs(chunks);
     let csr = csr_from_edges(n, &src, &dst, p.undirected);
     drop((src, dst));
