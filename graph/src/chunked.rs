@@ -261,7 +261,9 @@ fn read_chunk_into<T: bytemuck::Pod>(
         return Err(Error::tensor(
             &path,
             tensor,
-            format!("chunk file has {len} bytes, the manifest says {want} (truncated or replaced?)"),
+            format!(
+                "chunk file has {len} bytes, the manifest says {want} (truncated or replaced?)"
+            ),
         ));
     }
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
@@ -480,7 +482,12 @@ impl ChunkedWriter {
             ));
         }
         let max = h.num_classes.map_or(i64::MAX, |k| k as i64);
-        if let Some((i, l)) = c.labels.iter().enumerate().find(|(_, l)| **l < -1 || **l >= max) {
+        if let Some((i, l)) = c
+            .labels
+            .iter()
+            .enumerate()
+            .find(|(_, l)| **l < -1 || **l >= max)
+        {
             return Err(at(
                 "labels",
                 format!("node {} has label {l}, outside -1..{max}", lo + i),
@@ -503,10 +510,16 @@ impl ChunkedWriter {
                 let v = (lo + i) as u64;
                 c.neighbors(i).iter().fold((0u64, 0u64), |(a, b), &u| {
                     let u = u as u64;
-                    (a.wrapping_add(pair_hash(u, v)), b.wrapping_add(pair_hash(v, u)))
+                    (
+                        a.wrapping_add(pair_hash(u, v)),
+                        b.wrapping_add(pair_hash(v, u)),
+                    )
                 })
             })
-            .reduce(|| (0, 0), |x, y| (x.0.wrapping_add(y.0), x.1.wrapping_add(y.1)));
+            .reduce(
+                || (0, 0),
+                |x, y| (x.0.wrapping_add(y.0), x.1.wrapping_add(y.1)),
+            );
         self.sym = (self.sym.0.wrapping_add(a), self.sym.1.wrapping_add(b));
     }
 
@@ -519,7 +532,10 @@ impl ChunkedWriter {
             return Err(Error::tensor(
                 &self.dir,
                 tensor,
-                format!("appended after {} of {n} rows; splits come after every row", self.next_row),
+                format!(
+                    "appended after {} of {n} rows; splits come after every row",
+                    self.next_row
+                ),
             ));
         }
         let s = split as usize;
@@ -544,14 +560,18 @@ impl ChunkedWriter {
                 return Err(Error::tensor(
                     &self.dir,
                     tensor,
-                    format!("node {v} (entry {entry}) is already in '{other}'; splits must not overlap or repeat"),
+                    format!(
+                        "node {v} (entry {entry}) is already in '{other}'; splits must not overlap or repeat"
+                    ),
                 ));
             }
             if *f & 1 == 0 {
                 return Err(Error::tensor(
                     &self.dir,
                     tensor,
-                    format!("node {v} (entry {entry}) is unlabelled (label -1); split nodes need a label"),
+                    format!(
+                        "node {v} (entry {entry}) is unlabelled (label -1); split nodes need a label"
+                    ),
                 ));
             }
             *f |= bit;
@@ -559,7 +579,11 @@ impl ChunkedWriter {
         if ids.is_empty() {
             return Ok(());
         }
-        let file = format!("{}/{tensor}-{:06}.bin", self.data_name, self.splits[s].len());
+        let file = format!(
+            "{}/{tensor}-{:06}.bin",
+            self.data_name,
+            self.splits[s].len()
+        );
         let e = write_chunk_file(
             &self.dir,
             file,
@@ -656,7 +680,10 @@ fn pair_hash(a: u64, b: u64) -> u64 {
 fn check_local_csr(c: &NodeChunk, n: usize) -> Result<(), String> {
     let ip = &c.indptr;
     if ip.first() != Some(&0) {
-        return Err(format!("local indptr starts at {:?}, expected 0", ip.first()));
+        return Err(format!(
+            "local indptr starts at {:?}, expected 0",
+            ip.first()
+        ));
     }
     if let Some(i) = ip.windows(2).position(|w| w[1] < w[0]) {
         return Err(format!("local indptr decreases at entry {}", i + 1));
@@ -675,7 +702,9 @@ fn check_local_csr(c: &NodeChunk, n: usize) -> Result<(), String> {
             let row = c.neighbors(i);
             for (j, &u) in row.iter().enumerate() {
                 if u < 0 || u as usize >= n {
-                    return Some(format!("row {i} of the chunk: id {u} is out of range 0..{n}"));
+                    return Some(format!(
+                        "row {i} of the chunk: id {u} is out of range 0..{n}"
+                    ));
                 }
                 if j > 0 && row[j - 1] >= u {
                     return Some(format!(
@@ -689,6 +718,9 @@ fn check_local_csr(c: &NodeChunk, n: usize) -> Result<(), String> {
     bad.map_or(Ok(()), Err)
 }
 
+/// One chunk file to write: tensor name, edge range (indices only), bytes.
+type ChunkJob<'a> = (&'static str, Option<[usize; 2]>, &'a [u8]);
+
 /// Writes the four files of node chunk `index` (rows from `lo`, edges from `e0`), in parallel.
 fn write_node_chunk(
     data: &Path,
@@ -697,7 +729,9 @@ fn write_node_chunk(
     e0: usize,
     c: &NodeChunk,
 ) -> Result<[ChunkEntry; 4], Error> {
-    let root = data.parent().expect("the data folder is inside the dataset");
+    let root = data
+        .parent()
+        .expect("the data folder is inside the dataset");
     let data_name = data
         .file_name()
         .expect("named")
@@ -707,7 +741,7 @@ fn write_node_chunk(
     let e1 = e0 + c.indices.len();
     let global: Vec<i64> = c.indptr.iter().map(|&x| x + e0 as i64).collect();
     let feats = c.features.view();
-    let jobs: [(&str, Option<[usize; 2]>, &[u8]); 4] = [
+    let jobs: [ChunkJob<'_>; 4] = [
         ("indptr", None, bytemuck::cast_slice(&global)),
         ("indices", Some([e0, e1]), bytemuck::cast_slice(&c.indices)),
         ("features", None, feats.as_bytes()),
@@ -882,9 +916,8 @@ impl ChunkedDataset {
             features: Features::F32(Vec::new()),
             labels: Vec::new(),
         };
-        check_local_csr(&chunk, self.manifest.num_nodes).map_err(|p| {
-            Error::tensor(self.dir.join(&ie.file), "indices", p)
-        })?;
+        check_local_csr(&chunk, self.manifest.num_nodes)
+            .map_err(|p| Error::tensor(self.dir.join(&ie.file), "indices", p))?;
         Ok((chunk.indptr, chunk.indices))
     }
 
@@ -909,7 +942,9 @@ impl ChunkedDataset {
         let features = match m.feature_dtype {
             FeatureDtype::F32 => Features::F32(read_chunk::<f32>(&self.dir, "features", fe, len)?),
             FeatureDtype::F16 => Features::F16(read_chunk::<f16>(&self.dir, "features", fe, len)?),
-            FeatureDtype::BF16 => Features::BF16(read_chunk::<bf16>(&self.dir, "features", fe, len)?),
+            FeatureDtype::BF16 => {
+                Features::BF16(read_chunk::<bf16>(&self.dir, "features", fe, len)?)
+            }
         };
         let le = &m.tensors.labels.chunks[i];
         let labels: Vec<i64> = read_chunk(&self.dir, "labels", le, rows)?;
@@ -935,7 +970,12 @@ impl ChunkedDataset {
                 Ok((chunks[i].rows[0], self.read_chunk(i)?))
             })
             .collect::<Result<_, Error>>()?;
-        Ok(concat_cut(parts, r, self.manifest.feat_dim, self.manifest.feature_dtype))
+        Ok(concat_cut(
+            parts,
+            r,
+            self.manifest.feat_dim,
+            self.manifest.feature_dtype,
+        ))
     }
 
     /// Calls `f(v, neighbours of v)` for every node in ascending order, reading the edge chunks one
@@ -955,7 +995,9 @@ impl ChunkedDataset {
                 }
             });
             for i in 0..n_chunks {
-                let (indptr, indices) = rx.recv().expect("the reader sends every chunk or an error")?;
+                let (indptr, indices) = rx
+                    .recv()
+                    .expect("the reader sends every chunk or an error")?;
                 let lo = self.chunk_range(i).start;
                 for (j, w) in indptr.windows(2).enumerate() {
                     f(lo + j, &indices[w[0] as usize..w[1] as usize]);
@@ -1223,7 +1265,10 @@ fn check_manifest(path: &Path, m: &Manifest) -> Result<(), Error> {
         Error::metadata(path, format!("field '{field}': {problem}"))
     };
     if m.num_nodes > i32::MAX as usize {
-        return Err(bad("num_nodes".into(), format!("{} exceeds the i32 id range", m.num_nodes)));
+        return Err(bad(
+            "num_nodes".into(),
+            format!("{} exceeds the i32 id range", m.num_nodes),
+        ));
     }
     if m.chunk_rows == 0 {
         return Err(bad("chunk_rows".into(), "must be at least 1".into()));
@@ -1336,7 +1381,10 @@ fn check_node_chunks(m: &Manifest) -> Result<(), (String, String)> {
         }
         let c = &t.indices.chunks[i];
         let Some([e0, e1]) = c.edges else {
-            return Err((format!("tensors.indices.chunks[{i}].edges"), "is missing".into()));
+            return Err((
+                format!("tensors.indices.chunks[{i}].edges"),
+                "is missing".into(),
+            ));
         };
         if e0 != edge || e1 < e0 || c.bytes != 4 * (e1 - e0) as u64 {
             return Err((
@@ -1353,13 +1401,19 @@ fn check_node_chunks(m: &Manifest) -> Result<(), (String, String)> {
     if row != m.num_nodes {
         return Err((
             "tensors.indptr.chunks".into(),
-            format!("cover {row} rows, but field 'num_nodes' says {}", m.num_nodes),
+            format!(
+                "cover {row} rows, but field 'num_nodes' says {}",
+                m.num_nodes
+            ),
         ));
     }
     if edge != m.num_edges {
         return Err((
             "tensors.indices.chunks".into(),
-            format!("cover {edge} edges, but field 'num_edges' says {}", m.num_edges),
+            format!(
+                "cover {edge} edges, but field 'num_edges' says {}",
+                m.num_edges
+            ),
         ));
     }
     Ok(())

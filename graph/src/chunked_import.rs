@@ -49,7 +49,10 @@ impl Lines {
         loop {
             self.buf.clear();
             let read = self.reader.read_until(b'\n', &mut self.buf).map_err(|e| {
-                Error::input(&self.path, format!("read failed after line {}: {e}", self.no))
+                Error::input(
+                    &self.path,
+                    format!("read failed after line {}: {e}", self.no),
+                )
             })?;
             if read == 0 {
                 return Ok(None);
@@ -156,7 +159,10 @@ fn count_feature_rows(path: &Path) -> Result<(usize, usize), Error> {
 
 fn spill_edges(path: &Path, n: usize, undirected: bool, spill: &EdgeSpill) -> Result<(), Error> {
     let mut lines = Lines::open(path)?;
-    let (mut src, mut dst) = (Vec::with_capacity(EDGE_BATCH), Vec::with_capacity(EDGE_BATCH));
+    let (mut src, mut dst) = (
+        Vec::with_capacity(EDGE_BATCH),
+        Vec::with_capacity(EDGE_BATCH),
+    );
     while let Some((no, line)) = lines.next_line()? {
         let (s, d) = two_ints(line, "src,dst")
             .and_then(|(s, d)| Ok((node_id(s, n, "source")?, node_id(d, n, "destination")?)))

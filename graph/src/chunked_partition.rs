@@ -50,7 +50,12 @@ impl<'a> PartContext<'a> {
                 ds.dir().display()
             )));
         }
-        if let Some((v, q)) = p.parts.iter().enumerate().find(|(_, q)| **q as usize >= p.k) {
+        if let Some((v, q)) = p
+            .parts
+            .iter()
+            .enumerate()
+            .find(|(_, q)| **q as usize >= p.k)
+        {
             return Err(Error::partition(format!(
                 "node {v} is assigned to part {q}, outside 0..{}",
                 p.k

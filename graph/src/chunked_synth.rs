@@ -54,7 +54,15 @@ impl NodeGen<'_> {
                 feature_block(self.seed, ci, classes, &self.centroids, f, self.noise, dst);
             } else {
                 block.resize(b.len() * f, 0.0);
-                feature_block(self.seed, ci, classes, &self.centroids, f, self.noise, &mut block);
+                feature_block(
+                    self.seed,
+                    ci,
+                    classes,
+                    &self.centroids,
+                    f,
+                    self.noise,
+                    &mut block,
+                );
                 dst.copy_from_slice(&block[(lo - b.start) * f..(hi - b.start) * f]);
             }
         }

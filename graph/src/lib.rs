@@ -22,14 +22,14 @@ pub mod import;
 mod npy;
 pub mod partition;
 mod rng;
-mod spill;
 pub mod sample;
+mod spill;
 pub mod stream;
 pub mod synth;
 
 pub use chunked::{
-    ChunkedDataset, ChunkedHeader, ChunkedWriter, DEFAULT_CHUNK_ROWS, Manifest, NodeChunk, is_chunked,
-    write_chunked,
+    ChunkedDataset, ChunkedHeader, ChunkedWriter, DEFAULT_CHUNK_ROWS, Manifest, NodeChunk,
+    is_chunked, write_chunked,
 };
 pub use csr::{Csr, csr_from_edge_pairs, csr_from_edges};
 pub use error::Error;

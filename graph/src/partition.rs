@@ -41,12 +41,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::csr::Csr;
-use crate::stream::{StreamParams, partition_stream};
 use crate::error::Error;
 use crate::format::{
     Dataset, FeatureDtype, FeatureView, Features, METADATA_KEY, Metadata, OwnedDataset, Split,
     checksum, write_safetensors,
 };
+use crate::stream::{StreamParams, partition_stream};
 
 /// Version of the partition and part files this build writes and reads.
 pub const PARTITION_FORMAT_VERSION: u32 = 1;

@@ -97,7 +97,8 @@ impl EdgeSpill {
     pub(crate) fn flush(&mut self) -> Result<(), Error> {
         for (b, f) in self.files.iter_mut().enumerate() {
             let w = f.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-            w.flush().map_err(|e| Error::io(self.dir.path().join(format!("bucket-{b:05}.bin")), e))?;
+            w.flush()
+                .map_err(|e| Error::io(self.dir.path().join(format!("bucket-{b:05}.bin")), e))?;
         }
         Ok(())
     }

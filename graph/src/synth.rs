@@ -348,7 +348,12 @@ impl RmatGen {
     }
 
     /// The (src, dst) pairs of edge chunk `ci` (`EDGE_CHUNK` draws).
-    pub(crate) fn edges(&self, p: &RmatParams, ci: usize, num_edges: usize) -> (Vec<u32>, Vec<u32>) {
+    pub(crate) fn edges(
+        &self,
+        p: &RmatParams,
+        ci: usize,
+        num_edges: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
         let (ta, tab, tabc) = self.thresholds;
         let mut r = rng::stream(p.seed, rng::EDGES, ci as u64);
         let count = (num_edges - ci * EDGE_CHUNK).min(EDGE_CHUNK);

@@ -207,7 +207,10 @@ fn a_corrupted_chunk_is_refused_naming_the_file_and_both_checksums() {
     let bytes = std::fs::read(&edges).unwrap();
     std::fs::write(&edges, &bytes[..bytes.len() - 4]).unwrap();
     let msg = ds.read_rows(100..110).unwrap_err().to_string();
-    assert!(msg.contains("indices-000001.bin") && msg.contains("bytes"), "{msg}");
+    assert!(
+        msg.contains("indices-000001.bin") && msg.contains("bytes"),
+        "{msg}"
+    );
     // The row stream stops with the error too.
     let msg = ds.for_each_row(|_, _| {}).unwrap_err().to_string();
     assert!(msg.contains("indices-000001.bin"), "{msg}");
@@ -256,7 +259,8 @@ fn a_truncated_or_inconsistent_manifest_is_refused_naming_the_field() {
     assert!(msg.contains("field '"), "{msg}");
 
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit)> = vec![
         (
             "num_edges",
             Box::new(|m| {
@@ -296,8 +300,14 @@ fn a_truncated_or_inconsistent_manifest_is_refused_naming_the_field() {
             "format_version",
             Box::new(|m| m["format_version"] = 9.into()),
         ),
-        ("tensors.train_idx.chunks", Box::new(|m| m["splits"]["train"] = 3.into())),
-        ("tensors.features.dtype", Box::new(|m| m["tensors"]["features"]["dtype"] = "f16".into())),
+        (
+            "tensors.train_idx.chunks",
+            Box::new(|m| m["splits"]["train"] = 3.into()),
+        ),
+        (
+            "tensors.features.dtype",
+            Box::new(|m| m["tensors"]["features"]["dtype"] = "f16".into()),
+        ),
     ];
     for (field, edit) in cases {
         let mut m = value.clone();
@@ -317,7 +327,9 @@ fn the_writer_refuses_bad_input_naming_what_was_expected() {
     ds.indptr = vec![0, 0, 1, 1, 1, 1, 1, 1];
     ds.indices = vec![0];
     ds.meta.num_edges = 1;
-    let msg = write_chunked(&ds, &tmp.path().join("a"), 3).unwrap_err().to_string();
+    let msg = write_chunked(&ds, &tmp.path().join("a"), 3)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("one direction"), "{msg}");
     ds.meta.directed = true;
     write_chunked(&ds, &tmp.path().join("b"), 3).unwrap();
@@ -328,7 +340,10 @@ fn the_writer_refuses_bad_input_naming_what_was_expected() {
     assert!(msg.contains("not a directory"), "{msg}");
     assert!(matches!(
         write_chunked(&small(), &tmp.path().join("c"), 0),
-        Err(Error::Param { param: "chunk_rows", .. })
+        Err(Error::Param {
+            param: "chunk_rows",
+            ..
+        })
     ));
 }
 
@@ -372,7 +387,9 @@ fn streamed_parts_equal_build_parts_and_the_set_is_stored_and_reused() {
     let dir = tmp.path().join("small");
     write_chunked(&mem, &dir, 3).unwrap();
     let ds = ChunkedDataset::open(&dir).unwrap();
-    let p = partition_chunked(&ds, &StreamParams::new(3)).unwrap().partitioning;
+    let p = partition_chunked(&ds, &StreamParams::new(3))
+        .unwrap()
+        .partitioning;
     let want = build_parts(&mem, &p).unwrap();
     let ctx = PartContext::new(&ds, &p).unwrap();
     for (me, w) in want.iter().enumerate() {
@@ -380,7 +397,9 @@ fn streamed_parts_equal_build_parts_and_the_set_is_stored_and_reused() {
     }
 
     // Bigger, with f16 features, through ensure_partitions_with.
-    let mem = sbm(&sbm_params(5000, 1)).unwrap().convert_features(FeatureDtype::F16);
+    let mem = sbm(&sbm_params(5000, 1))
+        .unwrap()
+        .convert_features(FeatureDtype::F16);
     let dir = tmp.path().join("sbm");
     write_chunked(&mem, &dir, 1024).unwrap();
     let sets = ensure_partitions_with(&dir, &[2, 5], 0, None).unwrap();
@@ -418,7 +437,11 @@ fn streamed_parts_equal_build_parts_and_the_set_is_stored_and_reused() {
     // Rewriting the dataset makes the sets stale.
     write_chunked(&sbm(&sbm_params(5000, 2)).unwrap(), &dir, 1024).unwrap();
     let stale = list_partitions(&dir).unwrap();
-    assert!(stale.iter().all(|s| s.status == physalia_graph::partition::ArtifactStatus::Stale));
+    assert!(
+        stale
+            .iter()
+            .all(|s| s.status == physalia_graph::partition::ArtifactStatus::Stale)
+    );
 }
 
 #[test]
@@ -426,8 +449,13 @@ fn split_ids_are_checked_by_the_writer() {
     let tmp = tempfile::tempdir().unwrap();
     let mut ds = small();
     ds.val_idx = vec![4]; // node 4 is unlabelled
-    let msg = write_chunked(&ds, &tmp.path().join("a"), 3).unwrap_err().to_string();
-    assert!(msg.contains("val_idx") && msg.contains("unlabelled"), "{msg}");
+    let msg = write_chunked(&ds, &tmp.path().join("a"), 3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("val_idx") && msg.contains("unlabelled"),
+        "{msg}"
+    );
     let ds = ChunkedDataset::open(&{
         let d = tmp.path().join("b");
         write_chunked(&small(), &d, 2).unwrap();
@@ -460,12 +488,12 @@ fn ogb_folder(dir: &Path, n: usize) {
         for &u in g.csr().neighbors(v) {
             if (u as usize) < v {
                 k += 1;
-                if k % 2 == 0 {
+                if k.is_multiple_of(2) {
                     edges.push_str(&format!("{u},{v}\n"));
                 } else {
                     edges.push_str(&format!("{v},{u}\n"));
                 }
-                if k % 7 == 0 {
+                if k.is_multiple_of(7) {
                     edges.push_str(&format!("{v},{u}\n"));
                 }
             }
@@ -478,11 +506,22 @@ fn ogb_folder(dir: &Path, n: usize) {
     };
     let feats: Vec<String> = f
         .chunks(g.meta.feat_dim)
-        .map(|r| r.iter().map(|x| format!("{}", x.abs())).collect::<Vec<_>>().join(","))
+        .map(|r| {
+            r.iter()
+                .map(|x| format!("{}", x.abs()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
         .collect();
     put_gz(dir, "raw/node-feat.csv.gz", &(feats.join("\n") + "\n"));
     let labels: Vec<String> = (0..n)
-        .map(|v| if v % 13 == 5 { "nan".into() } else { g.labels[v].to_string() })
+        .map(|v| {
+            if v % 13 == 5 {
+                "nan".into()
+            } else {
+                g.labels[v].to_string()
+            }
+        })
         .collect();
     put_gz(dir, "raw/node-label.csv.gz", &(labels.join("\n") + "\n"));
     put_gz(dir, "raw/num-node-list.csv.gz", &format!("{n}\n"));
@@ -529,8 +568,11 @@ fn streamed_ogb_import_equals_the_in_memory_importer() {
     let msg = ogb_chunked(&src, &ImportOptions::default(), &out, 256)
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("edge.csv.gz:3") && msg.contains("3000"), "{msg}");
-    assert!(!ChunkedDataset::open(&out).is_ok());
+    assert!(
+        msg.contains("edge.csv.gz:3") && msg.contains("3000"),
+        "{msg}"
+    );
+    assert!(ChunkedDataset::open(&out).is_err());
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
     // Fewer labels than nodes.
     ogb_folder(&src, 3000);
@@ -538,5 +580,8 @@ fn streamed_ogb_import_equals_the_in_memory_importer() {
     let msg = ogb_chunked(&src, &ImportOptions::default(), &out, 256)
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("node-label.csv.gz") && msg.contains("labels"), "{msg}");
+    assert!(
+        msg.contains("node-label.csv.gz") && msg.contains("labels"),
+        "{msg}"
+    );
 }

@@ -76,8 +76,12 @@ fn streamed_synth_and_partition_peak_far_below_the_graph() {
     rayon::broadcast(|_| ());
 
     let (synth_peak, m) = peak_during(|| sbm_chunked(&p, &dir, 16_384).unwrap());
-    let graph_bytes = (m.num_nodes + 1) * 8 + m.num_edges * 4 + m.num_nodes * m.feat_dim * 4 + m.num_nodes * 8;
-    assert_eq!(m.data_bytes() as usize, graph_bytes + 8 * (m.num_chunks() - 1) + 8 * n);
+    let graph_bytes =
+        (m.num_nodes + 1) * 8 + m.num_edges * 4 + m.num_nodes * m.feat_dim * 4 + m.num_nodes * 8;
+    assert_eq!(
+        m.data_bytes() as usize,
+        graph_bytes + 8 * (m.num_chunks() - 1) + 8 * n
+    );
     eprintln!(
         "graph {} MB, streamed synth peak {} MB",
         graph_bytes >> 20,
