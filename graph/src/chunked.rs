@@ -1198,7 +1198,7 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest, Error> {
     let value: serde_json::Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) if e.is_eof() => {
-            let field = last_key(text).unwrap_or_else(|| "format".to_string());
+            let field = truncated_field(text);
             return Err(Error::metadata(
                 path,
                 format!(
@@ -1233,6 +1233,27 @@ fn parse_manifest(path: &Path, text: &str) -> Result<Manifest, Error> {
         .map_err(|e| Error::metadata(path, format!("invalid: {e}")))?;
     check_manifest(path, &m)?;
     Ok(m)
+}
+
+/// Where a truncated manifest stopped, as a field path (`tensors.features.chunks[3].bytes`) when the cut
+/// falls inside the tensor lists, else the last key.
+fn truncated_field(text: &str) -> String {
+    let key = last_key(text).unwrap_or_else(|| "format".to_string());
+    let tensor = crate::format::TENSOR_NAMES
+        .iter()
+        .filter_map(|t| text.rfind(&format!("\"{t}\":")).map(|at| (at, *t)))
+        .max();
+    let Some((at, t)) = tensor else {
+        return key;
+    };
+    let chunks = text[at..].matches("\"file\":").count();
+    match key.as_str() {
+        k if k == t => format!("tensors.{t}"),
+        "dtype" => format!("tensors.{t}.dtype"),
+        "chunks" => format!("tensors.{t}.chunks"),
+        _ if chunks > 0 => format!("tensors.{t}.chunks[{}].{key}", chunks - 1),
+        _ => key,
+    }
 }
 
 /// The last `"key":` in a JSON text: where a truncated manifest stopped.

@@ -256,7 +256,16 @@ fn a_truncated_or_inconsistent_manifest_is_refused_naming_the_field() {
     let msg = ChunkedDataset::open(&dir).unwrap_err().to_string();
     assert!(msg.contains(MANIFEST_FILE), "{msg}");
     assert!(msg.contains("truncated"), "{msg}");
-    assert!(msg.contains("field '"), "{msg}");
+    assert!(msg.contains("field 'tensors.features."), "{msg}");
+    // Cut inside the third indices chunk's checksum.
+    let third = text.match_indices("indices-000002.bin").next().unwrap().0;
+    let cut = third + text[third..].find("xxh3").unwrap() + 12;
+    std::fs::write(&mpath, &text[..cut]).unwrap();
+    let msg = ChunkedDataset::open(&dir).unwrap_err().to_string();
+    assert!(
+        msg.contains("field 'tensors.indices.chunks[2].xxh3'"),
+        "{msg}"
+    );
 
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
