@@ -1360,7 +1360,7 @@ pub fn ensure_partitions_with(
     method: Option<&PartitionMethod>,
 ) -> Result<Vec<PartitionSet>, Error> {
     let (num_nodes, dataset_checksums) = dataset_identity(dataset_path)?;
-    let chunked = crate::chunked::is_chunked(dataset_path);
+    let chunked = dataset_path.is_dir();
     if chunked && method == Some(&PartitionMethod::Metis) {
         return Err(Error::param(
             "method",
@@ -1430,7 +1430,8 @@ pub fn ensure_partitions_with(
 /// checksums, or for a chunked dataset `{"manifest": fingerprint}` (see
 /// [`crate::chunked::Manifest::fingerprint`]). Reads a header or the manifest only.
 pub fn dataset_identity(dataset_path: &Path) -> Result<(usize, BTreeMap<String, String>), Error> {
-    if crate::chunked::is_chunked(dataset_path) {
+    // A directory is a chunked dataset or an error naming its missing manifest.
+    if dataset_path.is_dir() {
         let m = crate::chunked::ChunkedDataset::open(dataset_path)?;
         let fp = m.manifest().fingerprint();
         return Ok((

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use physalia_graph::chunked::{ChunkedDataset, DEFAULT_CHUNK_ROWS, Manifest, is_chunked};
+use physalia_graph::chunked::{ChunkedDataset, DEFAULT_CHUNK_ROWS, Manifest};
 use physalia_graph::partition::{
     ArtifactStatus, PartitionMeta, PartitionMethod, PartitionSet, PartitionSummary,
 };
@@ -332,7 +332,7 @@ fn write(ds: &OwnedDataset, out: &Path) -> Result<()> {
 }
 
 pub fn inspect(a: &InspectArgs) -> Result<()> {
-    if is_chunked(&a.file) {
+    if a.file.is_dir() {
         return inspect_chunked(a);
     }
     let ds = Dataset::open(&a.file)?;
@@ -542,7 +542,7 @@ fn parts_json(m: &PartitionMeta) -> serde_json::Value {
 /// `physalia data partition`: computes the missing or stale partition sets, reuses the rest, and reports
 /// each one.
 pub fn partition(a: &PartitionArgs) -> Result<()> {
-    let chunked = is_chunked(&a.file);
+    let chunked = a.file.is_dir();
     let method = match a.method {
         Some(MethodArg::Metis) => Some(PartitionMethod::Metis),
         Some(MethodArg::Stream) => Some(stream_method(a)),

@@ -316,6 +316,11 @@ fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
     assert_eq!(chunked.indices, file.indices);
     assert_eq!(chunked.features, file.features);
 
+    // A folder that is not a dataset: the missing manifest is named.
+    physalia(t.path(), ["data", "inspect", "raw"]).one_line_error(&["raw/manifest.json"]);
+    physalia(t.path(), ["data", "partition", "raw", "--k", "2"])
+        .one_line_error(&["raw/manifest.json"]);
+
     // A flipped byte in a chunk: inspect names the chunk file.
     let data = std::fs::read_dir(t.path().join("c"))
         .unwrap()
