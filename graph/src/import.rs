@@ -132,7 +132,7 @@ fn choose(dir: &Path, a: &str, b: &str, what: &str) -> Result<Either, Error> {
     }
 }
 
-fn check_node_count(origin: &Path, n: usize) -> Result<(), Error> {
+pub(crate) fn check_node_count(origin: &Path, n: usize) -> Result<(), Error> {
     if n > i32::MAX as usize {
         return Err(Error::input(
             origin,
@@ -364,7 +364,7 @@ fn read_edges_npy(path: &Path, n: usize) -> Result<(Vec<u32>, Vec<u32>), Error> 
 }
 
 /// One node id per line; range and duplicates are checked with the line.
-fn read_ids_text(path: &Path, n: usize) -> Result<Vec<i64>, Error> {
+pub(crate) fn read_ids_text(path: &Path, n: usize) -> Result<Vec<i64>, Error> {
     let gz = is_gz(path);
     let mut ids = Vec::new();
     let mut seen_at = std::collections::HashMap::new();
@@ -461,7 +461,7 @@ pub fn ogb(dir: &Path, opts: &ImportOptions) -> Result<OwnedDataset, Error> {
     )
 }
 
-fn require(path: PathBuf) -> Result<PathBuf, Error> {
+pub(crate) fn require(path: PathBuf) -> Result<PathBuf, Error> {
     if path.is_file() {
         Ok(path)
     } else {
@@ -469,7 +469,7 @@ fn require(path: PathBuf) -> Result<PathBuf, Error> {
     }
 }
 
-fn pick_split_dir(split: &Path, wanted: Option<&str>) -> Result<PathBuf, Error> {
+pub(crate) fn pick_split_dir(split: &Path, wanted: Option<&str>) -> Result<PathBuf, Error> {
     if let Some(name) = wanted {
         let p = split.join(name);
         return if p.is_dir() {
@@ -500,7 +500,7 @@ fn pick_split_dir(split: &Path, wanted: Option<&str>) -> Result<PathBuf, Error> 
     }
 }
 
-fn read_node_count(path: &Path) -> Result<usize, Error> {
+pub(crate) fn read_node_count(path: &Path) -> Result<usize, Error> {
     let mut count = None;
     for_each_line(path, true, |no, line| {
         if count.is_some() {
@@ -523,18 +523,7 @@ fn read_ogb_features(path: &Path) -> Result<(usize, usize, Vec<f32>), Error> {
     let mut dim = None;
     let mut rows = 0usize;
     for_each_line(path, true, |no, line| {
-        let before = values.len();
-        for field in line.split(',') {
-            let t = field.trim();
-            let x: f32 = t.parse().map_err(|_| {
-                format!(
-                    "expected a float, got {t:?} (field {})",
-                    values.len() - before + 1
-                )
-            })?;
-            values.push(x);
-        }
-        let got = values.len() - before;
+        let got = parse_feature_line(line, &mut values)?;
         match dim {
             None => dim = Some(got),
             Some(d) if d != got => {
@@ -553,6 +542,37 @@ fn read_ogb_features(path: &Path) -> Result<(usize, usize, Vec<f32>), Error> {
 fn read_ogb_labels(path: &Path, n: usize) -> Result<Vec<i64>, Error> {
     let mut labels = Vec::with_capacity(n);
     for_each_line(path, true, |_, line| {
+        labels.push(parse_label_line(line)?);
+        Ok(())
+    })?;
+    if labels.len() != n {
+        return Err(Error::input(
+            path,
+            format!("has {} labels, expected one per node = {n}", labels.len()),
+        ));
+    }
+    Ok(labels)
+}
+
+/// Appends one OGB feature row's comma-separated floats to `values`; returns how many.
+pub(crate) fn parse_feature_line(line: &str, values: &mut Vec<f32>) -> Result<usize, String> {
+    let before = values.len();
+    for field in line.split(',') {
+        let t = field.trim();
+        let x: f32 = t.parse().map_err(|_| {
+            format!(
+                "expected a float, got {t:?} (field {})",
+                values.len() - before + 1
+            )
+        })?;
+        values.push(x);
+    }
+    Ok(values.len() - before)
+}
+
+/// One OGB label line: an integer (or integral float), or `nan` for unlabelled (-1).
+pub(crate) fn parse_label_line(line: &str) -> Result<i64, String> {
+    {
         let t = line.trim();
         if t.contains(',') {
             return Err(format!(
@@ -575,16 +595,8 @@ fn read_ogb_labels(path: &Path, n: usize) -> Result<Vec<i64>, Error> {
                 "label {label} is negative; write nan for an unlabelled node"
             ));
         }
-        labels.push(label);
-        Ok(())
-    })?;
-    if labels.len() != n {
-        return Err(Error::input(
-            path,
-            format!("has {} labels, expected one per node = {n}", labels.len()),
-        ));
+        Ok(label)
     }
-    Ok(labels)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -602,21 +614,9 @@ fn finish(
     (src, dst): (Vec<u32>, Vec<u32>),
     splits: [Vec<i64>; 3],
 ) -> Result<OwnedDataset, Error> {
-    let name = opts.name.clone().unwrap_or_else(|| {
-        dir.canonicalize()
-            .ok()
-            .as_deref()
-            .unwrap_or(dir)
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "dataset".into())
-    });
+    let (name, source) = name_source(dir, kind, opts);
     let csr = csr_from_edges(n, &src, &dst, opts.undirected);
     let features = Features::F32(feats).convert(opts.feature_dtype);
-    let mut source = format!("{kind} {}", dir.display());
-    if opts.row_normalize {
-        source.push_str(" row_normalize");
-    }
     let ds = OwnedDataset::from_parts(
         name,
         source,
@@ -631,7 +631,25 @@ fn finish(
     Ok(ds)
 }
 
-fn row_normalize(feats: &mut [f32], f: usize) {
+/// The dataset's name (the option, else the folder's name) and its provenance string.
+pub(crate) fn name_source(dir: &Path, kind: &str, opts: &ImportOptions) -> (String, String) {
+    let name = opts.name.clone().unwrap_or_else(|| {
+        dir.canonicalize()
+            .ok()
+            .as_deref()
+            .unwrap_or(dir)
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "dataset".into())
+    });
+    let mut source = format!("{kind} {}", dir.display());
+    if opts.row_normalize {
+        source.push_str(" row_normalize");
+    }
+    (name, source)
+}
+
+pub(crate) fn row_normalize(feats: &mut [f32], f: usize) {
     if f == 0 {
         return;
     }
@@ -691,7 +709,7 @@ fn expect_header(line: &str, header: &str) -> Result<(), String> {
     }
 }
 
-fn two_ints(line: &str, what: &str) -> Result<(i64, i64), String> {
+pub(crate) fn two_ints(line: &str, what: &str) -> Result<(i64, i64), String> {
     let bad = || format!("expected two integers '{what}', got {line:?}");
     let mut it = line.split(',');
     let (Some(a), Some(b), None) = (it.next(), it.next(), it.next()) else {
@@ -703,7 +721,7 @@ fn two_ints(line: &str, what: &str) -> Result<(i64, i64), String> {
     }
 }
 
-fn node_id(id: i64, n: usize, what: &str) -> Result<usize, String> {
+pub(crate) fn node_id(id: i64, n: usize, what: &str) -> Result<usize, String> {
     if id < 0 || id as u64 >= n as u64 {
         Err(format!("{what} id {id} is out of range 0..{n} (num_nodes)"))
     } else {

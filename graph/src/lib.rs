@@ -11,6 +11,10 @@
 //! Crate-wide conventions: node ids are `i32` in the CSR and `i64` in labels and splits (the dtypes
 //! PyTorch/NumPy users expect); CSR row `v` lists the in-neighbours of `v`; label `-1` means unlabelled.
 
+pub mod chunked;
+pub mod chunked_import;
+pub mod chunked_partition;
+pub mod chunked_synth;
 pub mod csr;
 pub mod error;
 pub mod format;
@@ -19,9 +23,14 @@ mod npy;
 pub mod partition;
 mod rng;
 pub mod sample;
+mod spill;
 pub mod stream;
 pub mod synth;
 
+pub use chunked::{
+    ChunkedDataset, ChunkedHeader, ChunkedWriter, DEFAULT_CHUNK_ROWS, Manifest, NodeChunk,
+    is_chunked, write_chunked,
+};
 pub use csr::{Csr, csr_from_edge_pairs, csr_from_edges};
 pub use error::Error;
 pub use format::{
@@ -34,6 +43,7 @@ pub use partition::{
     list_partitions, partition_metis,
 };
 pub use stream::{
-    PartitionQuality, StreamAlgorithm, StreamOrder, StreamOutcome, StreamParams, partition_stream,
+    PartitionQuality, RowSource, StreamAlgorithm, StreamOrder, StreamOutcome, StreamParams,
+    partition_stream, partition_stream_rows,
 };
 pub use synth::{RmatParams, SbmParams};

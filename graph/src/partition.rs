@@ -46,6 +46,7 @@ use crate::format::{
     Dataset, FeatureDtype, FeatureView, Features, METADATA_KEY, Metadata, OwnedDataset, Split,
     checksum, write_safetensors,
 };
+use crate::stream::{StreamParams, partition_stream};
 
 /// Version of the partition and part files this build writes and reads.
 pub const PARTITION_FORMAT_VERSION: u32 = 1;
@@ -928,7 +929,7 @@ impl Part {
 
     /// [`Part::write`], returning the fingerprint (hash of the tensor checksums) the partition file
     /// records to tell its own part files from strays.
-    fn write_fingerprinted(&self, path: &Path) -> Result<String, Error> {
+    pub(crate) fn write_fingerprinted(&self, path: &Path) -> Result<String, Error> {
         self.validate_at(path)?;
         let recv_flat: Vec<u64> = self
             .recv
@@ -1313,9 +1314,29 @@ pub fn partition_set_dir(dataset_path: &Path, k: usize, seed: u64) -> PathBuf {
     partitions_dir(dataset_path).join(format!("k{k}-seed{seed}"))
 }
 
+/// How a partition set's assignment is computed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PartitionMethod {
+    /// [`partition_metis`]: the whole graph in memory, the best cut.
+    Metis,
+    /// [`crate::stream::partition_stream`] (a chunked dataset: [`crate::stream::partition_stream_rows`],
+    /// never loading it) with these parameters; `k` and `seed` come from the set.
+    Stream(StreamParams),
+}
+
+impl PartitionMethod {
+    /// Whether a stored set's `method` field is what this method writes.
+    fn matches(&self, stored: &str) -> bool {
+        match self {
+            PartitionMethod::Metis => stored == "metis" || stored == "single",
+            PartitionMethod::Stream(p) => stored == p.method(),
+        }
+    }
+}
+
 /// Makes sure a current partition set exists beside the dataset for every `k` in `ks`, computing what is
 /// missing, stale (the dataset's checksums changed) or damaged, and reusing the rest. Returns the sets in
-/// the order of `ks` (repeats dropped).
+/// the order of `ks` (repeats dropped). The same as [`ensure_partitions_with`] with no method.
 ///
 /// Reuse costs reading a few headers; the dataset itself is opened (and its checksums verified) only if
 /// something must be computed. Part files are written first and `partition.safetensors` last, each
@@ -1325,9 +1346,33 @@ pub fn ensure_partitions(
     ks: &[usize],
     seed: u64,
 ) -> Result<Vec<PartitionSet>, Error> {
-    let header: Metadata = read_physalia_json(dataset_path)?;
+    ensure_partitions_with(dataset_path, ks, seed, None)
+}
+
+/// [`ensure_partitions`] for a dataset file or a chunked dataset directory ([`crate::chunked`]), with a
+/// choice of method. `None` reuses any current set, and computes a missing one with METIS for a file and
+/// by streaming (Fennel, one pass) for a chunked dataset, which is never loaded whole. `Some(method)`
+/// also recomputes a set that another method made. METIS on a chunked dataset is an error.
+pub fn ensure_partitions_with(
+    dataset_path: &Path,
+    ks: &[usize],
+    seed: u64,
+    method: Option<&PartitionMethod>,
+) -> Result<Vec<PartitionSet>, Error> {
+    let (num_nodes, dataset_checksums) = dataset_identity(dataset_path)?;
+    let chunked = dataset_path.is_dir();
+    if chunked && method == Some(&PartitionMethod::Metis) {
+        return Err(Error::param(
+            "method",
+            format!(
+                "METIS needs the whole graph in memory; {} is a chunked dataset, partitioned by \
+                 streaming (method stream)",
+                dataset_path.display()
+            ),
+        ));
+    }
     for &k in ks {
-        check_k(k, header.num_nodes).map_err(|e| match e {
+        check_k(k, num_nodes).map_err(|e| match e {
             Error::Param { param, problem } => Error::Param {
                 param,
                 problem: format!("{problem} ({})", dataset_path.display()),
@@ -1343,8 +1388,10 @@ pub fn ensure_partitions(
         }
         let t0 = Instant::now();
         let dir = partition_set_dir(dataset_path, k, seed);
-        let (meta, status) = check_set(&dir, k, seed, &header.checksums);
-        if let (Some(meta), ArtifactStatus::Current) = (meta, &status) {
+        let (meta, status) = check_set(&dir, k, seed, &dataset_checksums);
+        if let (Some(meta), ArtifactStatus::Current) = (meta, &status)
+            && method.is_none_or(|m| m.matches(&meta.method))
+        {
             out.push(PartitionSet {
                 part_files: part_files(&dir, k),
                 dir,
@@ -1354,11 +1401,20 @@ pub fn ensure_partitions(
             });
             continue;
         }
-        if ds.is_none() {
-            ds = Some(Dataset::open(dataset_path)?);
-        }
-        let ds = ds.as_ref().expect("opened just above");
-        let meta = compute_set(ds, &dir, k, seed)?;
+        let meta = if chunked {
+            let params = match method {
+                Some(PartitionMethod::Stream(p)) => p.clone(),
+                _ => StreamParams::new(k),
+            };
+            let cds = crate::chunked::ChunkedDataset::open(dataset_path)?;
+            crate::chunked_partition::compute_set_chunked(&cds, &dir, k, seed, &params)?
+        } else {
+            if ds.is_none() {
+                ds = Some(Dataset::open(dataset_path)?);
+            }
+            let ds = ds.as_ref().expect("opened just above");
+            compute_set(ds, &dir, k, seed, method)?
+        };
         out.push(PartitionSet {
             part_files: part_files(&dir, k),
             dir,
@@ -1370,10 +1426,27 @@ pub fn ensure_partitions(
     Ok(out)
 }
 
+/// The node count and the checksum map a partition set records of its dataset: the file's tensor
+/// checksums, or for a chunked dataset `{"manifest": fingerprint}` (see
+/// [`crate::chunked::Manifest::fingerprint`]). Reads a header or the manifest only.
+pub fn dataset_identity(dataset_path: &Path) -> Result<(usize, BTreeMap<String, String>), Error> {
+    // A directory is a chunked dataset or an error naming its missing manifest.
+    if dataset_path.is_dir() {
+        let m = crate::chunked::ChunkedDataset::open(dataset_path)?;
+        let fp = m.manifest().fingerprint();
+        return Ok((
+            m.manifest().num_nodes,
+            BTreeMap::from([("manifest".to_string(), fp)]),
+        ));
+    }
+    let header: Metadata = read_physalia_json(dataset_path)?;
+    Ok((header.num_nodes, header.checksums))
+}
+
 /// Every partition set stored beside the dataset (folders `X.parts/k<K>-seed<S>`), by k then seed, with
 /// whether each is current. An absent `X.parts` gives an empty list.
 pub fn list_partitions(dataset_path: &Path) -> Result<Vec<PartitionSummary>, Error> {
-    let header: Metadata = read_physalia_json(dataset_path)?;
+    let (_, dataset_checksums) = dataset_identity(dataset_path)?;
     let root = partitions_dir(dataset_path);
     let entries = match std::fs::read_dir(&root) {
         Ok(e) => e,
@@ -1388,7 +1461,7 @@ pub fn list_partitions(dataset_path: &Path) -> Result<Vec<PartitionSummary>, Err
             continue;
         };
         let dir = entry.path();
-        let (meta, status) = check_set(&dir, k, seed, &header.checksums);
+        let (meta, status) = check_set(&dir, k, seed, &dataset_checksums);
         out.push(PartitionSummary {
             dir,
             k,
@@ -1448,7 +1521,7 @@ fn parse_set_name(name: &str) -> Option<(usize, u64)> {
     Some((k.parse().ok()?, seed.parse().ok()?))
 }
 
-fn part_files(dir: &Path, k: usize) -> Vec<PathBuf> {
+pub(crate) fn part_files(dir: &Path, k: usize) -> Vec<PathBuf> {
     (0..k)
         .map(|p| dir.join(format!("part{p}.safetensors")))
         .collect()
@@ -1507,38 +1580,71 @@ fn check_set(
     (Some(meta), ArtifactStatus::Current)
 }
 
-fn compute_set(ds: &Dataset, dir: &Path, k: usize, seed: u64) -> Result<PartitionMeta, Error> {
+fn compute_set(
+    ds: &Dataset,
+    dir: &Path,
+    k: usize,
+    seed: u64,
+    method: Option<&PartitionMethod>,
+) -> Result<PartitionMeta, Error> {
     let t0 = Instant::now();
-    let p = partition_metis(ds.csr(), k, seed)?;
+    let p = match method {
+        None | Some(PartitionMethod::Metis) => partition_metis(ds.csr(), k, seed)?,
+        Some(PartitionMethod::Stream(params)) => {
+            let params = StreamParams {
+                k,
+                seed,
+                ..params.clone()
+            };
+            partition_stream(ds.csr(), &params)?.partitioning
+        }
+    };
     let parts = build_parts(ds, &p)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let files = part_files(dir, k);
     let mut summaries = Vec::with_capacity(k);
     for (part, path) in parts.iter().zip(&files) {
-        let fingerprint = part.write_fingerprinted(path)?;
-        summaries.push(PartSummary {
-            part: part.part,
-            n_owned: part.n_owned(),
-            n_halo: part.n_halo(),
-            n_local_edges: part.indices.len(),
-            fingerprint,
-        });
+        summaries.push(write_part(part, path)?);
     }
     drop(parts);
     let (_, total) = cut_and_total(ds.csr(), &p.parts);
+    write_partition_file(dir, &p, total, summaries, ds.meta().checksums.clone(), t0)
+}
+
+/// Writes one part file and returns its summary for the partition file.
+pub(crate) fn write_part(part: &Part, path: &Path) -> Result<PartSummary, Error> {
+    let fingerprint = part.write_fingerprinted(path)?;
+    Ok(PartSummary {
+        part: part.part,
+        n_owned: part.n_owned(),
+        n_halo: part.n_halo(),
+        n_local_edges: part.indices.len(),
+        fingerprint,
+    })
+}
+
+/// Writes `partition.safetensors`, the commit marker of a set whose part files are already written.
+pub(crate) fn write_partition_file(
+    dir: &Path,
+    p: &Partitioning,
+    num_undirected_edges: usize,
+    summaries: Vec<PartSummary>,
+    dataset_checksums: BTreeMap<String, String>,
+    t0: Instant,
+) -> Result<PartitionMeta, Error> {
     let parts_bytes: &[u8] = bytemuck::cast_slice(&p.parts);
     let mut meta = PartitionMeta {
         format_version: PARTITION_FORMAT_VERSION,
         kind: KIND_PARTITIONING.into(),
-        k,
-        seed,
+        k: p.k,
+        seed: p.seed,
         method: p.method.clone(),
         edge_cut: p.edge_cut,
-        num_undirected_edges: total,
+        num_undirected_edges,
         balance: p.balance,
         num_nodes: p.parts.len(),
         parts: summaries,
-        dataset_checksums: ds.meta().checksums.clone(),
+        dataset_checksums,
         compute_seconds: 0.0,
         checksums: BTreeMap::from([("parts".to_string(), checksum(parts_bytes))]),
     };

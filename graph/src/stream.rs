@@ -129,7 +129,7 @@ impl StreamParams {
         Ok(())
     }
 
-    fn method(&self) -> String {
+    pub(crate) fn method(&self) -> String {
         let algo = match self.algorithm {
             StreamAlgorithm::Fennel { .. } => "fennel",
             StreamAlgorithm::Ldg => "ldg",
@@ -213,56 +213,178 @@ pub fn partition_stream(csr: Csr<'_>, params: &StreamParams) -> Result<StreamOut
     check_k(params.k, n)?;
     params.check()?;
     csr.validate()?;
-    let k = params.k;
-    let cap = params.capacity(n);
     let order = Order::new(params.order, n, params.seed);
-    let scorer = Scorer::new(params.algorithm, csr, k, cap);
-
-    const UNASSIGNED: u32 = u32::MAX;
-    let mut parts = vec![UNASSIGNED; n];
-    let mut sizes = vec![0usize; k];
-    let mut counts = vec![0u32; k];
-    let mut touched: Vec<u32> = Vec::with_capacity(k);
+    let mut st = Streamer::new(params, n, csr.num_edges());
     let mut stats = Vec::with_capacity(params.passes);
     for _ in 0..params.passes {
         let t0 = Instant::now();
-        sizes.fill(0);
-        let mut moved = 0;
+        st.start_pass();
         for i in 0..n {
             let v = order.at(i);
-            for &u in csr.neighbors(v) {
-                let p = parts[u as usize];
-                if p != UNASSIGNED && u as usize != v {
-                    if counts[p as usize] == 0 {
-                        touched.push(p);
-                    }
-                    counts[p as usize] += 1;
-                }
-            }
-            let start = (splitmix64(params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64)
-                as usize;
-            let best = scorer.choose(&counts, &sizes, start);
-            for &p in &touched {
-                counts[p as usize] = 0;
-            }
-            touched.clear();
-            sizes[best] += 1;
-            if parts[v] != best as u32 {
-                moved += 1;
-                parts[v] = best as u32;
-            }
+            st.place(v, csr.neighbors(v));
         }
-        stats.push(PassStats {
-            moved,
-            seconds: t0.elapsed().as_secs_f64(),
-        });
+        stats.push(st.end_pass(t0));
     }
-    debug_assert!(sizes.iter().all(|&s| s <= cap));
-    let partitioning = Partitioning::from_assignment(csr, k, parts, params.method(), params.seed)?;
+    let partitioning =
+        Partitioning::from_assignment(csr, params.k, st.parts, params.method(), params.seed)?;
     Ok(StreamOutcome {
         partitioning,
         passes: stats,
     })
+}
+
+/// A graph whose rows can be streamed in ascending node order, once per pass, without random access:
+/// e.g. a chunked dataset on disk ([`crate::chunked::ChunkedDataset`]).
+pub trait RowSource {
+    fn num_nodes(&self) -> usize;
+    /// CSR entries (an undirected edge counts twice).
+    fn num_edges(&self) -> usize;
+    /// Whether both directions of every edge are stored.
+    fn symmetric(&self) -> bool;
+    /// Calls `f(v, row v)` for `v = 0, 1, ...`, every row exactly once, each row strictly ascending and
+    /// its ids in `0..num_nodes` (the source checks that, as a valid CSR guarantees it).
+    fn for_each_row(&self, f: &mut dyn FnMut(usize, &[i32])) -> Result<(), Error>;
+}
+
+/// [`partition_stream`] over a [`RowSource`]: the same passes, in [`StreamOrder::Natural`] (the only
+/// order a sequential source can give; another order is an error), and the same assignment as
+/// [`partition_stream`] on the same graph and parameters. Memory: the assignment (`4 n` bytes), `O(k)`,
+/// and whatever the source holds while streaming (a chunked dataset: two chunks of edges).
+///
+/// The edge cut is counted in one more streaming pass: for a symmetric source, crossing entries / 2
+/// (exactly [`Partitioning::from_assignment`]'s count); for a directed one every crossing entry counts as
+/// one undirected edge, an upper bound that is exact when no edge is stored in both directions
+/// (deciding reciprocity would need random access).
+pub fn partition_stream_rows(
+    src: &dyn RowSource,
+    params: &StreamParams,
+) -> Result<StreamOutcome, Error> {
+    let n = src.num_nodes();
+    check_k(params.k, n)?;
+    params.check()?;
+    if params.order != StreamOrder::Natural {
+        return Err(Error::param(
+            "order",
+            "a streamed source is read in ascending node order only (StreamOrder::Natural)",
+        ));
+    }
+    let mut st = Streamer::new(params, n, src.num_edges());
+    let mut stats = Vec::with_capacity(params.passes);
+    for _ in 0..params.passes {
+        let t0 = Instant::now();
+        st.start_pass();
+        src.for_each_row(&mut |v, row| st.place(v, row))?;
+        stats.push(st.end_pass(t0));
+    }
+    let (edge_cut, _) = streamed_cut(src, &st.parts)?;
+    let balance = balance_of(&part_sizes(params.k, &st.parts));
+    Ok(StreamOutcome {
+        partitioning: Partitioning {
+            k: params.k,
+            parts: st.parts,
+            edge_cut,
+            balance,
+            method: params.method(),
+            seed: params.seed,
+        },
+        passes: stats,
+    })
+}
+
+/// `(cut, total)` undirected edges of a streamed source under `parts` (see [`partition_stream_rows`]
+/// for how a directed source is counted).
+pub fn streamed_cut(src: &dyn RowSource, parts: &[u32]) -> Result<(usize, usize), Error> {
+    if parts.len() != src.num_nodes() {
+        return Err(Error::partition(format!(
+            "assigns {} nodes but the graph has {}",
+            parts.len(),
+            src.num_nodes()
+        )));
+    }
+    let (mut cut, mut total) = (0usize, 0usize);
+    src.for_each_row(&mut |v, row| {
+        for &u in row {
+            if u as usize != v {
+                total += 1;
+                cut += (parts[u as usize] != parts[v]) as usize;
+            }
+        }
+    })?;
+    Ok(if src.symmetric() {
+        (cut / 2, total / 2)
+    } else {
+        (cut, total)
+    })
+}
+
+/// The state of the streaming passes: the assignment, part sizes, per-part neighbour counts.
+struct Streamer {
+    parts: Vec<u32>,
+    sizes: Vec<usize>,
+    counts: Vec<u32>,
+    touched: Vec<u32>,
+    scorer: Scorer,
+    seed: u64,
+    moved: usize,
+    cap: usize,
+}
+
+const UNASSIGNED: u32 = u32::MAX;
+
+impl Streamer {
+    fn new(params: &StreamParams, n: usize, num_edges: usize) -> Streamer {
+        let k = params.k;
+        let cap = params.capacity(n);
+        Streamer {
+            parts: vec![UNASSIGNED; n],
+            sizes: vec![0; k],
+            counts: vec![0; k],
+            touched: Vec::with_capacity(k),
+            scorer: Scorer::new(params.algorithm, n, num_edges, k, cap),
+            seed: params.seed,
+            moved: 0,
+            cap,
+        }
+    }
+
+    fn start_pass(&mut self) {
+        self.sizes.fill(0);
+        self.moved = 0;
+    }
+
+    fn end_pass(&mut self, t0: Instant) -> PassStats {
+        debug_assert!(self.sizes.iter().all(|&s| s <= self.cap));
+        PassStats {
+            moved: self.moved,
+            seconds: t0.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Places node `v`, whose row is `row`.
+    fn place(&mut self, v: usize, row: &[i32]) {
+        let k = self.sizes.len();
+        for &u in row {
+            let p = self.parts[u as usize];
+            if p != UNASSIGNED && u as usize != v {
+                if self.counts[p as usize] == 0 {
+                    self.touched.push(p);
+                }
+                self.counts[p as usize] += 1;
+            }
+        }
+        let start =
+            (splitmix64(self.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as usize;
+        let best = self.scorer.choose(&self.counts, &self.sizes, start);
+        for &p in &self.touched {
+            self.counts[p as usize] = 0;
+        }
+        self.touched.clear();
+        self.sizes[best] += 1;
+        if self.parts[v] != best as u32 {
+            self.moved += 1;
+            self.parts[v] = best as u32;
+        }
+    }
 }
 
 /// The per-part score of one node, and the choice among parts with room.
@@ -274,11 +396,11 @@ struct Scorer {
 }
 
 impl Scorer {
-    fn new(algorithm: StreamAlgorithm, csr: Csr<'_>, k: usize, cap: usize) -> Scorer {
-        let n = csr.num_nodes().max(1) as f64;
+    fn new(algorithm: StreamAlgorithm, n: usize, num_edges: usize, k: usize, cap: usize) -> Scorer {
+        let n = n.max(1) as f64;
         // Undirected edges, approximately: an undirected dataset stores each edge twice. For a directed
         // one this halves m, which is also what the in-edge-only view sees of it.
-        let m = csr.num_edges() as f64 / 2.0;
+        let m = num_edges as f64 / 2.0;
         let alpha_gamma = match algorithm {
             StreamAlgorithm::Fennel { gamma } => (k as f64).sqrt() * m / n.powf(gamma) * gamma,
             StreamAlgorithm::Ldg => 0.0,

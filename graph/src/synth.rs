@@ -18,9 +18,9 @@ use crate::format::{Features, OwnedDataset};
 use crate::rng;
 
 /// Nodes per parallel chunk. Fixed (not derived from the thread count) so output is thread-independent.
-const NODE_CHUNK: usize = 1 << 14;
+pub(crate) const NODE_CHUNK: usize = 1 << 14;
 /// Edges per parallel chunk for R-MAT.
-const EDGE_CHUNK: usize = 1 << 18;
+pub(crate) const EDGE_CHUNK: usize = 1 << 18;
 
 /// Parameters of [`sbm`]. `Default` gives a 10k-node, 8-class graph that a 2-layer GCN learns well and an
 /// MLP does not.
@@ -117,6 +117,44 @@ impl Default for RmatParams {
 
 /// Generates a stochastic block model dataset (see [`SbmParams`]).
 pub fn sbm(p: &SbmParams) -> Result<OwnedDataset, Error> {
+    check_sbm(p)?;
+    let (n, k) = (p.num_nodes, p.num_classes);
+    let (classes, members) = sbm_classes(p);
+    let chunks: Vec<(Vec<u32>, Vec<u32>)> = (0..n.div_ceil(NODE_CHUNK))
+        .into_par_iter()
+        .map(|ci| sbm_edges(p, ci, &classes, &members))
+        .collect();
+    let (src, dst) = concat_pairs(chunks);
+    let csr = csr_from_edges(n, &src, &dst, true);
+    drop((src, dst));
+
+    let feats = class_features(
+        p.seed,
+        &classes,
+        k,
+        p.feat_dim,
+        p.feature_signal,
+        p.feature_noise,
+    );
+    let splits = random_splits(p.seed, n, p.train_frac, p.val_frac);
+    let labels = classes.iter().map(|&c| c as i64).collect();
+    let (name, source) = sbm_name_source(p);
+    let mut ds = OwnedDataset::from_parts(
+        name,
+        source,
+        false,
+        csr,
+        Features::F32(feats),
+        p.feat_dim,
+        labels,
+        splits,
+    );
+    // Classes exist even if (in a tiny graph) the highest one were never drawn.
+    ds.meta.num_classes = k;
+    Ok(ds)
+}
+
+pub(crate) fn check_sbm(p: &SbmParams) -> Result<(), Error> {
     let n = p.num_nodes;
     let k = p.num_classes;
     if n == 0 || n > i32::MAX as usize {
@@ -150,57 +188,55 @@ pub fn sbm(p: &SbmParams) -> Result<OwnedDataset, Error> {
         ));
     }
     check_features(p.feat_dim, p.feature_signal, p.feature_noise)?;
-    check_split(p.train_frac, p.val_frac)?;
+    check_split(p.train_frac, p.val_frac)
+}
 
-    // Balanced classes (v mod k), shuffled so class is unrelated to id order.
+/// Balanced classes (v mod k), shuffled so class is unrelated to id order; and each class's members.
+pub(crate) fn sbm_classes(p: &SbmParams) -> (Vec<u32>, Vec<Vec<u32>>) {
+    let (n, k) = (p.num_nodes, p.num_classes);
     let mut classes: Vec<u32> = (0..n).map(|v| (v % k) as u32).collect();
     shuffle(&mut classes, &mut rng::stream(p.seed, rng::CLASSES, 0));
     let mut members: Vec<Vec<u32>> = vec![Vec::with_capacity(n / k + 1); k];
     for (v, &c) in classes.iter().enumerate() {
         members[c as usize].push(v as u32);
     }
+    (classes, members)
+}
 
+/// The edges drawn by the nodes of generator chunk `ci` (`NODE_CHUNK` nodes), as (src, dst) pairs.
+pub(crate) fn sbm_edges(
+    p: &SbmParams,
+    ci: usize,
+    classes: &[u32],
+    members: &[Vec<u32>],
+) -> (Vec<u32>, Vec<u32>) {
+    let (n, k) = (p.num_nodes, p.num_classes);
     let half = p.avg_degree / 2.0;
     let (whole, frac) = (half.floor() as usize, half.fract());
-    let chunks: Vec<(Vec<u32>, Vec<u32>)> = (0..n.div_ceil(NODE_CHUNK))
-        .into_par_iter()
-        .map(|ci| {
-            let mut r = rng::stream(p.seed, rng::EDGES, ci as u64);
-            let lo = ci * NODE_CHUNK;
-            let hi = (lo + NODE_CHUNK).min(n);
-            let cap = ((hi - lo) as f64 * (half + 1.0)) as usize;
-            let (mut src, mut dst) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
-            for (u, &c) in (lo..hi).zip(&classes[lo..hi]) {
-                let m = whole + (r.random::<f64>() < frac) as usize;
-                let c = c as usize;
-                for _ in 0..m {
-                    let target_class = if r.random::<f64>() < p.homophily {
-                        c
-                    } else {
-                        (c + 1 + r.random_range(0..k - 1)) % k
-                    };
-                    let pool = &members[target_class];
-                    src.push(u as u32);
-                    dst.push(pool[r.random_range(0..pool.len())]);
-                }
-            }
-            (src, dst)
-        })
-        .collect();
-    let (src, dst) = concat_pairs(chunks);
-    let csr = csr_from_edges(n, &src, &dst, true);
-    drop((src, dst));
+    let mut r = rng::stream(p.seed, rng::EDGES, ci as u64);
+    let lo = ci * NODE_CHUNK;
+    let hi = (lo + NODE_CHUNK).min(n);
+    let cap = ((hi - lo) as f64 * (half + 1.0)) as usize;
+    let (mut src, mut dst) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    for (u, &c) in (lo..hi).zip(&classes[lo..hi]) {
+        let m = whole + (r.random::<f64>() < frac) as usize;
+        let c = c as usize;
+        for _ in 0..m {
+            let target_class = if r.random::<f64>() < p.homophily {
+                c
+            } else {
+                (c + 1 + r.random_range(0..k - 1)) % k
+            };
+            let pool = &members[target_class];
+            src.push(u as u32);
+            dst.push(pool[r.random_range(0..pool.len())]);
+        }
+    }
+    (src, dst)
+}
 
-    let feats = class_features(
-        p.seed,
-        &classes,
-        k,
-        p.feat_dim,
-        p.feature_signal,
-        p.feature_noise,
-    );
-    let splits = random_splits(p.seed, n, p.train_frac, p.val_frac);
-    let labels = classes.iter().map(|&c| c as i64).collect();
+pub(crate) fn sbm_name_source(p: &SbmParams) -> (String, String) {
+    let (n, k) = (p.num_nodes, p.num_classes);
     let source = format!(
         "synth:sbm seed={} num_nodes={n} num_classes={k} avg_degree={} homophily={} feat_dim={} \
          feature_signal={} feature_noise={} train_frac={} val_frac={}",
@@ -213,25 +249,53 @@ pub fn sbm(p: &SbmParams) -> Result<OwnedDataset, Error> {
         p.train_frac,
         p.val_frac
     );
-    let mut ds = OwnedDataset::from_parts(
-        format!("sbm-n{n}-k{k}-s{}", p.seed),
-        source,
-        false,
-        csr,
-        Features::F32(feats),
-        p.feat_dim,
-        labels,
-        splits,
-    );
-    // Classes exist even if (in a tiny graph) the highest one were never drawn.
-    ds.meta.num_classes = k;
-    Ok(ds)
+    (format!("sbm-n{n}-k{k}-s{}", p.seed), source)
 }
 
 /// Generates an R-MAT graph (see [`RmatParams`]). Node ids are randomly permuted after generation so the
 /// high-degree nodes are not clustered at low ids (as Graph500 does), which would flatter any
 /// partitioner that splits by id range.
 pub fn rmat(p: &RmatParams) -> Result<OwnedDataset, Error> {
+    let (n, num_edges) = check_rmat(p)?;
+    let draw = RmatGen::new(p);
+    let chunks: Vec<(Vec<u32>, Vec<u32>)> = (0..num_edges.div_ceil(EDGE_CHUNK))
+        .into_par_iter()
+        .map(|ci| draw.edges(p, ci, num_edges))
+        .collect();
+    drop(draw);
+    let (src, dst) = concat_pairs(chunks);
+    let csr = csr_from_edges(n, &src, &dst, p.undirected);
+    drop((src, dst));
+
+    let k = p.num_classes;
+    let classes = rmat_classes(p);
+    let feats = class_features(
+        p.seed,
+        &classes,
+        k,
+        p.feat_dim,
+        p.feature_signal,
+        p.feature_noise,
+    );
+    let splits = random_splits(p.seed, n, p.train_frac, p.val_frac);
+    let labels = classes.iter().map(|&c| c as i64).collect();
+    let (name, source) = rmat_name_source(p);
+    let mut ds = OwnedDataset::from_parts(
+        name,
+        source,
+        !p.undirected,
+        csr,
+        Features::F32(feats),
+        p.feat_dim,
+        labels,
+        splits,
+    );
+    ds.meta.num_classes = k;
+    Ok(ds)
+}
+
+/// Checks the parameters; returns the node count and the number of edges drawn.
+pub(crate) fn check_rmat(p: &RmatParams) -> Result<(usize, usize), Error> {
     if p.scale == 0 || p.scale > 30 {
         return Err(Error::param(
             "scale",
@@ -264,60 +328,71 @@ pub fn rmat(p: &RmatParams) -> Result<OwnedDataset, Error> {
     }
     check_features(p.feat_dim, p.feature_signal, p.feature_noise)?;
     check_split(p.train_frac, p.val_frac)?;
+    Ok((n, num_edges))
+}
 
-    // Integer thresholds: one 32-bit draw per level instead of a float.
-    let scale32 = |x: f64| (x.clamp(0.0, 1.0) * 4_294_967_296.0).min(u32::MAX as f64) as u32;
-    let (ta, tab, tabc) = (scale32(p.a), scale32(p.a + p.b), scale32(p.a + p.b + p.c));
-    let mut perm: Vec<u32> = (0..n as u32).collect();
-    shuffle(&mut perm, &mut rng::stream(p.seed, rng::PERMUTE, 0));
-    let chunks: Vec<(Vec<u32>, Vec<u32>)> = (0..num_edges.div_ceil(EDGE_CHUNK))
-        .into_par_iter()
-        .map(|ci| {
-            let mut r = rng::stream(p.seed, rng::EDGES, ci as u64);
-            let count = (num_edges - ci * EDGE_CHUNK).min(EDGE_CHUNK);
-            let (mut src, mut dst) = (Vec::with_capacity(count), Vec::with_capacity(count));
-            for _ in 0..count {
-                let (mut s, mut t) = (0u32, 0u32);
-                for _ in 0..p.scale {
-                    let x = r.next_u32();
-                    let (sb, tb) = if x < ta {
-                        (0, 0)
-                    } else if x < tab {
-                        (0, 1)
-                    } else if x < tabc {
-                        (1, 0)
-                    } else {
-                        (1, 1)
-                    };
-                    s = (s << 1) | sb;
-                    t = (t << 1) | tb;
-                }
-                src.push(perm[s as usize]);
-                dst.push(perm[t as usize]);
+/// What every R-MAT edge chunk needs: the quadrant thresholds and the id permutation.
+pub(crate) struct RmatGen {
+    thresholds: (u32, u32, u32),
+    perm: Vec<u32>,
+}
+
+impl RmatGen {
+    pub(crate) fn new(p: &RmatParams) -> RmatGen {
+        // Integer thresholds: one 32-bit draw per level instead of a float.
+        let scale32 = |x: f64| (x.clamp(0.0, 1.0) * 4_294_967_296.0).min(u32::MAX as f64) as u32;
+        let thresholds = (scale32(p.a), scale32(p.a + p.b), scale32(p.a + p.b + p.c));
+        let mut perm: Vec<u32> = (0..1u32 << p.scale).collect();
+        shuffle(&mut perm, &mut rng::stream(p.seed, rng::PERMUTE, 0));
+        RmatGen { thresholds, perm }
+    }
+
+    /// The (src, dst) pairs of edge chunk `ci` (`EDGE_CHUNK` draws).
+    pub(crate) fn edges(
+        &self,
+        p: &RmatParams,
+        ci: usize,
+        num_edges: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let (ta, tab, tabc) = self.thresholds;
+        let mut r = rng::stream(p.seed, rng::EDGES, ci as u64);
+        let count = (num_edges - ci * EDGE_CHUNK).min(EDGE_CHUNK);
+        let (mut src, mut dst) = (Vec::with_capacity(count), Vec::with_capacity(count));
+        for _ in 0..count {
+            let (mut s, mut t) = (0u32, 0u32);
+            for _ in 0..p.scale {
+                let x = r.next_u32();
+                let (sb, tb) = if x < ta {
+                    (0, 0)
+                } else if x < tab {
+                    (0, 1)
+                } else if x < tabc {
+                    (1, 0)
+                } else {
+                    (1, 1)
+                };
+                s = (s << 1) | sb;
+                t = (t << 1) | tb;
             }
-            (src, dst)
-        })
-        .collect();
-    drop(perm);
-    let (src, dst) = concat_pairs(chunks);
-    let csr = csr_from_edges(n, &src, &dst, p.undirected);
-    drop((src, dst));
+            src.push(self.perm[s as usize]);
+            dst.push(self.perm[t as usize]);
+        }
+        (src, dst)
+    }
+}
 
+/// Labels drawn uniformly, independent of the structure.
+pub(crate) fn rmat_classes(p: &RmatParams) -> Vec<u32> {
     let k = p.num_classes;
     let mut cr = rng::stream(p.seed, rng::CLASSES, 0);
-    let classes: Vec<u32> = (0..n).map(|_| cr.random_range(0..k as u32)).collect();
-    let feats = class_features(
-        p.seed,
-        &classes,
-        k,
-        p.feat_dim,
-        p.feature_signal,
-        p.feature_noise,
-    );
-    let splits = random_splits(p.seed, n, p.train_frac, p.val_frac);
-    let labels = classes.iter().map(|&c| c as i64).collect();
+    (0..1usize << p.scale)
+        .map(|_| cr.random_range(0..k as u32))
+        .collect()
+}
+
+pub(crate) fn rmat_name_source(p: &RmatParams) -> (String, String) {
     let source = format!(
-        "synth:rmat seed={} scale={} edge_factor={} a={} b={} c={} feat_dim={} num_classes={k} \
+        "synth:rmat seed={} scale={} edge_factor={} a={} b={} c={} feat_dim={} num_classes={} \
          feature_signal={} feature_noise={} undirected={} train_frac={} val_frac={}",
         p.seed,
         p.scale,
@@ -326,24 +401,17 @@ pub fn rmat(p: &RmatParams) -> Result<OwnedDataset, Error> {
         p.b,
         p.c,
         p.feat_dim,
+        p.num_classes,
         p.feature_signal,
         p.feature_noise,
         p.undirected,
         p.train_frac,
         p.val_frac
     );
-    let mut ds = OwnedDataset::from_parts(
+    (
         format!("rmat-s{}-e{}-s{}", p.scale, p.edge_factor, p.seed),
         source,
-        !p.undirected,
-        csr,
-        Features::F32(feats),
-        p.feat_dim,
-        labels,
-        splits,
-    );
-    ds.meta.num_classes = k;
-    Ok(ds)
+    )
 }
 
 fn check_features(feat_dim: usize, signal: f64, noise: f64) -> Result<(), Error> {
@@ -408,36 +476,57 @@ fn class_features(
     if f == 0 {
         return Vec::new();
     }
-    let mut centroids = vec![0f32; k * f];
-    let mut cr = rng::stream(seed, rng::CENTROIDS, 0);
-    for c in centroids.chunks_exact_mut(f) {
-        rng::fill_normal(&mut cr, c);
-        let norm = c.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-        let s = if norm > 0.0 { signal / norm } else { 0.0 };
-        c.iter_mut().for_each(|x| *x = (*x as f64 * s) as f32);
-    }
-    let noise = noise as f32;
+    let centroids = centroids(seed, k, f, signal);
     let mut feats = vec![0f32; classes.len() * f];
     feats
         .par_chunks_mut(NODE_CHUNK * f)
         .enumerate()
         .for_each(|(ci, block)| {
-            let mut r = rng::stream(seed, rng::FEATURES, ci as u64);
-            rng::fill_normal(&mut r, block);
-            for (i, row) in block.chunks_exact_mut(f).enumerate() {
-                let c = classes[ci * NODE_CHUNK + i] as usize;
-                let centroid = &centroids[c * f..(c + 1) * f];
-                for (x, m) in row.iter_mut().zip(centroid) {
-                    *x = *x * noise + m;
-                }
-            }
+            let rows = &classes[ci * NODE_CHUNK..ci * NODE_CHUNK + block.len() / f];
+            feature_block(seed, ci, rows, &centroids, f, noise, block);
         });
     feats
 }
 
+/// `k` centroids of norm `signal` in random directions, row-major `k x f`.
+pub(crate) fn centroids(seed: u64, k: usize, f: usize, signal: f64) -> Vec<f32> {
+    let mut centroids = vec![0f32; k * f];
+    let mut cr = rng::stream(seed, rng::CENTROIDS, 0);
+    for c in centroids.chunks_exact_mut(f.max(1)) {
+        rng::fill_normal(&mut cr, c);
+        let norm = c.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let s = if norm > 0.0 { signal / norm } else { 0.0 };
+        c.iter_mut().for_each(|x| *x = (*x as f64 * s) as f32);
+    }
+    centroids
+}
+
+/// The features of generator chunk `ci` (its `NODE_CHUNK` rows, fewer at the end): `out` holds
+/// `classes.len() x f` values, drawn from chunk `ci`'s own stream.
+pub(crate) fn feature_block(
+    seed: u64,
+    ci: usize,
+    classes: &[u32],
+    centroids: &[f32],
+    f: usize,
+    noise: f64,
+    out: &mut [f32],
+) {
+    let noise = noise as f32;
+    let mut r = rng::stream(seed, rng::FEATURES, ci as u64);
+    rng::fill_normal(&mut r, out);
+    for (row, &c) in out.chunks_exact_mut(f).zip(classes) {
+        let c = c as usize;
+        let centroid = &centroids[c * f..(c + 1) * f];
+        for (x, m) in row.iter_mut().zip(centroid) {
+            *x = *x * noise + m;
+        }
+    }
+}
+
 /// A random permutation cut into train / val / test by the given fractions; each split sorted ascending
 /// (sequential ids read features with better locality).
-fn random_splits(seed: u64, n: usize, train: f64, val: f64) -> [Vec<i64>; 3] {
+pub(crate) fn random_splits(seed: u64, n: usize, train: f64, val: f64) -> [Vec<i64>; 3] {
     let mut perm: Vec<i64> = (0..n as i64).collect();
     shuffle(&mut perm, &mut rng::stream(seed, rng::SPLITS, 0));
     let n_train = ((n as f64 * train).round() as usize).min(n);

@@ -4,10 +4,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSet, PartitionSummary};
+use physalia_graph::chunked::{ChunkedDataset, DEFAULT_CHUNK_ROWS, Manifest};
+use physalia_graph::partition::{
+    ArtifactStatus, PartitionMeta, PartitionMethod, PartitionSet, PartitionSummary,
+};
+use physalia_graph::stream::{StreamAlgorithm, StreamParams};
 use physalia_graph::{
-    Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, import, partition,
-    synth,
+    Dataset, FeatureDtype, ImportOptions, OwnedDataset, RmatParams, SbmParams, chunked_synth,
+    import, partition, synth,
 };
 
 use physalia_coordinator::driver::dataset;
@@ -40,13 +44,35 @@ impl From<DtypeArg> for FeatureDtype {
     }
 }
 
+/// How a dataset is stored.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LayoutArg {
+    /// One `.safetensors` file, loaded (memory-mapped) whole.
+    File,
+    /// A directory: `manifest.json` plus the tensors in chunk files of `--chunk-rows` rows each; written
+    /// and partitioned without holding the graph.
+    Chunked,
+}
+
+/// Where and how a command writes its dataset.
+#[derive(Args)]
+pub struct LayoutArgs {
+    #[arg(long, value_enum, default_value_t = LayoutArg::File)]
+    pub layout: LayoutArg,
+    /// Rows per chunk with `--layout chunked` (a multiple of 16384 suits the generators).
+    #[arg(long, default_value_t = DEFAULT_CHUNK_ROWS)]
+    pub chunk_rows: usize,
+}
+
 #[derive(Args)]
 pub struct ImportArgs {
     /// The raw dataset folder.
     pub dir: PathBuf,
-    /// The dataset file to write (`.safetensors`).
+    /// The dataset file to write (`.safetensors`), or the directory with `--layout chunked`.
     #[arg(long, short)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
     #[arg(long, value_enum, default_value_t = ImportFormat::Auto)]
     pub format: ImportFormat,
     /// Dataset name (default: the folder's name).
@@ -88,8 +114,11 @@ pub struct SbmArgs {
     pub feat_dim: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The dataset file, or the directory with `--layout chunked`.
     #[arg(long, short)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
 }
 
 #[derive(Args)]
@@ -105,29 +134,58 @@ pub struct RmatArgs {
     pub feat_dim: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The dataset file, or the directory with `--layout chunked`.
     #[arg(long, short)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
 }
 
 #[derive(Args)]
 pub struct InspectArgs {
+    /// A dataset file, or a chunked dataset directory.
     pub file: PathBuf,
+    /// Chunked dataset: show the manifest without reading (and checksumming) every chunk.
+    #[arg(long)]
+    pub manifest_only: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
 
 #[derive(Args)]
 pub struct PartitionArgs {
-    /// The dataset file; partitions go to `<name>.parts/k<K>-seed<S>/` beside it.
+    /// The dataset file or chunked dataset directory; partitions go to `<name>.parts/k<K>-seed<S>/` beside it.
     pub file: PathBuf,
     /// Numbers of parts, comma-separated, e.g. `2,4,8`.
     #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
     pub k: Vec<usize>,
-    /// METIS seed.
+    /// METIS seed (streaming: the tie-breaking seed).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `metis` (the default for a file) or `stream` (Fennel, the default and only choice for a chunked
+    /// dataset, which is never loaded). A stored set made by the other method is recomputed.
+    #[arg(long, value_enum)]
+    pub method: Option<MethodArg>,
+    /// Streaming passes (1 = plain Fennel, more restream).
+    #[arg(long, default_value_t = 1)]
+    pub passes: usize,
+    /// Streaming: the scoring rule.
+    #[arg(long, value_enum, default_value_t = StreamAlgoArg::Fennel)]
+    pub algorithm: StreamAlgoArg,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    Metis,
+    Stream,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StreamAlgoArg {
+    Fennel,
+    Ldg,
 }
 
 pub fn import(a: &ImportArgs) -> Result<()> {
@@ -142,12 +200,22 @@ pub fn import(a: &ImportArgs) -> Result<()> {
         ImportFormat::Auto => detect_format(&a.dir)?,
         f => f,
     };
+    if format == ImportFormat::Ogb && a.layout.layout == LayoutArg::Chunked {
+        // Streamed: the edges are spilled to disk by row range, features and labels read in step.
+        let m = crate::progress::step("importing the dataset into chunks", || {
+            physalia_graph::chunked_import::ogb_chunked(&a.dir, &opts, &a.out, a.layout.chunk_rows)
+        })
+        .with_context(|| format!("importing {}", a.dir.display()))?;
+        return report_chunked(&a.out, &m);
+    }
+    // The generic layout is read whole (its inputs include .npy and raw .bin files), then written in
+    // either layout.
     let ds = crate::progress::step("importing the dataset", || match format {
         ImportFormat::Ogb => import::ogb(&a.dir, &opts),
         _ => import::generic(&a.dir, &opts),
     })
     .with_context(|| format!("importing {}", a.dir.display()))?;
-    write(&ds, &a.out)
+    write_layout(&ds, &a.out, &a.layout)
 }
 
 /// Which raw layout a folder holds (the coordinator's detection, as a job's `dataset.path` uses it).
@@ -170,6 +238,13 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
                 seed: a.seed,
                 ..SbmParams::default()
             };
+            if a.layout.layout == LayoutArg::Chunked {
+                let m = crate::progress::step("generating the SBM graph into chunks", || {
+                    chunked_synth::sbm_chunked(&p, &a.out, a.layout.chunk_rows)
+                })
+                .context("generating the SBM graph")?;
+                return report_chunked(&a.out, &m);
+            }
             write(
                 &crate::progress::step("generating the SBM graph", || synth::sbm(&p))
                     .context("generating the SBM graph")?,
@@ -185,6 +260,13 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
                 seed: a.seed,
                 ..RmatParams::default()
             };
+            if a.layout.layout == LayoutArg::Chunked {
+                let m = crate::progress::step("generating the R-MAT graph into chunks", || {
+                    chunked_synth::rmat_chunked(&p, &a.out, a.layout.chunk_rows)
+                })
+                .context("generating the R-MAT graph")?;
+                return report_chunked(&a.out, &m);
+            }
             write(
                 &crate::progress::step("generating the R-MAT graph", || synth::rmat(&p))
                     .context("generating the R-MAT graph")?,
@@ -192,6 +274,38 @@ pub fn synth(c: &SynthCommand) -> Result<()> {
             )
         }
     }
+}
+
+fn write_layout(ds: &OwnedDataset, out: &Path, layout: &LayoutArgs) -> Result<()> {
+    match layout.layout {
+        LayoutArg::File => write(ds, out),
+        LayoutArg::Chunked => {
+            let m = crate::progress::step(&format!("writing {} in chunks", out.display()), || {
+                physalia_graph::write_chunked(ds, out, layout.chunk_rows)
+            })?;
+            report_chunked(out, &m)
+        }
+    }
+}
+
+fn report_chunked(out: &Path, m: &Manifest) -> Result<()> {
+    eprintln!(
+        "wrote {} (chunked): {} nodes, {} directed edges, {} features ({}), {} classes, split {}/{}/{}, \
+         {} chunks of {} rows, {} bytes",
+        out.display(),
+        m.num_nodes,
+        m.num_edges,
+        m.feat_dim,
+        m.feature_dtype,
+        m.num_classes,
+        m.splits.train,
+        m.splits.val,
+        m.splits.test,
+        m.num_chunks(),
+        m.chunk_rows,
+        m.data_bytes()
+    );
+    Ok(())
 }
 
 fn write(ds: &OwnedDataset, out: &Path) -> Result<()> {
@@ -213,6 +327,9 @@ fn write(ds: &OwnedDataset, out: &Path) -> Result<()> {
 }
 
 pub fn inspect(a: &InspectArgs) -> Result<()> {
+    if a.file.is_dir() {
+        return inspect_chunked(a);
+    }
     let ds = Dataset::open(&a.file)?;
     let stats = ds.stats();
     let partitions = partition::list_partitions(&a.file)?;
@@ -269,6 +386,94 @@ pub fn inspect(a: &InspectArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `inspect` of a chunked dataset: the manifest's summary, every chunk checksummed unless
+/// `--manifest-only`, and the stored partition sets.
+fn inspect_chunked(a: &InspectArgs) -> Result<()> {
+    let ds = ChunkedDataset::open(&a.file)?;
+    if !a.manifest_only {
+        crate::progress::step("checksumming every chunk", || ds.verify())?;
+    }
+    let m = ds.manifest();
+    let partitions = partition::list_partitions(&a.file)?;
+    match a.output {
+        OutputFormat::Json => {
+            let mut manifest = serde_json::to_value(m)?;
+            // The per-chunk lists can run to thousands of entries; counts and sizes say enough here.
+            for (name, t) in m.tensors.all() {
+                manifest["tensors"][name] = serde_json::json!({
+                    "dtype": t.dtype,
+                    "chunks": t.chunks.len(),
+                    "bytes": t.chunks.iter().map(|c| c.bytes).sum::<u64>(),
+                });
+            }
+            let v = serde_json::json!({
+                "path": a.file,
+                "layout": "chunked",
+                "verified": !a.manifest_only,
+                "manifest": manifest,
+                "data_bytes": m.data_bytes(),
+                "partitions": partitions.iter().map(summary_json).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string(&v)?);
+        }
+        OutputFormat::Text => print_manifest(a, m, &partitions),
+    }
+    Ok(())
+}
+
+fn print_manifest(a: &InspectArgs, m: &Manifest, partitions: &[PartitionSummary]) {
+    println!(
+        "directory      {} (chunked layout v{}, {} bytes of data, {})",
+        a.file.display(),
+        m.format_version,
+        m.data_bytes(),
+        if a.manifest_only {
+            "manifest only, chunks not read"
+        } else {
+            "every chunk checksum verified"
+        }
+    );
+    println!("name           {}", m.name);
+    println!("source         {}", m.source);
+    println!("nodes          {}", m.num_nodes);
+    println!(
+        "edges          {} directed CSR entries ({})",
+        m.num_edges,
+        if m.directed {
+            "directed"
+        } else {
+            "undirected, both directions stored"
+        }
+    );
+    println!("features       {} x {}", m.feat_dim, m.feature_dtype);
+    println!("classes        {}", m.num_classes);
+    println!(
+        "split          train {} / val {} / test {}",
+        m.splits.train, m.splits.val, m.splits.test
+    );
+    println!(
+        "chunks         {} node chunks of {} rows",
+        m.num_chunks(),
+        m.chunk_rows
+    );
+    for (name, t) in m.tensors.all() {
+        let bytes: u64 = t.chunks.iter().map(|c| c.bytes).sum();
+        println!(
+            "  {name:<12} {:<5} {:>6} files {:>14} bytes",
+            t.dtype,
+            t.chunks.len(),
+            bytes
+        );
+    }
+    if partitions.is_empty() {
+        println!("partitions     none (`physalia data partition` makes them)");
+    }
+    for (i, s) in partitions.iter().enumerate() {
+        let label = if i == 0 { "partitions" } else { "" };
+        println!("{label:<15}{}", summary_line(s));
+    }
 }
 
 /// One line per stored partition set for `inspect`: k, cut, balance, largest halo, and whether usable.
@@ -332,8 +537,19 @@ fn parts_json(m: &PartitionMeta) -> serde_json::Value {
 /// `physalia data partition`: computes the missing or stale partition sets, reuses the rest, and reports
 /// each one.
 pub fn partition(a: &PartitionArgs) -> Result<()> {
-    let sets = crate::progress::step("partitioning (METIS)", || {
-        partition::ensure_partitions(&a.file, &a.k, a.seed)
+    let chunked = a.file.is_dir();
+    let method = match a.method {
+        Some(MethodArg::Metis) => Some(PartitionMethod::Metis),
+        Some(MethodArg::Stream) => Some(stream_method(a)),
+        None if chunked => Some(stream_method(a)),
+        None => None,
+    };
+    let what = match &method {
+        Some(PartitionMethod::Stream(_)) => "partitioning (streaming)",
+        _ => "partitioning (METIS)",
+    };
+    let sets = crate::progress::step(what, || {
+        partition::ensure_partitions_with(&a.file, &a.k, a.seed, method.as_ref())
     })?;
     match a.output {
         OutputFormat::Json => {
@@ -351,6 +567,17 @@ pub fn partition(a: &PartitionArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn stream_method(a: &PartitionArgs) -> PartitionMethod {
+    PartitionMethod::Stream(StreamParams {
+        passes: a.passes,
+        algorithm: match a.algorithm {
+            StreamAlgoArg::Fennel => StreamAlgorithm::Fennel { gamma: 1.5 },
+            StreamAlgoArg::Ldg => StreamAlgorithm::Ldg,
+        },
+        ..StreamParams::new(1)
+    })
 }
 
 fn set_json(s: &PartitionSet) -> serde_json::Value {

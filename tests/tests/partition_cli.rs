@@ -180,3 +180,157 @@ fn inspect_without_partitions_and_bad_requests() {
     );
     assert_eq!(usage.code, Some(2));
 }
+
+/// The chunked layout end to end through the CLI: `data synth --layout chunked`, `data import --layout
+/// chunked`, `data inspect` of the directory, `data partition` streaming it (and refusing METIS), the
+/// stored set listed by `inspect`, a corrupted chunk named.
+#[test]
+fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
+    let t = TempDir::new().unwrap();
+    let synth = physalia(
+        t.path(),
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            "3000",
+            "--feat-dim",
+            "8",
+            "--layout",
+            "chunked",
+            "--chunk-rows",
+            "1024",
+            "--out",
+            "c",
+        ],
+    )
+    .ok();
+    assert!(
+        synth.stderr.contains("3 chunks of 1024 rows"),
+        "{}",
+        synth.stderr
+    );
+    let text = physalia(t.path(), ["data", "inspect", "c"]).ok();
+    assert!(text.stdout.contains("chunked layout v1"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("every chunk checksum verified"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("nodes          3000"),
+        "{}",
+        text.stdout
+    );
+
+    let v = physalia(
+        t.path(),
+        [
+            "data",
+            "partition",
+            "c",
+            "--k",
+            "2,3",
+            "--passes",
+            "2",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    let sets = v["partitions"].as_array().unwrap();
+    assert_eq!(sets.len(), 2);
+    for s in sets {
+        assert_eq!(s["method"], "fennel-x2");
+        assert_eq!(s["reused"], false);
+        let k = s["k"].as_u64().unwrap() as usize;
+        for p in 0..k {
+            let part = Part::load(
+                &t.path()
+                    .join(format!("c.parts/k{k}-seed0/part{p}.safetensors")),
+            );
+            assert_eq!(part.unwrap().k, k);
+        }
+    }
+    let again = physalia(
+        t.path(),
+        [
+            "data",
+            "partition",
+            "c",
+            "--k",
+            "3",
+            "--passes",
+            "2",
+            "--output",
+            "json",
+        ],
+    )
+    .ok()
+    .last_json();
+    assert_eq!(again["partitions"][0]["reused"], true);
+    physalia(
+        t.path(),
+        ["data", "partition", "c", "--k", "2", "--method", "metis"],
+    )
+    .one_line_error(&["METIS needs the whole graph", "chunked"]);
+    let v = physalia(t.path(), ["data", "inspect", "c", "--output", "json"])
+        .ok()
+        .last_json();
+    assert_eq!(v["layout"], "chunked");
+    assert_eq!(v["manifest"]["num_nodes"], 3000);
+    assert_eq!(v["partitions"].as_array().unwrap().len(), 2);
+
+    // A generic folder imported into chunks loads the same graph as the single file.
+    write_tiny_generic(&t.path().join("raw"));
+    physalia(
+        t.path(),
+        [
+            "data",
+            "import",
+            "raw",
+            "--out",
+            "tiny",
+            "--layout",
+            "chunked",
+            "--chunk-rows",
+            "3",
+        ],
+    )
+    .ok();
+    let single = physalia(
+        t.path(),
+        ["data", "import", "raw", "--out", "tiny.safetensors"],
+    )
+    .ok();
+    assert_eq!(single.code, Some(0));
+    let chunked = physalia_graph::ChunkedDataset::open(&t.path().join("tiny"))
+        .unwrap()
+        .load()
+        .unwrap();
+    let file = physalia_graph::Dataset::open(&t.path().join("tiny.safetensors"))
+        .unwrap()
+        .to_owned_dataset();
+    assert_eq!(chunked.indices, file.indices);
+    assert_eq!(chunked.features, file.features);
+
+    // A folder that is not a dataset: the missing manifest is named.
+    physalia(t.path(), ["data", "inspect", "raw"]).one_line_error(&["raw/manifest.json"]);
+    physalia(t.path(), ["data", "partition", "raw", "--k", "2"])
+        .one_line_error(&["raw/manifest.json"]);
+
+    // A flipped byte in a chunk: inspect names the chunk file.
+    let data = std::fs::read_dir(t.path().join("c"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    let victim = data.join("labels-000001.bin");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&victim, bytes).unwrap();
+    physalia(t.path(), ["data", "inspect", "c"])
+        .one_line_error(&["labels-000001.bin", "checksum mismatch"]);
+}

@@ -1,0 +1,288 @@
+//! Partitioning a chunked dataset ([`crate::chunked`]) without loading it: the streaming partitioner over
+//! its rows, then the per-worker parts built one at a time from chunk reads, stored as the usual
+//! partition set (`X.parts/k<K>-seed<S>/`, see [`crate::partition`]).
+//!
+//! Memory: the assignment and two more per-node arrays (local ids, in-degrees: 12 bytes per node), the
+//! split lists, and one part at a time (its rows, halo and features, about `1/k` of the dataset plus its
+//! halo). Each part costs one streaming pass over the edge chunks and one over the feature chunks that
+//! hold its rows. The parts equal what [`crate::partition::build_parts`] cuts from the loaded dataset.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::chunked::ChunkedDataset;
+use crate::error::Error;
+use crate::format::{Features, Split};
+use crate::partition::{
+    Part, PartitionMeta, Partitioning, part_files, write_part, write_partition_file,
+};
+use crate::stream::{StreamOutcome, StreamParams, partition_stream_rows, streamed_cut};
+
+/// Streams the dataset's rows through the partitioner ([`partition_stream_rows`]): the same assignment
+/// as [`crate::stream::partition_stream`] on the loaded graph, reading two edge chunks at a time.
+pub fn partition_chunked(
+    ds: &ChunkedDataset,
+    params: &StreamParams,
+) -> Result<StreamOutcome, Error> {
+    partition_stream_rows(ds, params)
+}
+
+/// What building every part needs, computed once: O(n) arrays, never the graph.
+pub struct PartContext<'a> {
+    ds: &'a ChunkedDataset,
+    p: &'a Partitioning,
+    /// Node -> its index among its part's nodes (owned rows are ascending by id).
+    local_of: Vec<u32>,
+    degrees: Vec<u32>,
+    splits: [Vec<i64>; 3],
+}
+
+impl<'a> PartContext<'a> {
+    /// Reads the in-degrees and splits; checks the assignment against the dataset.
+    pub fn new(ds: &'a ChunkedDataset, p: &'a Partitioning) -> Result<Self, Error> {
+        let n = ds.num_nodes();
+        if p.parts.len() != n {
+            return Err(Error::partition(format!(
+                "assigns {} nodes but {} has {n}",
+                p.parts.len(),
+                ds.dir().display()
+            )));
+        }
+        if let Some((v, q)) = p
+            .parts
+            .iter()
+            .enumerate()
+            .find(|(_, q)| **q as usize >= p.k)
+        {
+            return Err(Error::partition(format!(
+                "node {v} is assigned to part {q}, outside 0..{}",
+                p.k
+            )));
+        }
+        let mut next = vec![0u32; p.k];
+        let local_of = p
+            .parts
+            .iter()
+            .map(|&q| {
+                next[q as usize] += 1;
+                next[q as usize] - 1
+            })
+            .collect();
+        let splits = [
+            ds.read_split(Split::Train)?,
+            ds.read_split(Split::Val)?,
+            ds.read_split(Split::Test)?,
+        ];
+        Ok(PartContext {
+            ds,
+            p,
+            local_of,
+            degrees: ds.degrees()?,
+            splits,
+        })
+    }
+
+    /// Part `me`, equal to `build_parts(loaded dataset, p)[me]`.
+    pub fn build(&self, me: usize) -> Result<Part, Error> {
+        let parts = &self.p.parts;
+        let me32 = me as u32;
+        let scan = self.scan_edges(me32)?;
+        let n_owned = scan.owned.len();
+        let mut indices = Vec::with_capacity(scan.rows.len());
+        for w in scan.indptr.windows(2) {
+            let start = indices.len();
+            for &u in &scan.rows[w[0] as usize..w[1] as usize] {
+                let owner = parts[u as usize];
+                let local = if owner == me32 {
+                    self.local_of[u as usize] as usize
+                } else {
+                    let j = scan
+                        .halo_keys
+                        .binary_search(&(owner, u as u32))
+                        .expect("every foreign in-neighbour was collected into the halo");
+                    n_owned + j
+                };
+                indices.push(local as i32);
+            }
+            indices[start..].sort_unstable();
+        }
+        let mut recv: Vec<(u32, Range<usize>)> = Vec::new();
+        for (j, &(owner, _)) in scan.halo_keys.iter().enumerate() {
+            match recv.last_mut() {
+                Some((q, r)) if *q == owner => r.end = j + 1,
+                _ => recv.push((owner, j..j + 1)),
+            }
+        }
+        let mut send: Vec<(u32, Vec<u32>)> = Vec::new();
+        for &(peer, u) in &scan.send_keys {
+            let row = self.local_of[u as usize];
+            match send.last_mut() {
+                Some((q, rows)) if *q == peer => rows.push(row),
+                _ => send.push((peer, vec![row])),
+            }
+        }
+        let halo: Vec<u32> = scan.halo_keys.iter().map(|&(_, u)| u).collect();
+        let src_in_degree = scan
+            .owned
+            .iter()
+            .chain(&halo)
+            .map(|&u| self.degrees[u as usize])
+            .collect();
+        let [train, val, test] = [0, 1, 2].map(|s| self.local_split(s, me32));
+        let (features, labels) = self.gather_nodes(&scan.owned)?;
+        let m = self.ds.manifest();
+        Ok(Part {
+            part: me,
+            k: self.p.k,
+            owned: scan.owned,
+            halo,
+            indptr: scan.indptr,
+            indices,
+            src_in_degree,
+            recv,
+            send,
+            labels,
+            train,
+            val,
+            test,
+            features,
+            feat_dim: m.feat_dim,
+            num_classes: m.num_classes,
+            num_nodes_global: m.num_nodes,
+            num_train_global: self.splits[0].len(),
+        })
+    }
+
+    fn local_split(&self, s: usize, me: u32) -> Vec<u32> {
+        let mut local: Vec<u32> = self.splits[s]
+            .iter()
+            .filter(|&&v| self.p.parts[v as usize] == me)
+            .map(|&v| self.local_of[v as usize])
+            .collect();
+        local.sort_unstable();
+        local
+    }
+
+    /// One pass over the edge chunks: part `me`'s rows (global ids), its halo keys, and which of its
+    /// nodes each peer's rows read (the send lists).
+    fn scan_edges(&self, me: u32) -> Result<EdgeScan, Error> {
+        let parts = &self.p.parts;
+        let mut s = EdgeScan {
+            owned: Vec::new(),
+            indptr: vec![0],
+            rows: Vec::new(),
+            halo_keys: Vec::new(),
+            send_keys: Vec::new(),
+        };
+        self.ds.for_each_row(|v, row| {
+            let owner = parts[v];
+            if owner == me {
+                s.owned.push(v as u32);
+                s.rows.extend_from_slice(row);
+                s.indptr.push(s.rows.len() as i64);
+                for &u in row {
+                    let q = parts[u as usize];
+                    if q != me {
+                        s.halo_keys.push((q, u as u32));
+                    }
+                }
+            } else {
+                for &u in row {
+                    if parts[u as usize] == me {
+                        s.send_keys.push((owner, u as u32));
+                    }
+                }
+            }
+        })?;
+        // (owner, global id) sorts into the halo order of the ordering contract; (peer, id) into the
+        // order each peer stores our rows in its halo.
+        s.halo_keys.sort_unstable();
+        s.halo_keys.dedup();
+        s.send_keys.sort_unstable();
+        s.send_keys.dedup();
+        Ok(s)
+    }
+
+    /// Features and labels of `owned` (ascending), reading only the chunks that hold some of them.
+    fn gather_nodes(&self, owned: &[u32]) -> Result<(Features, Vec<i64>), Error> {
+        let m = self.ds.manifest();
+        let f = m.feat_dim;
+        let mut feats = Features::F32(Vec::new()).convert(m.feature_dtype);
+        reserve(&mut feats, owned.len() * f);
+        let mut labels = Vec::with_capacity(owned.len());
+        let mut at = 0;
+        for i in 0..m.num_chunks() {
+            let r = self.ds.chunk_range(i);
+            let end = at + owned[at..].partition_point(|&v| (v as usize) < r.end);
+            if end == at {
+                continue;
+            }
+            let (chunk_feats, chunk_labels) = self.ds.read_chunk_nodes(i)?;
+            for &v in &owned[at..end] {
+                let j = v as usize - r.start;
+                labels.push(chunk_labels[j]);
+                extend_row(&mut feats, &chunk_feats, j * f..(j + 1) * f);
+            }
+            at = end;
+        }
+        Ok((feats, labels))
+    }
+}
+
+struct EdgeScan {
+    owned: Vec<u32>,
+    /// Local offsets into `rows`.
+    indptr: Vec<i64>,
+    /// The owned rows, global ids.
+    rows: Vec<i32>,
+    halo_keys: Vec<(u32, u32)>,
+    send_keys: Vec<(u32, u32)>,
+}
+
+fn reserve(f: &mut Features, n: usize) {
+    match f {
+        Features::F32(v) => v.reserve_exact(n),
+        Features::F16(v) => v.reserve_exact(n),
+        Features::BF16(v) => v.reserve_exact(n),
+    }
+}
+
+fn extend_row(out: &mut Features, src: &Features, r: Range<usize>) {
+    match (out, src) {
+        (Features::F32(o), Features::F32(s)) => o.extend_from_slice(&s[r]),
+        (Features::F16(o), Features::F16(s)) => o.extend_from_slice(&s[r]),
+        (Features::BF16(o), Features::BF16(s)) => o.extend_from_slice(&s[r]),
+        _ => unreachable!("a chunk's features have the manifest's dtype (checked on read)"),
+    }
+}
+
+/// Computes and stores the partition set `dir` for a chunked dataset: the streamed assignment, then each
+/// part built and written in turn, then `partition.safetensors` (the commit marker).
+pub(crate) fn compute_set_chunked(
+    ds: &ChunkedDataset,
+    dir: &Path,
+    k: usize,
+    seed: u64,
+    params: &StreamParams,
+) -> Result<PartitionMeta, Error> {
+    let t0 = Instant::now();
+    let params = StreamParams {
+        k,
+        seed,
+        ..params.clone()
+    };
+    let p = partition_chunked(ds, &params)?.partitioning;
+    let ctx = PartContext::new(ds, &p)?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut summaries = Vec::with_capacity(k);
+    for (me, path) in part_files(dir, k).iter().enumerate() {
+        let part = ctx.build(me)?;
+        summaries.push(write_part(&part, path)?);
+    }
+    drop(ctx);
+    let (_, total) = streamed_cut(ds, &p.parts)?;
+    let checksums = BTreeMap::from([("manifest".to_string(), ds.manifest().fingerprint())]);
+    write_partition_file(dir, &p, total, summaries, checksums, t0)
+}
