@@ -212,22 +212,10 @@ pub fn run(
         );
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
         run.usd_total = outcome.usd;
+        let coordinated = coordinated(elastic, outcome, cluster, job_url.clone());
         Ok(summary::JobSummary {
             run,
-            coordinated: Some(summary::Coordinated {
-                workers: elastic.workers(),
-                bytes_exchanged: outcome.bytes_exchanged,
-                worker_peak_rss_bytes: outcome.worker_peak_rss,
-                coordinator_rss_bytes: summary::rss_bytes(),
-                worker_seconds: outcome.worker_s,
-                coordinator_seconds: outcome.coordinator_s,
-                coordinator_usd_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
-                scaling_events: elastic.events.clone(),
-                launches: outcome.launches,
-                epoch_ends: outcome.epochs,
-                workers_range: elastic.workers_range(),
-                job_url: job_url.clone(),
-            }),
+            coordinated: Some(coordinated),
         })
     })();
     // every launch's workers are gone by now; what the platform made for the job goes with it
@@ -257,6 +245,29 @@ pub fn run(
         name,
         obs,
     )
+}
+
+/// What the coordinator measured and billed over the job's launches, for `summary.json`.
+fn coordinated(
+    elastic: &Elastic,
+    outcome: Outcome,
+    cluster: Option<&Role>,
+    job_url: Option<String>,
+) -> summary::Coordinated {
+    summary::Coordinated {
+        workers: elastic.workers(),
+        bytes_exchanged: outcome.bytes_exchanged,
+        worker_peak_rss_bytes: outcome.worker_peak_rss,
+        coordinator_rss_bytes: summary::rss_bytes(),
+        worker_seconds: outcome.worker_s,
+        coordinator_seconds: outcome.coordinator_s,
+        coordinator_usd_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
+        scaling_events: elastic.events.clone(),
+        launches: outcome.launches,
+        epoch_ends: outcome.epochs,
+        workers_range: elastic.workers_range(),
+        job_url,
+    }
 }
 
 /// Records a job that failed or was cancelled (`e` says which), mirrors it one last time, and returns
