@@ -5,60 +5,18 @@
 //!
 //! One test in this binary, so no other test's allocations are counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use physalia_graph::SbmParams;
 use physalia_graph::chunked::ChunkedDataset;
 use physalia_graph::chunked_partition::partition_chunked;
 use physalia_graph::chunked_synth::sbm_chunked;
 use physalia_graph::stream::StreamParams;
 
-struct Counting;
+mod common;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::SeqCst) + layout.size();
-            PEAK.fetch_max(now, Ordering::SeqCst);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            if new_size > layout.size() {
-                let now = LIVE.fetch_add(new_size - layout.size(), Ordering::SeqCst) + new_size
-                    - layout.size();
-                PEAK.fetch_max(now, Ordering::SeqCst);
-            } else {
-                LIVE.fetch_sub(layout.size() - new_size, Ordering::SeqCst);
-            }
-        }
-        p
-    }
-}
+use common::{Counting, peak_during};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// Peak live heap bytes above the starting level while `f` runs, and its result.
-fn peak_during<T>(f: impl FnOnce() -> T) -> (usize, T) {
-    let base = LIVE.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    let out = f();
-    (PEAK.load(Ordering::SeqCst) - base, out)
-}
 
 #[test]
 fn streamed_synth_and_partition_peak_far_below_the_graph() {
