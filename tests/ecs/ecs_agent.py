@@ -347,7 +347,9 @@ class TaskRunner:
         if self.stopped_by_api:
             self.remove()
             return
+        # labelled with the task definition's container name: a test tells workers from coordinators
         args = ["create", "--name", self.container, "--label", LABEL,
+                "--label", f"physalia.ecs-agent.container={self.main}",
                 "--network", self.agent.network, "--ip", ip]
         if self.main == "coordinator":
             # what ECS gives a task with a task role, and where this test's AWS is
