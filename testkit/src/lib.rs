@@ -270,7 +270,10 @@ impl Drop for Emulator {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        eprintln!("{} did not stop within {:?}: killed", self.name, self.stop_within);
+        eprintln!(
+            "{} did not stop within {:?}: killed",
+            self.name, self.stop_within
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -332,8 +335,11 @@ mod tests {
     fn an_emulator_that_dies_before_its_line_fails_with_its_log() {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("dies.py");
-        std::fs::write(&script, "import sys\nsys.stderr.write('no port for you\\n')\nsys.exit(3)\n")
-            .unwrap();
+        std::fs::write(
+            &script,
+            "import sys\nsys.stderr.write('no port for you\\n')\nsys.exit(3)\n",
+        )
+        .unwrap();
         let spawn = Spawn::new(script.to_str().unwrap());
         let err = std::panic::catch_unwind(|| spawn.start()).unwrap_err();
         let msg = err.downcast_ref::<String>().unwrap();

@@ -303,7 +303,11 @@ impl<'a, C: Cloud> Scenario<'a, C> {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "{:?}: {err}", r.sets);
             for n in &r.needles {
-                assert!(err.contains(n.as_str()), "{:?}: {err:?} lacks {n:?}", r.sets);
+                assert!(
+                    err.contains(n.as_str()),
+                    "{:?}: {err:?} lacks {n:?}",
+                    r.sets
+                );
             }
             self.cloud.wait_nothing_left(&[]);
         }

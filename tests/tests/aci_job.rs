@@ -194,7 +194,11 @@ impl Cloud for Azure {
 
     /// ARM's reason, nothing created: a subnet that does not exist, an image that is not there.
     fn refusals(&self, s: &Scenario<'_, Self>, job: &str) -> Vec<Refusal> {
-        let text = format!("{job}output: {{dir: {}}}\n{}", s.store, self.backend(&s.image));
+        let text = format!(
+            "{job}output: {{dir: {}}}\n{}",
+            s.store,
+            self.backend(&s.image)
+        );
         let sub = self
             .s("subnet_id")
             .replace("/subnets/workers", "/subnets/nope");

@@ -336,7 +336,11 @@ impl Cloud for Ecs {
             "arns = ecs.list_task_definitions(familyPrefix='physalia-{id}-coordinator')['taskDefinitionArns']\n\
              print(json.dumps(ecs.describe_task_definition(taskDefinition=arns[0])['taskDefinition']))"
         ));
-        assert_eq!(td["taskRoleArn"], self.info()["coordinator_task_role_arn"], "{td}");
+        assert_eq!(
+            td["taskRoleArn"],
+            self.info()["coordinator_task_role_arn"],
+            "{td}"
+        );
         let container = &td["containerDefinitions"][0];
         assert_eq!(container["name"], "coordinator", "{td}");
         // the workers dial the port the task definition declares (the coordinator binds that one)
@@ -346,7 +350,12 @@ impl Cloud for Ecs {
         let mut dialled = Vec::new();
         for c in self.containers() {
             let env = Command::new("docker")
-                .args(["inspect", "-f", "{{range .Config.Env}}{{println .}}{{end}}", &c])
+                .args([
+                    "inspect",
+                    "-f",
+                    "{{range .Config.Env}}{{println .}}{{end}}",
+                    &c,
+                ])
                 .output()
                 .unwrap();
             dialled.extend(
@@ -410,6 +419,7 @@ fn losses(dir: &Path) -> Vec<f64> {
 fn assert_same_losses(got: &[f64], want: &[f64]) {
     physalia_tests::assert_same_losses("ecs", got, want, 1e-4);
 }
+
 #[test]
 fn cora_on_three_ecs_tasks_trains_like_three_local_processes() {
     let Some(cora) = physalia_tests::cora_dir() else {
@@ -430,8 +440,8 @@ fn cora_on_three_ecs_tasks_trains_like_three_local_processes() {
         "job.yaml",
         &format!("{job}{}", ecs.client_backend(&image())),
     );
-    let ecs = submit(t.path(), Some(&ecs), &[]);
-    let dir = t.path().join(ecs["job_dir"].as_str().unwrap());
+    let run = submit(t.path(), Some(&ecs), &[]);
+    let dir = t.path().join(run["job_dir"].as_str().unwrap());
     assert_same_losses(
         &losses(&dir),
         &losses(&t.path().join(local["job_dir"].as_str().unwrap())),
@@ -444,10 +454,10 @@ fn cora_on_three_ecs_tasks_trains_like_three_local_processes() {
     assert!(log.contains("advertised 172.31."), "{log}");
     // the bill is the SKU's catalog price for every worker-second, coordinator's time at 0 (this machine)
     let (usd, ws) = (
-        ecs["usd_total"].as_f64().unwrap(),
-        ecs["worker_seconds"].as_f64().unwrap(),
+        run["usd_total"].as_f64().unwrap(),
+        run["worker_seconds"].as_f64().unwrap(),
     );
-    assert!(ws > 0.0 && usd > 0.0, "{ecs}");
+    assert!(ws > 0.0 && usd > 0.0, "{run}");
     let want = ws * ecs.prices().0;
     assert!((usd - want).abs() <= 1e-9 + 1e-6 * want, "{usd} vs {want}");
     ecs.assert_nothing_left();
@@ -527,8 +537,8 @@ resources: {{gpu: {{count: 1}}, gpu_fallback: cpu}}
     capacity: ec2",
     );
     write_job(t.path(), "job.yaml", &format!("{job}{backend}"));
-    let ecs = submit(t.path(), Some(&ecs), &[]);
-    let dir = t.path().join(ecs["job_dir"].as_str().unwrap());
+    let run = submit(t.path(), Some(&ecs), &[]);
+    let dir = t.path().join(run["job_dir"].as_str().unwrap());
     assert_same_losses(
         &losses(&dir),
         &losses(&t.path().join(local["job_dir"].as_str().unwrap())),
@@ -668,9 +678,18 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
             .contains("<svg")
     );
     ecs.assert_nothing_left();
+    cancel_a_client_mode_job(&ecs, &command, &staging, &store);
+}
 
-    // a job cancelled through the store while it runs leaves no task, task definition or secret
-    let done = job_dirs(&staging);
+/// A client-mode job cancelled through the store while it runs: its `submit` exits non-zero, its
+/// staged and stored records say cancelled, and no task, task definition or secret is left.
+fn cancel_a_client_mode_job(
+    ecs: &Ecs,
+    command: &dyn Fn(&[&str]) -> Command,
+    staging: &Path,
+    store: &str,
+) {
+    let done = job_dirs(staging);
     let mut child = command(&[
         "submit",
         "job.yaml",
@@ -682,11 +701,11 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     ])
     .spawn()
     .unwrap();
-    let running = wait_for_epochs(&staging, 2, &done);
+    let running = wait_for_epochs(staging, 2, &done);
     let id = running.file_name().unwrap().to_string_lossy().to_string();
     // the store has the running job once the coordinator's mirror made a pass
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !command(&["status", &id, "--dir", &store])
+    while !command(&["status", &id, "--dir", store])
         .output()
         .unwrap()
         .status
@@ -695,7 +714,7 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
         assert!(Instant::now() < deadline, "the job never reached the store");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let cancel = command(&["cancel", &id, "--dir", &store]).output().unwrap();
+    let cancel = command(&["cancel", &id, "--dir", store]).output().unwrap();
     assert!(
         cancel.status.success(),
         "{}",
@@ -707,7 +726,7 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
         read_json(&running.join("status.json"))["state"],
         "cancelled"
     );
-    let status = command(&["status", &id, "--dir", &store, "--output", "json"])
+    let status = command(&["status", &id, "--dir", store, "--output", "json"])
         .output()
         .unwrap();
     let view: Value = serde_json::from_slice(&status.stdout).unwrap();

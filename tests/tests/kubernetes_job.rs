@@ -141,7 +141,11 @@ impl Cloud for Kubernetes {
 
     /// A namespace that does not exist, an image that is not there: the platform's reason.
     fn refusals(&self, s: &Scenario<'_, Self>, job: &str) -> Vec<Refusal> {
-        let text = format!("{job}output: {{dir: {}}}\n{}", s.store, self.backend(&s.image));
+        let text = format!(
+            "{job}output: {{dir: {}}}\n{}",
+            s.store,
+            self.backend(&s.image)
+        );
         [
             (
                 "backend.kubernetes.namespace=nope",
@@ -223,7 +227,10 @@ fn issue_14_a_kubernetes_job_whose_coordinator_died_resumes_from_the_store() {
     write_job(
         t.path(),
         "job.yaml",
-        &format!("{job}output: {{dir: {store}}}\n{}", cluster.backend(&image())),
+        &format!(
+            "{job}output: {{dir: {store}}}\n{}",
+            cluster.backend(&image())
+        ),
     );
     let (out, _) = ok_output(&mut cluster.cli(
         t.path(),
@@ -410,7 +417,8 @@ fn issue_30_gpu_sku_jobs_are_placed_on_gke_eks_and_aks_gpu_nodes_and_train() {
         ),
     ] {
         let section = cluster
-            .backend(&image()).replace(&format!("sku: {SKU}"), &format!("sku: {sku}"));
+            .backend(&image())
+            .replace(&format!("sku: {SKU}"), &format!("sku: {sku}"));
         write_job(
             t.path(),
             "job.yaml",

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use aws_sdk_ecs::types as ecs;
 use base64::Engine as _;
-use physalia_testkit::{Emulator, Spawn};
 use physalia_backends::ecs::aws_config;
 use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig, task};
 use physalia_backends::{
     Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
     WorkerSpec, WorkerState,
 };
+use physalia_testkit::{Emulator, Spawn};
 use serde_json::Value;
 
 const IMAGE: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia-worker:0.1.0";
