@@ -6,7 +6,7 @@
 //! container group creates the workers' groups and writes the record with its managed identity.
 //!
 //! The shared cluster-mode scenario (`physalia_tests::cluster`) runs here as `cluster_scenario::*`,
-//! with Resource Manager throttling every third request of each principal (issue 30: 429,
+//! with Resource Manager throttling every fourth request of each principal (issue 30: 429,
 //! `Retry-After: 1`), the signed-in user's (the coordinator's group: its PUT, polls, status, logs,
 //! delete) and the coordinator identity's (the workers' groups): every job trains alike all the same,
 //! each group the job makes is carried out once, and the fake's counters show that both principals
@@ -30,7 +30,7 @@ use serde_json::Value;
 const SKU: &str = "aci-cpu-2x8";
 
 /// Every how many requests of a principal Resource Manager throttles.
-const THROTTLE_EVERY: &str = "3";
+const THROTTLE_EVERY: &str = "4";
 
 /// The fake Azure, for the life of a test; one at a time (its metadata service's address is one per
 /// machine).
