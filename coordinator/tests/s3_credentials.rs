@@ -8,74 +8,40 @@
 //!
 //! Without moto the tests print `skipping` and pass, unless `PHYSALIA_REQUIRE_MOTO=1` (CI sets it).
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 
-use serde_json::Value;
+use physalia_testkit::{Emulator, Spawn, python};
 
 const BUCKET: &str = "physalia-jobs";
 const URL: &str = "s3://physalia-jobs/jobs";
 /// The region only the profile names; the bucket is made there.
 const REGION: &str = "eu-west-1";
 
-/// moto_fixture.py's server with authentication enforced; killed on drop.
+/// moto_fixture.py's server with authentication enforced; stopped on drop.
 struct Moto {
-    child: Child,
-    info: Value,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    server: Emulator,
 }
 
 impl Moto {
     /// `None` (and a note) where moto is not installed and not required.
     fn start() -> Option<Moto> {
-        let have = Command::new("python3")
-            .args(["-c", "import moto.server, boto3"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !have {
-            assert!(
-                std::env::var_os("PHYSALIA_REQUIRE_MOTO").is_none(),
-                "PHYSALIA_REQUIRE_MOTO is set but moto is not installed: pip install 'moto[server]'"
-            );
-            println!("skipping: moto not installed (pip install 'moto[server]')");
-            return None;
-        }
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../backends/tests/ecs/moto_fixture.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .arg("--enforce-auth")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting moto_fixture.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let info: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("moto_fixture.py printed {line:?}: {e}"));
-        let moto = Moto { child, info };
+        let server = Spawn::new("backends/tests/ecs/moto_fixture.py")
+            .args(&["--enforce-auth"])
+            .python(&["moto.server", "boto3"])
+            .start()?;
+        let moto = Moto { server };
         moto.create_bucket();
         Some(moto)
     }
 
     fn endpoint(&self) -> &str {
-        self.info["endpoint"].as_str().unwrap()
+        self.server.info()["endpoint"].as_str().unwrap()
     }
 
     /// The keys of the IAM user that may do everything.
     fn launcher(&self) -> (String, String) {
-        let user = &self.info["users"]["launcher"];
+        let user = &self.server.info()["users"]["launcher"];
         (
             user["key"].as_str().unwrap().to_string(),
             user["secret"].as_str().unwrap().to_string(),
@@ -90,16 +56,8 @@ impl Moto {
             "import boto3, json\nkw = dict(endpoint_url={:?}, region_name='us-east-1', aws_access_key_id={key:?}, aws_secret_access_key={secret:?})\niam = boto3.client('iam', **kw)\ntrust = {{'Version': '2012-10-17', 'Statement': [{{'Effect': 'Allow', 'Principal': {{'AWS': '*'}}, 'Action': 'sts:AssumeRole'}}]}}\narn = iam.create_role(RoleName='physalia-store', AssumeRolePolicyDocument=json.dumps(trust))['Role']['Arn']\niam.put_role_policy(RoleName='physalia-store', PolicyName='s3', PolicyDocument=json.dumps({{'Version': '2012-10-17', 'Statement': [{{'Effect': 'Allow', 'Action': 's3:*', 'Resource': '*'}}]}}))\nc = boto3.client('sts', **kw).assume_role(RoleArn=arn, RoleSessionName='physalia-test')['Credentials']\nprint(json.dumps([c['AccessKeyId'], c['SecretAccessKey'], c['SessionToken']]))\n",
             self.endpoint()
         );
-        let out = Command::new("python3")
-            .args(["-c", &code])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "assuming the role: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+        // assuming the role
+        let v: Vec<String> = serde_json::from_value(python(&code)).unwrap();
         (v[0].clone(), v[1].clone(), v[2].clone())
     }
 
@@ -110,15 +68,8 @@ impl Moto {
             "import boto3\ns3 = boto3.client('s3', endpoint_url={:?}, region_name={REGION:?}, aws_access_key_id={key:?}, aws_secret_access_key={secret:?})\ns3.create_bucket(Bucket={BUCKET:?}, CreateBucketConfiguration={{'LocationConstraint': {REGION:?}}})\nassert s3.head_bucket(Bucket={BUCKET:?})['ResponseMetadata']['HTTPHeaders']['x-amz-bucket-region'] == {REGION:?}\n",
             self.endpoint()
         );
-        let out = Command::new("python3")
-            .args(["-c", &code])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "creating the bucket: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // creating the bucket
+        python(&code);
     }
 }
 

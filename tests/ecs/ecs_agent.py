@@ -8,7 +8,8 @@ create), and does what the ECS container agent would do for every task moto star
 - the init container `secrets` runs first, with `--network none`, the task definition's environment and
   its `secrets` resolved from Secrets Manager (handed to `docker run` through its environment, never as
   an argument), writing into a volume of the task,
-- then the `worker` container, on the Docker network at the ENI's address, the volume mounted read-only,
+- then the `worker` container, on the Docker network at the ENI's address, the volume mounted read-only
+  (labelled `physalia.ecs-agent.container=worker`, as a coordinator's is `=coordinator`),
 - its output goes to CloudWatch Logs (`<awslogs-stream-prefix>/worker/<task id>`) every second and at
   its end,
 - when the worker container exits, the task is stopped in moto with the container's exit code, as ECS
@@ -347,7 +348,9 @@ class TaskRunner:
         if self.stopped_by_api:
             self.remove()
             return
+        # labelled with the task definition's container name: a test tells workers from coordinators
         args = ["create", "--name", self.container, "--label", LABEL,
+                "--label", f"physalia.ecs-agent.container={self.main}",
                 "--network", self.agent.network, "--ip", ip]
         if self.main == "coordinator":
             # what ECS gives a task with a task role, and where this test's AWS is

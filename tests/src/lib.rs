@@ -6,6 +6,7 @@
 //! same Cargo and profile, and takes the executable's path from Cargo's JSON messages. Set
 //! `PHYSALIA_BIN` to test a prebuilt binary instead.
 
+pub mod cluster;
 pub mod decode;
 
 use std::collections::BTreeMap;
@@ -316,7 +317,8 @@ pub fn read_json(path: &Path) -> Value {
 }
 
 /// `physalia image build ARGS` (the image's reference), one build at a time across test binaries: the
-/// cloud end-to-end tests (ecs_job, k8s_job) run the image as their workers and coordinator.
+/// cloud end-to-end tests (ecs_job, kubernetes_job, aci_job) run the image as their workers and
+/// coordinator.
 pub fn build_image(args: &[&str]) -> String {
     let lock = fs::File::create(std::env::temp_dir().join("physalia-ecs-image.lock")).unwrap();
     lock.lock().unwrap();

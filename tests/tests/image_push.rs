@@ -3,18 +3,10 @@
 //! `REGISTRY/physalia-worker:<tag>`, pulls back from there, and a registry that cannot be reached or a
 //! malformed one is a clear error that leaves no tag behind. Skipped where no Docker Engine answers.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use physalia_tests::{physalia_bin, repo_root};
-use serde_json::Value;
-
-fn docker_ok() -> bool {
-    Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
+use physalia_testkit::Spawn;
+use physalia_tests::physalia_bin;
 
 fn docker(args: &[&str]) -> std::process::Output {
     Command::new("docker").args(args).output().unwrap()
@@ -22,21 +14,10 @@ fn docker(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn image_push_puts_the_worker_image_in_a_registry_that_pulls_it_back() {
-    if !docker_ok() {
-        eprintln!("skipping: no Docker Engine answers");
+    let Some(registry) = Spawn::new("tests/registry/registry.py").docker().start() else {
         return;
-    }
-    let mut registry = Command::new("python3")
-        .arg(repo_root().join("tests/registry/registry.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(registry.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let info: Value = serde_json::from_str(&line).unwrap();
+    };
+    let info = registry.info();
     let host = info["registry"].as_str().unwrap().to_string();
 
     let out = Command::new(physalia_bin())
@@ -73,8 +54,7 @@ fn image_push_puts_the_worker_image_in_a_registry_that_pulls_it_back() {
         String::from_utf8_lossy(&pulled.stderr)
     );
     let _ = docker(&["rmi", &remote]);
-    drop(registry.stdin.take());
-    let _ = registry.wait();
+    drop(registry);
 
     // nothing listens there: one error naming the reference and what to check, no tag left
     let out = Command::new(physalia_bin())

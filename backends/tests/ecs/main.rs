@@ -8,8 +8,7 @@
 mod proxy;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use aws_sdk_ecs::types as ecs;
@@ -20,56 +19,29 @@ use physalia_backends::{
     Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
     WorkerSpec, WorkerState,
 };
+use physalia_testkit::{Emulator, Spawn};
 use serde_json::Value;
 
 const IMAGE: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com/physalia-worker:0.1.0";
 
-/// moto's server, seeded; killed on drop.
+/// moto's server, seeded; stopped on drop.
 struct Moto {
-    child: Child,
+    _server: Emulator,
     info: Value,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Moto {
     /// `None` (and a note) where moto is not installed and not required.
     fn start(args: &[&str]) -> Option<Moto> {
-        let have = Command::new("python3")
-            .args(["-c", "import moto.server, boto3"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !have {
-            assert!(
-                std::env::var_os("PHYSALIA_REQUIRE_MOTO").is_none(),
-                "PHYSALIA_REQUIRE_MOTO is set but moto is not installed: pip install 'moto[server]'"
-            );
-            println!("skipping: moto not installed (pip install 'moto[server]')");
-            return None;
-        }
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ecs/moto_fixture.py");
-        let mut child = Command::new("python3")
-            .arg(script)
+        let server = Spawn::new("backends/tests/ecs/moto_fixture.py")
             .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting moto_fixture.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let info: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|e| panic!("moto_fixture.py printed {line:?}: {e}"));
-        Some(Moto { child, info })
+            .python(&["moto.server", "boto3"])
+            .start()?;
+        let info = server.info().clone();
+        Some(Moto {
+            _server: server,
+            info,
+        })
     }
 
     fn endpoint(&self) -> String {

@@ -1,4 +1,4 @@
-"""A one-node Kubernetes for tests/tests/k8s_job.rs: an API server and a kubelet in one process, whose
+"""A one-node Kubernetes for tests/tests/kubernetes_job.rs: an API server and a kubelet in one process, whose
 pods are real containers of the local Docker Engine.
 
 No cluster can be pulled on the test machine (kind and k3s need images from a registry), so this keeps

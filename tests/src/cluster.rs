@@ -1,0 +1,546 @@
+//! One cluster-mode scenario, written once and run on every platform's fake: `tests/tests/ecs_job.rs`,
+//! `kubernetes_job.rs` and `aci_job.rs` each implement [`Cloud`] for their fake and instantiate the
+//! scenario with [`cluster_scenario!`](crate::cluster_scenario), which makes two tests:
+//!
+//! - `cluster_scenario::cora_followed`: `submit` (followed) uploads Cora to the job store and starts
+//!   the coordinator on the platform, which trains on 3 workers to a local 3-process run's losses; the
+//!   record is in the store (the coordinator's handle among it), the coordinator ran there and not
+//!   here, the ledger is worker-seconds at the SKU's price plus the coordinator's seconds at its
+//!   price, what `submit` printed is the record's, and nothing is left on the platform.
+//! - `cluster_scenario::refusals_a_killed_worker_and_cancel`: bad settings are refused with the
+//!   platform's reason and leave nothing; a detached job runs on (`status` says `running` at once),
+//!   one of its worker containers is killed and its epoch retried from the checkpoint; `logs --rank
+//!   coordinator --follow` follows it to its end, with the fixed run's losses; `status`, `logs` (a
+//!   worker's, the coordinator's) and `report` read the store; then a followed job is detached from
+//!   with Ctrl-C, runs on, and `cancel` through the store leaves nothing on the platform.
+//!
+//! What only one platform has (who created what, the store's dataset reuse, the coordinator's task
+//! definition, throttling counters) is checked by the platform's hooks.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use physalia_testkit::python;
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::{
+    assert_same_losses, build_image, job_id, last_json, local_losses, losses, ok_output,
+    physalia_bin, repo_root, wait_for_job, write_job,
+};
+
+/// The followed job: Cora on 3 workers, 20 epochs.
+pub const CORA: &str = "name: cora\ndataset:\n  path: cora.safetensors\n  row_normalize: true\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 20, seed: 0, threads: 1}\nworkers: 3\n";
+
+/// The detached job: long enough (200 epochs of 20,000 nodes on 2 workers) that a worker is killed
+/// while it trains.
+pub const HEAL: &str = "name: heal\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 200, seed: 0, threads: 1}\nworkers: 2\n";
+
+/// A job file the platform refuses before it makes anything: submitted as `bad.yaml` with `--set
+/// sets`, its error must contain every needle.
+pub struct Refusal {
+    pub text: String,
+    pub sets: Vec<String>,
+    pub needles: Vec<String>,
+}
+
+/// The followed Cora job, for the platform's own checks.
+pub struct Followed {
+    pub id: String,
+    pub stdout: String,
+    pub stderr: String,
+    /// [`Cloud::mark`] just before it was submitted.
+    pub mark: usize,
+}
+
+/// A platform's fake, as the scenario drives it.
+pub trait Cloud: Sized {
+    /// `backend.name`, and the platform in messages.
+    const NAME: &'static str;
+    /// How a worker's address starts on the platform's network (`advertised 10.244.`).
+    const WORKER_NET: &'static str;
+    /// Starts the fake: `None` (and a note) where it cannot run here.
+    fn start() -> Option<Self>;
+    /// A CLI command as a user with this platform's settings runs it, in `cwd`.
+    fn cli(&self, cwd: &Path, args: &[&str]) -> Command;
+    /// The job store's URL.
+    fn store(&self) -> String;
+    /// `file` of job `id`'s record in the store, as the user reads it; `None` where it is not there.
+    fn record(&self, id: &str, file: &str) -> Option<String>;
+    /// A cluster-mode job file's `backend:` section, `image` the workers' and the coordinator's.
+    fn backend(&self, image: &str) -> String;
+    /// The catalog's prices per second: (a worker of the SKU, the coordinator).
+    fn prices(&self) -> (f64, f64);
+    /// The running workers' containers (not the coordinator's).
+    fn worker_containers(&self) -> Vec<String>;
+    /// Waits until the platform holds nothing of the test's jobs but what `detached` jobs keep there
+    /// by design; fails the test when something is left.
+    fn wait_nothing_left(&self, detached: &[&str]);
+    /// Settings the platform refuses, made from `job` (a job file's head, without `output` and
+    /// `backend`).
+    fn refusals(&self, s: &Scenario<'_, Self>, job: &str) -> Vec<Refusal>;
+    /// Checks that `host`, the coordinator's hostname in job `id`'s record, is the platform's.
+    fn check_coordinator_host(&self, id: &str, host: &str);
+    /// A position in the fake's request log (the Cora job's requests are those after it).
+    fn mark(&self) -> usize {
+        0
+    }
+    /// After the refusals.
+    fn after_refusals(&self, _s: &Scenario<'_, Self>) {}
+    /// After the followed Cora job's shared checks.
+    fn check_followed(&self, _s: &Scenario<'_, Self>, _run: &Followed) {}
+    /// While the job `id` to be cancelled runs.
+    fn while_running(&self, _s: &Scenario<'_, Self>, _id: &str) {}
+    /// At the end of each half.
+    fn finish(&self) {}
+}
+
+/// Makes the scenario's two tests for `$cloud` (a [`Cloud`]), in a module `cluster_scenario`.
+#[macro_export]
+macro_rules! cluster_scenario {
+    ($cloud:ty) => {
+        mod cluster_scenario {
+            /// The shared scenario's followed Cora job (see `physalia_tests::cluster`).
+            #[test]
+            fn cora_followed() {
+                $crate::cluster::cora_followed::<$cloud>();
+            }
+
+            /// The shared scenario's refusals, killed worker, detach and cancel (see
+            /// `physalia_tests::cluster`).
+            #[test]
+            fn refusals_a_killed_worker_and_cancel() {
+                $crate::cluster::refusals_a_killed_worker_and_cancel::<$cloud>();
+            }
+        }
+    };
+}
+
+/// The scenario's first test.
+pub fn cora_followed<C: Cloud>() {
+    let Some(cora) = crate::cora_dir() else {
+        return;
+    };
+    let Some(cloud) = C::start() else {
+        return;
+    };
+    let s = Scenario::new(&cloud);
+    let run = s.cora(&cora);
+    cloud.check_followed(&s, &run);
+    cloud.wait_nothing_left(&[]);
+    cloud.finish();
+}
+
+/// The scenario's second test.
+pub fn refusals_a_killed_worker_and_cancel<C: Cloud>() {
+    let Some(cloud) = C::start() else {
+        return;
+    };
+    let s = Scenario::new(&cloud);
+    s.refusals();
+    cloud.after_refusals(&s);
+    let finished = s.heal();
+    s.cancel(&finished);
+    cloud.finish();
+}
+
+/// One run of the scenario on `cloud`: its folder, the image under test, the store.
+pub struct Scenario<'a, C: Cloud> {
+    pub cloud: &'a C,
+    pub dir: TempDir,
+    /// The workers' and the coordinator's image (`physalia image build --with-cli`).
+    pub image: String,
+    pub store: String,
+}
+
+impl<'a, C: Cloud> Scenario<'a, C> {
+    pub fn new(cloud: &'a C) -> Self {
+        Scenario {
+            cloud,
+            dir: TempDir::new().unwrap(),
+            image: build_image(&["--with-cli"]),
+            store: cloud.store(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A CLI command in the scenario's folder, with the platform's settings.
+    pub fn cli(&self, args: &[&str]) -> Command {
+        self.cloud.cli(self.path(), args)
+    }
+
+    /// Runs a CLI command that must succeed: its standard output and error.
+    pub fn ok(&self, args: &[&str]) -> (String, String) {
+        ok_output(&mut self.cli(args))
+    }
+
+    /// Writes `job` (a head) as the cluster-mode job file `name`: the store, the platform's backend.
+    pub fn write_cluster_job(&self, name: &str, job: &str) {
+        let text = format!(
+            "{job}output: {{dir: {}}}\n{}",
+            self.store,
+            self.cloud.backend(&self.image)
+        );
+        write_job(self.path(), name, &text);
+    }
+
+    /// `status ID --output json`, from the store.
+    pub fn status(&self, id: &str) -> Value {
+        let (out, _) = self.ok(&["status", id, "--dir", &self.store, "--output", "json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    /// Polls job `id`'s status until `done(state, epoch)`: see [`wait_for_job`].
+    pub fn wait(&self, id: &str, done: &dyn Fn(&str, u64) -> bool) -> (String, u64) {
+        wait_for_job(&|args| self.cli(args), &self.store, id, done)
+    }
+
+    /// A JSON file of job `id`'s record.
+    pub fn record_json(&self, id: &str, file: &str) -> Value {
+        let text = self
+            .cloud
+            .record(id, file)
+            .unwrap_or_else(|| panic!("no {file} in job {id}'s record"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}: {text}"))
+    }
+
+    /// Cora, followed: see the module's documentation.
+    fn cora(&self, cora: &Path) -> Followed {
+        // cluster mode uploads a dataset file (a raw folder is imported first)
+        ok_output(
+            Command::new(physalia_bin())
+                .current_dir(self.path())
+                .args(["data", "import"])
+                .arg(cora)
+                .args(["--out", "cora.safetensors"]),
+        );
+        let want = local_losses(self.path(), "job.yaml", CORA);
+        self.write_cluster_job("job.yaml", CORA);
+        let mark = self.cloud.mark();
+        let t0 = Instant::now();
+        let (stdout, stderr) = self.ok(&["submit", "job.yaml", "--output", "json"]);
+        let took = t0.elapsed();
+        assert_eq!(
+            stderr.lines().filter(|l| l.starts_with("epoch ")).count(),
+            20,
+            "the per-epoch lines of a local job: {stderr}"
+        );
+        assert!(stderr.contains("uploading the dataset"), "{stderr}");
+        let v = last_json(&stdout);
+        let id = job_id(v["job_url"].as_str().unwrap());
+        let metrics = self
+            .cloud
+            .record(&id, "metrics.jsonl")
+            .expect("metrics in the store");
+        let got = losses(&metrics);
+        assert_same_losses(C::NAME, &got, &want, 1e-4);
+        let max_diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        let status = self.record_json(&id, "status.json");
+        assert_eq!(status["state"], "succeeded", "{status}");
+        // the coordinator ran on the platform, not here
+        let host = status["coordinator"]["host"].as_str().unwrap();
+        assert_ne!(host, local_hostname(), "{status}");
+        self.cloud.check_coordinator_host(&id, host);
+        assert!(
+            self.cloud.record(&id, "coordinator.json").is_some(),
+            "the coordinator's handle is in the record"
+        );
+        let (ws, cs, usd) = self.check_ledger(&id);
+        assert_eq!(v["usd_total"], usd, "what submit printed");
+        eprintln!(
+            "{} cluster-mode Cora: {:.1} s end to end, {ws:.1} worker-s, {cs:.1} coordinator-s, {usd}, \
+             losses within {max_diff:.2e} of the local run's",
+            C::NAME,
+            took.as_secs_f64()
+        );
+        Followed {
+            id,
+            stdout,
+            stderr,
+            mark,
+        }
+    }
+
+    /// The ledger of job `id`: its worker-seconds at the SKU's price plus its coordinator's seconds at
+    /// the coordinator's; (worker-seconds, coordinator-seconds, the summary's `usd_total`).
+    fn check_ledger(&self, id: &str) -> (f64, f64, Value) {
+        let summary = self.record_json(id, "summary.json");
+        let (usd, ws, cs, cp) = (
+            summary["usd_total"].as_f64().unwrap(),
+            summary["worker_seconds"].as_f64().unwrap(),
+            summary["coordinator_seconds"].as_f64().unwrap(),
+            summary["coordinator_usd_per_s"].as_f64().unwrap(),
+        );
+        let (worker_per_s, coordinator_per_s) = self.cloud.prices();
+        assert!(ws > 0.0 && cs > 0.0, "{summary}");
+        assert!((cp - coordinator_per_s).abs() < 1e-15, "{cp}");
+        let want_usd = ws * worker_per_s + cs * cp;
+        assert!(
+            (usd - want_usd).abs() <= 1e-9 + 1e-6 * want_usd,
+            "{usd} vs {want_usd}"
+        );
+        (ws, cs, summary["usd_total"].clone())
+    }
+
+    /// Bad settings: the platform's reason, nothing made.
+    fn refusals(&self) {
+        for r in self.cloud.refusals(self, HEAL) {
+            write_job(self.path(), "bad.yaml", &r.text);
+            let mut args = vec!["submit", "bad.yaml"];
+            for set in &r.sets {
+                args.extend(["--set", set.as_str()]);
+            }
+            let out = self.cli(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{:?}: {err}", r.sets);
+            for n in &r.needles {
+                assert!(
+                    err.contains(n.as_str()),
+                    "{:?}: {err:?} lacks {n:?}",
+                    r.sets
+                );
+            }
+            self.cloud.wait_nothing_left(&[]);
+        }
+    }
+
+    /// The detached job with a worker killed: see the module's documentation. Returns its id.
+    fn heal(&self) -> String {
+        let want = local_losses(self.path(), "heal.yaml", HEAL);
+        self.write_cluster_job("heal.yaml", HEAL);
+        let t0 = Instant::now();
+        let (out, _) = self.ok(&["submit", "heal.yaml", "--detach", "--output", "json"]);
+        let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
+        assert!(id.starts_with("heal-"), "{out}");
+        // it returned while the job runs (the coordinator has its job to train yet)
+        let view = self.status(&id);
+        assert_eq!(view["state"], "running", "{view}");
+        assert_eq!(view["platform_coordinator"]["backend"], C::NAME, "{view}");
+        self.wait(&id, &|_, e| e >= 3);
+        let workers = self.cloud.worker_containers();
+        assert!(!workers.is_empty(), "no worker container runs");
+        docker_kill(&workers[0]);
+        let (logs, _) = self.ok(&[
+            "logs",
+            &id,
+            "--dir",
+            &self.store,
+            "--rank",
+            "coordinator",
+            "--follow",
+        ]);
+        assert!(logs.contains("epoch 200/200"), "{logs}");
+        if std::env::var_os("PHYSALIA_SHOW_COORDINATOR_LOG").is_some() {
+            eprintln!("{logs}");
+        }
+        let (state, _) = self.wait(&id, &|s, _| s != "running" && s != "absent");
+        assert_eq!(state, "succeeded");
+        assert_eq!(self.status(&id)["state"], "succeeded");
+        eprintln!(
+            "{} detached job with a killed worker: {:.1} s to the end of the follow",
+            C::NAME,
+            t0.elapsed().as_secs_f64()
+        );
+        let metrics = self.cloud.record(&id, "metrics.jsonl").unwrap();
+        assert_same_losses(C::NAME, &losses(&metrics), &want, 1e-3);
+        let events = self.record_json(&id, "summary.json")["scaling_events"].to_string();
+        assert!(
+            events.contains("retr"),
+            "the killed worker's epoch was retried: {events}"
+        );
+        self.read_from_the_store(&id);
+        self.cloud.wait_nothing_left(&[&id]);
+        id
+    }
+
+    /// From the store alone: a worker's output, the coordinator's, the report.
+    fn read_from_the_store(&self, id: &str) {
+        let (text, _) = self.ok(&["logs", id, "--dir", &self.store, "--rank", "1"]);
+        assert!(
+            text.contains(&format!("advertised {}", C::WORKER_NET)),
+            "{text}"
+        );
+        let (text, _) = self.ok(&["logs", id, "--dir", &self.store, "--rank", "coordinator"]);
+        assert!(!text.is_empty());
+        self.ok(&["report", &format!("{}/{id}", self.store), "--out", "r.html"]);
+        let html = std::fs::read_to_string(self.path().join("r.html")).unwrap();
+        assert!(html.contains("<svg"));
+    }
+
+    /// Ctrl-C while following detaches; the job runs on until `cancel`, which leaves nothing but the
+    /// `finished` detached job's keepings.
+    fn cancel(&self, finished: &str) {
+        let mut child = self
+            .cli(&[
+                "submit",
+                "heal.yaml",
+                "--set",
+                "train.epochs=100000",
+                "--set",
+                "name=cancelme",
+            ])
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut seen = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "submit ended before an epoch: {seen}"
+            );
+            seen.push_str(&line);
+            if line.starts_with("epoch ") {
+                break;
+            }
+        }
+        let killed = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let mut rest = String::new();
+        stderr.read_to_string(&mut rest).unwrap();
+        assert!(child.wait().unwrap().success(), "{seen}{rest}");
+        assert!(
+            rest.contains("detached") && rest.contains("--rank coordinator --follow"),
+            "{rest}"
+        );
+        let id = seen
+            .lines()
+            .find_map(|l| l.strip_prefix("job ")?.split(':').next())
+            .unwrap()
+            .to_string();
+        assert!(id.starts_with("cancelme-"), "{seen}");
+        self.wait(&id, &|_, e| e >= 2);
+        self.cloud.while_running(self, &id);
+        self.ok(&["cancel", &id, "--dir", &self.store]);
+        let view = self.status(&id);
+        assert_eq!(view["state"], "cancelled", "{view}");
+        self.cloud.wait_nothing_left(&[finished]);
+    }
+}
+
+/// This machine's hostname.
+pub fn local_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// `docker kill NAME`, which must succeed.
+pub fn docker_kill(name: &str) {
+    let killed = Command::new("docker")
+        .args(["kill", name])
+        .output()
+        .unwrap();
+    assert!(
+        killed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+}
+
+/// The names of the running containers on Docker network `network` that pass `keep`.
+pub fn containers_on(network: &str, keep: &dyn Fn(&str) -> bool) -> Vec<String> {
+    let ps = Command::new("docker")
+        .args([
+            "ps",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            &format!("network={network}"),
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|n| keep(n))
+        .map(String::from)
+        .collect()
+}
+
+/// A number of SKU `sku`'s entry in the catalog `file` (`infra/catalog/…`): the value after `field`.
+pub fn catalog_number(file: &str, sku: &str, field: &str) -> f64 {
+    let text = std::fs::read_to_string(repo_root().join("infra/catalog").join(file)).unwrap();
+    let at = text
+        .find(&format!("name: {sku}"))
+        .unwrap_or_else(|| panic!("{sku} is not in {file}"));
+    let rest = &text[at..];
+    let i = rest
+        .find(field)
+        .unwrap_or_else(|| panic!("{sku} has no {field}"))
+        + field.len();
+    rest[i..]
+        .trim_start_matches([':', ' '])
+        .split([',', '}', '\n'])
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A job store in moto's S3 (the ECS agent's and the Kubernetes fake's), as boto3 reads it.
+pub struct MotoS3 {
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+impl MotoS3 {
+    /// Runs `code` after a prelude that makes `s3` (boto3, moto's test keys); its last line is JSON.
+    fn query(&self, code: &str) -> Value {
+        python(&format!(
+            "import boto3, json\ns3 = boto3.client('s3', endpoint_url={:?}, region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\n{code}",
+            self.endpoint
+        ))
+    }
+
+    /// An object of the bucket, `None` where it is not there.
+    pub fn object(&self, key: &str) -> Option<String> {
+        let v = self.query(&format!(
+            "try:\n    body = s3.get_object(Bucket={:?}, Key={key:?})['Body'].read().decode()\nexcept s3.exceptions.NoSuchKey:\n    body = None\nprint(json.dumps(body))",
+            self.bucket
+        ));
+        v.as_str().map(String::from)
+    }
+
+    /// The keys under `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let v = self.query(&format!(
+            "r = s3.list_objects_v2(Bucket={:?}, Prefix={prefix:?})\nprint(json.dumps([o['Key'] for o in r.get('Contents', [])]))",
+            self.bucket
+        ));
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// The objects under `prefix`, with when each was last written.
+    pub fn written(&self, prefix: &str) -> Vec<(String, String)> {
+        let v = self.query(&format!(
+            "r = s3.list_objects_v2(Bucket={:?}, Prefix={prefix:?})\nprint(json.dumps([[o['Key'], o['LastModified'].isoformat()] for o in r.get('Contents', [])]))",
+            self.bucket
+        ));
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// What a user's AWS configuration would say, pointed at moto (plain HTTP on this machine).
+    pub fn user_env(&self, cmd: &mut Command, region: &str) {
+        cmd.env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", region)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env_remove("AWS_PROFILE");
+    }
+}
