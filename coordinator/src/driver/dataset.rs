@@ -332,3 +332,79 @@ fn missing_path(path: &Path) -> String {
     }
     message
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::Plain;
+
+    fn job(path: &Path, parallelism: &str) -> JobSpec {
+        let text = format!(
+            "dataset: {{path: {}}}\nmodel: {{kind: gcn, layers: 2, hidden: 8}}\nworkers: 2\n\
+             parallelism: {parallelism}\n",
+            path.display()
+        );
+        crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// A chunked directory is read by its manifest alone and describes the same graph to the planner as
+    /// the single file (the stored sets beside it included), limited to partition parallelism; data
+    /// parallelism on it is refused naming `dataset.path`.
+    #[test]
+    fn a_chunked_directory_is_its_manifest_and_trains_partition_parallel_only() {
+        let ds = synth::sbm(&SbmParams {
+            num_nodes: 600,
+            num_classes: 3,
+            feat_dim: 8,
+            ..SbmParams::default()
+        })
+        .unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let (dir, file) = (t.path().join("g"), t.path().join("f.safetensors"));
+        physalia_graph::write_chunked(&ds, &dir, 256).unwrap();
+        ds.write(&file).unwrap();
+        physalia_graph::ensure_partitions(&dir, &[2], 0).unwrap();
+        let obs = Plain { quiet: true };
+        let (spec, fspec) = (job(&dir, "partition"), job(&file, "partition"));
+        let chunked = load(&spec.dataset, &obs).unwrap();
+        assert!(chunked.is_chunked());
+        let single = load(&fspec.dataset, &obs).unwrap();
+        let (c, f) = (chunked.stats(), single.stats());
+        assert_eq!(
+            (c.num_nodes, c.num_edges, c.feat_dim, c.num_classes),
+            (f.num_nodes, f.num_edges, f.feat_dim, f.num_classes)
+        );
+        assert_eq!(
+            (c.train_size, c.val_size, c.test_size),
+            (f.train_size, f.val_size, f.test_size)
+        );
+        assert_eq!(chunked.train_nodes(), single.train_nodes());
+        assert_eq!(chunked.name(), single.name());
+        check_parallelism(&spec, &chunked).unwrap();
+        let req = crate::driver::plan::request(&spec, &chunked).unwrap();
+        let freq = crate::driver::plan::request(&fspec, &single).unwrap();
+        assert_eq!(req.graph, freq.graph);
+        assert_eq!(req.constraints.modes, vec![Parallelism::Partition]);
+        assert!(freq.constraints.modes.is_empty());
+        assert_eq!(
+            req.partitions.len(),
+            1,
+            "the set stored beside the directory"
+        );
+        assert_eq!(req.partitions[0].parts, 2);
+        // repeated seeds load it whole: the same arrays as the file
+        let whole = chunked.into_whole(&obs).unwrap();
+        let fwhole = single.into_whole(&obs).unwrap();
+        assert_eq!(whole.indptr(), fwhole.indptr());
+        assert_eq!(whole.indices(), fwhole.indices());
+        assert_eq!(whole.labels(), fwhole.labels());
+        for mode in ["data", "model"] {
+            let spec = job(&dir, mode);
+            let source = load(&spec.dataset, &obs).unwrap();
+            let e = format!("{:#}", check_parallelism(&spec, &source).unwrap_err());
+            assert!(e.starts_with("dataset.path: "), "{e}");
+            assert!(e.contains(&format!("parallelism: {mode}")), "{e}");
+            assert!(e.contains("parallelism: partition"), "{e}");
+        }
+    }
+}
