@@ -110,10 +110,13 @@ fn run_seeds(
     }
     let price = &job.priced;
     let t_load = Instant::now();
-    let source = dataset::load(&spec.dataset, &Terminal::new(output, quiet))?;
+    let obs = Terminal::new(output, quiet);
+    let source = dataset::load(&spec.dataset, &obs)?;
     if memory_check {
         admission::check(job, &source, admission::available_bytes())?;
     }
+    // this process trains on all of it: a chunked dataset is loaded whole
+    let source = source.into_whole(&obs)?;
     let stats = source.stats();
     let data_name = source.name().to_string();
     let mut x = Matrix::from_vec(

@@ -427,6 +427,13 @@ fn json_bytes(v: &impl serde::Serialize) -> Result<Vec<u8>> {
 /// is there already; returns its URL.
 fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<String> {
     let meta = std::fs::metadata(path).context("cannot read")?;
+    if physalia_graph::is_chunked(path) {
+        bail!(
+            "a chunked dataset directory trains in client mode only (`backend.mode: client`, or the \
+             local or docker backend): cluster mode uploads one dataset file, and reading a chunked \
+             dataset from a store is not built yet"
+        );
+    }
     if !meta.is_file() {
         bail!(
             "cluster mode uploads a dataset file; this is a folder (turn it into one with `physalia \

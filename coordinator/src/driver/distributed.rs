@@ -146,6 +146,7 @@ pub fn run(
     let price = &job.priced;
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset, obs)?;
+    dataset::check_parallelism(spec, &source)?;
     let stats = source.stats();
     let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
     let local_command = local_worker_command()?;
@@ -367,11 +368,12 @@ fn open_record(
     Ok((dir, remote))
 }
 
-/// The dataset file the workers fetch: `dataset.path`, or a generated dataset written into the job's
-/// record. The loaded dataset is dropped and its memory given back before the workers start.
+/// The dataset file the workers fetch (a chunked dataset's directory, partitioned by streaming):
+/// `dataset.path`, or a generated dataset written into the job's record. The loaded dataset is dropped
+/// and its memory given back before the workers start.
 fn dataset_file(spec: &JobSpec, source: Source, dir: &Path, obs: &dyn Observer) -> Result<PathBuf> {
     let path = match &source {
-        Source::File(_) => spec
+        Source::File(_) | Source::Chunked(_) => spec
             .dataset
             .path
             .clone()

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
+use physalia_graph::FeatureDtype;
 use physalia_graph::partition::{ArtifactStatus, PartitionMeta, PartitionSummary};
-use physalia_graph::{FeatureDtype, Split};
 use physalia_planner::{
     CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats, ModelShape,
     PartitionStats, PlanRequest, Prediction, RowDtype, Sku, TrainShape,
@@ -37,20 +37,25 @@ pub fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
         edges: stats.num_edges as u64,
         feat_dim: stats.feat_dim as u32,
         classes: stats.num_classes as u32,
-        train_nodes: source.split(Split::Train).len() as u64,
+        train_nodes: source.train_nodes() as u64,
         feature_bytes_per_value: match stats.feature_dtype {
             FeatureDtype::F32 => 4,
             FeatureDtype::F16 | FeatureDtype::BF16 => 2,
         },
     };
     let partitions = match (&spec.dataset.path, source) {
-        (Some(path), Source::File(_)) => one_per_part_count(
+        (Some(path), Source::File(_) | Source::Chunked(_)) => one_per_part_count(
             physalia_graph::partition::list_partitions(path).unwrap_or_default(),
             spec.train.seed,
         ),
         _ => Vec::new(),
     };
-    request_from(spec, graph, partitions)
+    let mut req = request_from(spec, graph, partitions)?;
+    // a chunked dataset trains only partition-parallel (data and model parallelism ship the whole file)
+    if source.is_chunked() {
+        req.constraints.modes = vec![physalia_planner::Mode::Partition];
+    }
+    Ok(req)
 }
 
 /// The planner's measured partitionings from the sets stored beside a dataset: one per part count (the
@@ -334,10 +339,16 @@ pub fn replan(
     by_rank: &[physalia_gnn::EpochMetrics],
     max_workers: u32,
 ) -> Result<(JobSpec, String)> {
-    let source = Source::File(
-        physalia_graph::Dataset::open_unverified(dataset)
-            .with_context(|| format!("reading {}", dataset.display()))?,
-    );
+    let source = match physalia_graph::is_chunked(dataset) {
+        true => Source::Chunked(
+            physalia_graph::ChunkedDataset::open(dataset)
+                .with_context(|| format!("reading {}", dataset.display()))?,
+        ),
+        false => Source::File(
+            physalia_graph::Dataset::open_unverified(dataset)
+                .with_context(|| format!("reading {}", dataset.display()))?,
+        ),
+    };
     let mut file = spec.clone();
     file.dataset.path = Some(dataset.to_path_buf());
     let mut req = request(&file, &source)?;

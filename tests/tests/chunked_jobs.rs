@@ -1,0 +1,193 @@
+//! Jobs on a chunked dataset directory (issue 31): `submit` of a partition-parallel job whose `dataset.path`
+//! is a chunked dataset trains end to end, partitioned by streaming beside the directory, with the losses
+//! of the same graph as one file (partition parallelism is exact: any partitioning trains like one
+//! worker); a chunked dataset under data parallelism, which ships the whole file to every worker, is
+//! refused naming `dataset.path`.
+
+use std::path::Path;
+
+use physalia_tests::{job_dirs, metrics, physalia, safetensors_header, write_job};
+use tempfile::TempDir;
+
+const SYNTH: [&str; 10] = [
+    "--nodes",
+    "4000",
+    "--classes",
+    "4",
+    "--feat-dim",
+    "16",
+    "--avg-degree",
+    "10",
+    "--seed",
+    "1",
+];
+
+/// The same SBM graph twice: `chunked/` (4 chunks) and `single.safetensors`.
+fn synth_both(dir: &Path) {
+    let mut args = vec!["data", "synth", "sbm"];
+    args.extend(SYNTH);
+    let mut chunked = args.clone();
+    chunked.extend([
+        "--layout",
+        "chunked",
+        "--chunk-rows",
+        "1024",
+        "-o",
+        "chunked",
+    ]);
+    physalia(dir, &chunked).ok();
+    let mut file = args;
+    file.extend(["-o", "single.safetensors"]);
+    physalia(dir, &file).ok();
+    assert!(dir.join("chunked/manifest.json").is_file());
+}
+
+fn job(path: &str) -> String {
+    format!(
+        "name: chunked
+dataset:
+  path: {path}
+model:
+  kind: sage
+  layers: 2
+  hidden: 16
+train:
+  epochs: 10
+  seed: 0
+output:
+  dir: jobs
+"
+    )
+}
+
+/// Submits `file` with `sets` (`--set` values); its job directory and per-epoch losses.
+fn submit(dir: &Path, file: &str, sets: &[&str]) -> (std::path::PathBuf, Vec<f64>) {
+    let mut args = vec!["submit", file, "-q", "--output", "json"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let v = physalia(dir, &args).ok().last_json();
+    let job_dir = dir.join(v["job_dir"].as_str().unwrap());
+    let losses = metrics(&job_dir)
+        .iter()
+        .map(|m| m["metrics"]["loss"].as_f64().unwrap())
+        .collect();
+    (job_dir, losses)
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), 10, "{what}: every epoch");
+    assert_eq!(got.len(), want.len(), "{what}: every epoch");
+    for (e, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "epoch {}: {what} {a}, reference {b}",
+            e + 1
+        );
+    }
+}
+
+/// The method a stored partition set was computed with.
+fn set_method(set: &Path) -> String {
+    let bytes = std::fs::read(set.join("partition.safetensors")).unwrap();
+    let h = safetensors_header(&bytes);
+    let meta: serde_json::Value =
+        serde_json::from_str(h.json["__metadata__"]["physalia"].as_str().unwrap()).unwrap();
+    meta["method"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
+    let t = TempDir::new().unwrap();
+    let dir = t.path();
+    synth_both(dir);
+    write_job(dir, "chunked.yaml", &job("chunked"));
+    write_job(dir, "single.yaml", &job("single.safetensors"));
+
+    let (chunked_dir, chunked) = submit(dir, "chunked.yaml", &["workers=2"]);
+    // the coordinator streamed the partitioning beside the directory and served the part files
+    let set = dir.join("chunked.parts/k2-seed0");
+    assert!(set.join("part0.safetensors").is_file());
+    assert!(set.join("part1.safetensors").is_file());
+    assert_eq!(set_method(&set), "fennel");
+    // the dataset was handed on as it is: nothing loaded and written into the job's record
+    assert!(!chunked_dir.join("dataset.safetensors").exists());
+    assert!(chunked_dir.join("model.safetensors").is_file());
+
+    // the same graph as one file: one worker (no partitioning), and two workers on the same streamed
+    // partitioning (`data partition --method stream`, reused by the job)
+    let (_, one) = submit(dir, "single.yaml", &[]);
+    physalia(
+        dir,
+        [
+            "data",
+            "partition",
+            "single.safetensors",
+            "--k",
+            "2",
+            "--method",
+            "stream",
+        ],
+    )
+    .ok();
+    let (_, two) = submit(dir, "single.yaml", &["workers=2"]);
+    assert_eq!(set_method(&dir.join("single.parts/k2-seed0")), "fennel");
+    assert_close("chunked, 2 workers vs file, 1 worker", &chunked, &one);
+    assert_close("chunked, 2 workers vs file, 2 workers", &chunked, &two);
+
+    // a second job reuses the stored set and trains the same
+    let (_, again) = submit(dir, "chunked.yaml", &["workers=2"]);
+    assert_close("chunked again", &again, &chunked);
+}
+
+#[test]
+fn a_chunked_dataset_under_data_parallelism_is_refused_naming_the_field() {
+    let t = TempDir::new().unwrap();
+    let dir = t.path();
+    synth_both(dir);
+    write_job(dir, "chunked.yaml", &job("chunked"));
+    let out = physalia(
+        dir,
+        [
+            "submit",
+            "chunked.yaml",
+            "--set",
+            "workers=2",
+            "--set",
+            "parallelism=data",
+        ],
+    );
+    out.one_line_error(&["dataset.path", "chunked", "parallelism: data", "partition"]);
+    // refused before anything is written or partitioned
+    assert!(job_dirs(&dir.join("jobs")).is_empty());
+    assert!(!dir.join("chunked.parts").exists());
+}
+
+#[test]
+fn repeated_seeds_on_a_chunked_dataset_load_it_whole_and_train() {
+    let t = TempDir::new().unwrap();
+    let dir = t.path();
+    synth_both(dir);
+    write_job(dir, "chunked.yaml", &job("chunked"));
+    write_job(dir, "single.yaml", &job("single.safetensors"));
+    let sets = ["train.runs=2", "train.epochs=3"];
+    let run = |file: &str| {
+        let mut args = vec!["submit", file, "-q", "--output", "json"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        physalia(dir, &args).ok().last_json()
+    };
+    let (c, s) = (run("chunked.yaml"), run("single.yaml"));
+    assert_eq!(c["runs"].as_array().unwrap().len(), 2);
+    for i in 0..2 {
+        let (a, b) = (
+            c["runs"][i]["final_loss"].as_f64().unwrap(),
+            s["runs"][i]["final_loss"].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "run {i}: chunked {a}, file {b}"
+        );
+    }
+}
