@@ -260,6 +260,7 @@ impl QuicEndpoint {
             ref refusals,
             ref mut accepted,
             ref rt,
+            ref waiting,
             ..
         } = self;
         rt.block_on(async {
@@ -314,7 +315,13 @@ impl QuicEndpoint {
                 streams[a.rank] = Some((a.conn, a.send, a.recv));
             }
             for (peer, task) in dials {
-                let joined = task.await.map_err(|e| WireError::Join(e.to_string()))?;
+                // a dial still under way blocks this rank on that peer, as a `recv` would: the heartbeat
+                // says so, and a peer slow to answer (delayed, lossy, frozen) is the one blamed, not this
+                // rank, silent only because it waits (the acceptor's side waits passively, unmarked)
+                let joined = {
+                    let _waiting = waiting.on(peer);
+                    task.await.map_err(|e| WireError::Join(e.to_string()))?
+                };
                 let connected = joined.map_err(|reason| {
                     WireError::Join(format!(
                         "rank {me} could not connect to rank {peer} at {}: {reason}",
