@@ -47,4 +47,3 @@ pub fn peak_during<T>(f: impl FnOnce() -> T) -> (usize, T) {
     let out = f();
     (PEAK.load(Ordering::SeqCst) - base, out)
 }
-
