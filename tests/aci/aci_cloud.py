@@ -43,6 +43,13 @@ Azure would do with it, for what infra/azure sets up:
   `az account get-access-token --resource R` / `--scope S`, as both the aci backend and object_store
   call it.
 
+Location - List Usage (`GET /subscriptions/S/providers/Microsoft.ContainerInstance/locations/L/usages`,
+the signed-in user only: infra/azure's role is on the resource group, not the subscription) reports
+ContainerGroups (the groups that exist), StandardCores (the cores of those not terminated) and
+StandardSpotCores (0) against limits of 100 each, which `--usage-limit NAME=N` (repeatable) or
+`PUT /_fake/usage-limits {"NAME": N}` sets (`GET /_fake/usage-limits` reads them); a PUT that would pass
+one is refused (409 ContainerGroupQuotaReached, naming the quota, the limit, the usage and the request).
+
 `--throttle-every N` makes Resource Manager throttle as it does when a principal passes its limits: every
 Nth ARM request of each principal (counted per principal, after authentication, the long-running
 operations' polls included) is answered 429 TooManyRequests with `Retry-After: 1` and
@@ -55,6 +62,7 @@ Prints one JSON line (`arm`, the ARM endpoint; `blob`, the storage endpoint; `ac
 every container, file and network it made.
 """
 
+import argparse
 import base64
 import datetime
 import email.utils
@@ -62,6 +70,7 @@ import hashlib
 import http.server
 import ipaddress
 import json
+import math
 import os
 import random
 import shutil
@@ -100,6 +109,14 @@ USER = "user"
 # and `Storage Blob Data Contributor` on the account
 ARM_ROLES = {"physalia-coordinator"}
 STORAGE_ROLES = {"physalia-coordinator"}
+# Location - List Usage's quotas in LOCATION: (localized name, default limit). The defaults hold every
+# test's groups; `--usage-limit NAME=N` or `PUT /_fake/usage-limits {"NAME": N}` sets one.
+USAGES = {
+    "ContainerGroups": "Container Groups",
+    "StandardCores": "Standard Cores",
+    "StandardSpotCores": "Standard Spot Cores",
+}
+USAGE_LIMITS = {"ContainerGroups": 100, "StandardCores": 100, "StandardSpotCores": 100}
 IMDS_NETWORK = "physalia-azure-imds"
 IMDS_IP = "169.254.169.254"
 # which IMDS-network address holds which identities, for every instance of this fake
@@ -306,6 +323,8 @@ class Aci:
         self.throttle_every = 0
         self.seen: dict[str, int] = {}
         self.throttled: dict[str, int] = {}
+        # Location - List Usage: the subscription's limits in LOCATION (`--usage-limit`, `/_fake/usage-limits`)
+        self.usage_limits: dict[str, int] = dict(USAGE_LIMITS)
         self.swagger = Swagger(SPEC)
         self.arm = ""
         self.blob = ""
@@ -342,6 +361,19 @@ class Aci:
                     "InaccessibleImage",
                     f"The image '{image}' in container group '{name}' is not accessible. Please check "
                     "the image and registry credential."), {}
+        # the region's quotas, as ACI refuses a group that would pass one
+        usage = {u["name"]["value"]: u for u in self.usages()["value"]}
+        asked = {"ContainerGroups": 1, "StandardCores": math.ceil(sum(
+            float(((c["properties"].get("resources") or {}).get("requests") or {}).get("cpu", 0))
+            for c in props["containers"]))}
+        for quota, n in asked.items():
+            u = usage[quota]
+            if u["currentValue"] + n > u["limit"]:
+                return 409, cloud_error(
+                    "ContainerGroupQuotaReached",
+                    f"Resource type 'Microsoft.ContainerInstance/containerGroups' container group quota "
+                    f"'{quota}' exceeded in region '{LOCATION}'. Limit: '{u['limit']}', Usage: "
+                    f"'{u['currentValue']}' Requested: '{n}'."), {}
         with self.lock:
             if name in self.groups:
                 return 409, cloud_error("Conflict", f"container group {name} exists already"), {}
@@ -468,6 +500,24 @@ class Aci:
                                  "startTime": g.current.get("startTime"), "finishTime": finished,
                                  "detailStatus": "Completed" if code == "0" else "Error"}
 
+    def usages(self) -> dict:
+        """Location - List Usage (UsageListResult): the groups that exist count against ContainerGroups, the
+        cores of those whose container has not terminated against StandardCores (a stopped group is not
+        billed and holds no cores); no group here is a Spot one."""
+        with self.lock:
+            groups = list(self.groups.values())
+            limits = dict(self.usage_limits)
+        cores = 0.0
+        for g in groups:
+            if g.current.get("state") == "Terminated" or g.provisioning == "Failed":
+                continue
+            for c in g.body["properties"]["containers"]:
+                cores += float(((c["properties"].get("resources") or {}).get("requests") or {}).get("cpu", 0))
+        current = {"ContainerGroups": len(groups), "StandardCores": math.ceil(cores), "StandardSpotCores": 0}
+        return {"value": [{"unit": "Count", "currentValue": current[name], "limit": limits[name],
+                           "name": {"value": name, "localizedValue": localized}}
+                          for name, localized in USAGES.items()]}
+
     def view(self, g: Group) -> dict:
         v = json.loads(json.dumps(g.body))
         v["id"] = f"{RG_ID}/providers/Microsoft.ContainerInstance/containerGroups/{g.name}"
@@ -558,11 +608,23 @@ class Arm(Handler):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         body = self.read_body()
+        if url.path == "/_fake/usage-limits" and self.command == "PUT":
+            try:
+                limits = json.loads(body)
+                assert isinstance(limits, dict) and all(
+                    k in USAGES and isinstance(v, int) and v >= 0 for k, v in limits.items())
+            except (ValueError, AssertionError):
+                return self.reply(400, cloud_error("InvalidRequestContent",
+                                                   f"expected {{NAME: limit}} with NAME one of {list(USAGES)}"))
+            with aci.lock:
+                aci.usage_limits.update(limits)
+                return self.reply(200, aci.usage_limits)
         if url.path.startswith("/_fake/"):
             with aci.lock:
                 what = {"groups": lambda: {n: aci.view(g) for n, g in aci.groups.items()},
                         "requests": lambda: aci.requests,
                         "throttled": lambda: aci.throttled,
+                        "usage-limits": lambda: aci.usage_limits,
                         "violations": lambda: aci.violations}.get(url.path[len("/_fake/"):])
                 return self.reply(200, what()) if what else self.reply(404)
         who = bearer_principal(self.headers.get("Authorization"), "arm")
@@ -601,6 +663,26 @@ class Arm(Handler):
                     return self.reply(404, cloud_error("NotFound", "no such operation"))
                 return self.reply(200, {k: v for k, v in op.items() if k != "group"}
                                   | {"name": parts[7]}, {"Retry-After": "1"})
+        # Location - List Usage: /subscriptions/S/providers/Microsoft.ContainerInstance/locations/L/usages
+        if len(parts) == 7 and parts[0] == "subscriptions" \
+                and parts[2:5] == ["providers", "Microsoft.ContainerInstance", "locations"] \
+                and parts[6] == "usages" and self.command == "GET":
+            if parts[1] != SUBSCRIPTION:
+                return self.reply(404, cloud_error("SubscriptionNotFound",
+                                                   f"The subscription '{parts[1]}' could not be found."))
+            if who != USER:
+                # infra/azure's role is assigned on the resource group: nothing at the subscription's scope
+                return self.reply(403, cloud_error(
+                    "AuthorizationFailed",
+                    f"The client '{who}' does not have authorization to perform action "
+                    "'Microsoft.ContainerInstance/locations/usages/read' over scope "
+                    f"'/subscriptions/{SUBSCRIPTION}' or the scope is invalid."))
+            if parts[5].lower() != LOCATION:
+                return self.reply(400, cloud_error(
+                    "LocationNotAvailableForResourceType",
+                    f"The provided location '{parts[5]}' is not available for resource type "
+                    f"'Microsoft.ContainerInstance/locations/usages' in this test: {LOCATION}"))
+            return self.reply(200, aci.usages())
         if len(parts) < 7 or parts[0] != "subscriptions" or parts[2] != "resourceGroups" \
                 or parts[4] != "providers" or parts[5] != "Microsoft.ContainerInstance" \
                 or parts[6] != "containerGroups":
@@ -920,14 +1002,25 @@ print(json.dumps({{
     return bin_dir
 
 
+def usage_limit(text: str) -> tuple[str, int]:
+    name, _, n = text.partition("=")
+    if name not in USAGES or not n.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=N with NAME one of {', '.join(USAGES)}, got {text!r}")
+    return name, int(n)
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    if args[:1] == ["--throttle-every"] and len(args) == 2 and args[1].isdigit():
-        throttle_every = int(args[1])
-    elif not args:
-        throttle_every = 0
-    else:
-        sys.exit(f"usage: {sys.argv[0]} [--throttle-every N]")
+    parser = argparse.ArgumentParser(description="Azure for tests/tests/aci_job.rs (see the module's doc)")
+    parser.add_argument("--throttle-every", type=int, default=0, metavar="N",
+                        help="answer every Nth ARM request of each principal 429")
+    parser.add_argument("--usage-limit", type=usage_limit, action="append", default=[], metavar="NAME=N",
+                        help=f"a quota of Location - List Usage ({', '.join(USAGES)})")
+    parser.add_argument("--blob-only", action="store_true",
+                        help="Blob Storage and `az` only, on loopback: no Docker, no root")
+    args = parser.parse_args()
+    if args.blob_only:
+        return blob_only()
+    throttle_every = args.throttle_every
     out = sys.stdout
     sys.stdout = sys.stderr
     network, subnet = make_network()
@@ -937,6 +1030,7 @@ def main() -> None:
     os.chmod(files, 0o755)
     aci = Aci(network, subnet, gateway, files)
     aci.throttle_every = throttle_every
+    aci.usage_limits.update(dict(args.usage_limit))
     Arm.aci = aci
     arm = http.server.ThreadingHTTPServer((gateway, 0), Arm)
     arm.daemon_threads = True
@@ -966,6 +1060,25 @@ def main() -> None:
         if ids:
             docker("rm", "-f", *ids, check=False)
         docker("network", "rm", network, check=False)
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def blob_only() -> None:
+    """`--blob-only`: Blob Storage on 127.0.0.1 and the signed-in user's `az`, for tests of the `az://`
+    store that need neither Resource Manager nor containers."""
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    files = tempfile.mkdtemp(prefix="physalia-blob-fake-")
+    blobs = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Blobs)
+    blobs.daemon_threads = True
+    threading.Thread(target=blobs.serve_forever, daemon=True).start()
+    bin_dir = write_az(files)
+    print(json.dumps({"blob": f"http://127.0.0.1:{blobs.server_address[1]}/{ACCOUNT}", "account": ACCOUNT,
+                      "container": CONTAINER, "bin": bin_dir}), file=out, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        blobs.shutdown()
         shutil.rmtree(files, ignore_errors=True)
 
 
