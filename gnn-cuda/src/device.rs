@@ -41,6 +41,19 @@ pub enum GpuError {
     Driver(String),
     #[error("NVRTC could not compile the kernels: {0}")]
     Compile(String),
+    /// The driver refused the compiled kernels (a PTX ISA newer than the driver, a cubin for another
+    /// architecture): what was compiled, by which NVRTC, for which driver, and what to do.
+    #[error(
+        "the CUDA driver (CUDA {driver_cuda}) cannot load the kernels NVRTC {nvrtc} compiled ({image}): \
+         {cause}; {advice}"
+    )]
+    KernelLoad {
+        driver_cuda: String,
+        image: String,
+        nvrtc: String,
+        cause: String,
+        advice: String,
+    },
     #[error("cuBLAS: {0}")]
     Blas(String),
     #[error("shape mismatch: {0}")]
@@ -346,24 +359,6 @@ pub fn decide(
     }
 }
 
-/// NVRTC's virtual architecture for a compute capability (PTX for it, compiled for the exact GPU by the
-/// driver at load time); None leaves NVRTC's default.
-pub fn nvrtc_arch(cc: (u32, u32)) -> Option<&'static str> {
-    Some(match cc {
-        (7, 0) => "compute_70",
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        (major, _) if major >= 9 => "compute_90",
-        (8, _) => "compute_80",
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,12 +514,5 @@ mod tests {
             DevicePreference::for_worker(4, Some(1), 6, true),
             cuda(1, true)
         );
-    }
-
-    #[test]
-    fn nvrtc_targets_the_virtual_architecture() {
-        assert_eq!(nvrtc_arch((9, 0)), Some("compute_90"));
-        assert_eq!(nvrtc_arch((8, 7)), Some("compute_80"));
-        assert_eq!(nvrtc_arch((6, 1)), None);
     }
 }

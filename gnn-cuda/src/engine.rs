@@ -19,7 +19,6 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr,
     LaunchConfig, PinnedHostSlice, ValidAsZeroBits, sys,
 };
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use physalia_gnn::device::{
     AdamStep, AttnDropout, Dropout, GatShape, Ops, View, check, check_copy2d, check_labels,
@@ -28,7 +27,8 @@ use physalia_gnn::device::{
 use physalia_gnn::sparse::SparseOp;
 use physalia_gnn::{Activation, Matrix};
 
-use crate::device::{DeviceInfo, GpuError, describe, nvrtc_arch, probe};
+use crate::compile::{compile_for_device, load_failure};
+use crate::device::{DeviceInfo, GpuError, describe, probe};
 use crate::kernels::{
     BLOCK, COLSUM_CHUNK_ROWS, HEAVY_ROW_EDGES, HeavyPlan, KERNELS, REDUCE_THREADS, SOURCE,
     colsum_chunks, elementwise_launch, mask_threshold, rows_launch, spmm_lanes,
@@ -238,6 +238,9 @@ fn launch_cfg((grid, block): (u32, u32)) -> LaunchConfig {
     }
 }
 
+/// The kernels' file name in NVRTC's messages.
+pub const KERNELS_FILE: &str = "physalia_gnn_kernels.cu";
+
 fn u32_size(n: usize, what: &str) -> Result<u32, GpuError> {
     u32::try_from(n)
         .map_err(|_| GpuError::Shape(format!("{what} = {n} exceeds the kernels' 32-bit range")))
@@ -290,23 +293,19 @@ impl CudaEngine {
         };
         let stream = ctx.new_stream()?;
         let copy = ctx.new_stream()?;
-        let opts = CompileOptions {
-            arch: nvrtc_arch(device.compute_capability),
-            name: Some("physalia_gnn_kernels.cu".into()),
-            ..Default::default()
-        };
-        let ptx =
-            compile_ptx_with_opts(SOURCE, opts).map_err(|e| GpuError::Compile(e.to_string()))?;
-        let module = ctx.load_module(ptx).map_err(|e| {
-            let mut msg = describe(&e);
-            if e.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
-                msg.push_str(
-                    " (libnvrtc is newer than the driver: use the NVRTC of the driver's CUDA version or update \
-                     the driver)",
-                );
-            }
-            GpuError::Driver(format!("loading the compiled kernels: {msg}"))
-        })?;
+        // SASS for the device's own architecture where NVRTC can assemble it: a cubin loads on any driver
+        // of NVRTC's CUDA major version, where PTX needs a driver as new as NVRTC (`compile`'s docs)
+        let compiled = compile_for_device(SOURCE, KERNELS_FILE, device.compute_capability)?;
+        let module = ctx
+            .load_module(compiled.clone().into_module_image())
+            .map_err(|e| {
+                load_failure(
+                    &compiled,
+                    device.compute_capability,
+                    driver_version,
+                    describe(&e),
+                )
+            })?;
         let mut funcs = HashMap::new();
         for &k in KERNELS {
             funcs.insert(k, module.load_function(k)?);

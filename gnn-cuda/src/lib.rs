@@ -5,6 +5,9 @@
 //! - [`kernels`]: the CUDA C source of every kernel (CSR SpMM forward and over the explicit transpose, GAT's
 //!   messages, edge softmax and backward passes, elementwise, dropout with the engine's counter-based RNG,
 //!   masked cross-entropy, Adam), compiled at run time by NVRTC, and the launch geometry.
+//! - [`compile`]: NVRTC compiling the kernels for one device, to SASS for its own architecture (a cubin
+//!   loads on any driver of NVRTC's CUDA major version, where PTX needs a driver as new as NVRTC), and the
+//!   rule of what a driver loads, as pure functions a CPU test checks against the catalog's oldest driver.
 //! - [`cpu_emulate`]: the SpMM kernels (light rows, chunked hub rows) executed thread by thread on the host,
 //!   so the GPU's own SpMM algorithm is tested against `physalia_gnn` on machines without a GPU.
 //! - [`ops`]: what this device adds to `physalia_gnn::device::Ops` (the trait of the operations a layer needs,
@@ -21,6 +24,7 @@
 //! cudarc loads the CUDA libraries at run time, so this crate builds and its host tests run with no CUDA
 //! installed; the GPU tests (`tests/gpu.rs`) skip with the reason when [`probe`] finds no device.
 
+pub mod compile;
 pub mod cpu_emulate;
 pub mod device;
 pub mod engine;

@@ -132,6 +132,87 @@ pub struct Gpu {
     /// Device memory of the one GPU a worker gets.
     #[serde(deserialize_with = "positive")]
     pub memory_gib: f64,
+    /// The GPU's compute capability (`"8.9"` for an L4): the architecture the CUDA kernels are
+    /// compiled for (`sm_89`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<MajorMinor>,
+    /// The oldest NVIDIA driver the platform's GPU machine images run for this offering: the
+    /// kernels must load on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<GpuDriver>,
+}
+
+/// The oldest driver a GPU offering runs, as its platform documents it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuDriver {
+    /// The driver's version (`535.183.01`) or branch (`535`).
+    #[serde(deserialize_with = "driver_version")]
+    pub min_version: String,
+    /// The CUDA version that driver supports, as `nvidia-smi` and `cuDriverGetVersion` report it
+    /// (`"12.2"` for the R535 branch).
+    pub cuda: MajorMinor,
+    /// Where the version comes from (the platform's image release notes or documentation).
+    pub source: Sources,
+}
+
+/// A `major.minor` version written as a string (`"8.9"`, `"12.2"`): a compute capability or a
+/// CUDA version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MajorMinor {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl MajorMinor {
+    /// As CUDA encodes a version: `1000 * major + 10 * minor` (12.2 is 12020).
+    pub fn cuda_encoded(self) -> u32 {
+        1000 * self.major + 10 * self.minor
+    }
+}
+
+impl std::fmt::Display for MajorMinor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for MajorMinor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<MajorMinor, String> {
+        let parse = |p: &str| {
+            (!p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| p.parse::<u32>().ok())
+                .flatten()
+        };
+        match s.split_once('.') {
+            Some((a, b)) => match (parse(a), parse(b)) {
+                (Some(major), Some(minor)) if major > 0 => Ok(MajorMinor { major, minor }),
+                _ => Err(format!(
+                    "must be \"major.minor\" (like \"8.9\"), got `{}`",
+                    one_line(s)
+                )),
+            },
+            None => Err(format!(
+                "must be \"major.minor\" (like \"8.9\"), got `{}`",
+                one_line(s)
+            )),
+        }
+    }
+}
+
+impl Serialize for MajorMinor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MajorMinor {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MajorMinor, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
 }
 
 /// What one worker container can actually be given on its machine, and the machine types it is
@@ -480,6 +561,14 @@ impl Catalog {
             if let Some((f, m)) = check_placement(&sku) {
                 return Err(err(&format!(".{f}"), m));
             }
+            if let Some(d) = sku.gpu.as_ref().and_then(|g| g.driver.as_ref())
+                && (d.source.urls().is_empty() || d.source.urls().iter().any(|u| u.is_empty()))
+            {
+                return Err(err(
+                    ".gpu.driver.source",
+                    "must name at least one source".into(),
+                ));
+            }
             if !sku.backend.runs_gpus() && sku.gpu.is_some() {
                 return Err(err(
                     ".gpu",
@@ -736,6 +825,21 @@ pub(crate) fn non_negative<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Er
     } else {
         Err(de::Error::custom(format!(
             "must be a finite number at least 0, got {v}"
+        )))
+    }
+}
+
+fn driver_version<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let v = String::deserialize(d)?;
+    let ok = v
+        .split('.')
+        .all(|p| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()));
+    if ok {
+        Ok(v)
+    } else {
+        Err(de::Error::custom(format!(
+            "must be a driver version like 535.183.01 or a branch like 535, got `{}`",
+            one_line(&v)
         )))
     }
 }

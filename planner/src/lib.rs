@@ -33,7 +33,7 @@ pub mod search;
 
 pub use assumptions::Assumptions;
 pub use calibration::CalibrationProfile;
-pub use catalog::{Backend, Catalog, Gpu, Price, Sku, Sources};
+pub use catalog::{Backend, Catalog, Gpu, GpuDriver, MajorMinor, Price, Sku, Sources};
 pub use cost::{Candidate, MemoryBreakdown, Prediction, TimeBreakdown, predict};
 pub use error::{Location, PlanError};
 pub use input::{

@@ -577,6 +577,71 @@ fn odd_inputs_give_finite_predictions_or_errors_never_a_panic() {
     }
 }
 
+/// Issue 30: the CUDA kernels are compiled for each GPU offering's architecture and must load on the
+/// oldest driver its platform runs (`gnn-cuda/tests/nvrtc_targets.rs` compiles them for these), so
+/// every built-in GPU SKU names both, with a source.
+#[test]
+fn every_builtin_gpu_sku_names_its_architecture_and_oldest_driver() {
+    let catalog = Catalog::builtin();
+    let gpus: Vec<_> = catalog.skus.iter().filter(|s| s.is_gpu()).collect();
+    assert!(gpus.len() >= 8, "{} GPU SKUs", gpus.len());
+    for s in gpus {
+        let g = s.gpu.as_ref().unwrap();
+        let cc = g
+            .compute_capability
+            .unwrap_or_else(|| panic!("{}: no gpu.compute_capability", s.name));
+        assert!(cc.major >= 7, "{}: compute capability {cc}", s.name);
+        let d = g
+            .driver
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no gpu.driver", s.name));
+        assert!(!d.source.urls().is_empty(), "{}", s.name);
+        let branch: u32 = d.min_version.split('.').next().unwrap().parse().unwrap();
+        // CUDA 12.x needs driver 525 or later (minor version compatibility's floor)
+        assert!(branch >= 525, "{}: driver {}", s.name, d.min_version);
+        assert_eq!(d.cuda.major, 12, "{}: CUDA {}", s.name, d.cuda);
+    }
+}
+
+#[test]
+fn gpu_versions_are_checked_where_they_are_written() {
+    let sku = |gpu: &str| {
+        format!(
+            "skus:\n  - name: g\n    backend: ecs\n    vcpus: 4\n    memory_gib: 16\n    gpu: {gpu}\n    \
+             placement: {{instance_types: [g5.xlarge], vcpus: 4, memory_mib: 15000, source: s}}\n    \
+             fp32_tflops: 1\n    memory_bandwidth_gb_s: 1\n    network_gbit_s: 1\n    cold_start_s: 1\n    \
+             price: {{usd_per_hour: 1}}\n    source: s\n    as_of: 2026-01-01\n"
+        )
+    };
+    let ok = Catalog::from_yaml_str(
+        &sku("{model: L4, memory_gib: 24, compute_capability: \"8.9\", driver: {min_version: \"535.183.01\", cuda: \"12.2\", source: s}}"),
+        "t.yaml",
+    )
+    .unwrap();
+    let g = ok.skus[0].gpu.as_ref().unwrap();
+    assert_eq!(g.compute_capability.unwrap().to_string(), "8.9");
+    assert_eq!(g.driver.as_ref().unwrap().cuda.cuda_encoded(), 12020);
+    for (gpu, expect) in [
+        (
+            "{model: L4, memory_gib: 24, compute_capability: \"89\"}",
+            "must be \"major.minor\" (like \"8.9\"), got `89`",
+        ),
+        (
+            "{model: L4, memory_gib: 24, driver: {min_version: \"r535\", cuda: \"12.2\", source: s}}",
+            "must be a driver version like 535.183.01 or a branch like 535, got `r535`",
+        ),
+        (
+            "{model: L4, memory_gib: 24, driver: {min_version: \"535\", cuda: \"12.2\", source: []}}",
+            "must name at least one source",
+        ),
+    ] {
+        let e = Catalog::from_yaml_str(&sku(gpu), "t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expect), "{gpu}: {e}");
+    }
+}
+
 #[test]
 fn the_builtin_catalog_has_sources_dates_and_no_aci_gpus() {
     let catalog = Catalog::builtin();
