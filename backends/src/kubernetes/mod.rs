@@ -77,6 +77,9 @@ pub struct KubernetesConfig {
     pub fs_group: Option<i64>,
     /// The ServiceAccount the coordinator's Job runs as (`infra/k8s/rbac.yaml`).
     pub coordinator_service_account: String,
+    /// The cluster is AKS with workload identity: the coordinator's pod is labelled for its webhook
+    /// (as it is anyway for an `az://` job store; [`objects::uses_azure_workload_identity`]).
+    pub azure_workload_identity: Option<objects::AzureWorkloadIdentity>,
 }
 
 impl Default for KubernetesConfig {
@@ -94,6 +97,7 @@ impl Default for KubernetesConfig {
             gpu_image: None,
             fs_group: None,
             coordinator_service_account: "physalia-coordinator".into(),
+            azure_workload_identity: None,
         }
     }
 }

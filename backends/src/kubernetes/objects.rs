@@ -13,6 +13,11 @@
 //!
 //! The Service and the Secret carry an owner reference to the Job ([`owned_by`]), so deleting the Job
 //! garbage-collects them and the pods.
+//!
+//! On AKS the coordinator's pod reaches Azure (an `az://` job store) through workload identity: AKS's
+//! webhook mutates only pods labelled `azure.workload.identity/use: "true"`, giving them the federated
+//! token file and `AZURE_*` variables; without the label an `az://` store cannot be reached
+//! ([`uses_azure_workload_identity`]).
 
 use std::collections::BTreeMap;
 
@@ -47,6 +52,46 @@ pub const CONTAINER: &str = "worker";
 pub const COORDINATOR_CONTAINER: &str = "coordinator";
 /// The label of the coordinator's Job and pod; its value is [`LaunchId::coordinator_name`].
 pub const LABEL_COORDINATOR: &str = "physalia.dev/coordinator";
+/// The pod label AKS's workload identity webhook selects the pods it mutates by (its
+/// MutatingWebhookConfiguration's `objectSelector`).
+pub const AZURE_WORKLOAD_IDENTITY_USE: &str = "azure.workload.identity/use";
+/// The client id the webhook hands a pod (`AZURE_CLIENT_ID`), which it reads from this annotation of the
+/// pod's ServiceAccount; a value the container sets itself is kept (the webhook adds only variables the
+/// container lacks).
+pub const AZURE_WORKLOAD_IDENTITY_CLIENT_ID: &str = "azure.workload.identity/client-id";
+/// The variable azure_identity's workload identity credential reads the client id from.
+pub const ENV_AZURE_CLIENT_ID: &str = "AZURE_CLIENT_ID";
+
+/// The cluster is AKS with workload identity enabled ([`KubernetesConfig::azure_workload_identity`]):
+/// the coordinator's pod is labelled for the webhook whatever its job store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AzureWorkloadIdentity {
+    /// The client id of the user-assigned managed identity federated with the coordinator's
+    /// ServiceAccount. Set, the coordinator's container gets it as `AZURE_CLIENT_ID`, so the
+    /// ServiceAccount need not carry the [`AZURE_WORKLOAD_IDENTITY_CLIENT_ID`] annotation; unset, the
+    /// annotation must be there (`kubectl annotate serviceaccount physalia-coordinator
+    /// azure.workload.identity/client-id=CLIENT_ID`).
+    pub client_id: Option<String>,
+}
+
+/// Whether the coordinator's pod must be labelled for AKS's workload identity webhook: the cluster is
+/// AKS with workload identity ([`KubernetesConfig::azure_workload_identity`]), or the job store is
+/// Azure Blob Storage (the coordinator's command names an `az://`, `abfs[s]://`, `azure://` or
+/// `https://ACCOUNT.blob|dfs.core.windows.net` URL, or submit handed it `AZURE_STORAGE_ACCOUNT_NAME`,
+/// which it does only for an Azure store), which no other Kubernetes identity reaches.
+pub fn uses_azure_workload_identity(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> bool {
+    let azure_url = |a: &String| {
+        ["az://", "abfs://", "abfss://", "azure://"]
+            .iter()
+            .any(|scheme| a.starts_with(scheme))
+            || (a.starts_with("https://")
+                && (a.contains(".blob.core.windows.net") || a.contains(".dfs.core.windows.net")))
+    };
+    cfg.azure_workload_identity.is_some()
+        || spec.command.iter().any(azure_url)
+        || spec.env.contains_key("AZURE_STORAGE_ACCOUNT_NAME")
+}
+
 /// The GPU resource the NVIDIA device plugin advertises.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 const SECRETS_VOLUME: &str = "physalia-secrets";
@@ -254,10 +299,13 @@ pub fn launch_objects(
 /// [`KubernetesConfig::coordinator_service_account`] (`infra/k8s/rbac.yaml`, whose Role is exactly what
 /// the coordinator calls), with the spec's resources, labels and plain environment plus its own pod IP as
 /// `PHYSALIA_ADVERTISE_IP` (what it hands workers as the control address). It mounts the service-account
-/// token (it calls the API server) and no Secret: nothing secret is in the spec.
+/// token (it calls the API server) and no Secret: nothing secret is in the spec. Where it reaches Azure
+/// ([`uses_azure_workload_identity`]) its pod carries `azure.workload.identity/use: "true"`, and the
+/// configuration's identity's client id as `AZURE_CLIENT_ID`.
 pub fn coordinator_job(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> Job {
     let name = LaunchId::coordinator_name(&spec.job_id);
     let mut labels = spec.labels.clone();
+    let azure = uses_azure_workload_identity(cfg, spec);
     for (k, v) in [
         ("app.kubernetes.io/name", "physalia"),
         ("app.kubernetes.io/component", "coordinator"),
@@ -297,6 +345,21 @@ pub fn coordinator_job(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> Job {
                 ..EnvVar::default()
             }),
     );
+    let client_id = (cfg.azure_workload_identity.as_ref()).and_then(|w| w.client_id.as_ref());
+    if let Some(id) = client_id
+        && !spec.env.contains_key(ENV_AZURE_CLIENT_ID)
+    {
+        env.push(EnvVar {
+            name: ENV_AZURE_CLIENT_ID.into(),
+            value: Some(id.clone()),
+            ..EnvVar::default()
+        });
+    }
+    // the pod's labels only: the webhook selects pods, and the Job needs no identity
+    let mut pod_labels = labels.clone();
+    if azure {
+        pod_labels.insert(AZURE_WORKLOAD_IDENTITY_USE.to_string(), "true".to_string());
+    }
     let container = Container {
         name: COORDINATOR_CONTAINER.into(),
         image: Some(spec.image.clone()),
@@ -339,7 +402,7 @@ pub fn coordinator_job(cfg: &KubernetesConfig, spec: &CoordinatorSpec) -> Job {
             ttl_seconds_after_finished: cfg.ttl_after_finished_s,
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels),
+                    labels: Some(pod_labels),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
