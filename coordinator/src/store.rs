@@ -81,6 +81,28 @@ fn azure_builder() -> object_store::azure::MicrosoftAzureBuilder {
     }
 }
 
+/// The Azure store at `url` from `builder`. Without an account (neither `AZURE_STORAGE_ACCOUNT_NAME`
+/// nor one in the URL, as `abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/...` names it) object_store
+/// says only "Account must be specified": the error names the variable and the URL instead.
+fn open_azure(
+    url: &str,
+    builder: object_store::azure::MicrosoftAzureBuilder,
+) -> Result<object_store::azure::MicrosoftAzure> {
+    use object_store::azure::AzureConfigKey as K;
+    let named = builder.get_config_value(&K::AccountName).is_some();
+    builder.with_url(url).build().map_err(|e| {
+        if !named && e.to_string().contains("Account must be specified") {
+            anyhow::anyhow!(
+                "{url}: no Azure storage account: set AZURE_STORAGE_ACCOUNT_NAME to the account's name \
+                 (infra/azure's `storage_account` output), or name it in the URL \
+                 (abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH)"
+            )
+        } else {
+            anyhow::Error::new(e).context(format!("{url}: opening the Azure Blob container"))
+        }
+    })
+}
+
 /// The whole AWS chain (profile files, `credential_process`, SSO, STS, the container endpoint) gets this
 /// long, as the ECS calls do (backends' `ecs::from_env`).
 const AWS_CHAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -299,12 +321,7 @@ impl Remote {
                         .with_context(|| format!("{url}: opening the S3 bucket"))?,
                 )
             }
-            "az" | "abfs" | "abfss" | "azure" => Arc::new(
-                azure_builder()
-                    .with_url(url)
-                    .build()
-                    .with_context(|| format!("{url}: opening the Azure Blob container"))?,
-            ),
+            "az" | "abfs" | "abfss" | "azure" => Arc::new(open_azure(url, azure_builder())?),
             "gs" => Arc::new(
                 object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(url)
@@ -1014,6 +1031,28 @@ mod tests {
             .unwrap_err();
         assert!(format!("{err:#}").contains("missing"), "{err:#}");
         assert!(!remote.exists(".datasets", "gone").unwrap());
+    }
+
+    /// Issue 30: an `az://` store without an account names the variable that sets it and the URL, not
+    /// object_store's "Account must be specified".
+    #[test]
+    fn a_missing_azure_account_names_the_variable_and_the_url() {
+        let builder = object_store::azure::MicrosoftAzureBuilder::new();
+        let err = open_azure("az://jobs/runs", builder)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("AZURE_STORAGE_ACCOUNT_NAME"), "{err}");
+        assert!(err.starts_with("az://jobs/runs: "), "{err}");
+        assert!(!err.contains("Account must be specified"), "{err}");
+        // named in the URL, or by the variable's key: no such error
+        let builder =
+            object_store::azure::MicrosoftAzureBuilder::new().with_bearer_token_authorization("t");
+        open_azure(
+            "abfss://jobs@physaliastore.dfs.core.windows.net/runs",
+            builder.clone(),
+        )
+        .unwrap();
+        open_azure("az://jobs/runs", builder.with_account("physaliastore")).unwrap();
     }
 
     #[test]

@@ -64,6 +64,7 @@ every container, file and network it made.
 
 import argparse
 import base64
+import binascii
 import datetime
 import email.utils
 import hashlib
@@ -82,6 +83,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 LABEL = f"physalia.aci-fake={os.getpid()}"
@@ -117,6 +119,12 @@ USAGES = {
     "StandardSpotCores": "Standard Spot Cores",
 }
 USAGE_LIMITS = {"ContainerGroups": 100, "StandardCores": 100, "StandardSpotCores": 100}
+# Blob Storage's limits (x-ms-version 2019-12-12 and later): Put Block, Put Blob, blocks per blob
+MAX_BLOCK_BYTES = 4000 * 2**20
+MAX_PUT_BLOB_BYTES = 5000 * 2**20
+MAX_BLOCK_ID_BYTES = 64
+MAX_UNCOMMITTED_BLOCKS = 100_000
+MAX_COMMITTED_BLOCKS = 50_000
 IMDS_NETWORK = "physalia-azure-imds"
 IMDS_IP = "169.254.169.254"
 # which IMDS-network address holds which identities, for every instance of this fake
@@ -800,10 +808,38 @@ class ImdsServer(http.server.ThreadingHTTPServer):
 
 # --- Blob Storage ----------------------------------------------------------------------------------
 
+class Staged:
+    """A blob's blocks (Put Block, Put Block List): the uncommitted ones by id, the latest upload of each
+    id (re-putting an id replaces it), and the committed block list, each block as (id, start, length)
+    in the committed blob's bytes."""
+
+    def __init__(self) -> None:
+        self.uncommitted: dict[str, bytes] = {}
+        self.committed: list[tuple[str, int, int]] = []
+
+    def id_length(self) -> int | None:
+        for bid in self.uncommitted:
+            return len(bid)
+        for bid, _, _ in self.committed:
+            return len(bid)
+        return None
+
+
+def block_id(text: str) -> str | None:
+    """`text` if it is a block id Azure takes (Base64, at most 64 bytes before encoding), else None."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    return text if 0 < len(raw) <= MAX_BLOCK_ID_BYTES else None
+
+
 class Blobs(Handler):
     lock = threading.Lock()
-    # container -> name -> (bytes, etag, last modified, content type)
+    # container -> name -> (bytes, etag, last modified, content type): the committed blobs
     store: dict[str, dict[str, tuple[bytes, str, str, str]]] = {CONTAINER: {}}
+    # container -> name -> its blocks; a blob with uncommitted blocks only is in no listing and no GET
+    staged: dict[str, dict[str, Staged]] = {CONTAINER: {}}
     requests: list[dict] = []
 
     def error(self, code: int, err: str, message: str) -> None:
@@ -814,10 +850,24 @@ class Blobs(Handler):
     def route(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         q = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        if self.command == "PUT":
+            # the size limits are the Content-Length's: the body of a request over one is never read
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self.close_connection = True
+                return self.error(411, "MissingContentLengthHeader",
+                                  "The Content-Length header was not specified.")
+            limit = MAX_BLOCK_BYTES if q.get("comp") == "block" else MAX_PUT_BLOB_BYTES
+            if int(length) > limit:
+                self.close_connection = True
+                return self.error(413, "RequestBodyTooLarge",
+                                  "The request body is too large and exceeds the maximum permissible "
+                                  f"limit.\nMaxLimit: {limit}")
         body = self.read_body()
         who = bearer_principal(self.headers.get("Authorization"), "storage")
         with self.lock:
-            self.requests.append({"who": who, "method": self.command, "path": url.path})
+            self.requests.append({"who": who, "method": self.command, "path": url.path,
+                                  "comp": q.get("comp"), "bytes": len(body)})
         if url.path == "/_fake/requests":
             with self.lock:
                 return self.reply(200, self.requests)
@@ -844,6 +894,19 @@ class Blobs(Handler):
             if self.command == "POST" and q.get("restype") == "container" and q.get("comp") == "batch":
                 return self.batch(container, blobs, body)
             return self.error(400, "UnsupportedQueryParameter", f"{self.command} {self.path}")
+        staged = self.staged.setdefault(container, {})
+        md5 = self.headers.get("Content-MD5")
+        if self.command == "PUT" and md5 is not None \
+                and md5 != base64.b64encode(hashlib.md5(body).digest()).decode():
+            return self.error(400, "Md5Mismatch",
+                              "The MD5 value specified in the request did not match with the MD5 value "
+                              "calculated by the server.")
+        if self.command == "PUT" and q.get("comp") == "block":
+            return self.put_block(staged, blob, q.get("blockid"), body)
+        if self.command == "PUT" and q.get("comp") == "blocklist":
+            return self.put_block_list(blobs, staged, blob, body)
+        if self.command == "GET" and q.get("comp") == "blocklist":
+            return self.get_block_list(blobs, staged, blob, q.get("blocklisttype", "committed"))
         if self.command == "PUT":
             if q.get("comp"):
                 return self.error(400, "UnsupportedQueryParameter", f"comp={q['comp']}")
@@ -852,10 +915,10 @@ class Blobs(Handler):
             with self.lock:
                 if self.headers.get("If-None-Match") == "*" and blob in blobs:
                     return self.error(409, "BlobAlreadyExists", "The specified blob already exists.")
-                etag = '"0x' + hashlib.md5(body + str(time.time_ns()).encode()).hexdigest()[:16].upper() + '"'
-                modified = email.utils.formatdate(usegmt=True)
-                blobs[blob] = (body, etag, modified,
-                               self.headers.get("x-ms-blob-content-type") or "application/octet-stream")
+                etag, modified = self.commit(blobs, blob, body)
+                # a blob put whole has no committed blocks; its uncommitted ones stay
+                if blob in staged:
+                    staged[blob].committed = []
             return self.reply(201, raw=b"", headers={"ETag": etag, "Last-Modified": modified})
         with self.lock:
             found = blobs.get(blob)
@@ -864,6 +927,7 @@ class Blobs(Handler):
                 return self.error(404, "BlobNotFound", "The specified blob does not exist.")
             with self.lock:
                 blobs.pop(blob, None)
+                staged.pop(blob, None)
             return self.reply(202, raw=b"")
         if self.command in ("GET", "HEAD"):
             if found is None:
@@ -888,6 +952,111 @@ class Blobs(Handler):
                 return
             return self.reply(200, raw=data, headers=headers, content_type=ctype)
         return self.error(405, "UnsupportedHttpVerb", self.command)
+
+    def commit(self, blobs: dict, blob: str, data: bytes) -> tuple[str, str]:
+        """Makes `data` the blob's content (the lock held); returns its ETag and Last-Modified."""
+        etag = '"0x' + hashlib.md5(data[:1 << 20] + str(time.time_ns()).encode()).hexdigest()[:16].upper() + '"'
+        modified = email.utils.formatdate(usegmt=True)
+        blobs[blob] = (data, etag, modified,
+                       self.headers.get("x-ms-blob-content-type") or "application/octet-stream")
+        return etag, modified
+
+    def put_block(self, staged: dict, blob: str, bid: str | None, body: bytes) -> None:
+        """Put Block: a new uncommitted block of `blob`, invisible until a block list commits it. The id
+        is Base64 of at most 64 bytes, of the same length as every other block id of the blob."""
+        if bid is None or block_id(bid) is None:
+            return self.error(400, "InvalidQueryParameterValue",
+                              "Value for one of the query parameters specified in the request URI is "
+                              f"invalid.\nQueryParameterName: blockid\nQueryParameterValue: {bid}")
+        with self.lock:
+            s = staged.setdefault(blob, Staged())
+            length = s.id_length()
+            if length is not None and length != len(bid):
+                return self.error(400, "InvalidBlobOrBlock",
+                                  "The specified blob or block content is invalid.")
+            if bid not in s.uncommitted and len(s.uncommitted) >= MAX_UNCOMMITTED_BLOCKS:
+                return self.error(409, "BlockCountExceedsLimit",
+                                  "The uncommitted block count cannot exceed the maximum limit of "
+                                  f"{MAX_UNCOMMITTED_BLOCKS:,} blocks.")
+            s.uncommitted[bid] = body
+        md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+        return self.reply(201, raw=b"", headers={"Content-MD5": md5,
+                                                 "x-ms-request-server-encrypted": "true"})
+
+    def put_block_list(self, blobs: dict, staged: dict, blob: str, body: bytes) -> None:
+        """Put Block List: the blob becomes its listed blocks in order, each looked up where its element
+        says (Uncommitted, Committed, or Latest: uncommitted first); a block found nowhere refuses the
+        whole list, and the blob is unchanged. Blocks the list leaves out are discarded."""
+        try:
+            root = ElementTree.fromstring(body)
+        except ElementTree.ParseError as e:
+            return self.error(400, "InvalidXmlDocument", f"XML specified is not syntactically valid: {e}")
+        if root.tag != "BlockList" or any(e.tag not in ("Latest", "Committed", "Uncommitted") for e in root):
+            return self.error(400, "InvalidXmlDocument",
+                              "XML specified is not syntactically valid: expected <BlockList> of <Latest>, "
+                              "<Committed> and <Uncommitted> elements")
+        listed = [(e.tag, (e.text or "").strip()) for e in root]
+        if len(listed) > MAX_COMMITTED_BLOCKS:
+            return self.error(400, "BlockListTooLong",
+                              f"The block list may not contain more than {MAX_COMMITTED_BLOCKS:,} blocks.")
+        if any(block_id(bid) is None for _, bid in listed):
+            return self.error(400, "InvalidBlockId",
+                              "The specified block ID is invalid. The block ID must be Base64-encoded.")
+        with self.lock:
+            if self.headers.get("If-None-Match") == "*" and blob in blobs:
+                return self.error(409, "BlobAlreadyExists", "The specified blob already exists.")
+            s = staged.get(blob) or Staged()
+            old = blobs.get(blob, (b"",))[0]
+            committed = {bid: (start, n) for bid, start, n in s.committed}
+            pieces: list[bytes] = []
+            for where, bid in listed:
+                data = None
+                if where in ("Uncommitted", "Latest"):
+                    data = s.uncommitted.get(bid)
+                if data is None and where in ("Committed", "Latest") and bid in committed:
+                    start, n = committed[bid]
+                    data = old[start:start + n]
+                if data is None:
+                    return self.error(400, "InvalidBlockList", "The specified block list is invalid.")
+                pieces.append(data)
+            blocks, at = [], 0
+            for (_, bid), data in zip(listed, pieces):
+                blocks.append((bid, at, len(data)))
+                at += len(data)
+            etag, modified = self.commit(blobs, blob, b"".join(pieces))
+            done = Staged()
+            done.committed = blocks
+            staged[blob] = done
+        return self.reply(201, raw=b"", headers={"ETag": etag, "Last-Modified": modified,
+                                                 "x-ms-request-server-encrypted": "true"})
+
+    def get_block_list(self, blobs: dict, staged: dict, blob: str, which: str) -> None:
+        """Get Block List: `blocklisttype` committed (the default), uncommitted or all."""
+        if which not in ("committed", "uncommitted", "all"):
+            return self.error(400, "InvalidQueryParameterValue",
+                              "Value for one of the query parameters specified in the request URI is "
+                              f"invalid.\nQueryParameterName: blocklisttype\nQueryParameterValue: {which}")
+        with self.lock:
+            s = staged.get(blob)
+            found = blobs.get(blob)
+            if found is None and (s is None or not s.uncommitted):
+                return self.error(404, "BlobNotFound", "The specified blob does not exist.")
+            s = s or Staged()
+            out = ['<?xml version="1.0" encoding="utf-8"?><BlockList>']
+            if which in ("committed", "all"):
+                out.append("<CommittedBlocks>")
+                out += [f"<Block><Name>{bid}</Name><Size>{n}</Size></Block>" for bid, _, n in s.committed]
+                out.append("</CommittedBlocks>")
+            if which in ("uncommitted", "all"):
+                out.append("<UncommittedBlocks>")
+                out += [f"<Block><Name>{bid}</Name><Size>{len(d)}</Size></Block>"
+                        for bid, d in s.uncommitted.items()]
+                out.append("</UncommittedBlocks>")
+            out.append("</BlockList>")
+            headers = {"x-ms-blob-content-length": str(len(found[0]) if found else 0)}
+            if found:
+                headers["ETag"] = found[1]
+        return self.reply(200, raw="".join(out).encode(), headers=headers, content_type="application/xml")
 
     def batch(self, container: str, blobs: dict, body: bytes) -> None:
         """Blob Batch: a multipart/mixed body of DELETE subrequests, each with its own token, answered
@@ -923,6 +1092,7 @@ class Blobs(Handler):
                 with self.lock:
                     status = "202 Accepted" if blobs.pop(name[2], None) is not None \
                         else "404 The specified blob does not exist."
+                    self.staged.get(container, {}).pop(name[2], None)
             out.append(f"--{answer}\r\nContent-Type: application/http\r\nContent-ID: {cid}\r\n\r\n"
                        f"HTTP/1.1 {status}\r\nx-ms-delete-type-permanent: true\r\n\r\n")
         out.append(f"--{answer}--\r\n")
