@@ -60,9 +60,9 @@ pub use coordinator::{
 pub use error::{BackendName, Error, Result};
 pub use names::LaunchId;
 pub use spec::{
-    CONTAINER_SECRETS_DIR, ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT, ENV_RANK,
-    ENV_SECRETS_DIR, ENV_WORK_DIR, ENV_WORLD, GpuRequest, NetworkSpec, RESERVED_ENV, SecretBytes,
-    SecretValue, WorkerSpec,
+    CONTAINER_SECRETS_DIR, Demand, ENV_ADVERTISE_IP, ENV_COORDINATOR, ENV_JOB_ID, ENV_MESH_PORT,
+    ENV_RANK, ENV_SECRETS_DIR, ENV_WORK_DIR, ENV_WORLD, GpuRequest, NetworkSpec, RESERVED_ENV,
+    SecretBytes, SecretValue, WorkerSpec,
 };
 
 /// Starts, lists and stops the workers of a job on one platform.
@@ -118,9 +118,10 @@ pub trait Backend: Send + Sync {
 
     /// Preflight, before the job's first launch: refuses, with the platform's reason and a hint, what
     /// would fail anyway (credentials the platform refuses, an unknown cluster, GPUs where the platform
-    /// has none, a size it does not sell), having created nothing. By default: nothing to check.
-    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
-        let _ = spec;
+    /// has none, a size it does not sell, a quota below the job's `demand` at its peak, capacity the
+    /// cluster cannot offer), having created nothing. By default: nothing to check.
+    async fn check(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
+        let _ = (spec, demand);
         Ok(())
     }
 

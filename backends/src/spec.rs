@@ -53,6 +53,28 @@ pub struct WorkerSpec {
     pub network: NetworkSpec,
 }
 
+/// What a job asks of its platform at its peak, for the preflight's quota and capacity checks
+/// ([`crate::Backend::check`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Demand {
+    /// Workers running at once at most: the scaling policy's `max_workers`, else the job's `workers`.
+    pub workers: u32,
+    /// vCPUs of the machine share behind one worker (the SKU's): what an instance quota counts for a
+    /// worker that takes a whole machine (EC2's vCPU quotas count the instance, not the task).
+    /// Platforms that count what the container asks for (Fargate, ACI) use [`WorkerSpec::cpu`].
+    pub machine_vcpus: f64,
+}
+
+impl Demand {
+    /// One worker on a machine of `machine_vcpus` (tests and single-worker probes).
+    pub fn one(machine_vcpus: f64) -> Demand {
+        Demand {
+            workers: 1,
+            machine_vcpus,
+        }
+    }
+}
+
 /// GPUs per worker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuRequest {

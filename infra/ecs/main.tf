@@ -538,6 +538,14 @@ data "aws_iam_policy_document" "coordinator" {
     resources = [aws_ecs_cluster.physalia.arn]
   }
 
+  # The preflight reads the account's vCPU quota the workers count against (EC2's instance family
+  # quota, or Fargate's); Service Quotas takes no resource-level permissions for these reads.
+  statement {
+    sid       = "ReadQuotas"
+    actions   = ["servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota"]
+    resources = ["*"]
+  }
+
   statement {
     sid       = "WatchAndStopWorkers"
     actions   = ["ecs:DescribeTasks", "ecs:StopTask"]
@@ -584,6 +592,106 @@ data "aws_iam_policy_document" "coordinator" {
     sid       = "ReadWorkerLogs"
     actions   = ["logs:GetLogEvents"]
     resources = ["${aws_cloudwatch_log_group.workers.arn}:log-stream:physalia/*"]
+  }
+}
+
+# What `physalia submit` needs of the submitting user in cluster mode (output submitter_policy_json, to
+# attach to the user's group or SSO permission set): the preflight's reads (the cluster, the account's
+# vCPU quota, with launch type EC2 its container instances), the coordinator's task (register, run,
+# watch, read its log, stop, delete), passing the coordinator's two roles to ECS, and the job store.
+# backends/tests/ecs holds it to exactly the calls a submission makes.
+data "aws_iam_policy_document" "submitter" {
+  statement {
+    sid       = "FindCluster"
+    actions   = ["ecs:DescribeClusters"]
+    resources = [aws_ecs_cluster.physalia.arn]
+  }
+
+  statement {
+    sid       = "ReadQuotas"
+    actions   = ["servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota"]
+    resources = ["*"]
+  }
+
+  statement {
+    sid     = "FindContainerInstances"
+    actions = ["ecs:ListContainerInstances", "ecs:DescribeContainerInstances"]
+    resources = [
+      aws_ecs_cluster.physalia.arn,
+      "arn:${local.partition}:ecs:${local.region}:${local.account}:container-instance/${aws_ecs_cluster.physalia.name}/*",
+    ]
+  }
+
+  statement {
+    sid       = "CoordinatorTaskDefinition"
+    actions   = ["ecs:RegisterTaskDefinition", "ecs:DeleteTaskDefinitions"]
+    resources = [local.task_definition_arns]
+  }
+
+  statement {
+    sid       = "DeregisterTaskDefinition"
+    actions   = ["ecs:DeregisterTaskDefinition"]
+    resources = ["*"]
+  }
+
+  statement {
+    sid       = "RunCoordinator"
+    actions   = ["ecs:RunTask"]
+    resources = [local.task_definition_arns]
+
+    condition {
+      test     = "ArnEquals"
+      variable = "ecs:cluster"
+      values   = [aws_ecs_cluster.physalia.arn]
+    }
+  }
+
+  statement {
+    sid       = "WatchAndStopCoordinator"
+    actions   = ["ecs:DescribeTasks", "ecs:StopTask"]
+    resources = [local.task_arns]
+  }
+
+  statement {
+    sid       = "TagAtCreation"
+    actions   = ["ecs:TagResource"]
+    resources = [local.task_definition_arns, local.task_arns]
+
+    condition {
+      test     = "StringEquals"
+      variable = "ecs:CreateAction"
+      values   = ["RegisterTaskDefinition", "RunTask"]
+    }
+  }
+
+  statement {
+    sid       = "PassCoordinatorRoles"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.execution.arn, aws_iam_role.coordinator.arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["ecs-tasks.amazonaws.com"]
+    }
+  }
+
+  statement {
+    sid       = "ReadCoordinatorLog"
+    actions   = ["logs:GetLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.workers.arn}:log-stream:physalia/*"]
+  }
+
+  statement {
+    sid       = "ListJobStore"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.jobs.arn]
+  }
+
+  statement {
+    sid       = "ReadWriteJobStore"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${aws_s3_bucket.jobs.arn}/*"]
   }
 }
 

@@ -53,6 +53,11 @@ output "coordinator_policy_json" {
   value       = data.aws_iam_policy_document.coordinator.json
 }
 
+output "submitter_policy_json" {
+  description = "What `physalia submit` needs of the submitting user in cluster mode, as a policy document to attach to the user's group or permission set."
+  value       = data.aws_iam_policy_document.submitter.json
+}
+
 output "coordinator_task_definition" {
   description = "ARN of the coordinator's Fargate task definition (null without coordinator_image)."
   value       = var.coordinator_image == null ? null : aws_ecs_task_definition.coordinator[0].arn

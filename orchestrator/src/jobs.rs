@@ -506,7 +506,27 @@ fn coordinator_logs(dir: &Path, fetched: Option<&Fetched>, follow: bool) -> Resu
             f.refresh()?;
         }
         let v = JobView::read(dir)?;
-        let (text, ended) = cluster::coordinator_logs(&spec, &handle)?;
+        let (text, ended) = match cluster::coordinator_logs(&spec, &handle) {
+            Ok(read) => read,
+            // a finished job's coordinator is deleted with its platform's copy of the output (ACI's
+            // group, Kubernetes' pod); the coordinator's own log is in the job's record
+            Err(e) if v.status.state.is_final() || v.is_lost() => {
+                let stored = dir.join("logs").join("coordinator.log");
+                let text = std::fs::read_to_string(&stored).map_err(|_| {
+                    e.context(format!(
+                        "job {id} ended and its record has no logs/coordinator.log"
+                    ))
+                })?;
+                if shown == 0 {
+                    eprintln!(
+                        "note: the platform no longer has job {id}'s coordinator; its log from the \
+                         job's record follows"
+                    );
+                }
+                (text, true)
+            }
+            Err(e) => return Err(e),
+        };
         // the job's end is recorded a moment before its coordinator's last words and exit
         let over = (v.status.state.is_final() || v.is_lost())
             && (ended

@@ -38,7 +38,13 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   node whose labels match its `nodeSelector` and required node affinity (`In`, `NotIn`, `Exists`),
   whose NoSchedule/NoExecute taints it tolerates, and whose allocatable less the requests of the pods
   bound there holds its requests. A pod that fits no node stays Pending with the PodScheduled condition
-  False, reason Unschedulable, as kube-scheduler words it; `/_fake/nodes` lists the nodes.
+  False, reason Unschedulable, as kube-scheduler words it; `/_fake/nodes` lists the nodes, and
+  `GET /api/v1/nodes` (the preflight's) serves them to the user (a ServiceAccount gets 403: RBAC's
+  Roles are namespaced).
+
+`--throttle-every N` makes the API server throttle as API Priority and Fairness does when a principal's
+priority level is saturated: every Nth request of each principal (bearer token) is answered 429
+TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
 Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished, watches.
 
@@ -263,6 +269,10 @@ class Cluster:
         # (namespace, resource, name) -> object
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.requests: list[dict] = []
+        # --throttle-every N: every Nth API request of a principal is answered 429 (0: never)
+        self.throttle_every = 0
+        self.seen: dict[str, int] = {}
+        self.throttled: dict[str, int] = {}
         self.network = network
         self.hosts = subnet.hosts()
         next(self.hosts)  # the gateway
@@ -766,10 +776,50 @@ class Api(http.server.BaseHTTPRequestHandler):
         if url.path == "/_fake/requests":
             with self.cluster.lock:
                 return self.reply(200, list(self.cluster.requests))
+        if url.path == "/_fake/throttled":
+            with self.cluster.lock:
+                return self.reply(200, dict(self.cluster.throttled))
         auth = self.headers.get("Authorization", "")
         if not auth.startswith("Bearer "):
             return self.reply(401, status(401, "Unauthorized", "Unauthorized"))
         who = auth[len("Bearer "):]
+        c = self.cluster
+        if c.throttle_every:
+            # API Priority and Fairness rejecting a request whose priority level's queues are full:
+            # 429 with Retry-After, the request not carried out
+            with c.lock:
+                c.seen[who] = c.seen.get(who, 0) + 1
+                throttle = c.seen[who] % c.throttle_every == 0
+                if throttle:
+                    c.throttled[who] = c.throttled.get(who, 0) + 1
+            if throttle:
+                if method in ("POST", "PATCH", "DELETE"):
+                    self.body()
+                self.send_response(429)
+                data = json.dumps(status(429, "TooManyRequests",
+                                         "Too many requests, please try again later.")).encode()
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Retry-After", "1")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+        if url.path == "/api/v1/nodes" and method == "GET":
+            # cluster-scoped: the user may list nodes; a ServiceAccount only through a ClusterRole,
+            # which infra/k8s/rbac.yaml does not grant
+            with self.cluster.lock:
+                self.cluster.requests.append({"who": who, "verb": "list", "group": "",
+                                              "resource": "nodes", "namespace": ""})
+            if who != USER_TOKEN:
+                account = who.split(".", 2)
+                user = f"system:serviceaccount:{account[1]}:{account[2]}" if len(account) == 3 else who
+                return self.reply(403, status(
+                    403, "Forbidden",
+                    f'nodes is forbidden: User "{user}" cannot list resource "nodes" in API group "" '
+                    f'at the cluster scope'))
+            items = [{"apiVersion": "v1", "kind": "Node", **n} for n in NODES]
+            return self.reply(200, {"apiVersion": "v1", "kind": "NodeList",
+                                    "metadata": {"resourceVersion": "1"}, "items": items})
         # /api/v1/namespaces/NS/RES[/NAME[/SUB]] or /apis/batch/v1/namespaces/NS/RES[/NAME]
         if parts[:2] == ["api", "v1"]:
             rest = parts[2:]
@@ -903,6 +953,8 @@ def main() -> None:
     ca, crt, key = make_tls(gateway, files)
     api_port = free_port(gateway)
     cluster = Cluster(network, subnet, gateway, api_port, ca, files)
+    if "--throttle-every" in sys.argv:
+        cluster.throttle_every = int(sys.argv[sys.argv.index("--throttle-every") + 1])
     Api.cluster = cluster
     api = http.server.ThreadingHTTPServer((gateway, api_port), Api)
     api.daemon_threads = True

@@ -4,7 +4,8 @@
 //! CLI reaches it through a kubeconfig, as a user's would; the coordinator's pod reaches it in-cluster
 //! (its ServiceAccount token, `KUBERNETES_SERVICE_HOST`) and the S3 job store (moto) through EKS Pod
 //! Identity's credentials endpoint. The shared cluster-mode scenario (`physalia_tests::cluster`) runs
-//! here as `cluster_scenario::*`.
+//! here as `cluster_scenario::*`, with the API server throttling every fifth request of each principal
+//! (429, `Retry-After: 1`): every object is still created once.
 //!
 //! Skipped, with a note, where no Docker Engine answers or moto is not installed; with
 //! `PHYSALIA_REQUIRE_MOTO=1` (CI installs moto) a missing moto fails instead.
@@ -28,6 +29,10 @@ use tempfile::TempDir;
 const SKU: &str = "aks-d16s-v5";
 /// What `tests/kubernetes/kube_cluster.py` calls the coordinator's ServiceAccount token.
 const COORDINATOR_TOKEN: &str = "sa.physalia.physalia-coordinator";
+
+/// Every how many requests of a principal the API server throttles (429, `Retry-After: 1`, as API
+/// Priority and Fairness does): the CLI's and the coordinator's clients retry them (issue 30).
+const THROTTLE_EVERY: &str = "5";
 
 /// The fake cluster, for the life of a test.
 struct Kubernetes {
@@ -60,6 +65,7 @@ impl Cloud for Kubernetes {
 
     fn start() -> Option<Kubernetes> {
         let fake = Spawn::new("tests/kubernetes/kube_cluster.py")
+            .args(&["--throttle-every", THROTTLE_EVERY])
             .docker()
             .python(&["moto", "boto3", "cryptography"])
             .start()?;
@@ -200,6 +206,14 @@ impl Cloud for Kubernetes {
             ["jobs", "secrets", "services"],
             "{creates:?}"
         );
+        // each object above was created once although both principals were throttled on the way
+        let throttled = self.fake("throttled");
+        for who in [self.fake.str("user_token"), COORDINATOR_TOKEN] {
+            assert!(
+                throttled[who].as_u64().unwrap_or(0) > 0,
+                "the API server never throttled {who}: {throttled}"
+            );
+        }
     }
 }
 

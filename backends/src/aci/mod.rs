@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::error::{BackendName, Error, Result};
 use crate::{
-    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, LaunchId, Launched,
+    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, Demand, LaunchId, Launched,
     PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
 };
 
@@ -180,6 +180,75 @@ impl AciBackend {
             self.cfg.subscription_id,
             self.cfg.resource_group
         )
+    }
+
+    /// ACI's regional quotas (Location - List Usage): the job's peak in standard cores and in container
+    /// groups must fit what is left of each (limit less current usage) in the backend's location. A
+    /// principal that may not read usage (403) is not checked: the PUT then fails with ARM's reason.
+    async fn check_quota(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
+        let op = format!("list ACI usage in {}", self.cfg.location);
+        let url = format!(
+            "{}/subscriptions/{}/providers/Microsoft.ContainerInstance/locations/{}/usages?api-version={API_VERSION}",
+            self.cfg.endpoint.trim_end_matches('/'),
+            self.cfg.subscription_id,
+            self.cfg.location
+        );
+        let resp = self.send(Method::GET, &url, None, &op).await?;
+        let usage = match self.json(resp, &op).await {
+            Ok(v) => v,
+            // not allowed to read usage, or no usage for this location: the PUT says why if it must
+            Err(Error::Permission { .. }) => return Ok(()),
+            Err(Error::Api {
+                status: Some(404), ..
+            }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let workers = f64::from(demand.workers.max(1));
+        for (name, need, what) in [
+            (
+                "StandardCores",
+                workers * spec.cpu,
+                format!(
+                    "{} workers of {} cores each",
+                    demand.workers.max(1),
+                    spec.cpu
+                ),
+            ),
+            (
+                "ContainerGroups",
+                workers,
+                format!("{} workers, one group each", demand.workers.max(1)),
+            ),
+        ] {
+            let Some(u) = usage["value"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|u| u["name"]["value"].as_str() == Some(name))
+            else {
+                continue;
+            };
+            let (Some(limit), current) = (u["limit"].as_f64(), u["currentValue"].as_f64()) else {
+                continue;
+            };
+            let current = current.unwrap_or(0.0);
+            let free = (limit - current).max(0.0);
+            if need > free {
+                let label = u["name"]["localizedValue"].as_str().unwrap_or(name);
+                return Err(Error::Quota {
+                    backend: NAME,
+                    rank: None,
+                    detail: format!(
+                        "the subscription's ACI quota \"{label}\" ({name}) in {} is {limit} with \
+                         {current} in use, and this job needs {need} at its peak ({what}): request \
+                         an increase (Azure portal: Quotas, Container Instances), or run fewer or \
+                         smaller workers; nothing was created",
+                        self.cfg.location
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn group_url(&self, group: &str) -> String {
@@ -830,7 +899,7 @@ impl Backend for AciBackend {
         Error::stop_all_result(NAME, launch, leftovers)
     }
 
-    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+    async fn check(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
         unsupported_gpu(spec)?;
         // A token, and ARM taking it for this resource group: absent or expired credentials, a missing
         // role or resource group are refused now, before anything exists.
@@ -840,7 +909,8 @@ impl Backend for AciBackend {
         );
         let url = format!("{}?api-version={API_VERSION}", self.groups_url());
         let resp = self.send(Method::GET, &url, None, &op).await?;
-        self.json(resp, &op).await.map(|_| ())
+        self.json(resp, &op).await?;
+        self.check_quota(spec, demand).await
     }
 
     async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {

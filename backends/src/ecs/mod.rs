@@ -34,10 +34,11 @@ use futures_util::StreamExt;
 use crate::error::{BackendName, Error, Result};
 use crate::spec::{ENV_RANK, ENV_SECRETS_DIR};
 use crate::{
-    Backend, CONTAINER_SECRETS_DIR, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus,
+    Backend, CONTAINER_SECRETS_DIR, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, Demand,
     LaunchId, Launched, PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
 };
 
+pub mod preflight;
 pub mod task;
 
 pub use aws_config;
@@ -168,6 +169,7 @@ pub struct EcsBackend {
     ecs: aws_sdk_ecs::Client,
     secrets: aws_sdk_secretsmanager::Client,
     logs: aws_sdk_cloudwatchlogs::Client,
+    quotas: aws_sdk_servicequotas::Client,
     region: String,
     cfg: EcsConfig,
 }
@@ -277,7 +279,7 @@ impl EcsBackend {
     }
 
     /// The cluster exists and is active (DescribeClusters), before anything is created in it.
-    async fn check_cluster(&self) -> Result<()> {
+    async fn check_cluster(&self) -> Result<ecs::Cluster> {
         let cluster = &self.cfg.cluster;
         let out = self
             .ecs
@@ -286,9 +288,8 @@ impl EcsBackend {
             .send()
             .await
             .map_err(|e| self.sdk_error(&format!("describe cluster {cluster}"), e))?;
-        let active = out.clusters().iter().any(|c| c.status() == Some("ACTIVE"));
-        if active {
-            return Ok(());
+        if let Some(active) = out.clusters().iter().find(|c| c.status() == Some("ACTIVE")) {
+            return Ok(active.clone());
         }
         let reason = out
             .failures()
@@ -327,6 +328,181 @@ impl EcsBackend {
             task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?;
         }
         Ok(())
+    }
+
+    /// Capacity the cluster cannot offer, before anything is created: a capacity provider the cluster
+    /// does not have (RunTask refuses a strategy naming it), or, with launch type EC2, no registered
+    /// container instance of the SKU's instance types (RunTask places only on instances already
+    /// registered; nothing starts one).
+    async fn check_placement(&self, cluster: &ecs::Cluster, spec: &WorkerSpec) -> Result<()> {
+        let name = &self.cfg.cluster;
+        let refuse = |detail: String| Error::Config {
+            backend: NAME,
+            detail: format!("{detail}; nothing was created"),
+        };
+        match &self.cfg.capacity {
+            Capacity::Fargate => Ok(()),
+            Capacity::Provider(p) => {
+                let has = cluster.capacity_providers();
+                if has.iter().any(|h| h == p) {
+                    return Ok(());
+                }
+                Err(refuse(format!(
+                    "cluster {name} in {} has no capacity provider {p} (its providers: {}): set the \
+                     backend's capacity to one it has (infra/ecs output gpu_capacity_provider), or \
+                     attach {p} with `aws ecs put-cluster-capacity-providers`",
+                    self.region,
+                    if has.is_empty() {
+                        "none".to_string()
+                    } else {
+                        has.join(", ")
+                    }
+                )))
+            }
+            Capacity::Ec2 => {
+                let types = match self.instance_types(name).await {
+                    Ok(types) => types,
+                    // a principal that may not list container instances: RunTask says it if it must
+                    Err(Error::Permission { .. }) => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                let wanted = &spec.instance_types;
+                if types.is_empty() {
+                    return Err(refuse(format!(
+                        "cluster {name} in {} has no registered container instances, and launch \
+                         type EC2 places tasks only on those: start instances into the cluster, or \
+                         set the backend's capacity to a capacity provider that starts them \
+                         (infra/ecs output gpu_capacity_provider)",
+                        self.region
+                    )));
+                }
+                if wanted.is_empty() || types.iter().any(|t| wanted.contains(t)) {
+                    return Ok(());
+                }
+                Err(refuse(format!(
+                    "cluster {name} in {} has no container instance of type {} (the SKU's; it has {}): \
+                     register instances of that type, or choose the SKU of the instances it has",
+                    self.region,
+                    wanted.join(" or "),
+                    types.into_iter().collect::<Vec<_>>().join(", ")
+                )))
+            }
+        }
+    }
+
+    /// The instance types (attribute `ecs.instance-type`) of the cluster's active container instances.
+    async fn instance_types(&self, cluster: &str) -> Result<std::collections::BTreeSet<String>> {
+        let mut arns = Vec::new();
+        let mut pages = self
+            .ecs
+            .list_container_instances()
+            .cluster(cluster)
+            .status(ecs::ContainerInstanceStatus::Active)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| {
+                self.sdk_error(&format!("list container instances of {cluster}"), e)
+            })?;
+            arns.extend(page.container_instance_arns().iter().cloned());
+        }
+        let mut types = std::collections::BTreeSet::new();
+        // DescribeContainerInstances takes at most 100
+        for batch in arns.chunks(100) {
+            let out = self
+                .ecs
+                .describe_container_instances()
+                .cluster(cluster)
+                .set_container_instances(Some(batch.to_vec()))
+                .send()
+                .await
+                .map_err(|e| {
+                    self.sdk_error(&format!("describe container instances of {cluster}"), e)
+                })?;
+            for ci in out.container_instances() {
+                types.extend(
+                    ci.attributes()
+                        .iter()
+                        .filter(|a| a.name() == "ecs.instance-type")
+                        .filter_map(|a| a.value().map(str::to_string)),
+                );
+            }
+        }
+        Ok(types)
+    }
+
+    /// The account's Service Quotas quota the workers count against (EC2's instance family quota, or
+    /// Fargate's), against what the job needs at its peak. A quota this principal may not read
+    /// (`servicequotas:GetServiceQuota` denied) or that Service Quotas does not know here is not
+    /// checked: the launch then fails or waits with the platform's own reason.
+    async fn check_quota(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
+        let task_vcpus = if self.cfg.capacity.is_fargate() {
+            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?.0
+                as f64
+                / 1024.0
+        } else {
+            spec.cpu
+        };
+        let Some(need) =
+            preflight::need(&self.cfg.capacity, task_vcpus, &spec.instance_types, demand)
+        else {
+            return Ok(());
+        };
+        let Some(value) = self.quota_value(need.quota).await? else {
+            return Ok(());
+        };
+        if need.vcpus <= value {
+            return Ok(());
+        }
+        Err(Error::Quota {
+            backend: NAME,
+            rank: None,
+            detail: preflight::refusal(&need, value, &self.region),
+        })
+    }
+
+    /// A quota's applied value in this region, else its AWS default (Service Quotas answers
+    /// `NoSuchResourceException` for a quota whose applied value it does not have); `None` when
+    /// neither can be read.
+    async fn quota_value(&self, q: preflight::Quota) -> Result<Option<f64>> {
+        let what = format!("read the quota {} ({} {})", q.name, q.service, q.code);
+        match self
+            .quotas
+            .get_service_quota()
+            .service_code(q.service)
+            .quota_code(q.code)
+            .send()
+            .await
+        {
+            Ok(out) => return Ok(out.quota().and_then(|q| q.value())),
+            Err(e) if e.code() == Some("NoSuchResourceException") => {}
+            Err(e) => return self.unreadable_quota(&what, e),
+        }
+        match self
+            .quotas
+            .get_aws_default_service_quota()
+            .service_code(q.service)
+            .quota_code(q.code)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out.quota().and_then(|q| q.value())),
+            Err(e) if e.code() == Some("NoSuchResourceException") => Ok(None),
+            Err(e) => self.unreadable_quota(&what, e),
+        }
+    }
+
+    /// A quota that cannot be read: not checked where the principal may not read it (a coordinator
+    /// role or a user policy without Service Quotas), an error otherwise (bad credentials, an
+    /// unreachable endpoint: the rest of the preflight would fail on them too).
+    fn unreadable_quota<E>(&self, what: &str, e: SdkError<E>) -> Result<Option<f64>>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match self.sdk_error(what, e) {
+            Error::Permission { .. } => Ok(None),
+            other => Err(other),
+        }
     }
 
     /// The coordinator's task definition and task ARNs from its handle.
@@ -622,6 +798,11 @@ impl EcsBackend {
         );
         let logs = aws_sdk_cloudwatchlogs::Client::from_conf(
             aws_sdk_cloudwatchlogs::config::Builder::from(sdk)
+                .retry_config(retry.clone())
+                .build(),
+        );
+        let quotas = aws_sdk_servicequotas::Client::from_conf(
+            aws_sdk_servicequotas::config::Builder::from(sdk)
                 .retry_config(retry)
                 .build(),
         );
@@ -630,6 +811,7 @@ impl EcsBackend {
             ecs,
             secrets,
             logs,
+            quotas,
             region,
             cfg,
         })
@@ -1523,10 +1705,12 @@ impl Backend for EcsBackend {
             .await
     }
 
-    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+    async fn check(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
         self.check_capacity(spec)?;
         self.verify_credentials().await?;
-        self.check_cluster().await
+        let cluster = self.check_cluster().await?;
+        self.check_placement(&cluster, spec).await?;
+        self.check_quota(spec, demand).await
     }
 
     async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret, Service};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 
 use crate::error::{BackendName, Error, Result};
 use crate::{
-    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, LaunchId, Launched,
+    Backend, CoordinatorHandle, CoordinatorSpec, CoordinatorStatus, Demand, LaunchId, Launched,
     PlatformObject, WorkerSpec, WorkerState, WorkerStatus,
 };
 
@@ -77,6 +77,9 @@ pub struct KubernetesConfig {
     pub fs_group: Option<i64>,
     /// The ServiceAccount the coordinator's Job runs as (`infra/k8s/rbac.yaml`).
     pub coordinator_service_account: String,
+    /// Node pools start nodes for pending pods (a cluster autoscaler or Karpenter scaling a pool from
+    /// zero): the preflight does not refuse a job because no node of the SKU's type runs now.
+    pub scales_from_zero: bool,
     /// The cluster is AKS with workload identity: the coordinator's pod is labelled for its webhook
     /// (as it is anyway for an `az://` job store; [`objects::uses_azure_workload_identity`]).
     pub azure_workload_identity: Option<objects::AzureWorkloadIdentity>,
@@ -97,6 +100,7 @@ impl Default for KubernetesConfig {
             gpu_image: None,
             fs_group: None,
             coordinator_service_account: "physalia-coordinator".into(),
+            scales_from_zero: false,
             azure_workload_identity: None,
         }
     }
@@ -569,6 +573,103 @@ impl KubernetesBackend {
     }
 
     /// Maps a kube error to the variant a user can act on.
+    /// Capacity the cluster cannot offer, before anything is created: no node of the SKU's instance
+    /// types (the well-known label) carrying the configuration's labels, or, for a GPU worker, none of
+    /// them offering `nvidia.com/gpu` (no device plugin). Pods for such a node would stay Pending until
+    /// the launch's timeout. Skipped where pools scale from zero
+    /// ([`KubernetesConfig::scales_from_zero`]: no node of a type runs until a pod asks for it) and for
+    /// a principal that may not list nodes (a namespaced Role).
+    async fn check_nodes(&self, spec: &WorkerSpec) -> Result<()> {
+        if self.cfg.scales_from_zero {
+            return Ok(());
+        }
+        let nodes = match Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(()),
+            Err(e) => return Err(self.api_error(e, "list nodes")),
+        };
+        let label = |n: &Node, key: &str| -> Option<String> {
+            n.metadata.labels.as_ref()?.get(key).cloned()
+        };
+        let mut wanted = self.cfg.node_selector.clone();
+        if spec.instance_types.is_empty()
+            && let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_ref())
+        {
+            wanted.insert(self.cfg.gpu_product_label.clone(), kind.clone());
+        }
+        let fits = |n: &Node| {
+            wanted
+                .iter()
+                .all(|(k, v)| label(n, k).as_deref() == Some(v.as_str()))
+                && (spec.instance_types.is_empty()
+                    || label(n, &self.cfg.instance_type_label)
+                        .is_some_and(|t| spec.instance_types.contains(&t)))
+        };
+        let placed: Vec<&Node> = nodes.iter().filter(|n| fits(n)).collect();
+        let mut what = Vec::new();
+        if !spec.instance_types.is_empty() {
+            what.push(format!(
+                "{} {}",
+                self.cfg.instance_type_label,
+                spec.instance_types.join(" or ")
+            ));
+        }
+        what.extend(wanted.iter().map(|(k, v)| format!("{k}={v}")));
+        let refuse = |detail: String| Error::Config {
+            backend: NAME,
+            detail: format!(
+                "{detail}; if a node pool of that kind starts nodes for pending pods, set \
+                 backend.kubernetes.scales_from_zero: true; nothing was created"
+            ),
+        };
+        if placed.is_empty() {
+            if what.is_empty() {
+                return Ok(());
+            }
+            let mut have = BTreeMap::<String, usize>::new();
+            for n in &nodes {
+                let ty = label(n, &self.cfg.instance_type_label).unwrap_or_else(|| "?".into());
+                *have.entry(ty).or_default() += 1;
+            }
+            let have: Vec<String> = have.iter().map(|(t, c)| format!("{t} x{c}")).collect();
+            return Err(refuse(format!(
+                "no node of the cluster has {} (its nodes: {}): add a node pool of that type, or \
+                 choose a SKU of the nodes it has",
+                what.join(", "),
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            )));
+        }
+        if let Some(gpu) = &spec.gpu {
+            let offers = |n: &&Node| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref())
+                    .and_then(|a| a.get(objects::GPU_RESOURCE))
+                    .and_then(|q| q.0.parse::<u32>().ok())
+                    .is_some_and(|c| c >= gpu.count)
+            };
+            if !placed.iter().any(offers) {
+                return Err(refuse(format!(
+                    "the cluster's {} node(s) with {} offer no {} x{} (allocatable): install \
+                     NVIDIA's device plugin or GPU operator on that pool, or choose a SKU with fewer \
+                     GPUs",
+                    placed.len(),
+                    what.join(", "),
+                    objects::GPU_RESOURCE,
+                    gpu.count
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn api_error(&self, e: kube::Error, action: &str) -> Error {
         let ns = &self.cfg.namespace;
         match e {
@@ -684,16 +785,16 @@ impl Backend for KubernetesBackend {
         Error::stop_all_result(NAME, launch, leftovers)
     }
 
-    async fn check(&self, spec: &WorkerSpec) -> Result<()> {
+    async fn check(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
         // Kubernetes takes any size and GPU request (a pod nobody can schedule times out at launch with
         // the scheduler's reason); what can be known now is whether the API server takes our
         // credentials and lets us list pods in the namespace: a 401 or 403 now, before anything exists.
-        let _ = spec;
+        let _ = demand;
         self.api::<Pod>()
             .list(&ListParams::default().limit(1))
             .await
             .map_err(|e| self.api_error(e, "list pods"))?;
-        Ok(())
+        self.check_nodes(spec).await
     }
 
     async fn launch_coordinator(&self, spec: &CoordinatorSpec) -> Result<CoordinatorHandle> {

@@ -55,6 +55,9 @@ pub struct Script {
     /// ARM's throttling: every Nth request of a principal (0: none) is answered [`Throttle::status`]
     /// (429 Too Many Requests) without being carried out.
     pub throttle: Throttle,
+    /// ACI's regional usage in `eastus` (Location - List Usage): (name, localized name, current
+    /// value, limit).
+    pub usage: Vec<(&'static str, &'static str, u32, u32)>,
 }
 
 #[derive(Clone, Debug)]
@@ -91,6 +94,11 @@ impl Default for Script {
             page_size: 100,
             foreign_operation_url: false,
             throttle: Throttle::default(),
+            // ACI's default regional quotas
+            usage: vec![
+                ("ContainerGroups", "Container Groups", 0, 100),
+                ("StandardCores", "Standard Cores", 0, 100),
+            ],
         }
     }
 }
@@ -296,6 +304,26 @@ async fn handle(
         return reply(t.status, Some(&body), &headers);
     }
 
+    let usages = format!(
+        "/subscriptions/{SUBSCRIPTION}/providers/Microsoft.ContainerInstance/locations/eastus/usages"
+    );
+    if method == Method::GET && path == usages {
+        let value: Vec<Value> = st
+            .script
+            .usage
+            .iter()
+            .map(|(name, localized, current, limit)| {
+                json!({
+                    "id": format!("{path}/{name}"),
+                    "unit": "Count",
+                    "currentValue": current,
+                    "limit": limit,
+                    "name": {"value": name, "localizedValue": localized},
+                })
+            })
+            .collect();
+        return reply(200, Some(&json!({ "value": value })), &[]);
+    }
     let prefix = groups_prefix();
     if let Some(id) = path.strip_prefix("/operations/") {
         return poll_operation(&mut st, id.parse().unwrap_or(0), false);

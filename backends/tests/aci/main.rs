@@ -19,8 +19,8 @@ use physalia_backends::aci::{
     TokenProvider, body,
 };
 use physalia_backends::{
-    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
-    WorkerSpec, WorkerState,
+    Backend, CoordinatorSpec, Demand, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes,
+    SecretValue, WorkerSpec, WorkerState,
 };
 use serde_json::{Value, json};
 
@@ -573,7 +573,7 @@ async fn every_call_is_retried_while_arm_throttles_every_third_request() {
             b.logs(&launched.id, 1).await.unwrap(),
             format!("log of {}/worker\n", group(1))
         );
-        b.check(&spec(3)).await.unwrap();
+        b.check(&spec(3), Demand::one(4.0)).await.unwrap();
         b.stop(&launched.id, 1).await.unwrap();
         b.stop_all(&launched.id).await.unwrap();
         assert_cleaned_up(&server);
@@ -656,7 +656,7 @@ async fn retry_after_is_honoured_up_to_the_cap_and_backoff_applies_without_it() 
         };
         let b = AciBackend::new(cfg, test_token()).unwrap();
         let t0 = std::time::Instant::now();
-        b.check(&spec(1)).await.unwrap();
+        b.check(&spec(1), Demand::one(4.0)).await.unwrap();
         let took = t0.elapsed().as_secs_f64();
         assert!(
             (min..max).contains(&took),
@@ -664,7 +664,18 @@ async fn retry_after_is_honoured_up_to_the_cap_and_backoff_applies_without_it() 
         );
         let rec = server.record();
         assert_eq!(rec.throttled.len(), 1);
-        assert_eq!(rec.requests.len(), 2, "sent again once: {:?}", rec.requests);
+        // the throttled list sent again once, then the preflight's usage read
+        let lists = rec
+            .requests
+            .iter()
+            .filter(|r| r.contains("/containerGroups?"))
+            .count();
+        assert_eq!(
+            (lists, rec.requests.len()),
+            (2, 3),
+            "sent again once: {:?}",
+            rec.requests
+        );
     }
 }
 
@@ -690,7 +701,7 @@ async fn throttling_that_never_ends_is_a_throttled_error_naming_status_attempts_
         ..config(&server, 1)
     };
     let b = AciBackend::new(cfg, test_token()).unwrap();
-    let err = b.check(&spec(1)).await.unwrap_err();
+    let err = b.check(&spec(1), Demand::one(4.0)).await.unwrap_err();
     assert!(
         matches!(err, Error::Throttled { attempts: 4, .. }),
         "{err:?}"
@@ -721,7 +732,7 @@ async fn throttling_that_never_ends_is_a_throttled_error_naming_status_attempts_
     };
     let b = AciBackend::new(cfg, test_token()).unwrap();
     let t0 = std::time::Instant::now();
-    let err = b.check(&spec(1)).await.unwrap_err();
+    let err = b.check(&spec(1), Demand::one(4.0)).await.unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert!(
         matches!(err, Error::Throttled { attempts: 2, .. }),
@@ -752,7 +763,10 @@ async fn throttling_that_never_ends_is_a_throttled_error_naming_status_attempts_
 
     // 503 without Retry-After: not ARM's throttling, one attempt
     let server = ArmServer::start(forever(503, None)).await;
-    let err = backend(&server).check(&spec(1)).await.unwrap_err();
+    let err = backend(&server)
+        .check(&spec(1), Demand::one(4.0))
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -950,14 +964,20 @@ async fn a_coordinator_without_an_identity_is_refused_before_any_call() {
 #[tokio::test]
 async fn check_refuses_gpus_and_bad_credentials_before_anything_is_created() {
     let server = ArmServer::start(Script::default()).await;
-    backend(&server).check(&spec(2)).await.unwrap();
+    backend(&server)
+        .check(&spec(2), Demand::one(4.0))
+        .await
+        .unwrap();
     let mut gpu = spec(2);
     gpu.gpu = Some(GpuRequest {
         count: 1,
         kind: None,
     });
     let before = server.record().requests.len();
-    let err = backend(&server).check(&gpu).await.unwrap_err();
+    let err = backend(&server)
+        .check(&gpu, Demand::one(4.0))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     assert_eq!(
         server.record().requests.len(),
@@ -965,12 +985,68 @@ async fn check_refuses_gpus_and_bad_credentials_before_anything_is_created() {
         "no call for a GPU spec"
     );
     let err = backend_with(&server, 4, "expired-token")
-        .check(&spec(2))
+        .check(&spec(2), Demand::one(4.0))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Credentials { .. }), "{err}");
     assert!(err.to_string().contains("az login"), "{err}");
     assert!(server.record().created.is_empty());
+}
+
+/// ACI's regional quotas (Location - List Usage) the job's peak does not fit are refused in preflight
+/// with one line naming the quota, its limit and use, and the need; nothing is created. Within them it
+/// passes, and a principal that may not read usage is not refused for it.
+#[tokio::test]
+async fn check_refuses_a_job_over_the_regional_core_or_group_quota() {
+    let three = Demand {
+        workers: 3,
+        machine_vcpus: 4.0,
+    };
+    let server = ArmServer::start(Script {
+        usage: vec![
+            ("ContainerGroups", "Container Groups", 1, 100),
+            ("StandardCores", "Standard Cores", 4, 10),
+        ],
+        ..Script::default()
+    })
+    .await;
+    let err = backend(&server).check(&spec(3), three).await.unwrap_err();
+    let line = err.to_string();
+    assert!(matches!(err, Error::Quota { rank: None, .. }), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    assert!(
+        line.contains(
+            "the subscription's ACI quota \"Standard Cores\" (StandardCores) in eastus is 10 with 4 in \
+             use, and this job needs 12 at its peak (3 workers of 4 cores each)"
+        ) && line.contains("nothing was created"),
+        "{line}"
+    );
+    // one worker of 4 cores fits the 6 left
+    backend(&server)
+        .check(&spec(1), Demand::one(4.0))
+        .await
+        .unwrap();
+
+    let server = ArmServer::start(Script {
+        usage: vec![
+            ("ContainerGroups", "Container Groups", 99, 100),
+            ("StandardCores", "Standard Cores", 0, 100),
+        ],
+        ..Script::default()
+    })
+    .await;
+    let err = backend(&server).check(&spec(3), three).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"Container Groups\" (ContainerGroups) in eastus is 100 with 99 in use"),
+        "{err}"
+    );
+    assert!(server.record().created.is_empty());
+    assert!(
+        server.record().violations.is_empty(),
+        "{:?}",
+        server.record().violations
+    );
 }
 
 /// A fake `az` that prints `stdout` and exits with `code`.
@@ -1014,7 +1090,7 @@ async fn the_azure_cli_token_is_used_and_absent_or_expired_ones_say_az_login() {
     };
     // signed in: the CLI's token reaches ARM
     let good = fake_az(dir.path(), "az-good", &token_json(now + 3600), "", 0);
-    with(good).check(&spec(1)).await.unwrap();
+    with(good).check(&spec(1), Demand::one(4.0)).await.unwrap();
     // not signed in, expired, not installed: a credentials error that says what to do, no request
     let before = server.record().requests.len();
     let cases = [
@@ -1038,7 +1114,10 @@ async fn the_azure_cli_token_is_used_and_absent_or_expired_ones_say_az_login() {
         ),
     ];
     for (program, needle) in cases {
-        let err = with(program).check(&spec(1)).await.unwrap_err();
+        let err = with(program)
+            .check(&spec(1), Demand::one(4.0))
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Credentials { .. }), "{err}");
         let text = err.to_string();
         assert!(text.contains(needle) && text.contains("az login"), "{text}");
@@ -1086,7 +1165,7 @@ async fn a_managed_identity_token_is_used_and_without_one_the_chain_says_az_logi
     let identity = ManagedIdentityToken::with_endpoint(&url, Some("0000-client".into()));
     AciBackend::new(config(&server, 4), Arc::new(identity))
         .unwrap()
-        .check(&spec(1))
+        .check(&spec(1), Demand::one(4.0))
         .await
         .unwrap();
     let req = seen.lock().unwrap()[0].clone();
@@ -1098,7 +1177,7 @@ async fn a_managed_identity_token_is_used_and_without_one_the_chain_says_az_logi
         .resource_id(Some("/subscriptions/s/id/coordinator".into()));
     AciBackend::new(config(&server, 4), Arc::new(by_id))
         .unwrap()
-        .check(&spec(1))
+        .check(&spec(1), Demand::one(4.0))
         .await
         .unwrap();
     let req = seen.lock().unwrap()[0].clone();
@@ -1118,7 +1197,7 @@ async fn a_managed_identity_token_is_used_and_without_one_the_chain_says_az_logi
     );
     let err = AciBackend::new(config(&server, 4), Arc::new(chain))
         .unwrap()
-        .check(&spec(1))
+        .check(&spec(1), Demand::one(4.0))
         .await
         .unwrap_err();
     let text = err.to_string();

@@ -16,8 +16,8 @@ use base64::Engine as _;
 use physalia_backends::ecs::aws_config;
 use physalia_backends::ecs::{Capacity, EcsBackend, EcsConfig, task};
 use physalia_backends::{
-    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
-    WorkerSpec, WorkerState,
+    Backend, CoordinatorSpec, Demand, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes,
+    SecretValue, WorkerSpec, WorkerState,
 };
 use physalia_testkit::{Emulator, Spawn};
 use serde_json::Value;
@@ -924,12 +924,17 @@ async fn check_refuses_an_unknown_cluster_and_gpus_on_fargate_before_anything_is
     let sdk = moto.sdk().await;
     moto.backend(moto.config())
         .await
-        .check(&spec(2))
+        .check(&spec(2), Demand::one(4.0))
         .await
         .unwrap();
     let mut cfg = moto.config();
     cfg.cluster = "no-such-cluster".into();
-    let err = moto.backend(cfg).await.check(&spec(2)).await.unwrap_err();
+    let err = moto
+        .backend(cfg)
+        .await
+        .check(&spec(2), Demand::one(4.0))
+        .await
+        .unwrap_err();
     assert!(
         err.to_string().contains("DescribeClusters: MISSING"),
         "{err}"
@@ -942,11 +947,175 @@ async fn check_refuses_an_unknown_cluster_and_gpus_on_fargate_before_anything_is
     let err = moto
         .backend(moto.config())
         .await
-        .check(&gpu)
+        .check(&gpu, Demand::one(4.0))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("Fargate has no GPUs"), "{err}");
     assert_nothing_left(&leftovers(&sdk, &LaunchId::new("products-1732000000", 2)).await);
+}
+
+/// A GPU worker spec of the catalog's `ecs-g5.xlarge` SKU.
+fn g5_spec(n: usize) -> WorkerSpec {
+    let mut spec = spec(n);
+    spec.cpu = 4.0;
+    spec.memory_gib = 15.0;
+    spec.gpu = Some(GpuRequest {
+        count: 1,
+        kind: Some("A10G".into()),
+    });
+    spec.instance_types = vec!["g5.xlarge".into()];
+    spec
+}
+
+/// Quotas and capacity the account or cluster cannot give are refused in preflight with one line that
+/// names the quota (its code, value and the job's need) or the capacity, and nothing is created: a new
+/// account's G and VT quota of 0, Fargate's vCPU quota below the job's peak, a capacity provider the
+/// cluster does not have, launch type EC2 on a cluster with no instance of the SKU's type. Within the
+/// quota (the default, read through GetAWSDefaultServiceQuota when none is applied) it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
+    let Some(moto) = Moto::start(&[
+        "--tasks-stay-running",
+        "--quota",
+        "L-DB2E81BA=0",
+        "--quota",
+        "L-3032A538=4",
+        "--capacity-provider",
+        "FARGATE",
+        "--capacity-provider",
+        "physalia-gpu",
+        "--container-instances",
+        "1",
+    ]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let three = Demand {
+        workers: 3,
+        machine_vcpus: 4.0,
+    };
+    let gpu_on = |capacity: Capacity| {
+        let mut cfg = moto.config();
+        cfg.capacity = capacity;
+        cfg
+    };
+
+    // G and VT: an applied quota of 0 vCPUs, three g5.xlarge workers need 12
+    let backend = moto
+        .backend(gpu_on(Capacity::Provider("physalia-gpu".into())))
+        .await;
+    let err = backend.check(&g5_spec(3), three).await.unwrap_err();
+    let line = err.to_string();
+    assert!(matches!(err, Error::Quota { rank: None, .. }), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    for want in [
+        "\"Running On-Demand G and VT instances\" (ec2 L-DB2E81BA) in us-east-1 is 0 vCPUs",
+        "needs 12 at its peak (3 workers on g5.xlarge, 4 vCPUs each)",
+        "--quota-code L-DB2E81BA --desired-value 12",
+        "nothing was created",
+    ] {
+        assert!(line.contains(want), "{want:?} not in {line}");
+    }
+
+    // P instances: no applied value, so AWS's default (384 vCPUs) decides: 3 x 12 fits, 40 x 12 not
+    let mut p4d = g5_spec(3);
+    p4d.instance_types = vec!["p4d.24xlarge".into()];
+    let share = |workers| Demand {
+        workers,
+        machine_vcpus: 12.0,
+    };
+    backend.check(&p4d, share(3)).await.unwrap();
+    let err = backend.check(&p4d, share(40)).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("(ec2 L-417A185B) in us-east-1 is 384 vCPUs")
+            && err.to_string().contains("needs 480"),
+        "{err}"
+    );
+
+    // Fargate: 4 vCPUs applied; three 2-vCPU tasks need 6, two need 4
+    let fargate = moto.backend(moto.config()).await;
+    let err = fargate.check(&spec(3), three).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "\"Fargate On-Demand vCPU resource count\" (fargate L-3032A538) in us-east-1 is 4 vCPUs"
+        ) && err
+            .to_string()
+            .contains("3 Fargate workers of 2 vCPUs each"),
+        "{err}"
+    );
+    fargate
+        .check(
+            &spec(2),
+            Demand {
+                workers: 2,
+                machine_vcpus: 2.0,
+            },
+        )
+        .await
+        .unwrap();
+
+    // a capacity provider the cluster does not have, named with the ones it has
+    let err = moto
+        .backend(gpu_on(Capacity::Provider("gpu-pool".into())))
+        .await
+        .check(&g5_spec(1), Demand::one(4.0))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "cluster physalia in us-east-1 has no capacity provider gpu-pool (its providers: \
+             FARGATE, physalia-gpu)"
+        ),
+        "{err}"
+    );
+
+    // launch type EC2: the one registered instance is a g5.xlarge
+    let ec2 = moto.backend(gpu_on(Capacity::Ec2)).await;
+    let mut g6 = g5_spec(1);
+    g6.instance_types = vec!["g6.xlarge".into()];
+    let err = ec2.check(&g6, Demand::one(4.0)).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "cluster physalia in us-east-1 has no container instance of type g6.xlarge (the \
+             SKU's; it has g5.xlarge)"
+        ),
+        "{err}"
+    );
+    let err = ec2.check(&g5_spec(1), three).await.unwrap_err();
+    assert!(err.to_string().contains("L-DB2E81BA"), "{err}");
+    assert_nothing_left(&leftovers(&sdk, &LaunchId::new("products-1732000000", 2)).await);
+
+    // within every quota and capacity: through
+    let Some(roomy) = Moto::start(&["--tasks-stay-running", "--container-instances", "1"]) else {
+        return;
+    };
+    let mut cfg = roomy.config();
+    cfg.capacity = Capacity::Ec2;
+    roomy
+        .backend(cfg)
+        .await
+        .check(&g5_spec(3), three)
+        .await
+        .unwrap();
+    // and an EC2 cluster with no instance at all says so
+    let Some(empty) = Moto::start(&["--tasks-stay-running"]) else {
+        return;
+    };
+    let mut cfg = empty.config();
+    cfg.capacity = Capacity::Ec2;
+    let err = empty
+        .backend(cfg)
+        .await
+        .check(&g5_spec(1), Demand::one(4.0))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "has no registered container instances, and launch type EC2 places tasks only on those"
+        ),
+        "{err}"
+    );
 }
 
 /// Runs this test binary's `from_env_child` with exactly `env` (no inherited AWS settings, no profile
@@ -1019,7 +1188,7 @@ async fn from_env_child() {
     match EcsBackend::from_env(cfg, None).await {
         Err(e) => println!("FROM_ENV ERROR: {e}"),
         Ok(backend) => {
-            backend.check(&spec(1)).await.unwrap();
+            backend.check(&spec(1), Demand::one(4.0)).await.unwrap();
             let handle = backend
                 .launch_coordinator(&coordinator_spec())
                 .await
@@ -1098,7 +1267,7 @@ async fn expired_credentials_are_refused_with_a_hint() {
         &sdk,
     )
     .unwrap();
-    let err = backend.check(&spec(1)).await.unwrap_err();
+    let err = backend.check(&spec(1), Demand::one(4.0)).await.unwrap_err();
     assert!(matches!(err, Error::Credentials { .. }), "{err}");
     let text = err.to_string();
     assert!(
@@ -1160,7 +1329,7 @@ async fn the_coordinator_policy_grants_exactly_the_calls_the_backend_makes() {
     let backend = EcsBackend::new(cfg, &sdk_for(&proxy.url(), "testing", "testing").await).unwrap();
     let spec = spec(2);
     let launch = LaunchId::new(&spec.job_id, spec.segment);
-    backend.check(&spec).await.unwrap();
+    backend.check(&spec, Demand::one(4.0)).await.unwrap();
     backend.launch(&spec, 2).await.unwrap();
     backend.list(&launch).await.unwrap();
     backend.logs(&launch, 0).await.unwrap();
@@ -1203,6 +1372,75 @@ async fn the_coordinator_policy_grants_exactly_the_calls_the_backend_makes() {
     let mut passed = passed;
     passed.sort();
     assert_eq!(passed, want);
+}
+
+/// infra/ecs's submitter policy (output submitter_policy_json) grants exactly the calls a cluster-mode
+/// `physalia submit` makes of ECS on the user's credentials: the preflight (Fargate, and launch type
+/// EC2's container instances), the coordinator's task started, watched, its log read and stopped,
+/// through a recording proxy, plus the authorization-only actions (tagging at creation, passing the
+/// coordinator's execution and task roles); and the job store's actions as the coordinator's store
+/// policy has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_submitter_policy_grants_exactly_the_calls_a_submission_makes() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running", "--container-instances", "1"]) else {
+        return;
+    };
+    let proxy = proxy::Throttle::start(moto.endpoint(), "", 0).await;
+    let sdk = sdk_for(&proxy.url(), "testing", "testing").await;
+    let backend = EcsBackend::new(moto.config(), &sdk).unwrap();
+    backend.check(&spec(2), Demand::one(2.0)).await.unwrap();
+    let mut ec2 = moto.config();
+    ec2.capacity = Capacity::Ec2;
+    EcsBackend::new(ec2, &sdk)
+        .unwrap()
+        .check(&g5_spec(2), Demand::one(4.0))
+        .await
+        .unwrap();
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    backend.coordinator_status(&handle).await.unwrap();
+    backend.coordinator_logs(&handle).await.unwrap();
+    backend.stop_coordinator(&handle).await.unwrap();
+    let mut called = proxy.actions();
+    called.extend(["ecs:TagResource", "iam:PassRole"].map(String::from));
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/ecs");
+    let tf = std::fs::read_to_string(root.join("main.tf")).unwrap();
+    let (granted, passed) = policy_actions(&tf, "submitter");
+    let (store, _) = policy_actions(&tf, "coordinator_store");
+    let granted_calls: std::collections::BTreeSet<String> = granted
+        .iter()
+        .filter(|a| !a.starts_with("s3:"))
+        .cloned()
+        .collect();
+    let missing: Vec<_> = called.difference(&granted_calls).collect();
+    let extra: Vec<_> = granted_calls.difference(&called).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "called but not granted: {missing:?}\ngranted but never called: {extra:?}"
+    );
+    let granted_store: std::collections::BTreeSet<String> = granted
+        .iter()
+        .filter(|a| a.starts_with("s3:"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        granted_store, store,
+        "the user writes the store as the coordinator does"
+    );
+    let mut passed = passed;
+    passed.sort();
+    assert_eq!(
+        passed,
+        ["aws_iam_role.coordinator.arn", "aws_iam_role.execution.arn"]
+    );
+    let outputs = std::fs::read_to_string(root.join("outputs.tf")).unwrap();
+    assert!(
+        outputs.contains("value       = data.aws_iam_policy_document.submitter.json"),
+        "no submitter_policy_json output"
+    );
 }
 
 /// infra/ecs gives the coordinator role the job store: list the bucket, and read, write (in one request

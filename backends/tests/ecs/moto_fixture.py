@@ -6,6 +6,8 @@ IAM users' keys with --enforce-auth), then serves until its standard input close
   --container-instances N   register N EC2 container instances (4096 CPU units, 7482 MiB each)
   --tasks-stay-running      tasks stay RUNNING when described (moto's default advances them one state per
                             DescribeTasks call, towards STOPPED: a task that stops on its own)
+  --quota CODE=VALUE        the applied value of a Service Quotas quota (the others answer their default)
+  --capacity-provider NAME  a capacity provider of the cluster (FARGATE, FARGATE_SPOT or an ASG's)
   --enforce-auth            after seeding, every request must be signed by a known IAM user: "launcher"
                             may do everything, "no-register" everything but ecs:RegisterTaskDefinition
 """
@@ -18,6 +20,9 @@ import urllib.request
 
 import boto3
 import moto.ecs.models as ecs_models
+import moto.servicequotas.exceptions as sq_exceptions
+import moto.servicequotas.models as sq_models
+import moto.servicequotas.responses as sq_responses
 from moto.server import ThreadedMotoServer
 
 # ECS's API model has a task's Container.cpu and .memory as strings; moto 5.2 answers numbers, which
@@ -35,12 +40,70 @@ ecs_models.Container.__init__ = _container_init_as_ecs
 
 REGION = "us-east-1"
 
+# Service Quotas as AWS answers it for the quotas the preflight reads (moto 5.2 knows only VPC's):
+# GetServiceQuota answers the applied value of a quota set with --quota CODE=VALUE, and
+# NoSuchResourceException for the others, whose value GetAWSDefaultServiceQuota then gives (AWS's
+# documented defaults are large; a new account's applied G and VT quota is often 0).
+QUOTAS = {
+    "L-3032A538": ("fargate", "Fargate On-Demand vCPU resource count", 4000.0),
+    "L-36FBB829": ("fargate", "Fargate Spot vCPU resource count", 4000.0),
+    "L-1216C47A": ("ec2", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", 5.0),
+    "L-DB2E81BA": ("ec2", "Running On-Demand G and VT instances", 64.0),
+    "L-417A185B": ("ec2", "Running On-Demand P instances", 384.0),
+}
+APPLIED: dict = {}
+
+
+def _quota(service_code: str, quota_code: str, value: float) -> dict:
+    service, name, _ = QUOTAS[quota_code]
+    return {
+        "ServiceCode": service,
+        "ServiceName": {"ec2": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                        "fargate": "AWS Fargate"}[service],
+        "QuotaArn": f"arn:aws:servicequotas:{REGION}:123456789012:{service}/{quota_code}",
+        "QuotaCode": quota_code,
+        "QuotaName": name,
+        "Value": value,
+        "Unit": "None",
+        "Adjustable": True,
+        "GlobalQuota": False,
+    }
+
+
+def _known(service_code: str, quota_code: str) -> bool:
+    return quota_code in QUOTAS and QUOTAS[quota_code][0] == service_code
+
+
+_get_service_quota = sq_models.ServiceQuotasBackend.get_service_quota
+
+
+def _get_service_quota_as_aws(self, service_code: str, quota_code: str) -> dict:
+    if _known(service_code, quota_code):
+        if quota_code in APPLIED:
+            return _quota(service_code, quota_code, APPLIED[quota_code])
+        raise sq_exceptions.NoSuchResource()
+    return _get_service_quota(self, service_code, quota_code)
+
+
+def _get_aws_default_service_quota(self) -> str:
+    params = json.loads(self.body)
+    service_code, quota_code = str(params.get("ServiceCode")), str(params.get("QuotaCode"))
+    if not _known(service_code, quota_code):
+        raise sq_exceptions.NoSuchResource()
+    return json.dumps({"Quota": _quota(service_code, quota_code, QUOTAS[quota_code][2])})
+
+
+sq_models.ServiceQuotasBackend.get_service_quota = _get_service_quota_as_aws
+sq_responses.ServiceQuotasResponse.get_aws_default_service_quota = _get_aws_default_service_quota
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--container-instances", type=int, default=0)
     ap.add_argument("--tasks-stay-running", action="store_true")
     ap.add_argument("--enforce-auth", action="store_true")
+    ap.add_argument("--quota", action="append", default=[], metavar="CODE=VALUE")
+    ap.add_argument("--capacity-provider", action="append", default=[], metavar="NAME")
     server, out = start(ap.parse_args())
     print(json.dumps(out), flush=True)
     sys.stdin.read()
@@ -77,7 +140,24 @@ def start(args: argparse.Namespace) -> tuple[ThreadedMotoServer, dict]:
     sg = ec2.create_security_group(
         GroupName="physalia-workers", Description="QUIC among workers", VpcId=vpc
     )["GroupId"]
-    ecs.create_cluster(clusterName="physalia")
+    for q in getattr(args, "quota", None) or []:
+        code, value = q.split("=")
+        APPLIED[code] = float(value)
+    providers = getattr(args, "capacity_provider", None) or []
+    for name in providers:
+        if name not in ("FARGATE", "FARGATE_SPOT"):
+            ecs.create_capacity_provider(
+                name=name,
+                autoScalingGroupProvider={
+                    "autoScalingGroupArn": f"arn:aws:autoscaling:{REGION}:123456789012:"
+                    f"autoScalingGroup:0:autoScalingGroupName/{name}",
+                    "managedScaling": {"status": "ENABLED", "targetCapacity": 100},
+                },
+            )
+    if providers:
+        ecs.create_cluster(clusterName="physalia", capacityProviders=providers)
+    else:
+        ecs.create_cluster(clusterName="physalia")
     if args.container_instances:
         ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         instances = ec2.run_instances(

@@ -108,6 +108,7 @@ async fn forward(
             "AmazonEC2ContainerServiceV20141113" => "ecs",
             "secretsmanager" => "secretsmanager",
             "Logs_20140328" => "logs",
+            "ServiceQuotasV20190624" => "servicequotas",
             other => other,
         };
         record.lock().unwrap().insert(format!("{prefix}:{op}"));

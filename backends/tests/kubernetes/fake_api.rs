@@ -34,6 +34,9 @@ pub struct Script {
     pub events: Vec<Value>,
     /// The coordinator Job's pod at each poll (polls of the coordinator's pods count from 0).
     pub coordinator: Box<dyn Fn(usize) -> PodState + Send>,
+    /// The cluster's nodes, as `GET /api/v1/nodes` lists them; `None`: listing nodes is forbidden
+    /// (403, as for a ServiceAccount whose Roles are namespaced).
+    pub nodes: Option<Vec<Value>>,
 }
 
 impl Default for Script {
@@ -55,6 +58,7 @@ impl Default for Script {
                     PodState::Running
                 }
             }),
+            nodes: None,
         }
     }
 }
@@ -151,6 +155,21 @@ impl Server {
             .requests
             .push(format!("{method} {path}?{query}"));
 
+        // cluster-scoped, outside the namespaced Role's reach
+        if method == Method::GET && path == "/api/v1/nodes" {
+            return match &self.script.nodes {
+                Some(items) => respond(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}),
+                ),
+                None => status(
+                    403,
+                    "Forbidden",
+                    "nodes is forbidden: User \"system:serviceaccount:physalia:physalia-coordinator\" \
+                     cannot list resource \"nodes\" in API group \"\" at the cluster scope",
+                ),
+            };
+        }
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         // /api/v1/namespaces/NS/RES[/NAME[/SUB]] or /apis/batch/v1/namespaces/NS/RES[/NAME]
         let (group, rest) = match parts.as_slice() {

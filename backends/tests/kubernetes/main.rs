@@ -13,8 +13,8 @@ use physalia_backends::kubernetes::{
     KubernetesBackend, KubernetesConfig, coordinator_job, launch_objects,
 };
 use physalia_backends::{
-    Backend, CoordinatorSpec, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes, SecretValue,
-    WorkerSpec, WorkerState,
+    Backend, CoordinatorSpec, Demand, Error, GpuRequest, LaunchId, NetworkSpec, SecretBytes,
+    SecretValue, WorkerSpec, WorkerState,
 };
 use serde_json::{Value, json};
 
@@ -789,7 +789,7 @@ async fn a_missing_namespace_refuses_the_coordinator_and_creates_nothing() {
 #[tokio::test]
 async fn check_reports_refused_credentials_before_anything_is_created() {
     let (backend, fake) = backend(Script::default());
-    backend.check(&spec(2)).await.unwrap();
+    backend.check(&spec(2), Demand::one(4.0)).await.unwrap();
     assert!(fake.record().created.is_empty());
     // a kube client whose every answer is 401
     let (service, mut handle) = tower_test::mock::pair::<
@@ -810,9 +810,145 @@ async fn check_reports_refused_credentials_before_anything_is_created() {
         }
     });
     let backend = KubernetesBackend::new(kube::Client::new(service, NS), config());
-    let err = backend.check(&spec(2)).await.unwrap_err();
+    let err = backend.check(&spec(2), Demand::one(4.0)).await.unwrap_err();
     assert!(matches!(err, Error::Credentials { .. }), "{err:?}");
     assert!(err.to_string().contains("kubectl auth whoami"), "{err}");
+}
+
+/// A node as GKE, EKS or AKS label it: the well-known instance type, the distribution's labels, and
+/// `nvidia.com/gpu` allocatable where the device plugin runs.
+fn node(name: &str, instance_type: &str, gpus: u32, labels: &[(&str, &str)]) -> Value {
+    let mut all = serde_json::Map::new();
+    all.insert(
+        "node.kubernetes.io/instance-type".into(),
+        instance_type.into(),
+    );
+    for (k, v) in labels {
+        all.insert((*k).into(), (*v).into());
+    }
+    let mut alloc = json!({"cpu": "7910m", "memory": "29022Mi", "pods": "110"});
+    if gpus > 0 {
+        alloc["nvidia.com/gpu"] = gpus.to_string().into();
+    }
+    json!({"metadata": {"name": name, "labels": all}, "status": {"allocatable": alloc}})
+}
+
+/// The preflight refuses a worker no node of the cluster can take (no node of the SKU's instance type,
+/// the type's nodes lacking the configured labels, GPU nodes with no `nvidia.com/gpu` allocatable) in
+/// one line that names what was looked for and what the cluster has; nothing is created. Pools that
+/// scale from zero, and a principal that may not list nodes, are not refused.
+#[tokio::test]
+async fn check_refuses_a_node_type_no_node_has() {
+    let gke = vec![
+        node(
+            "gke-l4-0",
+            "g2-standard-8",
+            1,
+            &[("cloud.google.com/gke-accelerator", "nvidia-l4")],
+        ),
+        node(
+            "gke-l4-1",
+            "g2-standard-8",
+            1,
+            &[("cloud.google.com/gke-accelerator", "nvidia-l4")],
+        ),
+        node("gke-cpu-0", "n2-standard-8", 0, &[]),
+    ];
+    let gpu_spec = |ty: &str| {
+        let mut s = spec(2);
+        s.gpu = Some(GpuRequest {
+            count: 1,
+            kind: Some("L4".into()),
+        });
+        s.instance_types = vec![ty.into()];
+        s
+    };
+    let with = |nodes: Option<Vec<Value>>, cfg: KubernetesConfig| {
+        let (client, fake) = FakeApi::start(Script {
+            nodes,
+            ..Script::default()
+        });
+        (KubernetesBackend::new(client, cfg), fake)
+    };
+
+    let (b, fake) = with(Some(gke.clone()), config());
+    b.check(&gpu_spec("g2-standard-8"), Demand::one(8.0))
+        .await
+        .unwrap();
+    let err = b
+        .check(&gpu_spec("a2-highgpu-1g"), Demand::one(12.0))
+        .await
+        .unwrap_err();
+    let line = err.to_string();
+    assert!(matches!(err, Error::Config { .. }), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    for want in [
+        "no node of the cluster has node.kubernetes.io/instance-type a2-highgpu-1g",
+        "(its nodes: g2-standard-8 x2, n2-standard-8 x1)",
+        "backend.kubernetes.scales_from_zero: true",
+        "nothing was created",
+    ] {
+        assert!(line.contains(want), "{want:?} not in {line}");
+    }
+    assert!(fake.record().created.is_empty());
+
+    // the type exists, but not with the section's node_selector
+    let mut cfg = config();
+    cfg.node_selector = BTreeMap::from([(
+        "cloud.google.com/gke-accelerator".to_string(),
+        "nvidia-h100-80gb".to_string(),
+    )]);
+    let (b, _) = with(Some(gke.clone()), cfg);
+    let err = b
+        .check(&gpu_spec("g2-standard-8"), Demand::one(8.0))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "no node of the cluster has node.kubernetes.io/instance-type g2-standard-8, \
+             cloud.google.com/gke-accelerator=nvidia-h100-80gb"
+        ),
+        "{err}"
+    );
+
+    // GPU nodes of the type without the device plugin's resource
+    let bare = vec![node("eks-a10g-0", "g5.xlarge", 0, &[])];
+    let (b, _) = with(Some(bare), config());
+    let err = b
+        .check(&gpu_spec("g5.xlarge"), Demand::one(4.0))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("offer no nvidia.com/gpu x1 (allocatable): install NVIDIA's device plugin"),
+        "{err}"
+    );
+    // a CPU worker on a CPU type is placed; on a missing one it is refused
+    let mut cpu = spec(2);
+    cpu.instance_types = vec!["n2-standard-8".into()];
+    let (b, _) = with(Some(gke.clone()), config());
+    b.check(&cpu, Demand::one(8.0)).await.unwrap();
+    cpu.instance_types = vec!["e2-standard-4".into()];
+    assert!(b.check(&cpu, Demand::one(4.0)).await.is_err());
+
+    // pools that scale from zero, and no permission to list nodes: not refused
+    let mut cfg = config();
+    cfg.scales_from_zero = true;
+    let (b, _) = with(Some(gke), cfg);
+    b.check(&gpu_spec("a2-highgpu-1g"), Demand::one(12.0))
+        .await
+        .unwrap();
+    let (b, fake) = with(None, config());
+    b.check(&gpu_spec("a2-highgpu-1g"), Demand::one(12.0))
+        .await
+        .unwrap();
+    assert!(
+        fake.record()
+            .requests
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/nodes")),
+        "the preflight asked for the nodes"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -888,7 +1024,7 @@ async fn the_role_grants_exactly_the_verbs_the_backend_calls() {
             ..Script::default()
         };
         let (backend, fake) = backend(script);
-        backend.check(&spec(2)).await.unwrap();
+        backend.check(&spec(2), Demand::one(4.0)).await.unwrap();
         let handle = backend
             .launch_coordinator(&coordinator_spec())
             .await

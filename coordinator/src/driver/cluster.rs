@@ -169,8 +169,9 @@ pub fn submit(
     let backend = platform_backend(&job).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
     let probe = crate::driver::platform::preflight_worker(&job, obs)?;
+    let demand = job.demand();
     let spec = &mut job.spec;
-    block_on(backend.check(&probe))?
+    block_on(backend.check(&probe, demand))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
     let remote = Remote::open(&spec.output.dir.to_string_lossy())
         .with_context(|| format!("{file}: output.dir"))?;

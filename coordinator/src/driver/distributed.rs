@@ -575,6 +575,13 @@ impl Launch {
             }
             false => None,
         };
+        if index == 0 {
+            // the platform's preflight before the job's first launch (quotas, capacity, credentials):
+            // a refusal now names its reason, where the launch would wait for its timeout
+            let demand = job.demand();
+            block_on(backend.check(&launch.spec, demand))?
+                .with_context(|| format!("backend.{}: preflight", backend.name()))?;
+        }
         let workers = BackendWorkers::launch(backend, &launch.spec, n, logs, launch.poll_every)?;
         Ok(Launch { server, workers })
     }

@@ -2,7 +2,7 @@
 //! computed here and passed down instead of recomputed from the raw spec by each driver.
 
 use anyhow::{Context, Result};
-use physalia_backends::GpuRequest;
+use physalia_backends::{Demand, GpuRequest};
 use physalia_planner::{Catalog, Sku};
 
 use crate::spec::{JobSpec, Priced};
@@ -48,5 +48,19 @@ impl ResolvedJob {
             sku,
             gpu,
         })
+    }
+
+    /// What the job asks of its platform at its peak, for the preflight's quota and capacity checks:
+    /// the scaling policy's `max_workers` (else `workers`), each on the SKU's share of a machine.
+    pub fn demand(&self) -> Demand {
+        let workers = self
+            .spec
+            .scaling
+            .as_ref()
+            .map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
+        Demand {
+            workers: workers.max(1),
+            machine_vcpus: self.sku.vcpus,
+        }
     }
 }

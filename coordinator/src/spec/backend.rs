@@ -111,6 +111,11 @@ pub struct KubernetesSettings {
     /// `sku=gpu:NoSchedule`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<KubernetesToleration>,
+    /// The cluster's node pools start nodes for pending pods (GKE's, EKS's or AKS's autoscaler, or
+    /// Karpenter, scaling a pool from zero): `submit` then does not refuse a job because no node of
+    /// the SKU's type runs now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scales_from_zero: bool,
 }
 
 /// A taint worker pods tolerate (a Kubernetes toleration): `{key: sku, value: gpu, effect: NoSchedule}`.

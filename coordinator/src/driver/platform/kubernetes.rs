@@ -58,6 +58,7 @@ fn config(k: &KubernetesSettings) -> KubernetesConfig {
         fs_group: Some(i64::from(crate::driver::image::WORKER_UID)),
         poll_interval: Duration::from_secs(1),
         node_selector: k.node_selector.clone(),
+        scales_from_zero: k.scales_from_zero,
         tolerations: (k.tolerations.iter())
             .map(|t| {
                 let (op, value, effect) = (
@@ -90,6 +91,7 @@ mod tests {
             coordinator_image: None,
             node_selector: Default::default(),
             tolerations: Vec::new(),
+            scales_from_zero: true,
         };
         let cfg = config(&k);
         assert_eq!(cfg.namespace, "ml");
@@ -100,5 +102,6 @@ mod tests {
             Some(i64::from(crate::driver::image::WORKER_UID))
         );
         assert_eq!(cfg.coordinator_service_account, "physalia-coordinator");
+        assert!(cfg.scales_from_zero);
     }
 }
