@@ -1,7 +1,8 @@
 //! The job store: where job records live. A local folder, or an object store URL (`s3://bucket/prefix`,
 //! `az://container/prefix`, `gs://bucket/prefix`) through the `object_store` crate, its credentials
 //! from each cloud's standard chain (aws-config's: `AWS_*`, `AWS_PROFILE` with SSO and
-//! `credential_process`, the task role ([`s3_builder`]); `AZURE_*` and the managed identity; `GOOGLE_*`
+//! `credential_process`, the task role ([`s3_builder`]); `AZURE_*` and Azure's credential chain, the
+//! one the aci backend's Resource Manager calls use ([`azure_builder`]); `GOOGLE_*`
 //! and the metadata server), never from a job file or an argument.
 //!
 //! A job whose `output.dir` is a URL keeps its record in a staging folder on the coordinator's machine,
@@ -47,37 +48,55 @@ pub fn use_platform_identity() {
     ON_PLATFORM.store(true, Ordering::Release);
 }
 
-/// Azure Blob Storage from the environment (`AZURE_STORAGE_ACCOUNT_NAME` and the rest). object_store's
-/// chain ends at the managed identity, right for the coordinator on Azure; on a user's machine that
-/// names no credential of its own, the signed-in Azure CLI (`az login`) is used instead, as for the
-/// ARM calls of the aci backend.
-fn azure_builder() -> object_store::azure::MicrosoftAzureBuilder {
+/// Azure Blob Storage from the environment (`AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ENDPOINT`,
+/// `AZURE_ALLOW_HTTP` and the rest object_store reads), its bearer tokens from Azure's one credential
+/// chain, the one the aci backend's Resource Manager calls use
+/// (`physalia_backends::aci::token::AzureCredentialChain`: a service principal's secret file, workload
+/// identity, the managed identity, the signed-in Azure CLI; cached and refreshed). A coordinator on its
+/// platform ([`use_platform_identity`]) has no signed-in user: its chain stops before the CLI. A
+/// shared key, a SAS or a fixed token named in the environment, or the storage emulator, are
+/// object_store's own as before.
+fn azure_builder() -> Result<object_store::azure::MicrosoftAzureBuilder> {
     use object_store::azure::AzureConfigKey as K;
     let builder = object_store::azure::MicrosoftAzureBuilder::from_env();
-    if ON_PLATFORM.load(Ordering::Acquire) {
-        return builder;
-    }
-    let named = [
-        K::AccessKey,
-        K::SasKey,
-        K::Token,
-        K::ClientSecret,
-        K::FederatedTokenFile,
-        K::MsiEndpoint,
-        K::ClientId,
-        K::MsiResourceId,
-        K::ObjectId,
-        K::CredentialType,
-    ]
-    .iter()
-    .any(|k| builder.get_config_value(k).is_some())
-        // booleans always have a value: whether the environment set them
-        || std::env::var_os("AZURE_USE_AZURE_CLI").is_some()
+    let own = [K::AccessKey, K::SasKey, K::Token]
+        .iter()
+        .any(|k| builder.get_config_value(k).is_some())
+        // booleans always have a value: whether the environment set it
         || builder.get_config_value(&K::UseEmulator).as_deref() == Some("true");
-    if named {
-        builder
+    if own {
+        return Ok(builder);
+    }
+    let chain = physalia_backends::aci::token::AzureCredentialChain::from_env()?;
+    let chain = if ON_PLATFORM.load(Ordering::Acquire) {
+        chain.without_cli()
     } else {
-        builder.with_use_azure_cli(true)
+        chain
+    };
+    Ok(builder.with_credentials(Arc::new(AzureChain(chain))))
+}
+
+/// Azure's credential chain as object_store's [`object_store::CredentialProvider`]: Blob Storage bearer
+/// tokens, cached by the chain until five minutes before they expire.
+#[derive(Debug)]
+struct AzureChain(physalia_backends::aci::token::AzureCredentialChain);
+
+#[async_trait::async_trait]
+impl object_store::CredentialProvider for AzureChain {
+    type Credential = object_store::azure::AzureCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<Self::Credential>> {
+        let (token, _) = self
+            .0
+            .token_for(physalia_backends::aci::token::STORAGE_SCOPE)
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "MicrosoftAzure",
+                source: Box::new(e),
+            })?;
+        Ok(Arc::new(object_store::azure::AzureCredential::BearerToken(
+            token,
+        )))
     }
 }
 
@@ -321,7 +340,10 @@ impl Remote {
                         .with_context(|| format!("{url}: opening the S3 bucket"))?,
                 )
             }
-            "az" | "abfs" | "abfss" | "azure" => Arc::new(open_azure(url, azure_builder())?),
+            "az" | "abfs" | "abfss" | "azure" => Arc::new(open_azure(
+                url,
+                azure_builder().with_context(|| format!("{url}: Azure's credentials"))?,
+            )?),
             "gs" => Arc::new(
                 object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(url)

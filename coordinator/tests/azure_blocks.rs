@@ -99,6 +99,17 @@ fn child() {
 /// Runs [`child`] against the fake with a user's environment: `az` first on PATH, the account named,
 /// the fake's endpoint in plain HTTP, no other Azure credential.
 fn run_child(fake: &Emulator, file: &Path, account: Option<&str>) -> (bool, String) {
+    run_child_with(fake, file, account, true, &[])
+}
+
+/// [`run_child`], with or without the signed-in `az`, and with `env` set.
+fn run_child_with(
+    fake: &Emulator,
+    file: &Path,
+    account: Option<&str>,
+    signed_in: bool,
+    env: &[(&str, &str)],
+) -> (bool, String) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["child", "--exact", "--nocapture", "--test-threads=1"]);
     for (k, _) in std::env::vars_os() {
@@ -106,11 +117,14 @@ fn run_child(fake: &Emulator, file: &Path, account: Option<&str>) -> (bool, Stri
             cmd.env_remove(k);
         }
     }
-    let path = format!(
-        "{}:{}",
-        fake.str("bin"),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = match signed_in {
+        true => format!(
+            "{}:{}",
+            fake.str("bin"),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        false => "/usr/bin:/bin".to_string(),
+    };
     cmd.env("PHYSALIA_AZURE_CHILD", file)
         .env(
             "PHYSALIA_AZURE_URL",
@@ -122,6 +136,7 @@ fn run_child(fake: &Emulator, file: &Path, account: Option<&str>) -> (bool, Stri
     if let Some(account) = account {
         cmd.env("AZURE_STORAGE_ACCOUNT_NAME", account);
     }
+    cmd.envs(env.iter().copied());
     let out = cmd.output().unwrap();
     let text = format!(
         "{}{}",
@@ -275,4 +290,45 @@ print(json.dumps(out))
         "recommitted": [200, "aaaBB"],
     });
     assert_eq!(got, expect);
+}
+
+/// Issue 30: the store's tokens come from Azure's one credential chain, the aci backend's
+/// (`AzureCredentialChain`): signed out and off Azure, the error names what the chain tried (the
+/// managed identity, the Azure CLI) for the Storage scope; a client secret in the environment is
+/// refused naming the variable, never echoing the secret.
+#[test]
+fn issue_30_the_store_takes_azures_one_credential_chain() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("small.bin");
+    std::fs::write(&file, b"small").unwrap();
+    let (ok, out) = run_child_with(&fake, &file, Some(fake.str("account")), false, &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("https://storage.azure.com/.default"),
+        "the Storage scope: {out}"
+    );
+    assert!(out.contains("the managed identity"), "{out}");
+    assert!(out.contains("the Azure CLI"), "{out}");
+    assert!(out.contains("az login"), "{out}");
+    assert!(
+        requests(&fake).is_empty(),
+        "no request went without a token"
+    );
+    let secret = "not-a-real-secret-8b1f";
+    let (ok, out) = run_child_with(
+        &fake,
+        &file,
+        Some(fake.str("account")),
+        true,
+        &[
+            ("AZURE_CLIENT_SECRET", secret),
+            ("AZURE_TENANT_ID", "00000000-0000-0000-0000-0000000000aa"),
+            ("AZURE_CLIENT_ID", "c0000000-0000-0000-0000-00000000c009"),
+        ],
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("AZURE_CLIENT_SECRET is set"), "{out}");
+    assert!(out.contains("AZURE_CLIENT_SECRET_FILE"), "{out}");
+    assert!(!out.contains(secret), "the secret is never said: {out}");
 }
