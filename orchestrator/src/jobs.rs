@@ -32,6 +32,10 @@ const SILENT_S: f64 = 12.0 * HEARTBEAT_S;
 
 #[derive(Args)]
 pub struct ListArgs {
+    /// The folder of job directories or the job store's URL (a job file's `output.dir`), as `report`
+    /// takes a job; the same as `--dir`.
+    #[arg(value_name = "DIR", conflicts_with = "dir")]
+    store: Option<PathBuf>,
     /// The folder of job directories (a job file's `output.dir`).
     #[arg(long, default_value = "jobs")]
     dir: PathBuf,
@@ -313,8 +317,9 @@ fn view_of(dir: &Path, fetched: Option<&Fetched>) -> Result<JobView> {
 pub fn list(a: &ListArgs) -> Result<()> {
     let mut views = Vec::new();
     let mut unreadable = Vec::new();
-    if store::is_url(&a.dir) {
-        let remote = store::Remote::open(&a.dir.to_string_lossy())?;
+    let dir = a.store.as_ref().unwrap_or(&a.dir);
+    if store::is_url(dir) {
+        let remote = store::Remote::open(&dir.to_string_lossy())?;
         let tmp = tempfile::tempdir()?;
         for id in remote.jobs()? {
             match remote
@@ -329,10 +334,10 @@ pub fn list(a: &ListArgs) -> Result<()> {
             }
         }
     } else {
-        if !a.dir.is_dir() {
-            bail!("{}: no such folder of jobs", a.dir.display());
+        if !dir.is_dir() {
+            bail!("{}: no such folder of jobs", dir.display());
         }
-        for d in job_dirs(&a.dir) {
+        for d in job_dirs(dir) {
             match JobView::read(&d) {
                 Ok(v) => views.push(v),
                 Err(e) => unreadable.push(format!("{e:#}")),
@@ -362,10 +367,11 @@ pub fn list(a: &ListArgs) -> Result<()> {
                     v.job,
                     v.state,
                     format!("{}/{}", s.epoch, s.epochs),
-                    if s.state == JobState::Running && !v.is_lost() {
-                        s.workers.to_string()
-                    } else {
-                        "-".into()
+                    // a running job's workers now, an ended one's in its last epoch
+                    match (&v.last_epoch, s.state == JobState::Running && !v.is_lost()) {
+                        (_, true) => s.workers.to_string(),
+                        (Some(last), false) => last.workers.to_string(),
+                        (None, false) => "-".into(),
                     },
                     s.backend.as_deref().unwrap_or("local"),
                     s.usd

@@ -133,6 +133,10 @@ struct ValidateArgs {
     job: PathBuf,
     #[arg(long = "set", value_name = "PATH=VALUE")]
     overrides: Vec<String>,
+    /// Validate for this platform instead of the job file's `backend.name`, as `submit --backend`
+    /// would run it (its section, and in cluster mode what `submit` asks of it).
+    #[arg(long, value_name = "NAME", value_parser = crate::backend_arg())]
+    backend: Option<spec::BackendKind>,
     /// A catalog of further SKUs (as `physalia plan --catalog` takes): checked to be readable and valid.
     #[arg(long, value_name = "FILE")]
     catalog: Option<PathBuf>,
@@ -231,7 +235,12 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Validate(a) => {
-            let spec = spec::load(&a.job, &a.overrides)?;
+            let spec = spec::load_on(&a.job, &a.overrides, a.backend)?;
+            // what `submit` refuses in cluster mode before it creates anything (the store's URL, the
+            // platform's coordinator settings)
+            if spec.backend.mode() == spec::Mode::Cluster {
+                cluster::check_settings(&spec).with_context(|| a.job.display().to_string())?;
+            }
             // what `submit` would open first: the dataset must be there and readable
             if let Some(path) = &spec.dataset.path {
                 readable(path).with_context(|| {

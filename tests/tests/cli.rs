@@ -742,4 +742,20 @@ fn issue_14_cluster_mode_submit_refuses_bad_settings_before_making_anything() {
     submit(&["--set", "output.dir=jobs"]).one_line_error(&["cloud.yaml", "output.dir", "s3://"]);
     submit(&["--backend", "local", "--detach"]).one_line_error(&["--detach", "client mode"]);
     assert_eq!(snapshot(t.path()), before, "nothing was made");
+
+    // `validate` refuses what `submit` would, for the platform `--backend` names (issue 30: a job
+    // file that validated on aci was then refused by submit for its missing coordinator identity)
+    physalia(t.path(), ["validate", "cloud.yaml", "--backend", "aci"]).one_line_error(&[
+        "cloud.yaml",
+        "backend.aci.coordinator_identity_id",
+        "cluster mode",
+    ]);
+    physalia(
+        t.path(),
+        ["validate", "cloud.yaml", "--set", "output.dir=jobs"],
+    )
+    .one_line_error(&["cloud.yaml", "output.dir", "s3://"]);
+    physalia(t.path(), ["validate", "cloud.yaml"]).ok();
+    physalia(t.path(), ["validate", "cloud.yaml", "--backend", "local"]).ok();
+    assert_eq!(snapshot(t.path()), before, "validate made nothing");
 }

@@ -245,6 +245,10 @@ pub fn launch_objects(
             completions: Some(n),
             parallelism: Some(n),
             backoff_limit_per_index: Some(0),
+            // With backoffLimitPerIndex 0 each index fails at most once, so n never fails the Job on
+            // its own: the other ranks keep running. A server before 1.29 drops backoffLimitPerIndex;
+            // backoffLimit then bounds the replacement pods to n instead of its default of six.
+            backoff_limit: Some(n),
             suspend: Some(true),
             ttl_seconds_after_finished: cfg.ttl_after_finished_s,
             template: PodTemplateSpec {

@@ -139,6 +139,8 @@ async fn launch_creates_a_suspended_indexed_job_and_resumes_it_once_its_secret_e
     assert_eq!(job["spec"]["completions"], 3);
     assert_eq!(job["spec"]["parallelism"], 3);
     assert_eq!(job["spec"]["backoffLimitPerIndex"], 0);
+    // a server before 1.29 drops backoffLimitPerIndex: no more replacement pods than ranks
+    assert_eq!(job["spec"]["backoffLimit"], 3);
     // The Secret and the Service belong to the Job, by its uid.
     let job_uid = rec.live[&format!("jobs/{NAME}")]["metadata"]["uid"].clone();
     for dependant in &rec.bodies[1..] {

@@ -129,7 +129,9 @@ fn platform_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
 
 /// What cluster mode needs of the job file beyond what validation checks, refused before anything is
 /// made: a job store at a URL, the coordinator's identity, one seed.
-fn check_settings(spec: &JobSpec) -> Result<()> {
+/// What cluster mode asks of a job file before anything is created (`submit`, and `validate`): a job
+/// store at a URL, one run, the platform's coordinator settings.
+pub fn check_settings(spec: &JobSpec) -> Result<()> {
     let kind = spec.backend.name.as_str();
     if !store::is_url(&spec.output.dir) {
         bail!(

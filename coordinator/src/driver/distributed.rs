@@ -213,6 +213,10 @@ pub fn run(
         );
         // the bill: every launch's workers from start to stop (prewarmed and idle ones included)
         run.usd_total = outcome.usd;
+        // a cluster-mode record names the job where its readers find it, not the coordinator's staging
+        if let Some(url) = &job_url {
+            run.job_dir = url.clone();
+        }
         let coordinated = coordinated(elastic, outcome, cluster, job_url.clone());
         Ok(summary::JobSummary {
             run,
@@ -305,6 +309,9 @@ fn succeed(
     obs: &dyn Observer,
 ) -> Result<()> {
     dir.write_json("summary.json", summary)?;
+    // the record's last bill is the summary's (every launch to its stop), not the last heartbeat's
+    let usd = summary.run.usd_total;
+    dir.update(|s| s.usd = usd)?;
     dir.end(JobState::Succeeded, None)?;
     // the report is a view of the record (its state included): a failure to render it does not fail
     // the job
