@@ -3,7 +3,7 @@
 //! layers only, 10% training nodes), without the CLI: for comparing the engine before and after a change.
 //!
 //! `cargo run --release -p physalia-gnn --example epoch -- MODEL NODES EPOCHS DROPOUT THREADS` (defaults
-//! `gcn 100000 5 0.5 2`); prints the median epoch (forward + loss + backward + Adam, no evaluation) in seconds.
+//! `gcn 100000 5 0.5 2`), with the binaries' allocator and heap settings; prints the median epoch (forward + loss + backward + Adam, no evaluation) in seconds.
 //! A sixth argument `profile` also prints where the epochs after the first went, per CPU operation
 //! (`physalia_gnn::profile`: seconds per epoch, calls per epoch, share of the epoch; epochs 2..E-1, E >= 3).
 
@@ -11,6 +11,10 @@ use physalia_gnn::{
     LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
 };
 use physalia_graph::synth::{SbmParams, sbm};
+
+/// The allocator the binaries run the engine with (`physalia`, `physalia-worker`).
+#[global_allocator]
+static ALLOC: physalia_gnn::heap::LineAligned = physalia_gnn::heap::LineAligned;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -30,6 +34,20 @@ fn main() {
         !profile || epochs >= 3,
         "profile counts epochs 2..E-1: give at least 3"
     );
+    // as the binaries do: large buffers from the heap, never trimmed, so epochs reuse pages
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_MAX: i32 = -4;
+        // SAFETY: only tunes glibc's allocator, before any large allocation.
+        unsafe {
+            mallopt(M_MMAP_MAX, 0);
+            mallopt(M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
     let mut spans = Vec::new();
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -3,15 +3,18 @@
 //!
 //! Random source rows make SpMM wait on memory, so the kernel holds a tile of the output row in registers
 //! while it walks the row's entries (one load per source vector, no read-modify-write of the output per
-//! entry), and prefetches the source rows of the entries a fixed distance ahead, so many cache misses are in
-//! flight at once. The vector path is picked at run time from what the CPU has (AVX-512F, AVX2, or the
-//! portable loop), once per process; [`Path::detect`] names it.
+//! entry), and prefetches the source rows of the entries a fixed distance ahead into L2, so many cache
+//! misses are in flight at once. An output it overwrites is written with non-temporal stores where rows
+//! start on a line (no read for ownership of lines it writes whole, and no eviction of the source rows),
+//! and need not be initialised. The vector path is picked at run time from what the CPU has (AVX-512F,
+//! AVX2, or the portable loop), once per process; [`Path::detect`] names it.
 //!
 //! Architecture Invariant: every path computes each output element as the same chain of operations,
 //! `((0 + w_0 x_0) + w_1 x_1) + ...` in entry order with a separate multiply and add (never a fused
 //! multiply-add, which rounds once instead of twice), so all paths give bit for bit the same result and the
 //! exactness tests (distributed against single-worker, SAR against whole aggregation) hold on any x86 CPU.
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// A vector instruction set the gather kernel can run on.
@@ -66,23 +69,43 @@ impl Path {
     }
 }
 
-/// Source entries ahead of the current one whose rows are prefetched: enough misses in flight to cover
-/// memory latency, few enough that their lines stay in L1 until used. `PHYSALIA_PREFETCH=N` sets it (0: no
-/// software prefetch), to measure its effect.
-fn prefetch_entries() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
+/// Bytes of source rows prefetched ahead of the current entry, into L2: enough misses in flight to cover
+/// memory latency on a random gather (measured on an Emerald Rapids VM, issue 34: 8 KiB ahead into L1, the
+/// first kernel's, gave 0.7x the rate of 32 rows ahead into L2 at widths 64 and 256), a small part of L2.
+const PREFETCH_BYTES: usize = 32 << 10;
+
+/// Source entries ahead of the current one whose rows are prefetched, for rows of `d` floats: the rows
+/// within [`PREFETCH_BYTES`], at least 4 and at most 32. `PHYSALIA_PREFETCH=N` sets it (0: no software
+/// prefetch), to measure its effect.
+fn prefetch_entries(d: usize) -> usize {
+    static N: OnceLock<Option<usize>> = OnceLock::new();
+    let set = *N.get_or_init(|| {
         std::env::var("PHYSALIA_PREFETCH")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(12)
-    })
+    });
+    set.unwrap_or_else(|| (PREFETCH_BYTES / (d * 4).max(1)).clamp(4, 32))
+}
+
+/// Whether an overwritten output is written with non-temporal stores where it can be
+/// (`PHYSALIA_NT_STORES=0`: never, to measure their effect).
+fn nt_stores() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PHYSALIA_NT_STORES").map_or(true, |v| v != "0"))
+}
+
+/// `out` as possibly-uninitialised floats, for a [`Block`] that accumulates into it (or overwrites it).
+pub(crate) fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: same layout; the kernels only ever write initialised floats through it, so `out` stays
+    // initialised.
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 /// One block of output rows for [`gather`].
 pub(crate) struct Block<'a, E, W, R> {
-    /// The output rows, `d` floats each; row `r` of it is output row `first + r`.
-    pub out: &'a mut [f32],
+    /// The output rows, `d` floats each; row `r` of it is output row `first + r`. Must be initialised
+    /// when `accumulate`; otherwise every float of it is written.
+    pub out: &'a mut [MaybeUninit<f32>],
     pub first: usize,
     pub d: usize,
     /// Add to what `out` holds (true) or overwrite it (false; `out` is not read).
@@ -136,8 +159,10 @@ where
     let d = b.d;
     for (r, orow) in b.out.chunks_exact_mut(d).enumerate() {
         if !b.accumulate {
-            orow.fill(0.0);
+            orow.fill(MaybeUninit::new(0.0));
         }
+        // SAFETY: initialised: by the caller when accumulating, just above otherwise.
+        let orow = unsafe { &mut *(orow as *mut [MaybeUninit<f32>] as *mut [f32]) };
         let (lo, hi) = (b.entries)(b.first + r);
         for (k, &j) in (lo..hi).zip(&b.indices[lo..hi]) {
             let j = j as usize;
@@ -151,28 +176,30 @@ where
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Block, prefetch_entries};
+    use super::{Block, nt_stores, prefetch_entries};
     use std::arch::x86_64::*;
 
-    /// Prefetches the `bytes` bytes from `p` into L1 (`p` need not be valid: prefetches never fault).
+    /// Prefetches the lines of the `bytes` bytes from `p` into L2 (`p` need not be valid: prefetches never
+    /// fault). L2, not L1: the distance that covers memory latency holds more rows than L1's fill buffers
+    /// and capacity take.
     #[inline(always)]
     fn prefetch_span(p: *const f32, bytes: usize) {
         let p = p as *const i8;
-        let mut off = 0;
-        while off < bytes {
+        let end = p as usize + bytes;
+        // from the line `p` is on to the line of the last byte
+        let mut line = p.wrapping_sub(p as usize & 63);
+        while (line as usize) < end {
             // SAFETY: a prefetch is a hint; it reads nothing and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
-            off += 64;
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line) };
+            line = line.wrapping_add(64);
         }
-        // SAFETY: as above.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(bytes - 1)) };
     }
 
     /// One kernel per vector width: `$t` registers of `$lanes` floats per tile at most, then halving tiles,
     /// then a scalar tail narrower than a register.
     macro_rules! kernel {
         ($name:ident, $feat:literal, $v:ty, $lanes:expr, $max_tile:expr,
-         $zero:ident, $load:ident, $store:ident, $set1:ident, $mul:ident, $add:ident) => {
+         $zero:ident, $load:ident, $store:ident, $stream:ident, $set1:ident, $mul:ident, $add:ident) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $name<'a, E, W, R>(b: Block<'a, E, W, R>)
             where
@@ -184,8 +211,12 @@ mod x86 {
                 let d = b.d;
                 let rows = b.out.len() / d;
                 let span_end = (b.entries)(b.first + rows - 1).1;
-                let out = b.out.as_mut_ptr();
-                let ahead = prefetch_entries();
+                let out = b.out.as_mut_ptr() as *mut f32;
+                let ahead = prefetch_entries(d);
+                // non-temporal stores write whole lines past the cache: only where every vector store is
+                // aligned (rows start on a line, a row is whole lines) and the output is overwritten
+                let stream =
+                    !b.accumulate && nt_stores() && out as usize % 64 == 0 && (d * 4) % 64 == 0;
 
                 /// Columns `col..col + T * L` of output row `orow` over entries `lo..hi`.
                 #[target_feature(enable = $feat)]
@@ -193,11 +224,11 @@ mod x86 {
                 unsafe fn tile<'a, const T: usize, E, W, R>(
                     orow: *mut f32,
                     col: usize,
-                    lo: usize,
-                    hi: usize,
+                    (lo, hi): (usize, usize),
                     b: &Block<'a, E, W, R>,
                     prefetch_to: usize,
                     ahead: usize,
+                    stream: bool,
                 ) where
                     W: Fn(usize, usize) -> f32,
                     R: Fn(usize) -> &'a [f32],
@@ -205,7 +236,8 @@ mod x86 {
                     let mut acc: [$v; T] = [$zero(); T];
                     if b.accumulate {
                         for (t, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: `col + T * L <= d`: within the output row.
+                            // SAFETY: `col + T * L <= d`: within the output row, initialised when
+                            // accumulating.
                             *a = unsafe { $load(orow.add(col + t * L)) };
                         }
                     }
@@ -226,8 +258,14 @@ mod x86 {
                         }
                     }
                     for (t, a) in acc.iter().enumerate() {
-                        // SAFETY: within the output row, as above.
-                        unsafe { $store(orow.add(col + t * L), *a) };
+                        // SAFETY: within the output row, as above; aligned to the vector where `stream`.
+                        unsafe {
+                            if stream {
+                                $stream(orow.add(col + t * L), *a)
+                            } else {
+                                $store(orow.add(col + t * L), *a)
+                            }
+                        };
                     }
                 }
 
@@ -242,7 +280,15 @@ mod x86 {
                         ($n:expr) => {
                             while d - col >= $n * L {
                                 unsafe {
-                                    tile::<{ $n }, E, W, R>(orow, col, lo, hi, &b, pf, ahead)
+                                    tile::<{ $n }, E, W, R>(
+                                        orow,
+                                        col,
+                                        (lo, hi),
+                                        &b,
+                                        pf,
+                                        ahead,
+                                        stream,
+                                    )
                                 };
                                 col += $n * L;
                                 pf = 0;
@@ -256,10 +302,12 @@ mod x86 {
                     tiles!(1);
                     if col < d {
                         // narrower than one register: scalar, same chain of operations
-                        let o = unsafe { std::slice::from_raw_parts_mut(orow.add(col), d - col) };
                         if !b.accumulate {
-                            o.fill(0.0);
+                            // SAFETY: columns `col..d` of row `r`, within `out`.
+                            unsafe { orow.add(col).write_bytes(0, d - col) };
                         }
+                        // SAFETY: as above, and initialised now
+                        let o = unsafe { std::slice::from_raw_parts_mut(orow.add(col), d - col) };
                         for k in lo..hi {
                             if k + ahead < pf {
                                 let j = b.indices[k + ahead] as usize;
@@ -272,6 +320,11 @@ mod x86 {
                             }
                         }
                     }
+                }
+                if stream {
+                    // non-temporal stores are weakly ordered: visible to other threads before the block
+                    // is handed back
+                    _mm_sfence();
                 }
             }
         };
@@ -286,6 +339,7 @@ mod x86 {
         _mm512_setzero_ps,
         _mm512_loadu_ps,
         _mm512_storeu_ps,
+        _mm512_stream_ps,
         _mm512_set1_ps,
         _mm512_mul_ps,
         _mm512_add_ps
@@ -299,6 +353,7 @@ mod x86 {
         _mm256_setzero_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
+        _mm256_stream_ps,
         _mm256_set1_ps,
         _mm256_mul_ps,
         _mm256_add_ps
@@ -341,11 +396,32 @@ mod tests {
         (indptr, indices, weights, x)
     }
 
-    fn run(path: Path, d: usize, accumulate: bool, prefetch: bool, seed: u64) -> Vec<f32> {
+    /// A cache line of floats, so an output can start on a line (where the kernels stream their stores).
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    struct Line([f32; 16]);
+
+    /// Runs two blocks of a random problem on `path`; the output starts on a cache line, or one float past
+    /// it (`line_aligned`).
+    fn run_at(
+        path: Path,
+        d: usize,
+        accumulate: bool,
+        prefetch: bool,
+        seed: u64,
+        line_aligned: bool,
+    ) -> Vec<f32> {
         let (rows, cols) = (37, 23);
         let (indptr, indices, weights, x) = problem(rows, cols, d, seed);
-        // a non-zero start, so accumulating differs from overwriting
-        let mut out: Vec<f32> = (0..rows * d).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
+        let mut lines = vec![Line([0.0; 16]); (rows * d).div_ceil(16) + 1];
+        // SAFETY: `lines` is plain floats, `16 * lines.len()` of them
+        let all: &mut [f32] =
+            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast(), 16 * lines.len()) };
+        let out = &mut all[usize::from(!line_aligned)..][..rows * d];
+        // a non-zero start, so accumulating differs from overwriting (and an unwritten float shows)
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = (i % 7) as f32 * 0.25 - 0.5;
+        }
         // two blocks, as rayon would hand them out
         let split = 16 * d;
         let (a, b) = out.split_at_mut(split);
@@ -353,7 +429,7 @@ mod tests {
             gather(
                 path,
                 Block {
-                    out: block,
+                    out: as_uninit(block),
                     first,
                     d,
                     accumulate,
@@ -365,7 +441,11 @@ mod tests {
                 },
             );
         }
-        out
+        out.to_vec()
+    }
+
+    fn run(path: Path, d: usize, accumulate: bool, prefetch: bool, seed: u64) -> Vec<f32> {
+        run_at(path, d, accumulate, prefetch, seed, false)
     }
 
     #[test]
@@ -378,15 +458,17 @@ mod tests {
             for accumulate in [false, true] {
                 let want = run(Path::Portable, d, accumulate, false, d as u64);
                 for &path in &paths {
-                    for prefetch in [false, true] {
-                        let got = run(path, d, accumulate, prefetch, d as u64);
+                    // on a line, whole-line rows take the non-temporal stores
+                    for (prefetch, line_aligned) in [(false, false), (true, false), (true, true)] {
+                        let got = run_at(path, d, accumulate, prefetch, d as u64, line_aligned);
                         let same = got
                             .iter()
                             .zip(&want)
                             .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(
                             same,
-                            "{} differs at d={d}, accumulate={accumulate}",
+                            "{} differs at d={d}, accumulate={accumulate}, prefetch={prefetch}, \
+                             line_aligned={line_aligned}",
                             path.name()
                         );
                     }

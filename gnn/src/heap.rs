@@ -22,14 +22,79 @@ pub fn release_freed_memory() {
 }
 
 /// A global allocator that starts every allocation of [`LINE_ALIGNED_BYTES`] or more on a 64-byte cache
-/// line, and leaves smaller ones to the system allocator as they are.
+/// line, asks for transparent huge pages under every allocation of [`HUGE_PAGE_BYTES`] or more, and leaves
+/// smaller ones to the system allocator as they are.
 ///
 /// glibc's malloc aligns to 16 bytes, so a matrix's rows usually start mid-line: a gathered row of a
 /// width-16 matrix (64 bytes, the width every epoch's SpMM runs at for 16 classes) then spans two lines, and
-/// random gathers fetch twice the bytes they use. A binary opts in with
+/// random gathers fetch twice the bytes they use.
+///
+/// SpMM gathers rows at random from a matrix of hundreds of MiB: on 4 KiB pages nearly every gathered row
+/// misses the TLB and waits for a page walk (two-dimensional, so several memory reads, in a virtual
+/// machine), and page walks, not DRAM, set the kernel's rate (issue 34: the same kernel ran 1.5-2x faster on
+/// 2 MiB pages). Where the kernel's THP mode is `madvise` (Debian's and Ubuntu's default) nothing gets huge
+/// pages unless asked, so large blocks are advised with `MADV_HUGEPAGE` as they are handed out; pages
+/// already resident (a reused heap block) stay as they are until the kernel's khugepaged collapses them.
+/// `PHYSALIA_HUGE_PAGES=0` turns the advice off.
+///
+/// A binary opts in with
 /// `#[global_allocator] static A: physalia_gnn::heap::LineAligned = physalia_gnn::heap::LineAligned;`
-/// (`examples/kernels.rs` measures the difference with `ALIGN64=1`).
+/// (`examples/kernels.rs` measures both effects on SpMM).
 pub struct LineAligned;
+
+/// Allocations from this size up are advised to use transparent huge pages by [`LineAligned`] (the 2 MiB
+/// pages inside them; a smaller block has at most one).
+pub const HUGE_PAGE_BYTES: usize = 4 << 20;
+
+/// Advises the kernel to back the whole 2 MiB pages inside `len` bytes at `p` with transparent huge pages
+/// (`on`), or never to (`!on`). Only a hint: an error (no THP in this kernel, a range it refuses) changes
+/// nothing, and pages already resident keep their size until khugepaged collapses them.
+pub fn advise_huge_pages(p: *const u8, len: usize, on: bool) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = (p as usize).next_multiple_of(HUGE);
+        let end = (p as usize + len) & !(HUGE - 1);
+        if end > start {
+            unsafe extern "C" {
+                fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
+            }
+            const MADV_HUGEPAGE: i32 = 14;
+            const MADV_NOHUGEPAGE: i32 = 15;
+            let advice = if on { MADV_HUGEPAGE } else { MADV_NOHUGEPAGE };
+            // SAFETY: advice on whole pages inside one live allocation; neither advice changes its contents.
+            unsafe { madvise(start as *mut u8, end - start, advice) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len, on);
+}
+
+/// Whether [`LineAligned`] advises huge pages (read once: `PHYSALIA_HUGE_PAGES=0` turns it off).
+fn huge_pages_wanted() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    // 0 unknown, 1 off, 2 on; an allocator cannot use OnceLock's allocation-free guarantee knowingly, so a
+    // plain atomic (a race only reads the environment twice)
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            // std::env::var_os allocates; the allocator may re-enter only for small blocks, below the
+            // threshold, which never reach this function
+            let on = std::env::var_os("PHYSALIA_HUGE_PAGES").is_none_or(|v| v != "0");
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Advises huge pages under a block [`LineAligned`] just handed out, if it is large enough.
+fn advise_block(p: *mut u8, size: usize) {
+    if !p.is_null() && size >= HUGE_PAGE_BYTES && huge_pages_wanted() {
+        advise_huge_pages(p, size, true);
+    }
+}
 
 /// Allocations from this size up are aligned to a cache line by [`LineAligned`].
 pub const LINE_ALIGNED_BYTES: usize = 1 << 20;
@@ -50,10 +115,15 @@ impl LineAligned {
 // caller's size and at least its alignment, and `dealloc`/`realloc` map the layout the same way `alloc` did.
 unsafe impl std::alloc::GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        unsafe { std::alloc::System.alloc(Self::layout(l)) }
+        let p = unsafe { std::alloc::System.alloc(Self::layout(l)) };
+        advise_block(p, l.size());
+        p
     }
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        unsafe { std::alloc::System.alloc_zeroed(Self::layout(l)) }
+        // calloc leaves fresh pages untouched (they are zero), so the advice still applies to them
+        let p = unsafe { std::alloc::System.alloc_zeroed(Self::layout(l)) };
+        advise_block(p, l.size());
+        p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
         unsafe { std::alloc::System.dealloc(p, Self::layout(l)) }
@@ -66,10 +136,13 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
         });
         if old.align() == new.align() {
             // the system allocator keeps the alignment it was given
-            return unsafe { std::alloc::System.realloc(p, old, new_size) };
+            let q = unsafe { std::alloc::System.realloc(p, old, new_size) };
+            advise_block(q, new_size);
+            return q;
         }
         // crossing the threshold: a new block with the new alignment
         let q = unsafe { std::alloc::System.alloc(new) };
+        advise_block(q, new_size);
         if !q.is_null() {
             unsafe {
                 std::ptr::copy_nonoverlapping(p, q, l.size().min(new_size));
@@ -84,6 +157,61 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
 mod tests {
     use super::*;
     use std::alloc::{GlobalAlloc, Layout};
+
+    /// The `VmFlags` of the mapping that holds address `p` (`/proc/self/smaps`), if this system has them.
+    fn vm_flags(p: usize) -> Option<Vec<String>> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = head.split_once('-')
+                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            {
+                inside = (a..b).contains(&p);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return Some(flags.split_whitespace().map(String::from).collect());
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn large_blocks_are_advised_onto_huge_pages_and_the_advice_can_be_withdrawn() {
+        // a kernel without transparent huge pages refuses the advice; nothing to check there
+        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+            || std::env::var_os("PHYSALIA_HUGE_PAGES").is_some()
+        {
+            return;
+        }
+        let a = LineAligned;
+        let large = Layout::from_size_align(2 * HUGE_PAGE_BYTES, 4).expect("valid");
+        unsafe {
+            for zeroed in [false, true] {
+                let p = if zeroed {
+                    a.alloc_zeroed(large)
+                } else {
+                    a.alloc(large)
+                };
+                assert!(!p.is_null());
+                // a 2 MiB page inside the block: advised (`hg`), whatever page size backs it yet
+                let inside = (p as usize).next_multiple_of(2 << 20);
+                let flags = vm_flags(inside).expect("the block is mapped");
+                assert!(
+                    flags.iter().any(|f| f == "hg"),
+                    "no huge-page advice on a block of {} bytes (zeroed: {zeroed}): {flags:?}",
+                    large.size()
+                );
+                a.dealloc(p, large);
+            }
+            // turned off for one range, as the base of `examples/kernels.rs` is
+            let p = a.alloc(large);
+            let inside = (p as usize).next_multiple_of(2 << 20);
+            advise_huge_pages(p, large.size(), false);
+            let flags = vm_flags(inside).expect("the block is mapped");
+            assert!(flags.iter().any(|f| f == "nh"), "{flags:?}");
+            a.dealloc(p, large);
+        }
+    }
 
     #[test]
     fn large_blocks_start_on_a_line_and_keep_their_bytes_across_realloc() {

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 pub use crate::gather::Path;
-use crate::gather::{Block, gather};
+use crate::gather::{Block, as_uninit, gather};
 use crate::tensor::Matrix;
 
 /// Destination rows per rayon task in SpMM.
@@ -302,21 +302,13 @@ impl SparseOp {
         if let Some(h) = halo {
             assert_eq!(h.cols(), d, "halo rows must have the width of owned rows");
         }
-        let mut y = Matrix::zeros(self.n_dst, d);
         let src = Src {
             own: own.data(),
             halo: halo_data,
             n_own: own.rows(),
             d,
         };
-        spmm_rows(
-            &self.indptr,
-            &self.indices,
-            |k, _| self.values[k],
-            &src,
-            &mut y,
-        );
-        y
+        spmm_rows(&self.indptr, &self.indices, |k, _| self.values[k], &src)
     }
 
     /// `Y += A[:, col0..col0 + X.rows()] X`: the part of the aggregation over one contiguous range of source
@@ -341,7 +333,7 @@ impl SparseOp {
                 gather(
                     path,
                     Block {
-                        out,
+                        out: as_uninit(out),
                         first: chunk * SPMM_ROWS,
                         d,
                         accumulate: true,
@@ -363,38 +355,34 @@ impl SparseOp {
             src0 <= src1 && src1 <= self.n_src,
             "source range beyond n_src"
         );
-        let mut y = Matrix::zeros(src1 - src0, x.cols());
         let src = Src {
             own: x.data(),
             halo: &[],
             n_own: x.rows(),
             d: x.cols(),
         };
-        self.spmm_t_rows(&self.t_indptr[src0..=src1], &src, &mut y);
-        y
+        self.spmm_t_rows(&self.t_indptr[src0..=src1], &src)
     }
 
     /// `Y = A^T X`: X has `n_dst` rows, Y `n_src` rows.
     pub fn spmm_t(&self, x: &Matrix) -> Matrix {
         assert_eq!(x.rows(), self.n_dst, "spmm_t input rows must equal n_dst");
-        let mut y = Matrix::zeros(self.n_src, x.cols());
         let src = Src {
             own: x.data(),
             halo: &[],
             n_own: x.rows(),
             d: x.cols(),
         };
-        self.spmm_t_rows(&self.t_indptr, &src, &mut y);
-        y
+        self.spmm_t_rows(&self.t_indptr, &src)
     }
 }
 
 impl SparseOp {
     /// The transpose's rows `t_indptr` (a window of it) times `x`, with the transpose's weights.
-    fn spmm_t_rows(&self, t_indptr: &[usize], x: &Src<'_>, y: &mut Matrix) {
+    fn spmm_t_rows(&self, t_indptr: &[usize], x: &Src<'_>) -> Matrix {
         match &self.t_values {
-            TValues::Entry(v) => spmm_rows(t_indptr, &self.t_indices, |k, _| v[k], x, y),
-            TValues::Row(v) => spmm_rows(t_indptr, &self.t_indices, |_, i| v[i], x, y),
+            TValues::Entry(v) => spmm_rows(t_indptr, &self.t_indices, |k, _| v[k], x),
+            TValues::Row(v) => spmm_rows(t_indptr, &self.t_indices, |_, i| v[i], x),
         }
     }
 }
@@ -440,20 +428,23 @@ impl Src<'_> {
     }
 }
 
-/// `y = A x` over the rows `indptr` of a CSR; `weight(k, j)` is entry `k`'s weight (`j` its column).
+/// `A x` over the rows `indptr` of a CSR; `weight(k, j)` is entry `k`'s weight (`j` its column).
+///
+/// The output is never zeroed: the kernel overwrites every float of it, so zeroing first would be a whole
+/// extra pass over it (a serial `memset` on a reused heap block).
 fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
     indptr: &[usize],
     indices: &[u32],
     weight: W,
     x: &Src<'_>,
-    y: &mut Matrix,
-) {
-    let d = x.d;
-    if d == 0 {
-        return;
+) -> Matrix {
+    let (rows, d) = (indptr.len() - 1, x.d);
+    if d == 0 || rows == 0 {
+        return Matrix::zeros(rows, d);
     }
     let path = Path::detect();
-    y.data_mut()
+    let mut y: Vec<f32> = Vec::with_capacity(rows * d);
+    y.spare_capacity_mut()[..rows * d]
         .par_chunks_mut(SPMM_ROWS * d)
         .enumerate()
         .for_each(|(chunk, out)| {
@@ -472,6 +463,9 @@ fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
                 },
             )
         });
+    // SAFETY: the gather overwrote every float of the `rows * d` (`accumulate: false`)
+    unsafe { y.set_len(rows * d) };
+    Matrix::from_vec(rows, d, y)
 }
 
 #[cfg(test)]
@@ -547,6 +541,64 @@ mod tests {
         parts.extend(a.spmm_t_range(&z, 2, 4).into_vec());
         parts.extend(a.spmm_t_range(&z, 4, 5).into_vec());
         assert_eq!(parts, t.data());
+    }
+
+    /// `A X` and `A^T X` over many row blocks (the output never zeroed first) are each output float's
+    /// weighted sum in entry order, bit for bit, on the path this CPU picks.
+    #[test]
+    fn spmm_over_many_blocks_is_the_weighted_sum_in_entry_order() {
+        let n = 3 * SPMM_ROWS + 17;
+        let mut s = 12345u64;
+        let mut next = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let mut indptr = vec![0i64];
+        let mut indices = vec![];
+        for i in 0..n {
+            let mut row: Vec<i32> = (0..next() % 12)
+                .map(|_| (next() % n as u32) as i32)
+                .filter(|&j| j != i as i32)
+                .collect();
+            row.sort_unstable();
+            row.dedup();
+            indices.extend(row);
+            indptr.push(indices.len() as i64);
+        }
+        let a = SparseOp::build(n, n, &indptr, &indices, Norm::Symmetric, None);
+        for d in [1, 16, 40] {
+            let x = Matrix::from_vec(
+                n,
+                d,
+                (0..n * d)
+                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                    .collect(),
+            );
+            let (y, yt) = (a.spmm(&x), a.spmm_t(&x));
+            let mut want = vec![0f32; n * d];
+            let mut want_t = vec![0f32; n * d];
+            for i in 0..n {
+                for k in a.indptr()[i]..a.indptr()[i + 1] {
+                    let j = a.indices()[k] as usize;
+                    for c in 0..d {
+                        want[i * d + c] += a.values()[k] * x.row(j)[c];
+                    }
+                }
+            }
+            for j in 0..n {
+                for t in a.t_indptr()[j]..a.t_indptr()[j + 1] {
+                    let (i, k) = (a.t_indices()[t] as usize, a.t_perm()[t] as usize);
+                    for c in 0..d {
+                        want_t[j * d + c] += a.values()[k] * x.row(i)[c];
+                    }
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(y.data()), bits(&want), "A X at width {d}");
+            assert_eq!(bits(yt.data()), bits(&want_t), "A^T X at width {d}");
+        }
     }
 
     #[test]
