@@ -379,12 +379,19 @@ fn issue_30_gpu_sku_jobs_are_placed_on_gke_eks_and_aks_gpu_nodes_and_train() {
         })
         .collect();
     let code = format!(
-        "import json, ssl, time, urllib.request\nctx = ssl.create_default_context()\nctx.check_hostname = False\nctx.verify_mode = ssl.CERT_NONE\n\
+        "import json, ssl, time, urllib.error, urllib.request\nctx = ssl.create_default_context()\nctx.check_hostname = False\nctx.verify_mode = ssl.CERT_NONE\n\
          def call(method, path, body=None):\n\
          \x20   req = urllib.request.Request({api:?} + '/api/v1/namespaces/physalia/pods' + path, method=method,\n\
          \x20       data=json.dumps(body).encode() if body else None,\n\
          \x20       headers={{'Authorization': 'Bearer ' + {token:?}, 'Content-Type': 'application/json'}})\n\
-         \x20   return json.loads(urllib.request.urlopen(req, context=ctx).read())\n\
+         \x20   for _ in range(10):\n\
+         \x20       try:\n\
+         \x20           return json.loads(urllib.request.urlopen(req, context=ctx).read())\n\
+         \x20       except urllib.error.HTTPError as e:\n\
+         \x20           # the API server throttles (THROTTLE_EVERY): wait as it says, as clients do\n\
+         \x20           if e.code != 429: raise\n\
+         \x20           time.sleep(float(e.headers.get('Retry-After', '1')))\n\
+         \x20   raise SystemExit('throttled ten times')\n\
          pods = [{pods}]\n\
          for p in pods: call('POST', '', p)\n\
          time.sleep(2)\n\
