@@ -118,6 +118,9 @@ pub(crate) struct Block<'a, E, W, R> {
     pub weight: W,
     /// Source row `j`'s `d` floats.
     pub row: R,
+    /// Non-temporal stores allowed (the caller's call: for an output too large to stay in cache for its
+    /// next reader); taken only where the output is overwritten and its rows are whole, aligned lines.
+    pub stream: bool,
     /// Prefetch the rows of entries ahead: only where every entry of the block's span has a source row
     /// (`row` must accept `indices[k]` for every `k` from the first row's `lo` to the last row's `hi`).
     pub prefetch: bool,
@@ -215,8 +218,11 @@ mod x86 {
                 let ahead = prefetch_entries(d);
                 // non-temporal stores write whole lines past the cache: only where every vector store is
                 // aligned (rows start on a line, a row is whole lines) and the output is overwritten
-                let stream =
-                    !b.accumulate && nt_stores() && out as usize % 64 == 0 && (d * 4) % 64 == 0;
+                let stream = b.stream
+                    && !b.accumulate
+                    && nt_stores()
+                    && out as usize % 64 == 0
+                    && (d * 4) % 64 == 0;
 
                 /// Columns `col..col + T * L` of output row `orow` over entries `lo..hi`.
                 #[target_feature(enable = $feat)]
@@ -437,6 +443,7 @@ mod tests {
                     indices: &indices,
                     weight: |k, _| weights[k],
                     row: |j| &x[j * d..(j + 1) * d],
+                    stream: true,
                     prefetch,
                 },
             );

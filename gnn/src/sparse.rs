@@ -17,6 +17,11 @@ use crate::tensor::Matrix;
 /// Destination rows per rayon task in SpMM.
 const SPMM_ROWS: usize = 256;
 
+/// Outputs of this many bytes and more are written past the cache (non-temporal stores): smaller ones
+/// (the 16-wide aggregations of an epoch at 300k nodes are 19 MiB) may still be in L2 or L3 for the
+/// operation that reads them next.
+const STREAM_OUTPUT_BYTES: usize = 64 << 20;
+
 /// How edge weights are derived from the graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Norm {
@@ -341,6 +346,7 @@ impl SparseOp {
                         indices,
                         weight: |k, _| values[k],
                         row: |j| &xd[(j - col0) * d..(j - col0 + 1) * d],
+                        stream: false,
                         // entries outside the column range have no row here
                         prefetch: false,
                     },
@@ -459,6 +465,7 @@ fn spmm_rows<W: Fn(usize, usize) -> f32 + Sync>(
                     indices,
                     weight: &weight,
                     row: |j| x.row(j),
+                    stream: rows * d * 4 >= STREAM_OUTPUT_BYTES,
                     prefetch: true,
                 },
             )
