@@ -111,6 +111,11 @@ fn status_list_and_logs_read_a_finished_job() {
     let text = physalia(t.path(), ["list"]).ok().stdout;
     assert!(text.lines().nth(1).unwrap().contains(&id), "{text}");
     assert!(text.contains("succeeded"), "{text}");
+    // an ended job shows the workers of its last epoch (JOB STATE EPOCH WORKERS BACKEND USD)
+    let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[3], "2", "{text}");
+    // the folder (or a store's URL) as an argument, as `report` takes a job
+    assert_eq!(physalia(t.path(), ["list", "jobs"]).ok().stdout, text);
 
     let coordinator = physalia(t.path(), ["logs", "small"]).ok().stdout;
     assert!(
