@@ -601,6 +601,9 @@ data "aws_iam_policy_document" "coordinator" {
 # watch, read its log, stop, delete), passing the coordinator's two roles to ECS, and the job store.
 # backends/tests/ecs holds it to exactly the calls a submission makes.
 data "aws_iam_policy_document" "submitter" {
+  # the job store as the coordinator has it (uploads, records, partitions)
+  source_policy_documents = [data.aws_iam_policy_document.coordinator_store.json]
+
   statement {
     sid       = "FindCluster"
     actions   = ["ecs:DescribeClusters"]
@@ -682,17 +685,6 @@ data "aws_iam_policy_document" "submitter" {
     resources = ["${aws_cloudwatch_log_group.workers.arn}:log-stream:physalia/*"]
   }
 
-  statement {
-    sid       = "ListJobStore"
-    actions   = ["s3:ListBucket"]
-    resources = [aws_s3_bucket.jobs.arn]
-  }
-
-  statement {
-    sid       = "ReadWriteJobStore"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-    resources = ["${aws_s3_bucket.jobs.arn}/*"]
-  }
 }
 
 # The job store (`output.dir: s3://<bucket>/jobs`, `terraform output job_store`): job records, uploaded

@@ -323,11 +323,19 @@ impl EcsBackend {
                     .into(),
             });
         }
-        if self.cfg.capacity.is_fargate() {
-            // as register_input sizes it: the worker plus the unpacker's share
-            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?;
-        }
-        Ok(())
+        // a size Fargate does not sell is refused here
+        self.task_size(spec).map(|_| ())
+    }
+
+    /// A worker task's CPU units and MiB: on Fargate the smallest size it sells that holds the worker
+    /// plus the unpacker's share; on EC2 the spec's size, which the SKU chose to fit the instance's
+    /// registered resources (the worker gets all of it but the unpacker's share).
+    fn task_size(&self, spec: &WorkerSpec) -> Result<(u32, u32)> {
+        Ok(if self.cfg.capacity.is_fargate() {
+            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?
+        } else {
+            task::ec2_size(spec.cpu, spec.memory_gib)
+        })
     }
 
     /// Capacity the cluster cannot offer, before anything is created: a capacity provider the cluster
@@ -436,13 +444,7 @@ impl EcsBackend {
     /// (`servicequotas:GetServiceQuota` denied) or that Service Quotas does not know here is not
     /// checked: the launch then fails or waits with the platform's own reason.
     async fn check_quota(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
-        let task_vcpus = if self.cfg.capacity.is_fargate() {
-            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?.0
-                as f64
-                / 1024.0
-        } else {
-            spec.cpu
-        };
+        let task_vcpus = f64::from(self.task_size(spec)?.0) / 1024.0;
         let Some(need) =
             preflight::need(&self.cfg.capacity, task_vcpus, &spec.instance_types, demand)
         else {
@@ -983,13 +985,7 @@ impl EcsBackend {
     {
         let launch = LaunchId::new(&spec.job_id, spec.segment);
         let fargate = self.cfg.capacity.is_fargate();
-        // On EC2 the task is the spec's size, which the SKU chose to fit the instance's registered
-        // resources; the worker gets all of it but the unpacker's share. Fargate sells fixed sizes.
-        let (task_cpu, task_mib) = if fargate {
-            task::fargate_size(spec.cpu, spec.memory_gib + f64::from(UNPACKER_MIB) / 1024.0)?
-        } else {
-            task::ec2_size(spec.cpu, spec.memory_gib)
-        };
+        let (task_cpu, task_mib) = self.task_size(spec)?;
         let (worker_cpu, worker_mib) = (
             task_cpu,
             task_mib

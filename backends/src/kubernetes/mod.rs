@@ -594,12 +594,7 @@ impl KubernetesBackend {
         let label = |n: &Node, key: &str| -> Option<String> {
             n.metadata.labels.as_ref()?.get(key).cloned()
         };
-        let mut wanted = self.cfg.node_selector.clone();
-        if spec.instance_types.is_empty()
-            && let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_ref())
-        {
-            wanted.insert(self.cfg.gpu_product_label.clone(), kind.clone());
-        }
+        let wanted = objects::node_labels(&self.cfg, spec);
         let fits = |n: &Node| {
             wanted
                 .iter()

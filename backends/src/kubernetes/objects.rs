@@ -482,6 +482,18 @@ type Placement = (
     Option<Vec<Toleration>>,
 );
 
+/// The labels a worker's node must carry besides its instance type: the configuration's, and the GPU
+/// model's product label where the spec names no instance type (the preflight looks for such a node).
+pub fn node_labels(cfg: &KubernetesConfig, spec: &WorkerSpec) -> BTreeMap<String, String> {
+    let mut labels = cfg.node_selector.clone();
+    if spec.instance_types.is_empty()
+        && let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_ref())
+    {
+        labels.insert(cfg.gpu_product_label.clone(), kind.clone());
+    }
+    labels
+}
+
 /// Where a worker pod may run: on a node of one of the spec's instance types (the well-known label
 /// every distribution sets; `nodeSelector` for one type, a required node affinity for several), and
 /// on nodes carrying the configuration's labels; tolerating the configuration's taints and, for a GPU
@@ -489,14 +501,10 @@ type Placement = (
 /// ([`crate::GpuRequest::kind`]) selects on [`KubernetesConfig::gpu_product_label`] only where the
 /// spec names no instance type.
 fn placement(cfg: &KubernetesConfig, spec: &WorkerSpec) -> Placement {
-    let mut selector = cfg.node_selector.clone();
+    let mut selector = node_labels(cfg, spec);
     let mut affinity = None;
     match spec.instance_types.as_slice() {
-        [] => {
-            if let Some(kind) = spec.gpu.as_ref().and_then(|g| g.kind.as_ref()) {
-                selector.insert(cfg.gpu_product_label.clone(), kind.clone());
-            }
-        }
+        [] => {}
         [one] => {
             selector.insert(cfg.instance_type_label.clone(), one.clone());
         }
