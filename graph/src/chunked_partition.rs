@@ -274,6 +274,7 @@ pub(crate) fn compute_set_chunked(
         ..params.clone()
     };
     let p = partition_chunked(ds, &params)?.partitioning;
+    let partition_seconds = t0.elapsed().as_secs_f64();
     let ctx = PartContext::new(ds, &p)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut summaries = Vec::with_capacity(k);
@@ -284,5 +285,5 @@ pub(crate) fn compute_set_chunked(
     drop(ctx);
     let (_, total) = streamed_cut(ds, &p.parts)?;
     let checksums = BTreeMap::from([("manifest".to_string(), ds.manifest().fingerprint())]);
-    write_partition_file(dir, &p, total, summaries, checksums, t0)
+    write_partition_file(dir, &p, total, summaries, checksums, (t0, partition_seconds))
 }

@@ -1219,6 +1219,11 @@ pub struct PartitionMeta {
     pub dataset_checksums: BTreeMap<String, String>,
     /// Wall time of the computation (partitioning, building, writing).
     pub compute_seconds: f64,
+    /// Wall time of the node -> part assignment alone (METIS, or the streaming and refinement passes),
+    /// the part of `compute_seconds` that depends on the method. Absent in sets written before it was
+    /// recorded.
+    #[serde(default)]
+    pub partition_seconds: Option<f64>,
     /// Checksum of the `parts` tensor.
     pub checksums: BTreeMap<String, String>,
 }
@@ -1351,8 +1356,9 @@ pub fn ensure_partitions(
 
 /// [`ensure_partitions`] for a dataset file or a chunked dataset directory ([`crate::chunked`]), with a
 /// choice of method. `None` reuses any current set, and computes a missing one with METIS for a file and
-/// by streaming (Fennel, one pass) for a chunked dataset, which is never loaded whole. `Some(method)`
-/// also recomputes a set that another method made. METIS on a chunked dataset is an error.
+/// by streaming ([`StreamParams::refined`]: restreamed Fennel, then label-propagation refinement) for a
+/// chunked dataset, which is never loaded whole. `Some(method)` also recomputes a set that another
+/// method made. METIS on a chunked dataset is an error.
 pub fn ensure_partitions_with(
     dataset_path: &Path,
     ks: &[usize],
@@ -1404,7 +1410,7 @@ pub fn ensure_partitions_with(
         let meta = if chunked {
             let params = match method {
                 Some(PartitionMethod::Stream(p)) => p.clone(),
-                _ => StreamParams::new(k),
+                _ => StreamParams::refined(k),
             };
             let cds = crate::chunked::ChunkedDataset::open(dataset_path)?;
             crate::chunked_partition::compute_set_chunked(&cds, &dir, k, seed, &params)?
@@ -1599,6 +1605,7 @@ fn compute_set(
             partition_stream(ds.csr(), &params)?.partitioning
         }
     };
+    let partition_seconds = t0.elapsed().as_secs_f64();
     let parts = build_parts(ds, &p)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let files = part_files(dir, k);
@@ -1608,7 +1615,8 @@ fn compute_set(
     }
     drop(parts);
     let (_, total) = cut_and_total(ds.csr(), &p.parts);
-    write_partition_file(dir, &p, total, summaries, ds.meta().checksums.clone(), t0)
+    let checksums = ds.meta().checksums.clone();
+    write_partition_file(dir, &p, total, summaries, checksums, (t0, partition_seconds))
 }
 
 /// Writes one part file and returns its summary for the partition file.
@@ -1630,7 +1638,7 @@ pub(crate) fn write_partition_file(
     num_undirected_edges: usize,
     summaries: Vec<PartSummary>,
     dataset_checksums: BTreeMap<String, String>,
-    t0: Instant,
+    (t0, partition_seconds): (Instant, f64),
 ) -> Result<PartitionMeta, Error> {
     let parts_bytes: &[u8] = bytemuck::cast_slice(&p.parts);
     let mut meta = PartitionMeta {
@@ -1646,6 +1654,7 @@ pub(crate) fn write_partition_file(
         parts: summaries,
         dataset_checksums,
         compute_seconds: 0.0,
+        partition_seconds: Some(partition_seconds),
         checksums: BTreeMap::from([("parts".to_string(), checksum(parts_bytes))]),
     };
     meta.compute_seconds = t0.elapsed().as_secs_f64();

@@ -1,5 +1,5 @@
 //! Streaming vertex partitioning with bounded memory: Fennel or LDG over the CSR rows, one pass plus
-//! optional restreaming passes, under a hard balance cap.
+//! optional restreaming passes, then optional label-propagation refinement, under a hard balance cap.
 //!
 //! The first building block for graphs larger than one machine (issue 31): METIS needs the symmetrised
 //! graph and its own coarsening hierarchy in memory (several times the CSR), while a streaming partitioner
@@ -25,24 +25,56 @@
 //! Restreaming (Nishimura & Ugander, KDD 2013): pass `t > 1` streams the nodes again in the same order;
 //! part sizes start from zero each pass, and a neighbour counts in the part the current pass gave it if
 //! already seen, else in the part the previous pass gave it. One assignment array updated in place is
-//! exactly that. The result is the last pass's assignment; the cap holds for every pass.
+//! exactly that. The result is the last pass's assignment; the cap holds for every pass. With
+//! [`StreamParams::converged_below`] restreaming stops once a pass moves few nodes: on an SBM the passes
+//! move many nodes for a while (a phase transition to the planted blocks; at 1M nodes, k = 4, about
+//! eight passes) and then none, so a fixed small number of passes stops short of it.
+//!
+//! Refinement (label propagation in the style of Spinner / XtraPuLP, run sequentially so every move
+//! sees the moves before it): `refine_passes` more passes over the rows; node `v` moves to the part
+//! holding most of its neighbours if that part holds strictly more than `v`'s own part and has room
+//! under the cap (part sizes are now the live sizes of the assignment). On an undirected graph every
+//! move lowers the cut by its gain, so the cut never rises and the passes converge; they stop after a
+//! pass that moves nothing (a fixed point). It repairs what restreaming left, e.g. when restreaming is
+//! capped before it converges.
+//!
+//! Isolated nodes ([`StreamParams::isolated_last`]): nodes with an empty row take no part in the passes
+//! and are dealt to the smallest parts at the end, as [`crate::partition_metis`] deals the nodes METIS
+//! never sees; the cap then bounds the nodes with edges (counted by the first pass, which uses the cap on
+//! all `n`). Without it an R-MAT graph, about 45% isolated at 1M nodes, gets one part with most edges,
+//! filled up to balance with isolated nodes.
+//!
+//! [`StreamParams::refined`] is the out-of-core default (restreamed Fennel until converged, at most 20
+//! passes; then refinement; isolated nodes last): measured against METIS at 1M nodes in
+//! `bench/RESULTS.md` (issue 31). [`StreamParams::new`] is plain one-pass Fennel.
 //!
 //! # Memory bound
 //!
 //! Besides the caller's CSR (read only, never copied), [`partition_stream`] allocates the assignment,
 //! `4 * n` bytes (returned inside the [`Partitioning`]), plus `O(k)`: part sizes and per-node neighbour
-//! counts (`24 * k` bytes) and the pass statistics (`O(passes)`). Nothing is proportional to the number of
-//! edges or to the feature width (the function never sees features). The final edge cut is computed by
+//! counts (`24 * k` bytes), the refinement's live sizes and the final deal's heap, and the pass
+//! statistics (`O(passes)`). Nothing is proportional to the number of edges or to the feature width
+//! (the function never sees features). The final edge cut is computed by
 //! [`Partitioning::from_assignment`] with the same bound (a parallel count over rows). Checked in
-//! `tests/stream.rs` with a counting global allocator: the peak of live heap bytes during the call stays
+//! `tests/stream_memory.rs` with a counting global allocator: the peak of live heap bytes during the call stays
 //! under `4 n + 64 k + 64 KiB` on a graph whose CSR is far larger.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Instant;
 
 use crate::csr::Csr;
 use crate::error::Error;
 use crate::partition::{Partitioning, balance_of, check_k, cut_and_total, part_sizes};
 use crate::rng::splitmix64;
+
+/// Most streaming passes of [`StreamParams::refined`].
+pub const RESTREAM_PASSES: usize = 20;
+/// [`StreamParams::refined`]'s restreaming stops after a pass that moves at most this fraction of the
+/// nodes.
+pub const CONVERGED_BELOW: f64 = 1e-3;
+/// Refinement passes allowed in [`StreamParams::refined`].
+pub const REFINE_PASSES: usize = 8;
 
 /// The scoring rule of a streaming pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -75,6 +107,20 @@ pub struct StreamParams {
     pub eps: f64,
     /// Passes over the stream: 1 is plain Fennel/LDG, more are restreaming passes. Default 1.
     pub passes: usize,
+    /// Restreaming stops early after a pass (the second or later) that moves at most this fraction of
+    /// the nodes; `None` always runs `passes` passes (the default of [`StreamParams::new`]). A pass that
+    /// moves no node is a fixed point: every later pass would repeat it exactly.
+    pub converged_below: Option<f64>,
+    /// Label-propagation refinement passes after the streaming passes (0: none, the default of
+    /// [`StreamParams::new`]; [`StreamParams::refined`] uses [`REFINE_PASSES`]). Refinement stops early
+    /// after a pass that moves no node.
+    pub refine_passes: usize,
+    /// Leave nodes with an empty row (no in-edge: isolated, for an undirected graph) out of the passes
+    /// and deal them to the smallest parts at the end, as [`crate::partition_metis`] does; the cap then
+    /// bounds the nodes with edges, and isolated nodes cannot stand in for their balance (on an R-MAT
+    /// graph nearly half the nodes are isolated: without this one part can take most of the edges).
+    /// `false` in [`StreamParams::new`], `true` in [`StreamParams::refined`].
+    pub isolated_last: bool,
     pub algorithm: StreamAlgorithm,
     pub order: StreamOrder,
     /// Seeds the tie-breaking and the [`StreamOrder::Shuffled`] permutation.
@@ -82,15 +128,33 @@ pub struct StreamParams {
 }
 
 impl StreamParams {
-    /// Fennel (gamma 1.5), eps 0.05, one pass, natural order, seed 0.
+    /// Plain Fennel (gamma 1.5), eps 0.05, one pass, no refinement, natural order, seed 0: the
+    /// building block, and what `data partition --method stream` starts from.
     pub fn new(k: usize) -> StreamParams {
         StreamParams {
             k,
             eps: 0.05,
             passes: 1,
+            converged_below: None,
+            refine_passes: 0,
+            isolated_last: false,
             algorithm: StreamAlgorithm::Fennel { gamma: 1.5 },
             order: StreamOrder::Natural,
             seed: 0,
+        }
+    }
+
+    /// The out-of-core default: Fennel restreamed until a pass moves at most [`CONVERGED_BELOW`] of the
+    /// nodes (at most [`RESTREAM_PASSES`] passes), then up to [`REFINE_PASSES`] label-propagation passes;
+    /// eps 0.05, natural order, seed 0. Measured against METIS in `bench/RESULTS.md` (issue 31,
+    /// out-of-core cut).
+    pub fn refined(k: usize) -> StreamParams {
+        StreamParams {
+            passes: RESTREAM_PASSES,
+            converged_below: Some(CONVERGED_BELOW),
+            refine_passes: REFINE_PASSES,
+            isolated_last: true,
+            ..StreamParams::new(k)
         }
     }
 
@@ -112,6 +176,14 @@ impl StreamParams {
         if self.passes == 0 {
             return Err(Error::param("passes", "at least one pass is needed"));
         }
+        if let Some(f) = self.converged_below
+            && !(f.is_finite() && (0.0..=1.0).contains(&f))
+        {
+            return Err(Error::param(
+                "converged_below",
+                format!("{f} must be a fraction in 0..=1"),
+            ));
+        }
         if let StreamAlgorithm::Fennel { gamma } = self.algorithm
             && !(gamma.is_finite() && gamma > 1.0)
         {
@@ -129,16 +201,28 @@ impl StreamParams {
         Ok(())
     }
 
+    /// The name a partition set records, every setting that changes the result but `k`, `eps` and the
+    /// seed: `fennel`, `ldg-x3` (three passes), `fennel-x20~0.001` (at most 20, stopping once a pass
+    /// moves at most 0.1% of the nodes), then `-lp8` (up to eight refinement passes) and `-il`
+    /// (`isolated_last`). [`StreamParams::refined`] is `fennel-x20~0.001-lp8-il`.
     pub(crate) fn method(&self) -> String {
-        let algo = match self.algorithm {
-            StreamAlgorithm::Fennel { .. } => "fennel",
-            StreamAlgorithm::Ldg => "ldg",
+        let mut name = match self.algorithm {
+            StreamAlgorithm::Fennel { .. } => "fennel".to_string(),
+            StreamAlgorithm::Ldg => "ldg".to_string(),
         };
-        if self.passes == 1 {
-            algo.to_string()
-        } else {
-            format!("{algo}-x{}", self.passes)
+        if self.passes > 1 {
+            name.push_str(&format!("-x{}", self.passes));
+            if let Some(f) = self.converged_below {
+                name.push_str(&format!("~{f}"));
+            }
         }
+        if self.refine_passes > 0 {
+            name.push_str(&format!("-lp{}", self.refine_passes));
+        }
+        if self.isolated_last {
+            name.push_str("-il");
+        }
+        name
     }
 }
 
@@ -154,7 +238,11 @@ pub struct PassStats {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamOutcome {
     pub partitioning: Partitioning,
+    /// The streaming passes run: `params.passes`, fewer when restreaming converged
+    /// ([`StreamParams::converged_below`]).
     pub passes: Vec<PassStats>,
+    /// The refinement passes run: at most `params.refine_passes`, fewer when one moved nothing.
+    pub refine_passes: Vec<PassStats>,
 }
 
 /// Edge cut and balance of a partitioning, as fractions.
@@ -214,23 +302,74 @@ pub fn partition_stream(csr: Csr<'_>, params: &StreamParams) -> Result<StreamOut
     params.check()?;
     csr.validate()?;
     let order = Order::new(params.order, n, params.seed);
-    let mut st = Streamer::new(params, n, csr.num_edges());
-    let mut stats = Vec::with_capacity(params.passes);
-    for _ in 0..params.passes {
-        let t0 = Instant::now();
-        st.start_pass();
-        for i in 0..n {
-            let v = order.at(i);
-            st.place(v, csr.neighbors(v));
-        }
-        stats.push(st.end_pass(t0));
-    }
+    // The number of non-empty rows is left for the first pass to count, as a streamed source must:
+    // the two entry points then give the same assignment.
+    let (parts, passes, refine_passes) = run_passes(
+        params,
+        n,
+        csr.num_edges(),
+        &mut |f: &mut dyn FnMut(usize, &[i32])| {
+            for i in 0..n {
+                let v = order.at(i);
+                f(v, csr.neighbors(v));
+            }
+            Ok(())
+        },
+    )?;
     let partitioning =
-        Partitioning::from_assignment(csr, params.k, st.parts, params.method(), params.seed)?;
+        Partitioning::from_assignment(csr, params.k, parts, params.method(), params.seed)?;
     Ok(StreamOutcome {
         partitioning,
-        passes: stats,
+        passes,
+        refine_passes,
     })
+}
+
+/// Streams every row once per call of `each_row`'s argument.
+type RowStream<'a> = dyn FnMut(&mut dyn FnMut(usize, &[i32])) -> Result<(), Error> + 'a;
+
+/// The streaming passes, then the refinement passes, over whatever `each_row` streams: the assignment
+/// and what each pass did.
+fn run_passes(
+    params: &StreamParams,
+    n: usize,
+    num_edges: usize,
+    each_row: &mut RowStream<'_>,
+) -> Result<(Vec<u32>, Vec<PassStats>, Vec<PassStats>), Error> {
+    let mut st = Streamer::new(params, n, num_edges);
+    let mut stats = Vec::with_capacity(params.passes);
+    for pass in 0..params.passes {
+        let t0 = Instant::now();
+        st.start_pass();
+        each_row(&mut |v, row| st.place(v, row))?;
+        let s = st.end_pass(t0);
+        let converged = pass > 0
+            && params
+                .converged_below
+                .is_some_and(|f| s.moved as f64 <= f * n as f64);
+        stats.push(s);
+        if converged {
+            break;
+        }
+    }
+    let mut refine = Vec::with_capacity(params.refine_passes);
+    if params.refine_passes > 0 {
+        let mut r = Refiner::new(st);
+        for _ in 0..params.refine_passes {
+            let t0 = Instant::now();
+            r.st.moved = 0;
+            each_row(&mut |v, row| r.visit(v, row))?;
+            let pass = r.st.end_pass(t0);
+            let moved = pass.moved;
+            refine.push(pass);
+            if moved == 0 {
+                break;
+            }
+        }
+        st = r.st;
+    }
+    st.deal_unplaced();
+    Ok((st.parts, stats, refine))
 }
 
 /// A graph whose rows can be streamed in ascending node order, once per pass, without random access:
@@ -268,26 +407,21 @@ pub fn partition_stream_rows(
             "a streamed source is read in ascending node order only (StreamOrder::Natural)",
         ));
     }
-    let mut st = Streamer::new(params, n, src.num_edges());
-    let mut stats = Vec::with_capacity(params.passes);
-    for _ in 0..params.passes {
-        let t0 = Instant::now();
-        st.start_pass();
-        src.for_each_row(&mut |v, row| st.place(v, row))?;
-        stats.push(st.end_pass(t0));
-    }
-    let (edge_cut, _) = streamed_cut(src, &st.parts)?;
-    let balance = balance_of(&part_sizes(params.k, &st.parts));
+    let (parts, passes, refine_passes) =
+        run_passes(params, n, src.num_edges(), &mut |f| src.for_each_row(f))?;
+    let (edge_cut, _) = streamed_cut(src, &parts)?;
+    let balance = balance_of(&part_sizes(params.k, &parts));
     Ok(StreamOutcome {
         partitioning: Partitioning {
             k: params.k,
-            parts: st.parts,
+            parts,
             edge_cut,
             balance,
             method: params.method(),
             seed: params.seed,
         },
-        passes: stats,
+        passes,
+        refine_passes,
     })
 }
 
@@ -324,7 +458,13 @@ struct Streamer {
     counts: Vec<u32>,
     touched: Vec<u32>,
     scorer: Scorer,
-    seed: u64,
+    params: StreamParams,
+    num_edges: usize,
+    /// Nodes the passes place: all of them, or with [`StreamParams::isolated_last`] those with a
+    /// non-empty row (counted by the first pass).
+    placed: Option<usize>,
+    /// Nodes with a non-empty row seen in the current pass.
+    seen_active: usize,
     moved: usize,
     cap: usize,
 }
@@ -334,26 +474,45 @@ const UNASSIGNED: u32 = u32::MAX;
 impl Streamer {
     fn new(params: &StreamParams, n: usize, num_edges: usize) -> Streamer {
         let k = params.k;
-        let cap = params.capacity(n);
+        let placed = if params.isolated_last { None } else { Some(n) };
+        let cap = params.capacity(placed.unwrap_or(n));
         Streamer {
             parts: vec![UNASSIGNED; n],
             sizes: vec![0; k],
             counts: vec![0; k],
             touched: Vec::with_capacity(k),
-            scorer: Scorer::new(params.algorithm, n, num_edges, k, cap),
-            seed: params.seed,
+            scorer: Scorer::new(params.algorithm, placed.unwrap_or(n), num_edges, k, cap),
+            params: params.clone(),
+            num_edges,
+            placed,
+            seen_active: 0,
             moved: 0,
             cap,
         }
     }
 
+    /// Resets the pass's part sizes; the cap and Fennel's alpha follow the number of nodes placed,
+    /// once known (with `isolated_last` the first pass uses all `n` nodes).
     fn start_pass(&mut self) {
         self.sizes.fill(0);
         self.moved = 0;
+        self.seen_active = 0;
+        let placed = self.placed.unwrap_or(self.parts.len());
+        self.cap = self.params.capacity(placed);
+        self.scorer = Scorer::new(
+            self.params.algorithm,
+            placed,
+            self.num_edges,
+            self.params.k,
+            self.cap,
+        );
     }
 
     fn end_pass(&mut self, t0: Instant) -> PassStats {
         debug_assert!(self.sizes.iter().all(|&s| s <= self.cap));
+        if self.params.isolated_last && self.placed.is_none() {
+            self.placed = Some(self.seen_active);
+        }
         PassStats {
             moved: self.moved,
             seconds: t0.elapsed().as_secs_f64(),
@@ -362,6 +521,10 @@ impl Streamer {
 
     /// Places node `v`, whose row is `row`.
     fn place(&mut self, v: usize, row: &[i32]) {
+        if self.params.isolated_last && row.is_empty() {
+            return;
+        }
+        self.seen_active += 1;
         let k = self.sizes.len();
         for &u in row {
             let p = self.parts[u as usize];
@@ -373,7 +536,7 @@ impl Streamer {
             }
         }
         let start =
-            (splitmix64(self.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as usize;
+            (splitmix64(self.params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as usize;
         let best = self.scorer.choose(&self.counts, &self.sizes, start);
         for &p in &self.touched {
             self.counts[p as usize] = 0;
@@ -383,6 +546,102 @@ impl Streamer {
         if self.parts[v] != best as u32 {
             self.moved += 1;
             self.parts[v] = best as u32;
+        }
+    }
+
+    /// The current assignment's part sizes, nodes not yet placed left out.
+    fn live_sizes(&self) -> Vec<usize> {
+        let mut sizes = vec![0usize; self.params.k];
+        for &p in &self.parts {
+            if p != UNASSIGNED {
+                sizes[p as usize] += 1;
+            }
+        }
+        sizes
+    }
+
+    /// Deals the nodes the passes left out (empty rows, with `isolated_last`), in ascending id order,
+    /// each to the currently smallest part, ties to the lower part id: as [`crate::partition_metis`]
+    /// deals the nodes METIS never saw. A part that receives one was the smallest, so no part ends above
+    /// `max(largest placed part, ceil(n / k))`, within the cap on all `n` nodes.
+    fn deal_unplaced(&mut self) {
+        if !self.parts.contains(&UNASSIGNED) {
+            return;
+        }
+        let mut heap: BinaryHeap<Reverse<(usize, u32)>> = self
+            .live_sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(p, size)| Reverse((size, p as u32)))
+            .collect();
+        for p in self.parts.iter_mut().filter(|p| **p == UNASSIGNED) {
+            let Reverse((size, part)) = heap.pop().expect("the heap holds k >= 1 entries");
+            *p = part;
+            heap.push(Reverse((size + 1, part)));
+        }
+    }
+}
+
+/// Label-propagation refinement over the streamed rows (see the module doc): the streamer's assignment
+/// and part sizes, now the live sizes of the current assignment rather than one pass's.
+struct Refiner {
+    st: Streamer,
+}
+
+impl Refiner {
+    fn new(mut st: Streamer) -> Refiner {
+        st.sizes = st.live_sizes();
+        Refiner { st }
+    }
+
+    /// Moves `v` to the part holding most of its neighbours, if that part holds strictly more than
+    /// `v`'s own and has room under the cap; ties go to the smaller part, then the first in a seeded
+    /// rotation. Every move lowers the cut of an undirected graph by its gain, so the passes converge.
+    fn visit(&mut self, v: usize, row: &[i32]) {
+        let st = &mut self.st;
+        let k = st.sizes.len();
+        if st.parts[v] == UNASSIGNED {
+            // Left for the deal (`isolated_last`): an empty row.
+            return;
+        }
+        for &u in row {
+            let p = st.parts[u as usize];
+            if u as usize != v && p != UNASSIGNED {
+                if st.counts[p as usize] == 0 {
+                    st.touched.push(p);
+                }
+                st.counts[p as usize] += 1;
+            }
+        }
+        let cur = st.parts[v] as usize;
+        let here = st.counts[cur];
+        let start = (splitmix64(st.params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as u32;
+        let rank = |p: u32| (p + k as u32 - start) % k as u32;
+        let mut best = cur;
+        let mut best_count = here;
+        for &p in &st.touched {
+            let (p, c) = (p as usize, st.counts[p as usize]);
+            if p == cur || c <= here || st.sizes[p] >= st.cap {
+                continue;
+            }
+            let better = best == cur
+                || c > best_count
+                || (c == best_count
+                    && (st.sizes[p], rank(p as u32)) < (st.sizes[best], rank(best as u32)));
+            if better {
+                best = p;
+                best_count = c;
+            }
+        }
+        for &p in &st.touched {
+            st.counts[p as usize] = 0;
+        }
+        st.touched.clear();
+        if best != cur {
+            st.sizes[cur] -= 1;
+            st.sizes[best] += 1;
+            st.parts[v] = best as u32;
+            st.moved += 1;
         }
     }
 }

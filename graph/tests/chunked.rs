@@ -415,9 +415,10 @@ fn streamed_parts_equal_build_parts_and_the_set_is_stored_and_reused() {
     assert_eq!(sets.len(), 2);
     for s in &sets {
         assert!(!s.reused);
-        assert_eq!(s.meta.method, "fennel");
+        // A chunked dataset's default: the refined streaming partitioner.
+        assert_eq!(s.meta.method, "fennel-x20~0.001-lp8-il");
         let (meta, p) = load_partitioning(&s.dir.join("partition.safetensors")).unwrap();
-        let in_memory = partition_stream(mem.csr(), &StreamParams::new(meta.k))
+        let in_memory = partition_stream(mem.csr(), &StreamParams::refined(meta.k))
             .unwrap()
             .partitioning;
         assert_eq!(p.parts, in_memory.parts);
