@@ -1,7 +1,8 @@
 //! The streaming partitioner's memory bound, measured: a counting global allocator records the peak of
-//! live heap bytes during `partition_stream`, which must stay within `4 n + 64 k + 64 KiB` (the
-//! assignment, O(k) counters, a constant) on a graph whose CSR is many times that. A copy of the edges, a
-//! transpose or a symmetrised graph (what METIS needs) would exceed it.
+//! live heap bytes during `partition_stream` (plain, and `StreamParams::refined`), which must stay
+//! within `4 n + 64 k + 64 KiB` (the assignment, O(k) counters, a constant) on a graph whose CSR is many
+//! times that. A copy of the edges, a transpose or a symmetrised graph (what METIS needs) would exceed
+//! it.
 //!
 //! One test in this binary, so no other test's allocations are counted.
 
@@ -34,19 +35,32 @@ fn peak_heap_is_the_assignment_plus_o_k() {
     let _ = partition_stream(csr, &StreamParams::new(2)).unwrap();
 
     for k in [2usize, 16, 1000] {
-        for (algorithm, order, passes) in [
+        for (algorithm, order, passes, refined) in [
             (
                 StreamAlgorithm::Fennel { gamma: 1.5 },
                 StreamOrder::Natural,
                 3,
+                false,
             ),
-            (StreamAlgorithm::Ldg, StreamOrder::Shuffled, 2),
+            (StreamAlgorithm::Ldg, StreamOrder::Shuffled, 2, false),
+            // The out-of-core default: restreaming, refinement, isolated nodes dealt last.
+            (
+                StreamAlgorithm::Fennel { gamma: 1.5 },
+                StreamOrder::Natural,
+                StreamParams::refined(k).passes,
+                true,
+            ),
         ] {
+            let base = if refined {
+                StreamParams::refined(k)
+            } else {
+                StreamParams::new(k)
+            };
             let p = StreamParams {
                 passes,
                 algorithm,
                 order,
-                ..StreamParams::new(k)
+                ..base
             };
             let (peak, out) = peak_during(|| partition_stream(csr, &p).unwrap());
             let bound = 4 * n + 64 * k + 64 * 1024;
