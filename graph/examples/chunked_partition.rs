@@ -100,7 +100,11 @@ fn main() -> Result<()> {
             };
             rmat_chunked(&p, &dir, chunk_rows)?;
         }
-        eprintln!("wrote {} in {:.1} s", dir.display(), t0.elapsed().as_secs_f64());
+        eprintln!(
+            "wrote {} in {:.1} s",
+            dir.display(),
+            t0.elapsed().as_secs_f64()
+        );
         return Ok(());
     }
     if refined {
@@ -131,7 +135,10 @@ fn main() -> Result<()> {
         p.edge_cut as f64 / total.max(1) as f64,
         p.balance,
         out.passes.iter().map(|s| s.seconds).collect::<Vec<_>>(),
-        out.refine_passes.iter().map(|s| s.seconds).collect::<Vec<_>>(),
+        out.refine_passes
+            .iter()
+            .map(|s| s.seconds)
+            .collect::<Vec<_>>(),
         ds.manifest().data_bytes()
     );
     Ok(())

@@ -175,9 +175,19 @@ fn main() -> Result<()> {
                 ..base
             };
             let out = partition_stream(csr, &p)?;
-            moved = out.passes.iter().chain(&out.refine_passes).map(|s| s.moved).collect();
-            let secs = |s: &[physalia_graph::stream::PassStats]| s.iter().map(|s| s.seconds).collect();
-            (out.partitioning, secs(&out.passes), secs(&out.refine_passes))
+            moved = out
+                .passes
+                .iter()
+                .chain(&out.refine_passes)
+                .map(|s| s.moved)
+                .collect();
+            let secs =
+                |s: &[physalia_graph::stream::PassStats]| s.iter().map(|s| s.seconds).collect();
+            (
+                out.partitioning,
+                secs(&out.passes),
+                secs(&out.refine_passes),
+            )
         }
         m => {
             return Err(

@@ -285,5 +285,12 @@ pub(crate) fn compute_set_chunked(
     drop(ctx);
     let (_, total) = streamed_cut(ds, &p.parts)?;
     let checksums = BTreeMap::from([("manifest".to_string(), ds.manifest().fingerprint())]);
-    write_partition_file(dir, &p, total, summaries, checksums, (t0, partition_seconds))
+    write_partition_file(
+        dir,
+        &p,
+        total,
+        summaries,
+        checksums,
+        (t0, partition_seconds),
+    )
 }

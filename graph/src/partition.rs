@@ -1616,7 +1616,14 @@ fn compute_set(
     drop(parts);
     let (_, total) = cut_and_total(ds.csr(), &p.parts);
     let checksums = ds.meta().checksums.clone();
-    write_partition_file(dir, &p, total, summaries, checksums, (t0, partition_seconds))
+    write_partition_file(
+        dir,
+        &p,
+        total,
+        summaries,
+        checksums,
+        (t0, partition_seconds),
+    )
 }
 
 /// Writes one part file and returns its summary for the partition file.

@@ -302,20 +302,20 @@ pub fn partition_stream(csr: Csr<'_>, params: &StreamParams) -> Result<StreamOut
     params.check()?;
     csr.validate()?;
     let order = Order::new(params.order, n, params.seed);
+    let mut rows = |f: &mut dyn FnMut(usize, &[i32])| -> Result<(), Error> {
+        for i in 0..n {
+            let v = order.at(i);
+            f(v, csr.neighbors(v));
+        }
+        Ok(())
+    };
     // The number of non-empty rows is left for the first pass to count, as a streamed source must:
     // the two entry points then give the same assignment.
-    let (parts, passes, refine_passes) = run_passes(
-        params,
-        n,
-        csr.num_edges(),
-        &mut |f: &mut dyn FnMut(usize, &[i32])| {
-            for i in 0..n {
-                let v = order.at(i);
-                f(v, csr.neighbors(v));
-            }
-            Ok(())
-        },
-    )?;
+    let Passes {
+        parts,
+        passes,
+        refine_passes,
+    } = run_passes(params, n, csr.num_edges(), &mut rows)?;
     let partitioning =
         Partitioning::from_assignment(csr, params.k, parts, params.method(), params.seed)?;
     Ok(StreamOutcome {
@@ -328,14 +328,21 @@ pub fn partition_stream(csr: Csr<'_>, params: &StreamParams) -> Result<StreamOut
 /// Streams every row once per call of `each_row`'s argument.
 type RowStream<'a> = dyn FnMut(&mut dyn FnMut(usize, &[i32])) -> Result<(), Error> + 'a;
 
-/// The streaming passes, then the refinement passes, over whatever `each_row` streams: the assignment
-/// and what each pass did.
+/// The assignment and what each pass did.
+struct Passes {
+    parts: Vec<u32>,
+    passes: Vec<PassStats>,
+    refine_passes: Vec<PassStats>,
+}
+
+/// The streaming passes, then the refinement passes, then the deal of the nodes left out, over
+/// whatever `each_row` streams.
 fn run_passes(
     params: &StreamParams,
     n: usize,
     num_edges: usize,
     each_row: &mut RowStream<'_>,
-) -> Result<(Vec<u32>, Vec<PassStats>, Vec<PassStats>), Error> {
+) -> Result<Passes, Error> {
     let mut st = Streamer::new(params, n, num_edges);
     let mut stats = Vec::with_capacity(params.passes);
     for pass in 0..params.passes {
@@ -369,7 +376,11 @@ fn run_passes(
         st = r.st;
     }
     st.deal_unplaced();
-    Ok((st.parts, stats, refine))
+    Ok(Passes {
+        parts: st.parts,
+        passes: stats,
+        refine_passes: refine,
+    })
 }
 
 /// A graph whose rows can be streamed in ascending node order, once per pass, without random access:
@@ -407,8 +418,11 @@ pub fn partition_stream_rows(
             "a streamed source is read in ascending node order only (StreamOrder::Natural)",
         ));
     }
-    let (parts, passes, refine_passes) =
-        run_passes(params, n, src.num_edges(), &mut |f| src.for_each_row(f))?;
+    let Passes {
+        parts,
+        passes,
+        refine_passes,
+    } = run_passes(params, n, src.num_edges(), &mut |f| src.for_each_row(f))?;
     let (edge_cut, _) = streamed_cut(src, &parts)?;
     let balance = balance_of(&part_sizes(params.k, &parts));
     Ok(StreamOutcome {
@@ -535,8 +549,7 @@ impl Streamer {
                 self.counts[p as usize] += 1;
             }
         }
-        let start =
-            (splitmix64(self.params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as usize;
+        let start = rotation_start(self.params.seed, v, k);
         let best = self.scorer.choose(&self.counts, &self.sizes, start);
         for &p in &self.touched {
             self.counts[p as usize] = 0;
@@ -615,8 +628,8 @@ impl Refiner {
         }
         let cur = st.parts[v] as usize;
         let here = st.counts[cur];
-        let start = (splitmix64(st.params.seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as u32;
-        let rank = |p: u32| (p + k as u32 - start) % k as u32;
+        let start = rotation_start(st.params.seed, v, k);
+        let rank = |p: usize| (p + k - start) % k;
         let mut best = cur;
         let mut best_count = here;
         for &p in &st.touched {
@@ -626,8 +639,7 @@ impl Refiner {
             }
             let better = best == cur
                 || c > best_count
-                || (c == best_count
-                    && (st.sizes[p], rank(p as u32)) < (st.sizes[best], rank(best as u32)));
+                || (c == best_count && (st.sizes[p], rank(p)) < (st.sizes[best], rank(best)));
             if better {
                 best = p;
                 best_count = c;
@@ -708,6 +720,12 @@ impl Scorer {
         );
         best
     }
+}
+
+/// Where node `v`'s tie-breaking rotation over the `k` parts starts: a seeded hash, so that ties do not
+/// all go to part 0.
+fn rotation_start(seed: u64, v: usize, k: usize) -> usize {
+    (splitmix64(seed ^ (v as u64).wrapping_mul(0x9e37_79b9)) % k as u64) as usize
 }
 
 /// A stream order: `at(i)` is the `i`-th node to arrive.

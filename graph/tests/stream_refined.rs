@@ -49,7 +49,11 @@ fn check_assignment(what: &str, n: usize, p: &Partitioning, cap: usize) {
     assert_eq!(p.parts.len(), n, "{what}: one entry per node");
     let mut sizes = vec![0usize; p.k];
     for (v, &q) in p.parts.iter().enumerate() {
-        assert!((q as usize) < p.k, "{what}: node {v} in part {q} of {}", p.k);
+        assert!(
+            (q as usize) < p.k,
+            "{what}: node {v} in part {q} of {}",
+            p.k
+        );
         sizes[q as usize] += 1;
     }
     assert_eq!(sizes.iter().sum::<usize>(), n);
@@ -115,11 +119,18 @@ fn against_metis(what: &str, ds: &OwnedDataset, k: usize) -> StreamOutcome {
     let mut owner = vec![usize::MAX; n];
     for part in &parts {
         for &v in &part.owned {
-            assert_eq!(owner[v as usize], usize::MAX, "{what}: node {v} owned twice");
+            assert_eq!(
+                owner[v as usize],
+                usize::MAX,
+                "{what}: node {v} owned twice"
+            );
             owner[v as usize] = part.part;
         }
     }
-    assert!(owner.iter().all(|&o| o != usize::MAX), "{what}: unowned node");
+    assert!(
+        owner.iter().all(|&o| o != usize::MAX),
+        "{what}: unowned node"
+    );
     out
 }
 
