@@ -16,7 +16,7 @@ use crate::chunked::ChunkedDataset;
 use crate::error::Error;
 use crate::format::{Features, Split};
 use crate::partition::{
-    Part, PartitionMeta, Partitioning, part_files, write_part, write_partition_file,
+    Part, PartitionMeta, Partitioning, SetTiming, part_files, write_part, write_partition_file,
 };
 use crate::stream::{StreamOutcome, StreamParams, partition_stream_rows, streamed_cut};
 
@@ -291,6 +291,9 @@ pub(crate) fn compute_set_chunked(
         total,
         summaries,
         checksums,
-        (t0, partition_seconds),
+        SetTiming {
+            started: t0,
+            partition_seconds,
+        },
     )
 }

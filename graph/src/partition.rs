@@ -1622,7 +1622,10 @@ fn compute_set(
         total,
         summaries,
         checksums,
-        (t0, partition_seconds),
+        SetTiming {
+            started: t0,
+            partition_seconds,
+        },
     )
 }
 
@@ -1638,6 +1641,12 @@ pub(crate) fn write_part(part: &Part, path: &Path) -> Result<PartSummary, Error>
     })
 }
 
+/// When a set's computation started, and how long its assignment took (for [`PartitionMeta`]).
+pub(crate) struct SetTiming {
+    pub(crate) started: Instant,
+    pub(crate) partition_seconds: f64,
+}
+
 /// Writes `partition.safetensors`, the commit marker of a set whose part files are already written.
 pub(crate) fn write_partition_file(
     dir: &Path,
@@ -1645,7 +1654,7 @@ pub(crate) fn write_partition_file(
     num_undirected_edges: usize,
     summaries: Vec<PartSummary>,
     dataset_checksums: BTreeMap<String, String>,
-    (t0, partition_seconds): (Instant, f64),
+    timing: SetTiming,
 ) -> Result<PartitionMeta, Error> {
     let parts_bytes: &[u8] = bytemuck::cast_slice(&p.parts);
     let mut meta = PartitionMeta {
@@ -1661,10 +1670,10 @@ pub(crate) fn write_partition_file(
         parts: summaries,
         dataset_checksums,
         compute_seconds: 0.0,
-        partition_seconds: Some(partition_seconds),
+        partition_seconds: Some(timing.partition_seconds),
         checksums: BTreeMap::from([("parts".to_string(), checksum(parts_bytes))]),
     };
-    meta.compute_seconds = t0.elapsed().as_secs_f64();
+    meta.compute_seconds = timing.started.elapsed().as_secs_f64();
     let json = serde_json::to_string(&meta).expect("PartitionMeta serialises: plain fields only");
     write_safetensors(
         &dir.join(PARTITION_FILE),
