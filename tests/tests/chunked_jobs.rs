@@ -109,7 +109,9 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     let set = dir.join("chunked.parts/k2-seed0");
     assert!(set.join("part0.safetensors").is_file());
     assert!(set.join("part1.safetensors").is_file());
-    assert_eq!(set_method(&set), "fennel");
+    // the streaming default: Fennel restreamed until stable, label-propagation refinement, isolated nodes
+    // dealt last (graph's `StreamParams::refined`)
+    assert_eq!(set_method(&set), "fennel-x20~0.001-lp8-il");
     // the dataset was handed on as it is: nothing loaded and written into the job's record
     assert!(!chunked_dir.join("dataset.safetensors").exists());
     assert!(chunked_dir.join("model.safetensors").is_file());
