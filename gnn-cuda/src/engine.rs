@@ -699,6 +699,48 @@ impl CudaEngine {
     }
 }
 
+/// The scalar arguments shared by `activation_backward` and `activation_backward_over`.
+struct ActGradArgs {
+    rows: u32,
+    cols: u32,
+    row0: u32,
+    code: u32,
+    use_mask: u32,
+    key: u64,
+    thr: u32,
+    scale: f32,
+    cfg: LaunchConfig,
+}
+
+impl ActGradArgs {
+    /// `None` when `dy` is empty (nothing to launch).
+    fn new(
+        dy: &DeviceMatrix,
+        gids: Option<&DeviceIdx>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<Option<ActGradArgs>, GpuError> {
+        check(gids.is_none_or(|g| g.host.len() >= row0 + dy.rows), || {
+            "activation_backward: fewer global ids than rows".into()
+        })?;
+        if dy.len() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(ActGradArgs {
+            rows: u32_size(dy.rows, "rows")?,
+            cols: dy.cols as u32,
+            row0: u32_size(row0, "rows")?,
+            code: act_code(act),
+            use_mask: d.is_some() as u32,
+            key: d.map_or(0, |d| d.key),
+            thr: d.map_or(0, |d| mask_threshold(d.p)),
+            scale: d.map_or(1.0, |d| 1.0 / (1.0 - d.p)),
+            cfg: launch_cfg(elementwise_launch(dy.len())),
+        }))
+    }
+}
+
 fn gids_arg<'a>(e: &'a CudaEngine, gids: Option<&'a DeviceIdx>) -> (&'a CudaSlice<u32>, u32) {
     match gids {
         Some(g) => (&g.buf, 1),
@@ -1230,36 +1272,63 @@ impl Ops for CudaEngine {
         check(dy.shape() == y.shape(), || {
             "activation_backward shapes".into()
         })?;
-        check(gids.is_none_or(|g| g.host.len() >= row0 + dy.rows), || {
-            "activation_backward: fewer global ids than rows".into()
-        })?;
-        if dy.len() == 0 {
+        let Some(p) = ActGradArgs::new(dy, gids, row0, act, d)? else {
             return Ok(());
-        }
+        };
         let (gbuf, use_gids) = gids_arg(self, gids);
-        let (rows, cols) = (u32_size(dy.rows, "rows")?, dy.cols as u32);
-        let row0 = row0 as u32;
-        let code = act_code(act);
-        let use_mask = d.is_some() as u32;
-        let key = d.map_or(0, |d| d.key);
-        let thr = d.map_or(0, |d| mask_threshold(d.p));
-        let scale = d.map_or(1.0, |d| 1.0 / (1.0 - d.p));
-        let cfg = launch_cfg(elementwise_launch(dy.len()));
         let mut b = self.launch("activation_backward");
         b.arg(&mut dy.buf)
             .arg(&y.buf)
-            .arg(&rows)
-            .arg(&cols)
+            .arg(&p.rows)
+            .arg(&p.cols)
             .arg(gbuf)
             .arg(&use_gids)
-            .arg(&row0)
-            .arg(&code)
-            .arg(&use_mask)
-            .arg(&key)
-            .arg(&thr)
-            .arg(&scale);
+            .arg(&p.row0)
+            .arg(&p.code)
+            .arg(&p.use_mask)
+            .arg(&p.key)
+            .arg(&p.thr)
+            .arg(&p.scale);
         // SAFETY: shapes checked above.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(p.cfg) }?;
+        Ok(())
+    }
+
+    fn activation_backward_over(
+        &mut self,
+        dy: &mut DeviceMatrix,
+        y: &mut DeviceMatrix,
+        gids: Option<&DeviceIdx>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), GpuError> {
+        check(dy.cols == y.cols && row0 + dy.rows <= y.rows, || {
+            format!(
+                "activation_backward_over: {}x{} at row {row0} of {}x{}",
+                dy.rows, dy.cols, y.rows, y.cols
+            )
+        })?;
+        let Some(p) = ActGradArgs::new(dy, gids, row0, act, d)? else {
+            return Ok(());
+        };
+        let (gbuf, use_gids) = gids_arg(self, gids);
+        let mut yv = y.buf.slice_mut(row0 * y.cols..);
+        let mut b = self.launch("activation_backward_over");
+        b.arg(&dy.buf)
+            .arg(&mut yv)
+            .arg(&p.rows)
+            .arg(&p.cols)
+            .arg(gbuf)
+            .arg(&use_gids)
+            .arg(&p.row0)
+            .arg(&p.code)
+            .arg(&p.use_mask)
+            .arg(&p.key)
+            .arg(&p.thr)
+            .arg(&p.scale);
+        // SAFETY: `dy`'s rows fit in `y` from `row0` (checked above), as wide.
+        unsafe { b.launch(p.cfg) }?;
         Ok(())
     }
 

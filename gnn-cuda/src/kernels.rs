@@ -153,6 +153,7 @@ pub const KERNELS: &[&str] = &[
     "activate",
     "dropout",
     "activation_backward",
+    "activation_backward_over",
     "add_assign",
     "col_sums_partial",
     "col_sums_finish",
@@ -545,26 +546,37 @@ extern "C" __global__ void dropout(float* __restrict__ x, u32 rows, u32 cols, co
 }
 
 // dy (gradient of y = dropout(act(z))) becomes the gradient of z, from y and, for ELU, the regenerated mask.
+// The gradient of z at element idx of a row block starting at row0, from dy and y = dropout(act(z)).
+__device__ __forceinline__ float act_grad(float dyv, float yv, u64 idx, u32 cols, const u32* __restrict__ gids,
+                                          u32 use_gids, u32 row0, u32 act, u32 use_mask, u64 key, u32 thr16,
+                                          float scale) {
+    if (act == 0) return yv > 0.f ? dyv * scale : 0.f;
+    bool keep = true;
+    if (use_mask) {
+        const u32 r = (u32)(idx / cols), col = (u32)(idx % cols);
+        const u64 g = use_gids ? (u64)gids[row0 + r] : (u64)(row0 + r);
+        keep = mask_keep(key, g * cols + col, thr16);
+    }
+    const float a = yv / scale;
+    const float deriv = a > 0.f ? 1.f : a + 1.f;
+    return keep ? dyv * deriv * scale : 0.f;
+}
+
 extern "C" __global__ void activation_backward(float* __restrict__ dy, const float* __restrict__ y, u32 rows,
                                                u32 cols, const u32* __restrict__ gids, u32 use_gids, u32 row0,
                                                u32 act, u32 use_mask, u64 key, u32 thr16, float scale) {
     const u64 n = (u64)rows * cols;
-    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
-        const float yv = y[idx];
-        if (act == 0) {
-            dy[idx] = yv > 0.f ? dy[idx] * scale : 0.f;
-        } else {
-            bool keep = true;
-            if (use_mask) {
-                const u32 r = (u32)(idx / cols), col = (u32)(idx % cols);
-                const u64 g = use_gids ? (u64)gids[row0 + r] : (u64)(row0 + r);
-                keep = mask_keep(key, g * cols + col, thr16);
-            }
-            const float a = yv / scale;
-            const float deriv = a > 0.f ? 1.f : a + 1.f;
-            dy[idx] = keep ? dy[idx] * deriv * scale : 0.f;
-        }
-    }
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x)
+        dy[idx] = act_grad(dy[idx], y[idx], idx, cols, gids, use_gids, row0, act, use_mask, key, thr16, scale);
+}
+
+// activation_backward written over y (the block's rows of the activations), dy only read.
+extern "C" __global__ void activation_backward_over(const float* __restrict__ dy, float* __restrict__ y, u32 rows,
+                                                    u32 cols, const u32* __restrict__ gids, u32 use_gids, u32 row0,
+                                                    u32 act, u32 use_mask, u64 key, u32 thr16, float scale) {
+    const u64 n = (u64)rows * cols;
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x)
+        y[idx] = act_grad(dy[idx], y[idx], idx, cols, gids, use_gids, row0, act, use_mask, key, thr16, scale);
 }
 
 extern "C" __global__ void add_assign(float* __restrict__ a, const float* __restrict__ b, u32 n) {

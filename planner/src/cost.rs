@@ -554,12 +554,14 @@ fn layer_work(
 }
 
 /// One full-graph pass over a part: the kernels' seconds and the halo bytes sent per pass
-/// (layer 0 excluded when its `A X` is cached).
+/// (layer 0's excluded when its `A X` is cached, or when its halo rows are kept: `input_kept`).
+#[allow(clippy::too_many_arguments)]
 fn full_graph_pass(
     r: &Rates,
     layers: &[Layer],
     p: &PartShape,
     cached: bool,
+    input_kept: bool,
     backward: bool,
     passes: f64,
 ) -> (f64, f64, f64) {
@@ -571,7 +573,7 @@ fn full_graph_pass(
         layer_work(
             &mut w, r, l, l.input, p.owned, p.owned, p.edges, first, cached, backward, passes,
         );
-        if !(first && cached) {
+        if !(first && (cached || input_kept)) {
             halo_bytes += p.halo * l.exch * F32;
             rounds += 1.0;
         }
@@ -841,12 +843,17 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     let peers = f64::from(c.parts - 1);
     let workers = f64::from(c.workers);
 
-    // Training epoch.
-    let (compute_s, halo_f32, rounds) = full_graph_pass(r, ls, &p, cached, true, passes);
     // Rematerialisation (SAR): every exchange runs in `peers` rounds of one peer each; a worker
     // holds one peer's halo rows at a time; GAT sends its scores ahead of its rows and its rows
     // again in backward, and recomputes its attention there.
     let remat = x.rematerialize && c.parts > 1;
+    // With input dropout a first layer that aggregates first changes every epoch, but its halo
+    // rows are the peers' features: an exact exchange fetches them once (setup) and the worker
+    // draws their dropout mask itself (the engine's kept input halo).
+    let input_kept = !cached && ls[0].agg_first && x.is_exact() && !remat;
+    // Training epoch.
+    let (compute_s, halo_f32, rounds) =
+        full_graph_pass(r, ls, &p, cached, input_kept, true, passes);
     let (remat_f32, remat_s) = if remat {
         let mut w = Work::default();
         let mut extra = 0.0;
@@ -877,7 +884,7 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     // Evaluation: exact forward (f32, every row, no staleness).
     let eval_cached = first_layer_cached_in_eval(ls);
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, eval_cached, false, passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, false, passes);
     let eval_rounds = if remat {
         eval_rounds * peers
     } else {
@@ -1204,7 +1211,7 @@ fn data(
     // Evaluation: the partition-parallel full-graph forward over the k feature parts; its
     // first layer's `A X` (and the halo rows it needs) once per run.
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, eval_cached, false, a.elementwise_passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, false, a.elementwise_passes);
     let eval_s = (eval_compute + r.transfer(eval_halo, f64::from(k - 1), eval_rounds))
         / f64::from(req.train.eval_every);
     let eval_setup_s = if eval_cached {
@@ -1325,7 +1332,7 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
         false,
         a.elementwise_passes,
     );
-    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, a.elementwise_passes);
+    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, false, a.elementwise_passes);
     let z0_bytes = n * first.output * F32;
     let eval_allreduce = 2.0 * (workers - 1.0) / workers * z0_bytes;
     let eval_s = (we.s + rest_s + r.transfer(eval_allreduce, workers - 1.0, 2.0))

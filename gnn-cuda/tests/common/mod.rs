@@ -394,6 +394,47 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
             // ELU's derivative comes from y, so it is exact only up to exp rounding
             let what = format!("activation_backward {act:?} dropout {drop}");
             assert_close(&what, &ops.download(&ddy).unwrap(), &want, tol.max(1e-5));
+
+            // written over rows 3.. of a taller y (the fused first-layer backward's row blocks): the mask
+            // keyed by global ids from row 3, the rows around the block untouched
+            let (above, below) = (3, 5);
+            let ids: Vec<u32> = (0..(above + rows + below) as u32).map(|i| i * 5 + 1).collect();
+            let mut want = dy.clone();
+            let mut tall = random(above + rows + below, cols, 11);
+            for r in 0..rows {
+                let mut keep = vec![true; cols];
+                if drop {
+                    mask.fill(ids[above + r] as u64 * cols as u64, &mut keep);
+                }
+                for (c, &kept) in keep.iter().enumerate() {
+                    let zv = z.row(r)[c];
+                    let (a, deriv) = match act {
+                        Activation::Relu => (zv.max(0.0), if zv > 0.0 { 1.0 } else { 0.0 }),
+                        Activation::Elu if zv > 0.0 => (zv, 1.0),
+                        Activation::Elu => (zv.exp_m1(), zv.exp()),
+                    };
+                    let s = if drop { scale } else { 1.0 };
+                    tall.row_mut(above + r)[c] = if kept { a * s } else { 0.0 };
+                    let g = &mut want.row_mut(r)[c];
+                    *g = if kept { *g * deriv * s } else { 0.0 };
+                }
+            }
+            let mut expect = tall.clone();
+            for r in 0..rows {
+                expect.row_mut(above + r).copy_from_slice(want.row(r));
+            }
+            let (mut ddy, mut dtall) = (ops.upload(&dy).unwrap(), ops.upload(&tall).unwrap());
+            let d_ids = ops.upload_idx(&ids).unwrap();
+            ops.activation_backward_over(&mut ddy, &mut dtall, Some(&d_ids), above, act, d)
+                .unwrap();
+            let what = format!("activation_backward_over {act:?} dropout {drop}");
+            assert_close(&what, &ops.download(&dtall).unwrap(), &expect, tol.max(1e-5));
+            let mut short = ops.upload(&random(rows + above - 1, cols, 12)).unwrap();
+            assert!(
+                ops.activation_backward_over(&mut ddy, &mut short, None, above, act, d)
+                    .is_err(),
+                "{what}: a block past the end of y is refused"
+            );
         }
     }
 

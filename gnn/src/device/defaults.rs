@@ -75,6 +75,30 @@ pub(super) fn add_rows<O: Ops>(
     Ok(())
 }
 
+pub(super) fn activation_backward_over<O: Ops>(
+    ops: &mut O,
+    dy: &mut O::Mat,
+    y: &mut O::Mat,
+    gids: Option<&O::Idx>,
+    row0: usize,
+    act: Activation,
+    d: Option<Dropout>,
+) -> Result<(), O::Error> {
+    let (rows, cols) = ops.dims(dy);
+    let (y_rows, y_cols) = ops.dims(y);
+    if y_cols != cols || row0 + rows > y_rows {
+        return Err(shape_error(format!(
+            "activation_backward_over: {rows}x{cols} at row {row0} of {y_rows}x{y_cols}"
+        )));
+    }
+    let mut part = ops.alloc(rows, cols)?;
+    ops.copy2d(rows_of(&*y, row0, rows, cols), &mut part, 0, cols)?;
+    ops.activation_backward(dy, &part, gids, row0, act, d)?;
+    ops.copy2d(View::full(&*dy, rows, cols), y, row0 * cols, cols)?;
+    ops.recycle(part);
+    Ok(())
+}
+
 pub(super) fn halo_rows<O: Ops>(
     ops: &mut O,
     g: GraphView<'_, O>,
@@ -263,11 +287,7 @@ pub(super) fn fused_first_backward<O: Ops>(
                 &mut d,
             )?;
         }
-        let mut y = ops.alloc(rows, width)?;
-        ops.copy2d(rows_of(&dz, r0, rows, width), &mut y, 0, width)?;
-        ops.activation_backward(&mut d, &y, gids, r0, act, dropout)?;
-        ops.copy2d(View::full(&d, rows, width), &mut dz, r0 * width, width)?;
-        ops.recycle(y);
+        ops.activation_backward_over(&mut d, &mut dz, gids, r0, act, dropout)?;
         ops.recycle(d);
     }
     let (ar, ac) = ops.dims(agg);

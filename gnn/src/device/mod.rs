@@ -336,6 +336,21 @@ pub trait Ops: Sized {
         act: Activation,
         d: Option<Dropout>,
     ) -> Result<(), Self::Error>;
+    /// [`Ops::activation_backward`] with the result written over rows `row0..row0 + dy.rows()` of `y` (a
+    /// matrix as wide as `dy`, `row0` also its offset into `gids`): each activation is read once, then
+    /// replaced by its gradient, so a pass over row blocks needs no copy of them. `dy` is left unspecified.
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward_over(
+        &mut self,
+        dy: &mut Self::Mat,
+        y: &mut Self::Mat,
+        gids: Option<&Self::Idx>,
+        row0: usize,
+        act: Activation,
+        d: Option<Dropout>,
+    ) -> Result<(), Self::Error> {
+        defaults::activation_backward_over(self, dy, y, gids, row0, act, d)
+    }
     /// `a += b`; `b` may have fewer rows than `a` (of the same width): it adds into `a`'s first rows.
     fn add_assign(&mut self, a: &mut Self::Mat, b: &Self::Mat) -> Result<(), Self::Error>;
     /// `out (1 x cols) = column sums of x`.

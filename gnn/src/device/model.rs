@@ -408,6 +408,18 @@ pub struct DeviceModel<O: Ops> {
     adam: Option<AdamState<O::Mat>>,
     /// `A X` of the first layer when it is constant across epochs.
     input_agg: Option<O::Mat>,
+    /// The input features' halo rows, fetched once: with input dropout the first layer's aggregation
+    /// changes every epoch, but its halo rows are the peers' features under a mask keyed by global node id,
+    /// which this worker draws itself, so they cross the network once instead of every epoch.
+    input_halo: InputHalo<O::Mat>,
+}
+
+/// The features' halo rows of a partition-parallel worker.
+enum InputHalo<M> {
+    /// Not fetched (or forgotten with the graph).
+    Unfetched,
+    /// Fetched; `None`: the exchange has no halo rows for this worker.
+    Fetched(Option<M>),
 }
 
 /// Hyper-parameters of the Adam step (`crate::Adam`'s defaults for the betas and eps).
@@ -475,6 +487,7 @@ impl<O: Ops> DeviceModel<O> {
             params,
             adam: None,
             input_agg: None,
+            input_halo: InputHalo::Unfetched,
         })
     }
 
@@ -508,6 +521,7 @@ impl<O: Ops> DeviceModel<O> {
     /// Forgets the cached `A X` (call when the graph or the features change).
     pub fn clear_cache(&mut self) {
         self.input_agg = None;
+        self.input_halo = InputHalo::Unfetched;
     }
 
     /// Whether later passes read the input features: false once the first layer's `A X` is cached for
@@ -533,6 +547,30 @@ impl<O: Ops> DeviceModel<O> {
 
     fn dropout_key(&self, epoch: u64, layer: u64) -> u64 {
         stream_key(self.seed, &[0xD0, epoch, layer])
+    }
+
+    /// The input features' dropout of `pass` (training with `input_dropout > 0`).
+    fn input_dropout(&self, pass: Pass) -> Option<Dropout> {
+        match pass {
+            Pass::Train { epoch } if self.cfg.input_dropout > 0.0 => Some(Dropout {
+                key: self.dropout_key(epoch, 0),
+                p: self.cfg.input_dropout,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether the first layer aggregates the features' halo rows through `ex` on every training pass
+    /// (input dropout makes `A X` change): then they are fetched once and kept ([`InputHalo`]).
+    /// Rematerialising exchanges (SAR) keep nothing by design, and inexact ones (sampled, stale, 16-bit)
+    /// draw their rows per pass, so they fetch as before.
+    fn keeps_input_halo(&self, g: GraphView<'_, O>, ex: &dyn Exchange) -> bool {
+        self.layers[0].aggregate_first
+            && self.cfg.input_dropout > 0.0
+            && !g.complete
+            && !ex.is_local()
+            && ex.forwards_exactly()
+            && !ex.rematerializes()
     }
 
     /// Forward over a worker's part (or the whole graph with a [`LocalExchange`]): `x` holds the owned rows;
@@ -584,17 +622,13 @@ impl<O: Ops> DeviceModel<O> {
         }
         self.cache_input_aggregation_in(ops, gs, x, pass, ex)?;
         let g = gs.layer(0);
-        let input = match pass {
-            Pass::Train { epoch } if self.cfg.input_dropout > 0.0 => {
+        let input = match self.input_dropout(pass) {
+            Some(d) => {
                 let mut xd = ops.duplicate(x)?;
-                let d = Dropout {
-                    key: self.dropout_key(epoch, 0),
-                    p: self.cfg.input_dropout,
-                };
                 ops.dropout(&mut xd, g.gids, 0, 0, cols, d)?;
                 Input::Owned(xd)
             }
-            _ => Input::Borrowed(x),
+            None => Input::Borrowed(x),
         };
         let caches = Vec::with_capacity(self.layers.len());
         self.run_layers(ops, gs, vec![input], caches, None, pass, ex)
@@ -633,10 +667,53 @@ impl<O: Ops> DeviceModel<O> {
         ex: &mut dyn Exchange,
     ) -> Result<(), O::Error> {
         ex.begin_pass(pass);
+        let g = gs.layer(0);
+        let keep_halo = gs.whole() && self.keeps_input_halo(g, ex);
+        if keep_halo && matches!(self.input_halo, InputHalo::Unfetched) {
+            // every rank of the mesh takes this branch on the same pass (the same configuration)
+            self.input_halo = InputHalo::Fetched(ops.halo_rows(g, 0, x, ex)?);
+        }
         if gs.whole() && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
-            self.input_agg = Some(ops.aggregate(gs.layer(0), 0, x, ex)?);
+            self.input_agg = Some(match &self.input_halo {
+                InputHalo::Fetched(halo) if keep_halo => {
+                    let mut y = ops.alloc(g.n, self.cfg.in_dim)?;
+                    ops.spmm(g.op, x, halo.as_ref(), &mut y)?;
+                    y
+                }
+                _ => ops.aggregate(g, 0, x, ex)?,
+            });
         }
         Ok(())
+    }
+
+    /// `A dropout([X_own; X_halo])` of the first layer from the kept halo rows (`h`: the owned rows, already
+    /// dropped out), or `None` when the halo is not kept.
+    fn aggregate_kept_input(
+        &self,
+        ops: &mut O,
+        g: GraphView<'_, O>,
+        h: &O::Mat,
+        pass: Pass,
+    ) -> Result<Option<O::Mat>, O::Error> {
+        let InputHalo::Fetched(halo) = &self.input_halo else {
+            return Ok(None);
+        };
+        let cols = self.cfg.in_dim;
+        let dropped = match (halo, self.input_dropout(pass)) {
+            (Some(halo), Some(d)) => {
+                let mut hd = ops.duplicate(halo)?;
+                // the halo rows are sources g.n.. : their global ids key the mask as their owner's did
+                ops.dropout(&mut hd, g.gids, g.n, 0, cols, d)?;
+                Some(hd)
+            }
+            _ => None,
+        };
+        let mut y = ops.alloc(g.n, cols)?;
+        ops.spmm(g.op, h, dropped.as_ref().or(halo.as_ref()), &mut y)?;
+        if let Some(hd) = dropped {
+            ops.recycle(hd);
+        }
+        Ok(Some(y))
     }
 
     /// P3: the first layer's output is `z0 + bias` (`z0` summed over the column slices of
@@ -738,6 +815,9 @@ impl<O: Ops> DeviceModel<O> {
         let (mut out, cache) = if l.aggregate_first {
             let agg = if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
+            } else if whole && l.index == 0 && self.keeps_input_halo(g, ex) {
+                self.aggregate_kept_input(ops, g, h, pass)?
+                    .map_or_else(|| ops.aggregate(g, l.index, h, ex).map(Some), |a| Ok(Some(a)))?
             } else {
                 Some(ops.aggregate(g, l.index, h, ex)?)
             };
