@@ -29,6 +29,12 @@ pub const ENV_ADVERTISE_IP: &str = "PHYSALIA_ADVERTISE_IP";
 /// which the worker removes when it ends.
 pub const ENV_WORK_DIR: &str = "PHYSALIA_WORK_DIR";
 
+/// Ranks of this launch start here: a launch of joiners for an in-place resize (`issue 33`) starts its
+/// processes as ranks `0..n` of their launch, and they are ranks `base..base + n` of the job's mesh (their
+/// certificates name those ranks). Set in the worker spec's environment by the coordinator, not by the
+/// backend; unset: 0.
+pub const ENV_RANK_BASE: &str = "PHYSALIA_RANK_BASE";
+
 /// The variables a backend sets itself; a worker spec naming one of them is refused.
 pub const RESERVED_ENV: [&str; 7] = [
     ENV_COORDINATOR,
@@ -90,6 +96,13 @@ impl WorkerEnv {
                 "{ENV_RANK}={rank} is not below {ENV_WORLD}={world}"
             ));
         }
+        let base: usize = match get(ENV_RANK_BASE) {
+            Some(b) => b
+                .parse()
+                .map_err(|_| format!("{ENV_RANK_BASE} is not a number: {b:?}"))?,
+            None => 0,
+        };
+        let (rank, world) = (rank + base, world + base);
         let job_id = var(ENV_JOB_ID)?;
         let mesh_port = match get(ENV_MESH_PORT) {
             Some(p) => Some(
@@ -188,6 +201,11 @@ mod tests {
             "{e:?}"
         );
         assert!(e.work_dir.starts_with(std::env::temp_dir()) && e.work_dir_owned);
+        // a joiner of an in-place resize: its launch's rank 1 of 3 is the mesh's rank 5 of 7
+        let mut pairs = BASE.to_vec();
+        pairs.push((ENV_RANK_BASE, "4"));
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap();
+        assert_eq!((e.rank, e.world), (5, 7));
     }
 
     #[test]
@@ -201,6 +219,10 @@ mod tests {
             e.contains("PHYSALIA_RANK=3 is not below PHYSALIA_WORLD=3"),
             "{e}"
         );
+        let mut pairs = BASE.to_vec();
+        pairs.push((ENV_RANK_BASE, "two"));
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
+        assert!(e.contains(ENV_RANK_BASE), "{e}");
         let mut pairs = BASE.to_vec();
         pairs.push((ENV_MESH_PORT, "x"));
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();

@@ -32,6 +32,10 @@ pub enum ToCoordinator {
     /// ended): a fault of the network or of a peer, not of this worker's own work, so the coordinator
     /// retries the epoch as for a lost worker.
     PeerLost { rank: usize, error: String },
+    /// Answer to [`ToWorker::Pause`]: this worker stopped after the epoch it last reported, keeps its
+    /// process, model, optimizer state and progress, and listens for the next mesh at `mesh_addr`
+    /// (an in-place resize).
+    Paused { rank: usize, mesh_addr: SocketAddr },
     /// A warning or an error this worker logged (its `tracing` event as one line, `target: message
     /// fields`): already in the worker's own log; the coordinator adds it to its log and, with `-v`,
     /// shows it live. Lines are cut at [`MAX_LOG_LINE_BYTES`].
@@ -55,6 +59,13 @@ pub enum ToWorker {
     Wait {
         for_s: f64,
     },
+    /// Go on with the next epoch: the coordinator recorded the last one and the job keeps its shape
+    /// (sent after every epoch to a worker whose assignment is [`Assignment::gated`]).
+    Continue,
+    /// Do not start the next epoch: keep the training state in memory, bind a new mesh endpoint and answer
+    /// [`ToCoordinator::Paused`]; the next [`ToWorker::Assign`] (a new world, a new part) continues from
+    /// that state (an in-place resize).
+    Pause,
     /// Stop now (another worker failed, or the job was cancelled).
     Stop {
         reason: String,
@@ -131,6 +142,15 @@ pub struct Assignment {
     /// Continue from this checkpoint.
     #[serde(default)]
     pub resume_from: Option<Artifact>,
+    /// The epoch training continues after (0: from scratch). A worker that holds the state of this epoch
+    /// in memory (it paused there for an in-place resize) continues from it and never reads
+    /// `resume_from`.
+    #[serde(default)]
+    pub resume_epoch: usize,
+    /// After reporting an epoch (all but the last), wait for [`ToWorker::Continue`] or
+    /// [`ToWorker::Pause`] before starting the next: the coordinator may resize the job in place there.
+    #[serde(default)]
+    pub gated: bool,
     /// Rank 0 sends the coordinator a checkpoint after every epoch, before reporting the epoch.
     #[serde(default)]
     pub checkpoints: bool,

@@ -52,6 +52,10 @@ pub struct JobConfig {
     pub coordinator_price_per_s: f64,
     /// How the first launch trains (a replan may change it).
     pub mode: TrainMode,
+    /// Resize partition-parallel launches in place (issue 33): the survivors keep their processes and
+    /// training state, joiners join their mesh, leavers stop; a resize that fails part-way restarts
+    /// from the checkpoint as every resize of the other modes does.
+    pub in_place: bool,
 }
 
 /// What a replan chose: the next launches' shape.
@@ -78,8 +82,22 @@ pub enum JobEvent {
     Worker { launch: usize, event: Event },
     /// The planner's answer to [`JobAction::Replan`].
     Replanned(Result<Replan, String>),
+    /// The answer to [`JobAction::Resize`]: every rank of launch `launch` is ready (pid where known,
+    /// mesh address, by rank), or the resize failed part-way.
+    Resized {
+        launch: usize,
+        result: Result<Vec<(Option<u32>, SocketAddr)>, String>,
+    },
     /// Nothing happened; lets timeouts fire.
     Tick,
+}
+
+/// The joiners of an in-place resize: launch `launch` (its ranks join the resized mesh from the old
+/// size up), prewarmed while the job trained or to be started by the resize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joiners {
+    pub launch: usize,
+    pub prewarmed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +118,8 @@ pub enum JobAction {
         mode: TrainMode,
         boundary_sampling: f64,
         staleness: u32,
+        /// Workers wait for [`JobAction::Continue`] after every epoch but the last (in-place resizes).
+        gated: bool,
     },
     /// The policy asked for a new plan under `objective` after `epoch`: ask the planner, with the job as it
     /// runs now (`workers`, `mode`) and what every worker measured in that epoch, and answer with
@@ -110,6 +130,30 @@ pub enum JobAction {
         workers: usize,
         mode: TrainMode,
         by_rank: Vec<EpochMetrics>,
+    },
+    /// Start `workers` workers as launch `launch` that join launch `joining`'s mesh as its ranks `base..`
+    /// under its CA (the joiners of an in-place resize; `prewarm`: ahead of it). The driver answers
+    /// with [`JobEvent::Started`].
+    LaunchJoiners {
+        launch: usize,
+        joining: usize,
+        base: usize,
+        workers: usize,
+        prewarm: bool,
+    },
+    /// Tell the workers of `launch` (gated: they wait after every epoch) to train the next epoch.
+    Continue { launch: usize },
+    /// Resize launch `from` in place into launch `to` of `workers` workers, continuing after
+    /// `resume_epoch`: its ranks below `workers` pause keeping their state, the others stop, the joiners
+    /// (ranks from `from`'s size up, launch `joiners`, prewarmed or started now) register, and a
+    /// partitioning for `workers` that overlaps the current one is made. The driver answers with
+    /// [`JobEvent::Resized`]; launch `to` is then assigned as any other.
+    Resize {
+        from: usize,
+        to: usize,
+        workers: usize,
+        resume_epoch: usize,
+        joiners: Option<Joiners>,
     },
     /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
     KeepWaiting { launch: usize, for_s: f64 },
@@ -201,19 +245,32 @@ impl Ledger {
                     launch,
                     workers,
                     prewarm,
+                }
+                | JobAction::LaunchJoiners {
+                    launch,
+                    workers,
+                    prewarm,
+                    ..
                 } => {
                     self.sizes.insert(*launch, *workers);
                     self.prewarm.insert(*launch, *prewarm);
                 }
-                JobAction::StopLaunch { launch, .. } => {
-                    if let Some(t) = self.running.remove(launch) {
-                        let n = self.sizes.get(launch).copied().unwrap_or(0);
-                        self.worker_s += n as f64 * now.saturating_duration_since(t).as_secs_f64();
-                        if let Some(s) = self.spans.iter_mut().rev().find(|s| s.launch == *launch) {
-                            s.stop_s = Some(at);
-                        }
+                // the resized launch is billed from its start (the job's `Resized`); the launches it
+                // is made of, to it
+                JobAction::Resize {
+                    from,
+                    to,
+                    workers,
+                    joiners,
+                    ..
+                } => {
+                    self.sizes.insert(*to, *workers);
+                    self.prewarm.insert(*to, false);
+                    for launch in std::iter::once(*from).chain(joiners.map(|j| j.launch)) {
+                        self.stop(launch, now, at);
                     }
                 }
+                JobAction::StopLaunch { launch, .. } => self.stop(*launch, now, at),
                 JobAction::Record { epoch, .. } => self.epochs.push(EpochEnd {
                     epoch: *epoch,
                     end_s: at,
@@ -224,6 +281,17 @@ impl Ledger {
                     }
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// Stops billing `launch` at `now` (`at` seconds into the job).
+    fn stop(&mut self, launch: usize, now: Instant, at: f64) {
+        if let Some(t) = self.running.remove(&launch) {
+            let n = self.sizes.get(&launch).copied().unwrap_or(0);
+            self.worker_s += n as f64 * now.saturating_duration_since(t).as_secs_f64();
+            if let Some(s) = self.spans.iter_mut().rev().find(|s| s.launch == launch) {
+                s.stop_s = Some(at);
             }
         }
     }
@@ -263,6 +331,9 @@ struct Current {
 struct Prewarm {
     launch: usize,
     n: usize,
+    /// Joiners of the current launch's mesh from this rank up (an in-place resize's), not a launch of
+    /// its own.
+    join_base: Option<usize>,
     requested: Instant,
     started: Option<Vec<Option<u32>>>,
     early: Vec<Event>,
@@ -282,6 +353,8 @@ pub struct Job {
     mode: TrainMode,
     /// A replan asked for and not answered yet: its epoch, rule, values and objective.
     replanning: Option<(usize, String, Value, Objective)>,
+    /// An in-place resize asked for and not answered yet: the launch it resizes and its joiners'.
+    resizing: Option<(usize, Option<usize>)>,
     ledger: Ledger,
 }
 
@@ -302,6 +375,7 @@ impl Job {
             over: false,
             mode,
             replanning: None,
+            resizing: None,
             ledger: Ledger::default(),
         }
     }
@@ -383,6 +457,10 @@ impl Job {
             JobEvent::Started {
                 launch,
                 result: Ok(_),
+            }
+            | JobEvent::Resized {
+                launch,
+                result: Ok(_),
             } => Some(*launch),
             _ => None,
         };
@@ -410,6 +488,7 @@ impl Job {
                 // anything else comes from a launch already stopped
             }
             JobEvent::Replanned(answer) => self.replanned(answer, now, out),
+            JobEvent::Resized { launch, result } => self.resized(launch, result, now, out),
             JobEvent::Tick => {
                 if let Some(coord) = self.current.as_mut().and_then(|c| c.coord.as_mut()) {
                     let actions = coord.handle(Event::Tick, now);
@@ -524,6 +603,7 @@ impl Job {
                         mode: self.mode,
                         boundary_sampling,
                         staleness,
+                        gated: self.gated(),
                     });
                 }
                 Action::EpochComplete { epoch, by_rank } => {
@@ -551,8 +631,14 @@ impl Job {
                                 by_rank: self.elastic.last_by_rank().to_vec(),
                             });
                         }
+                        Some(why @ Stop::Rescale { .. }) if self.gated() => {
+                            self.resize_in_place(why, now, out)
+                        }
                         Some(why) => self.stop_current(why, now, out),
-                        None => self.maybe_prewarm(epoch, now, out),
+                        None => {
+                            self.go_on(epoch, out);
+                            self.maybe_prewarm(epoch, now, out)
+                        }
                     }
                 }
                 Action::Finished {
@@ -601,18 +687,42 @@ impl Job {
             return;
         };
         let launch = self.next_launch;
+        // in place, only the joiners start: the ranks above the current launch's, in its mesh
+        let join = match (self.gated(), self.current.as_ref()) {
+            (true, Some(cur)) if m > cur.n => Some((cur.launch, cur.n)),
+            (true, _) => return,
+            (false, _) => None,
+        };
         self.next_launch += 1;
-        out.push(JobAction::Log(format!(
-            "prewarming {m} workers after epoch {epoch}"
-        )));
-        out.push(JobAction::Launch {
-            launch,
-            workers: m,
-            prewarm: true,
-        });
+        match join {
+            Some((joining, base)) => {
+                out.push(JobAction::Log(format!(
+                    "prewarming {} workers to join launch {joining} in place after epoch {epoch}",
+                    m - base
+                )));
+                out.push(JobAction::LaunchJoiners {
+                    launch,
+                    joining,
+                    base,
+                    workers: m - base,
+                    prewarm: true,
+                });
+            }
+            None => {
+                out.push(JobAction::Log(format!(
+                    "prewarming {m} workers after epoch {epoch}"
+                )));
+                out.push(JobAction::Launch {
+                    launch,
+                    workers: m,
+                    prewarm: true,
+                });
+            }
+        }
         self.prewarm = Some(Prewarm {
             launch,
-            n: m,
+            n: join.map_or(m, |(_, base)| m - base),
+            join_base: join.map(|(_, base)| base),
             requested: now,
             started: None,
             early: Vec::new(),
@@ -661,7 +771,7 @@ impl Job {
 
     fn relaunch(&mut self, n: usize, resume_epoch: usize, now: Instant, out: &mut Vec<JobAction>) {
         match self.prewarm.take() {
-            Some(p) if p.n == n => {
+            Some(p) if p.n == n && p.join_base.is_none() => {
                 out.push(JobAction::Log(format!(
                     "segment {}: using the {n} workers prewarmed {:.2} s ago",
                     p.launch,
@@ -775,7 +885,10 @@ impl Job {
                 );
                 out.push(JobAction::Say(line));
                 match self.current {
-                    Some(_) => self.maybe_prewarm(epoch, now, out),
+                    Some(_) => {
+                        self.go_on(epoch, out);
+                        self.maybe_prewarm(epoch, now, out)
+                    }
                     None => self.relaunch(workers, self.last_complete, now, out),
                 }
             }
@@ -788,9 +901,171 @@ impl Job {
                     values,
                 );
                 out.push(JobAction::Say(line));
-                if self.current.is_none() {
-                    self.relaunch(workers, self.last_complete, now, out);
+                match self.current {
+                    Some(_) => self.go_on(epoch, out),
+                    None => self.relaunch(workers, self.last_complete, now, out),
                 }
+            }
+        }
+    }
+
+    /// Whether the current launches are resized in place: their workers wait for the coordinator's word
+    /// after every epoch.
+    fn gated(&self) -> bool {
+        self.cfg.in_place && self.mode == TrainMode::Partition
+    }
+
+    /// The job keeps its shape after `epoch`: gated workers go on (the last epoch is never gated).
+    fn go_on(&mut self, epoch: usize, out: &mut Vec<JobAction>) {
+        if let Some(cur) = &self.current
+            && self.gated()
+            && epoch < self.cfg.epochs
+        {
+            out.push(JobAction::Continue {
+                launch: cur.launch,
+            });
+        }
+    }
+
+    /// The policy resized a gated launch after the last recorded epoch: resize it in place (the driver
+    /// answers [`JobEvent::Resized`]), with the joiners prewarmed for it or started now.
+    fn resize_in_place(&mut self, why: Stop, now: Instant, out: &mut Vec<JobAction>) {
+        let Some(cur) = self.current.take() else {
+            return;
+        };
+        let (next, line) = self.elastic.after_stop(cur.n, self.last_complete, why);
+        if let Some(line) = line {
+            out.push(JobAction::Say(line));
+        }
+        let (workers, resume_epoch) = match next {
+            Next::Relaunch {
+                workers,
+                resume_epoch,
+            } => (workers, resume_epoch),
+            Next::Finish => {
+                out.push(JobAction::StopLaunch {
+                    launch: cur.launch,
+                    reason: "the scaling policy stopped the job".into(),
+                    finished: false,
+                });
+                return self.finish(true, Vec::new(), out);
+            }
+            Next::Fail(error) => {
+                out.push(JobAction::StopLaunch {
+                    launch: cur.launch,
+                    reason: error.clone(),
+                    finished: false,
+                });
+                return self.fail(error, out);
+            }
+        };
+        let joiners = match self.prewarm.take() {
+            Some(p) if p.join_base == Some(cur.n) && cur.n + p.n == workers => Some(Joiners {
+                launch: p.launch,
+                prewarmed: true,
+            }),
+            other => {
+                if let Some(p) = other {
+                    out.push(JobAction::Log(format!(
+                        "discarding {} prewarmed workers: {workers} are needed",
+                        p.join_base.unwrap_or(0) + p.n
+                    )));
+                    out.push(JobAction::StopLaunch {
+                        launch: p.launch,
+                        reason: format!("{workers} workers are needed, not {}", p.n),
+                        finished: false,
+                    });
+                }
+                (workers > cur.n).then(|| {
+                    let launch = self.next_launch;
+                    self.next_launch += 1;
+                    Joiners {
+                        launch,
+                        prewarmed: false,
+                    }
+                })
+            }
+        };
+        let to = self.next_launch;
+        self.next_launch += 1;
+        out.push(JobAction::Log(format!(
+            "segment {to}: resizing launch {} in place, {} -> {workers} workers after epoch {resume_epoch}{}",
+            cur.launch,
+            cur.n,
+            match joiners {
+                Some(j) if j.prewarmed => format!(" (joiners prewarmed as launch {})", j.launch),
+                Some(j) => format!(" (joiners started now as launch {})", j.launch),
+                None => String::new(),
+            }
+        )));
+        out.push(JobAction::Resize {
+            from: cur.launch,
+            to,
+            workers,
+            resume_epoch,
+            joiners,
+        });
+        self.resizing = Some((cur.launch, joiners.map(|j| j.launch)));
+        self.current = Some(Current {
+            launch: to,
+            n: workers,
+            resume_epoch,
+            coord: None,
+            early: Vec::new(),
+        });
+        let _ = now;
+    }
+
+    /// The driver's answer to [`JobAction::Resize`]: the resized launch registers as a started one, or
+    /// (a resize that failed part-way) every worker of it stops and the job restarts from the checkpoint.
+    fn resized(
+        &mut self,
+        launch: usize,
+        result: Result<Vec<(Option<u32>, SocketAddr)>, String>,
+        now: Instant,
+        out: &mut Vec<JobAction>,
+    ) {
+        if !self.current.as_ref().is_some_and(|c| c.launch == launch) {
+            return;
+        }
+        let Some((from, joiners)) = self.resizing.take() else {
+            return;
+        };
+        match result {
+            Ok(ready) => {
+                let pids = ready.iter().map(|(pid, _)| *pid).collect();
+                let cur = self.current.as_mut().expect("checked");
+                cur.early = ready
+                    .into_iter()
+                    .enumerate()
+                    .map(|(rank, (pid, mesh_addr))| Event::Registered {
+                        rank,
+                        pid: pid.unwrap_or(0),
+                        mesh_addr,
+                    })
+                    .collect();
+                self.begin(pids, now, out);
+            }
+            Err(error) => {
+                let cur = self.current.take().expect("checked");
+                for l in std::iter::once(from).chain(joiners) {
+                    out.push(JobAction::StopLaunch {
+                        launch: l,
+                        reason: format!("the in-place resize failed: {error}"),
+                        finished: false,
+                    });
+                }
+                let line = self.elastic.event(
+                    cur.resume_epoch,
+                    format!(
+                        "resizing in place to {} workers failed ({error}); restarting from the \
+                         checkpoint of epoch {}",
+                        cur.n, cur.resume_epoch
+                    ),
+                    None,
+                );
+                out.push(JobAction::Say(line));
+                self.relaunch(cur.n, cur.resume_epoch, now, out);
             }
         }
     }
@@ -1089,6 +1364,62 @@ mod simulation {
             }
         }
 
+        /// An in-place resize: the old launch's and the joiners' scheduled events end; the resized
+        /// launch is ready shortly, unless a worker is lost meanwhile (a joiner, a leaver or a survivor),
+        /// which fails the resize.
+        fn resize(
+            &mut self,
+            from: usize,
+            to: usize,
+            n: usize,
+            resume_epoch: usize,
+            joiners: Option<Joiners>,
+        ) {
+            assert_eq!(resume_epoch, self.record.len(), "resized after an unrecorded epoch");
+            assert!(!self.launches.contains_key(&to), "launch {to} reused");
+            let n_old = {
+                let l = &self.launches[&from];
+                assert!(!l.stopped && l.assigned, "resized launch {from} is not training");
+                l.n
+            };
+            for launch in std::iter::once(from).chain(joiners.map(|j| j.launch)) {
+                if let Some(l) = self.launches.get_mut(&launch) {
+                    l.stopped = true;
+                    if let Some(t) = self.started_ms.remove(&launch) {
+                        self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
+                    }
+                }
+            }
+            self.launches.insert(
+                to,
+                SimLaunch {
+                    n,
+                    ..Default::default()
+                },
+            );
+            let t = self.now_ms;
+            let result = if self.draw() < self.faults.worker_lost / 2.0 {
+                let who = match (self.draw() * 3.0) as usize {
+                    0 if n > n_old => "a joiner",
+                    1 if n < n_old => "a leaver",
+                    _ => "a survivor",
+                };
+                Err(format!("{who} was lost during the resize"))
+            } else {
+                Ok((0..n)
+                    .map(|r| {
+                        (
+                            Some(1000 * to as u32 + r as u32),
+                            format!("10.0.{to}.{r}:7000").parse().unwrap(),
+                        )
+                    })
+                    .collect())
+            };
+            // a joiner that was not prewarmed starts now
+            let cold = if joiners.is_some_and(|j| !j.prewarmed) { 3_000 } else { 300 };
+            self.at(t + cold, to, JobEvent::Resized { launch: to, result }, true);
+        }
+
         fn assign(&mut self, launch: usize, peers: usize, resume_epoch: usize, mode: TrainMode) {
             self.assigned.push((launch, resume_epoch, peers, mode));
             let l = self
@@ -1241,6 +1572,31 @@ mod simulation {
                         .answers
                         .push(JobEvent::Replanned(fake_planner(workers, mode, &by_rank))),
                     JobAction::Say(line) | JobAction::Log(line) => self.lines.push(line),
+                    JobAction::LaunchJoiners {
+                        launch,
+                        joining,
+                        workers,
+                        ..
+                    } => {
+                        assert!(
+                            !self.launches.contains_key(&launch),
+                            "launch {launch} reused"
+                        );
+                        assert!(
+                            self.launches.get(&joining).is_some_and(|l| !l.stopped),
+                            "joiners of launch {joining}, which is not running"
+                        );
+                        self.launch(launch, workers, true);
+                    }
+                    // the simulated workers do not wait between epochs: their epochs are scheduled
+                    JobAction::Continue { .. } => {}
+                    JobAction::Resize {
+                        from,
+                        to,
+                        workers,
+                        resume_epoch,
+                        joiners,
+                    } => self.resize(from, to, workers, resume_epoch, joiners),
                     JobAction::Finish => over = true,
                     JobAction::Fail { error } => {
                         *failed = Some(error);
@@ -1274,6 +1630,7 @@ mod simulation {
             price_per_worker_s: 0.0,
             coordinator_price_per_s: 0.0,
             mode: TrainMode::Partition,
+            in_place: false,
         }
     }
 
@@ -1298,6 +1655,8 @@ mod simulation {
         let first = sim.launches.keys().next_back().map_or(0, |l| l + 1);
         let mut c = cfg(n, ck);
         (c.price_per_worker_s, c.coordinator_price_per_s) = sim.prices;
+        // as the driver decides it: partition parallelism resizes in place unless the policy restarts
+        c.in_place = policy.resize == physalia_policies::Resize::InPlace;
         let mut job = Job::new(c, el, first);
         let actions = job.start(pending, sim.now());
         (job, actions)
@@ -1390,8 +1749,16 @@ mod simulation {
                     if l.stopped || (!forced && l.halted_at.is_some_and(|h| t >= h)) {
                         continue;
                     }
-                    if let JobEvent::Started { result: Ok(_), .. } = &event {
-                        sim.started_ms.insert(launch, t);
+                    match &event {
+                        JobEvent::Started { result: Ok(_), .. }
+                        | JobEvent::Resized { result: Ok(_), .. } => {
+                            sim.started_ms.insert(launch, t);
+                        }
+                        // a failed resize's launch never ran
+                        JobEvent::Resized { result: Err(_), .. } => {
+                            sim.launches.get_mut(&launch).unwrap().stopped = true;
+                        }
+                        _ => {}
                     }
                     job.handle(event, sim.now())
                 }
@@ -1459,6 +1826,39 @@ mod simulation {
         }
     }
 
+    /// 1 -> 2 -> 4 -> 2 workers after epochs 3, 6 and 9, each resized in place.
+    fn steps() -> PolicySet {
+        physalia_policies::parse_str(
+            "min_workers: 1\nmax_workers: 4\ncooldown_epochs: 0\nrules:\n  - name: two\n    when: epoch == 3\n    then: {set_workers: 2}\n  - name: four\n    when: epoch == 6\n    then: {set_workers: 4}\n  - name: back\n    when: epoch == 9\n    then: {set_workers: 2}\n",
+            "steps.yaml",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn workers_lost_during_in_place_resizes_leave_the_curve_unchanged() {
+        // a joiner, a leaver or a survivor lost while the job resizes in place fails the resize, which
+        // restarts from the checkpoint: every epoch is recorded once with the uninterrupted loss
+        let p = steps();
+        let mut lost: BTreeMap<&str, usize> = BTreeMap::new();
+        for seed in seeds() {
+            check(seed, &p, 1);
+            let r = run(seed, &p, 1);
+            for who in ["a joiner", "a leaver", "a survivor"] {
+                if r.sim.lines.iter().any(|l| l.contains(&format!("{who} was lost"))) {
+                    *lost.entry(who).or_default() += 1;
+                }
+            }
+            let in_place = r.sim.lines.iter().filter(|l| l.contains("in place, ")).count();
+            assert!(in_place >= 1, "seed {seed}: no resize in place: {:?}", r.sim.lines);
+        }
+        if std::env::var("PHYSALIA_SIM_SEED").is_err() {
+            for who in ["a joiner", "a leaver", "a survivor"] {
+                assert!(lost.get(who).copied().unwrap_or(0) >= 3, "{who}: {lost:?}");
+            }
+        }
+    }
+
     fn seeds() -> Vec<u64> {
         match std::env::var("PHYSALIA_SIM_SEED") {
             Ok(s) => vec![s.parse().expect("PHYSALIA_SIM_SEED is a number")],
@@ -1500,7 +1900,9 @@ mod simulation {
                 ),
                 (
                     "prewarm used",
-                    seen_line(&|l| l.contains("workers prewarmed")),
+                    seen_line(&|l| {
+                        l.contains("workers prewarmed") || l.contains("joiners prewarmed")
+                    }),
                 ),
                 (
                     "prewarm failed",
@@ -1511,6 +1913,14 @@ mod simulation {
                     seen_line(&|l| l.contains("prewarmed workers discarded")),
                 ),
                 ("rescale", seen_line(&|l| l.contains("workers 1 -> 2"))),
+                (
+                    "resized in place",
+                    seen_line(&|l| l.contains("resizing launch") && l.contains("in place")),
+                ),
+                (
+                    "in-place resize failed",
+                    seen_line(&|l| l.contains("failed") && l.contains("lost during the resize")),
+                ),
             ] {
                 if found {
                     *seen.entry(key).or_default() += 1;
@@ -1527,6 +1937,8 @@ mod simulation {
             "prewarm failed",
             "prewarm lost a worker",
             "rescale",
+            "resized in place",
+            "in-place resize failed",
             "coordinator died",
         ] {
             assert!(seen.get(key).copied().unwrap_or(0) >= 3, "{key}: {seen:?}");

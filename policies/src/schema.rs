@@ -54,9 +54,32 @@ pub struct PolicySet {
     /// Start containers ahead of a scale-up so that it pays no cold start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prewarm: Option<Prewarm>,
+    /// How a worker-count change is carried out: `in_place` (the default) keeps the surviving
+    /// workers' processes and training state and moves only what changes owner, where the job's
+    /// mode allows it (partition parallelism, today); `restart` stops every worker and relaunches
+    /// the new count from the last checkpoint. An in-place resize that fails restarts.
+    #[serde(default, skip_serializing_if = "Resize::is_default")]
+    pub resize: Resize,
     /// The rules, tried in order after every epoch; the first whose condition holds and whose
     /// action changes something wins.
     pub rules: Vec<Rule>,
+}
+
+/// How a resize is carried out ([`PolicySet::resize`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Resize {
+    /// Survivors keep their processes and state; joiners join, leavers stop.
+    #[default]
+    InPlace,
+    /// Every worker stops; the new count starts from the last checkpoint.
+    Restart,
+}
+
+impl Resize {
+    fn is_default(&self) -> bool {
+        *self == Resize::InPlace
+    }
 }
 
 /// One rule: when its condition holds, its action changes the plan.

@@ -1,5 +1,7 @@
-//! Elastic epochs through `physalia submit`: a scaling policy resizes the worker set between epochs from the
-//! last checkpoint, and a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint.
+//! Elastic epochs through `physalia submit`: a scaling policy resizes the worker set between epochs (in
+//! place for partition parallelism: the survivors keep their processes and training state; from the last
+//! checkpoint otherwise, or when the policy says `resize: restart`, or when an in-place resize fails), and
+//! a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint.
 //! Exact partition parallelism, and mini-batch training whose batch is global (data parallelism, P3), make
 //! both invisible in the loss curve: it equals a fixed-size run's.
 
@@ -81,7 +83,85 @@ fn assert_same_curve(got: &[(u64, f64, usize)], want: &[(u64, f64, usize)]) {
 
 #[test]
 fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
-    rescale_like_fixed(JOB);
+    let (_tmp, dir) = rescale_like_fixed(JOB);
+    // partition parallelism resizes in place: rank 0 is one process from the first epoch to the last,
+    // and every rank that survives a resize goes on from the state it holds, not from the checkpoint
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    for (from, to, epoch) in [(1, 2, 3), (2, 4, 6), (4, 2, 9)] {
+        assert!(
+            log.contains(&format!("in place, {from} -> {to} workers after epoch {epoch}")),
+            "{log}"
+        );
+    }
+    assert_eq!(log.matches("in-place resize ready").count(), 3, "{log}");
+    assert_eq!(
+        log.matches("worker 0 (pid").count(),
+        1,
+        "rank 0 registered once: {log}"
+    );
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    for epoch in [3, 6, 9] {
+        assert!(
+            rank0.contains(&format!("continuing in place after epoch {epoch}")),
+            "{rank0}"
+        );
+    }
+    // the shrink moved only the leavers' rows: ranks 0 and 1 kept theirs
+    assert!(log.contains("4 -> 2 workers, "), "{log}");
+}
+
+#[test]
+fn rescaling_by_restarts_keeps_the_fixed_runs_loss_curve() {
+    // the path every mode took before in-place resizes, and the fallback: all workers stop, the new
+    // count starts from the checkpoint
+    let (_tmp, dir) = rescale_with(JOB, &format!("{STEPS}resize: restart\n"));
+    assert!(
+        dir.join("logs/worker-3.seg2.log").is_file(),
+        "the 4-worker launch logged"
+    );
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(!log.contains("in place"), "{log}");
+}
+
+#[test]
+fn a_resize_that_fails_part_way_restarts_from_the_checkpoint() {
+    // rank 0 is SIGKILLed as each in-place resize begins: the job restarts every worker from the
+    // checkpoint of the epoch before, as a restart would have, and the curve is the fixed run's
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "fixed.yaml", JOB);
+    write_job(t.path(), "policy.yaml", STEPS);
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{JOB}scaling_file: policy.yaml\n"),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(t.path(), "job.yaml", &[("PHYSALIA_TEST_FAIL_RESIZE", "0")]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_same_curve(&got, &want);
+    let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
+    assert_eq!(workers, [1, 1, 1, 2, 2, 2, 4, 4, 4, 2, 2, 2]);
+    let events: Vec<String> = v["scaling_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_string())
+        .collect();
+    for (to, epoch) in [(2, 3), (4, 6), (2, 9)] {
+        let line = format!(
+            "resizing in place to {to} workers failed (worker 0 "
+        );
+        let restart = format!("restarting from the checkpoint of epoch {epoch}");
+        assert!(
+            events.iter().any(|e| e.starts_with(&line) && e.ends_with(&restart)),
+            "{events:?}"
+        );
+    }
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert_eq!(log.matches("in-place resize failed").count(), 3, "{log}");
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
 }
 
 #[test]
@@ -112,19 +192,22 @@ fn p3_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     rescale_like_fixed(&format!("{JOB}parallelism: model\n{MINIBATCH}"));
 }
 
-fn rescale_like_fixed(job: &str) {
-    let t = TempDir::new().unwrap();
-    write_job(t.path(), "fixed.yaml", job);
-    write_job(t.path(), "policy.yaml", STEPS);
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!("{job}scaling_file: policy.yaml\n"),
-    );
-    let fixed = submit(t.path(), "fixed.yaml", &[]);
-    let elastic = submit(t.path(), "job.yaml", &[]);
-    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
-    let dir = t.path().join(elastic["job_dir"].as_str().unwrap());
+/// Runs `job` fixed and under the 1 -> 2 -> 4 -> 2 policy, checks the policy run against the fixed one,
+/// and returns the policy run's directory (kept for the caller's checks).
+fn rescale_like_fixed(job: &str) -> (TempDir, std::path::PathBuf) {
+    rescale_with(job, STEPS)
+}
+
+fn rescale_with(job: &str, policy: &str) -> (TempDir, std::path::PathBuf) {
+    let tmp = TempDir::new().unwrap();
+    let t = tmp.path().to_path_buf();
+    write_job(&t, "fixed.yaml", job);
+    write_job(&t, "policy.yaml", policy);
+    write_job(&t, "job.yaml", &format!("{job}scaling_file: policy.yaml\n"));
+    let fixed = submit(&t, "fixed.yaml", &[]);
+    let elastic = submit(&t, "job.yaml", &[]);
+    let want = losses(&t.join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.join(elastic["job_dir"].as_str().unwrap());
     let got = losses(&dir);
     assert_same_curve(&got, &want);
     let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
@@ -155,10 +238,7 @@ fn rescale_like_fixed(job: &str) {
     let billed = elastic["worker_seconds"].as_f64().unwrap();
     assert!(billed >= trained && billed > 0.0, "{billed} < {trained}");
     assert!(metrics(&dir).iter().all(|m| m["usd"].as_f64() == Some(0.0)));
-    assert!(
-        dir.join("logs/worker-3.seg2.log").is_file(),
-        "the 4-worker launch logged"
-    );
+    (tmp, dir)
 }
 
 #[test]
@@ -496,6 +576,47 @@ fn prewarmed_workers_take_over_at_the_rescale() {
         t.path(),
         "policy.yaml",
         "min_workers: 1\nmax_workers: 4\ncooldown_epochs: 0\nprewarm:\n  when: epoch == 2 || epoch == 5\n  workers: 1\nrules:\n  - name: two\n    when: epoch == 3\n    then: {set_workers: 2}\n  - name: four\n    when: epoch == 6\n    then: {set_workers: 4}\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{JOB}scaling_file: policy.yaml\n"),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(t.path(), "job.yaml", &[]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_same_curve(&got, &want);
+    let workers: Vec<usize> = got.iter().map(|e| e.2).collect();
+    assert_eq!(workers, [1, 1, 1, 2, 2, 2, 4, 4, 4, 4, 4, 4]);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    // in place, only the joiners are prewarmed, into the running launch's mesh
+    assert!(
+        log.contains("prewarming 1 workers to join launch 0 in place after epoch 2"),
+        "{log}"
+    );
+    assert!(
+        log.contains("1 -> 2 workers after epoch 3 (joiners prewarmed as launch 1)"),
+        "{log}"
+    );
+    assert!(log.contains("prewarming 1 workers to join launch 2 in place after epoch 5"), "{log}");
+    assert!(
+        log.contains("discarding 3 prewarmed workers: 4 are needed"),
+        "{log}"
+    );
+    assert!(log.contains("(joiners started now as launch"), "{log}");
+}
+
+#[test]
+fn prewarmed_workers_take_over_at_a_restarting_rescale() {
+    let t = TempDir::new().unwrap();
+    write_job(t.path(), "fixed.yaml", JOB);
+    // as above, with `resize: restart`: the prewarm is a whole launch of the next count
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 1\nmax_workers: 4\ncooldown_epochs: 0\nresize: restart\nprewarm:\n  when: epoch == 2 || epoch == 5\n  workers: 1\nrules:\n  - name: two\n    when: epoch == 3\n    then: {set_workers: 2}\n  - name: four\n    when: epoch == 6\n    then: {set_workers: 4}\n",
     );
     write_job(
         t.path(),

@@ -220,9 +220,10 @@ pub fn train_part_from<L: Link + ?Sized>(
 ) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
     check_width(part, cfg)?;
     let (graph, x, sets) = local_inputs(part, cfg, row_normalize_features);
-    train_inputs(
+    let (state, summary) = train_inputs(
         device, link, part, graph, x, sets, cfg, seed, tc, opts, resume, on_epoch,
-    )
+    )?;
+    Ok((state.model, summary, state.progress))
 }
 
 /// [`train_part_from`] for a worker that owns its part: the part's feature rows and structure are released
@@ -230,6 +231,36 @@ pub fn train_part_from<L: Link + ?Sized>(
 /// resident, not two.
 #[allow(clippy::too_many_arguments)]
 pub fn train_owned_part<L: Link + ?Sized>(
+    device: Device,
+    link: &mut L,
+    part: Part,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &ExchangeOptions,
+    row_normalize_features: bool,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
+) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+    let (state, summary) = train_owned_part_state(
+        device,
+        link,
+        part,
+        cfg,
+        seed,
+        tc,
+        opts,
+        row_normalize_features,
+        resume,
+        on_epoch,
+    )?;
+    Ok((state.model, summary, state.progress))
+}
+
+/// [`train_owned_part`] returning the whole training state it ends with (model, optimizer, progress), so a
+/// worker that stopped after an epoch can go on from it in memory, on another part (an in-place resize).
+#[allow(clippy::too_many_arguments)]
+pub fn train_owned_part_state<L: Link + ?Sized>(
     device: Device,
     link: &mut L,
     mut part: Part,
@@ -240,7 +271,7 @@ pub fn train_owned_part<L: Link + ?Sized>(
     row_normalize_features: bool,
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
-) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+) -> Result<(Resume, TrainSummary), Error> {
     check_width(&part, cfg)?;
     // f32 features move into the engine's matrix instead of being copied (one copy resident, not two)
     let features = match std::mem::replace(
@@ -289,7 +320,7 @@ fn train_inputs<L: Link + ?Sized>(
     opts: &ExchangeOptions,
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&physalia_gnn::EpochEnd<'_>) -> bool,
-) -> Result<(Model, TrainSummary, physalia_gnn::Progress), Error> {
+) -> Result<(Resume, TrainSummary), Error> {
     opts.check().map_err(Error::Config)?;
     // the emulated device runs the device trait's SAR defaults (checked against the CPU's per-range kernels)
     if opts.rematerialize && matches!(device, Device::Cuda { .. }) {
@@ -325,5 +356,12 @@ fn train_inputs<L: Link + ?Sized>(
         Device::Cuda { index } => on_device!(&mut physalia_gnn_cuda::CudaEngine::new(index)?),
         Device::Emulated => on_device!(&mut physalia_gnn::CpuPrimitives),
     };
-    Ok((model, summary, progress))
+    Ok((
+        Resume {
+            model,
+            opt,
+            progress,
+        },
+        summary,
+    ))
 }

@@ -27,6 +27,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -58,6 +59,30 @@ pub trait Coordinator {
     fn epoch(&mut self, metrics: &EpochMetrics) -> Result<()>;
     /// A folder this worker may write.
     fn scratch(&self) -> &Path;
+    /// After reporting an epoch of a gated assignment ([`Assignment::gated`]): whether to go on with the
+    /// next epoch or pause there for an in-place resize. Without a coordinator that resizes: go on.
+    fn gate(&mut self, epoch: usize) -> Result<Gate> {
+        let _ = epoch;
+        Ok(Gate::Continue)
+    }
+}
+
+/// What the coordinator says at the end of a gated epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Train the next epoch.
+    Continue,
+    /// Stop here keeping the training state: the job is resized in place.
+    Pause,
+}
+
+/// How a stretch of training under one assignment ended.
+pub enum Segment {
+    /// Every epoch trained (or early stopping ended training): the summary (rank 0 handed over the model).
+    Done(physalia_gnn::TrainSummary),
+    /// Paused after an epoch at the coordinator's word, holding the training state to continue from in
+    /// memory under the next assignment.
+    Paused(crate::Resume),
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -106,11 +131,16 @@ fn load_resume(a: &Assignment, io: &mut dyn Coordinator) -> Result<Option<crate:
 /// the epoch's checkpoint, hand it to the coordinator and delete the local copy, before the epoch is
 /// reported (so every reported epoch has one); then report the epoch. Returns whether training goes on:
 /// the first failure is kept in `failed` and stops it.
+///
+/// A gated epoch (all but the last of a gated assignment) then waits for the coordinator's word: a pause
+/// stops training here (`paused`) with the state ready to continue from.
 fn end_epoch(
     io: &mut dyn Coordinator,
     checkpoint: bool,
     e: &physalia_gnn::EpochEnd<'_>,
     device: Option<&str>,
+    gated: Option<usize>,
+    paused: &mut bool,
     failed: &mut Option<anyhow::Error>,
 ) -> bool {
     if checkpoint {
@@ -135,12 +165,23 @@ fn end_epoch(
         }
         None => e.metrics,
     };
-    match io.epoch(metrics) {
-        Ok(()) => true,
-        Err(err) => {
-            failed.get_or_insert(err.context("reporting an epoch"));
-            false
-        }
+    if let Err(err) = io.epoch(metrics) {
+        failed.get_or_insert(err.context("reporting an epoch"));
+        return false;
+    }
+    match gated {
+        Some(last) if e.metrics.epoch < last => match io.gate(e.metrics.epoch) {
+            Ok(Gate::Continue) => true,
+            Ok(Gate::Pause) => {
+                *paused = true;
+                false
+            }
+            Err(err) => {
+                failed.get_or_insert(err.context("waiting for the coordinator after an epoch"));
+                false
+            }
+        },
+        _ => true,
     }
 }
 
@@ -201,6 +242,24 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     a: &Assignment,
     io: &mut dyn Coordinator,
 ) -> Result<physalia_gnn::TrainSummary> {
+    match train_segment(link, a, io, None)? {
+        Segment::Done(summary) => Ok(summary),
+        Segment::Paused(_) => bail!(
+            "the coordinator paused training after an epoch, and this caller cannot continue in place"
+        ),
+    }
+}
+
+/// [`train_assigned`] for a worker that may pause and continue in place: `held` is the training state it
+/// paused with (used when it is the state of [`Assignment::resume_epoch`]; the checkpoint is then never
+/// read). Partition parallelism pauses at a gated epoch's end when the coordinator says so; the other modes
+/// are never gated (their resizes restart from the checkpoint).
+pub fn train_segment<L: physalia_wire::Link + ?Sized>(
+    link: &mut L,
+    a: &Assignment,
+    io: &mut dyn Coordinator,
+    held: Option<crate::Resume>,
+) -> Result<Segment> {
     use crate::minibatch::{ColumnShard, ShardData, column_features, column_slice};
     use physalia_graph::{Dataset, Split};
     let rank = link.rank();
@@ -238,11 +297,28 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
     if let Some(l) = label {
         eprintln!("worker {rank}: training on {l}");
     }
+    let gated = (a.gated && a.mode == TrainMode::Partition).then_some(a.train.epochs);
+    let mut paused = false;
     let (model, mut summary) = match a.mode {
         TrainMode::Partition => {
             let part = load_part()?;
-            let resume = load_resume(a, io)?;
-            let (model, summary, _) = crate::train_owned_part(
+            let resume = match held {
+                // paused at the epoch this assignment continues after: the state is here, exact
+                Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
+                    // the cached `A X` and halo rows were the old part's
+                    h.model.clear_cache();
+                    eprintln!(
+                        "worker {rank}: continuing in place after epoch {} (model, optimizer and \
+                         progress held in memory), on part {} of {}",
+                        a.resume_epoch,
+                        part.part,
+                        part.k
+                    );
+                    Some(h)
+                }
+                _ => load_resume(a, io)?,
+            };
+            let (state, summary) = crate::train_owned_part_state(
                 device,
                 link,
                 part,
@@ -252,9 +328,15 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.exchange,
                 a.row_normalize,
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed),
             )?;
-            (model, summary)
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if paused {
+                return Ok(Segment::Paused(state));
+            }
+            (state.model, summary)
         }
         TrainMode::Data => {
             let part = load_part()?;
@@ -294,7 +376,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &options(),
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, None, &mut paused, &mut failed),
             )?
         }
         TrainMode::Model => {
@@ -326,7 +408,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &options(),
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, &mut failed),
+                &mut |e| end_epoch(io, checkpoint, e, label, None, &mut paused, &mut failed),
             )?
         }
     };
@@ -344,7 +426,7 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
         let _ = std::fs::remove_file(&path);
         kept.context("handing the model to the coordinator")?;
     }
-    Ok(summary)
+    Ok(Segment::Done(summary))
 }
 
 /// The worker process's [`Coordinator`]: its control connection and work folder.
@@ -353,6 +435,11 @@ struct ControlIo<'a> {
     work: PathBuf,
     rank: usize,
     die_at: Option<usize>,
+    /// What the coordinator says after a gated epoch (and the assignments that follow a pause), passed on
+    /// by the thread that reads the control stream.
+    words: &'a mpsc::Receiver<ToWorker>,
+    /// How long to wait for the coordinator's word after a gated epoch.
+    gate_timeout: Duration,
 }
 
 impl Coordinator for ControlIo<'_> {
@@ -381,6 +468,18 @@ impl Coordinator for ControlIo<'_> {
 
     fn scratch(&self) -> &Path {
         &self.work
+    }
+
+    fn gate(&mut self, epoch: usize) -> Result<Gate> {
+        match self.words.recv_timeout(self.gate_timeout) {
+            Ok(ToWorker::Continue) => Ok(Gate::Continue),
+            Ok(ToWorker::Pause) => Ok(Gate::Pause),
+            Ok(other) => bail!("after epoch {epoch} the coordinator sent {other:?}, not continue or pause"),
+            Err(_) => bail!(
+                "the coordinator said neither continue nor pause within {:?} after epoch {epoch}",
+                self.gate_timeout
+            ),
+        }
     }
 }
 
@@ -455,16 +554,13 @@ pub fn run_from_env() -> Result<()> {
             ToWorker::Stop { reason } => {
                 bail!("stopped by the coordinator before training: {reason}")
             }
+            other => bail!("the coordinator sent {other:?} before the assignment"),
         }
     };
-    if assignment.peers.len() != env.world {
-        bail!(
-            "the assignment names {} peers, the world is {}",
-            assignment.peers.len(),
-            env.world
-        );
-    }
-    // From here on a stop or a lost coordinator ends the process, whatever training is doing.
+    check_world(&assignment, rank)?;
+    // From here on a stop or a lost coordinator ends the process, whatever training is doing; the
+    // coordinator's other words (continue, pause, the assignment after a pause) go to training.
+    let (words_tx, words) = mpsc::channel();
     if let Some(incoming) = control.take_incoming() {
         let own_work_dir = env.work_dir_owned.then(|| env.work_dir.clone());
         std::thread::spawn(move || {
@@ -475,8 +571,12 @@ pub fn run_from_env() -> Result<()> {
                     }
                     // sent before the assignment and overtaken by it: nothing to wait for now
                     Ok(Ok(ToWorker::Wait { .. })) => continue,
-                    Ok(Ok(other)) => {
-                        format!("unexpected message from the coordinator: {other:?}")
+                    Ok(Ok(word)) => {
+                        if words_tx.send(word).is_err() {
+                            "training ended".into()
+                        } else {
+                            continue;
+                        }
                     }
                     Ok(Err(reason)) => reason,
                     Err(_) => "the control connection is gone".into(),
@@ -492,34 +592,59 @@ pub fn run_from_env() -> Result<()> {
             std::process::exit(3);
         });
     }
-    beat_while_computing(
-        control.heartbeat(),
-        endpoint.waiting(),
-        Duration::from_secs_f64(assignment.epoch_timeout_s),
-    );
+    let epoch_timeout = Duration::from_secs_f64(assignment.epoch_timeout_s);
+    beat_while_computing(control.heartbeat(), endpoint.waiting(), epoch_timeout);
     let die_at = test_die_at(rank);
     std::fs::create_dir_all(&env.work_dir)
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
-        let mut link = endpoint
-            .join(&assignment.peers)
-            .context("joining the mesh")?;
-        // the coordinator tells a stall from a long epoch (a worker waiting on one that computes is
-        // not stalled) and stops the launch within the epoch timeout; a wait on a peer gives up by
-        // itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator cannot be heard either
-        link.set_timeout(Duration::from_secs_f64(
-            assignment.epoch_timeout_s * PEER_WAIT_TIMEOUTS,
-        ));
-        let mut io = ControlIo {
-            control: &mut control,
-            work: env.work_dir.clone(),
-            rank,
-            die_at,
-        };
-        let summary = train_assigned(&mut link, &assignment, &mut io)?;
-        // Dropping the link waits for the peers to receive our last frames.
-        drop(link);
-        Ok(summary)
+        let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, None);
+        loop {
+            let mut link = endpoint
+                .join(&assignment.peers)
+                .context("joining the mesh")?;
+            // the coordinator tells a stall from a long epoch (a worker waiting on one that computes is
+            // not stalled) and stops the launch within the epoch timeout; a wait on a peer gives up by
+            // itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator cannot be heard either
+            link.set_timeout(Duration::from_secs_f64(
+                assignment.epoch_timeout_s * PEER_WAIT_TIMEOUTS,
+            ));
+            let mut io = ControlIo {
+                control: &mut control,
+                work: env.work_dir.clone(),
+                rank,
+                die_at,
+                words: &words,
+                gate_timeout: epoch_timeout.mul_f64(PEER_WAIT_TIMEOUTS),
+            };
+            let segment = train_segment(&mut link, &assignment, &mut io, held.take())?;
+            // Dropping the link waits for the peers to receive our last frames.
+            drop(link);
+            match segment {
+                Segment::Done(summary) => break Ok(summary),
+                Segment::Paused(state) => {
+                    // an in-place resize: a new mesh endpoint (same identity and rank) for the new world
+                    let next = QuicEndpoint::bind(rank, job, &identity, bind, QuicOptions::default())
+                        .context("binding the mesh endpoint for the resized job")?;
+                    let mesh_addr = advertised(next.local_addr(), env.coordinator, env.advertise_ip)?;
+                    eprintln!(
+                        "worker {rank}: paused after epoch {} keeping its state; mesh endpoint {mesh_addr}",
+                        state.progress.epoch
+                    );
+                    control.send(&ToCoordinator::Paused { rank, mesh_addr })?;
+                    assignment = match words.recv_timeout(ASSIGNMENT_TIMEOUT) {
+                        Ok(ToWorker::Assign(a)) => a,
+                        Ok(other) => bail!("paused, the coordinator sent {other:?}, not an assignment"),
+                        Err(_) => bail!(
+                            "paused, no assignment from the coordinator within {ASSIGNMENT_TIMEOUT:?}"
+                        ),
+                    };
+                    check_world(&assignment, rank)?;
+                    endpoint = next;
+                    held = Some(state);
+                }
+            }
+        }
     })();
     if env.work_dir_owned {
         // fetched artifacts and leftovers go with the worker
@@ -548,6 +673,17 @@ pub fn run_from_env() -> Result<()> {
             Err(e)
         }
     }
+}
+
+/// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).
+fn check_world(a: &Assignment, rank: usize) -> Result<()> {
+    if rank >= a.peers.len() {
+        bail!(
+            "the assignment names {} peers, this worker is rank {rank}",
+            a.peers.len()
+        );
+    }
+    Ok(())
 }
 
 /// How many epoch timeouts a wait for a peer's frame lasts before the worker reports the peer lost.

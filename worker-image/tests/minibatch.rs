@@ -1104,6 +1104,8 @@ fn assigned(
                         mode,
                         minibatch: Some(opts.clone()),
                         resume_from: resume_from.map(artifact),
+                        resume_epoch: 0,
+                        gated: false,
                         checkpoints: true,
                         device: Default::default(),
                     };

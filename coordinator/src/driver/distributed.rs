@@ -24,6 +24,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -174,10 +175,19 @@ pub fn run(
         .map(|r| crate::store::Mirror::start(r, jobdir_id(dir.path()), dir.path().to_path_buf()));
     let result = (|| -> Result<summary::JobSummary> {
         let data_name = source.name().to_string();
+        // an in-place resize cuts a dataset file into parts in the coordinator; a chunked one restarts
+        let in_place_data = !matches!(source, Source::Chunked(_));
         let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;
-        let (state, pending) = new_job(spec, resume.as_ref(), cluster, price, dir.path(), obs)?;
+        let (state, pending) = new_job(
+            spec,
+            resume.as_ref(),
+            cluster,
+            price,
+            (dir.path(), in_place_data),
+            obs,
+        )?;
         let driver = Driver {
             job,
             spec,
@@ -405,7 +415,7 @@ fn new_job(
     resume: Option<&ResumePoint>,
     cluster: Option<&Role>,
     price: &crate::spec::Priced,
-    dir: &Path,
+    (dir, in_place_data): (&Path, bool),
     obs: &dyn Observer,
 ) -> Result<(Job, Option<Stop>)> {
     // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
@@ -415,6 +425,12 @@ fn new_job(
         None => serde_json::from_value(json!({ "max_workers": spec.workers.max(1), "rules": [] }))?,
     };
     let x = spec.exchange.clone().unwrap_or_default();
+    // resizes in place: partition parallelism on a dataset file, one part per worker, unless the
+    // policy asks for restarts
+    let in_place = in_place_data
+        && spec.mode() == TrainMode::Partition
+        && !matches!(spec.parallelism, ParallelismSpec::Groups(_))
+        && policy.resize == physalia_policies::Resize::InPlace;
     let mut elastic = Elastic::new(
         policy,
         spec.workers,
@@ -465,6 +481,7 @@ fn new_job(
             // platform's container (cluster mode) at its price
             coordinator_price_per_s: cluster.map_or(0.0, |r| r.coordinator_usd_per_s),
             mode: spec.mode(),
+            in_place,
         },
         elastic,
         first_launch,
@@ -497,12 +514,26 @@ struct Launch {
     server: ControlServer,
     /// Local processes or containers, through the backend's trait either way.
     workers: BackendWorkers,
+    /// The CA the workers' certificates are issued by: the launch's own, or (joiners of an in-place
+    /// resize) the launch's whose mesh they join.
+    ca: Rc<JobCa>,
+    /// The mesh rank of the launch's first worker: 0, or the old size for joiners.
+    base: usize,
+    /// The backend's launch (the job's segment) these workers were started as.
+    segment: usize,
 }
 
 impl Launch {
     /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the workers on the
-    /// job's backend from one `WorkerSpec`.
-    fn start(d: &Driver, dir: &Path, n: usize, index: usize) -> Result<Launch> {
+    /// job's backend from one `WorkerSpec`. `join`: the CA of a running launch and the rank to start at
+    /// (the joiners of an in-place resize, ranks `base..base + n` of that launch's mesh).
+    fn start(
+        d: &Driver,
+        dir: &Path,
+        n: usize,
+        index: usize,
+        join: Option<(Rc<JobCa>, usize)>,
+    ) -> Result<Launch> {
         let (job, spec, name, obs) = (d.job, d.spec, d.name, d.obs);
         let local_command = d.local_command;
         let timeouts = spec.timeouts.clone().unwrap_or_default();
@@ -514,9 +545,16 @@ impl Launch {
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| name.into());
-        let ca = JobCa::new(&job_id).context("creating the job certificate authority")?;
-        // every launch has its own CA and keys, handed to the backend as the spec's secrets
-        let secrets = identities(&ca, n)?;
+        let (ca, base) = match join {
+            Some((ca, base)) => (ca, base),
+            None => (
+                Rc::new(JobCa::new(&job_id).context("creating the job certificate authority")?),
+                0,
+            ),
+        };
+        // every launch has its own CA and keys (joiners: the keys of their ranks under the CA of the
+        // mesh they join), handed to the backend as the spec's secrets
+        let secrets = identities(&ca, base, n)?;
         let platform = platform::of_job(job);
         let backend = platform.backend(job, &job_id, dir, index, obs)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
@@ -531,7 +569,7 @@ impl Launch {
             match ControlServer::bind(
                 &identity,
                 ca.job_key(),
-                n,
+                base + n,
                 SocketAddr::new(reach.bind, port),
                 register_timeout,
                 files.clone(),
@@ -553,9 +591,9 @@ impl Launch {
             .train
             .threads
             .map(|t| t as usize)
-            .unwrap_or((cores / n).max(1));
+            .unwrap_or((cores / (base + n)).max(1));
         let coordinator = SocketAddr::new(reach.advertise, server.local_addr().port());
-        let launch = platform::launch(
+        let mut launch = platform::launch(
             job,
             platform::Worker {
                 job_id: &job_id,
@@ -589,8 +627,20 @@ impl Launch {
             block_on(backend.check(&launch.spec, demand))?
                 .with_context(|| format!("backend.{}: preflight", backend.name()))?;
         }
+        if base > 0 {
+            launch.spec.env.insert(
+                physalia_control::env::ENV_RANK_BASE.to_string(),
+                base.to_string(),
+            );
+        }
         let workers = BackendWorkers::launch(backend, &launch.spec, n, logs, launch.poll_every)?;
-        Ok(Launch { server, workers })
+        Ok(Launch {
+            server,
+            workers,
+            ca,
+            base,
+            segment: index,
+        })
     }
 }
 
@@ -713,21 +763,9 @@ impl Running {
         let mut fed = Vec::new();
         let wait = Duration::from_millis(100 / self.live.len().max(1) as u64);
         for (&launch, l) in self.live.iter_mut() {
-            let exits = l.launch.workers.poll_exits();
-            let mut events = Vec::new();
-            let first = if exits.is_empty() {
-                wait
-            } else {
-                Duration::ZERO
-            };
-            if let Some(ev) = l.launch.server.next_event(first) {
-                events.push(ev);
-                while let Some(ev) = l.launch.server.next_event(Duration::ZERO) {
-                    events.push(ev);
-                }
-            }
+            let (exits, events) = l.poll(wait);
             for ev in events {
-                if let Some(event) = worker_event(ev, &mut l.outboxes, &mut self.log, launch) {
+                if let Some(event) = worker_event(ev, l, &mut self.log, launch) {
                     fed.push(JobEvent::Worker { launch, event });
                 }
             }
@@ -755,10 +793,67 @@ impl Running {
 }
 
 /// A launch the job has not stopped: its workers, their control connections, its partition files.
+/// A launch resized in place is made of the backend launches of its survivors and of its joiners.
 struct Live {
-    launch: Launch,
+    launches: Vec<Launch>,
+    /// By mesh rank.
     outboxes: Vec<Option<Outbox>>,
+    /// Each rank's mesh address and pid, as it registered (or paused, for the next mesh).
+    mesh: Vec<Option<(Option<u32>, SocketAddr)>>,
+    /// The mesh ranks of this launch: `0..ranks`. A leaver of an in-place resize (a rank at or above
+    /// it) is stopping: what it says or does is not the job's.
+    ranks: usize,
     parts: Vec<PathBuf>,
+    /// Names the part files are served under: `k<K>` for a stored set, `seg<L>` for the partitioning
+    /// an in-place resize made for launch `L`.
+    parts_tag: String,
+    /// The node -> rank assignment of `parts` when an in-place resize made it (a stored set keeps its
+    /// own in `partition.safetensors`).
+    owner: Option<Rc<Vec<u32>>>,
+}
+
+impl Live {
+    fn new(launch: Launch, ranks: usize, parts: Vec<PathBuf>, parts_tag: String) -> Live {
+        Live {
+            launches: vec![launch],
+            outboxes: vec![None; ranks],
+            mesh: vec![None; ranks],
+            ranks,
+            parts,
+            parts_tag,
+            owner: None,
+        }
+    }
+
+    /// The backend's exits (by mesh rank) and the control servers' events, waiting up to `wait` for the
+    /// first when nothing exited.
+    fn poll(&mut self, wait: Duration) -> (Vec<(usize, String, bool)>, Vec<ServerEvent>) {
+        let ranks = self.ranks;
+        let mut exits = Vec::new();
+        for l in &mut self.launches {
+            for (i, how, by_signal) in l.workers.poll_exits() {
+                if l.base + i < ranks {
+                    exits.push((l.base + i, how, by_signal));
+                }
+            }
+        }
+        let mut events = Vec::new();
+        let mut first = if exits.is_empty() {
+            wait / self.launches.len().max(1) as u32
+        } else {
+            Duration::ZERO
+        };
+        for l in &self.launches {
+            if let Some(ev) = l.server.next_event(first) {
+                events.push(ev);
+                while let Some(ev) = l.server.next_event(Duration::ZERO) {
+                    events.push(ev);
+                }
+                first = Duration::ZERO;
+            }
+        }
+        (exits, events)
+    }
 }
 
 impl Driver<'_> {
@@ -837,17 +932,19 @@ impl Driver<'_> {
                     mode,
                     boundary_sampling,
                     staleness,
+                    gated,
                 } => {
                     let l = r.live.get(&launch).expect("the job assigns a live launch");
                     for (rank, outbox) in l.outboxes.iter().enumerate() {
-                        let a = self.assignment(
+                        let mut a = self.assignment(
                             rank,
-                            &l.parts,
+                            (&l.parts, &l.parts_tag),
                             peers.clone(),
                             resume_epoch,
                             mode,
                             (boundary_sampling, staleness),
                         )?;
+                        a.gated = gated;
                         if let Some(o) = outbox {
                             o.send(ToWorker::Assign(Box::new(a)));
                         }
@@ -872,6 +969,38 @@ impl Driver<'_> {
                     let answer = self.replan(objective, workers, mode, &by_rank);
                     r.feed(JobEvent::Replanned(answer));
                 }
+                JobAction::LaunchJoiners {
+                    launch,
+                    joining,
+                    base,
+                    workers,
+                    prewarm,
+                } => self.handle_joiners(r, dir, launch, joining, base, workers, prewarm),
+                JobAction::Continue { launch } => {
+                    if let Some(l) = r.live.get(&launch) {
+                        for o in l.outboxes.iter().flatten() {
+                            o.send(ToWorker::Continue);
+                        }
+                    }
+                }
+                JobAction::Resize {
+                    from,
+                    to,
+                    workers,
+                    resume_epoch,
+                    joiners,
+                } => {
+                    let t = Instant::now();
+                    let result = self
+                        .resize(r, dir, from, to, workers, resume_epoch, joiners)
+                        .map_err(|e| format!("{e:#}"));
+                    r.log.line(&format!(
+                        "launch {to}: in-place resize {} in {:.3} s",
+                        if result.is_ok() { "ready" } else { "failed" },
+                        t.elapsed().as_secs_f64()
+                    ));
+                    r.feed(JobEvent::Resized { launch: to, result });
+                }
                 JobAction::KeepWaiting { launch, for_s } => {
                     if let Some(l) = r.live.get(&launch) {
                         for o in l.outboxes.iter().flatten() {
@@ -884,10 +1013,14 @@ impl Driver<'_> {
                     reason,
                     finished,
                 } => {
+                    // a launch resized in place is made of the backend launches of its survivors and
+                    // joiners: those are what the record lists (for `cancel` after a coordinator's death)
+                    let mut segments = vec![launch as u32];
                     if let Some(l) = r.live.remove(&launch) {
+                        segments.extend(l.launches.iter().map(|x| x.segment as u32));
                         stop(l, &reason, finished);
                     }
-                    let _ = dir.update(|s| s.launches.retain(|&l| l != launch as u32));
+                    let _ = dir.update(|s| s.launches.retain(|l| !segments.contains(l)));
                 }
                 JobAction::Record {
                     epoch,
@@ -922,10 +1055,10 @@ impl Driver<'_> {
     ) {
         let result = match self.launch(launch, workers, dir) {
             Ok(l) => {
-                let pids = l.launch.workers.pids();
+                let pids = l.launches[0].workers.pids();
                 r.log.line(&format!(
                     "launch {launch}: control endpoint {}",
-                    l.launch.server.local_addr()
+                    l.launches[0].server.local_addr()
                 ));
                 r.live.insert(launch, l);
                 let _ = dir.update(|s| s.launches.push(launch as u32));
@@ -941,6 +1074,273 @@ impl Driver<'_> {
             }
         };
         r.feed(JobEvent::Started { launch, result });
+    }
+
+    /// `JobAction::LaunchJoiners`: starts `workers` workers as ranks `base..` of launch `joining`'s mesh,
+    /// under its CA, and tells the job how it went.
+    #[allow(clippy::too_many_arguments)]
+    fn handle_joiners(
+        &self,
+        r: &mut Running,
+        dir: &mut JobDir,
+        launch: usize,
+        joining: usize,
+        base: usize,
+        workers: usize,
+        prewarm: bool,
+    ) {
+        let started = match r.live.get(&joining) {
+            Some(l) => {
+                let ca = l.launches[0].ca.clone();
+                Launch::start(self, dir.path(), workers, launch, Some((ca, base)))
+            }
+            None => Err(anyhow!("launch {joining} is not running")),
+        };
+        let result = match started {
+            Ok(l) => {
+                let pids = l.workers.pids();
+                r.log.line(&format!(
+                    "launch {launch}: {workers} joiners of launch {joining} (ranks {base}..{}), control \
+                     endpoint {}",
+                    base + workers,
+                    l.server.local_addr()
+                ));
+                r.live
+                    .insert(launch, Live::new(l, base + workers, Vec::new(), String::new()));
+                let _ = dir.update(|s| s.launches.push(launch as u32));
+                Ok(pids)
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                r.log.line(&format!(
+                    "launch {launch} ({workers} joiners{}) failed to start: {e}",
+                    if prewarm { ", prewarm" } else { "" }
+                ));
+                Err(e)
+            }
+        };
+        r.feed(JobEvent::Started { launch, result });
+    }
+
+    /// `JobAction::Resize`: resizes launch `from` in place into launch `to` of `n` workers. Its ranks
+    /// below `n` pause after the epoch they reported (keeping their processes, models, optimizer states
+    /// and progress) and bind their next mesh endpoint; the ranks above stop; the joiners (launch
+    /// `joiners`, ranks from `from`'s size up, under its CA) are the prewarmed ones or start now; a
+    /// partitioning for `n` that keeps every survivor's rows where it can is made. Returns every rank's
+    /// pid and next mesh address once all are ready; an error leaves the launches to the job (it stops
+    /// them and restarts from the checkpoint).
+    #[allow(clippy::too_many_arguments)]
+    fn resize(
+        &self,
+        r: &mut Running,
+        dir: &mut JobDir,
+        from: usize,
+        to: usize,
+        n: usize,
+        resume_epoch: usize,
+        joiners: Option<crate::job::Joiners>,
+    ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
+        if let Some(rank) = fault_at_resize() {
+            // the test hook: this rank is lost while the job resizes
+            if let Some(pid) = r
+                .live
+                .get(&from)
+                .and_then(|l| l.mesh.get(rank).copied().flatten())
+                .and_then(|(pid, _)| pid)
+            {
+                // SAFETY: kill(2) of a worker process this coordinator started
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        let old = r
+            .live
+            .get_mut(&from)
+            .with_context(|| format!("launch {from} is not running"))?;
+        let n_old = old.ranks;
+        let keep = n.min(n_old);
+        let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
+        for (rank, o) in old.outboxes.iter().enumerate() {
+            let o = o
+                .as_ref()
+                .with_context(|| format!("worker {rank} of launch {from} has no control connection"))?;
+            match rank < keep {
+                true => o.send(ToWorker::Pause),
+                false => o.send(ToWorker::Stop {
+                    reason: format!("the job shrinks to {n} workers in place"),
+                }),
+            };
+        }
+        // the survivors' next addresses come with their pauses
+        for m in old.mesh.iter_mut() {
+            *m = None;
+        }
+        // from here, the leavers' exits and words are not the job's
+        old.ranks = keep;
+        let owner = self.owner_of(old)?;
+        // joiners: the prewarmed ones registered while the job trained; others start now
+        if let Some(j) = joiners
+            && !j.prewarmed
+        {
+            let ca = old.launches[0].ca.clone();
+            let l = Launch::start(self, dir.path(), n - n_old, j.launch, Some((ca, n_old)))
+                .context("starting the joiners")?;
+            r.live.insert(j.launch, Live::new(l, n, Vec::new(), String::new()));
+            let _ = dir.update(|s| s.launches.push(j.launch as u32));
+        }
+        // the partitioning for n workers, made while the survivors pause and the joiners register
+        let t = Instant::now();
+        let (parts, new_owner, moved) = self.overlapping_parts(&owner, n_old, n, to)?;
+        let feat_bytes = self.feature_row_bytes()?;
+        let part_bytes: u64 = parts
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        let line = format!(
+            "resizing in place after epoch {resume_epoch}: {n_old} -> {n} workers, {moved} rows change \
+             owner ({} of features), partitioning made in {:.3} s; the workers read their new parts \
+             ({} in all)",
+            summary::fmt_bytes(moved as u64 * feat_bytes),
+            t.elapsed().as_secs_f64(),
+            summary::fmt_bytes(part_bytes),
+        );
+        r.log.line(&line);
+        tracing::info!("{line}");
+        // wait for every rank: the survivors' pauses, the joiners' registrations
+        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
+        let join = joiners.map(|j| j.launch);
+        loop {
+            let ready = |l: &Live, ranks: std::ops::Range<usize>| {
+                ranks.clone().all(|rank| l.mesh.get(rank).is_some_and(Option::is_some))
+            };
+            let old_ready = ready(&r.live[&from], 0..keep);
+            let join_ready = match join {
+                Some(j) => ready(
+                    r.live.get(&j).with_context(|| format!("the joiners' launch {j} is not running"))?,
+                    n_old..n,
+                ),
+                None => true,
+            };
+            if old_ready && join_ready {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not every worker was ready within {} s (survivors paused: {old_ready}, joiners \
+                     registered: {join_ready})",
+                    timeouts.register_s
+                );
+            }
+            for launch in std::iter::once(from).chain(join) {
+                let l = r.live.get_mut(&launch).expect("checked above");
+                let (exits, events) = l.poll(Duration::from_millis(10));
+                if let Some((rank, how, _)) = exits.first() {
+                    bail!("worker {rank} {how}");
+                }
+                for ev in events {
+                    match worker_event(ev, l, &mut r.log, launch) {
+                        Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
+                        Some(Event::Failed { rank, error }) | Some(Event::PeerLost { rank, error }) => {
+                            bail!("worker {rank} failed: {error}")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        // one launch of n ranks: the survivors' and the joiners' backend launches and connections
+        let mut old = r.live.remove(&from).expect("checked above");
+        old.outboxes.truncate(keep);
+        old.mesh.truncate(keep);
+        let mut pids = pids;
+        pids.truncate(keep);
+        if let Some(j) = join {
+            let joined = r.live.remove(&j).expect("checked above");
+            old.outboxes.extend(joined.outboxes.into_iter().skip(n_old));
+            old.mesh.extend(joined.mesh.iter().skip(n_old).copied());
+            pids.extend(joined.mesh.iter().skip(n_old).map(|m| m.and_then(|m| m.0)));
+            old.launches.extend(joined.launches);
+        }
+        old.ranks = n;
+        old.parts = parts;
+        old.parts_tag = format!("seg{to}");
+        old.owner = Some(Rc::new(new_owner));
+        let ready = old
+            .mesh
+            .iter()
+            .zip(&pids)
+            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
+            .collect();
+        r.live.insert(to, old);
+        Ok(ready)
+    }
+
+    /// The node -> rank assignment a launch trains on.
+    fn owner_of(&self, l: &Live) -> Result<Rc<Vec<u32>>> {
+        if let Some(owner) = &l.owner {
+            return Ok(owner.clone());
+        }
+        let set = l
+            .parts
+            .first()
+            .and_then(|p| p.parent())
+            .context("the launch has no partition set")?;
+        let path = set.join("partition.safetensors");
+        let (_, p) = physalia_graph::partition::load_partitioning(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(Rc::new(p.parts))
+    }
+
+    /// Bytes of one node's feature row in the dataset.
+    fn feature_row_bytes(&self) -> Result<u64> {
+        let ds = physalia_graph::Dataset::open_unverified(self.dataset_path)
+            .with_context(|| format!("opening {}", self.dataset_path.display()))?;
+        Ok((ds.meta().feat_dim * ds.features().dtype().size_bytes()) as u64)
+    }
+
+    /// A partitioning for `k_new` workers that keeps every survivor's rows where it can, written as part
+    /// files for launch `to`; with how many rows change owner. The stored METIS partitioning for `k_new`,
+    /// its parts matched to ranks by overlap, says where moved rows go: a shrink moves only the leavers'
+    /// rows (to the part METIS puts them in), a growth moves to each joiner only the rows METIS gives it.
+    fn overlapping_parts(
+        &self,
+        owner: &[u32],
+        k_old: usize,
+        k_new: usize,
+        to: usize,
+    ) -> Result<(Vec<PathBuf>, Vec<u32>, usize)> {
+        let seed = self.spec.train.seed;
+        let sets = physalia_graph::partition::ensure_partitions(self.dataset_path, &[k_new], seed)
+            .with_context(|| format!("partitioning into {k_new} parts"))?;
+        let metis = sets
+            .into_iter()
+            .next()
+            .expect("one set per k")
+            .partitioning()?;
+        let new_owner = overlapping_owner(owner, k_old, &metis.parts, k_new);
+        let moved = owner.iter().zip(&new_owner).filter(|(a, b)| a != b).count();
+        // checksums were verified when the job loaded the dataset
+        let ds = physalia_graph::Dataset::open_unverified(self.dataset_path)
+            .with_context(|| format!("opening {}", self.dataset_path.display()))?;
+        let p = physalia_graph::partition::Partitioning::from_assignment(
+            ds.csr(),
+            k_new,
+            new_owner,
+            "in-place",
+            seed,
+        )?;
+        let built = physalia_graph::partition::build_parts(&ds, &p)?;
+        let dir = self.job_abs.join("partitions").join(format!("seg{to}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut files = Vec::with_capacity(k_new);
+        for part in &built {
+            let path = dir.join(format!("part{}.safetensors", part.part));
+            part.write(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+            files.push(path);
+        }
+        Ok((files, p.parts, moved))
     }
 
     /// `JobAction::Record`: the epoch's line on the terminal and in `metrics.jsonl`, the status's
@@ -1011,12 +1411,8 @@ impl Driver<'_> {
         let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         physalia_gnn::heap::release_freed_memory();
-        let launch = Launch::start(self, dir.path(), n, index)?;
-        Ok(Live {
-            launch,
-            outboxes: vec![None; n],
-            parts,
-        })
+        let launch = Launch::start(self, dir.path(), n, index, None)?;
+        Ok(Live::new(launch, n, parts, format!("k{k}")))
     }
 
     /// Asks the planner again for the job as it runs (`workers` in `mode`, with the exchange the policy set)
@@ -1063,7 +1459,7 @@ impl Driver<'_> {
     fn assignment(
         &self,
         rank: usize,
-        parts: &[PathBuf],
+        (parts, parts_tag): (&[PathBuf], &str),
         peers: Vec<SocketAddr>,
         resume_epoch: usize,
         mode: TrainMode,
@@ -1073,7 +1469,7 @@ impl Driver<'_> {
         let timeouts = spec.timeouts.clone().unwrap_or_default();
         let k = parts.len();
         let part_path = &parts[rank % k];
-        let part = self.serve(&format!("part-k{k}-{}", rank % k), part_path)?;
+        let part = self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?;
         let partitioning = match mode {
             TrainMode::Data => {
                 let set = part_path
@@ -1129,6 +1525,9 @@ impl Driver<'_> {
                 .options(spec.model.layers)
                 .into(),
             resume_from,
+            resume_epoch,
+            // set by the job's action: whether workers wait for its word after every epoch
+            gated: false,
             // rank 0 hands over a checkpoint after every epoch, in every mode: rescales, retries and
             // `submit --resume` start there
             checkpoints: true,
@@ -1150,12 +1549,22 @@ pub fn device_request(job: &ResolvedJob) -> physalia_control::DeviceRequest {
 }
 
 /// A control server's event as the job sees it (registrations keep the worker's outbox).
-fn worker_event(
-    ev: ServerEvent,
-    outboxes: &mut [Option<Outbox>],
-    log: &mut CoordLog,
-    launch: usize,
-) -> Option<Event> {
+/// Ranks at or above the launch's (leavers of an in-place resize, stopping) are not the job's; a
+/// worker's pause (an in-place resize, which the driver carries out itself) keeps its next mesh address.
+fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize) -> Option<Event> {
+    let rank = match &ev {
+        ServerEvent::Registered { rank, .. }
+        | ServerEvent::Alive { rank }
+        | ServerEvent::Waiting { rank, .. }
+        | ServerEvent::Lost { rank, .. }
+        | ServerEvent::Transfer { rank, .. } => Some(*rank),
+        // the connection's rank (its certificate's), whatever the message says
+        ServerEvent::Message { rank, .. } => Some(*rank),
+        ServerEvent::Refused { .. } => None,
+    };
+    if rank.is_some_and(|r| r >= l.ranks) {
+        return None;
+    }
     Some(match ev {
         ServerEvent::Registered {
             rank,
@@ -1166,8 +1575,11 @@ fn worker_event(
             log.line(&format!(
                 "launch {launch}: worker {rank} (pid {pid}) registered, mesh {mesh_addr}"
             ));
-            if let Some(slot) = outboxes.get_mut(rank) {
+            if let Some(slot) = l.outboxes.get_mut(rank) {
                 *slot = Some(outbox);
+            }
+            if let Some(slot) = l.mesh.get_mut(rank) {
+                *slot = Some((Some(pid), mesh_addr));
             }
             Event::Registered {
                 rank,
@@ -1202,6 +1614,15 @@ fn worker_event(
             },
             ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
             ToCoordinator::PeerLost { rank, error } => Event::PeerLost { rank, error },
+            ToCoordinator::Paused { rank, mesh_addr } => {
+                log.line(&format!(
+                    "launch {launch}: worker {rank} paused, next mesh {mesh_addr}"
+                ));
+                if let Some(slot) = l.mesh.get_mut(rank) {
+                    *slot = Some((slot.and_then(|s| s.0), mesh_addr));
+                }
+                return None;
+            }
             ToCoordinator::Log { .. } => unreachable!("handled above"),
         },
         ServerEvent::Alive { rank } => Event::Alive { rank },
@@ -1226,8 +1647,10 @@ fn worker_event(
 fn stop(mut l: Live, reason: &str, finished: bool) {
     if finished {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !l.launch.workers.all_exited() && Instant::now() < deadline {
-            l.launch.workers.poll_exits();
+        while !l.launches.iter().all(|x| x.workers.all_exited()) && Instant::now() < deadline {
+            for x in &mut l.launches {
+                x.workers.poll_exits();
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     } else {
@@ -1237,8 +1660,67 @@ fn stop(mut l: Live, reason: &str, finished: bool) {
             });
         }
     }
-    l.launch.workers.kill_all();
-    drop(l.launch.server);
+    for mut x in l.launches {
+        x.workers.kill_all();
+        drop(x.server);
+    }
+}
+
+/// Test hook: `PHYSALIA_TEST_FAIL_RESIZE=R` SIGKILLs rank `R` of the launch being resized in place as
+/// the resize begins, so tests see a resize fail part-way and fall back to the checkpoint restart.
+pub const ENV_TEST_FAIL_RESIZE: &str = "PHYSALIA_TEST_FAIL_RESIZE";
+
+fn fault_at_resize() -> Option<usize> {
+    std::env::var(ENV_TEST_FAIL_RESIZE).ok()?.parse().ok()
+}
+
+/// Where each node goes when `k_old` parts (`owner`, node -> rank) become `k_new`, given a good
+/// partitioning into `k_new` parts (`metis`, node -> part). The parts of `metis` are matched to ranks
+/// by how many nodes they share with the survivors' parts (largest overlap first); joiners take the
+/// parts left. A node stays with its survivor unless its matched part is a joiner's; a leaver's node
+/// goes to its matched part. So a shrink moves only the leavers' rows and a growth only the joiners'.
+pub fn overlapping_owner(owner: &[u32], k_old: usize, metis: &[u32], k_new: usize) -> Vec<u32> {
+    let keep = k_old.min(k_new);
+    let mut overlap = vec![vec![0usize; k_old]; k_new];
+    for (&o, &m) in owner.iter().zip(metis) {
+        overlap[m as usize][o as usize] += 1;
+    }
+    let mut pairs: Vec<(usize, usize, usize)> = (0..k_new)
+        .flat_map(|m| (0..keep).map(move |r| (m, r)))
+        .map(|(m, r)| (overlap[m][r], m, r))
+        .collect();
+    // largest overlap first; ties in part and rank order, so the choice is deterministic
+    pairs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut rank_of = vec![None; k_new];
+    let mut taken = vec![false; keep];
+    for (_, m, r) in pairs {
+        if rank_of[m].is_none() && !taken[r] {
+            rank_of[m] = Some(r);
+            taken[r] = true;
+        }
+    }
+    let mut joiner = keep;
+    let rank_of: Vec<u32> = rank_of
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                joiner += 1;
+                joiner - 1
+            }) as u32
+        })
+        .collect();
+    owner
+        .iter()
+        .zip(metis)
+        .map(|(&o, &m)| {
+            let matched = rank_of[m as usize];
+            if o as usize >= k_new || matched as usize >= k_old {
+                matched
+            } else {
+                o
+            }
+        })
+        .collect()
 }
 
 /// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed

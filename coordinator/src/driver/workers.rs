@@ -40,11 +40,12 @@ pub fn worker_binary() -> Result<PathBuf> {
 }
 
 /// The launch's secret files from its CA: `ca.pem` (the same for every rank), and each rank's
-/// `cert.pem` (naming `worker-<rank>`) and `key.pem`.
-pub fn identities(ca: &JobCa, n: usize) -> Result<BTreeMap<String, SecretValue>> {
+/// `cert.pem` (naming `worker-<rank>`) and `key.pem`, for the `n` ranks from `base` (a launch of
+/// joiners: the ranks they take in the mesh they join), in the launch's order.
+pub fn identities(ca: &JobCa, base: usize, n: usize) -> Result<BTreeMap<String, SecretValue>> {
     let mut certs = Vec::with_capacity(n);
     let mut keys = Vec::with_capacity(n);
-    for rank in 0..n {
+    for rank in base..base + n {
         let id = ca
             .identity(&worker_name(rank))
             .with_context(|| format!("issuing {}'s certificate", worker_name(rank)))?;
@@ -300,7 +301,7 @@ mod tests {
     #[test]
     fn identities_give_each_rank_its_own_certificate_and_one_ca() {
         let ca = JobCa::new("job").unwrap();
-        let s = identities(&ca, 3).unwrap();
+        let s = identities(&ca, 0, 3).unwrap();
         assert_eq!(
             s.keys().collect::<Vec<_>>(),
             ["ca.pem", "cert.pem", "key.pem"]
@@ -452,7 +453,7 @@ mod tests {
             0,
             "127.0.0.1:9".parse().unwrap(),
             1,
-            identities(&ca, 2).unwrap(),
+            identities(&ca, 0, 2).unwrap(),
         );
         spec.command.extend([
             "-c".into(),
