@@ -1159,23 +1159,17 @@ impl Driver<'_> {
         let n_old = old.ranks;
         let keep = n.min(n_old);
         let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
+        // every rank pauses, the leavers too: each leaves the mesh cleanly before any is stopped (a
+        // peer that vanished mid-close holds the others' close to its timeout)
         for (rank, o) in old.outboxes.iter().enumerate() {
-            let o = o
-                .as_ref()
-                .with_context(|| format!("worker {rank} of launch {from} has no control connection"))?;
-            match rank < keep {
-                true => o.send(ToWorker::Pause),
-                false => o.send(ToWorker::Stop {
-                    reason: format!("the job shrinks to {n} workers in place"),
-                }),
-            };
+            o.as_ref()
+                .with_context(|| format!("worker {rank} of launch {from} has no control connection"))?
+                .send(ToWorker::Pause);
         }
-        // the survivors' next addresses come with their pauses
+        // the next addresses come with the pauses
         for m in old.mesh.iter_mut() {
             *m = None;
         }
-        // from here, the leavers' exits and words are not the job's
-        old.ranks = keep;
         let owner = self.owner_of(old)?;
         // joiners: the prewarmed ones registered while the job trained; others start now
         if let Some(j) = joiners
@@ -1214,7 +1208,7 @@ impl Driver<'_> {
             let ready = |l: &Live, ranks: std::ops::Range<usize>| {
                 ranks.clone().all(|rank| l.mesh.get(rank).is_some_and(Option::is_some))
             };
-            let old_ready = ready(&r.live[&from], 0..keep);
+            let old_ready = ready(&r.live[&from], 0..n_old);
             let join_ready = match join {
                 Some(j) => ready(
                     r.live.get(&j).with_context(|| format!("the joiners' launch {j} is not running"))?,
@@ -1249,8 +1243,14 @@ impl Driver<'_> {
                 }
             }
         }
-        // one launch of n ranks: the survivors' and the joiners' backend launches and connections
+        // one launch of n ranks: the survivors' and the joiners' backend launches and connections; the
+        // leavers stop, and from here their exits and words are not the job's
         let mut old = r.live.remove(&from).expect("checked above");
+        for o in old.outboxes.iter().skip(keep).flatten() {
+            o.send(ToWorker::Stop {
+                reason: format!("the job shrinks to {n} workers in place"),
+            });
+        }
         old.outboxes.truncate(keep);
         old.mesh.truncate(keep);
         let mut pids = pids;
