@@ -175,8 +175,10 @@ pub fn run(
         .map(|r| crate::store::Mirror::start(r, jobdir_id(dir.path()), dir.path().to_path_buf()));
     let result = (|| -> Result<summary::JobSummary> {
         let data_name = source.name().to_string();
-        // an in-place resize cuts a dataset file into parts in the coordinator; a chunked one restarts
-        let in_place_data = !matches!(source, Source::Chunked(_));
+        // an in-place resize cuts a dataset file into parts in the coordinator (a chunked one
+        // restarts), on a platform that keeps survivors in place (the others restart)
+        let in_place_data =
+            !matches!(source, Source::Chunked(_)) && platform::of_job(job).resizes_in_place();
         let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;

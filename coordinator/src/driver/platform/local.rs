@@ -14,6 +14,10 @@ use crate::driver::resolved::ResolvedJob;
 pub struct Local;
 
 impl Platform for Local {
+    fn resizes_in_place(&self) -> bool {
+        true
+    }
+
     fn backend(
         &self,
         _: &ResolvedJob,

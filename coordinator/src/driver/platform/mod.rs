@@ -62,6 +62,13 @@ pub trait Platform: Sync {
     /// What a cluster-mode coordinator on this platform is told beyond the job store's settings (none
     /// of it a credential).
     fn coordinator_env(&self, _job: &ResolvedJob, _env: &mut BTreeMap<String, String>) {}
+
+    /// Whether a partition-parallel resize keeps the survivors in place on this platform (issue 33).
+    /// Where it does not yet (a survivor's next mesh endpoint on a fixed port, joiners in another
+    /// launch's network, neither tested there), every resize restarts from the checkpoint.
+    fn resizes_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// The platform `kind`: the registry.
