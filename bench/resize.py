@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The pause at each resize, in place (issue 33) beside the checkpoint restart, on one graph and one policy.
+
+Runs the same partition-parallel GraphSAGE job under the 1 -> 2 -> 4 -> 2 policy (after epochs 3, 6, 9) with
+`resize: in_place` and `resize: restart`, alternating, `--reps` times each (a first unmeasured run computes the
+METIS sets for 1, 2 and 4 parts, which both paths then reuse), and a fixed one-worker run for the losses.
+
+The pause after epoch E is the time between the coordinator recording epoch E and the first epoch after it
+starting: `end_s(E+1) - end_s(E)` (summary.json's `epoch_ends`) less epoch E+1's own time (the slowest rank's
+`train_s` in metrics.jsonl, plus the epoch's evaluation). Between epochs that do not resize the same difference is the per-epoch
+overhead (rank 0's checkpoint, the report, and in place the gate's round trip), printed as `between`.
+
+Bytes per resize: in place, the rows that change owner (the coordinator's log line) and the part files the
+workers read; by restart, every part file of the new count and the checkpoint each worker reads.
+
+    python3 bench/resize.py --nodes 200000 --reps 2
+"""
+
+import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+POLICY = """min_workers: 1
+max_workers: 4
+cooldown_epochs: 0
+resize: {resize}
+rules:
+  - name: two-at-3
+    when: epoch == 3
+    then: {{set_workers: 2}}
+  - name: four-at-6
+    when: epoch == 6
+    then: {{set_workers: 4}}
+  - name: two-at-9
+    when: epoch == 9
+    then: {{set_workers: 2}}
+"""
+
+JOB = """name: {name}
+dataset: {{path: {graph}}}
+model: {{kind: sage, layers: 2, hidden: {hidden}}}
+train: {{epochs: 12, seed: 0, eval_every: 12}}
+output: {{dir: {out}}}
+"""
+
+
+def run(binary, args, cwd):
+    out = subprocess.run([binary] + args, cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"physalia {' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def submit(binary, tmp, name, graph, hidden, resize):
+    job = os.path.join(tmp, f"{name}.yaml")
+    with open(job, "w") as f:
+        f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs")))
+        if resize:
+            policy = os.path.join(tmp, f"{name}-policy.yaml")
+            with open(policy, "w") as p:
+                p.write(POLICY.format(resize=resize))
+            f.write(f"scaling_file: {policy}\n")
+    s = json.loads(run(binary, ["submit", job, "--output", "json", "--quiet"], tmp))
+    d = s["job_dir"] if os.path.isabs(s["job_dir"]) else os.path.join(tmp, s["job_dir"])
+    return s, d
+
+
+def pauses(summary, job_dir):
+    lines = [json.loads(l) for l in open(os.path.join(job_dir, "metrics.jsonl"))]
+    own = {l["metrics"]["epoch"]: max(w["train_s"] for w in l["workers"]) + l["metrics"].get("eval_s", 0.0)
+           for l in lines}
+    ends = {e["epoch"]: e["end_s"] for e in summary["epoch_ends"]}
+    gap = {e: ends[e + 1] - ends[e] - own[e + 1] for e in range(1, 12)}
+    return gap, [l["metrics"]["loss"] for l in lines]
+
+
+def moved(job_dir):
+    log = open(os.path.join(job_dir, "logs", "coordinator.log")).read()
+    return re.findall(r"(\d+) rows change owner \(([^)]*) of features\).*?\(([^)]*) in all\)", log)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--nodes", type=int, default=200000)
+    p.add_argument("--feat-dim", type=int, default=64)
+    p.add_argument("--classes", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
+    a = p.parse_args()
+    out_dir = os.path.join(ROOT, "bench", "out")
+    os.makedirs(out_dir, exist_ok=True)
+    graph = os.path.join(out_dir, f"sbm-{a.nodes}-f{a.feat_dim}-c{a.classes}.safetensors")
+    if not os.path.exists(graph):
+        run(a.bin, ["data", "synth", "sbm", "--nodes", str(a.nodes), "--classes", str(a.classes),
+                    "--feat-dim", str(a.feat_dim), "--seed", "0", "--out", graph], ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None)
+        _, want = pauses(fixed, fixed_dir)
+        # computes and stores the METIS sets for 2 and 4 parts, which every run after reuses
+        submit(a.bin, tmp, "warm", graph, a.hidden, "restart")
+        rows = {"in_place": [], "restart": []}
+        for rep in range(a.reps):
+            for resize in ["restart", "in_place"]:
+                s, d = submit(a.bin, tmp, f"{resize}-{rep}", graph, a.hidden, resize)
+                gap, losses = pauses(s, d)
+                diff = max(abs(x - y) / abs(y) for x, y in zip(losses, want))
+                between = statistics.median(gap[e] for e in gap if e not in (3, 6, 9))
+                rows[resize].append(([gap[3], gap[6], gap[9]], between, diff, moved(d)))
+                print(f"{resize} rep {rep}: pauses after 3/6/9 {gap[3]:.3f} / {gap[6]:.3f} / {gap[9]:.3f} s, "
+                      f"between {between:.3f} s, max rel loss diff {diff:.1e}", flush=True)
+                for m in moved(d):
+                    print(f"  moved {m[0]} rows ({m[1]} of features), parts read {m[2]}")
+        parts = os.path.splitext(graph)[0] + ".parts"
+        parts = parts if os.path.isdir(parts) else None
+        if parts:
+            for k in (2, 4):
+                files = glob.glob(os.path.join(parts, f"k{k}-seed0", "part*.safetensors"))
+                print(f"restart to {k}: part files {sum(os.path.getsize(f) for f in files) / 2**20:.1f} MiB")
+        for resize, r in rows.items():
+            med = [statistics.median(x[0][i] for x in r) for i in range(3)]
+            print(f"{resize}: median pauses {med[0]:.3f} / {med[1]:.3f} / {med[2]:.3f} s, "
+                  f"between {statistics.median(x[1] for x in r):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
