@@ -921,9 +921,7 @@ impl Job {
             && self.gated()
             && epoch < self.cfg.epochs
         {
-            out.push(JobAction::Continue {
-                launch: cur.launch,
-            });
+            out.push(JobAction::Continue { launch: cur.launch });
         }
     }
 
@@ -1025,7 +1023,7 @@ impl Job {
         now: Instant,
         out: &mut Vec<JobAction>,
     ) {
-        if !self.current.as_ref().is_some_and(|c| c.launch == launch) {
+        if self.current.as_ref().is_none_or(|c| c.launch != launch) {
             return;
         }
         let Some((from, joiners)) = self.resizing.take() else {
@@ -1375,11 +1373,18 @@ mod simulation {
             resume_epoch: usize,
             joiners: Option<Joiners>,
         ) {
-            assert_eq!(resume_epoch, self.record.len(), "resized after an unrecorded epoch");
+            assert_eq!(
+                resume_epoch,
+                self.record.len(),
+                "resized after an unrecorded epoch"
+            );
             assert!(!self.launches.contains_key(&to), "launch {to} reused");
             let n_old = {
                 let l = &self.launches[&from];
-                assert!(!l.stopped && l.assigned, "resized launch {from} is not training");
+                assert!(
+                    !l.stopped && l.assigned,
+                    "resized launch {from} is not training"
+                );
                 l.n
             };
             for launch in std::iter::once(from).chain(joiners.map(|j| j.launch)) {
@@ -1416,7 +1421,11 @@ mod simulation {
                     .collect())
             };
             // a joiner that was not prewarmed starts now
-            let cold = if joiners.is_some_and(|j| !j.prewarmed) { 3_000 } else { 300 };
+            let cold = if joiners.is_some_and(|j| !j.prewarmed) {
+                3_000
+            } else {
+                300
+            };
             self.at(t + cold, to, JobEvent::Resized { launch: to, result }, true);
         }
 
@@ -1845,12 +1854,25 @@ mod simulation {
             check(seed, &p, 1);
             let r = run(seed, &p, 1);
             for who in ["a joiner", "a leaver", "a survivor"] {
-                if r.sim.lines.iter().any(|l| l.contains(&format!("{who} was lost"))) {
+                if r.sim
+                    .lines
+                    .iter()
+                    .any(|l| l.contains(&format!("{who} was lost")))
+                {
                     *lost.entry(who).or_default() += 1;
                 }
             }
-            let in_place = r.sim.lines.iter().filter(|l| l.contains("in place, ")).count();
-            assert!(in_place >= 1, "seed {seed}: no resize in place: {:?}", r.sim.lines);
+            let in_place = r
+                .sim
+                .lines
+                .iter()
+                .filter(|l| l.contains("in place, "))
+                .count();
+            assert!(
+                in_place >= 1,
+                "seed {seed}: no resize in place: {:?}",
+                r.sim.lines
+            );
         }
         if std::env::var("PHYSALIA_SIM_SEED").is_err() {
             for who in ["a joiner", "a leaver", "a survivor"] {

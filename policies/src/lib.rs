@@ -43,6 +43,6 @@ pub use metrics::{
 pub use noise::{NoiseScaleParts, gradient_noise_scale, noise_scale_parts};
 pub use parse::parse_str;
 pub use schema::{
-    Action, DEFAULT_COOLDOWN_EPOCHS, DEFAULT_WINDOW_EPOCHS, Objective, PolicySet, Prewarm, Resize, Rule,
-    json_schema,
+    Action, DEFAULT_COOLDOWN_EPOCHS, DEFAULT_WINDOW_EPOCHS, Objective, PolicySet, Prewarm, Resize,
+    Rule, json_schema,
 };

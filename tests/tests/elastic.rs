@@ -89,7 +89,9 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     for (from, to, epoch) in [(1, 2, 3), (2, 4, 6), (4, 2, 9)] {
         assert!(
-            log.contains(&format!("in place, {from} -> {to} workers after epoch {epoch}")),
+            log.contains(&format!(
+                "in place, {from} -> {to} workers after epoch {epoch}"
+            )),
             "{log}"
         );
     }
@@ -150,12 +152,12 @@ fn a_resize_that_fails_part_way_restarts_from_the_checkpoint() {
         .map(|e| e["event"].as_str().unwrap().to_string())
         .collect();
     for (to, epoch) in [(2, 3), (4, 6), (2, 9)] {
-        let line = format!(
-            "resizing in place to {to} workers failed (worker 0 "
-        );
+        let line = format!("resizing in place to {to} workers failed (worker 0 ");
         let restart = format!("restarting from the checkpoint of epoch {epoch}");
         assert!(
-            events.iter().any(|e| e.starts_with(&line) && e.ends_with(&restart)),
+            events
+                .iter()
+                .any(|e| e.starts_with(&line) && e.ends_with(&restart)),
             "{events:?}"
         );
     }
@@ -600,7 +602,10 @@ fn prewarmed_workers_take_over_at_the_rescale() {
         log.contains("1 -> 2 workers after epoch 3 (joiners prewarmed as launch 1)"),
         "{log}"
     );
-    assert!(log.contains("prewarming 1 workers to join launch 2 in place after epoch 5"), "{log}");
+    assert!(
+        log.contains("prewarming 1 workers to join launch 2 in place after epoch 5"),
+        "{log}"
+    );
     assert!(
         log.contains("discarding 3 prewarmed workers: 4 are needed"),
         "{log}"

@@ -82,7 +82,7 @@ pub enum Segment {
     Done(physalia_gnn::TrainSummary),
     /// Paused after an epoch at the coordinator's word, holding the training state to continue from in
     /// memory under the next assignment.
-    Paused(crate::Resume),
+    Paused(Box<crate::Resume>),
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -310,9 +310,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     eprintln!(
                         "worker {rank}: continuing in place after epoch {} (model, optimizer and \
                          progress held in memory), on part {} of {}",
-                        a.resume_epoch,
-                        part.part,
-                        part.k
+                        a.resume_epoch, part.part, part.k
                     );
                     Some(h)
                 }
@@ -334,7 +332,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 return Err(e);
             }
             if paused {
-                return Ok(Segment::Paused(state));
+                return Ok(Segment::Paused(Box::new(state)));
             }
             (state.model, summary)
         }
@@ -474,7 +472,9 @@ impl Coordinator for ControlIo<'_> {
         match self.words.recv_timeout(self.gate_timeout) {
             Ok(ToWorker::Continue) => Ok(Gate::Continue),
             Ok(ToWorker::Pause) => Ok(Gate::Pause),
-            Ok(other) => bail!("after epoch {epoch} the coordinator sent {other:?}, not continue or pause"),
+            Ok(other) => {
+                bail!("after epoch {epoch} the coordinator sent {other:?}, not continue or pause")
+            }
             Err(_) => bail!(
                 "the coordinator said neither continue nor pause within {:?} after epoch {epoch}",
                 self.gate_timeout
@@ -624,9 +624,11 @@ pub fn run_from_env() -> Result<()> {
                 Segment::Done(summary) => break Ok(summary),
                 Segment::Paused(state) => {
                     // an in-place resize: a new mesh endpoint (same identity and rank) for the new world
-                    let next = QuicEndpoint::bind(rank, job, &identity, bind, QuicOptions::default())
-                        .context("binding the mesh endpoint for the resized job")?;
-                    let mesh_addr = advertised(next.local_addr(), env.coordinator, env.advertise_ip)?;
+                    let next =
+                        QuicEndpoint::bind(rank, job, &identity, bind, QuicOptions::default())
+                            .context("binding the mesh endpoint for the resized job")?;
+                    let mesh_addr =
+                        advertised(next.local_addr(), env.coordinator, env.advertise_ip)?;
                     eprintln!(
                         "worker {rank}: paused after epoch {} keeping its state; mesh endpoint {mesh_addr}",
                         state.progress.epoch
@@ -634,14 +636,16 @@ pub fn run_from_env() -> Result<()> {
                     control.send(&ToCoordinator::Paused { rank, mesh_addr })?;
                     assignment = match words.recv_timeout(ASSIGNMENT_TIMEOUT) {
                         Ok(ToWorker::Assign(a)) => a,
-                        Ok(other) => bail!("paused, the coordinator sent {other:?}, not an assignment"),
+                        Ok(other) => {
+                            bail!("paused, the coordinator sent {other:?}, not an assignment")
+                        }
                         Err(_) => bail!(
                             "paused, no assignment from the coordinator within {ASSIGNMENT_TIMEOUT:?}"
                         ),
                     };
                     check_world(&assignment, rank)?;
                     endpoint = next;
-                    held = Some(state);
+                    held = Some(*state);
                 }
             }
         }

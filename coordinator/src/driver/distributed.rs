@@ -1107,8 +1107,10 @@ impl Driver<'_> {
                     base + workers,
                     l.server.local_addr()
                 ));
-                r.live
-                    .insert(launch, Live::new(l, base + workers, Vec::new(), String::new()));
+                r.live.insert(
+                    launch,
+                    Live::new(l, base + workers, Vec::new(), String::new()),
+                );
                 let _ = dir.update(|s| s.launches.push(launch as u32));
                 Ok(pids)
             }
@@ -1165,7 +1167,9 @@ impl Driver<'_> {
         // peer that vanished mid-close holds the others' close to its timeout)
         for (rank, o) in old.outboxes.iter().enumerate() {
             o.as_ref()
-                .with_context(|| format!("worker {rank} of launch {from} has no control connection"))?
+                .with_context(|| {
+                    format!("worker {rank} of launch {from} has no control connection")
+                })?
                 .send(ToWorker::Pause);
         }
         // the next addresses come with the pauses
@@ -1180,7 +1184,8 @@ impl Driver<'_> {
             let ca = old.launches[0].ca.clone();
             let l = Launch::start(self, dir.path(), n - n_old, j.launch, Some((ca, n_old)))
                 .context("starting the joiners")?;
-            r.live.insert(j.launch, Live::new(l, n, Vec::new(), String::new()));
+            r.live
+                .insert(j.launch, Live::new(l, n, Vec::new(), String::new()));
             let _ = dir.update(|s| s.launches.push(j.launch as u32));
         }
         // the partitioning for n workers, made while the survivors pause and the joiners register
@@ -1208,12 +1213,16 @@ impl Driver<'_> {
         let join = joiners.map(|j| j.launch);
         loop {
             let ready = |l: &Live, ranks: std::ops::Range<usize>| {
-                ranks.clone().all(|rank| l.mesh.get(rank).is_some_and(Option::is_some))
+                ranks
+                    .clone()
+                    .all(|rank| l.mesh.get(rank).is_some_and(Option::is_some))
             };
             let old_ready = ready(&r.live[&from], 0..n_old);
             let join_ready = match join {
                 Some(j) => ready(
-                    r.live.get(&j).with_context(|| format!("the joiners' launch {j} is not running"))?,
+                    r.live
+                        .get(&j)
+                        .with_context(|| format!("the joiners' launch {j} is not running"))?,
                     n_old..n,
                 ),
                 None => true,
@@ -1237,7 +1246,8 @@ impl Driver<'_> {
                 for ev in events {
                     match worker_event(ev, l, &mut r.log, launch) {
                         Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
-                        Some(Event::Failed { rank, error }) | Some(Event::PeerLost { rank, error }) => {
+                        Some(Event::Failed { rank, error })
+                        | Some(Event::PeerLost { rank, error }) => {
                             bail!("worker {rank} failed: {error}")
                         }
                         _ => {}
