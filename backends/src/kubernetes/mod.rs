@@ -1,8 +1,9 @@
 //! The kubernetes backend (kube-rs): one Indexed Job per launch, with a headless Service and a Secret
 //! owned by it ([`objects`] builds them, without IO).
 //!
-//! A launch creates the Job suspended, then the Secret and the Service with owner references to it, then
-//! resumes the Job and polls the pods until every rank runs. It fails fast on what will not fix itself
+//! A launch creates the Job suspended (in cluster mode owned by the coordinator's Job, so deleting that
+//! collects it), then the Secret and the Service with owner references to it, then resumes the Job and
+//! polls the pods until every rank runs. It fails fast on what will not fix itself
 //! (an image that cannot be pulled, a pod refused by a ResourceQuota, a pod that failed) and gives up after
 //! [`KubernetesConfig::start_timeout`] on what might (a pod nobody can schedule), naming each waiting rank
 //! and the scheduler's reason. On failure it deletes the Job (background propagation: the garbage collector
@@ -509,9 +510,14 @@ impl KubernetesBackend {
     ) -> Result<Vec<WorkerStatus>> {
         let name = objects.job.metadata.name.clone().unwrap_or_default();
         let pp = PostParams::default();
+        let mut job = objects.job;
+        job.metadata.owner_references = self
+            .coordinator_owner(&spec.job_id)
+            .await?
+            .map(|owner| vec![owner]);
         let job = self
             .api::<Job>()
-            .create(&pp, &objects.job)
+            .create(&pp, &job)
             .await
             .map_err(|e| self.create_error(e, "jobs.batch", &name))?;
         created.job = true;
@@ -547,6 +553,25 @@ impl KubernetesBackend {
         self.wait_running(spec, &name, n).await
     }
 
+    /// The owner of a launch's Job in cluster mode: the coordinator's Job ([`LaunchId::coordinator_name`]
+    /// of the same job id) while it runs, so that deleting it (`stop_coordinator`, `kubectl delete`,
+    /// its TTL) garbage-collects every worker Job it started, and with them their pods, Secrets and
+    /// Services. `None` in client mode (no such Job), once that Job has finished (a new coordinator is
+    /// not owned by an old one's remains), and where the principal may not read Jobs.
+    async fn coordinator_owner(
+        &self,
+        job_id: &str,
+    ) -> Result<Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>> {
+        let name = LaunchId::coordinator_name(job_id);
+        match self.api::<Job>().get(&name).await {
+            Ok(job) if job_finished(&job) => Ok(None),
+            Ok(job) => Ok(objects::owned_by(&job)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(kube::Error::Api(s)) if s.code == 403 => Ok(None),
+            Err(e) => Err(self.api_error(e, &format!("get job.batch/{name}"))),
+        }
+    }
+
     /// A kube error from creating `resource` named `name`.
     fn create_error(&self, e: kube::Error, resource: &str, name: &str) -> Error {
         if let kube::Error::Api(s) = &e {
@@ -572,10 +597,10 @@ impl KubernetesBackend {
         self.api_error(e, &format!("create {resource}"))
     }
 
-    /// Maps a kube error to the variant a user can act on.
     /// Capacity the cluster cannot offer, before anything is created: no node of the SKU's instance
     /// types (the well-known label) carrying the configuration's labels, or, for a GPU worker, none of
-    /// them offering `nvidia.com/gpu` (no device plugin). Pods for such a node would stay Pending until
+    /// them offering `nvidia.com/gpu` (no device plugin), or every such node tainted against the worker
+    /// pods ([`Self::check_taints`]). Pods for such a node would stay Pending until
     /// the launch's timeout. Skipped where pools scale from zero
     /// ([`KubernetesConfig::scales_from_zero`]: no node of a type runs until a pod asks for it) and for
     /// a principal that may not list nodes (a namespaced Role).
@@ -603,7 +628,7 @@ impl KubernetesBackend {
                     || label(n, &self.cfg.instance_type_label)
                         .is_some_and(|t| spec.instance_types.contains(&t)))
         };
-        let placed: Vec<&Node> = nodes.iter().filter(|n| fits(n)).collect();
+        let mut placed: Vec<&Node> = nodes.iter().filter(|n| fits(n)).collect();
         let mut what = Vec::new();
         if !spec.instance_types.is_empty() {
             what.push(format!(
@@ -661,10 +686,73 @@ impl KubernetesBackend {
                     gpu.count
                 )));
             }
+            placed.retain(offers);
         }
-        Ok(())
+        self.check_taints(spec, &placed, &what)
     }
 
+    /// The nodes a worker could be placed on by their labels (and GPUs) must not all repel it with a
+    /// taint (NoSchedule or NoExecute) its pod does not tolerate ([`objects::worker_tolerations`]):
+    /// a GPU pool tainted `sku=gpu:NoSchedule` (AKS's usual set-up) takes no worker until the job
+    /// file tolerates it, and the pods would stay Pending until the launch's timeout. Pools that scale
+    /// from zero carry their taints on the nodes they start, which this cannot see.
+    fn check_taints(&self, spec: &WorkerSpec, placed: &[&Node], what: &[String]) -> Result<()> {
+        let tolerations = objects::worker_tolerations(&self.cfg, spec);
+        let untolerated = |n: &Node| -> Vec<k8s_openapi::api::core::v1::Taint> {
+            let taints = n.spec.as_ref().and_then(|s| s.taints.as_ref());
+            taints
+                .into_iter()
+                .flatten()
+                .filter(|t| objects::taint_repels(t) && !objects::tolerates(&tolerations, t))
+                .cloned()
+                .collect()
+        };
+        let mut repelled = BTreeMap::<String, (k8s_openapi::api::core::v1::Taint, usize)>::new();
+        for node in placed {
+            let taints = untolerated(node);
+            if taints.is_empty() {
+                return Ok(());
+            }
+            for t in taints {
+                repelled.entry(objects::taint_text(&t)).or_insert((t, 0)).1 += 1;
+            }
+        }
+        if repelled.is_empty() {
+            return Ok(());
+        }
+        let taints: Vec<String> = repelled
+            .iter()
+            .map(|(text, (_, n))| format!("{text} on {n}"))
+            .collect();
+        let tolerations: Vec<String> = repelled
+            .values()
+            .map(|(t, _)| objects::toleration_text(t))
+            .collect();
+        Err(Error::Config {
+            backend: NAME,
+            detail: format!(
+                "every node of the cluster with {} ({}) carries a taint the worker pods do not \
+                 tolerate ({}), so they would stay Pending: add {} to the job file's \
+                 backend.kubernetes.tolerations{}, or remove the taint from that node pool; nothing \
+                 was created",
+                if what.is_empty() {
+                    "the workers' labels".to_string()
+                } else {
+                    what.join(", ")
+                },
+                placed.len(),
+                taints.join(", "),
+                tolerations.join(" and "),
+                if self.cfg.tolerations.is_empty() {
+                    ""
+                } else {
+                    " (beside the ones it has)"
+                },
+            ),
+        })
+    }
+
+    /// Maps a kube error to the variant a user can act on.
     fn api_error(&self, e: kube::Error, action: &str) -> Error {
         let ns = &self.cfg.namespace;
         match e {
@@ -928,6 +1016,15 @@ impl Backend for KubernetesBackend {
     }
 }
 
+/// A Job with a true `Complete` or `Failed` condition: it runs no pod again.
+fn job_finished(job: &Job) -> bool {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions
+        .into_iter()
+        .flatten()
+        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+}
+
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -999,4 +1096,36 @@ fn pod_detail(pod: &Pod) -> Option<String> {
             )
         })
         .or_else(|| status.reason.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+
+    /// A finished coordinator's Job owns no new launch: its TTL would collect the launch with it.
+    #[test]
+    fn a_job_is_finished_by_a_true_complete_or_failed_condition() {
+        let job = |conditions: &[(&str, &str)]| Job {
+            status: Some(JobStatus {
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(type_, status)| JobCondition {
+                            type_: type_.to_string(),
+                            status: status.to_string(),
+                            ..JobCondition::default()
+                        })
+                        .collect(),
+                ),
+                ..JobStatus::default()
+            }),
+            ..Job::default()
+        };
+        assert!(!job_finished(&Job::default()));
+        assert!(!job_finished(&job(&[("Suspended", "True")])));
+        assert!(!job_finished(&job(&[("Complete", "False")])));
+        assert!(job_finished(&job(&[("Complete", "True")])));
+        assert!(job_finished(&job(&[("Failed", "True")])));
+    }
 }

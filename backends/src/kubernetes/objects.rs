@@ -12,7 +12,13 @@
 //!   $(PHYSALIA_RANK)`), so a worker sees its own key and no other.
 //!
 //! The Service and the Secret carry an owner reference to the Job ([`owned_by`]), so deleting the Job
-//! garbage-collects them and the pods.
+//! garbage-collects them and the pods. In cluster mode the Job itself carries one to the coordinator's
+//! Job (added at launch, which reads that Job's uid), so deleting the coordinator's Job collects every
+//! launch it made.
+//!
+//! A GPU worker tolerates `nvidia.com/gpu` NoSchedule taints and the configuration's
+//! ([`worker_tolerations`]); [`tolerates`] is the API's matching rule, which the preflight uses to
+//! refuse a job whose every candidate node repels its pods.
 //!
 //! On AKS the coordinator's pod reaches Azure (an `az://` job store) through workload identity: AKS's
 //! webhook mutates only pods labelled `azure.workload.identity/use: "true"`, giving them the federated
@@ -27,7 +33,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
     NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
     PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, Secret, SecretVolumeSource,
-    Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    Service, ServicePort, ServiceSpec, Taint, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -527,6 +533,18 @@ fn placement(cfg: &KubernetesConfig, spec: &WorkerSpec) -> Placement {
             });
         }
     }
+    let tolerations = worker_tolerations(cfg, spec);
+    (
+        (!selector.is_empty()).then_some(selector),
+        affinity,
+        (!tolerations.is_empty()).then_some(tolerations),
+    )
+}
+
+/// The taints a worker pod tolerates: for a GPU pod, any `nvidia.com/gpu` NoSchedule taint (GKE's
+/// `nvidia.com/gpu=present`, the common EKS set-up's), then the configuration's
+/// ([`KubernetesConfig::tolerations`], the job file's `backend.kubernetes.tolerations`).
+pub fn worker_tolerations(cfg: &KubernetesConfig, spec: &WorkerSpec) -> Vec<Toleration> {
     let mut tolerations = Vec::new();
     if spec.gpu.is_some() {
         tolerations.push(Toleration {
@@ -537,11 +555,60 @@ fn placement(cfg: &KubernetesConfig, spec: &WorkerSpec) -> Placement {
         });
     }
     tolerations.extend(cfg.tolerations.iter().cloned());
-    (
-        (!selector.is_empty()).then_some(selector),
-        affinity,
-        (!tolerations.is_empty()).then_some(tolerations),
-    )
+    tolerations
+}
+
+/// Whether a taint keeps a pod that does not tolerate it off the node: NoSchedule (the scheduler
+/// refuses it) and NoExecute (refused and evicted); PreferNoSchedule only steers the scheduler.
+pub fn taint_repels(taint: &Taint) -> bool {
+    matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
+}
+
+/// Whether one of `tolerations` matches `taint`, as the API's `Toleration.ToleratesTaint` decides: an
+/// effect, where given, must be the taint's; a key, where given, must be the taint's (an empty key
+/// with `Exists` tolerates every taint); `Equal` (the default) compares the values, `Exists` takes
+/// any value.
+pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+    fn given(v: &Option<String>) -> Option<&str> {
+        v.as_deref().filter(|s| !s.is_empty())
+    }
+    tolerations.iter().any(|t| {
+        if given(&t.effect).is_some_and(|e| e != taint.effect) {
+            return false;
+        }
+        if given(&t.key).is_some_and(|k| k != taint.key) {
+            return false;
+        }
+        match t.operator.as_deref().unwrap_or("Equal") {
+            "" | "Equal" => {
+                t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+            }
+            "Exists" => true,
+            _ => false,
+        }
+    })
+}
+
+/// A taint as kubectl writes it: `key=value:Effect` (`key:Effect` without a value).
+pub fn taint_text(taint: &Taint) -> String {
+    match taint.value.as_deref().filter(|v| !v.is_empty()) {
+        Some(v) => format!("{}={v}:{}", taint.key, taint.effect),
+        None => format!("{}:{}", taint.key, taint.effect),
+    }
+}
+
+/// The job file's `backend.kubernetes.tolerations` entry that tolerates `taint`, in YAML flow style.
+pub fn toleration_text(taint: &Taint) -> String {
+    match taint.value.as_deref().filter(|v| !v.is_empty()) {
+        Some(v) => format!(
+            "{{key: {}, value: {v}, effect: {}}}",
+            taint.key, taint.effect
+        ),
+        None => format!(
+            "{{key: {}, operator: Exists, effect: {}}}",
+            taint.key, taint.effect
+        ),
+    }
 }
 
 /// `cpu` in millicores, rounded up (the scheduler must not give less than asked).
@@ -692,6 +759,63 @@ mod tests {
         s.instance_types.clear();
         let p = pod(&KubernetesConfig::default(), &s);
         assert_eq!(p.node_selector.unwrap()["nvidia.com/gpu.product"], "L4");
+    }
+
+    #[test]
+    fn tolerations_match_taints_as_the_api_does() {
+        let taint = |key: &str, value: Option<&str>, effect: &str| Taint {
+            key: key.into(),
+            value: value.map(str::to_string),
+            effect: effect.into(),
+            ..Taint::default()
+        };
+        let gke = taint("nvidia.com/gpu", Some("present"), "NoSchedule");
+        let aks = taint("sku", Some("gpu"), "NoSchedule");
+        let t = |key: &str, op: Option<&str>, value: Option<&str>, effect: Option<&str>| {
+            super::super::toleration(key, op, value, effect)
+        };
+        // a GPU pod's own toleration takes GKE's taint, and not AKS's
+        let mut s = crate::spec::tests::spec();
+        s.gpu = Some(crate::GpuRequest {
+            count: 1,
+            kind: None,
+        });
+        let own = worker_tolerations(&KubernetesConfig::default(), &s);
+        assert!(tolerates(&own, &gke));
+        assert!(!tolerates(&own, &aks));
+        // a CPU pod tolerates nothing
+        let cpu = worker_tolerations(&KubernetesConfig::default(), &crate::spec::tests::spec());
+        assert!(cpu.is_empty() && !tolerates(&cpu, &gke));
+        // Equal compares values; Exists takes any; an effect must match where given
+        assert!(tolerates(
+            &[t("sku", None, Some("gpu"), Some("NoSchedule"))],
+            &aks
+        ));
+        assert!(!tolerates(
+            &[t("sku", None, Some("cpu"), Some("NoSchedule"))],
+            &aks
+        ));
+        assert!(tolerates(&[t("sku", Some("Exists"), None, None)], &aks));
+        assert!(!tolerates(
+            &[t("sku", Some("Exists"), None, Some("NoExecute"))],
+            &aks
+        ));
+        assert!(!tolerates(&[t("other", Some("Exists"), None, None)], &aks));
+        // an empty key with Exists tolerates every taint
+        let everything = Toleration {
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        };
+        assert!(tolerates(std::slice::from_ref(&everything), &gke));
+        assert!(taint_repels(&aks));
+        assert!(taint_repels(&taint("k", None, "NoExecute")));
+        assert!(!taint_repels(&taint("k", None, "PreferNoSchedule")));
+        assert_eq!(taint_text(&aks), "sku=gpu:NoSchedule");
+        assert_eq!(taint_text(&taint("k", None, "NoExecute")), "k:NoExecute");
+        assert_eq!(
+            toleration_text(&taint("k", None, "NoExecute")),
+            "{key: k, operator: Exists, effect: NoExecute}"
+        );
     }
 
     #[test]

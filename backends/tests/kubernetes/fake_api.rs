@@ -1,6 +1,15 @@
 //! A small in-process Kubernetes API server behind kube-rs's `tower_test::mock` service: it keeps the
 //! objects it is sent, makes up pods for a resumed Job from a script (per poll, per rank), and records
 //! every request, create and delete so tests can check what a launch did and what it left behind.
+//!
+//! Where the script gives the cluster's nodes, it also schedules as kube-scheduler filters: a resumed
+//! Job's pods fit a node only if its labels match their `nodeSelector` and required node affinity, they
+//! tolerate each of its NoSchedule and NoExecute taints (the API's `ToleratesTaint` rule), and its
+//! allocatable holds their requests; where no node fits, every pod stays Pending with the PodScheduled
+//! condition False, reason Unschedulable, and kube-scheduler's message, whatever the script says.
+//!
+//! Deleting an object garbage-collects, at once, every stored object whose `ownerReferences` name its
+//! uid (background propagation, as the backend asks), recursively, as Kubernetes' collector does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -97,6 +106,7 @@ impl FakeApi {
                 script,
                 record: rec,
                 resumed: None,
+                unschedulable: None,
                 polls: 0,
                 coordinator_polls: 0,
                 uid: 0,
@@ -119,6 +129,8 @@ struct Server {
     record: Arc<Mutex<Record>>,
     /// The resumed Job's name and completions.
     resumed: Option<(String, usize)>,
+    /// Why no node takes the resumed Job's pods, as kube-scheduler words it (nodes scripted only).
+    unschedulable: Option<String>,
     polls: usize,
     coordinator_polls: usize,
     uid: u32,
@@ -261,6 +273,11 @@ impl Server {
             job["spec"]["suspend"] = json!(false);
             let n = job["spec"]["completions"].as_u64().unwrap() as usize;
             self.resumed = Some((name.to_string(), n));
+            self.unschedulable = self
+                .script
+                .nodes
+                .as_ref()
+                .and_then(|nodes| unschedulable(&job["spec"]["template"]["spec"], nodes));
         }
         let job = job.clone();
         respond(StatusCode::OK, &job)
@@ -330,7 +347,17 @@ impl Server {
                     continue;
                 }
                 let state = (self.script.pods)(self.polls, rank);
-                if let Some(pod) = pod(job, rank, &pod_name, &state)
+                let made = match &self.unschedulable {
+                    // the Job controller makes the pod; no node takes it
+                    Some(why) => pod(job, rank, &pod_name, &PodState::Pending).map(|mut p| {
+                        p["status"]["containerStatuses"] = json!([]);
+                        p["status"]["conditions"] = json!([{"type": "PodScheduled",
+                            "status": "False", "reason": "Unschedulable", "message": why}]);
+                        p
+                    }),
+                    None => pod(job, rank, &pod_name, &state),
+                };
+                if let Some(pod) = made
                     && selected(&pod)
                 {
                     items.push(pod);
@@ -364,11 +391,160 @@ impl Server {
         match rec.live.remove(&key) {
             Some(obj) => {
                 rec.deleted.push(key);
+                collect_dependants(&mut rec, &obj);
                 respond(StatusCode::OK, &obj)
             }
             None => status(404, "NotFound", &format!("{res} \"{name}\" not found")),
         }
     }
+}
+
+/// The garbage collector: every stored object with an owner reference to `owner`'s uid is deleted,
+/// and its own dependants after it.
+fn collect_dependants(rec: &mut Record, owner: &Value) {
+    let Some(uid) = owner["metadata"]["uid"].as_str() else {
+        return;
+    };
+    let owned: Vec<String> = rec
+        .live
+        .iter()
+        .filter(|(_, o)| {
+            o["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["uid"] == json!(uid)))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in owned {
+        if let Some(obj) = rec.live.remove(&key) {
+            rec.deleted.push(key);
+            collect_dependants(rec, &obj);
+        }
+    }
+}
+
+/// A quantity as a number (CPU in cores, memory in bytes, counts as they are).
+fn quantity(q: &Value) -> f64 {
+    let text = match q {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return 0.0,
+    };
+    let units = [
+        ("Ki", 1024f64),
+        ("Mi", 1024f64.powi(2)),
+        ("Gi", 1024f64.powi(3)),
+        ("Ti", 1024f64.powi(4)),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    for (suffix, scale) in units {
+        if let Some(n) = text.strip_suffix(suffix) {
+            return n.parse::<f64>().unwrap_or(f64::NAN) * scale;
+        }
+    }
+    text.parse().unwrap_or(f64::NAN)
+}
+
+/// Whether `tolerations` tolerate `taint`, by the API's rule (core/v1 `Toleration.ToleratesTaint`):
+/// a given effect must be the taint's, a given key the taint's (an empty key with `Exists` takes
+/// every taint), `Equal` (the default) compares values, `Exists` takes any.
+fn tolerated(tolerations: &Value, taint: &Value) -> bool {
+    let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+    tolerations.as_array().into_iter().flatten().any(|t| {
+        let (effect, key) = (text(&t["effect"]), text(&t["key"]));
+        if !effect.is_empty() && effect != text(&taint["effect"]) {
+            return false;
+        }
+        if !key.is_empty() && key != text(&taint["key"]) {
+            return false;
+        }
+        match text(&t["operator"]).as_str() {
+            "" | "Equal" => text(&t["value"]) == text(&taint["value"]),
+            "Exists" => true,
+            _ => false,
+        }
+    })
+}
+
+/// Why a pod of this spec fits none of `nodes`, in kube-scheduler's words (`0/6 nodes are available:
+/// 3 node(s) didn't match Pod's node affinity/selector, 3 node(s) had untolerated taint {sku: gpu}.`);
+/// `None` when one node takes it.
+fn unschedulable(pod: &Value, nodes: &[Value]) -> Option<String> {
+    let mut why: BTreeMap<String, usize> = BTreeMap::new();
+    let mut requests: BTreeMap<String, f64> = BTreeMap::new();
+    for c in pod["containers"].as_array().into_iter().flatten() {
+        for (k, v) in c["resources"]["requests"].as_object().into_iter().flatten() {
+            *requests.entry(k.clone()).or_default() += quantity(v);
+        }
+    }
+    let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_array();
+    for node in nodes {
+        let labels = &node["metadata"]["labels"];
+        let selector_ok = pod["nodeSelector"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| &labels[k] == v);
+        let term_ok = |term: &Value| {
+            term["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|e| {
+                    let have = labels[e["key"].as_str().unwrap_or("")].as_str();
+                    let values: Vec<&str> = (e["values"].as_array().into_iter().flatten())
+                        .filter_map(Value::as_str)
+                        .collect();
+                    match e["operator"].as_str() {
+                        Some("In") => have.is_some_and(|h| values.contains(&h)),
+                        Some("NotIn") => have.is_none_or(|h| !values.contains(&h)),
+                        Some("Exists") => have.is_some(),
+                        Some("DoesNotExist") => have.is_none(),
+                        _ => false,
+                    }
+                })
+        };
+        let affinity_ok = terms.is_none_or(|ts| ts.iter().any(term_ok));
+        let repelling = node["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| {
+                matches!(t["effect"].as_str(), Some("NoSchedule" | "NoExecute"))
+                    && !tolerated(&pod["tolerations"], t)
+            });
+        let short = requests
+            .iter()
+            .find(|(k, want)| **want > quantity(&node["status"]["allocatable"][k.as_str()]) + 1e-9);
+        let reason = if !selector_ok || !affinity_ok {
+            "node(s) didn't match Pod's node affinity/selector".to_string()
+        } else if let Some(t) = repelling {
+            format!(
+                "node(s) had untolerated taint {{{}: {}}}",
+                t["key"].as_str().unwrap_or(""),
+                t["value"].as_str().unwrap_or("")
+            )
+        } else if let Some((k, _)) = short {
+            format!("Insufficient {k}")
+        } else {
+            return None;
+        };
+        *why.entry(reason).or_default() += 1;
+    }
+    Some(format!(
+        "0/{} nodes are available: {}.",
+        nodes.len(),
+        why.iter()
+            .map(|(r, n)| format!("{n} {r}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// The coordinator Job's pod, `<job>-c0d3r`, in `state`.

@@ -542,7 +542,8 @@ fn infra_manifests() -> Vec<PathBuf> {
     files
 }
 
-/// Every object a launch sends (as sent, owner references included) and every manifest under
+/// Every object a launch sends (as sent, owner references included: the worker Job's to the
+/// coordinator's Job, the Secret's and Service's to the worker Job) and every manifest under
 /// `infra/k8s/` validates against the Kubernetes 1.30 and 1.37 OpenAPI schemas, strictly (no unknown
 /// fields).
 #[tokio::test]
@@ -554,12 +555,17 @@ async fn every_generated_object_and_infra_manifest_validates_against_the_kuberne
     let mut files = infra_manifests();
     for (label, n, spec) in [("cpu", 3, spec(3)), ("gpu", 4, gpu_spec(4))] {
         let (backend, fake) = backend(Script::default());
-        backend.launch(&spec, n).await.unwrap();
-        // and the coordinator's Job, as sent
+        // the coordinator's Job, as sent, then a launch of the workers it owns
         backend
             .launch_coordinator(&coordinator_spec())
             .await
             .unwrap();
+        backend.launch(&spec, n).await.unwrap();
+        let worker_job = fake.record().bodies[1].clone();
+        assert_eq!(
+            worker_job["metadata"]["ownerReferences"][0]["name"], COORDINATOR,
+            "{worker_job}"
+        );
         for (i, body) in fake.record().bodies.iter().enumerate() {
             let path = dir.path().join(format!("{label}-{i}.json"));
             std::fs::write(&path, serde_json::to_vec_pretty(body).unwrap()).unwrap();
@@ -736,6 +742,70 @@ async fn the_coordinator_is_a_job_under_its_service_account_and_stop_deletes_it(
     assert!(gone.detail.unwrap().contains("no longer exists"));
     // stopping again is fine
     backend.stop_coordinator(&handle).await.unwrap();
+}
+
+/// Issue 30: in cluster mode each worker Job carries an owner reference to the coordinator's Job (its
+/// uid, read at launch), so deleting the coordinator's Job garbage-collects every launch it made: their
+/// Jobs, and through those their pods, Secrets and Services. In client mode, where no coordinator's Job
+/// exists, the worker Job has no owner.
+#[tokio::test]
+async fn worker_jobs_are_owned_by_the_coordinators_job_and_collected_with_it() {
+    let (backend, fake) = backend(Script::default());
+    // client mode
+    let launched = backend.launch(&spec(2), 2).await.unwrap();
+    assert!(
+        fake.record().bodies[0]["metadata"]["ownerReferences"].is_null(),
+        "{}",
+        fake.record().bodies[0]
+    );
+    backend.stop_all(&launched.id).await.unwrap();
+
+    // cluster mode: the coordinator's Job runs, and launches segments 1 and 2
+    let handle = backend
+        .launch_coordinator(&coordinator_spec())
+        .await
+        .unwrap();
+    let coordinator_uid =
+        fake.record().live[&format!("jobs/{COORDINATOR}")]["metadata"]["uid"].clone();
+    let mut names = Vec::new();
+    for segment in [1, 2] {
+        let mut s = spec(2);
+        s.segment = segment;
+        let launched = backend.launch(&s, 2).await.unwrap();
+        names.push(launched.id.base_name());
+    }
+    {
+        let rec = fake.record();
+        for name in &names {
+            let job = &rec.live[&format!("jobs/{name}")];
+            assert_eq!(
+                job["metadata"]["ownerReferences"],
+                json!([{"apiVersion": "batch/v1", "kind": "Job", "name": COORDINATOR,
+                        "uid": coordinator_uid, "controller": false}]),
+                "{job}"
+            );
+            // the worker Job's own dependants are still its own
+            let uid = &job["metadata"]["uid"];
+            for kind in ["secrets", "services"] {
+                let owners = &rec.live[&format!("{kind}/{name}")]["metadata"]["ownerReferences"];
+                assert_eq!(&owners[0]["uid"], uid, "{kind}/{name}");
+            }
+        }
+    }
+    // deleting the coordinator's Job takes everything with it
+    backend.stop_coordinator(&handle).await.unwrap();
+    let rec = fake.record();
+    assert!(rec.live.is_empty(), "left behind: {:?}", rec.live.keys());
+    for name in &names {
+        for kind in ["jobs", "secrets", "services"] {
+            assert!(
+                rec.deleted.contains(&format!("{kind}/{name}")),
+                "{kind}/{name}: {:?}",
+                rec.deleted
+            );
+        }
+    }
+    assert!(rec.unexpected.is_empty(), "{:?}", rec.unexpected);
 }
 
 #[tokio::test]
@@ -950,6 +1020,264 @@ async fn check_refuses_a_node_type_no_node_has() {
             .iter()
             .any(|r| r.starts_with("GET /api/v1/nodes")),
         "the preflight asked for the nodes"
+    );
+}
+
+/// `node(..)` with taints (`key`, `value`, `effect`) on it, as a distribution's GPU pool has them.
+fn tainted(mut node: Value, taints: &[(&str, &str, &str)]) -> Value {
+    node["spec"]["taints"] = taints
+        .iter()
+        .map(|(key, value, effect)| json!({"key": key, "value": value, "effect": effect}))
+        .collect();
+    node
+}
+
+/// GKE's L4 pool (tainted `nvidia.com/gpu=present:NoSchedule`, as GKE taints every GPU pool) and an
+/// AKS T4 pool tainted `sku=gpu:NoSchedule` (AKS's documented set-up for GPU pools), three nodes each.
+fn gke_and_aks_gpu_pools() -> Vec<Value> {
+    let gke = (0..3).map(|i| {
+        tainted(
+            node(
+                &format!("gke-l4-{i}"),
+                "g2-standard-8",
+                1,
+                &[("cloud.google.com/gke-accelerator", "nvidia-l4")],
+            ),
+            &[("nvidia.com/gpu", "present", "NoSchedule")],
+        )
+    });
+    let aks = (0..3).map(|i| {
+        tainted(
+            node(
+                &format!("aks-t4-{i}"),
+                "Standard_NC4as_T4_v3",
+                1,
+                &[("kubernetes.azure.com/accelerator", "nvidia")],
+            ),
+            &[("sku", "gpu", "NoSchedule")],
+        )
+    });
+    gke.chain(aks).collect()
+}
+
+/// A GPU worker of `instance_type`.
+fn gpu_on(instance_type: &str, n: usize) -> WorkerSpec {
+    let mut s = gpu_spec(n);
+    s.gpu = Some(GpuRequest {
+        count: 1,
+        kind: None,
+    });
+    s.instance_types = vec![instance_type.into()];
+    s
+}
+
+/// Issue 30: a GPU pool tainted against pods that do not tolerate it. The fake cluster's scheduler
+/// refuses such a pod as kube-scheduler does (it stays Pending, Unschedulable, naming the taint, and
+/// the launch gives up after its timeout), and the preflight refuses the job first, in one line naming
+/// the taint and the job file's `backend.kubernetes.tolerations` entry that tolerates it. GPU pods
+/// tolerate GKE's `nvidia.com/gpu` taint on their own; AKS's `sku=gpu` takes the job file's toleration.
+#[tokio::test]
+async fn a_gpu_pool_tainted_against_the_workers_is_refused_before_anything_is_created() {
+    let with = |nodes: Vec<Value>, cfg: KubernetesConfig| {
+        let (client, fake) = FakeApi::start(Script {
+            nodes: Some(nodes),
+            ..Script::default()
+        });
+        (KubernetesBackend::new(client, cfg), fake)
+    };
+    let short = || KubernetesConfig {
+        start_timeout: Duration::from_millis(50),
+        ..config()
+    };
+
+    // GKE: the pods' own toleration matches the pool's taint; placed and running
+    let (b, _) = with(gke_and_aks_gpu_pools(), short());
+    let gke = gpu_on("g2-standard-8", 2);
+    b.check(&gke, Demand::one(8.0)).await.unwrap();
+    b.launch(&gke, 2).await.unwrap();
+
+    // AKS without the toleration: the preflight says why and creates nothing
+    let aks = gpu_on("Standard_NC4as_T4_v3", 2);
+    let (b, fake) = with(gke_and_aks_gpu_pools(), short());
+    let err = b.check(&aks, Demand::one(4.0)).await.unwrap_err();
+    let line = err.to_string();
+    assert!(matches!(err, Error::Config { .. }), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    for want in [
+        "every node of the cluster with node.kubernetes.io/instance-type Standard_NC4as_T4_v3 (3)",
+        "carries a taint the worker pods do not tolerate (sku=gpu:NoSchedule on 3)",
+        "add {key: sku, value: gpu, effect: NoSchedule} to the job file's \
+         backend.kubernetes.tolerations",
+        "nothing was created",
+    ] {
+        assert!(line.contains(want), "{want:?} not in {line}");
+    }
+    assert!(fake.record().created.is_empty());
+    // and the launch the preflight spares the user: the fake scheduler keeps every pod Pending
+    let err = b.launch(&aks, 2).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "waiting for workers 0 (Unschedulable: 0/6 nodes are available: 3 node(s) didn't match \
+             Pod's node affinity/selector, 3 node(s) had untolerated taint {sku: gpu}.), 1 \
+             (Unschedulable:"
+        ),
+        "{err}"
+    );
+    assert_cleaned_up(&fake);
+
+    // with the job file's toleration: through, and placed
+    let mut cfg = short();
+    cfg.tolerations = vec![physalia_backends::kubernetes::toleration(
+        "sku",
+        None,
+        Some("gpu"),
+        Some("NoSchedule"),
+    )];
+    let (b, _) = with(gke_and_aks_gpu_pools(), cfg.clone());
+    b.check(&aks, Demand::one(4.0)).await.unwrap();
+    b.launch(&aks, 2).await.unwrap();
+    // a toleration of another value does not tolerate it; Exists tolerates any value
+    let mut wrong = short();
+    wrong.tolerations = vec![physalia_backends::kubernetes::toleration(
+        "sku",
+        None,
+        Some("cpu"),
+        Some("NoSchedule"),
+    )];
+    let (b, _) = with(gke_and_aks_gpu_pools(), wrong);
+    let err = b.check(&aks, Demand::one(4.0)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("(beside the ones it has)"),
+        "{err}"
+    );
+    let mut exists = short();
+    exists.tolerations = vec![physalia_backends::kubernetes::toleration(
+        "sku",
+        Some("Exists"),
+        None,
+        None,
+    )];
+    let (b, _) = with(gke_and_aks_gpu_pools(), exists);
+    b.check(&aks, Demand::one(4.0)).await.unwrap();
+
+    // NoExecute repels too; PreferNoSchedule only steers, and one untainted node is enough
+    let pool = |effects: &[&str]| -> Vec<Value> {
+        effects
+            .iter()
+            .enumerate()
+            .map(|(i, effect)| {
+                let n = node(&format!("eks-a10g-{i}"), "g5.xlarge", 1, &[]);
+                if effect.is_empty() {
+                    n
+                } else {
+                    tainted(n, &[("dedicated", "ml", effect)])
+                }
+            })
+            .collect()
+    };
+    let eks = gpu_on("g5.xlarge", 1);
+    let (b, _) = with(pool(&["NoExecute", "NoSchedule"]), config());
+    let err = b.check(&eks, Demand::one(4.0)).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "(dedicated=ml:NoExecute on 1, dedicated=ml:NoSchedule on 1), so they would stay \
+             Pending: add {key: dedicated, value: ml, effect: NoExecute} and {key: dedicated, value: \
+             ml, effect: NoSchedule}"
+        ),
+        "{err}"
+    );
+    let (b, _) = with(pool(&["PreferNoSchedule"]), config());
+    b.check(&eks, Demand::one(4.0)).await.unwrap();
+    let (b, _) = with(pool(&["NoSchedule", ""]), config());
+    b.check(&eks, Demand::one(4.0)).await.unwrap();
+
+    // a CPU worker sent to GKE's GPU machines does not tolerate their taint
+    let mut cpu = spec(1);
+    cpu.instance_types = vec!["g2-standard-8".into()];
+    let (b, _) = with(gke_and_aks_gpu_pools(), config());
+    let err = b.check(&cpu, Demand::one(8.0)).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("add {key: nvidia.com/gpu, value: present, effect: NoSchedule}"),
+        "{err}"
+    );
+}
+
+/// The fake cluster of `tests/kubernetes/kube_cluster.py` (the whole-job scenarios' API server) schedules
+/// the pods this backend makes as kube-scheduler would, over its GKE-, EKS- and AKS-shaped GPU pools:
+/// each pod of `launch_objects` (sized to fit the pool's allocatable) is placed on its own pool where it
+/// tolerates the pool's taint, and stays Pending, Unschedulable, naming the taint, where it does not
+/// (AKS's `sku=gpu` without the job file's toleration).
+#[test]
+fn the_fake_clusters_scheduler_places_the_backends_pods_only_where_they_tolerate_the_taints() {
+    let python_ok = Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !python_ok {
+        if physalia_testkit::python_required() {
+            panic!("python3 is required here");
+        }
+        println!("skipping: no python3");
+        return;
+    }
+    let aks_toleration =
+        physalia_backends::kubernetes::toleration("sku", None, Some("gpu"), Some("NoSchedule"));
+    let cases = [
+        ("gke", "g2-standard-8", 7.5, 27.0, Vec::new()),
+        ("eks", "g5.xlarge", 3.5, 13.5, Vec::new()),
+        ("aks", "Standard_NC4as_T4_v3", 3.5, 21.0, Vec::new()),
+        (
+            "aks-tolerated",
+            "Standard_NC4as_T4_v3",
+            3.5,
+            21.0,
+            vec![aks_toleration],
+        ),
+    ];
+    let mut pods = serde_json::Map::new();
+    for (name, ty, cpu, memory_gib, tolerations) in cases {
+        let mut s = gpu_on(ty, 1);
+        s.cpu = cpu;
+        s.memory_gib = memory_gib;
+        let cfg = KubernetesConfig {
+            tolerations,
+            ..config()
+        };
+        let job = launch_objects(&cfg, &s, 1).unwrap().job;
+        let template = serde_json::to_value(job.spec.unwrap().template).unwrap();
+        pods.insert(name.into(), template["spec"].clone());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/kubernetes");
+    let placed = physalia_testkit::python(&format!(
+        r#"import json, sys, threading
+        sys.path.insert(0, {root:?})
+        import kube_cluster as k
+        # the scheduler alone: no Docker, no API server
+        c = k.Cluster.__new__(k.Cluster)
+        c.lock, c.objects, c.version = threading.RLock(), {{}}, 0
+        out = {{}}
+        for name, spec in json.loads({pods:?}).items():
+            pod = {{"metadata": {{"name": name}}, "spec": spec, "status": {{"phase": "Pending"}}}}
+            bound = c.schedule(("physalia", "pods", name), pod)
+            cond = pod["status"]["conditions"][0]
+            out[name] = [bound, pod["spec"].get("nodeName"), cond.get("reason"), cond.get("message")]
+        print(json.dumps(out))"#,
+        root = root.display().to_string(),
+        pods = Value::Object(pods).to_string(),
+    ));
+    let node_of = |name: &str| placed[name][1].as_str().unwrap_or("").to_string();
+    assert!(node_of("gke").starts_with("gke-l4-"), "{placed}");
+    assert!(node_of("eks").starts_with("eks-a10g-"), "{placed}");
+    assert!(node_of("aks-tolerated").starts_with("aks-t4-"), "{placed}");
+    assert_eq!(placed["aks"][0], json!(false), "{placed}");
+    assert_eq!(placed["aks"][2], "Unschedulable", "{placed}");
+    assert!(
+        placed["aks"][3]
+            .as_str()
+            .unwrap()
+            .contains("3 node(s) had untolerated taint {sku: gpu}"),
+        "{placed}"
     );
 }
 
