@@ -57,8 +57,13 @@ pub struct WorkerSpec {
 /// ([`crate::Backend::check`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Demand {
-    /// Workers running at once at most: the scaling policy's `max_workers`, else the job's `workers`.
+    /// Workers of one launch at most: the scaling policy's `max_workers`, else the job's `workers`.
     pub workers: u32,
+    /// Workers of another launch that may still run while one of `workers` starts: a scaling policy
+    /// with `prewarm` starts the next launch while the current one trains, so during a resize both
+    /// sets run (the prewarm never takes the next launch above `max_workers`, so the running one then
+    /// has at most `max_workers - 1`). 0 where launches never overlap.
+    pub overlap_workers: u32,
     /// vCPUs of the machine share behind one worker (the SKU's): what an instance quota counts for a
     /// worker that takes a whole machine (EC2's vCPU quotas count the instance, not the task).
     /// Platforms that count what the container asks for (Fargate, ACI) use [`WorkerSpec::cpu`].
@@ -70,7 +75,26 @@ impl Demand {
     pub fn one(machine_vcpus: f64) -> Demand {
         Demand {
             workers: 1,
+            overlap_workers: 0,
             machine_vcpus,
+        }
+    }
+
+    /// Workers running at once at the job's peak: one launch's and, during a prewarmed resize, the
+    /// launch still running beside it.
+    pub fn peak_workers(&self) -> u32 {
+        self.workers.max(1) + self.overlap_workers
+    }
+
+    /// How the peak was counted, for a refusal that names it: nothing, or `; a prewarmed launch of 3
+    /// beside 2 still running`.
+    pub fn overlap_note(&self) -> String {
+        match self.overlap_workers {
+            0 => String::new(),
+            running => format!(
+                "; a prewarmed launch of {} beside {running} still running",
+                self.workers.max(1)
+            ),
         }
     }
 }

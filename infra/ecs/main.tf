@@ -597,7 +597,8 @@ data "aws_iam_policy_document" "coordinator" {
 
 # What `physalia submit` needs of the submitting user in cluster mode (output submitter_policy_json, to
 # attach to the user's group or SSO permission set): the preflight's reads (the cluster, the account's
-# vCPU quota, with launch type EC2 its container instances), the coordinator's task (register, run,
+# vCPU quota, what already counts against it: the cluster's tasks, or its container instances), the
+# coordinator's task (register, run,
 # watch, read its log, stop, delete), passing the coordinator's two roles to ECS, and the job store.
 # backends/tests/ecs holds it to exactly the calls a submission makes.
 data "aws_iam_policy_document" "submitter" {
@@ -623,6 +624,20 @@ data "aws_iam_policy_document" "submitter" {
       aws_ecs_cluster.physalia.arn,
       "arn:${local.partition}:ecs:${local.region}:${local.account}:container-instance/${aws_ecs_cluster.physalia.name}/*",
     ]
+  }
+
+  # the preflight counts the cluster's running Fargate tasks against the Fargate vCPU quota (it
+  # describes them under WatchAndStopCoordinator's task ARNs)
+  statement {
+    sid       = "ListTasks"
+    actions   = ["ecs:ListTasks"]
+    resources = ["*"]
+
+    condition {
+      test     = "ArnEquals"
+      variable = "ecs:cluster"
+      values   = [aws_ecs_cluster.physalia.arn]
+    }
   }
 
   statement {

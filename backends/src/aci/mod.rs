@@ -203,21 +203,19 @@ impl AciBackend {
             }) => return Ok(()),
             Err(e) => return Err(e),
         };
-        let workers = f64::from(demand.workers.max(1));
+        let peak = demand.peak_workers();
+        let workers = f64::from(peak);
+        let note = demand.overlap_note();
         for (name, need, what) in [
             (
                 "StandardCores",
                 workers * spec.cpu,
-                format!(
-                    "{} workers of {} cores each",
-                    demand.workers.max(1),
-                    spec.cpu
-                ),
+                format!("{peak} workers of {} cores each{note}", spec.cpu),
             ),
             (
                 "ContainerGroups",
                 workers,
-                format!("{} workers, one group each", demand.workers.max(1)),
+                format!("{peak} workers, one group each{note}"),
             ),
         ] {
             let Some(u) = usage["value"]

@@ -92,6 +92,16 @@ impl Capacity {
     }
 }
 
+/// One of the cluster's active container instances, as the preflight sees it.
+struct Instance {
+    /// Its `ecs.instance-type` attribute.
+    instance_type: Option<String>,
+    /// Registered CPU units / 1024.
+    vcpus: f64,
+    /// A task runs or waits on it.
+    busy: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct EcsConfig {
     /// Cluster name or ARN.
@@ -368,8 +378,11 @@ impl EcsBackend {
                 )))
             }
             Capacity::Ec2 => {
-                let types = match self.instance_types(name).await {
-                    Ok(types) => types,
+                let types: std::collections::BTreeSet<String> = match self.instances(name).await {
+                    Ok(instances) => instances
+                        .into_iter()
+                        .filter_map(|i| i.instance_type)
+                        .collect(),
                     // a principal that may not list container instances: RunTask says it if it must
                     Err(Error::Permission { .. }) => return Ok(()),
                     Err(e) => return Err(e),
@@ -398,8 +411,10 @@ impl EcsBackend {
         }
     }
 
-    /// The instance types (attribute `ecs.instance-type`) of the cluster's active container instances.
-    async fn instance_types(&self, cluster: &str) -> Result<std::collections::BTreeSet<String>> {
+    /// The cluster's active container instances: type (attribute `ecs.instance-type`), vCPUs (registered
+    /// CPU units / 1024: the agent registers all of the instance's CPU) and whether a task runs or
+    /// waits on it.
+    async fn instances(&self, cluster: &str) -> Result<Vec<Instance>> {
         let mut arns = Vec::new();
         let mut pages = self
             .ecs
@@ -414,7 +429,7 @@ impl EcsBackend {
             })?;
             arns.extend(page.container_instance_arns().iter().cloned());
         }
-        let mut types = std::collections::BTreeSet::new();
+        let mut instances = Vec::new();
         // DescribeContainerInstances takes at most 100
         for batch in arns.chunks(100) {
             let out = self
@@ -428,21 +443,130 @@ impl EcsBackend {
                     self.sdk_error(&format!("describe container instances of {cluster}"), e)
                 })?;
             for ci in out.container_instances() {
-                types.extend(
-                    ci.attributes()
+                let cpu_units = ci
+                    .registered_resources()
+                    .iter()
+                    .find(|r| r.name() == Some("CPU"))
+                    .map_or(0, |r| r.integer_value());
+                instances.push(Instance {
+                    instance_type: ci
+                        .attributes()
                         .iter()
-                        .filter(|a| a.name() == "ecs.instance-type")
-                        .filter_map(|a| a.value().map(str::to_string)),
-                );
+                        .find(|a| a.name() == "ecs.instance-type")
+                        .and_then(|a| a.value().map(str::to_string)),
+                    vcpus: f64::from(cpu_units) / 1024.0,
+                    busy: ci.running_tasks_count() + ci.pending_tasks_count() > 0,
+                });
             }
         }
-        Ok(types)
+        Ok(instances)
+    }
+
+    /// What already counts against `need`'s quota, as the ECS API shows it in the backend's cluster:
+    /// Fargate's, the vCPUs of its tasks that run or are about to (desired status RUNNING) on that
+    /// quota (launch type FARGATE or capacity provider FARGATE for On-Demand, FARGATE_SPOT for Spot);
+    /// EC2's, the vCPUs of its container instances of the quota's families, and which of the SKU's
+    /// type are idle. Nothing (an empty [`preflight::Usage`]) where the principal may not list them:
+    /// the quota is then compared with the job's peak alone, as AWS's usage metrics cannot be read
+    /// here.
+    async fn quota_usage(
+        &self,
+        need: &preflight::Need,
+        spec: &WorkerSpec,
+    ) -> Result<preflight::Usage> {
+        let cluster = &self.cfg.cluster;
+        let counted = if need.quota.service == "fargate" {
+            self.fargate_usage(need.quota).await
+        } else {
+            self.instances(cluster).await.map(|instances| {
+                let mut usage = preflight::Usage::default();
+                let mut n = 0;
+                for i in instances {
+                    let Some(ty) = i.instance_type else { continue };
+                    if preflight::ec2_quota(&ty) != Some(need.quota) {
+                        continue;
+                    }
+                    n += 1;
+                    usage.vcpus += i.vcpus;
+                    if !i.busy && spec.instance_types.contains(&ty) {
+                        usage.idle_vcpus += i.vcpus;
+                    }
+                }
+                usage.what = format!(
+                    "{n} container instance{} of cluster {cluster} in that family",
+                    if n == 1 { "" } else { "s" }
+                );
+                usage
+            })
+        };
+        match counted {
+            Ok(usage) => Ok(usage),
+            Err(Error::Permission { .. }) => Ok(preflight::Usage::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The vCPUs of the cluster's tasks that hold (or are about to hold) Fargate capacity of `quota`.
+    async fn fargate_usage(&self, quota: preflight::Quota) -> Result<preflight::Usage> {
+        let cluster = &self.cfg.cluster;
+        let mut arns = Vec::new();
+        let mut pages = self
+            .ecs
+            .list_tasks()
+            .cluster(cluster)
+            .desired_status(ecs::DesiredStatus::Running)
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| self.sdk_error(&format!("list tasks of {cluster}"), e))?;
+            arns.extend(page.task_arns().iter().cloned());
+        }
+        let mut usage = preflight::Usage::default();
+        let mut n = 0;
+        // DescribeTasks takes at most 100
+        for batch in arns.chunks(100) {
+            let out = self
+                .ecs
+                .describe_tasks()
+                .cluster(cluster)
+                .set_tasks(Some(batch.to_vec()))
+                .send()
+                .await
+                .map_err(|e| self.sdk_error(&format!("describe tasks of {cluster}"), e))?;
+            for task in out.tasks() {
+                let provider = task.capacity_provider_name();
+                let on = if provider == Some("FARGATE_SPOT") {
+                    preflight::FARGATE_SPOT
+                } else if provider == Some("FARGATE")
+                    || task.launch_type() == Some(&ecs::LaunchType::Fargate)
+                {
+                    preflight::FARGATE
+                } else {
+                    continue;
+                };
+                if on != quota {
+                    continue;
+                }
+                // a Fargate task's size is its task-level CPU, in units of 1/1024 vCPU
+                let Some(units) = task.cpu().and_then(|c| c.parse::<f64>().ok()) else {
+                    continue;
+                };
+                n += 1;
+                usage.vcpus += units / 1024.0;
+            }
+        }
+        usage.what = format!(
+            "{n} task{} of cluster {cluster} on Fargate",
+            if n == 1 { "" } else { "s" }
+        );
+        Ok(usage)
     }
 
     /// The account's Service Quotas quota the workers count against (EC2's instance family quota, or
-    /// Fargate's), against what the job needs at its peak. A quota this principal may not read
-    /// (`servicequotas:GetServiceQuota` denied) or that Service Quotas does not know here is not
-    /// checked: the launch then fails or waits with the platform's own reason.
+    /// Fargate's), against what the job needs at its peak beside what already runs in the cluster
+    /// ([`Self::quota_usage`]). A quota this principal may not read (`servicequotas:GetServiceQuota`
+    /// denied) or that Service Quotas does not know here is not checked: the launch then fails or
+    /// waits with the platform's own reason.
     async fn check_quota(&self, spec: &WorkerSpec, demand: Demand) -> Result<()> {
         let task_vcpus = f64::from(self.task_size(spec)?.0) / 1024.0;
         let Some(need) =
@@ -453,14 +577,15 @@ impl EcsBackend {
         let Some(value) = self.quota_value(need.quota).await? else {
             return Ok(());
         };
-        if need.vcpus <= value {
-            return Ok(());
+        let usage = self.quota_usage(&need, spec).await?;
+        match preflight::refusal(&need, &usage, value, &self.region) {
+            None => Ok(()),
+            Some(detail) => Err(Error::Quota {
+                backend: NAME,
+                rank: None,
+                detail,
+            }),
         }
-        Err(Error::Quota {
-            backend: NAME,
-            rank: None,
-            detail: preflight::refusal(&need, value, &self.region),
-        })
     }
 
     /// A quota's applied value in this region, else its AWS default (Service Quotas answers

@@ -79,25 +79,32 @@ pub struct Need {
     pub why: String,
 }
 
-/// The quota the job's workers count against and how much of it they need: Fargate's by the task's
-/// vCPUs, EC2's by the instances' (`demand.machine_vcpus`, one worker's share of its machine). `None`
-/// where no known quota applies (an instance family outside the table, or no instance type named).
+/// The quota the job's workers count against and how much of it they need at their peak
+/// ([`Demand::peak_workers`]: one launch's, plus the launch still running beside a prewarmed one):
+/// Fargate's by the task's vCPUs, EC2's by the instances' (`demand.machine_vcpus`, one worker's share
+/// of its machine). `None` where no known quota applies (an instance family outside the table, or no
+/// instance type named).
 pub fn need(
     capacity: &Capacity,
     task_vcpus: f64,
     instance_types: &[String],
     demand: Demand,
 ) -> Option<Need> {
-    let workers = demand.workers.max(1);
+    let workers = demand.peak_workers();
     let plural = if workers == 1 { "worker" } else { "workers" };
+    let note = demand.overlap_note();
+    let fargate = |quota: Quota| Need {
+        quota,
+        vcpus: f64::from(workers) * task_vcpus,
+        why: format!(
+            "{workers} Fargate {plural} of {} vCPUs each{note}",
+            trim(task_vcpus)
+        ),
+    };
     match capacity {
-        Capacity::Fargate => Some(fargate(FARGATE, workers, plural, task_vcpus)),
-        Capacity::Provider(p) if p == "FARGATE" => {
-            Some(fargate(FARGATE, workers, plural, task_vcpus))
-        }
-        Capacity::Provider(p) if p == "FARGATE_SPOT" => {
-            Some(fargate(FARGATE_SPOT, workers, plural, task_vcpus))
-        }
+        Capacity::Fargate => Some(fargate(FARGATE)),
+        Capacity::Provider(p) if p == "FARGATE" => Some(fargate(FARGATE)),
+        Capacity::Provider(p) if p == "FARGATE_SPOT" => Some(fargate(FARGATE_SPOT)),
         Capacity::Ec2 | Capacity::Provider(_) => {
             // the placement may take several types; the first the table knows decides the quota
             let (ty, quota) = instance_types
@@ -107,7 +114,7 @@ pub fn need(
                 quota,
                 vcpus: f64::from(workers) * demand.machine_vcpus,
                 why: format!(
-                    "{workers} {plural} on {ty}, {} vCPUs each",
+                    "{workers} {plural} on {ty}, {} vCPUs each{note}",
                     trim(demand.machine_vcpus)
                 ),
             })
@@ -115,15 +122,66 @@ pub fn need(
     }
 }
 
-fn fargate(quota: Quota, workers: u32, plural: &str, task_vcpus: f64) -> Need {
-    Need {
-        quota,
-        vcpus: f64::from(workers) * task_vcpus,
-        why: format!(
-            "{workers} Fargate {plural} of {} vCPUs each",
-            trim(task_vcpus)
-        ),
+/// What already counts against a quota, as far as the ECS API shows it: the running (and pending)
+/// Fargate tasks of the backend's cluster, or the cluster's container instances of the quota's
+/// instance families. What runs elsewhere in the account and region (other clusters, EC2 instances
+/// outside ECS, EKS pods on Fargate) counts too but is not seen: the quota may still be short.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// vCPUs in use: tasks' sizes, or instances' registered CPU.
+    pub vcpus: f64,
+    /// vCPUs of running instances of the SKU's types that run no task: the job's first workers are
+    /// placed there without starting an instance (EC2 only; already in `vcpus`).
+    pub idle_vcpus: f64,
+    /// What was counted, for the refusal: `2 tasks of cluster physalia`.
+    pub what: String,
+}
+
+/// The one-line refusal of a job whose peak, beside what already runs (`usage`), passes the quota's
+/// `value` in `region`; `None` when it fits. Idle instances of the SKU's types take the job's first
+/// workers, so only the rest needs new instances.
+pub fn refusal(need: &Need, usage: &Usage, value: f64, region: &str) -> Option<String> {
+    let reused = usage.idle_vcpus.min(need.vcpus);
+    let new = need.vcpus - reused;
+    let total = usage.vcpus + new;
+    if total <= value {
+        return None;
     }
+    let q = need.quota;
+    let why = if reused > 0.0 {
+        format!(
+            "{}, less the {} of idle instances of that type",
+            need.why,
+            trim(reused)
+        )
+    } else {
+        need.why.clone()
+    };
+    let beside = if usage.vcpus > 0.0 {
+        format!(
+            " and {} are in use now ({}): {} in all",
+            trim(usage.vcpus),
+            usage.what,
+            trim(total)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "the account's quota \"{}\" ({} {}) in {region} is {} vCPUs and this job needs {} at its \
+         peak ({why}){beside}; what runs outside the cluster counts against it too and is not \
+         counted here. Request an increase in the Service Quotas console or with `aws \
+         service-quotas request-service-quota-increase --service-code {} --quota-code {} \
+         --desired-value {} --region {region}`; nothing was created",
+        q.name,
+        q.service,
+        q.code,
+        trim(value),
+        trim(new),
+        q.service,
+        q.code,
+        trim(total.ceil()),
+    ))
 }
 
 /// `4` rather than `4.0`, `0.5` as it is.
@@ -133,27 +191,6 @@ pub fn trim(v: f64) -> String {
     } else {
         format!("{v}")
     }
-}
-
-/// The one-line refusal of a job whose need passes the quota's `value` in `region`.
-pub fn refusal(need: &Need, value: f64, region: &str) -> String {
-    let q = need.quota;
-    let want = need.vcpus.ceil();
-    format!(
-        "the account's quota \"{}\" ({} {}) in {region} is {} vCPUs and this job needs {} at its \
-         peak ({}); instances or tasks already running count against it too. Request an increase \
-         in the Service Quotas console or with `aws service-quotas request-service-quota-increase \
-         --service-code {} --quota-code {} --desired-value {} --region {region}`; nothing was created",
-        q.name,
-        q.service,
-        q.code,
-        trim(value),
-        trim(need.vcpus),
-        need.why,
-        q.service,
-        q.code,
-        trim(want),
-    )
 }
 
 #[cfg(test)]
@@ -180,6 +217,7 @@ mod tests {
     fn ec2_counts_the_machine_and_fargate_the_task() {
         let demand = Demand {
             workers: 3,
+            overlap_workers: 0,
             machine_vcpus: 12.0,
         };
         let types = vec!["p4d.24xlarge".to_string()];
@@ -205,19 +243,89 @@ mod tests {
             &["g5.xlarge".into()],
             Demand {
                 workers: 3,
+                overlap_workers: 0,
                 machine_vcpus: 4.0,
             },
         )
         .unwrap();
-        let line = refusal(&n, 0.0, "eu-west-1");
+        let line = refusal(&n, &Usage::default(), 0.0, "eu-west-1").unwrap();
         assert!(!line.contains('\n'));
         for want in [
             "\"Running On-Demand G and VT instances\" (ec2 L-DB2E81BA) in eu-west-1 is 0 vCPUs",
-            "needs 12 at its peak (3 workers on g5.xlarge, 4 vCPUs each)",
+            "needs 12 at its peak (3 workers on g5.xlarge, 4 vCPUs each);",
             "--desired-value 12 --region eu-west-1",
             "nothing was created",
         ] {
             assert!(line.contains(want), "{want:?} not in {line}");
         }
+        assert_eq!(refusal(&n, &Usage::default(), 12.0, "eu-west-1"), None);
+    }
+
+    /// What already runs counts against the quota beside the job's peak, and a prewarmed launch
+    /// overlaps the one it replaces: each alone fits, together they do not.
+    #[test]
+    fn running_tasks_and_a_prewarmed_launch_count_against_the_quota() {
+        let three = Demand {
+            workers: 3,
+            overlap_workers: 0,
+            machine_vcpus: 2.0,
+        };
+        let n = need(&Capacity::Fargate, 2.0, &[], three).unwrap();
+        let running = Usage {
+            vcpus: 4.0,
+            idle_vcpus: 0.0,
+            what: "2 tasks of cluster physalia".into(),
+        };
+        assert_eq!(refusal(&n, &Usage::default(), 8.0, "us-east-1"), None);
+        let line = refusal(&n, &running, 8.0, "us-east-1").unwrap();
+        assert!(
+            line.contains(
+                "is 8 vCPUs and this job needs 6 at its peak (3 Fargate workers of 2 vCPUs each) \
+                 and 4 are in use now (2 tasks of cluster physalia): 10 in all;"
+            ) && line.contains("--desired-value 10 "),
+            "{line}"
+        );
+        // 3 workers prewarmed beside 2 still running: 5 at the peak
+        let prewarm = Demand {
+            overlap_workers: 2,
+            ..three
+        };
+        let n = need(&Capacity::Fargate, 2.0, &[], prewarm).unwrap();
+        assert_eq!(n.vcpus, 10.0);
+        let line = refusal(&n, &Usage::default(), 8.0, "us-east-1").unwrap();
+        assert!(
+            line.contains(
+                "needs 10 at its peak (5 Fargate workers of 2 vCPUs each; a prewarmed launch of 3 \
+                 beside 2 still running)"
+            ),
+            "{line}"
+        );
+        // EC2: idle instances of the SKU's type take the first workers; the busy ones still count
+        let n = need(
+            &Capacity::Ec2,
+            4.0,
+            &["g5.xlarge".into()],
+            Demand {
+                machine_vcpus: 4.0,
+                ..three
+            },
+        )
+        .unwrap();
+        let instances = Usage {
+            vcpus: 8.0,
+            idle_vcpus: 4.0,
+            what: "2 instances of cluster physalia".into(),
+        };
+        // 8 in use + (12 - 4 idle) new = 16
+        assert_eq!(refusal(&n, &instances, 16.0, "us-east-1"), None);
+        let line = refusal(&n, &instances, 15.0, "us-east-1").unwrap();
+        assert!(
+            line.contains(
+                "needs 8 at its peak (3 workers on g5.xlarge, 4 vCPUs each, less the 4 of idle \
+                 instances of that type) and 8 are in use now (2 instances of cluster physalia): 16 \
+                 in all"
+            ),
+            "{line}"
+        );
     }
 }

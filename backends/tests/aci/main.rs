@@ -1000,6 +1000,7 @@ async fn check_refuses_gpus_and_bad_credentials_before_anything_is_created() {
 async fn check_refuses_a_job_over_the_regional_core_or_group_quota() {
     let three = Demand {
         workers: 3,
+        overlap_workers: 0,
         machine_vcpus: 4.0,
     };
     let server = ArmServer::start(Script {
@@ -1026,6 +1027,22 @@ async fn check_refuses_a_job_over_the_regional_core_or_group_quota() {
         .check(&spec(1), Demand::one(4.0))
         .await
         .unwrap();
+    // but not when a prewarmed launch of one starts beside the one running: 8 cores at the peak
+    let prewarmed = Demand {
+        overlap_workers: 1,
+        ..Demand::one(4.0)
+    };
+    let err = backend(&server)
+        .check(&spec(1), prewarmed)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "this job needs 8 at its peak (2 workers of 4 cores each; a prewarmed launch of 1 \
+             beside 1 still running)"
+        ),
+        "{err}"
+    );
 
     let server = ArmServer::start(Script {
         usage: vec![

@@ -992,6 +992,7 @@ async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
     let sdk = moto.sdk().await;
     let three = Demand {
         workers: 3,
+        overlap_workers: 0,
         machine_vcpus: 4.0,
     };
     let gpu_on = |capacity: Capacity| {
@@ -1010,7 +1011,10 @@ async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
     assert!(!line.contains('\n'), "{line}");
     for want in [
         "\"Running On-Demand G and VT instances\" (ec2 L-DB2E81BA) in us-east-1 is 0 vCPUs",
-        "needs 12 at its peak (3 workers on g5.xlarge, 4 vCPUs each)",
+        // the idle g5.xlarge takes one worker; it runs, so its 4 vCPUs count already
+        "needs 8 at its peak (3 workers on g5.xlarge, 4 vCPUs each, less the 4 of idle instances \
+         of that type) and 4 are in use now (1 container instance of cluster physalia in that \
+         family): 12 in all",
         "--quota-code L-DB2E81BA --desired-value 12",
         "nothing was created",
     ] {
@@ -1022,6 +1026,7 @@ async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
     p4d.instance_types = vec!["p4d.24xlarge".into()];
     let share = |workers| Demand {
         workers,
+        overlap_workers: 0,
         machine_vcpus: 12.0,
     };
     backend.check(&p4d, share(3)).await.unwrap();
@@ -1049,6 +1054,7 @@ async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
             &spec(2),
             Demand {
                 workers: 2,
+                overlap_workers: 0,
                 machine_vcpus: 2.0,
             },
         )
@@ -1116,6 +1122,107 @@ async fn preflight_refuses_quotas_and_capacity_the_job_cannot_have() {
         ),
         "{err}"
     );
+}
+
+/// The quota counts what already runs, as far as ECS shows it (issue 30): a job that fits the quota
+/// alone is refused beside another job's running Fargate tasks, or beside the busy g5.xlarge container
+/// instances of the cluster (idle ones of its type take its first workers), and a scaling policy's
+/// prewarmed launch counts with the launch it replaces. Nothing of the refused job is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_counts_running_tasks_instances_and_a_prewarmed_launch_against_the_quota() {
+    let Some(moto) = Moto::start(&["--tasks-stay-running", "--quota", "L-3032A538=8"]) else {
+        return;
+    };
+    let sdk = moto.sdk().await;
+    let backend = moto.backend(moto.config()).await;
+    let fargate = |workers, overlap_workers| Demand {
+        workers,
+        overlap_workers,
+        machine_vcpus: 2.0,
+    };
+    // alone: three 2-vCPU tasks in a quota of 8
+    backend.check(&spec(3), fargate(3, 0)).await.unwrap();
+
+    // another job's two 2-vCPU workers run in the cluster
+    let mut other = spec(2);
+    other.job_id = "graphs-1732000000".into();
+    let other_launch = LaunchId::new(&other.job_id, other.segment);
+    backend.launch(&other, 2).await.unwrap();
+    let err = backend.check(&spec(3), fargate(3, 0)).await.unwrap_err();
+    let line = err.to_string();
+    assert!(matches!(err, Error::Quota { rank: None, .. }), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    for want in [
+        "\"Fargate On-Demand vCPU resource count\" (fargate L-3032A538) in us-east-1 is 8 vCPUs",
+        "needs 6 at its peak (3 Fargate workers of 2 vCPUs each) and 4 are in use now (2 tasks of \
+         cluster physalia on Fargate): 10 in all",
+        "--quota-code L-3032A538 --desired-value 10",
+        "nothing was created",
+    ] {
+        assert!(line.contains(want), "{want:?} not in {line}");
+    }
+    // two workers still fit beside them
+    backend.check(&spec(2), fargate(2, 0)).await.unwrap();
+    // stopped tasks hold nothing: the job fits again, but not with a prewarmed launch of 3 beside 2
+    backend.stop_all(&other_launch).await.unwrap();
+    backend.check(&spec(3), fargate(3, 0)).await.unwrap();
+    let err = backend.check(&spec(3), fargate(3, 2)).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "is 8 vCPUs and this job needs 10 at its peak (5 Fargate workers of 2 vCPUs each; a \
+             prewarmed launch of 3 beside 2 still running); "
+        ),
+        "{err}"
+    );
+    backend.check(&spec(2), fargate(2, 1)).await.unwrap();
+    assert_nothing_left(&leftovers(&sdk, &LaunchId::new("products-1732000000", 2)).await);
+
+    // EC2: two registered g5.xlarge (4 vCPUs each) under a G and VT quota of 8
+    let Some(moto) = Moto::start(&[
+        "--tasks-stay-running",
+        "--container-instances",
+        "2",
+        "--quota",
+        "L-DB2E81BA=8",
+    ]) else {
+        return;
+    };
+    let mut cfg = moto.config();
+    cfg.capacity = Capacity::Ec2;
+    let backend = moto.backend(cfg).await;
+    let g5 = |workers, overlap_workers| Demand {
+        workers,
+        overlap_workers,
+        machine_vcpus: 4.0,
+    };
+    // both idle: two workers take them, no instance starts, 8 vCPUs at the peak
+    backend.check(&g5_spec(2), g5(2, 0)).await.unwrap();
+    // a prewarmed launch would start a third
+    let err = backend.check(&g5_spec(2), g5(2, 1)).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("and 8 are in use now (2 container instances of cluster physalia in that family): 12 in all"),
+        "{err}"
+    );
+    // one of them gets another job's worker: only one is left idle
+    let mut busy = g5_spec(1);
+    busy.job_id = "graphs-1732000000".into();
+    busy.memory_gib = 2.0; // what moto's instances register room for
+    backend.launch(&busy, 1).await.unwrap();
+    let err = backend.check(&g5_spec(2), g5(2, 0)).await.unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "needs 4 at its peak (2 workers on g5.xlarge, 4 vCPUs each, less the 4 of idle \
+             instances of that type) and 8 are in use now (2 container instances of cluster \
+             physalia in that family): 12 in all"
+        ),
+        "{err}"
+    );
+    backend.check(&g5_spec(1), g5(1, 0)).await.unwrap();
+    backend
+        .stop_all(&LaunchId::new(&busy.job_id, busy.segment))
+        .await
+        .unwrap();
 }
 
 /// Runs this test binary's `from_env_child` with exactly `env` (no inherited AWS settings, no profile

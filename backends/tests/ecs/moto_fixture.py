@@ -7,6 +7,11 @@ IAM users' keys with --enforce-auth), then serves until its standard input close
   --tasks-stay-running      tasks stay RUNNING when described (moto's default advances them one state per
                             DescribeTasks call, towards STOPPED: a task that stops on its own)
   --quota CODE=VALUE        the applied value of a Service Quotas quota (the others answer their default)
+
+What the preflight's usage count reads is answered as ECS does: DescribeTasks gives each task's size
+(`cpu`, `memory`), DescribeContainerInstances each instance's registered CPU, `ecs.instance-type` and
+running/pending task counts. Not shown (moto has none of it): tasks' `capacityProviderName` (moto ignores
+a capacity provider strategy), and the account-wide usage AWS publishes as CloudWatch `AWS/Usage` metrics.
   --capacity-provider NAME  a capacity provider of the cluster (FARGATE, FARGATE_SPOT or an ASG's)
   --enforce-auth            after seeding, every request must be signed by a known IAM user: "launcher"
                             may do everything, "no-register" everything but ecs:RegisterTaskDefinition
@@ -37,6 +42,19 @@ def _container_init_as_ecs(self, task_def):
 
 
 ecs_models.Container.__init__ = _container_init_as_ecs
+
+# ECS's DescribeTasks gives a task's size (Task.cpu and .memory, strings, "as expressed in a task
+# definition"), which the preflight adds up to count the Fargate vCPUs in use; moto 5.2 leaves both out.
+_task_init = ecs_models.Task.__init__
+
+
+def _task_init_as_ecs(self, cluster, task_definition, *args, **kwargs):
+    _task_init(self, cluster, task_definition, *args, **kwargs)
+    self.cpu = None if task_definition.cpu is None else str(task_definition.cpu)
+    self.memory = None if task_definition.memory is None else str(task_definition.memory)
+
+
+ecs_models.Task.__init__ = _task_init_as_ecs
 
 REGION = "us-east-1"
 

@@ -51,15 +51,15 @@ impl ResolvedJob {
     }
 
     /// What the job asks of its platform at its peak, for the preflight's quota and capacity checks:
-    /// the scaling policy's `max_workers` (else `workers`), each on the SKU's share of a machine.
+    /// the scaling policy's `max_workers` (else `workers`), each on the SKU's share of a machine; with
+    /// a `prewarm`, a launch of up to `max_workers` started while one of up to `max_workers - 1` runs.
     pub fn demand(&self) -> Demand {
-        let workers = self
-            .spec
-            .scaling
-            .as_ref()
-            .map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
+        let policy = self.spec.scaling.as_ref();
+        let workers = policy.map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
+        let prewarm = policy.is_some_and(|p| p.prewarm.is_some());
         Demand {
             workers: workers.max(1),
+            overlap_workers: if prewarm { workers.max(1) - 1 } else { 0 },
             machine_vcpus: self.sku.vcpus,
         }
     }
