@@ -123,14 +123,6 @@ pub trait Exchange {
         ExchangeStats::default()
     }
 
-    /// Whether [`Exchange::forward`] returns the halo rows exactly as their owners hold them in every pass:
-    /// no boundary sampling, no staleness, no narrower number format. A layer may then keep rows that do not
-    /// change between passes (the input features) instead of fetching them again. Unknown exchanges say
-    /// no.
-    fn forwards_exactly(&self) -> bool {
-        false
-    }
-
     /// True when every call is a no-op (one worker owns the whole graph), so a device engine can skip
     /// copying rows to the host for it.
     fn is_local(&self) -> bool {

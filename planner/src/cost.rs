@@ -848,9 +848,9 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     // again in backward, and recomputes its attention there.
     let remat = x.rematerialize && c.parts > 1;
     // With input dropout a first layer that aggregates first changes every epoch, but its halo
-    // rows are the peers' features: an exact exchange fetches them once (setup) and the worker
-    // draws their dropout mask itself (the engine's kept input halo).
-    let input_kept = !cached && ls[0].agg_first && x.is_exact() && !remat;
+    // rows are the peers' features: the engine fetches them once (setup, every row whatever the
+    // exchange samples) and draws their dropout mask itself (its kept input halo).
+    let input_kept = !cached && ls[0].agg_first && !remat;
     // Training epoch.
     let (compute_s, halo_f32, rounds) =
         full_graph_pass(r, ls, &p, cached, input_kept, true, passes);

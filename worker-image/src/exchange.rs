@@ -644,12 +644,6 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         Ok(())
     }
 
-    fn forwards_exactly(&self) -> bool {
-        self.opts.boundary_sampling >= 1.0
-            && self.opts.staleness_epochs == 0
-            && self.opts.dtype == Dtype::F32
-    }
-
     fn is_local(&self) -> bool {
         // one worker: no peers, every collective is the identity
         self.link.world() == 1

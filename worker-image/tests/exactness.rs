@@ -300,39 +300,18 @@ fn rematerialized_device_partition_parallel_equals_single_cpu_worker() {
     );
 }
 
-/// Each worker's payload bytes of epoch 1 by (layer, phase).
+/// Each worker's payload bytes of epoch 1 by (layer, phase) (epoch 1 of 2 trains without evaluating: the
+/// last epoch always evaluates).
 fn first_epoch_bytes(
     ds: &OwnedDataset,
     p: &Partitioning,
     cfg: &ModelConfig,
     opts: &ExchangeOptions,
 ) -> Vec<Vec<physalia_gnn::LayerBytes>> {
-    let parts = build_parts(DatasetRef::from(ds), p).unwrap();
-    let links = MemLink::mesh(p.k);
-    // epoch 1 of 2 trains without evaluating (the last epoch always evaluates)
-    let mut tc = train_cfg();
-    tc.epochs = 2;
-    tc.eval_every = 2;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = parts
-            .iter()
-            .zip(links)
-            .map(|(part, mut link)| {
-                let tc = tc.clone();
-                s.spawn(move || {
-                    let mut got = vec![];
-                    train_part(&mut link, part, cfg, 7, &tc, opts, false, &mut |m| {
-                        if m.epoch == 1 {
-                            got = m.exchange.per_layer.clone();
-                        }
-                    })
-                    .unwrap();
-                    got
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    bytes_by_epoch(ds, p, cfg, opts, 2)
+        .into_iter()
+        .map(|mut epochs| epochs.swap_remove(0))
+        .collect()
 }
 
 /// Each worker's payload bytes of every epoch by (layer, phase), `epochs` epochs, evaluating only at the end.
@@ -369,10 +348,11 @@ fn bytes_by_epoch(
 }
 
 /// With input dropout the first layer's aggregation changes every epoch, but the features' halo rows do
-/// not: GCN and GraphSAGE fetch them in the first epoch only and draw the dropout mask of the halo rows
+/// not: GCN and GraphSAGE fetch them in the first epoch only (every row, even when the exchange samples
+/// boundary rows: fetched once, thinning them saves nothing) and draw the dropout mask of the halo rows
 /// themselves (keyed by global id, as their owners draw it), so later epochs move no layer-0 rows; GAT,
-/// whose first messages are `X W`, and exchanges that sample boundary rows per epoch still send them every
-/// epoch. (That the result is unchanged is `partition_parallel_equals_single_worker_on_sbm`.)
+/// whose first messages are `X W`, sends them every epoch. (That the result is unchanged is
+/// `partition_parallel_equals_single_worker_on_sbm`.)
 #[test]
 fn input_features_cross_the_network_once() {
     let ds = sbm();
@@ -389,16 +369,24 @@ fn input_features_cross_the_network_once() {
     for kind in [LayerKind::Gcn, LayerKind::Sage, LayerKind::Gat] {
         let cfg = wide_cfg(kind, ds.meta.feat_dim, ds.meta.num_classes);
         assert!(cfg.input_dropout > 0.0);
+        let mut exact_first = vec![];
         for (opts, what) in [(ExchangeOptions::default(), "exact"), (sampled.clone(), "sampled")] {
             let by_rank = bytes_by_epoch(&ds, &p, &cfg, &opts, 3);
+            if what == "exact" {
+                exact_first = by_rank.iter().map(|e| fwd(&e[0], 0)).collect();
+            }
             for (rank, epochs) in by_rank.iter().enumerate() {
                 let l0: Vec<u64> = epochs.iter().map(|e| fwd(e, 0)).collect();
                 let l1: Vec<u64> = epochs.iter().map(|e| fwd(e, 1)).collect();
                 let ctx = format!("{kind:?} {what} worker {rank}: layer-0 bytes {l0:?}");
                 assert_eq!(l0.len(), 3, "{ctx}");
                 assert!(l0[0] > 0, "{ctx}: the first epoch fetches the features' halo");
+                if kind != LayerKind::Gat {
+                    // every halo row, sampled exchange or not: as many bytes as the exact fetch
+                    assert_eq!(l0[0], exact_first[rank], "{ctx}: the first fetch is exact");
+                }
                 assert!(l1.iter().all(|&b| b > 0), "{ctx}: layer 1 {l1:?}");
-                let kept = kind != LayerKind::Gat && what == "exact";
+                let kept = kind != LayerKind::Gat;
                 if kept {
                     assert_eq!(&l0[1..], &[0, 0], "{ctx}: fetched again");
                 } else {

@@ -367,26 +367,30 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
         for drop in [false, true] {
             let z = random(rows, cols, 8);
             let dy = random(rows, cols, 9);
-            let mut y = z.clone();
-            let mut want = dy.clone();
-            for r in 0..rows {
-                let mut keep = vec![true; cols];
-                if drop {
-                    mask.fill(r as u64 * cols as u64, &mut keep);
+            // y = dropout(act(z)) and the gradient of z, the mask of row r keyed by `key_row(r)`
+            let reference = |key_row: &dyn Fn(usize) -> u64| {
+                let (mut y, mut want) = (z.clone(), dy.clone());
+                for r in 0..rows {
+                    let mut keep = vec![true; cols];
+                    if drop {
+                        mask.fill(key_row(r) * cols as u64, &mut keep);
+                    }
+                    for (c, &kept) in keep.iter().enumerate() {
+                        let zv = z.row(r)[c];
+                        let (a, deriv) = match act {
+                            Activation::Relu => (zv.max(0.0), if zv > 0.0 { 1.0 } else { 0.0 }),
+                            Activation::Elu if zv > 0.0 => (zv, 1.0),
+                            Activation::Elu => (zv.exp_m1(), zv.exp()),
+                        };
+                        let s = if drop { scale } else { 1.0 };
+                        y.row_mut(r)[c] = if kept { a * s } else { 0.0 };
+                        let g = &mut want.row_mut(r)[c];
+                        *g = if kept { *g * deriv * s } else { 0.0 };
+                    }
                 }
-                for (c, &kept) in keep.iter().enumerate() {
-                    let zv = z.row(r)[c];
-                    let (a, deriv) = match act {
-                        Activation::Relu => (zv.max(0.0), if zv > 0.0 { 1.0 } else { 0.0 }),
-                        Activation::Elu if zv > 0.0 => (zv, 1.0),
-                        Activation::Elu => (zv.exp_m1(), zv.exp()),
-                    };
-                    let s = if drop { scale } else { 1.0 };
-                    y.row_mut(r)[c] = if kept { a * s } else { 0.0 };
-                    let g = &mut want.row_mut(r)[c];
-                    *g = if kept { *g * deriv * s } else { 0.0 };
-                }
-            }
+                (y, want)
+            };
+            let (y, want) = reference(&|r| r as u64);
             let (mut ddy, dy_dev) = (ops.upload(&dy).unwrap(), ops.upload(&y).unwrap());
             let d = drop.then_some(Dropout { key, p });
             ops.activation_backward(&mut ddy, &dy_dev, None, 0, act, d)
@@ -399,31 +403,14 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
             // keyed by global ids from row 3, the rows around the block untouched
             let (above, below) = (3, 5);
             let ids: Vec<u32> = (0..(above + rows + below) as u32).map(|i| i * 5 + 1).collect();
-            let mut want = dy.clone();
-            let mut tall = random(above + rows + below, cols, 11);
+            let (y, want) = reference(&|r| ids[above + r] as u64);
+            let tall = random(above + rows + below, cols, 11);
+            let (mut with_y, mut expect) = (tall.clone(), tall);
             for r in 0..rows {
-                let mut keep = vec![true; cols];
-                if drop {
-                    mask.fill(ids[above + r] as u64 * cols as u64, &mut keep);
-                }
-                for (c, &kept) in keep.iter().enumerate() {
-                    let zv = z.row(r)[c];
-                    let (a, deriv) = match act {
-                        Activation::Relu => (zv.max(0.0), if zv > 0.0 { 1.0 } else { 0.0 }),
-                        Activation::Elu if zv > 0.0 => (zv, 1.0),
-                        Activation::Elu => (zv.exp_m1(), zv.exp()),
-                    };
-                    let s = if drop { scale } else { 1.0 };
-                    tall.row_mut(above + r)[c] = if kept { a * s } else { 0.0 };
-                    let g = &mut want.row_mut(r)[c];
-                    *g = if kept { *g * deriv * s } else { 0.0 };
-                }
-            }
-            let mut expect = tall.clone();
-            for r in 0..rows {
+                with_y.row_mut(above + r).copy_from_slice(y.row(r));
                 expect.row_mut(above + r).copy_from_slice(want.row(r));
             }
-            let (mut ddy, mut dtall) = (ops.upload(&dy).unwrap(), ops.upload(&tall).unwrap());
+            let (mut ddy, mut dtall) = (ops.upload(&dy).unwrap(), ops.upload(&with_y).unwrap());
             let d_ids = ops.upload_idx(&ids).unwrap();
             ops.activation_backward_over(&mut ddy, &mut dtall, Some(&d_ids), above, act, d)
                 .unwrap();

@@ -562,14 +562,12 @@ impl<O: Ops> DeviceModel<O> {
 
     /// Whether the first layer aggregates the features' halo rows through `ex` on every training pass
     /// (input dropout makes `A X` change): then they are fetched once and kept ([`InputHalo`]).
-    /// Rematerialising exchanges (SAR) keep nothing by design, and inexact ones (sampled, stale, 16-bit)
-    /// draw their rows per pass, so they fetch as before.
+    /// Rematerialising exchanges (SAR) keep nothing by design, so they fetch as before.
     fn keeps_input_halo(&self, g: GraphView<'_, O>, ex: &dyn Exchange) -> bool {
         self.layers[0].aggregate_first
             && self.cfg.input_dropout > 0.0
             && !g.complete
             && !ex.is_local()
-            && ex.forwards_exactly()
             && !ex.rematerializes()
     }
 
@@ -670,8 +668,14 @@ impl<O: Ops> DeviceModel<O> {
         let g = gs.layer(0);
         let keep_halo = gs.whole() && self.keeps_input_halo(g, ex);
         if keep_halo && matches!(self.input_halo, InputHalo::Unfetched) {
-            // every rank of the mesh takes this branch on the same pass (the same configuration)
-            self.input_halo = InputHalo::Fetched(ops.halo_rows(g, 0, x, ex)?);
+            // every rank of the mesh takes this branch on the same pass (the same configuration); the
+            // rows are fetched as an evaluation pass fetches them, every row and none stale, whatever
+            // boundary sampling or staleness this pass uses: fetched once, nothing is saved by thinning
+            // them, and later epochs apply none of it to the first layer
+            ex.begin_pass(Pass::Eval);
+            let halo = ops.halo_rows(g, 0, x, ex);
+            ex.begin_pass(pass);
+            self.input_halo = InputHalo::Fetched(halo?);
         }
         if gs.whole() && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
             self.input_agg = Some(match &self.input_halo {
