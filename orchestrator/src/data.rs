@@ -162,13 +162,19 @@ pub struct PartitionArgs {
     /// METIS seed (streaming: the tie-breaking seed).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// `metis` (the default for a file) or `stream` (Fennel, the default and only choice for a chunked
-    /// dataset, which is never loaded). A stored set made by the other method is recomputed.
+    /// `metis` (the default for a file) or `stream` (Fennel on bounded memory, the default and only choice
+    /// for a chunked dataset, which is never loaded). A stored set made by the other method is recomputed.
     #[arg(long, value_enum)]
     pub method: Option<MethodArg>,
-    /// Streaming passes (1 = plain Fennel, more restream).
-    #[arg(long, default_value_t = 1)]
-    pub passes: usize,
+    /// Streaming passes. By default Fennel restreams until a pass moves at most 0.1% of the nodes (at
+    /// most 20 passes), then label propagation refines the parts; `--passes N` runs exactly N passes
+    /// (1 = plain one-pass Fennel) and refines only with `--refine`.
+    #[arg(long)]
+    pub passes: Option<usize>,
+    /// Streaming: label-propagation refinement passes after the streaming passes (default 8, or 0 with
+    /// `--passes`).
+    #[arg(long)]
+    pub refine: Option<usize>,
     /// Streaming: the scoring rule.
     #[arg(long, value_enum, default_value_t = StreamAlgoArg::Fennel)]
     pub algorithm: StreamAlgoArg,
@@ -481,12 +487,14 @@ fn summary_line(s: &PartitionSummary) -> String {
     let head = format!("k={} seed={}", s.k, s.seed);
     let body = s.meta.as_ref().map(|m| {
         format!(
-            "  {} parts  edge cut {} ({:.2}%)  balance {:.3}  max halo {}",
+            "  {} parts  {}  edge cut {} ({:.2}%)  balance {:.3}  max halo {}  computed in {:.2} s",
             m.parts.len(),
+            m.method,
             m.edge_cut,
             100.0 * m.cut_fraction(),
             m.balance,
-            m.parts.iter().map(|p| p.n_halo).max().unwrap_or(0)
+            m.parts.iter().map(|p| p.n_halo).max().unwrap_or(0),
+            m.compute_seconds
         )
     });
     let status = match &s.status {
@@ -515,6 +523,8 @@ fn summary_json(s: &PartitionSummary) -> serde_json::Value {
         v["edge_cut"] = m.edge_cut.into();
         v["num_undirected_edges"] = m.num_undirected_edges.into();
         v["balance"] = m.balance.into();
+        v["compute_seconds"] = m.compute_seconds.into();
+        v["partition_seconds"] = m.partition_seconds.into();
         v["parts"] = parts_json(m);
     }
     v
@@ -570,13 +580,20 @@ pub fn partition(a: &PartitionArgs) -> Result<()> {
 }
 
 fn stream_method(a: &PartitionArgs) -> PartitionMethod {
+    let base = match a.passes {
+        None => StreamParams::refined(1),
+        Some(passes) => StreamParams {
+            passes,
+            ..StreamParams::new(1)
+        },
+    };
     PartitionMethod::Stream(StreamParams {
-        passes: a.passes,
+        refine_passes: a.refine.unwrap_or(base.refine_passes),
         algorithm: match a.algorithm {
             StreamAlgoArg::Fennel => StreamAlgorithm::Fennel { gamma: 1.5 },
             StreamAlgoArg::Ldg => StreamAlgorithm::Ldg,
         },
-        ..StreamParams::new(1)
+        ..base
     })
 }
 
@@ -590,6 +607,7 @@ fn set_json(s: &PartitionSet) -> serde_json::Value {
         "reused": s.reused,
         "seconds": s.seconds,
         "compute_seconds": m.compute_seconds,
+        "partition_seconds": m.partition_seconds,
         "edge_cut": m.edge_cut,
         "num_undirected_edges": m.num_undirected_edges,
         "balance": m.balance,
@@ -606,6 +624,11 @@ fn print_set(s: &PartitionSet) {
         )
     } else {
         format!("computed in {:.2} s", s.seconds)
+    };
+    // the assignment alone (the rest is reading the graph and writing the parts)
+    let how = match m.partition_seconds {
+        Some(p) => format!("{how}, {p:.2} s of it partitioning"),
+        None => how,
     };
     println!(
         "k={} seed={} ({}): {how}: edge cut {} of {} undirected edges ({:.2}%), balance {:.3}",

@@ -133,7 +133,11 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     )
     .ok();
     let (_, two) = submit(dir, "single.yaml", &["workers=2"]);
-    assert_eq!(set_method(&dir.join("single.parts/k2-seed0")), "fennel");
+    // `--method stream` takes the refined streaming default too
+    assert_eq!(
+        set_method(&dir.join("single.parts/k2-seed0")),
+        "fennel-x20~0.001-lp8-il"
+    );
     assert_close("chunked, 2 workers vs file, 1 worker", &chunked, &one);
     assert_close("chunked, 2 workers vs file, 2 workers", &chunked, &two);
 

@@ -271,6 +271,24 @@ fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
     .ok()
     .last_json();
     assert_eq!(again["partitions"][0]["reused"], true);
+    // without --passes the streaming default: restreamed until stable, refined by label propagation,
+    // its own partitioning time recorded beside the whole step's; --refine alone adds refinement to
+    // the given passes
+    for (args, method) in [
+        (&[][..], "fennel-x20~0.001-lp8-il"),
+        (&["--passes", "1", "--refine", "3"][..], "fennel-lp3"),
+    ] {
+        let mut cmd = vec!["data", "partition", "c", "--k", "4", "--output", "json"];
+        cmd.extend_from_slice(args);
+        let v = physalia(t.path(), cmd).ok().last_json();
+        let set = &v["partitions"][0];
+        assert_eq!(set["method"], method, "{args:?}");
+        let (part_s, all_s) = (
+            set["partition_seconds"].as_f64().unwrap(),
+            set["compute_seconds"].as_f64().unwrap(),
+        );
+        assert!(part_s > 0.0 && part_s <= all_s, "{part_s} of {all_s} s");
+    }
     physalia(
         t.path(),
         ["data", "partition", "c", "--k", "2", "--method", "metis"],
@@ -281,7 +299,15 @@ fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
         .last_json();
     assert_eq!(v["layout"], "chunked");
     assert_eq!(v["manifest"]["num_nodes"], 3000);
-    assert_eq!(v["partitions"].as_array().unwrap().len(), 2);
+    // k = 2 and 3 (two passes), and k = 4 (the last of the two streaming runs above replaced the first)
+    let sets = v["partitions"].as_array().unwrap();
+    assert_eq!(sets.len(), 3);
+    assert!(
+        sets.iter().any(|s| s["k"] == 4
+            && s["method"] == "fennel-lp3"
+            && s["partition_seconds"].as_f64().is_some_and(|x| x > 0.0)),
+        "{sets:?}"
+    );
 
     // A generic folder imported into chunks loads the same graph as the single file.
     write_tiny_generic(&t.path().join("raw"));
