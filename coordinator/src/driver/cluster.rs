@@ -804,6 +804,38 @@ mod tests {
         crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
     }
 
+    /// The preflight's peak: a prewarmed launch runs beside the current one where a resize restarts
+    /// (every cloud platform today, or `resize: restart`); where it happens in place (local) only the
+    /// joiners start, so the peak stays `max_workers`.
+    #[test]
+    fn a_prewarm_counts_as_overlap_only_where_the_resize_restarts() {
+        let policy = |resize: &str| {
+            physalia_policies::parse_str(&format!(
+                "min_workers: 1\nmax_workers: 4\n{resize}prewarm: {{when: epoch == 1, workers: 1}}\nrules:\n  - name: grow\n    when: epoch == 2\n    then: {{set_workers: 4}}\n"
+                ),
+                "policy.yaml",
+            )
+            .unwrap()
+        };
+        let with = |backend: &str, resize: &str| {
+            let mut spec = job(backend);
+            if backend == "local" {
+                spec.output.dir = "jobs".into();
+            }
+            spec.scaling = Some(policy(resize));
+            resolved(spec).demand()
+        };
+        let d = with("ecs", "");
+        assert_eq!((d.workers, d.overlap_workers), (4, 3));
+        let d = with("local", "");
+        assert_eq!((d.workers, d.overlap_workers), (4, 0));
+        let d = with("local", "resize: restart\n");
+        assert_eq!((d.workers, d.overlap_workers), (4, 3));
+        let mut spec = job("ecs");
+        spec.scaling = None;
+        assert_eq!(resolved(spec).demand().overlap_workers, 0);
+    }
+
     /// The coordinator's memory follows its dataset: 2 GiB for Cora's 4 MB and anything under about
     /// 400 MB, 3 GiB for the 616 MB SBM 1M file measured at 2.45 GiB, at most Fargate's 8 GiB for 1 vCPU.
     #[test]
