@@ -171,7 +171,7 @@ pub fn submit(
     let backend = platform_backend(&job).with_context(|| file.clone())?;
     // the platform's preflight, on the container the workers will be
     let probe = crate::driver::platform::preflight_worker(&job, obs)?;
-    let demand = job.demand();
+    let demand = job.demand(crate::driver::platform::of_job(&job).resizes_in_place());
     let spec = &mut job.spec;
     block_on(backend.check(&probe, demand))?
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
@@ -823,7 +823,8 @@ mod tests {
                 spec.output.dir = "jobs".into();
             }
             spec.scaling = Some(policy(resize));
-            resolved(spec).demand()
+            let job = resolved(spec);
+            job.demand(crate::driver::platform::of_job(&job).resizes_in_place())
         };
         let d = with("ecs", "");
         assert_eq!((d.workers, d.overlap_workers), (4, 3));
@@ -833,7 +834,7 @@ mod tests {
         assert_eq!((d.workers, d.overlap_workers), (4, 3));
         let mut spec = job("ecs");
         spec.scaling = None;
-        assert_eq!(resolved(spec).demand().overlap_workers, 0);
+        assert_eq!(resolved(spec).demand(false).overlap_workers, 0);
     }
 
     /// The coordinator's memory follows its dataset: 2 GiB for Cora's 4 MB and anything under about

@@ -625,7 +625,7 @@ impl Launch {
         if index == 0 {
             // the platform's preflight before the job's first launch (quotas, capacity, credentials):
             // a refusal now names its reason, where the launch would wait for its timeout
-            let demand = job.demand();
+            let demand = job.demand(platform::of_job(job).resizes_in_place());
             block_on(backend.check(&launch.spec, demand))?
                 .with_context(|| format!("backend.{}: preflight", backend.name()))?;
         }

@@ -54,10 +54,10 @@ impl ResolvedJob {
     /// the scaling policy's `max_workers` (else `workers`), each on the SKU's share of a machine; with
     /// a `prewarm` on a resize that restarts, a launch of up to `max_workers` started while one of up to
     /// `max_workers - 1` runs (in place only the joiners start: the peak stays `max_workers`).
-    pub fn demand(&self) -> Demand {
+    /// `in_place`: whether the job's platform resizes in place (`Platform::resizes_in_place`).
+    pub fn demand(&self, in_place: bool) -> Demand {
         let policy = self.spec.scaling.as_ref();
         let workers = policy.map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
-        let in_place = super::platform::of_job(self).resizes_in_place();
         let prewarm = policy.is_some_and(|p| {
             p.prewarm.is_some() && !(in_place && p.resize == physalia_policies::Resize::InPlace)
         });
