@@ -678,30 +678,34 @@ impl<O: Ops> DeviceModel<O> {
             self.input_halo = InputHalo::Fetched(halo?);
         }
         if gs.whole() && self.first_aggregation_is_constant(pass) && self.input_agg.is_none() {
-            self.input_agg = Some(match &self.input_halo {
-                InputHalo::Fetched(halo) if keep_halo => {
-                    let mut y = ops.alloc(g.n, self.cfg.in_dim)?;
-                    ops.spmm(g.op, x, halo.as_ref(), &mut y)?;
-                    y
-                }
-                _ => ops.aggregate(g, 0, x, ex)?,
-            });
+            let agg = match self.kept_input_halo(g, ex) {
+                Some(halo) => self.aggregate_kept_input(ops, g, x, halo, pass)?,
+                None => ops.aggregate(g, 0, x, ex)?,
+            };
+            self.input_agg = Some(agg);
         }
         Ok(())
     }
 
-    /// `A dropout([X_own; X_halo])` of the first layer from the kept halo rows (`h`: the owned rows, already
-    /// dropped out), or `None` when the halo is not kept.
+    /// The kept halo rows of the features when the first layer uses them (`Some(None)`: kept, and this
+    /// worker has no halo rows).
+    fn kept_input_halo(&self, g: GraphView<'_, O>, ex: &dyn Exchange) -> Option<Option<&O::Mat>> {
+        match &self.input_halo {
+            InputHalo::Fetched(halo) if self.keeps_input_halo(g, ex) => Some(halo.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// `A dropout([X_own; X_halo])` of the first layer from the kept halo rows `halo` (`h`: the owned rows,
+    /// already dropped out; no dropout outside training).
     fn aggregate_kept_input(
         &self,
         ops: &mut O,
         g: GraphView<'_, O>,
         h: &O::Mat,
+        halo: Option<&O::Mat>,
         pass: Pass,
-    ) -> Result<Option<O::Mat>, O::Error> {
-        let InputHalo::Fetched(halo) = &self.input_halo else {
-            return Ok(None);
-        };
+    ) -> Result<O::Mat, O::Error> {
         let cols = self.cfg.in_dim;
         let dropped = match (halo, self.input_dropout(pass)) {
             (Some(halo), Some(d)) => {
@@ -713,11 +717,11 @@ impl<O: Ops> DeviceModel<O> {
             _ => None,
         };
         let mut y = ops.alloc(g.n, cols)?;
-        ops.spmm(g.op, h, dropped.as_ref().or(halo.as_ref()), &mut y)?;
+        ops.spmm(g.op, h, dropped.as_ref().or(halo), &mut y)?;
         if let Some(hd) = dropped {
             ops.recycle(hd);
         }
-        Ok(Some(y))
+        Ok(y)
     }
 
     /// P3: the first layer's output is `z0 + bias` (`z0` summed over the column slices of
@@ -819,9 +823,9 @@ impl<O: Ops> DeviceModel<O> {
         let (mut out, cache) = if l.aggregate_first {
             let agg = if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
-            } else if whole && l.index == 0 && self.keeps_input_halo(g, ex) {
-                self.aggregate_kept_input(ops, g, h, pass)?
-                    .map_or_else(|| ops.aggregate(g, l.index, h, ex).map(Some), |a| Ok(Some(a)))?
+            } else if let (true, Some(halo)) = (whole && l.index == 0, self.kept_input_halo(g, ex))
+            {
+                Some(self.aggregate_kept_input(ops, g, h, halo, pass)?)
             } else {
                 Some(ops.aggregate(g, l.index, h, ex)?)
             };
