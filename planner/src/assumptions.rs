@@ -69,6 +69,37 @@ pub struct Assumptions {
     /// Share of halo exchange hidden behind compute in partition parallelism. 0: the engine
     /// waits for a layer's halo rows before it aggregates.
     pub partition_overlap: f64,
+    /// METIS's seconds per CSR entry on one core: 15-24 s for the 20M entries of SBM and R-MAT at
+    /// 1M nodes on the 2-vCPU development VM, less opening and validating the file
+    /// (bench/RESULTS.md, issue 31).
+    pub metis_s_per_entry: f64,
+    /// METIS's peak bytes per CSR entry (the graph, its weights and the coarsening hierarchy):
+    /// 1.3-1.4 GiB for those 20M entries, whatever the feature width.
+    pub metis_bytes_per_entry: f64,
+    /// Passes the streaming partitioner makes over the edges: restreaming until at most 0.1% of
+    /// the nodes move (at most 20) and up to 8 refinement passes; 10 on SBM 1M, 22 on R-MAT.
+    pub stream_passes: f64,
+    /// Seconds per CSR entry of one streaming pass (12.7 ns fitted to SBM 1M at k = 4 and 16).
+    pub stream_s_per_entry: f64,
+    /// Seconds per node and part of one streaming pass (each node scores every part; 8.8 ns).
+    pub stream_s_per_node_part: f64,
+    /// The streaming partitioner's bytes per node (the assignment and the previous pass's);
+    /// 29 MiB at 1M nodes and 50 MiB at 4M measured with the fixed part below.
+    pub stream_bytes_per_node: f64,
+    /// Its fixed memory: two edge chunks read ahead, counters, the binary.
+    pub stream_fixed_mib: f64,
+    /// Its cut over METIS's: 1.00 on SBM 1M, 0.72 on R-MAT 2^20 at k = 4, 0.71-1.00 at 8 and 16.
+    pub stream_cut_factor: f64,
+    /// Its largest part's edges over METIS's largest part's (both balance nodes; METIS also
+    /// balances edges): 1.00 on SBM, 1.23 on R-MAT 2^20 at k = 4. The power-law figure, so the
+    /// planner leans to METIS where the time allows.
+    pub stream_edge_imbalance: f64,
+    /// Memory of the process that partitions: a cluster-mode coordinator is at most 8 GiB
+    /// (Fargate's largest for 1 vCPU). A request's `constraints.coordinator_memory_gib` replaces it.
+    pub coordinator_memory_gib: f64,
+    /// The coordinator's price while it partitions: Fargate, 1 vCPU and 8 GiB in us-east-1
+    /// ($0.04048 per vCPU-hour and $0.004445 per GB-hour).
+    pub coordinator_usd_per_h: f64,
 }
 
 impl Default for Assumptions {
@@ -95,6 +126,17 @@ impl Default for Assumptions {
             elementwise_passes: 8.0,
             epoch_overhead_s: 0.05,
             partition_overlap: 0.0,
+            metis_s_per_entry: 1.0e-6,
+            metis_bytes_per_entry: 68.0,
+            stream_passes: 20.0,
+            stream_s_per_entry: 12.7e-9,
+            stream_s_per_node_part: 8.8e-9,
+            stream_bytes_per_node: 8.0,
+            stream_fixed_mib: 24.0,
+            stream_cut_factor: 1.0,
+            stream_edge_imbalance: 1.23,
+            coordinator_memory_gib: 8.0,
+            coordinator_usd_per_h: 0.07604,
         }
     }
 }
@@ -129,6 +171,13 @@ impl Assumptions {
             ("local_load_gb_s", self.local_load_gb_s),
             ("cache_hit_exponent", self.cache_hit_exponent),
             ("elementwise_passes", self.elementwise_passes),
+            ("metis_s_per_entry", self.metis_s_per_entry),
+            ("metis_bytes_per_entry", self.metis_bytes_per_entry),
+            ("stream_passes", self.stream_passes),
+            ("stream_s_per_entry", self.stream_s_per_entry),
+            ("stream_bytes_per_node", self.stream_bytes_per_node),
+            ("stream_cut_factor", self.stream_cut_factor),
+            ("coordinator_memory_gib", self.coordinator_memory_gib),
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
@@ -144,6 +193,9 @@ impl Assumptions {
             ("host_runtime_gib", self.host_runtime_gib),
             ("cpu_partition_runtime_gib", self.cpu_partition_runtime_gib),
             ("epoch_overhead_s", self.epoch_overhead_s),
+            ("stream_s_per_node_part", self.stream_s_per_node_part),
+            ("stream_fixed_mib", self.stream_fixed_mib),
+            ("coordinator_usd_per_h", self.coordinator_usd_per_h),
         ];
         for (name, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {
@@ -163,6 +215,15 @@ impl Assumptions {
             return Err(PlanError::invalid(
                 "assumptions.partition_overlap",
                 format!("must be in [0, 1], got {}", self.partition_overlap),
+            ));
+        }
+        if !(self.stream_edge_imbalance.is_finite() && self.stream_edge_imbalance >= 1.0) {
+            return Err(PlanError::invalid(
+                "assumptions.stream_edge_imbalance",
+                format!(
+                    "must be a finite number at least 1, got {}",
+                    self.stream_edge_imbalance
+                ),
             ));
         }
         if !(self.partition_imbalance.is_finite() && self.partition_imbalance >= 1.0) {

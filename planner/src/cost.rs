@@ -424,7 +424,7 @@ pub(crate) struct PartShape {
     owned: f64,
     halo: f64,
     edges: f64,
-    cut: f64,
+    pub(crate) cut: f64,
     estimated: bool,
 }
 

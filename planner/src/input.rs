@@ -26,6 +26,10 @@ pub struct GraphStats {
     /// f32 whatever the file holds, so this only changes how many bytes a worker loads.
     #[serde(default = "four")]
     pub feature_bytes_per_value: u32,
+    /// The dataset is chunked (a directory with a manifest): only the streaming partitioner can cut
+    /// it, METIS would load the whole graph.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chunked: bool,
 }
 
 /// A stored k-way partitioning, measured from its artifacts: when present for a `k`, the cost
@@ -320,6 +324,10 @@ pub struct Constraints {
     /// Also try exchange options that change the numbers a little (bf16 rows; bf16 rows with
     /// BNS p = 0.1), which bench/RESULTS.md measured without accuracy loss on SBM.
     pub allow_inexact_exchange: bool,
+    /// Memory of the process that partitions the graph (this machine's for a local coordinator);
+    /// unset: [`crate::Assumptions::coordinator_memory_gib`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coordinator_memory_gib: Option<f64>,
 }
 
 impl Default for Constraints {
@@ -333,6 +341,7 @@ impl Default for Constraints {
             skus: Vec::new(),
             modes: Vec::new(),
             allow_inexact_exchange: false,
+            coordinator_memory_gib: None,
         }
     }
 }
@@ -405,6 +414,14 @@ impl PlanRequest {
                     format!("a second partitioning with {} parts", p.parts),
                 ));
             }
+        }
+        if let Some(gib) = self.constraints.coordinator_memory_gib
+            && !(gib.is_finite() && gib > 0.0)
+        {
+            return Err(PlanError::invalid(
+                "constraints.coordinator_memory_gib",
+                format!("must be a finite number above 0, got {gib}"),
+            ));
         }
         let m = &self.model;
         at_least("model.layers", m.layers.into(), 1)?;

@@ -19,6 +19,7 @@
 //!
 //! - [`catalog`]: container SKUs per backend with their sources; the built-in files.
 //! - [`cost`]: the cost model, [`predict`] for one candidate.
+//! - [`partition`]: the partition step before a launch: METIS or streaming, by time and memory.
 //! - [`search`]: candidate enumeration, constraints, ranking and explanations, [`plan`].
 //! - [`render`]: a plan as text (what `physalia plan` prints and the golden files hold).
 
@@ -28,6 +29,7 @@ pub mod catalog;
 pub mod cost;
 pub mod error;
 pub mod input;
+pub mod partition;
 pub mod render;
 pub mod search;
 
@@ -40,6 +42,7 @@ pub use input::{
     Constraints, ExchangeOptions, GraphStats, Mode, ModelKind, ModelShape, Objective,
     PartitionStats, PlanRequest, RowDtype, TrainShape,
 };
+pub use partition::{PartitionCost, PartitionStep, Partitioner, partition_step};
 pub use search::{Choice, ClassReason, MemoryKind, Plan, Reason, Rejected, candidates, plan};
 
 impl PlanRequest {

@@ -187,6 +187,26 @@ impl Plan {
             usd(p.usd_per_epoch),
             usd(p.usd_total)
         );
+        if let Some(step) = &self.partition {
+            let c = &step.chosen;
+            let o = &step.other;
+            let _ = writeln!(
+                out,
+                "  partition {} parts by {}{}: {}, {} of {} usable, cut {:.3}, {}; {} would take {}, {}, epochs +{}",
+                step.parts,
+                c.partitioner.as_str(),
+                if step.stored { " (stored, reused)" } else { "" },
+                secs(c.seconds),
+                bytes(c.memory_bytes),
+                bytes(step.memory_usable_bytes),
+                c.cut_fraction,
+                usd(step.usd),
+                o.partitioner.as_str(),
+                secs(o.seconds),
+                bytes(o.memory_bytes),
+                secs(o.epochs_extra_s)
+            );
+        }
         let _ = writeln!(out, "why:");
         for line in &self.explanation {
             let _ = writeln!(out, "  - {line}");

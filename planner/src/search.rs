@@ -175,6 +175,9 @@ pub struct Plan {
     pub alternatives: Vec<Choice>,
     /// Every infeasible candidate, in catalog and candidate order.
     pub rejected: Vec<Rejected>,
+    /// The partition step before the launch (partition and data modes with more than one part).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<crate::partition::PartitionStep>,
     /// Why this plan: one sentence per line.
     pub explanation: Vec<String>,
 }
@@ -275,7 +278,9 @@ pub fn plan(
         .get(&chosen.candidate.sku)
         .expect("candidates come from the catalog")
         .clone();
-    let explanation = explain(
+    let partition =
+        crate::partition::partition_step(request, &chosen.candidate, &chosen.prediction);
+    let mut explanation = explain(
         request,
         &chosen,
         &sku,
@@ -284,12 +289,16 @@ pub fn plan(
         &skus,
         calibration,
     );
+    if let Some(step) = &partition {
+        explanation.insert(1, format!("partition step: {}", step.why));
+    }
     Ok(Plan {
         objective,
         chosen,
         sku,
         alternatives,
         rejected,
+        partition,
         explanation,
     })
 }

@@ -35,6 +35,7 @@ fn graph(nodes: u64, edges: u64, feat_dim: u32, classes: u32, train_nodes: u64) 
         classes,
         train_nodes,
         feature_bytes_per_value: 4,
+        chunked: false,
     }
 }
 
@@ -845,4 +846,84 @@ fn rematerialization_is_picked_when_only_it_fits() {
     big.max_containers = Some(4);
     let p = plan(&req, &Catalog { skus: vec![big] }, None).unwrap();
     assert!(!p.chosen.candidate.exchange.rematerialize);
+}
+
+/// The partition step: METIS where it fits the coordinator and its edge-balanced parts pay for its
+/// longer run over the job's epochs, streaming where METIS would not fit, for a chunked dataset, or for a
+/// short job; a stored set is reused; model parallelism and one part partition nothing.
+#[test]
+fn the_partition_step_chooses_metis_or_streaming_by_memory_and_time() {
+    use physalia_planner::{Partitioner, partition_step};
+    let catalog = Catalog::builtin();
+    let local = sku(&catalog, "local");
+    let step = |req: &PlanRequest, mode: Mode, k: u32| {
+        let c = candidate(local, mode, k, 1);
+        let p = predict(req, local, &c, None).unwrap();
+        partition_step(req, &c, &p)
+    };
+    // SBM 1M: METIS needs about 1.3 GiB (68 bytes per entry of 20M), streaming a few dozen MiB
+    let mut req = sbm_1m();
+    req.graph.edges = 20_000_000;
+    let s = step(&req, Mode::Partition, 4).expect("4 parts are partitioned");
+    assert!(!s.stored);
+    let (metis, stream) = match s.chosen.partitioner {
+        Partitioner::Metis => (s.chosen, s.other),
+        Partitioner::Stream => (s.other, s.chosen),
+    };
+    assert!(metis.memory_bytes > 1.2 * 1024f64.powi(3) && metis.memory_bytes < 1.5 * 1024f64.powi(3));
+    assert!(stream.memory_bytes < 64.0 * 1024f64.powi(2), "{stream:?}");
+    assert!(stream.seconds < metis.seconds, "{stream:?} {metis:?}");
+    assert_eq!(metis.epochs_extra_s, 0.0);
+
+    // more epochs: the streamed parts' extra edges cost more, and from some count on METIS is chosen
+    let mut chosen = Vec::new();
+    for epochs in [1, 2, 10, 100, 1000, 10_000] {
+        req.train.epochs = epochs;
+        chosen.push(step(&req, Mode::Partition, 4).unwrap().chosen.partitioner);
+    }
+    assert_eq!(chosen.first(), Some(&Partitioner::Stream), "{chosen:?}");
+    assert_eq!(chosen.last(), Some(&Partitioner::Metis), "{chosen:?}");
+    let flip = chosen.iter().position(|p| *p == Partitioner::Metis).unwrap();
+    assert!(chosen[flip..].iter().all(|p| *p == Partitioner::Metis), "{chosen:?}");
+
+    // a coordinator too small for METIS: streaming, whatever the epochs, and the reason names memory
+    req.constraints.coordinator_memory_gib = Some(1.0);
+    let s = step(&req, Mode::Partition, 4).unwrap();
+    assert_eq!(s.chosen.partitioner, Partitioner::Stream);
+    assert!(s.why.contains("METIS would need"), "{}", s.why);
+    req.constraints.coordinator_memory_gib = None;
+
+    // a chunked dataset is streamed
+    req.graph.chunked = true;
+    let s = step(&req, Mode::Partition, 4).unwrap();
+    assert_eq!(s.chosen.partitioner, Partitioner::Stream);
+    assert!(s.why.contains("chunked"), "{}", s.why);
+    req.graph.chunked = false;
+
+    // a set stored for the part count is reused: nothing to compute, nothing to pay
+    req.partitions = vec![PartitionStats {
+        parts: 4,
+        edge_cut: 1_715_010,
+        owned_rows: vec![250_000; 4],
+        halo_rows: vec![300_000; 4],
+        local_edges: vec![5_000_000; 4],
+    }];
+    let s = step(&req, Mode::Partition, 4).unwrap();
+    assert!(s.stored && s.usd == 0.0, "{s:?}");
+    assert!((s.chosen.cut_fraction - 1_715_010.0 / 10_000_000.0).abs() < 1e-9);
+    assert!(step(&req, Mode::Partition, 8).is_some_and(|s| !s.stored));
+
+    // data parallelism partitions its feature parts too; model parallelism and one part nothing
+    assert!(step(&req, Mode::Data, 4).is_some());
+    assert!(step(&req, Mode::Model, 4).is_none());
+    assert!(step(&req, Mode::Partition, 1).is_none());
+
+    // papers100M: METIS would need over 200 GiB at any part count; the plan streams it and says so
+    let p = plan(&papers(), &catalog, None).unwrap();
+    let s = p.partition.as_ref().expect("papers100M is partitioned");
+    assert_eq!(s.chosen.partitioner, Partitioner::Stream);
+    assert!(s.other.memory_bytes > 200.0 * 1024f64.powi(3), "{s:?}");
+    assert!(p.explanation.iter().any(|l| l.starts_with("partition step:")), "{:?}", p.explanation);
+    let line = format!("partition {} parts by stream", s.parts);
+    assert!(p.render().contains(&line), "{}", p.render());
 }

@@ -26,6 +26,7 @@ pub fn stats_graph(st: &spec::StatsSpec) -> GraphStats {
         classes: st.classes,
         train_nodes: st.train_nodes,
         feature_bytes_per_value: 4,
+        chunked: false,
     }
 }
 
@@ -42,6 +43,7 @@ pub fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
             FeatureDtype::F32 => 4,
             FeatureDtype::F16 | FeatureDtype::BF16 => 2,
         },
+        chunked: source.is_chunked(),
     };
     let partitions = match (&spec.dataset.path, source) {
         (Some(path), Source::File(_) | Source::Chunked(_)) => one_per_part_count(
