@@ -10,10 +10,16 @@ starting: `end_s(E+1) - end_s(E)` (summary.json's `epoch_ends`) less epoch E+1's
 `train_s` in metrics.jsonl, plus the epoch's evaluation). Between epochs that do not resize the same difference is the per-epoch
 overhead (rank 0's checkpoint, the report, and in place the gate's round trip), printed as `between`.
 
-Bytes per resize: in place, the rows that change owner (the coordinator's log line) and the part files the
-workers read; by restart, every part file of the new count and the checkpoint each worker reads.
+Bytes per resize: in place, the rows that change owner (the coordinator's log line: their count and feature
+bytes) and the part deltas the workers get (the rows each gains, with their in-neighbour lists, labels and
+splits, plus the lost rows' ids and the new halo bookkeeping), with the ratio of the two; by restart, every
+part file of the new count and the checkpoint each worker reads. An older coordinator's line (whole part
+files read) is still parsed.
 
     python3 bench/resize.py --nodes 200000 --reps 2
+
+`--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
+launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
 """
 
 import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile
@@ -51,14 +57,34 @@ def run(binary, args, cwd):
     return out.stdout
 
 
-def submit(binary, tmp, name, graph, hidden, resize):
+PREWARMED = """min_workers: 1
+max_workers: 4
+cooldown_epochs: 0
+resize: {resize}
+prewarm:
+  when: epoch == 2 || epoch == 5
+  rule: two-at-3
+rules:
+  - name: two-at-3
+    when: epoch == 3
+    then: {{multiply_workers: 2}}
+  - name: four-at-6
+    when: epoch == 6
+    then: {{multiply_workers: 2}}
+  - name: two-at-9
+    when: epoch == 9
+    then: {{multiply_workers: 0.5}}
+"""
+
+
+def submit(binary, tmp, name, graph, hidden, resize, policy_text=POLICY):
     job = os.path.join(tmp, f"{name}.yaml")
     with open(job, "w") as f:
         f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs")))
         if resize:
             policy = os.path.join(tmp, f"{name}-policy.yaml")
             with open(policy, "w") as p:
-                p.write(POLICY.format(resize=resize))
+                p.write(policy_text.format(resize=resize))
             f.write(f"scaling_file: {policy}\n")
     s = json.loads(run(binary, ["submit", job, "--output", "json", "--quiet"], tmp))
     d = s["job_dir"] if os.path.isabs(s["job_dir"]) else os.path.join(tmp, s["job_dir"])
@@ -75,8 +101,18 @@ def pauses(summary, job_dir):
 
 
 def moved(job_dir):
+    """Per in-place resize: (rows that change owner, their feature bytes, what the workers got, how the
+    partitioning was made)."""
     log = open(os.path.join(job_dir, "logs", "coordinator.log")).read()
-    return re.findall(r"(\d+) rows change owner \(([^)]*) of features\).*?\(([^)]*) in all\)", log)
+    new = re.findall(r"(\d+) rows change owner \(([^)]*) of features\), partitioning ([^(]*)\(([\d.]+) s to make, "
+                     r"([\d.]+) s in the pause\).*?\[bytes: deltas (\d+) rows (\d+) bookkeeping (\d+) "
+                     r"moved_features (\d+)\]", log)
+    if new:
+        return [(m[0], m[1], f"deltas {int(m[5]) / 2**20:.1f} MiB = {int(m[5]) / max(int(m[8]), 1):.2f}x the moved "
+                 f"rows' features (rows {int(m[6]) / 2**20:.1f} MiB, bookkeeping {int(m[7]) / 2**20:.2f} MiB)",
+                 f"{m[2].strip()}, {float(m[3]):.3f} s to make, {float(m[4]):.3f} s in the pause") for m in new]
+    old = re.findall(r"(\d+) rows change owner \(([^)]*) of features\).*?\(([^)]*) in all\)", log)
+    return [(m[0], m[1], f"part files read {m[2]}", "made in the pause") for m in old]
 
 
 def main():
@@ -86,6 +122,7 @@ def main():
     p.add_argument("--classes", type=int, default=16)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--prewarm", action="store_true", help="start the joiners (or the next launch) an epoch ahead")
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     a = p.parse_args()
     out_dir = os.path.join(ROOT, "bench", "out")
@@ -98,11 +135,12 @@ def main():
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None)
         _, want = pauses(fixed, fixed_dir)
         # computes and stores the METIS sets for 2 and 4 parts, which every run after reuses
-        submit(a.bin, tmp, "warm", graph, a.hidden, "restart")
+        policy = PREWARMED if a.prewarm else POLICY
+        submit(a.bin, tmp, "warm", graph, a.hidden, "restart", policy)
         rows = {"in_place": [], "restart": []}
         for rep in range(a.reps):
             for resize in ["restart", "in_place"]:
-                s, d = submit(a.bin, tmp, f"{resize}-{rep}", graph, a.hidden, resize)
+                s, d = submit(a.bin, tmp, f"{resize}-{rep}", graph, a.hidden, resize, policy)
                 gap, losses = pauses(s, d)
                 diff = max(abs(x - y) / abs(y) for x, y in zip(losses, want))
                 between = statistics.median(gap[e] for e in gap if e not in (3, 6, 9))
@@ -110,7 +148,7 @@ def main():
                 print(f"{resize} rep {rep}: pauses after 3/6/9 {gap[3]:.3f} / {gap[6]:.3f} / {gap[9]:.3f} s, "
                       f"between {between:.3f} s, max rel loss diff {diff:.1e}", flush=True)
                 for m in moved(d):
-                    print(f"  moved {m[0]} rows ({m[1]} of features), parts read {m[2]}")
+                    print(f"  moved {m[0]} rows ({m[1]} of features); {m[2]}; partitioning {m[3]}")
         parts = os.path.splitext(graph)[0] + ".parts"
         parts = parts if os.path.isdir(parts) else None
         if parts:

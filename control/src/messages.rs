@@ -120,6 +120,10 @@ pub struct Assignment {
     pub peers: Vec<SocketAddr>,
     /// This worker's partition artifact.
     pub part: Artifact,
+    /// `part` is a part delta (an in-place resize, issue 33): the worker's part is the part it held
+    /// under its previous assignment (none for a joiner) with the delta applied.
+    #[serde(default)]
+    pub part_delta: bool,
     /// The partitioning's node-to-part map (data parallelism).
     #[serde(default)]
     pub partitioning: Option<Artifact>,

@@ -323,6 +323,25 @@ impl Elastic {
         }
     }
 
+    /// The worker counts the policy may move the plan to after some epoch, most likely first: the
+    /// prewarm's target, then each rule's count in rule order (distinct, not the current count). An
+    /// in-place resize prepares these partitionings while the job trains. A replan's choice is not
+    /// foreseen.
+    pub fn next_sizes(&self) -> Vec<usize> {
+        let now = self.plan.workers as usize;
+        let mut sizes: Vec<usize> = self.prewarm_target().into_iter().collect();
+        for rule in &self.policy.rules {
+            if let Ok(physalia_policies::Effect::Workers { to, .. }) =
+                physalia_policies::effect(&self.policy, &self.plan, &rule.then)
+            {
+                sizes.push(to as usize);
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        sizes.retain(|&k| k != now && seen.insert(k));
+        sizes
+    }
+
     /// The size of the next launch to start early, when the policy's `prewarm` expects a scale-up: the
     /// current workers plus the spares it asked for.
     pub fn prewarm_target(&self) -> Option<usize> {

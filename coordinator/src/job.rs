@@ -143,6 +143,10 @@ pub enum JobAction {
     },
     /// Tell the workers of `launch` (gated: they wait after every epoch) to train the next epoch.
     Continue { launch: usize },
+    /// `launch` trains gated, and the policy may resize it in place to any of `workers` (most likely
+    /// first): make those partitionings now, against its current one, so that a resize's pause does not
+    /// (the driver answers nothing; a resize to a count not prepared makes its own).
+    Prepare { launch: usize, workers: Vec<usize> },
     /// Resize launch `from` in place into launch `to` of `workers` workers, continuing after
     /// `resume_epoch`: its ranks below `workers` pause keeping their state, the others stop, the joiners
     /// (ranks from `from`'s size up, launch `joiners`, prewarmed or started now) register, and a
@@ -605,6 +609,11 @@ impl Job {
                         staleness,
                         gated: self.gated(),
                     });
+                    // the partitioning is fixed while the launch trains: the next ones can be cut now
+                    let workers = self.elastic.next_sizes();
+                    if self.gated() && !workers.is_empty() {
+                        out.push(JobAction::Prepare { launch, workers });
+                    }
                 }
                 Action::EpochComplete { epoch, by_rank } => {
                     if epoch <= self.last_complete {
@@ -1240,6 +1249,10 @@ mod simulation {
         answers: Vec<JobEvent>,
         /// Every assignment: (launch, resume epoch, workers, mode).
         assigned: Vec<(usize, usize, usize, TrainMode)>,
+        /// The worker counts each launch's next partitionings were prepared for, and the resizes in
+        /// place whose count was (true) or was not (false) among its launch's.
+        prepared: BTreeMap<usize, Vec<usize>>,
+        resizes_prepared: Vec<bool>,
         /// Prices of a worker-second and of the coordinator's second.
         prices: (f64, f64),
         /// The bill as the platform sees it: when each launch's workers came up, and worker-milliseconds
@@ -1599,13 +1612,35 @@ mod simulation {
                     }
                     // the simulated workers do not wait between epochs: their epochs are scheduled
                     JobAction::Continue { .. } => {}
+                    JobAction::Prepare { launch, workers } => {
+                        let l = &self.launches[&launch];
+                        assert!(
+                            l.assigned && !l.stopped,
+                            "prepared for launch {launch}, which is not training"
+                        );
+                        assert!(
+                            !workers.contains(&l.n),
+                            "prepared launch {launch}'s own size"
+                        );
+                        assert!(
+                            self.prepared.insert(launch, workers).is_none(),
+                            "launch {launch} prepared twice"
+                        );
+                    }
                     JobAction::Resize {
                         from,
                         to,
                         workers,
                         resume_epoch,
                         joiners,
-                    } => self.resize(from, to, workers, resume_epoch, joiners),
+                    } => {
+                        let prepared = self
+                            .prepared
+                            .get(&from)
+                            .is_some_and(|p| p.contains(&workers));
+                        self.resizes_prepared.push(prepared);
+                        self.resize(from, to, workers, resume_epoch, joiners)
+                    }
                     JobAction::Finish => over = true,
                     JobAction::Fail { error } => {
                         *failed = Some(error);
@@ -1716,6 +1751,8 @@ mod simulation {
             lines: Vec::new(),
             answers: Vec::new(),
             assigned: Vec::new(),
+            prepared: BTreeMap::new(),
+            resizes_prepared: Vec::new(),
             prices,
             started_ms: BTreeMap::new(),
             billed_worker_ms: 0,
@@ -1872,6 +1909,14 @@ mod simulation {
                 in_place >= 1,
                 "seed {seed}: no resize in place: {:?}",
                 r.sim.lines
+            );
+            // every count the policy resizes to was prepared while the resized launch trained (a
+            // relaunch after a failed resize starts a launch that prepares again)
+            assert!(
+                !r.sim.resizes_prepared.is_empty() && r.sim.resizes_prepared.iter().all(|&p| p),
+                "seed {seed}: resizes prepared {:?}, launches prepared {:?}",
+                r.sim.resizes_prepared,
+                r.sim.prepared
             );
         }
         if std::env::var("PHYSALIA_SIM_SEED").is_err() {

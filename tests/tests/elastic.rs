@@ -110,6 +110,25 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     }
     // the shrink moved only the leavers' rows: ranks 0 and 1 kept theirs
     assert!(log.contains("4 -> 2 workers, "), "{log}");
+    // each new partitioning was cut while the launch before it trained, not in the pause
+    assert_eq!(
+        log.matches("partitioning prepared while the job trained")
+            .count(),
+        3,
+        "{log}"
+    );
+    // the survivors keep the rows they hold and get only a delta: growing from one worker, rank 0
+    // gains nothing and gives up the joiner's rows
+    let rebuilt: Vec<&str> = rank0
+        .lines()
+        .filter(|l| l.contains("rows held and a delta"))
+        .collect();
+    assert_eq!(rebuilt.len(), 3, "{rank0}");
+    assert!(
+        rebuilt[0].contains("part 0 of 2 from the 3000 rows held")
+            && rebuilt[0].contains("(0 rows gained"),
+        "{rank0}"
+    );
 }
 
 #[test]

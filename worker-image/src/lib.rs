@@ -5,6 +5,7 @@
 //! `physalia-worker` binary wraps it with registration and the QUIC mesh, tests wrap it with threads and
 //! the in-memory link.
 
+pub mod delta;
 pub mod exchange;
 pub mod logging;
 pub mod minibatch;

@@ -82,7 +82,14 @@ pub enum Segment {
     Done(physalia_gnn::TrainSummary),
     /// Paused after an epoch at the coordinator's word, holding the training state to continue from in
     /// memory under the next assignment.
-    Paused(Box<crate::Resume>),
+    Paused(Box<Held>),
+}
+
+/// What a paused worker keeps for its next assignment: the training state, and the part it trained on
+/// (the rows it holds), to which the next assignment's part delta applies.
+pub struct Held {
+    pub state: crate::Resume,
+    pub part: Option<Part>,
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -252,13 +259,14 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
 
 /// [`train_assigned`] for a worker that may pause and continue in place: `held` is the training state it
 /// paused with (used when it is the state of [`Assignment::resume_epoch`]; the checkpoint is then never
-/// read). Partition parallelism pauses at a gated epoch's end when the coordinator says so; the other modes
-/// are never gated (their resizes restart from the checkpoint).
+/// read) and the part it trained on (an assignment's part delta applies to it). Partition parallelism
+/// pauses at a gated epoch's end when the coordinator says so; the other modes are never gated (their
+/// resizes restart from the checkpoint).
 pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     link: &mut L,
     a: &Assignment,
     io: &mut dyn Coordinator,
-    held: Option<crate::Resume>,
+    held: Option<Held>,
 ) -> Result<Segment> {
     use crate::minibatch::{ColumnShard, ShardData, column_features, column_slice};
     use physalia_graph::{Dataset, Split};
@@ -299,9 +307,36 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     }
     let gated = (a.gated && a.mode == TrainMode::Partition).then_some(a.train.epochs);
     let mut paused = false;
+    let (held, held_part) = match held {
+        Some(h) => (Some(h.state), h.part),
+        None => (None, None),
+    };
     let (model, mut summary) = match a.mode {
         TrainMode::Partition => {
-            let part = load_part()?;
+            let part = match a.part_delta {
+                // an in-place resize: the rows this worker holds stay, the delta brings the rest
+                true => {
+                    let t = Instant::now();
+                    let delta = crate::delta::PartDelta::read(&part_path)?;
+                    let part = crate::delta::apply(held_part.as_ref(), &delta)?;
+                    eprintln!(
+                        "worker {rank}: part {} of {} from the {} rows held and a delta of {} bytes ({} rows \
+                         gained, {} given up) in {:.3} s",
+                        part.part,
+                        part.k,
+                        held_part.as_ref().map_or(0, |p| p.owned.len()),
+                        a.part.size,
+                        delta.gained.len(),
+                        delta.lost.len(),
+                        t.elapsed().as_secs_f64()
+                    );
+                    part
+                }
+                false => load_part()?,
+            };
+            drop(held_part);
+            // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
+            let keep = gated.map(|_| part.clone());
             let resume = match held {
                 // paused at the epoch this assignment continues after: the state is here, exact
                 Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
@@ -332,7 +367,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 return Err(e);
             }
             if paused {
-                return Ok(Segment::Paused(Box::new(state)));
+                return Ok(Segment::Paused(Box::new(Held { state, part: keep })));
             }
             (state.model, summary)
         }
@@ -631,7 +666,7 @@ pub fn run_from_env() -> Result<()> {
                         advertised(next.local_addr(), env.coordinator, env.advertise_ip)?;
                     eprintln!(
                         "worker {rank}: paused after epoch {} keeping its state; mesh endpoint {mesh_addr}",
-                        state.progress.epoch
+                        state.state.progress.epoch
                     );
                     control.send(&ToCoordinator::Paused { rank, mesh_addr })?;
                     assignment = match words.recv_timeout(ASSIGNMENT_TIMEOUT) {

@@ -25,6 +25,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -38,6 +39,7 @@ use serde_json::json;
 
 use crate::coordinator::Event;
 use crate::driver::dataset::{self, Source};
+use crate::driver::inplace::{self, Preparing};
 use crate::driver::partitions::StoredPartitions;
 use crate::driver::platform;
 use crate::driver::resolved::ResolvedJob;
@@ -206,6 +208,7 @@ pub fn run(
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
             control_port: cluster.map(|r| r.control_port),
+            preparing: Default::default(),
         };
         let (state, outcome) = driver.run(state, pending, &mut dir)?;
         let elastic = state.elastic();
@@ -731,6 +734,9 @@ struct Driver<'a> {
     /// The port the control endpoints bind (and the next few): the one a cluster-mode
     /// coordinator's platform object declares; `None`: any.
     control_port: Option<u16>,
+    /// The partitionings an in-place resize of the training launch may take, being made while it
+    /// trains (`JobAction::Prepare`): (launch, its preparation for one count).
+    preparing: std::cell::RefCell<Vec<(usize, Preparing)>>,
 }
 
 /// How a job's run ended.
@@ -811,7 +817,9 @@ struct Live {
     parts_tag: String,
     /// The node -> rank assignment of `parts` when an in-place resize made it (a stored set keeps its
     /// own in `partition.safetensors`).
-    owner: Option<Rc<Vec<u32>>>,
+    owner: Option<Arc<Vec<u32>>>,
+    /// `parts` are part deltas (an in-place resize's): each worker applies its own to the part it held.
+    part_delta: bool,
 }
 
 impl Live {
@@ -824,6 +832,7 @@ impl Live {
             parts,
             parts_tag,
             owner: None,
+            part_delta: false,
         }
     }
 
@@ -947,6 +956,7 @@ impl Driver<'_> {
                             (boundary_sampling, staleness),
                         )?;
                         a.gated = gated;
+                        a.part_delta = l.part_delta;
                         if let Some(o) = outbox {
                             o.send(ToWorker::Assign(Box::new(a)));
                         }
@@ -978,6 +988,20 @@ impl Driver<'_> {
                     workers,
                     prewarm,
                 } => self.handle_joiners(r, dir, launch, joining, base, workers, prewarm),
+                JobAction::Prepare { launch, workers } => {
+                    let line = match self.prepare(r, launch, &workers) {
+                        Ok(()) => format!(
+                            "launch {launch}: preparing the partitionings for {workers:?} workers while \
+                             it trains"
+                        ),
+                        // a resize then makes its partitioning in its pause
+                        Err(e) => format!(
+                            "launch {launch}: preparing the partitionings for {workers:?} workers \
+                             failed: {e:#}"
+                        ),
+                    };
+                    r.log.line(&line);
+                }
                 JobAction::Continue { launch } => {
                     if let Some(l) = r.live.get(&launch) {
                         for o in l.outboxes.iter().flatten() {
@@ -1176,7 +1200,6 @@ impl Driver<'_> {
         for m in old.mesh.iter_mut() {
             *m = None;
         }
-        let owner = self.owner_of(old)?;
         // joiners: the prewarmed ones registered while the job trained; others start now
         if let Some(j) = joiners
             && !j.prewarmed
@@ -1188,22 +1211,50 @@ impl Driver<'_> {
                 .insert(j.launch, Live::new(l, n, Vec::new(), String::new()));
             let _ = dir.update(|s| s.launches.push(j.launch as u32));
         }
-        // the partitioning for n workers, made while the survivors pause and the joiners register
+        // the partitioning for n workers: made while the launch trained, else now (while the survivors
+        // pause and the joiners register)
         let t = Instant::now();
-        let (parts, new_owner, moved) = self.overlapping_parts(&owner, n_old, n, to)?;
-        let feat_bytes = self.feature_row_bytes()?;
-        let part_bytes: u64 = parts
-            .iter()
-            .filter_map(|p| std::fs::metadata(p).ok())
-            .map(|m| m.len())
-            .sum();
+        let (tag, prepared, how) = match self.take_prepared(from, n) {
+            Some(p) => {
+                let ready = p.is_ready();
+                let tag = prepared_tag(from, n);
+                let made = p.wait()?;
+                let how = match ready {
+                    true => "prepared while the job trained",
+                    false => "prepared while the job trained, finished in the pause",
+                };
+                (tag, made, how)
+            }
+            None => {
+                let owner = self.owner_of(&r.live[&from])?;
+                let tag = format!("seg{to}");
+                let dir = self.job_abs.join("partitions").join(&tag);
+                let input = self.prepare_input(&owner, n_old, &tag);
+                (
+                    tag,
+                    inplace::prepare(&input, n, &dir)?,
+                    "made in the pause (not foreseen)",
+                )
+            }
+        };
+        // the other counts' preparations for this launch are not needed
+        self.preparing.borrow_mut().retain(|(l, _)| *l != from);
         let line = format!(
-            "resizing in place after epoch {resume_epoch}: {n_old} -> {n} workers, {moved} rows change \
-             owner ({} of features), partitioning made in {:.3} s; the workers read their new parts \
-             ({} in all)",
-            summary::fmt_bytes(moved as u64 * feat_bytes),
+            "resizing in place after epoch {resume_epoch}: {n_old} -> {n} workers, {} rows change owner \
+             ({} of features), partitioning {how} ({:.3} s to make, {:.3} s in the pause); the workers \
+             get deltas of {} in all ({} of rows gained, {} of halo bookkeeping) [bytes: deltas {} rows {} \
+             bookkeeping {} moved_features {}]",
+            prepared.moved,
+            summary::fmt_bytes(prepared.moved_feature_bytes),
+            prepared.seconds,
             t.elapsed().as_secs_f64(),
-            summary::fmt_bytes(part_bytes),
+            summary::fmt_bytes(prepared.file_bytes),
+            summary::fmt_bytes(prepared.row_bytes),
+            summary::fmt_bytes(prepared.bookkeeping_bytes),
+            prepared.file_bytes,
+            prepared.row_bytes,
+            prepared.bookkeeping_bytes,
+            prepared.moved_feature_bytes,
         );
         r.log.line(&line);
         tracing::info!("{line}");
@@ -1275,9 +1326,10 @@ impl Driver<'_> {
             old.launches.extend(joined.launches);
         }
         old.ranks = n;
-        old.parts = parts;
-        old.parts_tag = format!("seg{to}");
-        old.owner = Some(Rc::new(new_owner));
+        old.parts = prepared.deltas;
+        old.parts_tag = tag;
+        old.owner = Some(Arc::new(prepared.owner));
+        old.part_delta = true;
         let ready = old
             .mesh
             .iter()
@@ -1289,7 +1341,7 @@ impl Driver<'_> {
     }
 
     /// The node -> rank assignment a launch trains on.
-    fn owner_of(&self, l: &Live) -> Result<Rc<Vec<u32>>> {
+    fn owner_of(&self, l: &Live) -> Result<Arc<Vec<u32>>> {
         if let Some(owner) = &l.owner {
             return Ok(owner.clone());
         }
@@ -1301,58 +1353,49 @@ impl Driver<'_> {
         let path = set.join("partition.safetensors");
         let (_, p) = physalia_graph::partition::load_partitioning(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        Ok(Rc::new(p.parts))
+        Ok(Arc::new(p.parts))
     }
 
-    /// Bytes of one node's feature row in the dataset.
-    fn feature_row_bytes(&self) -> Result<u64> {
-        let ds = physalia_graph::Dataset::open_unverified(self.dataset_path)
-            .with_context(|| format!("opening {}", self.dataset_path.display()))?;
-        Ok((ds.meta().feat_dim * ds.features().dtype().size_bytes()) as u64)
-    }
-
-    /// A partitioning for `k_new` workers that keeps every survivor's rows where it can, written as part
-    /// files for launch `to`; with how many rows change owner. The stored METIS partitioning for `k_new`,
-    /// its parts matched to ranks by overlap, says where moved rows go: a shrink moves only the leavers'
-    /// rows (to the part METIS puts them in), a growth moves to each joiner only the rows METIS gives it.
-    fn overlapping_parts(
-        &self,
-        owner: &[u32],
-        k_old: usize,
-        k_new: usize,
-        to: usize,
-    ) -> Result<(Vec<PathBuf>, Vec<u32>, usize)> {
-        let seed = self.spec.train.seed;
-        let sets = physalia_graph::partition::ensure_partitions(self.dataset_path, &[k_new], seed)
-            .with_context(|| format!("partitioning into {k_new} parts"))?;
-        let metis = sets
-            .into_iter()
-            .next()
-            .expect("one set per k")
-            .partitioning()?;
-        let new_owner = overlapping_owner(owner, k_old, &metis.parts, k_new);
-        let moved = owner.iter().zip(&new_owner).filter(|(a, b)| a != b).count();
-        // checksums were verified when the job loaded the dataset
-        let ds = physalia_graph::Dataset::open_unverified(self.dataset_path)
-            .with_context(|| format!("opening {}", self.dataset_path.display()))?;
-        let p = physalia_graph::partition::Partitioning::from_assignment(
-            ds.csr(),
-            k_new,
-            new_owner,
-            "in-place",
-            seed,
-        )?;
-        let built = physalia_graph::partition::build_parts(&ds, &p)?;
-        let dir = self.job_abs.join("partitions").join(format!("seg{to}"));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut files = Vec::with_capacity(k_new);
-        for part in &built {
-            let path = dir.join(format!("part{}.safetensors", part.part));
-            part.write(&path)
-                .with_context(|| format!("writing {}", path.display()))?;
-            files.push(path);
+    /// What making a partitioning for an in-place resize of a launch of `k_old` ranks (node -> rank
+    /// `owner`) needs, its deltas served as `part-<tag>-<rank>`.
+    fn prepare_input(&self, owner: &Arc<Vec<u32>>, k_old: usize, tag: &str) -> inplace::Input {
+        inplace::Input {
+            dataset: self.dataset_path.to_path_buf(),
+            seed: self.spec.train.seed,
+            owner: owner.clone(),
+            k_old,
+            files: self.files.clone(),
+            tag: tag.to_string(),
         }
-        Ok((files, p.parts, moved))
+    }
+
+    /// `JobAction::Prepare`: starts making, on threads of their own, the partitionings that an in-place
+    /// resize of `launch` to any of `sizes` workers would take (at most three: the most likely). What
+    /// was being made for earlier launches is dropped.
+    fn prepare(&self, r: &Running, launch: usize, sizes: &[usize]) -> Result<()> {
+        let l = r
+            .live
+            .get(&launch)
+            .with_context(|| format!("launch {launch} is not running"))?;
+        let owner = self.owner_of(l)?;
+        let mut preparing = self.preparing.borrow_mut();
+        preparing.clear();
+        for &k in sizes.iter().take(3) {
+            let tag = prepared_tag(launch, k);
+            let dir = self.job_abs.join("partitions").join(&tag);
+            let input = self.prepare_input(&owner, l.ranks, &tag);
+            preparing.push((launch, Preparing::start(input, k, dir)));
+        }
+        Ok(())
+    }
+
+    /// The preparation of `launch`'s resize to `k` workers, if one was started.
+    fn take_prepared(&self, launch: usize, k: usize) -> Option<Preparing> {
+        let mut preparing = self.preparing.borrow_mut();
+        let i = preparing
+            .iter()
+            .position(|(l, p)| *l == launch && p.k == k)?;
+        Some(preparing.swap_remove(i).1)
     }
 
     /// `JobAction::Record`: the epoch's line on the terminal and in `metrics.jsonl`, the status's
@@ -1508,6 +1551,8 @@ impl Driver<'_> {
         Ok(Assignment {
             peers,
             part,
+            // set by the launch: whether `part` is a delta to the part the worker held
+            part_delta: false,
             partitioning,
             dataset,
             model: self.cfg.clone(),
@@ -1684,6 +1729,12 @@ pub const ENV_TEST_FAIL_RESIZE: &str = "PHYSALIA_TEST_FAIL_RESIZE";
 
 fn fault_at_resize() -> Option<usize> {
     std::env::var(ENV_TEST_FAIL_RESIZE).ok()?.parse().ok()
+}
+
+/// The name of the partitioning for `k` workers prepared while launch `launch` trains (its folder under
+/// `partitions/`, its artifacts' `part-<tag>-<rank>`).
+fn prepared_tag(launch: usize, k: usize) -> String {
+    format!("prep{launch}-k{k}")
 }
 
 /// Where each node goes when `k_old` parts (`owner`, node -> rank) become `k_new`, given a good

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod dataset;
 pub mod distributed;
 pub mod image;
+pub mod inplace;
 pub mod partitions;
 pub mod plan;
 pub mod platform;

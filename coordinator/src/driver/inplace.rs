@@ -1,0 +1,183 @@
+//! The next partitioning of an in-place resize (issue 33), made while the job trains: a launch's owner
+//! (node -> rank) is fixed while it trains, so as soon as it starts, a background thread per worker count
+//! the policy may choose next cuts that count's partitioning (the stored METIS set for it, its parts
+//! matched to the current ranks by overlap: [`overlapping_owner`]) and writes one part delta per rank
+//! (`physalia_worker::delta`: the rows the rank gains, the rows it gives up, its new halo bookkeeping),
+//! checksummed for serving. The resize's pause then only pauses, hands over and loads: it takes the
+//! prepared deltas (waiting for the thread if it has not finished, cutting them itself if the count was
+//! not foreseen).
+//!
+//! Deltas, not part files: a survivor keeps the rows it holds, so it is sent only the rows it gains;
+//! a joiner's delta carries its whole part. The bytes a resize moves are the deltas' sizes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use physalia_control::Files;
+
+use super::distributed::overlapping_owner;
+
+/// A resize's partitioning, made and written: one delta file per rank of the new count.
+#[derive(Debug)]
+pub struct Prepared {
+    pub k: usize,
+    /// Node -> rank of the new partitioning.
+    pub owner: Vec<u32>,
+    /// By rank.
+    pub deltas: Vec<PathBuf>,
+    /// Rows that change owner.
+    pub moved: usize,
+    /// Their feature bytes.
+    pub moved_feature_bytes: u64,
+    /// What the deltas carry: the gained rows (features, in-neighbour lists, labels, splits, ids) and
+    /// the bookkeeping (lost rows' ids, halo ids and degrees, receive and send lists); the files' sizes.
+    pub row_bytes: u64,
+    pub bookkeeping_bytes: u64,
+    pub file_bytes: u64,
+    /// Seconds it took to make.
+    pub seconds: f64,
+}
+
+/// What making a resize's partitioning needs; owned, so that a thread can take it.
+#[derive(Clone)]
+pub struct Input {
+    pub dataset: PathBuf,
+    pub seed: u64,
+    /// Node -> rank of the launch that trains now.
+    pub owner: Arc<Vec<u32>>,
+    pub k_old: usize,
+    /// What the deltas are served under (checksummed here, out of the pause).
+    pub files: Files,
+    /// The artifacts' names: `part-<tag>-<rank>`.
+    pub tag: String,
+}
+
+/// Cuts the partitioning for `k_new` workers that overlaps `input.owner` and writes its deltas into `dir`.
+pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
+    let t = Instant::now();
+    let Input {
+        dataset,
+        seed,
+        owner,
+        k_old,
+        files,
+        tag,
+    } = input;
+    let sets = physalia_graph::partition::ensure_partitions(dataset, &[k_new], *seed)
+        .with_context(|| format!("partitioning into {k_new} parts"))?;
+    let metis = sets
+        .into_iter()
+        .next()
+        .expect("one set per k")
+        .partitioning()?;
+    let new_owner = overlapping_owner(owner, *k_old, &metis.parts, k_new);
+    drop(metis);
+    // checksums were verified when the job loaded the dataset
+    let ds = physalia_graph::Dataset::open_unverified(dataset)
+        .with_context(|| format!("opening {}", dataset.display()))?;
+    let p = physalia_graph::partition::Partitioning::from_assignment(
+        ds.csr(),
+        k_new,
+        new_owner,
+        "in-place",
+        *seed,
+    )?;
+    let parts = physalia_graph::partition::build_parts(&ds, &p)?;
+    let feature_row_bytes = (ds.meta().feat_dim * ds.features().dtype().size_bytes()) as u64;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut prepared = Prepared {
+        k: k_new,
+        owner: Vec::new(),
+        deltas: Vec::with_capacity(k_new),
+        moved: owner.iter().zip(&p.parts).filter(|(a, b)| a != b).count(),
+        moved_feature_bytes: 0,
+        row_bytes: 0,
+        bookkeeping_bytes: 0,
+        file_bytes: 0,
+        seconds: 0.0,
+    };
+    prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;
+    for part in &parts {
+        let delta = physalia_worker::delta::diff(owner, &p.parts, part);
+        let bytes = delta.bytes();
+        prepared.row_bytes += bytes.rows;
+        prepared.bookkeeping_bytes += bytes.bookkeeping;
+        let path = dir.join(format!("delta{}.bin", part.part));
+        prepared.file_bytes += delta
+            .write(&path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        // the checksum the artifact carries, computed now rather than in the pause
+        files
+            .serve(&format!("part-{tag}-{}", part.part), &path)
+            .with_context(|| format!("serving {}", path.display()))?;
+        prepared.deltas.push(path);
+    }
+    drop(parts);
+    prepared.owner = p.parts;
+    prepared.seconds = t.elapsed().as_secs_f64();
+    Ok(prepared)
+}
+
+/// A resize's partitioning being made on a thread of its own.
+pub struct Preparing {
+    pub k: usize,
+    handle: Option<JoinHandle<Result<Prepared>>>,
+    /// Set when the resize went elsewhere: the thread removes what it wrote.
+    unused: Arc<AtomicBool>,
+    pub dir: PathBuf,
+}
+
+impl Preparing {
+    /// Starts making the partitioning for `k_new` workers into `dir`.
+    pub fn start(input: Input, k_new: usize, dir: PathBuf) -> Preparing {
+        let unused = Arc::new(AtomicBool::new(false));
+        let (flag, out) = (unused.clone(), dir.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("prepare-k{k_new}"))
+            .spawn(move || {
+                let made = prepare(&input, k_new, &out);
+                if flag.load(Ordering::SeqCst) {
+                    let _ = std::fs::remove_dir_all(&out);
+                }
+                made
+            })
+            .ok();
+        Preparing {
+            k: k_new,
+            handle,
+            unused,
+            dir,
+        }
+    }
+
+    /// The partitioning, once the thread made it (waiting for it if it has not).
+    pub fn wait(mut self) -> Result<Prepared> {
+        match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| anyhow::anyhow!("preparing the partitioning panicked"))?,
+            None => anyhow::bail!("the thread preparing the partitioning could not start"),
+        }
+    }
+
+    /// Whether the thread is done.
+    pub fn is_ready(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for Preparing {
+    /// Not used: what it wrote goes (now if the thread is done, else when it is).
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.unused.store(true, Ordering::SeqCst);
+            if self.is_ready() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+        }
+    }
+}

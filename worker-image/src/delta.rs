@@ -1,0 +1,672 @@
+//! Part deltas: what a worker needs, beside the part it already holds, to train its part of a new
+//! partitioning after an in-place resize (issue 33). Only the rows it gains travel, with their in-neighbour
+//! lists (global ids), labels and split membership, plus the new part's halo bookkeeping (halo ids, their
+//! degrees, what it receives from and sends to each peer); the rows it keeps stay where they are and the
+//! rows it loses are named. A joiner holds no part: its delta carries every row it owns.
+//!
+//! [`diff`] cuts a delta from the new part (as `build_parts` makes it) and the old owner of every node;
+//! [`apply`] rebuilds exactly that part from the held one and the delta (`apply(old, diff(..)) == new`,
+//! tested on random graphs and partitionings), so training after the resize computes what it would have
+//! computed on the part file.
+//!
+//! The file is a small self-describing binary (magic, a JSON header naming each array's length and
+//! element size, the arrays little-endian); the artifact transfer checks its size and checksum.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use physalia_graph::partition::Part;
+use physalia_graph::{FeatureDtype, Features};
+use serde::{Deserialize, Serialize};
+
+const MAGIC: &[u8; 8] = b"PHDELTA1";
+
+/// What changes between the part a worker holds and its part of the new partitioning.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartDelta {
+    pub part: usize,
+    pub k: usize,
+    pub feat_dim: usize,
+    pub num_classes: usize,
+    pub num_nodes_global: usize,
+    pub num_train_global: usize,
+    pub feature_dtype: FeatureDtype,
+    /// How many rows the part it applies to holds (0: a joiner's).
+    pub held: usize,
+    /// Owned rows given up (global ids, ascending).
+    pub lost: Vec<u32>,
+    /// Owned rows gained (global ids, ascending).
+    pub gained: Vec<u32>,
+    /// Each gained row's in-neighbours: `gained_nbrs[gained_indptr[i]..gained_indptr[i + 1]]`, global ids.
+    pub gained_indptr: Vec<u64>,
+    pub gained_nbrs: Vec<u32>,
+    pub gained_labels: Vec<i64>,
+    /// Indices into `gained` of the gained rows in the train, val and test splits, ascending.
+    pub gained_splits: [Vec<u32>; 3],
+    /// The gained rows' features, `gained.len() x feat_dim` in `feature_dtype`, little-endian bytes.
+    pub gained_features: Vec<u8>,
+    /// The new part's halo (global ids, in its order), the halo rows' global in-degrees, and what it
+    /// receives from and sends to each peer, as in the part file.
+    pub halo: Vec<u32>,
+    pub halo_degree: Vec<u32>,
+    pub recv: Vec<(u32, Range<usize>)>,
+    pub send: Vec<(u32, Vec<u32>)>,
+}
+
+/// Sizes of what a delta moves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeltaBytes {
+    /// The gained rows: features, in-neighbour lists, labels, split membership, ids.
+    pub rows: u64,
+    /// The lost rows' ids and the halo bookkeeping.
+    pub bookkeeping: u64,
+}
+
+impl PartDelta {
+    /// How many bytes of it are rows and how many bookkeeping.
+    pub fn bytes(&self) -> DeltaBytes {
+        let splits: usize = self.gained_splits.iter().map(Vec::len).sum();
+        let rows = self.gained_features.len()
+            + 4 * self.gained.len()
+            + 8 * self.gained_indptr.len()
+            + 4 * self.gained_nbrs.len()
+            + 8 * self.gained_labels.len()
+            + 4 * splits;
+        let sends: usize = self.send.iter().map(|(_, r)| 4 + r.len() * 4).sum();
+        let bookkeeping = 4 * self.lost.len() + 8 * self.halo.len() + 12 * self.recv.len() + sends;
+        DeltaBytes {
+            rows: rows as u64,
+            bookkeeping: bookkeeping as u64,
+        }
+    }
+}
+
+/// The delta that takes whatever part rank `new.part` held under `old_owner` (node -> rank; a joiner's
+/// rank owned nothing) to `new`, its part under `new_owner`.
+pub fn diff(old_owner: &[u32], new_owner: &[u32], new: &Part) -> PartDelta {
+    let me = new.part as u32;
+    let n_owned = new.owned.len();
+    let held = old_owner.iter().filter(|&&o| o == me).count();
+    let lost: Vec<u32> = old_owner
+        .iter()
+        .zip(new_owner)
+        .enumerate()
+        .filter(|&(_, (&o, &n))| o == me && n != me)
+        .map(|(v, _)| v as u32)
+        .collect();
+    let gained_local: Vec<usize> = (0..n_owned)
+        .filter(|&i| old_owner[new.owned[i] as usize] != me)
+        .collect();
+    let global = |l: i32| -> u32 {
+        let l = l as usize;
+        if l < n_owned {
+            new.owned[l]
+        } else {
+            new.halo[l - n_owned]
+        }
+    };
+    let mut gained_indptr = Vec::with_capacity(gained_local.len() + 1);
+    gained_indptr.push(0u64);
+    let mut gained_nbrs = Vec::new();
+    for &i in &gained_local {
+        let row = &new.indices[new.indptr[i] as usize..new.indptr[i + 1] as usize];
+        gained_nbrs.extend(row.iter().map(|&l| global(l)));
+        gained_indptr.push(gained_nbrs.len() as u64);
+    }
+    // local row -> index among the gained rows
+    let mut gained_at = vec![u32::MAX; n_owned];
+    for (j, &i) in gained_local.iter().enumerate() {
+        gained_at[i] = j as u32;
+    }
+    let gained_splits = [&new.train, &new.val, &new.test].map(|s| {
+        s.iter()
+            .map(|&i| gained_at[i as usize])
+            .filter(|&j| j != u32::MAX)
+            .collect()
+    });
+    let row_bytes = new.feat_dim * new.features.dtype().size_bytes();
+    let all = new.features.view().as_bytes();
+    let mut gained_features = Vec::with_capacity(gained_local.len() * row_bytes);
+    for &i in &gained_local {
+        gained_features.extend_from_slice(&all[i * row_bytes..(i + 1) * row_bytes]);
+    }
+    PartDelta {
+        part: new.part,
+        k: new.k,
+        feat_dim: new.feat_dim,
+        num_classes: new.num_classes,
+        num_nodes_global: new.num_nodes_global,
+        num_train_global: new.num_train_global,
+        feature_dtype: new.features.dtype(),
+        held,
+        lost,
+        gained: gained_local.iter().map(|&i| new.owned[i]).collect(),
+        gained_indptr,
+        gained_nbrs,
+        gained_labels: gained_local.iter().map(|&i| new.labels[i]).collect(),
+        gained_splits,
+        gained_features,
+        halo: new.halo.clone(),
+        halo_degree: new.src_in_degree[n_owned..].to_vec(),
+        recv: new.recv.clone(),
+        send: new.send.clone(),
+    }
+}
+
+/// The new part: `old` (the part this worker held; `None` for a joiner) less the lost rows, plus the
+/// gained ones, with the new halo bookkeeping. Fails when the delta was not cut for `old`.
+pub fn apply(old: Option<&Part>, d: &PartDelta) -> Result<Part> {
+    let n = d.num_nodes_global;
+    let row_bytes = d.feat_dim * d.feature_dtype.size_bytes();
+    ensure!(
+        d.gained_indptr.len() == d.gained.len() + 1
+            && d.gained_labels.len() == d.gained.len()
+            && d.gained_features.len() == d.gained.len() * row_bytes
+            && d.halo_degree.len() == d.halo.len()
+            && d.gained_indptr.last().copied() == Some(d.gained_nbrs.len() as u64),
+        "the delta's arrays disagree in length"
+    );
+    let empty: Vec<u32> = Vec::new();
+    let (old_owned, old_halo) = match old {
+        Some(p) => {
+            ensure!(
+                p.feat_dim == d.feat_dim
+                    && p.num_nodes_global == n
+                    && p.features.dtype() == d.feature_dtype,
+                "the held part ({} nodes, {} features of {:?}) is not of the delta's dataset ({n}, {} of {:?})",
+                p.num_nodes_global,
+                p.feat_dim,
+                p.features.dtype(),
+                d.feat_dim,
+                d.feature_dtype
+            );
+            (&p.owned, &p.halo)
+        }
+        None => (&empty, &empty),
+    };
+    ensure!(
+        old_owned.len() == d.held,
+        "the delta applies to a part of {} rows, this worker holds {}",
+        d.held,
+        old_owned.len()
+    );
+    // the rows kept: the held ones less the lost (both ascending), as old local ids
+    let mut kept: Vec<usize> = Vec::with_capacity(old_owned.len());
+    let mut lost = d.lost.iter().peekable();
+    for (i, &v) in old_owned.iter().enumerate() {
+        match lost.peek() {
+            Some(&&l) if l == v => {
+                lost.next();
+            }
+            Some(&&l) if l < v => {
+                bail!("the delta gives up row {l}, which this worker does not hold")
+            }
+            _ => kept.push(i),
+        }
+    }
+    if let Some(l) = lost.next() {
+        bail!("the delta gives up row {l}, which this worker does not hold");
+    }
+    // new owned rows: kept and gained merged in ascending global id; each from where it comes
+    enum Src {
+        Kept(usize),
+        Gained(usize),
+    }
+    let mut rows: Vec<(u32, Src)> = Vec::with_capacity(kept.len() + d.gained.len());
+    let (mut a, mut b) = (0, 0);
+    while a < kept.len() || b < d.gained.len() {
+        let ka = kept.get(a).map(|&i| old_owned[i]);
+        let gb = d.gained.get(b).copied();
+        match (ka, gb) {
+            (Some(x), Some(y)) if x == y => bail!("row {x} is both kept and gained"),
+            (Some(x), Some(y)) if x < y => {
+                rows.push((x, Src::Kept(kept[a])));
+                a += 1;
+            }
+            (Some(x), None) => {
+                rows.push((x, Src::Kept(kept[a])));
+                a += 1;
+            }
+            (_, Some(y)) => {
+                rows.push((y, Src::Gained(b)));
+                b += 1;
+            }
+            (None, None) => unreachable!("the loop runs while one side has rows"),
+        }
+    }
+    let n_owned = rows.len();
+    // global id -> new local id (owned, then halo)
+    let mut local = vec![u32::MAX; n];
+    for (i, (v, _)) in rows.iter().enumerate() {
+        *local
+            .get_mut(*v as usize)
+            .with_context(|| format!("row {v} is not a node of the {n}"))? = i as u32;
+    }
+    for (j, &h) in d.halo.iter().enumerate() {
+        let slot = local
+            .get_mut(h as usize)
+            .with_context(|| format!("halo node {h} is not a node of the {n}"))?;
+        ensure!(*slot == u32::MAX, "halo node {h} is also owned");
+        *slot = (n_owned + j) as u32;
+    }
+    let to_local = |g: u32| -> Result<i32> {
+        match local.get(g as usize) {
+            Some(&l) if l != u32::MAX => Ok(l as i32),
+            _ => bail!("in-neighbour {g} is neither owned nor in the delta's halo"),
+        }
+    };
+    let old_global = |l: i32| -> u32 {
+        let l = l as usize;
+        if l < old_owned.len() {
+            old_owned[l]
+        } else {
+            old_halo[l - old_owned.len()]
+        }
+    };
+    let mut indptr = Vec::with_capacity(n_owned + 1);
+    indptr.push(0i64);
+    let mut indices: Vec<i32> = Vec::new();
+    let mut src_in_degree = Vec::with_capacity(n_owned + d.halo.len());
+    let mut labels = Vec::with_capacity(n_owned);
+    let mut features: Vec<u8> = Vec::with_capacity(n_owned * row_bytes);
+    let old_features = old.map(|p| p.features.view().as_bytes()).unwrap_or(&[]);
+    for (_, from) in &rows {
+        let start = indices.len();
+        match *from {
+            Src::Kept(i) => {
+                let p = old.expect("kept rows come from a held part");
+                for &l in &p.indices[p.indptr[i] as usize..p.indptr[i + 1] as usize] {
+                    indices.push(to_local(old_global(l))?);
+                }
+                labels.push(p.labels[i]);
+                features.extend_from_slice(&old_features[i * row_bytes..(i + 1) * row_bytes]);
+            }
+            Src::Gained(j) => {
+                let r = d.gained_indptr[j] as usize..d.gained_indptr[j + 1] as usize;
+                for &g in &d.gained_nbrs[r] {
+                    indices.push(to_local(g)?);
+                }
+                labels.push(d.gained_labels[j]);
+                features.extend_from_slice(&d.gained_features[j * row_bytes..(j + 1) * row_bytes]);
+            }
+        }
+        indices[start..].sort_unstable();
+        // an owned row's global in-degree is its row's length: every in-neighbour is owned or halo
+        src_in_degree.push((indices.len() - start) as u32);
+        indptr.push(indices.len() as i64);
+    }
+    src_in_degree.extend_from_slice(&d.halo_degree);
+    // split membership: the kept rows' from the held part, the gained rows' from the delta
+    let mut new_of_old = vec![u32::MAX; old_owned.len()];
+    let mut new_of_gained = vec![u32::MAX; d.gained.len()];
+    for (i, (_, from)) in rows.iter().enumerate() {
+        match *from {
+            Src::Kept(o) => new_of_old[o] = i as u32,
+            Src::Gained(j) => new_of_gained[j] = i as u32,
+        }
+    }
+    let mut splits: [Vec<u32>; 3] = Default::default();
+    for (s, split) in splits.iter_mut().enumerate() {
+        if let Some(p) = old {
+            let held = [&p.train, &p.val, &p.test][s];
+            split.extend(
+                held.iter()
+                    .map(|&o| new_of_old[o as usize])
+                    .filter(|&i| i != u32::MAX),
+            );
+        }
+        for &j in &d.gained_splits[s] {
+            let i = *new_of_gained
+                .get(j as usize)
+                .with_context(|| format!("split entry {j} is not a gained row"))?;
+            split.push(i);
+        }
+        split.sort_unstable();
+    }
+    let [train, val, test] = splits;
+    let features = match d.feature_dtype {
+        FeatureDtype::F32 => Features::F32(bytemuck::pod_collect_to_vec(&features)),
+        FeatureDtype::F16 => Features::F16(bytemuck::pod_collect_to_vec(&features)),
+        FeatureDtype::BF16 => Features::BF16(bytemuck::pod_collect_to_vec(&features)),
+    };
+    let part = Part {
+        part: d.part,
+        k: d.k,
+        owned: rows.iter().map(|(v, _)| *v).collect(),
+        halo: d.halo.clone(),
+        indptr,
+        indices,
+        src_in_degree,
+        recv: d.recv.clone(),
+        send: d.send.clone(),
+        labels,
+        train,
+        val,
+        test,
+        features,
+        feat_dim: d.feat_dim,
+        num_classes: d.num_classes,
+        num_nodes_global: n,
+        num_train_global: d.num_train_global,
+    };
+    part.validate()
+        .context("the part rebuilt from the held one and the delta")?;
+    Ok(part)
+}
+
+/// The header of a delta file.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    part: usize,
+    k: usize,
+    feat_dim: usize,
+    num_classes: usize,
+    num_nodes_global: usize,
+    num_train_global: usize,
+    feature_dtype: FeatureDtype,
+    held: usize,
+    /// Array name -> element count, in the order the arrays follow the header.
+    arrays: Vec<(String, usize)>,
+}
+
+impl PartDelta {
+    /// Writes the delta to `path` (a temporary name, then renamed). Returns the file's size.
+    pub fn write(&self, path: &Path) -> Result<u64> {
+        let recv: Vec<u64> = self
+            .recv
+            .iter()
+            .flat_map(|(q, r)| [*q as u64, r.start as u64, r.end as u64])
+            .collect();
+        let send_peers: Vec<u32> = self.send.iter().map(|(q, _)| *q).collect();
+        let mut send_indptr = vec![0u64];
+        let mut send_rows = Vec::new();
+        for (_, rows) in &self.send {
+            send_rows.extend_from_slice(rows);
+            send_indptr.push(send_rows.len() as u64);
+        }
+        let arrays: Vec<(&str, usize, &[u8])> = vec![
+            ("lost", self.lost.len(), bytemuck::cast_slice(&self.lost)),
+            (
+                "gained",
+                self.gained.len(),
+                bytemuck::cast_slice(&self.gained),
+            ),
+            (
+                "gained_indptr",
+                self.gained_indptr.len(),
+                bytemuck::cast_slice(&self.gained_indptr),
+            ),
+            (
+                "gained_nbrs",
+                self.gained_nbrs.len(),
+                bytemuck::cast_slice(&self.gained_nbrs),
+            ),
+            (
+                "gained_labels",
+                self.gained_labels.len(),
+                bytemuck::cast_slice(&self.gained_labels),
+            ),
+            (
+                "gained_train",
+                self.gained_splits[0].len(),
+                bytemuck::cast_slice(&self.gained_splits[0]),
+            ),
+            (
+                "gained_val",
+                self.gained_splits[1].len(),
+                bytemuck::cast_slice(&self.gained_splits[1]),
+            ),
+            (
+                "gained_test",
+                self.gained_splits[2].len(),
+                bytemuck::cast_slice(&self.gained_splits[2]),
+            ),
+            (
+                "gained_features",
+                self.gained_features.len(),
+                self.gained_features.as_slice(),
+            ),
+            ("halo", self.halo.len(), bytemuck::cast_slice(&self.halo)),
+            (
+                "halo_degree",
+                self.halo_degree.len(),
+                bytemuck::cast_slice(&self.halo_degree),
+            ),
+            ("recv", recv.len(), bytemuck::cast_slice(&recv)),
+            (
+                "send_peers",
+                send_peers.len(),
+                bytemuck::cast_slice(&send_peers),
+            ),
+            (
+                "send_indptr",
+                send_indptr.len(),
+                bytemuck::cast_slice(&send_indptr),
+            ),
+            (
+                "send_rows",
+                send_rows.len(),
+                bytemuck::cast_slice(&send_rows),
+            ),
+        ];
+        let header = Header {
+            part: self.part,
+            k: self.k,
+            feat_dim: self.feat_dim,
+            num_classes: self.num_classes,
+            num_nodes_global: self.num_nodes_global,
+            num_train_global: self.num_train_global,
+            feature_dtype: self.feature_dtype,
+            held: self.held,
+            arrays: arrays
+                .iter()
+                .map(|(n, len, _)| (n.to_string(), *len))
+                .collect(),
+        };
+        let json = serde_json::to_vec(&header)?;
+        let mut out =
+            Vec::with_capacity(16 + json.len() + arrays.iter().map(|a| a.2.len()).sum::<usize>());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&json);
+        for (_, _, bytes) in &arrays {
+            out.extend_from_slice(bytes);
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+        Ok(out.len() as u64)
+    }
+
+    /// Reads a delta written by [`PartDelta::write`].
+    pub fn read(path: &Path) -> Result<PartDelta> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&bytes).with_context(|| format!("reading the part delta {}", path.display()))
+    }
+
+    fn parse(bytes: &[u8]) -> Result<PartDelta> {
+        ensure!(
+            bytes.len() >= 16 && &bytes[..8] == MAGIC,
+            "not a part delta"
+        );
+        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
+        let json = bytes
+            .get(16..16usize.saturating_add(len))
+            .context("the header runs past the end")?;
+        let h: Header = serde_json::from_slice(json).context("the header")?;
+        let mut at = 16 + len;
+        let mut raw: BTreeMap<String, &[u8]> = BTreeMap::new();
+        let elem = |name: &str| -> Result<usize> {
+            Ok(match name {
+                "gained_indptr" | "gained_labels" | "recv" | "send_indptr" => 8,
+                "gained_features" => 1,
+                "lost" | "gained" | "gained_nbrs" | "gained_train" | "gained_val"
+                | "gained_test" | "halo" | "halo_degree" | "send_peers" | "send_rows" => 4,
+                other => bail!("unknown array {other}"),
+            })
+        };
+        for (name, count) in &h.arrays {
+            let size = count
+                .checked_mul(elem(name)?)
+                .context("an array's size overflows")?;
+            let end = at.checked_add(size).context("an array's size overflows")?;
+            let slice = bytes
+                .get(at..end)
+                .with_context(|| format!("array {name} runs past the end"))?;
+            raw.insert(name.clone(), slice);
+            at = end;
+        }
+        ensure!(
+            at == bytes.len(),
+            "{} bytes after the last array",
+            bytes.len() - at
+        );
+        let get = |name: &str| -> Result<&[u8]> {
+            raw.get(name)
+                .copied()
+                .with_context(|| format!("no array {name}"))
+        };
+        let u32s =
+            |name: &str| -> Result<Vec<u32>> { Ok(bytemuck::pod_collect_to_vec(get(name)?)) };
+        let u64s =
+            |name: &str| -> Result<Vec<u64>> { Ok(bytemuck::pod_collect_to_vec(get(name)?)) };
+        let recv_flat = u64s("recv")?;
+        ensure!(recv_flat.len() % 3 == 0, "recv is not in triples");
+        let recv = recv_flat
+            .chunks_exact(3)
+            .map(|c| (c[0] as u32, c[1] as usize..c[2] as usize))
+            .collect();
+        let send_peers = u32s("send_peers")?;
+        let send_indptr = u64s("send_indptr")?;
+        let send_rows = u32s("send_rows")?;
+        ensure!(
+            send_indptr.len() == send_peers.len() + 1
+                && send_indptr.first() == Some(&0)
+                && send_indptr.windows(2).all(|w| w[0] <= w[1])
+                && send_indptr.last().copied() == Some(send_rows.len() as u64),
+            "send_indptr does not rise from 0 to the length of send_rows"
+        );
+        let send = send_peers
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| {
+                (
+                    q,
+                    send_rows[send_indptr[i] as usize..send_indptr[i + 1] as usize].to_vec(),
+                )
+            })
+            .collect();
+        Ok(PartDelta {
+            part: h.part,
+            k: h.k,
+            feat_dim: h.feat_dim,
+            num_classes: h.num_classes,
+            num_nodes_global: h.num_nodes_global,
+            num_train_global: h.num_train_global,
+            feature_dtype: h.feature_dtype,
+            held: h.held,
+            lost: u32s("lost")?,
+            gained: u32s("gained")?,
+            gained_indptr: u64s("gained_indptr")?,
+            gained_nbrs: u32s("gained_nbrs")?,
+            gained_labels: bytemuck::pod_collect_to_vec(get("gained_labels")?),
+            gained_splits: [
+                u32s("gained_train")?,
+                u32s("gained_val")?,
+                u32s("gained_test")?,
+            ],
+            gained_features: get("gained_features")?.to_vec(),
+            halo: u32s("halo")?,
+            halo_degree: u32s("halo_degree")?,
+            recv,
+            send,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use physalia_graph::partition::{Partitioning, build_parts};
+
+    /// A small SBM dataset with `n` nodes, in memory.
+    fn dataset(n: usize, seed: u64) -> physalia_graph::OwnedDataset {
+        physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
+            num_nodes: n,
+            num_classes: 3,
+            feat_dim: 5,
+            seed,
+            ..Default::default()
+        })
+        .expect("a small SBM")
+    }
+
+    fn parts(ds: &physalia_graph::OwnedDataset, owner: &[u32], k: usize) -> Vec<Part> {
+        let p = Partitioning::from_assignment(ds.csr(), k, owner.to_vec(), "test", 0).unwrap();
+        build_parts(ds, &p).unwrap()
+    }
+
+    /// `apply(old, diff(old_owner, new_owner, new))` is the part `build_parts` cuts, for every rank of
+    /// every pair of random partitionings (growing, shrinking, same size), joiners and survivors alike;
+    /// and it survives a write and a read.
+    #[test]
+    fn applying_a_delta_to_the_held_part_gives_the_new_part() {
+        let dir = tempfile::tempdir().unwrap();
+        for seed in 0..6u64 {
+            let ds = dataset(300, seed);
+            let n = 300;
+            let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut draw = |k: usize| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % k as u64) as u32
+            };
+            for (k_old, k_new) in [(1, 2), (2, 4), (4, 2), (3, 3), (2, 1)] {
+                let old_owner: Vec<u32> = (0..n).map(|_| draw(k_old)).collect();
+                let new_owner: Vec<u32> = (0..n).map(|_| draw(k_new)).collect();
+                let old = parts(&ds, &old_owner, k_old);
+                let new = parts(&ds, &new_owner, k_new);
+                for want in &new {
+                    let held = old.get(want.part);
+                    let d = diff(&old_owner, &new_owner, want);
+                    let path = dir.path().join("d.bin");
+                    let size = d.write(&path).unwrap();
+                    assert_eq!(size, std::fs::metadata(&path).unwrap().len());
+                    let read = PartDelta::read(&path).unwrap();
+                    assert_eq!(read, d);
+                    let got = apply(held, &read).unwrap();
+                    assert_eq!(
+                        &got, want,
+                        "seed {seed}, {k_old} -> {k_new}, part {}",
+                        want.part
+                    );
+                    // only what changes owner travels as rows
+                    let moved = (0..n)
+                        .filter(|&v| {
+                            new_owner[v] == want.part as u32 && old_owner[v] != want.part as u32
+                        })
+                        .count();
+                    assert_eq!(d.gained.len(), moved);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_delta_cut_for_another_part_is_refused() {
+        let ds = dataset(200, 1);
+        let old_owner: Vec<u32> = (0..200).map(|v| (v % 2) as u32).collect();
+        let new_owner: Vec<u32> = (0..200).map(|v| (v % 3) as u32).collect();
+        let old = parts(&ds, &old_owner, 2);
+        let new = parts(&ds, &new_owner, 3);
+        // rank 0's delta applied to rank 1's part: it gives up rows rank 1 does not hold
+        let d = diff(&old_owner, &new_owner, &new[0]);
+        assert!(apply(Some(&old[1]), &d).is_err());
+        // garbage is an error, not a panic
+        assert!(PartDelta::parse(b"PHDELTA1\xff\xff\xff\xff\xff\xff\xff\xff").is_err());
+        assert!(PartDelta::parse(b"nothing").is_err());
+    }
+}
