@@ -129,6 +129,32 @@ pub struct Coordinated {
     /// The record's URL when it is kept in a job store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_url: Option<String>,
+    /// The partition set of each part count the job trained on, in the order first used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<PartitionRecord>,
+}
+
+/// A partition set a job trained on: how it was made, its quality and what it cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionRecord {
+    pub parts: usize,
+    /// The method the set records (`metis`, `fennel-x20~0.001-lp8-il`, ...).
+    pub method: String,
+    /// Stored beside the dataset before the job (this job computed nothing).
+    pub reused: bool,
+    /// Why the job's partitioner, when this job computed the set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    pub edge_cut: usize,
+    /// `edge_cut` over the graph's undirected edges.
+    pub cut_fraction: f64,
+    /// The largest part's nodes over the mean part's.
+    pub balance: f64,
+    /// Seconds of the node -> part assignment alone, and of the whole set (assignment, cutting and
+    /// writing the parts), when it was computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_seconds: Option<f64>,
+    pub compute_seconds: f64,
 }
 
 impl Coordinated {
@@ -320,6 +346,7 @@ mod tests {
             }],
             workers_range: Some([2, 2]),
             job_url: None,
+            partitions: Vec::new(),
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("summary.json");
@@ -369,6 +396,7 @@ mod tests {
                 epoch_ends: Vec::new(),
                 workers_range,
                 job_url: None,
+                partitions: Vec::new(),
             }
             .finished_on()
         };

@@ -147,6 +147,23 @@ pub struct DatasetSpec {
     )]
     #[schemars(schema_with = "stats_schema")]
     pub stats: Option<StatsSpec>,
+    /// How the graph is cut into the workers' parts when no current set is stored beside the dataset:
+    /// `auto` (the planner's choice: METIS where it fits the coordinator's memory and its better-balanced
+    /// parts pay for its longer run, streaming otherwise; `physalia plan` says which and why), `metis`
+    /// (the whole graph in memory), or `stream` (out of core: restreamed Fennel, then label
+    /// propagation). A set already stored for the part count is reused whichever made it.
+    #[serde(default)]
+    pub partitioner: PartitionerSpec,
+}
+
+/// `dataset.partitioner`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PartitionerSpec {
+    #[default]
+    Auto,
+    Metis,
+    Stream,
 }
 
 /// A graph's size as the planner needs it.
@@ -261,6 +278,7 @@ fn dataset_or_path<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DatasetSpec
                 row_normalize: false,
                 synth: None,
                 stats: None,
+                partitioner: PartitionerSpec::default(),
             })
         }
 

@@ -1365,6 +1365,28 @@ pub fn ensure_partitions_with(
     seed: u64,
     method: Option<&PartitionMethod>,
 ) -> Result<Vec<PartitionSet>, Error> {
+    ensure_sets(dataset_path, ks, seed, method, method.is_none())
+}
+
+/// [`ensure_partitions`] that computes a missing, stale or damaged set with `method` and reuses any
+/// current set whichever method made it (a job's choice of partitioner applies to what it must compute;
+/// a set already beside the dataset, METIS's or streamed, is as good to train on).
+pub fn ensure_partitions_reusing(
+    dataset_path: &Path,
+    ks: &[usize],
+    seed: u64,
+    method: &PartitionMethod,
+) -> Result<Vec<PartitionSet>, Error> {
+    ensure_sets(dataset_path, ks, seed, Some(method), true)
+}
+
+fn ensure_sets(
+    dataset_path: &Path,
+    ks: &[usize],
+    seed: u64,
+    method: Option<&PartitionMethod>,
+    reuse_any: bool,
+) -> Result<Vec<PartitionSet>, Error> {
     let (num_nodes, dataset_checksums) = dataset_identity(dataset_path)?;
     let chunked = dataset_path.is_dir();
     if chunked && method == Some(&PartitionMethod::Metis) {
@@ -1396,7 +1418,7 @@ pub fn ensure_partitions_with(
         let dir = partition_set_dir(dataset_path, k, seed);
         let (meta, status) = check_set(&dir, k, seed, &dataset_checksums);
         if let (Some(meta), ArtifactStatus::Current) = (meta, &status)
-            && method.is_none_or(|m| m.matches(&meta.method))
+            && (reuse_any || method.is_none_or(|m| m.matches(&meta.method)))
         {
             out.push(PartitionSet {
                 part_files: part_files(&dir, k),

@@ -10,7 +10,8 @@ use physalia_graph::chunked::ChunkedDataset;
 use physalia_graph::chunked_partition::partition_chunked;
 use physalia_graph::chunked_synth::{rmat_chunked, sbm_chunked};
 use physalia_graph::partition::{
-    PartitionMethod, Partitioning, build_parts, ensure_partitions_with, load_partitioning,
+    PartitionMethod, Partitioning, build_parts, ensure_partitions_reusing, ensure_partitions_with,
+    load_partitioning,
 };
 use physalia_graph::stream::{StreamOutcome, StreamParams, partition_stream, quality};
 use physalia_graph::synth::{rmat, sbm};
@@ -284,4 +285,35 @@ fn chunked_source_gets_the_same_refined_assignment_and_records_its_quality() {
         .remove(0);
     assert!(!redone.reused);
     assert_eq!(redone.meta.method, "fennel");
+}
+
+/// A job's choice of partitioner applies to the sets it must compute: `ensure_partitions_reusing`
+/// computes a missing set with the method asked for, and reuses a current set whichever method made it.
+#[test]
+fn a_chosen_partitioner_computes_missing_sets_and_reuses_any_current_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("sbm.safetensors");
+    sbm(&sbm_params(2000)).unwrap().write(&path).unwrap();
+    let refined = PartitionMethod::Stream(StreamParams::refined(4));
+    let streamed = ensure_partitions_reusing(&path, &[4], 0, &refined)
+        .unwrap()
+        .remove(0);
+    assert!(!streamed.reused);
+    assert_eq!(streamed.meta.method, "fennel-x20~0.001-lp8-il");
+    // METIS asked for: the streamed set is current, so it is reused, not recomputed
+    let reused = ensure_partitions_reusing(&path, &[4], 0, &PartitionMethod::Metis)
+        .unwrap()
+        .remove(0);
+    assert!(reused.reused);
+    assert_eq!(reused.meta.method, streamed.meta.method);
+    // ensure_partitions_with(Some(METIS)) insists on METIS's set, and another part count is computed
+    // by the method asked for
+    let metis = ensure_partitions_with(&path, &[4], 0, Some(&PartitionMethod::Metis))
+        .unwrap()
+        .remove(0);
+    assert!(!metis.reused);
+    assert_eq!(metis.meta.method, "metis");
+    let two = ensure_partitions_reusing(&path, &[2, 4], 0, &refined).unwrap();
+    assert!(!two[0].reused && two[0].meta.method == "fennel-x20~0.001-lp8-il");
+    assert!(two[1].reused && two[1].meta.method == "metis");
 }

@@ -151,6 +151,9 @@ fn render_as_written(w: &AsWritten) -> String {
         bytes(m.device_bytes),
         bytes(m.device_usable_bytes)
     ));
+    if let Some(step) = &w.partition {
+        out.push_str(&format!("partition step: {}\n", step.why));
+    }
     out.push_str(if w.calibrated {
         "rates: the calibration profile\n"
     } else if w.sku.backend.on_this_machine() {

@@ -251,6 +251,7 @@ fn render(job: &Path) -> Result<String> {
             }
         }
     }
+    partitions(&mut h, coordinated);
     scaling_events(&mut h, coordinated);
     epoch_table(&mut h, &rows);
     h.push_str("</body></html>\n");
@@ -381,6 +382,43 @@ fn cost(h: &mut String, rows: &[Row], summary: Option<&Summary>) {
 }
 
 /// The policy's decisions, as `summary.json` lists them.
+/// The partition set of each part count the job trained on: method, quality and time.
+fn partitions(h: &mut String, summary: Option<&Coordinated>) {
+    let Some(sets) = summary.map(|s| &s.partitions).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    h.push_str(
+        "<h2>Partitions</h2><table><tr><th>parts</th><th>method</th><th>edge cut</th><th>cut fraction</th>\
+         <th>balance</th><th>assignment s</th><th>whole set s</th><th>why</th></tr>",
+    );
+    for p in sets {
+        let secs = |s: Option<f64>| s.map_or_else(|| "-".into(), |s| format!("{s:.2}"));
+        let why = if p.reused {
+            "stored beside the dataset, reused".to_string()
+        } else {
+            p.why.clone().unwrap_or_default()
+        };
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.3}</td><td>{}</td><td>{}</td>\
+             <td style=\"text-align:left\">{}</td></tr>",
+            p.parts,
+            esc(&p.method),
+            p.edge_cut,
+            p.cut_fraction,
+            p.balance,
+            secs(p.partition_seconds),
+            if p.reused {
+                "-".into()
+            } else {
+                format!("{:.2}", p.compute_seconds)
+            },
+            esc(&why),
+        );
+    }
+    h.push_str("</table>");
+}
+
 fn scaling_events(h: &mut String, summary: Option<&Coordinated>) {
     if let Some(events) = summary.map(|s| &s.scaling_events) {
         h.push_str("<h2>Scaling events</h2><table><tr><th>after epoch</th><th>event</th><th>rule</th></tr>");

@@ -100,6 +100,7 @@ fn full_example_parses() {
             row_normalize: true,
             synth: None,
             stats: None,
+            partitioner: Default::default(),
         },
         model: ModelSpec {
             kind: ModelKind::Gat,

@@ -82,6 +82,8 @@ pub struct PartitionStep {
     pub usd: f64,
     /// One sentence: what was chosen and why.
     pub why: String,
+    /// Why alone (the part of `why` after what was chosen).
+    pub reason: String,
 }
 
 /// The partition step for `candidate` (a partition or data mode with more than one part; `None`
@@ -167,14 +169,15 @@ pub fn partition_step(
             ),
         )
     };
+    let reason = why;
     let why = if stored {
         format!(
-            "{k} parts stored beside the dataset are reused; computing them again would use {}: {why}",
+            "{k} parts stored beside the dataset are reused; computing them again would use {}: {reason}",
             chosen.partitioner.label()
         )
     } else {
         format!(
-            "{k} parts by {}: {}, {} on the coordinator; {why}",
+            "{k} parts by {}: {}, {} on the coordinator; {reason}",
             chosen.partitioner.label(),
             secs(chosen.seconds),
             bytes(chosen.memory_bytes)
@@ -193,6 +196,7 @@ pub fn partition_step(
         memory_usable_bytes: usable,
         usd,
         why,
+        reason,
     })
 }
 

@@ -475,7 +475,11 @@ fn input_dropout_fetches_the_feature_halo_once() {
     let p = predict(&req, g5, &c, None).unwrap();
     let second_layer = p.halo_rows as f64 * 16.0 * 4.0 * 2.0;
     let rel = (p.exchange_bytes_per_epoch - second_layer).abs() / second_layer;
-    assert!(rel < 1e-5, "exact: {} vs {second_layer}", p.exchange_bytes_per_epoch);
+    assert!(
+        rel < 1e-5,
+        "exact: {} vs {second_layer}",
+        p.exchange_bytes_per_epoch
+    );
     req.model.input_dropout = 0.0;
     let cached = predict(&req, g5, &c, None).unwrap();
     assert_eq!(cached.exchange_bytes_per_epoch, p.exchange_bytes_per_epoch);
@@ -486,7 +490,11 @@ fn input_dropout_fetches_the_feature_halo_once() {
     let s = predict(&req, g5, &sampled, None).unwrap();
     let want = 0.5 * second_layer;
     let rel = (s.exchange_bytes_per_epoch - want).abs() / want;
-    assert!(rel < 1e-5, "sampled: {} vs {want}", s.exchange_bytes_per_epoch);
+    assert!(
+        rel < 1e-5,
+        "sampled: {} vs {want}",
+        s.exchange_bytes_per_epoch
+    );
 }
 
 #[test]
@@ -870,7 +878,9 @@ fn the_partition_step_chooses_metis_or_streaming_by_memory_and_time() {
         Partitioner::Metis => (s.chosen, s.other),
         Partitioner::Stream => (s.other, s.chosen),
     };
-    assert!(metis.memory_bytes > 1.2 * 1024f64.powi(3) && metis.memory_bytes < 1.5 * 1024f64.powi(3));
+    assert!(
+        metis.memory_bytes > 1.2 * 1024f64.powi(3) && metis.memory_bytes < 1.5 * 1024f64.powi(3)
+    );
     assert!(stream.memory_bytes < 64.0 * 1024f64.powi(2), "{stream:?}");
     assert!(stream.seconds < metis.seconds, "{stream:?} {metis:?}");
     assert_eq!(metis.epochs_extra_s, 0.0);
@@ -883,8 +893,14 @@ fn the_partition_step_chooses_metis_or_streaming_by_memory_and_time() {
     }
     assert_eq!(chosen.first(), Some(&Partitioner::Stream), "{chosen:?}");
     assert_eq!(chosen.last(), Some(&Partitioner::Metis), "{chosen:?}");
-    let flip = chosen.iter().position(|p| *p == Partitioner::Metis).unwrap();
-    assert!(chosen[flip..].iter().all(|p| *p == Partitioner::Metis), "{chosen:?}");
+    let flip = chosen
+        .iter()
+        .position(|p| *p == Partitioner::Metis)
+        .unwrap();
+    assert!(
+        chosen[flip..].iter().all(|p| *p == Partitioner::Metis),
+        "{chosen:?}"
+    );
 
     // a coordinator too small for METIS: streaming, whatever the epochs, and the reason names memory
     req.constraints.coordinator_memory_gib = Some(1.0);
@@ -923,7 +939,13 @@ fn the_partition_step_chooses_metis_or_streaming_by_memory_and_time() {
     let s = p.partition.as_ref().expect("papers100M is partitioned");
     assert_eq!(s.chosen.partitioner, Partitioner::Stream);
     assert!(s.other.memory_bytes > 200.0 * 1024f64.powi(3), "{s:?}");
-    assert!(p.explanation.iter().any(|l| l.starts_with("partition step:")), "{:?}", p.explanation);
+    assert!(
+        p.explanation
+            .iter()
+            .any(|l| l.starts_with("partition step:")),
+        "{:?}",
+        p.explanation
+    );
     let line = format!("partition {} parts by stream", s.parts);
     assert!(p.render().contains(&line), "{}", p.render());
 }

@@ -197,3 +197,95 @@ fn repeated_seeds_on_a_chunked_dataset_load_it_whole_and_train() {
         );
     }
 }
+
+/// `dataset.partitioner` picks how a missing partition set is computed (`auto`: the planner's choice,
+/// whose reason the record keeps); a set already stored for the part count is reused whichever method made
+/// it; the job's summary and report record each set's method, cut, balance and seconds; METIS on a chunked
+/// dataset is refused naming the field.
+#[test]
+fn the_partitioner_is_the_job_files_or_the_planners_and_the_record_keeps_its_quality() {
+    let t = TempDir::new().unwrap();
+    let dir = t.path();
+    synth_both(dir);
+    write_job(dir, "single.yaml", &job("single.safetensors"));
+    let partitions = |job_dir: &Path| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(job_dir.join("summary.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["partitions"].as_array().cloned().unwrap_or_default()
+    };
+
+    // streaming asked for on a file: computed by streaming, recorded with its quality and why
+    let (streamed_dir, streamed) = submit(
+        dir,
+        "single.yaml",
+        &["workers=2", "dataset.partitioner=stream"],
+    );
+    assert_eq!(
+        set_method(&dir.join("single.parts/k2-seed0")),
+        "fennel-x20~0.001-lp8-il"
+    );
+    let p = partitions(&streamed_dir);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0]["parts"], 2);
+    assert_eq!(p[0]["method"], "fennel-x20~0.001-lp8-il");
+    assert_eq!(p[0]["reused"], false);
+    assert!(
+        p[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("dataset.partitioner"),
+        "{p:?}"
+    );
+    let cut = p[0]["cut_fraction"].as_f64().unwrap();
+    assert!(cut > 0.0 && cut < 1.0, "{p:?}");
+    assert!(p[0]["edge_cut"].as_u64().unwrap() > 0);
+    assert!(p[0]["balance"].as_f64().unwrap() >= 1.0);
+    assert!(p[0]["compute_seconds"].as_f64().unwrap() > 0.0);
+    let report = std::fs::read_to_string(streamed_dir.join("report.html")).unwrap();
+    assert!(
+        report.contains("<h2>Partitions</h2>"),
+        "no partitions table"
+    );
+    assert!(report.contains("fennel-x20~0.001-lp8-il"));
+
+    // METIS asked for: the streamed set is current, so it is reused, not recomputed, and trains the same
+    let (metis_dir, again) = submit(
+        dir,
+        "single.yaml",
+        &["workers=2", "dataset.partitioner=metis"],
+    );
+    let p = partitions(&metis_dir);
+    assert_eq!(p[0]["reused"], true, "{p:?}");
+    assert_eq!(p[0]["method"], "fennel-x20~0.001-lp8-il");
+    assert!(p[0].get("why").is_none(), "{p:?}");
+    assert_close("the reused set", &again, &streamed);
+
+    // auto, for a part count not stored: the planner's choice, with its reason
+    let (auto_dir, _) = submit(dir, "single.yaml", &["workers=3", "train.epochs=10"]);
+    let p = partitions(&auto_dir);
+    let why = p[0]["why"].as_str().unwrap();
+    assert!(why.starts_with("the planner's choice: "), "{why}");
+    let method = set_method(&dir.join("single.parts/k3-seed0"));
+    assert_eq!(p[0]["method"].as_str().unwrap(), method);
+    assert_eq!(
+        why.contains("edge-balanced parts save"),
+        method == "metis",
+        "{why} / {method}"
+    );
+
+    // METIS cannot cut a chunked dataset without loading it: refused before anything is written
+    write_job(dir, "chunked.yaml", &job("chunked"));
+    let out = physalia(
+        dir,
+        [
+            "submit",
+            "chunked.yaml",
+            "--set",
+            "workers=2",
+            "--set",
+            "dataset.partitioner=metis",
+        ],
+    );
+    out.one_line_error(&["dataset.partitioner", "metis", "chunked"]);
+    assert!(!dir.join("chunked.parts").exists());
+}

@@ -150,6 +150,11 @@ pub fn run(
     let t_load = Instant::now();
     let source = dataset::load(&spec.dataset, obs)?;
     dataset::check_parallelism(spec, &source)?;
+    let partitioner = super::partitions::choose(
+        spec,
+        &source,
+        crate::driver::admission::partition_memory_bytes(),
+    )?;
     let stats = source.stats();
     let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
     let local_command = local_worker_command()?;
@@ -207,10 +212,13 @@ pub fn run(
             files: Files::new(Some(job_abs.clone())),
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
+            partitioner: &partitioner,
+            partition_records: Default::default(),
             control_port: cluster.map(|r| r.control_port),
             preparing: Default::default(),
         };
         let (state, outcome) = driver.run(state, pending, &mut dir)?;
+        let partitions = driver.partition_records.take();
         let elastic = state.elastic();
         let mut run = summary::summarize(
             name,
@@ -232,7 +240,8 @@ pub fn run(
         if let Some(url) = &job_url {
             run.job_dir = url.clone();
         }
-        let coordinated = coordinated(elastic, outcome, cluster, job_url.clone());
+        let mut coordinated = coordinated(elastic, outcome, cluster, job_url.clone());
+        coordinated.partitions = partitions;
         Ok(summary::JobSummary {
             run,
             coordinated: Some(coordinated),
@@ -287,6 +296,7 @@ fn coordinated(
         epoch_ends: outcome.epochs,
         workers_range: elastic.workers_range(),
         job_url,
+        partitions: Vec::new(),
     }
 }
 
@@ -731,6 +741,10 @@ struct Driver<'a> {
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
     /// Partition sets kept beside the dataset in its object store (cluster mode).
     stored_partitions: Option<&'a StoredPartitions>,
+    /// How a missing partition set is computed (the job file's `dataset.partitioner` or the planner's).
+    partitioner: &'a super::partitions::PartitionChoice,
+    /// The set of each part count the launches trained on, for `summary.json`.
+    partition_records: std::cell::RefCell<Vec<physalia_control::record::PartitionRecord>>,
     /// The port the control endpoints bind (and the next few): the one a cluster-mode
     /// coordinator's platform object declares; `None`: any.
     control_port: Option<u16>,
@@ -1444,8 +1458,18 @@ impl Driver<'_> {
                 )),
             }
         }
+        let method = &self.partitioner.method;
+        let label = match method {
+            physalia_graph::partition::PartitionMethod::Metis => "METIS",
+            physalia_graph::partition::PartitionMethod::Stream(_) => "streaming",
+        };
         let sets = super::step(self.obs, &format!("partitioning into {k} parts"), || {
-            physalia_graph::partition::ensure_partitions(self.dataset_path, &[k], seed)
+            physalia_graph::partition::ensure_partitions_reusing(
+                self.dataset_path,
+                &[k],
+                seed,
+                method,
+            )
         })
         .with_context(|| {
             format!(
@@ -1463,11 +1487,43 @@ impl Driver<'_> {
                 stored.url()
             ));
         }
+        self.record_partition(&set, label);
         let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         physalia_gnn::heap::release_freed_memory();
         let launch = Launch::start(self, dir.path(), n, index, None)?;
         Ok(Live::new(launch, n, parts, format!("k{k}")))
+    }
+
+    /// Keeps the first set of each part count the job trains on for its summary, and says on the
+    /// terminal how a computed one was made.
+    fn record_partition(&self, set: &physalia_graph::partition::PartitionSet, label: &str) {
+        let m = &set.meta;
+        let mut records = self.partition_records.borrow_mut();
+        if records.iter().any(|r| r.parts == m.k) {
+            return;
+        }
+        if !set.reused {
+            self.obs.progress(&format!(
+                "partitioned into {} parts by {label}: cut {:.3}, balance {:.3}, {:.1}s ({})",
+                m.k,
+                m.cut_fraction(),
+                m.balance,
+                m.compute_seconds,
+                self.partitioner.why,
+            ));
+        }
+        records.push(physalia_control::record::PartitionRecord {
+            parts: m.k,
+            method: m.method.clone(),
+            reused: set.reused,
+            why: (!set.reused).then(|| self.partitioner.why.clone()),
+            edge_cut: m.edge_cut,
+            cut_fraction: m.cut_fraction(),
+            balance: m.balance,
+            partition_seconds: m.partition_seconds,
+            compute_seconds: m.compute_seconds,
+        });
     }
 
     /// Asks the planner again for the job as it runs (`workers` in `mode`, with the exchange the policy set)

@@ -53,6 +53,12 @@ pub fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
         _ => Vec::new(),
     };
     let mut req = request_from(spec, graph, partitions)?;
+    // a job on this machine partitions in this process: its memory, not a cluster coordinator's
+    if spec.backend.name.on_this_machine()
+        && let Some(bytes) = crate::driver::admission::partition_memory_bytes()
+    {
+        req.constraints.coordinator_memory_gib = Some(bytes / f64::from(1u32 << 30));
+    }
     // a chunked dataset trains only partition-parallel (data and model parallelism ship the whole file)
     if source.is_chunked() {
         req.constraints.modes = vec![physalia_planner::Mode::Partition];
@@ -168,6 +174,9 @@ pub struct AsWritten {
     pub prediction: Prediction,
     /// Whether a calibration profile replaced the catalog's rates (local SKUs).
     pub calibrated: bool,
+    /// The partition step before the launch, when the job partitions its graph.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<physalia_planner::PartitionStep>,
 }
 
 /// The planner's prediction for the job's own settings on its backend's SKU.
@@ -232,11 +241,13 @@ pub fn as_written(
         cache_rows: prediction.cache_rows,
         ..candidate
     };
+    let partition = physalia_planner::partition_step(req, &candidate, &prediction);
     Ok(AsWritten {
         candidate,
         sku: sku.clone(),
         prediction,
         calibrated: calibration.is_some() && sku.backend.on_this_machine(),
+        partition,
     })
 }
 
