@@ -180,14 +180,20 @@ pub fn submit(
     remote
         .check_writable()
         .with_context(|| format!("{file}: output.dir"))?;
-    let memory_gib = coordinator_memory_gib(dataset_bytes(spec).with_context(|| file.clone())?);
+    // a raw folder is imported here into a file (as a local job imports it on the fly), whose bytes
+    // size the coordinator and are uploaded
+    let imported = tempfile::tempdir().context("creating a temporary folder")?;
     if let Some(path) = spec.dataset.path.clone()
         && !store::is_url(&path)
     {
-        let url = upload_dataset(&remote, &path, obs)
+        let upload = dataset_to_upload(&spec.dataset, &path, imported.path(), obs)
+            .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
+        let url = upload_dataset(&remote, &upload, obs)
             .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
         spec.dataset.path = Some(PathBuf::from(url));
+        spec.dataset.format = crate::spec::DatasetFormat::Safetensors;
     }
+    let memory_gib = coordinator_memory_gib(dataset_bytes(spec).with_context(|| file.clone())?);
     let id = remote.new_job_id(&spec.job_name(job_file))?;
     remote.put(&id, "job.json", json_bytes(spec)?)?;
     // readable by `status` from now on; the coordinator rewrites it once it runs
@@ -426,6 +432,37 @@ fn json_bytes(v: &impl serde::Serialize) -> Result<Vec<u8>> {
     Ok(b)
 }
 
+/// The file cluster mode uploads for the dataset at `path`: the file itself, or a raw folder (the generic
+/// or OGB layout) imported into `tmp` as `<folder name>.safetensors`, as a local job imports it on the fly.
+fn dataset_to_upload(
+    spec: &crate::spec::DatasetSpec,
+    path: &Path,
+    tmp: &Path,
+    obs: &dyn Observer,
+) -> Result<PathBuf> {
+    if !path.is_dir() || physalia_graph::is_chunked(path) {
+        return Ok(path.to_path_buf());
+    }
+    let folder = crate::spec::DatasetSpec {
+        path: Some(path.to_path_buf()),
+        ..spec.clone()
+    };
+    let crate::driver::dataset::Source::Memory(ds) = crate::driver::dataset::load(&folder, obs)?
+    else {
+        bail!("expected a raw dataset folder (generic or OGB layout)");
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "dataset".into());
+    let to = tmp.join(format!("{name}.safetensors"));
+    crate::driver::step(obs, "importing the dataset folder into a file", || {
+        ds.write(&to)
+    })
+    .with_context(|| format!("writing {}", to.display()))?;
+    Ok(to)
+}
+
 /// Uploads the dataset file at `path` to `<store>/.datasets/<xxh3 of its bytes>-<file name>` unless it
 /// is there already; returns its URL.
 fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<String> {
@@ -438,10 +475,7 @@ fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<St
         );
     }
     if !meta.is_file() {
-        bail!(
-            "cluster mode uploads a dataset file; this is a folder (turn it into one with `physalia \
-             data import`)"
-        );
+        bail!("cluster mode uploads a dataset file; this is not one");
     }
     let file_name = path
         .file_name()
@@ -802,6 +836,59 @@ mod tests {
             "dataset: cora.safetensors\nmodel: {{kind: gcn}}\nworkers: 2\noutput: {{dir: s3://b/jobs}}\nbackend:\n  name: {backend}\n  ecs:\n    cluster: physalia\n    subnets: [subnet-1]\n    security_groups: [sg-1]\n    execution_role_arn: arn:aws:iam::123456789012:role/x\n    coordinator_task_role_arn: arn:aws:iam::123456789012:role/c\n    image: img\n    sku: ecs-fargate-2x8\n  kubernetes:\n    image: img\n    sku: gke-g2-standard-8\n"
         );
         crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// Cluster mode uploads a file: a raw folder (here the generic layout) is imported into one first,
+    /// named after the folder, holding the same graph as the folder loaded; a file goes as it is.
+    #[test]
+    fn a_raw_dataset_folder_is_imported_into_the_file_cluster_mode_uploads() {
+        let quiet = crate::driver::Plain { quiet: true };
+        let t = tempfile::tempdir().unwrap();
+        let folder = t.path().join("tiny");
+        std::fs::create_dir_all(&folder).unwrap();
+        let (n, f) = (6usize, 2usize);
+        let mut edges = String::from("src,dst\n");
+        for i in 0..n {
+            edges.push_str(&format!("{i},{}\n", (i + 1) % n));
+        }
+        std::fs::write(folder.join("edges.csv"), edges).unwrap();
+        let bin: Vec<u8> = (0..n * f).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        std::fs::write(folder.join("features.bin"), bin).unwrap();
+        std::fs::write(
+            folder.join("features.json"),
+            format!(r#"{{"file": "features.bin", "num_nodes": {n}, "feat_dim": {f}, "dtype": "float32", "byte_order": "little"}}"#),
+        )
+        .unwrap();
+        let labels: String = std::iter::once("node,label\n".to_string())
+            .chain((0..n).map(|i| format!("{i},{}\n", i % 2)))
+            .collect();
+        std::fs::write(folder.join("labels.csv"), labels).unwrap();
+        std::fs::write(folder.join("train_idx.txt"), "0\n1\n2\n").unwrap();
+        std::fs::write(folder.join("val_idx.txt"), "3\n4\n").unwrap();
+        std::fs::write(folder.join("test_idx.txt"), "5\n").unwrap();
+
+        let spec = job("ecs").dataset;
+        let out = t.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let file = dataset_to_upload(&spec, &folder, &out, &quiet).unwrap();
+        assert_eq!(file, out.join("tiny.safetensors"));
+        let ds = physalia_graph::Dataset::open(&file).unwrap();
+        let folder_spec = crate::spec::DatasetSpec {
+            path: Some(folder.clone()),
+            ..spec.clone()
+        };
+        let crate::driver::dataset::Source::Memory(loaded) =
+            crate::driver::dataset::load(&folder_spec, &quiet).unwrap()
+        else {
+            panic!("a folder loads into memory");
+        };
+        assert_eq!(ds.csr().indptr, loaded.csr().indptr);
+        assert_eq!(ds.csr().indices, loaded.csr().indices);
+        assert_eq!(ds.labels(), &loaded.labels[..]);
+        assert_eq!(ds.features_f32().len(), n * f);
+        assert_eq!(ds.features_f32()[(n - 1) * f + 1], (n * f - 1) as f32);
+        // a file is uploaded as it is
+        assert_eq!(dataset_to_upload(&spec, &file, &out, &quiet).unwrap(), file);
     }
 
     /// The preflight's peak: a prewarmed launch runs beside the current one where a resize restarts
