@@ -125,6 +125,7 @@ def main():
     p.add_argument("--prewarm", action="store_true", help="start the joiners (or the next launch) an epoch ahead")
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     a = p.parse_args()
+    a.bin = os.path.abspath(a.bin)
     out_dir = os.path.join(ROOT, "bench", "out")
     os.makedirs(out_dir, exist_ok=True)
     graph = os.path.join(out_dir, f"sbm-{a.nodes}-f{a.feat_dim}-c{a.classes}.safetensors")
