@@ -216,6 +216,7 @@ def run_ours(n, st, model, dropout, in_drop, rep, args):
         during = (res.get("coordinator_rss_bytes") or res.get("peak_rss_bytes") or 0) + sum(workers)
         rss = max(rss, res.get("peak_rss_bytes") or 0, during)
     return {"impl": "ours", "median_epoch_s": float(res["median_epoch_s"]),
+            "median_epoch_cpu_s": res.get("median_epoch_cpu_s"),
             "epoch_times_s": res.get("epoch_times_s"), "peak_rss_bytes": rss, "wall_s": wall,
             "cpu_s": run_child.last_cpu_s,
             "final_loss": res.get("final_loss", res.get("loss")), "log": o}
@@ -225,7 +226,9 @@ def summarise(runs):
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return None
+    cpu = [r["median_epoch_cpu_s"] for r in ok if r.get("median_epoch_cpu_s") is not None]
     return {"median_epoch_s": statistics.median(r["median_epoch_s"] for r in ok),
+            "median_epoch_cpu_s": statistics.median(cpu) if cpu else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok),
             "final_loss": ok[-1].get("final_loss"), "repeats": len(ok)}
 
@@ -240,19 +243,23 @@ def ratio(a, b):
 
 def table_rows(rows):
     header = ["graph", "model", "dropout", "input dropout", "PyG median epoch s", "ours median epoch s", "ratio (ours/PyG)",
-              "PyG peak RSS MiB", "ours peak RSS MiB", "ratio (ours/PyG)"]
+              "PyG peak RSS MiB", "ours peak RSS MiB", "ratio (ours/PyG)",
+              "PyG CPU s/epoch", "ours CPU s/epoch", "CPU ratio"]
     body = []
     for r in rows:
         p, o = r["pyg"], r["ours"]
         pt = p and p["median_epoch_s"]
         ot = o and o["median_epoch_s"]
+        pc = p and p.get("median_epoch_cpu_s")
+        oc = o and o.get("median_epoch_cpu_s")
         pm = p and p["peak_rss_bytes"] / 2**20
         om = o and o["peak_rss_bytes"] / 2**20
         ofail = "FAILED" if r.get("ours_error") else None
         pfail = "FAILED" if r.get("pyg_error") else None
         body.append([r["graph"], r["model"], f"{r['dropout']:g}", f"{r.get('input_dropout', 0):g}",
                      pfail or fmt(pt, ".3f"), ofail or fmt(ot, ".3f"), fmt(ratio(ot, pt), ".2f"),
-                     pfail or fmt(pm, ".0f"), ofail or fmt(om, ".0f"), fmt(ratio(om, pm), ".2f")])
+                     pfail or fmt(pm, ".0f"), ofail or fmt(om, ".0f"), fmt(ratio(om, pm), ".2f"),
+                     fmt(pc, ".3f"), fmt(oc, ".3f"), fmt(ratio(oc, pc), ".2f")])
     return header, body
 
 
@@ -305,7 +312,8 @@ def write_results(rows, info, args):
           f"torch_geometric {info.get('pyg', '?')}; load average at start "
           f"{fmt(info.get('loadavg_at_start'), '.2f')}.", "",
           "Epoch time is the median over epochs (then the median over repeats) of forward + backward + "
-          "optimizer step; peak RSS is the child's ru_maxrss from wait4 (max over repeats)."
+          "optimizer step; peak RSS is the child's ru_maxrss from wait4 (max over repeats); CPU s/epoch is the "
+          "median epoch's process CPU time, all threads (less skewed than wall time on a shared machine)."
           + (f" For scale: a Python child that only runs `import torch, torch_geometric` peaks at "
              f"{info['pyg_import_only_rss_bytes'] / 2**20:.0f} MiB." if info.get("pyg_import_only_rss_bytes") else ""),
           "",

@@ -2,7 +2,8 @@
 //! on one dataset file in one process, the way a single CPU worker does (the binaries' allocator and heap
 //! settings, features moved into the engine and freed once the model stops reading them, no evaluation inside
 //! the timed epochs), and prints one JSON line like `physalia submit --output json`'s (`median_epoch_s`,
-//! `epoch_times_s`, `final_loss`, `peak_rss_bytes`).
+//! `epoch_times_s`, `final_loss`, `peak_rss_bytes`), and each epoch's process CPU seconds (`median_epoch_cpu_s`,
+//! as `bench/pyg_train.py` reports them: on a shared machine less skewed by other processes than wall time).
 //!
 //! It exists because the `physalia` binary builds the cloud backends (the AWS and Azure SDKs), half an hour
 //! on a small machine, while this builds the engine alone. It has no coordinator process, so its peak RSS is
@@ -117,7 +118,9 @@ fn train(args: &[String]) {
     let mut model = Model::new(&cfg, 0).expect("valid model");
     let mut opt = Adam::new(&model.params, tc.lr, tc.weight_decay);
     let mut times = Vec::new();
+    let mut cpu_times = Vec::new();
     let mut losses = Vec::new();
+    let mut cpu_mark = process_cpu_s();
     physalia_gnn::train_resumable_owned(
         &mut model,
         &mut opt,
@@ -129,6 +132,9 @@ fn train(args: &[String]) {
         &mut LocalExchange,
         &mut |e| {
             times.push(e.metrics.train_s);
+            let now = process_cpu_s();
+            cpu_times.push(now - cpu_mark);
+            cpu_mark = now;
             losses.push(e.metrics.loss);
             eprintln!(
                 "[bench_train] epoch {}: loss {:.4} {:.3}s",
@@ -143,6 +149,8 @@ fn train(args: &[String]) {
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied();
+    let mut cpu_sorted = cpu_times.clone();
+    cpu_sorted.sort_by(f64::total_cmp);
     println!(
         "{}",
         serde_json::json!({
@@ -150,11 +158,31 @@ fn train(args: &[String]) {
             "model": args[1],
             "median_epoch_s": median,
             "epoch_times_s": times,
+            "median_epoch_cpu_s": cpu_sorted.get(cpu_sorted.len() / 2),
+            "epoch_cpu_s": cpu_times,
             "final_loss": losses.last(),
             "peak_rss_bytes": peak_rss_bytes(),
             "simd": physalia_gnn::sparse::Path::detect().name(),
         })
     );
+}
+
+/// CPU seconds this process has used, all threads (`CLOCK_PROCESS_CPUTIME_ID`).
+fn process_cpu_s() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "the process CPU clock exists on Linux");
+    t.sec as f64 + t.nsec as f64 * 1e-9
 }
 
 /// This process's peak resident set (`VmHWM`), if the kernel reports it.
