@@ -98,6 +98,7 @@ fn train(args: &[String]) {
     };
     // the mapping is closed: the engine holds its own copies, as a worker does after building its inputs
     physalia_gnn::heap::release_freed_memory();
+    eprintln!("[bench_train] loaded: {}", memory_line());
 
     let mut cfg = ModelConfig::new(kind, feat_dim, hidden, classes);
     cfg.dropout = dropout;
@@ -137,10 +138,11 @@ fn train(args: &[String]) {
             cpu_mark = now;
             losses.push(e.metrics.loss);
             eprintln!(
-                "[bench_train] epoch {}: loss {:.4} {:.3}s",
+                "[bench_train] epoch {}: loss {:.4} {:.3}s; {}",
                 times.len(),
                 e.metrics.loss,
-                e.metrics.train_s
+                e.metrics.train_s,
+                memory_line()
             );
             true
         },
@@ -185,10 +187,20 @@ fn process_cpu_s() -> f64 {
     t.sec as f64 + t.nsec as f64 * 1e-9
 }
 
-/// This process's peak resident set (`VmHWM`), if the kernel reports it.
-fn peak_rss_bytes() -> Option<u64> {
+/// A `/proc/self/status` field in bytes (`VmHWM`: the peak resident set; `VmRSS`: the current one).
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// The resident set now and at its peak, for the log.
+fn memory_line() -> String {
+    let mib = |b: Option<u64>| b.map_or("?".into(), |b| format!("{} MiB", b >> 20));
+    format!("RSS {}, peak {}", mib(status_bytes("VmRSS:")), mib(peak_rss_bytes()))
 }
