@@ -34,7 +34,8 @@ fn main() {
         Some("import") if args.len() == 3 => {
             let d = physalia_graph::import::generic(Path::new(&args[1]), &ImportOptions::default())
                 .expect("the generic layout imports");
-            d.write(Path::new(&args[2])).expect("the dataset is written");
+            d.write(Path::new(&args[2]))
+                .expect("the dataset is written");
         }
         Some("train") if (7..=9).contains(&args.len()) => train(&args[1..]),
         _ => {
@@ -58,8 +59,12 @@ fn train(args: &[String]) {
     let dropout: f32 = args[3].parse().expect("DROPOUT is a number");
     let input_dropout: f32 = args[4].parse().expect("INPUT_DROPOUT is a number");
     let threads: usize = args[5].parse().expect("THREADS is a number");
-    let hidden: usize = args.get(6).map_or(256, |h| h.parse().expect("HIDDEN is a number"));
-    let heads: usize = args.get(7).map_or(4, |h| h.parse().expect("HEADS is a number"));
+    let hidden: usize = args
+        .get(6)
+        .map_or(256, |h| h.parse().expect("HIDDEN is a number"));
+    let heads: usize = args
+        .get(7)
+        .map_or(4, |h| h.parse().expect("HEADS is a number"));
     // as the binaries do: large buffers from the heap, never trimmed, so epochs reuse pages
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -202,5 +207,9 @@ fn peak_rss_bytes() -> Option<u64> {
 /// The resident set now and at its peak, for the log.
 fn memory_line() -> String {
     let mib = |b: Option<u64>| b.map_or("?".into(), |b| format!("{} MiB", b >> 20));
-    format!("RSS {}, peak {}", mib(status_bytes("VmRSS:")), mib(peak_rss_bytes()))
+    format!(
+        "RSS {}, peak {}",
+        mib(status_bytes("VmRSS:")),
+        mib(peak_rss_bytes())
+    )
 }

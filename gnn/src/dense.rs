@@ -143,7 +143,14 @@ pub fn matmul_bt_rows_into(a: &[f32], k: usize, b: &Matrix, c: &mut [f32], accum
 
 /// `C (+)= A^T B` on the calling thread: A and B given as the same number of row-major rows, of widths `m`
 /// and `n` (row blocks of larger matrices, read in place); C is m x n, row-major.
-pub fn matmul_at_rows_into(a: &[f32], m: usize, b: &[f32], n: usize, c: &mut [f32], accumulate: bool) {
+pub fn matmul_at_rows_into(
+    a: &[f32],
+    m: usize,
+    b: &[f32],
+    n: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
     let rows = a.len() / m.max(1);
     assert_eq!(b.len(), rows * n, "matmul_at row counts differ");
     assert_eq!(c.len(), m * n, "matmul_at output is m x n");

@@ -347,9 +347,15 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.3 + 0.1).collect();
             let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
             let got = dot(&a, &b) as f64;
-            assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "n={n}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "n={n}: {got} vs {want}"
+            );
             // the shorter slice bounds it
-            assert_eq!(dot(&a, &b[..n / 2]).to_bits(), dot(&a[..n / 2], &b[..n / 2]).to_bits());
+            assert_eq!(
+                dot(&a, &b[..n / 2]).to_bits(),
+                dot(&a[..n / 2], &b[..n / 2]).to_bits()
+            );
         }
     }
 }

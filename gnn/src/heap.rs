@@ -31,6 +31,15 @@ pub fn release_freed_memory() {
     }
 }
 
+/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 64 MiB or more), hands its pages back to the
+/// OS at once instead of keeping the block for the next request of its size: for a buffer nothing asks for
+/// again before the peak it would otherwise add to.
+pub fn drop_now<T>(v: Vec<T>) {
+    big::UNKEPT.with(|u| u.set(true));
+    drop(v);
+    big::UNKEPT.with(|u| u.set(false));
+}
+
 /// A global allocator that starts every allocation of [`LINE_ALIGNED_BYTES`] or more on a 64-byte cache
 /// line, asks for transparent huge pages under every allocation of [`HUGE_PAGE_BYTES`] or more, and leaves
 /// smaller ones to the system allocator as they are.
@@ -201,6 +210,11 @@ mod big {
 
     /// Blocks from this size up are mapped on their own.
     pub const BYTES: usize = 64 << 20;
+
+    thread_local! {
+        /// Set by [`super::drop_now`]: a block freed on this thread now is unmapped, not kept.
+        pub static UNKEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
     /// Freed blocks kept at most.
     const SLOTS: usize = 16;
     const HUGE: usize = 2 << 20;
@@ -269,7 +283,10 @@ mod big {
                 .min_by_key(|&(_, &(_, l))| l)
                 .map(|(i, _)| i);
             match best {
-                Some(i) => (Some(std::mem::replace(&mut slots[i], (0, 0))), [(0, 0); SLOTS]),
+                Some(i) => (
+                    Some(std::mem::replace(&mut slots[i], (0, 0))),
+                    [(0, 0); SLOTS],
+                ),
                 None => (None, std::mem::replace(slots, [(0, 0); SLOTS])),
             }
         });
@@ -285,7 +302,14 @@ mod big {
         // a fresh mapping is zero; on a 2 MiB boundary so every page of it can be a huge page
         // SAFETY: an anonymous private mapping of our own; the trimmed ends are unmapped within it.
         unsafe {
-            let raw = mmap(std::ptr::null_mut(), len + HUGE, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, -1, 0);
+            let raw = mmap(
+                std::ptr::null_mut(),
+                len + HUGE,
+                PROT_READ_WRITE,
+                MAP_PRIVATE_ANONYMOUS,
+                -1,
+                0,
+            );
             if raw == MAP_FAILED {
                 return std::ptr::null_mut();
             }
@@ -308,13 +332,16 @@ mod big {
     /// `p` is a block of `size` bytes from [`alloc`] (or [`realloc`]), freed by its owner.
     pub unsafe fn dealloc(p: *mut u8, size: usize) {
         let len = mapped(size);
-        let kept = with(|slots| match slots.iter_mut().find(|s| s.0 == 0) {
-            Some(s) => {
-                *s = (p as usize, len);
-                true
-            }
-            None => false,
-        });
+        // (a thread being torn down keeps its blocks)
+        let unkept = UNKEPT.try_with(|u| u.get()).unwrap_or(false);
+        let kept = !unkept
+            && with(|slots| match slots.iter_mut().find(|s| s.0 == 0) {
+                Some(s) => {
+                    *s = (p as usize, len);
+                    true
+                }
+                None => false,
+            });
         if !kept {
             // SAFETY: our mapping, no longer used.
             unsafe { munmap(p, len) };

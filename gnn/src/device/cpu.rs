@@ -140,6 +140,9 @@ impl Ops for Cpu {
         Ok(Matrix::zeros(rows, cols))
     }
     fn recycle(&mut self, _m: Matrix) {}
+    fn release(&mut self, m: Matrix) {
+        crate::heap::drop_now(m.into_vec());
+    }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
         Ok(Arc::new(op.clone()))
     }
@@ -739,9 +742,23 @@ impl Ops for Cpu {
                     }
                     activation_backward_rows(dz, rows(&h1, s0, s1), width, s0, gids, act, p, mask);
                     let first = s0 == r0;
-                    matmul_at_rows_into(rows(agg, s0, s1), agg.cols(), dz, width, gw.data_mut(), !first);
+                    matmul_at_rows_into(
+                        rows(agg, s0, s1),
+                        agg.cols(),
+                        dz,
+                        width,
+                        gw.data_mut(),
+                        !first,
+                    );
                     if let (Some(x), Some(gr)) = (x_root, &mut gr) {
-                        matmul_at_rows_into(rows(x, s0, s1), x.cols(), dz, width, gr.data_mut(), !first);
+                        matmul_at_rows_into(
+                            rows(x, s0, s1),
+                            x.cols(),
+                            dz,
+                            width,
+                            gr.data_mut(),
+                            !first,
+                        );
                     }
                     // the bias's gradient: column sums in row order, as `column_sums_serial` adds them
                     for row in dz.chunks_exact(width.max(1)) {
@@ -935,7 +952,11 @@ fn activation_backward_rows(
     }
     let grad = RowGrad::new(cols, gids, act, dropout, s);
     let mut keep = grad.scratch();
-    for (i, (drow, yrow)) in dy.chunks_exact_mut(cols).zip(y.chunks_exact(cols)).enumerate() {
+    for (i, (drow, yrow)) in dy
+        .chunks_exact_mut(cols)
+        .zip(y.chunks_exact(cols))
+        .enumerate()
+    {
         grad.row(row0 + i, drow, yrow, &mut keep);
     }
 }
@@ -1038,6 +1059,9 @@ impl Ops for CpuPrimitives {
     }
     fn recycle(&mut self, m: Matrix) {
         Cpu.recycle(m)
+    }
+    fn release(&mut self, m: Matrix) {
+        Cpu.release(m)
     }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
         Cpu.upload_csr(op)
@@ -1249,7 +1273,15 @@ mod tests {
                 }
                 let run = |fused: bool| {
                     if fused {
-                        Cpu.fused_first_backward(&agg, Some(&x), h1.clone(), &terms, None, act, dropout)
+                        Cpu.fused_first_backward(
+                            &agg,
+                            Some(&x),
+                            h1.clone(),
+                            &terms,
+                            None,
+                            act,
+                            dropout,
+                        )
                     } else {
                         CpuPrimitives.fused_first_backward(
                             &agg,
@@ -1266,7 +1298,11 @@ mod tests {
                 let (got, want) = (run(true), run(false));
                 for (g, w, what) in [
                     (&got.w, &want.w, "w"),
-                    (got.w_root.as_ref().unwrap(), want.w_root.as_ref().unwrap(), "w_root"),
+                    (
+                        got.w_root.as_ref().unwrap(),
+                        want.w_root.as_ref().unwrap(),
+                        "w_root",
+                    ),
                     (&got.bias, &want.bias, "bias"),
                 ] {
                     let scale = w.data().iter().fold(1f32, |m, v| m.max(v.abs()));
