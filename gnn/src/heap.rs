@@ -7,12 +7,13 @@
 //! the hole and the buffer placed above it are both counted in the peak. Trimming right after such a free
 //! returns the hole's pages; later allocations that land in it fault them back in as they are written.
 //!
-//! The largest buffers (an n x hidden activation: a GiB at a million nodes) bypass the heap altogether:
+//! The largest buffers (16 MiB and more: an n x hidden activation is a GiB at a million nodes, an n x
+//! classes one 64 MB) bypass the heap altogether:
 //! [`LineAligned`] maps each one on its own and keeps a freed one for the next request of its size (an epoch
 //! asks for the same shapes as the last), so epochs still reuse resident pages, but a hole can no longer
 //! strand a GiB below the heap's top. With them in the heap, the evaluation pass after the last epoch, which
-//! frees and allocates in another order, raised a GCN run's peak at 1M nodes from 2.2 to 3.1-4.0 GiB, by run
-//! (issue 34).
+//! frees and allocates in another order, raised a GCN run's peak at 1M nodes from 2.2 to 3.1-4.0 GiB, by run,
+//! and n x classes buffers (64 MB, first left in the heap) still added 0.4-0.6 GiB to GraphSAGE's (issue 34).
 
 /// Returns the heap's free pages to the OS (glibc's `malloc_trim`, which also releases whole free pages in
 /// the middle of the heap), and the freed large blocks [`LineAligned`] keeps for reuse. A no-op where the
@@ -31,7 +32,7 @@ pub fn release_freed_memory() {
     }
 }
 
-/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 64 MiB or more), hands its pages back to the
+/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 16 MiB or more), hands its pages back to the
 /// OS at once instead of keeping the block for the next request of its size: for a buffer nothing asks for
 /// again before the peak it would otherwise add to.
 pub fn drop_now<T>(v: Vec<T>) {
@@ -203,20 +204,20 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
     }
 }
 
-/// [`LineAligned`]'s blocks of [`big::BYTES`] and more: each its own mapping (on a 2 MiB boundary, advised
+/// [`LineAligned`]'s blocks of `big::BYTES` and more: each its own mapping (on a 2 MiB boundary, advised
 /// onto huge pages), and a few freed ones kept for the next request of about their size.
 mod big {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// Blocks from this size up are mapped on their own.
-    pub const BYTES: usize = 64 << 20;
+    pub const BYTES: usize = 16 << 20;
 
     thread_local! {
         /// Set by [`super::drop_now`]: a block freed on this thread now is unmapped, not kept.
         pub static UNKEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
     /// Freed blocks kept at most.
-    const SLOTS: usize = 16;
+    const SLOTS: usize = 32;
     const HUGE: usize = 2 << 20;
 
     /// Freed blocks (address, mapped length; 0 = empty), behind a spin lock: they change hands a few times an
