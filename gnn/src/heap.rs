@@ -205,7 +205,7 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
 }
 
 /// [`LineAligned`]'s blocks of `big::BYTES` and more: each its own mapping (on a 2 MiB boundary, advised
-/// onto huge pages), and a few freed ones kept for the next request of about their size.
+/// onto huge pages), and a few freed ones kept for the next request of their size.
 mod big {
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -271,18 +271,14 @@ mod big {
         size.next_multiple_of(HUGE)
     }
 
-    /// A block of `size` bytes: a kept one of at least its mapped length and at most an eighth more, else a
-    /// new mapping (and then the kept ones go back to the OS: the program asks for other sizes now, and
-    /// keeping them would add them to its peak). Null when the OS refuses.
+    /// A block of `size` bytes: a kept one of its mapped length (whole 2 MiB pages; exactly, since a block's
+    /// length is known again only from the size it is freed with), else a new mapping (and then the kept
+    /// ones go back to the OS: the program asks for other sizes now, and keeping them would add them to its
+    /// peak). Null when the OS refuses.
     pub fn alloc(size: usize, zeroed: bool) -> *mut u8 {
         let len = mapped(size);
         let (hit, stale) = with(|slots| {
-            let best = slots
-                .iter()
-                .enumerate()
-                .filter(|&(_, &(p, l))| p != 0 && l >= len && l <= len + len / 8)
-                .min_by_key(|&(_, &(_, l))| l)
-                .map(|(i, _)| i);
+            let best = slots.iter().position(|&(p, l)| p != 0 && l == len);
             match best {
                 Some(i) => (
                     Some(std::mem::replace(&mut slots[i], (0, 0))),
@@ -517,7 +513,7 @@ mod tests {
             a.dealloc(s, Layout::from_size_align(1000, 64).expect("valid"));
             let kept = big::kept();
             assert_eq!(kept.len(), 1, "the block shrunk out of is kept: {kept:?}");
-            // a freed block serves no request more than an eighth smaller; that miss unmaps it
+            // a freed block serves no request of another size; that miss unmaps it
             let q = a.alloc(gl);
             assert_eq!(q as usize, kept[0].0);
             a.dealloc(q, gl);
