@@ -109,7 +109,10 @@ fn train(args: &[String]) {
     cfg.dropout = dropout;
     cfg.input_dropout = input_dropout;
     if kind == LayerKind::Gat {
-        assert!(hidden % heads == 0, "HIDDEN is HEADS heads of equal width");
+        assert!(
+            hidden.is_multiple_of(heads),
+            "HIDDEN is HEADS heads of equal width"
+        );
         cfg.heads = heads;
         cfg.hidden = hidden / heads;
         cfg.attn_dropout = 0.0;

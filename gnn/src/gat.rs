@@ -317,7 +317,10 @@ pub(crate) fn backward_sources(
             for t in t_indptr[j]..t_indptr[j + 1] {
                 if t + AHEAD < nnz {
                     // the output gradient's row and the edge's values, all at random
-                    let (i, pos) = (t_indices[t + AHEAD] as usize, t_perm[t + AHEAD] as usize * heads);
+                    let (i, pos) = (
+                        t_indices[t + AHEAD] as usize,
+                        t_perm[t + AHEAD] as usize * heads,
+                    );
                     prefetch_l2(d_out.as_ptr().wrapping_add(i * dw), dw * 4);
                     prefetch_l2(a_used.as_ptr().wrapping_add(pos), heads * 4);
                     prefetch_l2(d_score.as_ptr().wrapping_add(pos), heads * 4);

@@ -280,10 +280,7 @@ mod big {
         let (hit, stale) = with(|slots| {
             let best = slots.iter().position(|&(p, l)| p != 0 && l == len);
             match best {
-                Some(i) => (
-                    Some(std::mem::replace(&mut slots[i], (0, 0))),
-                    [(0, 0); SLOTS],
-                ),
+                Some(i) => (Some(std::mem::take(&mut slots[i])), [(0, 0); SLOTS]),
                 None => (None, std::mem::replace(slots, [(0, 0); SLOTS])),
             }
         });

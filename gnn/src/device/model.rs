@@ -777,7 +777,8 @@ impl<O: Ops> DeviceModel<O> {
                         // the dropped-out features (n x in_dim) are freed once aggregated, before the
                         // layer's output exists, not held through the epoch; the next epoch's copy is
                         // made after this epoch's peak
-                        let Input::Owned(x) = std::mem::replace(&mut inputs[0], Input::Absent) else {
+                        let Input::Owned(x) = std::mem::replace(&mut inputs[0], Input::Absent)
+                        else {
                             unreachable!("matched above")
                         };
                         let agg = self.aggregation(ops, &l, g, &x, pass, gs.whole(), ex)?;
@@ -830,8 +831,7 @@ impl<O: Ops> DeviceModel<O> {
         Ok(
             if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
                 None
-            } else if let (true, Some(halo)) =
-                (whole && l.index == 0, self.kept_input_halo(g, ex))
+            } else if let (true, Some(halo)) = (whole && l.index == 0, self.kept_input_halo(g, ex))
             {
                 Some(self.aggregate_kept_input(ops, g, h, halo, pass)?)
             } else {
