@@ -250,10 +250,24 @@ mod big {
         r
     }
 
+    #[cfg(target_os = "linux")]
     unsafe extern "C" {
         fn mmap(addr: *mut u8, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut u8;
         fn munmap(addr: *mut u8, len: usize) -> i32;
         fn mremap(old: *mut u8, old_len: usize, new_len: usize, flags: i32, ...) -> *mut u8;
+    }
+    // elsewhere `serves` is false and nothing here runs; these keep the calls linkable
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn mmap(_: *mut u8, _: usize, _: i32, _: i32, _: i32, _: i64) -> *mut u8 {
+        MAP_FAILED
+    }
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn munmap(_: *mut u8, _: usize) -> i32 {
+        -1
+    }
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn mremap(_: *mut u8, _: usize, _: usize, _: i32) -> *mut u8 {
+        MAP_FAILED
     }
     const PROT_READ_WRITE: i32 = 0x1 | 0x2;
     const MAP_PRIVATE_ANONYMOUS: i32 = 0x02 | 0x20;
