@@ -16,6 +16,13 @@ For each graph size N:
      --threads flags). Each child's peak RSS is taken from os.wait4's ru_maxrss,
      so both sides are measured by the kernel in the same way.
 
+`--input-dropouts 0,0.5` adds rows with dropout on the input features on both sides (as
+examples/cora-gcn.yaml runs GCN; the benchmark jobs set none, so GCN's first aggregation is cached).
+`--models gat` adds PyG's GATConv against our GAT (hidden width --hidden as --heads heads).
+`--ours-engine PATH` runs our side as the engine's `bench_train` example (the same engine, one process, no
+coordinator) instead of `physalia submit`, for machines where the CLI (which builds the cloud SDKs) is not
+built: `cargo build --release -p physalia-gnn --example bench_train`.
+
 Prints a table and writes bench/out/results.md and bench/out/results.json
 (rewritten after every configuration, so a partial run leaves partial results).
 Child stdout/stderr are kept under bench/out/logs/.
@@ -126,6 +133,11 @@ def ensure_graph(n, args):
 
 
 def ensure_binary(args):
+    if args.ours_engine:
+        if not os.path.exists(args.ours_engine):
+            raise ChildFailed(f"--ours-engine {args.ours_engine} does not exist (cargo build --release "
+                              "-p physalia-gnn --example bench_train)")
+        return
     if os.path.exists(args.bin):
         return
     if args.bin != BIN:
@@ -141,7 +153,8 @@ def ensure_import(n, graph_dir, args):
     if os.path.exists(st):
         say(f"{st} exists, reusing")
         return st
-    cmd = [args.bin, "data", "import", graph_dir, "--format", "generic", "--out", st]
+    cmd = ([args.ours_engine, "import", graph_dir, st] if args.ours_engine else
+           [args.bin, "data", "import", graph_dir, "--format", "generic", "--out", st])
     rc, rss, wall, o, e = run_child(cmd, f"import-sbm-{n}", args.threads)
     if rc != 0 or not os.path.exists(st):
         if os.path.exists(st):
@@ -152,12 +165,16 @@ def ensure_import(n, graph_dir, args):
     return st
 
 
-def run_pyg(n, graph_dir, model, dropout, rep, args):
+def hidden_of(model, args):
+    return args.gat_hidden if model == "gat" else args.hidden
+
+
+def run_pyg(n, graph_dir, model, dropout, in_drop, rep, args):
     cmd = [sys.executable, os.path.join(BENCH, "pyg_train.py"), "--data", graph_dir, "--model", model,
-           "--hidden", str(args.hidden), "--layers", str(args.layers), "--epochs", str(args.epochs),
-           "--dropout", str(dropout), "--threads", str(args.threads), "--lr", str(args.lr),
-           "--no-eval"]
-    tag = f"pyg-sbm-{n}-{model}-p{dropout}-r{rep}"
+           "--hidden", str(hidden_of(model, args)), "--layers", str(args.layers), "--epochs", str(args.epochs),
+           "--dropout", str(dropout), "--input-dropout", str(in_drop), "--heads", str(args.heads),
+           "--threads", str(args.threads), "--lr", str(args.lr), "--no-eval"]
+    tag = f"pyg-sbm-{n}-{model}-p{dropout}-i{in_drop}-r{rep}"
     rc, rss, wall, o, e = run_child(cmd, tag, args.threads, args.timeout)
     if rc != 0:
         raise ChildFailed(f"{tag}: pyg_train.py failed (exit {rc})\n--- stderr tail ({e}) ---\n{tail(e)}")
@@ -171,12 +188,16 @@ def run_pyg(n, graph_dir, model, dropout, rep, args):
             "torch": res.get("torch"), "pyg": res.get("pyg"), "log": o}
 
 
-def run_ours(n, st, model, dropout, rep, args):
-    job = os.path.join(BENCH, "jobs", f"sbm-{model}.yaml")
-    cmd = [args.bin, "submit", job, "--set", f"dataset.path={st}", "--set", f"model.dropout={dropout}",
-           "--set", f"train.epochs={args.epochs}", "--set", f"train.threads={args.threads}",
-           "--output", "json"]
-    tag = f"ours-sbm-{n}-{model}-p{dropout}-r{rep}"
+def run_ours(n, st, model, dropout, in_drop, rep, args):
+    if args.ours_engine:
+        cmd = [args.ours_engine, "train", st, model, str(args.epochs), str(dropout), str(in_drop),
+               str(args.threads), str(hidden_of(model, args)), str(args.heads)]
+    else:
+        job = os.path.join(BENCH, "jobs", f"sbm-{model}.yaml")
+        cmd = [args.bin, "submit", job, "--set", f"dataset.path={st}", "--set", f"model.dropout={dropout}",
+               "--set", f"model.input_dropout={in_drop}", "--set", f"train.epochs={args.epochs}",
+               "--set", f"train.threads={args.threads}", "--output", "json"]
+    tag = f"ours-sbm-{n}-{model}-p{dropout}-i{in_drop}-r{rep}"
     rc, rss, wall, o, e = run_child(cmd, tag, args.threads, args.timeout)
     if rc != 0:
         raise ChildFailed(f"{tag}: physalia submit failed (exit {rc})\n--- stderr tail ({e}) ---\n{tail(e)}"
@@ -195,6 +216,7 @@ def run_ours(n, st, model, dropout, rep, args):
         during = (res.get("coordinator_rss_bytes") or res.get("peak_rss_bytes") or 0) + sum(workers)
         rss = max(rss, res.get("peak_rss_bytes") or 0, during)
     return {"impl": "ours", "median_epoch_s": float(res["median_epoch_s"]),
+            "median_epoch_cpu_s": res.get("median_epoch_cpu_s"),
             "epoch_times_s": res.get("epoch_times_s"), "peak_rss_bytes": rss, "wall_s": wall,
             "cpu_s": run_child.last_cpu_s,
             "final_loss": res.get("final_loss", res.get("loss")), "log": o}
@@ -204,7 +226,9 @@ def summarise(runs):
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return None
+    cpu = [r["median_epoch_cpu_s"] for r in ok if r.get("median_epoch_cpu_s") is not None]
     return {"median_epoch_s": statistics.median(r["median_epoch_s"] for r in ok),
+            "median_epoch_cpu_s": statistics.median(cpu) if cpu else None,
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ok),
             "final_loss": ok[-1].get("final_loss"), "repeats": len(ok)}
 
@@ -218,27 +242,31 @@ def ratio(a, b):
 
 
 def table_rows(rows):
-    header = ["graph", "model", "dropout", "PyG median epoch s", "ours median epoch s", "ratio (ours/PyG)",
-              "PyG peak RSS MiB", "ours peak RSS MiB", "ratio (ours/PyG)"]
+    header = ["graph", "model", "dropout", "input dropout", "PyG median epoch s", "ours median epoch s", "ratio (ours/PyG)",
+              "PyG peak RSS MiB", "ours peak RSS MiB", "ratio (ours/PyG)",
+              "PyG CPU s/epoch", "ours CPU s/epoch", "CPU ratio"]
     body = []
     for r in rows:
         p, o = r["pyg"], r["ours"]
         pt = p and p["median_epoch_s"]
         ot = o and o["median_epoch_s"]
+        pc = p and p.get("median_epoch_cpu_s")
+        oc = o and o.get("median_epoch_cpu_s")
         pm = p and p["peak_rss_bytes"] / 2**20
         om = o and o["peak_rss_bytes"] / 2**20
         ofail = "FAILED" if r.get("ours_error") else None
         pfail = "FAILED" if r.get("pyg_error") else None
-        body.append([r["graph"], r["model"], f"{r['dropout']:g}",
+        body.append([r["graph"], r["model"], f"{r['dropout']:g}", f"{r.get('input_dropout', 0):g}",
                      pfail or fmt(pt, ".3f"), ofail or fmt(ot, ".3f"), fmt(ratio(ot, pt), ".2f"),
-                     pfail or fmt(pm, ".0f"), ofail or fmt(om, ".0f"), fmt(ratio(om, pm), ".2f")])
+                     pfail or fmt(pm, ".0f"), ofail or fmt(om, ".0f"), fmt(ratio(om, pm), ".2f"),
+                     fmt(pc, ".3f"), fmt(oc, ".3f"), fmt(ratio(oc, pc), ".2f")])
     return header, body
 
 
 def print_table(rows):
     header, body = table_rows(rows)
     w = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    line = lambda cells: "  ".join(str(c).rjust(wi) if i > 2 else str(c).ljust(wi)
+    line = lambda cells: "  ".join(str(c).rjust(wi) if i > 3 else str(c).ljust(wi)
                                    for i, (c, wi) in enumerate(zip(cells, w)))
     print(line(header))
     print("  ".join("-" * wi for wi in w))
@@ -279,16 +307,18 @@ def write_results(rows, info, args):
           f"on {info.get('date')}.", "",
           f"CPU: {info.get('cpu', '?')} ({info.get('cpus')} logical CPUs); threads per run: {args.threads}; "
           f"epochs per run: {args.epochs}; repeats: {args.repeats}; "
-          f"model: {args.layers} layers, hidden {args.hidden}; torch {info.get('torch', '?')}, "
+          f"model: {args.layers} layers, hidden {args.hidden} (GAT: {args.gat_hidden} as {args.heads} heads); "
+          f"our side: {'the engine example ' + args.ours_engine if args.ours_engine else 'physalia submit'}; torch {info.get('torch', '?')}, "
           f"torch_geometric {info.get('pyg', '?')}; load average at start "
           f"{fmt(info.get('loadavg_at_start'), '.2f')}.", "",
           "Epoch time is the median over epochs (then the median over repeats) of forward + backward + "
-          "optimizer step; peak RSS is the child's ru_maxrss from wait4 (max over repeats)."
+          "optimizer step; peak RSS is the child's ru_maxrss from wait4 (max over repeats); CPU s/epoch is the "
+          "median epoch's process CPU time, all threads (less skewed than wall time on a shared machine)."
           + (f" For scale: a Python child that only runs `import torch, torch_geometric` peaks at "
              f"{info['pyg_import_only_rss_bytes'] / 2**20:.0f} MiB." if info.get("pyg_import_only_rss_bytes") else ""),
           "",
           "| " + " | ".join(header) + " |",
-          "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
+          "|" + "|".join(["---"] * 4 + ["---:"] * (len(header) - 4)) + "|"]
     md += ["| " + " | ".join(b) + " |" for b in body]
     errs = [r for r in rows if r.get("ours_error") or r.get("pyg_error")]
     if errs:
@@ -296,7 +326,8 @@ def write_results(rows, info, args):
         for r in errs:
             for k in ("pyg_error", "ours_error"):
                 if r.get(k):
-                    md.append(f"- {r['graph']} {r['model']} dropout {r['dropout']:g} ({k[:-6]}): "
+                    md.append(f"- {r['graph']} {r['model']} dropout {r['dropout']:g} input dropout "
+                              f"{r.get('input_dropout', 0):g} ({k[:-6]}): "
                               f"{r[k].splitlines()[0]}")
     with open(os.path.join(OUT, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
@@ -316,6 +347,14 @@ def main():
     p.add_argument("--only-ours", action="store_true", help="skip the PyG side")
     p.add_argument("--models", default="gcn,sage")
     p.add_argument("--dropouts", default="0.5,0.0")
+    p.add_argument("--input-dropouts", default="0.0",
+                   help="dropout on the input features, both sides (0.5: as examples/cora-gcn.yaml runs GCN)")
+    p.add_argument("--heads", type=int, default=4, help="GAT: heads of the hidden layer")
+    p.add_argument("--gat-hidden", type=int, default=64,
+                   help="GAT: hidden width, all heads together (PyG's GATConv holds every edge's messages, "
+                        "edges x width floats, several times over)")
+    p.add_argument("--ours-engine", default=None,
+                   help="run our side as this bench_train example binary instead of physalia submit")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
@@ -336,9 +375,12 @@ def main():
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     dropouts = [float(d) for d in args.dropouts.split(",") if d.strip()]
+    in_drops = [float(d) for d in args.input_dropouts.split(",") if d.strip()]
     for m in models:
-        if m not in ("gcn", "sage"):
+        if m not in ("gcn", "sage", "gat"):
             p.error(f"unknown model {m}")
+    if "gat" in models and not args.ours_engine and not args.only_pyg:
+        p.error("--models gat needs --ours-engine (bench/jobs has no GAT job)")
 
     os.chdir(ROOT)
     info = env_info(args)
@@ -380,51 +422,50 @@ def main():
             except ChildFailed as e:
                 import_error = str(e)
                 say(f"ERROR: {e}")
-        for model in models:
-            for dropout in dropouts:
-                row = {"graph": f"sbm-{n}", "nodes": n, "model": model, "dropout": dropout,
-                       "epochs": args.epochs, "pyg_runs": [], "ours_runs": []}
-                for rep in range(args.repeats):
-                    order = ["pyg", "ours"] if rep % 2 == 0 else ["ours", "pyg"]
-                    for side in order:
-                        if side == "pyg" and want_pyg:
+        for model, dropout, in_drop in [(m, d, i) for m in models for i in in_drops for d in dropouts]:
+            row = {"graph": f"sbm-{n}", "nodes": n, "model": model, "dropout": dropout,
+                   "input_dropout": in_drop, "epochs": args.epochs, "pyg_runs": [], "ours_runs": []}
+            for rep in range(args.repeats):
+                order = ["pyg", "ours"] if rep % 2 == 0 else ["ours", "pyg"]
+                for side in order:
+                    if side == "pyg" and want_pyg:
+                        try:
+                            r = run_pyg(n, graph_dir, model, dropout, in_drop, rep, args)
+                            info.setdefault("torch", r.get("torch"))
+                            info.setdefault("pyg", r.get("pyg"))
+                        except ChildFailed as e:
+                            say(f"ERROR: {e}")
+                            r = {"error": str(e)}
+                        row["pyg_runs"].append(r)
+                    elif side == "ours" and want_ours:
+                        if import_error:
+                            r = {"error": import_error}
+                        else:
                             try:
-                                r = run_pyg(n, graph_dir, model, dropout, rep, args)
-                                info.setdefault("torch", r.get("torch"))
-                                info.setdefault("pyg", r.get("pyg"))
+                                r = run_ours(n, st, model, dropout, in_drop, rep, args)
                             except ChildFailed as e:
                                 say(f"ERROR: {e}")
                                 r = {"error": str(e)}
-                            row["pyg_runs"].append(r)
-                        elif side == "ours" and want_ours:
-                            if import_error:
-                                r = {"error": import_error}
-                            else:
-                                try:
-                                    r = run_ours(n, st, model, dropout, rep, args)
-                                except ChildFailed as e:
-                                    say(f"ERROR: {e}")
-                                    r = {"error": str(e)}
-                            row["ours_runs"].append(r)
-                        else:
-                            continue
-                        if "error" in r:
-                            failures += 1
-                        else:
-                            say(f"{side:4s} sbm-{n} {model} p={dropout:g} rep {rep}: median epoch "
-                                f"{r['median_epoch_s']:.3f}s, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
-                try:
-                    row["loadavg_after"] = os.getloadavg()[0]
-                except OSError:
-                    pass
-                row["pyg"] = summarise(row["pyg_runs"])
-                row["ours"] = summarise(row["ours_runs"])
-                for side in ("pyg", "ours"):
-                    errs = [r["error"] for r in row[f"{side}_runs"] if "error" in r]
-                    if errs and row[side] is None:
-                        row[f"{side}_error"] = errs[0]
-                rows.append(row)
-                write_results(rows, info, args)
+                        row["ours_runs"].append(r)
+                    else:
+                        continue
+                    if "error" in r:
+                        failures += 1
+                    else:
+                        say(f"{side:4s} sbm-{n} {model} p={dropout:g} in={in_drop:g} rep {rep}: median epoch "
+                            f"{r['median_epoch_s']:.3f}s, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+            try:
+                row["loadavg_after"] = os.getloadavg()[0]
+            except OSError:
+                pass
+            row["pyg"] = summarise(row["pyg_runs"])
+            row["ours"] = summarise(row["ours_runs"])
+            for side in ("pyg", "ours"):
+                errs = [r["error"] for r in row[f"{side}_runs"] if "error" in r]
+                if errs and row[side] is None:
+                    row[f"{side}_error"] = errs[0]
+            rows.append(row)
+            write_results(rows, info, args)
 
     print()
     print_table(rows)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch_geometric
-from torch_geometric.nn import GCNConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
 
 def log(msg):
@@ -63,22 +63,33 @@ def build_csr(edges: np.ndarray, n: int) -> torch.Tensor:
 
 
 class Net(torch.nn.Module):
-    """torch_geometric-style stack: conv, ReLU, dropout between layers only."""
+    """torch_geometric-style stack: conv, ReLU, dropout between layers (and on the input features when
+    input_dropout > 0, as Physalia's `model.input_dropout` and Kipf & Welling's GCN do).
 
-    def __init__(self, model, in_dim, hidden, out_dim, layers, dropout):
+    GAT: `heads` heads of `hidden // heads` columns, concatenated, in the hidden layers; one output head;
+    no attention dropout (Physalia's `attn_dropout: 0`)."""
+
+    def __init__(self, model, in_dim, hidden, out_dim, layers, dropout, input_dropout=0.0, heads=4):
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         convs = []
         for i in range(layers):
             if model == "gcn":
                 convs.append(GCNConv(dims[i], dims[i + 1], cached=True))
+            elif model == "gat":
+                last = i == layers - 1
+                convs.append(GATConv(dims[i], dims[i + 1] if last else dims[i + 1] // heads,
+                                     heads=1 if last else heads, concat=not last))
             else:
                 convs.append(SAGEConv(dims[i], dims[i + 1], aggr="mean"))
         self.convs = torch.nn.ModuleList(convs)
         self.dropout = dropout
+        self.input_dropout = input_dropout
 
     def forward(self, x, adj_t):
         last = len(self.convs) - 1
+        if self.input_dropout > 0:
+            x = F.dropout(x, p=self.input_dropout, training=self.training)
         for i, conv in enumerate(self.convs):
             x = conv(x, adj_t)
             if i != last:
@@ -105,11 +116,14 @@ def install_path_probe():
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
-    p.add_argument("--model", choices=["gcn", "sage"], required=True)
+    p.add_argument("--model", choices=["gcn", "sage", "gat"], required=True)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--input-dropout", type=float, default=0.0,
+                   help="dropout on the input features (default 0: the benchmark jobs' input_dropout)")
+    p.add_argument("--heads", type=int, default=4, help="GAT: heads of the hidden layer (--hidden is their total)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--weight-decay", type=float, default=5e-4)
@@ -134,13 +148,19 @@ def main():
     num_classes = int(y.max()) + 1
     adj_t = build_csr(edges, n)
     num_edges = int(edges.shape[0])
+    if a.model == "gat":
+        # GATConv scores every edge: it takes the edge list (both directions; it adds the self loops)
+        crow, col = adj_t.crow_indices(), adj_t.col_indices()
+        row = torch.repeat_interleave(torch.arange(n), crow[1:] - crow[:-1])
+        adj_t = torch.stack([col, row])  # source, target
+        del crow, col, row
     del edges
-    log(f"loaded {n} nodes, {num_edges} undirected edges ({adj_t._nnz()} nnz), "
+    log(f"loaded {n} nodes, {num_edges} undirected edges ({2 * num_edges} directed), "
         f"F={f}, C={num_classes} in {time.perf_counter() - t0:.2f}s; threads={torch.get_num_threads()}")
 
     seen = install_path_probe() if a.check_path else None
 
-    model = Net(a.model, f, a.hidden, num_classes, a.layers, a.dropout)
+    model = Net(a.model, f, a.hidden, num_classes, a.layers, a.dropout, a.input_dropout, a.heads)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
 
     epoch_s = []
@@ -175,6 +195,7 @@ def main():
         "final_loss": losses[-1] if losses else None,
         "losses": losses,
         "dropout": a.dropout,
+        "input_dropout": a.input_dropout,
         "hidden": a.hidden,
         "layers": a.layers,
         "threads": torch.get_num_threads(),

@@ -6,6 +6,8 @@
 //! `gcn 100000 5 0.5 2`), with the binaries' allocator and heap settings; prints the median epoch (forward + loss + backward + Adam, no evaluation) in seconds.
 //! A sixth argument `profile` also prints where the epochs after the first went, per CPU operation
 //! (`physalia_gnn::profile`: seconds per epoch, calls per epoch, share of the epoch; epochs 2..E-1, E >= 3).
+//! GAT runs 4 heads of 64 columns; a seventh argument sets the hidden width of all heads together
+//! (`bench/compare.py --gat-hidden`, 64 by default there).
 
 use physalia_gnn::{
     LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig,
@@ -30,6 +32,7 @@ fn main() {
     let dropout: f32 = arg(3, "0.5").parse().expect("DROPOUT is a number");
     let threads: usize = arg(4, "2").parse().expect("THREADS is a number");
     let profile = arg(5, "") == "profile";
+    let gat_hidden: usize = arg(6, "256").parse().expect("GAT_HIDDEN is a number");
     assert!(
         !profile || epochs >= 3,
         "profile counts epochs 2..E-1: give at least 3"
@@ -78,7 +81,7 @@ fn main() {
     cfg.input_dropout = 0.0;
     if kind == LayerKind::Gat {
         cfg.heads = 4;
-        cfg.hidden = 64;
+        cfg.hidden = gat_hidden / 4;
     }
     let mut model = Model::new(&cfg, 0).expect("valid model");
     let tc = TrainConfig {

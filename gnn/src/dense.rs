@@ -110,70 +110,78 @@ pub fn reduction_block(rows: usize) -> usize {
     MIN_REDUCTION_BLOCK.max(rows.div_ceil(MAX_PARTIALS))
 }
 
-/// `C (+)= A B^T` on the calling thread. A: m x k, B: n x k, C: m x n.
-pub fn matmul_bt_serial(a: &Matrix, b: &Matrix, c: &mut Matrix, accumulate: bool) {
-    let (m, k) = a.shape();
-    let (n, k2) = b.shape();
-    assert_eq!(k, k2, "matmul_bt inner dimensions differ");
-    assert_eq!(c.shape(), (m, n), "matmul_bt output shape");
-    if m == 0 || n == 0 {
+/// `C (+)= A B^T` on the calling thread, with A given as `rows` row-major rows of width `k` (a row block of a
+/// larger matrix, read in place) and C as `rows` rows of width `b.rows()`. B: n x k.
+pub fn matmul_bt_rows_into(a: &[f32], k: usize, b: &Matrix, c: &mut [f32], accumulate: bool) {
+    let n = b.rows();
+    assert_eq!(b.cols(), k, "matmul_bt inner dimensions differ");
+    let rows = a.len() / k.max(1);
+    assert_eq!(c.len(), rows * n, "matmul_bt output is rows x n");
+    if rows == 0 || n == 0 {
         return;
     }
-    // SAFETY: shapes checked above; B is read transposed through its strides.
+    // SAFETY: A is rows x k and C rows x n (checked above); B is read transposed through its strides.
     unsafe {
         matrixmultiply::sgemm(
-            m,
+            rows,
             k,
             n,
             1.0,
-            a.data().as_ptr(),
+            a.as_ptr(),
             k as isize,
             1,
             b.data().as_ptr(),
             1,
             k as isize,
             if accumulate { 1.0 } else { 0.0 },
-            c.data_mut().as_mut_ptr(),
+            c.as_mut_ptr(),
             n as isize,
             1,
         );
     }
 }
 
-/// `C = A^T B` on the calling thread. A: r x m, B: r x n.
-pub fn matmul_at_serial(a: &Matrix, b: &Matrix) -> Matrix {
-    matmul_at_rows(a.data(), a.cols(), b)
-}
-
-/// `C = A^T B` on the calling thread, with A given as `b.rows()` row-major rows of width `m` (a row block
-/// of a larger matrix, read in place).
-pub fn matmul_at_rows(a: &[f32], m: usize, b: &Matrix) -> Matrix {
-    let (r, n) = b.shape();
-    assert_eq!(a.len(), r * m, "matmul_at row counts differ");
-    let mut c = Matrix::zeros(m, n);
-    if r == 0 || m == 0 || n == 0 {
-        return c;
+/// `C (+)= A^T B` on the calling thread: A and B given as the same number of row-major rows, of widths `m`
+/// and `n` (row blocks of larger matrices, read in place); C is m x n, row-major.
+pub fn matmul_at_rows_into(
+    a: &[f32],
+    m: usize,
+    b: &[f32],
+    n: usize,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    let rows = a.len() / m.max(1);
+    assert_eq!(b.len(), rows * n, "matmul_at row counts differ");
+    assert_eq!(c.len(), m * n, "matmul_at output is m x n");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if rows == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
     }
     // SAFETY: shapes checked above; A is read transposed through its strides.
     unsafe {
         matrixmultiply::sgemm(
             m,
-            r,
+            rows,
             n,
             1.0,
             a.as_ptr(),
             1,
             m as isize,
-            b.data().as_ptr(),
+            b.as_ptr(),
             n as isize,
             1,
-            0.0,
-            c.data_mut().as_mut_ptr(),
+            if accumulate { 1.0 } else { 0.0 },
+            c.as_mut_ptr(),
             n as isize,
             1,
         );
     }
-    c
 }
 
 /// `C = A^T B`. A: r x m, B: r x n, C: m x n; the reduction runs over the r rows.

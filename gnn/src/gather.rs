@@ -94,6 +94,16 @@ fn nt_stores() -> bool {
     *ON.get_or_init(|| std::env::var("PHYSALIA_NT_STORES").map_or(true, |v| v != "0"))
 }
 
+/// Prefetches the lines of the `bytes` bytes from `p` into L2, for kernels that gather rows at random
+/// outside [`gather`] (GAT's); `p` need not be valid (a prefetch never faults). A no-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const f32, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch_span(p, bytes);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
 /// `out` as possibly-uninitialised floats, for a [`Block`] that accumulates into it (or overwrites it).
 pub(crate) fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
     // SAFETY: same layout; the kernels only ever write initialised floats through it, so `out` stays
@@ -186,7 +196,7 @@ mod x86 {
     /// fault). L2, not L1: the distance that covers memory latency holds more rows than L1's fill buffers
     /// and capacity take.
     #[inline(always)]
-    fn prefetch_span(p: *const f32, bytes: usize) {
+    pub(super) fn prefetch_span(p: *const f32, bytes: usize) {
         let p = p as *const i8;
         let end = p as usize + bytes;
         // from the line `p` is on to the line of the last byte

@@ -1,14 +1,25 @@
-//! Handing freed heap pages back to the OS at the few points where a large buffer is gone for good.
+//! The binaries' allocator ([`LineAligned`]) and handing freed pages back to the OS at the few points where a
+//! large buffer is gone for good.
 //!
 //! The binaries tell glibc to serve large buffers from the heap and never trim it, so every epoch reuses the
 //! previous epoch's pages instead of faulting them in again. The price is that a buffer freed for good (the
 //! input features once `A X` is cached) stays resident as a hole the next, larger buffer does not fit in:
 //! the hole and the buffer placed above it are both counted in the peak. Trimming right after such a free
 //! returns the hole's pages; later allocations that land in it fault them back in as they are written.
+//!
+//! The largest buffers (16 MiB and more: an n x hidden activation is a GiB at a million nodes, an n x
+//! classes one 64 MB) bypass the heap altogether:
+//! [`LineAligned`] maps each one on its own and keeps a freed one for the next request of its size (an epoch
+//! asks for the same shapes as the last), so epochs still reuse resident pages, but a hole can no longer
+//! strand a GiB below the heap's top. With them in the heap, the evaluation pass after the last epoch, which
+//! frees and allocates in another order, raised a GCN run's peak at 1M nodes from 2.2 to 3.1-4.0 GiB, by run,
+//! and n x classes buffers (64 MB, first left in the heap) still added 0.4-0.6 GiB to GraphSAGE's (issue 34).
 
 /// Returns the heap's free pages to the OS (glibc's `malloc_trim`, which also releases whole free pages in
-/// the middle of the heap). A no-op where the allocator is not glibc's.
+/// the middle of the heap), and the freed large blocks [`LineAligned`] keeps for reuse. A no-op where the
+/// allocator is not glibc's.
 pub fn release_freed_memory() {
+    big::flush();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         unsafe extern "C" {
@@ -19,6 +30,15 @@ pub fn release_freed_memory() {
             malloc_trim(0);
         }
     }
+}
+
+/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 16 MiB or more), hands its pages back to the
+/// OS at once instead of keeping the block for the next request of its size: for a buffer nothing asks for
+/// again before the peak it would otherwise add to.
+pub fn drop_now<T>(v: Vec<T>) {
+    big::UNKEPT.with(|u| u.set(true));
+    drop(v);
+    big::UNKEPT.with(|u| u.set(false));
 }
 
 /// A global allocator that starts every allocation of [`LINE_ALIGNED_BYTES`] or more on a 64-byte cache
@@ -113,22 +133,53 @@ impl LineAligned {
 
 // SAFETY: every call forwards to `System` with `LineAligned::layout` of the caller's layout, which has the
 // caller's size and at least its alignment, and `dealloc`/`realloc` map the layout the same way `alloc` did.
+// Blocks of [`big::BYTES`] and more (page alignment at most) are `big`'s, by size alone, so `dealloc` and
+// `realloc` route a block where `alloc` got it.
 unsafe impl std::alloc::GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        if big::serves(l.size(), l.align()) {
+            return big::alloc(l.size(), false);
+        }
         let p = unsafe { std::alloc::System.alloc(Self::layout(l)) };
         advise_block(p, l.size());
         p
     }
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        if big::serves(l.size(), l.align()) {
+            return big::alloc(l.size(), true);
+        }
         // calloc leaves fresh pages untouched (they are zero), so the advice still applies to them
         let p = unsafe { std::alloc::System.alloc_zeroed(Self::layout(l)) };
         advise_block(p, l.size());
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        if big::serves(l.size(), l.align()) {
+            return unsafe { big::dealloc(p, l.size()) };
+        }
         unsafe { std::alloc::System.dealloc(p, Self::layout(l)) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let (was_big, is_big) = (
+            big::serves(l.size(), l.align()),
+            big::serves(new_size, l.align()),
+        );
+        if was_big && is_big {
+            return unsafe { big::realloc(p, l.size(), new_size) };
+        }
+        if was_big || is_big {
+            // across the threshold: a block of the other kind, the bytes copied over
+            // SAFETY: `new_size` with `l`'s alignment is a valid layout (the caller's contract)
+            let new = unsafe { std::alloc::Layout::from_size_align_unchecked(new_size, l.align()) };
+            let q = unsafe { self.alloc(new) };
+            if !q.is_null() {
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p, q, l.size().min(new_size));
+                    self.dealloc(p, l);
+                }
+            }
+            return q;
+        }
         let old = Self::layout(l);
         // SAFETY: `new_size` with `l`'s alignment is a valid layout (the caller's contract)
         let new = Self::layout(unsafe {
@@ -150,6 +201,200 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
             }
         }
         q
+    }
+}
+
+/// [`LineAligned`]'s blocks of `big::BYTES` and more: each its own mapping (on a 2 MiB boundary, advised
+/// onto huge pages), and a few freed ones kept for the next request of their size.
+mod big {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Blocks from this size up are mapped on their own.
+    pub const BYTES: usize = 16 << 20;
+
+    thread_local! {
+        /// Set by [`super::drop_now`]: a block freed on this thread now is unmapped, not kept.
+        pub static UNKEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    /// Freed blocks kept at most.
+    const SLOTS: usize = 32;
+    const HUGE: usize = 2 << 20;
+
+    /// Freed blocks (address, mapped length; 0 = empty), behind a spin lock: they change hands a few times an
+    /// epoch, so the lock is never contended for long, and an allocator cannot use `Mutex`'s lazy
+    /// allocation knowingly.
+    struct Cache {
+        locked: AtomicBool,
+        slots: std::cell::UnsafeCell<[(usize, usize); SLOTS]>,
+    }
+
+    // SAFETY: `slots` is only touched while `locked` is held (see `with`).
+    unsafe impl Sync for Cache {}
+
+    static CACHE: Cache = Cache {
+        locked: AtomicBool::new(false),
+        slots: std::cell::UnsafeCell::new([(0, 0); SLOTS]),
+    };
+
+    fn with<T>(f: impl FnOnce(&mut [(usize, usize); SLOTS]) -> T) -> T {
+        while CACHE
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the lock is held until the store below.
+        let r = f(unsafe { &mut *CACHE.slots.get() });
+        CACHE.locked.store(false, Ordering::Release);
+        r
+    }
+
+    #[cfg(target_os = "linux")]
+    unsafe extern "C" {
+        fn mmap(addr: *mut u8, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut u8;
+        fn munmap(addr: *mut u8, len: usize) -> i32;
+        fn mremap(old: *mut u8, old_len: usize, new_len: usize, flags: i32, ...) -> *mut u8;
+    }
+    // elsewhere `serves` is false and nothing here runs; these keep the calls linkable
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn mmap(_: *mut u8, _: usize, _: i32, _: i32, _: i32, _: i64) -> *mut u8 {
+        MAP_FAILED
+    }
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn munmap(_: *mut u8, _: usize) -> i32 {
+        -1
+    }
+    #[cfg(not(target_os = "linux"))]
+    unsafe fn mremap(_: *mut u8, _: usize, _: usize, _: i32) -> *mut u8 {
+        MAP_FAILED
+    }
+    const PROT_READ_WRITE: i32 = 0x1 | 0x2;
+    const MAP_PRIVATE_ANONYMOUS: i32 = 0x02 | 0x20;
+    const MAP_FAILED: *mut u8 = !0usize as *mut u8;
+    const MREMAP_MAYMOVE: i32 = 1;
+
+    /// Whether a block of `size` bytes aligned to `align` is this module's (Linux only: elsewhere every block
+    /// stays the system allocator's).
+    pub fn serves(size: usize, align: usize) -> bool {
+        cfg!(target_os = "linux") && size >= BYTES && align <= 4096
+    }
+
+    /// The mapped length of a block of `size` bytes: whole huge pages.
+    fn mapped(size: usize) -> usize {
+        size.next_multiple_of(HUGE)
+    }
+
+    /// A block of `size` bytes: a kept one of its mapped length (whole 2 MiB pages; exactly, since a block's
+    /// length is known again only from the size it is freed with), else a new mapping (and then the kept
+    /// ones go back to the OS: the program asks for other sizes now, and keeping them would add them to its
+    /// peak). Null when the OS refuses.
+    pub fn alloc(size: usize, zeroed: bool) -> *mut u8 {
+        let len = mapped(size);
+        let (hit, stale) = with(|slots| {
+            let best = slots.iter().position(|&(p, l)| p != 0 && l == len);
+            match best {
+                Some(i) => (Some(std::mem::take(&mut slots[i])), [(0, 0); SLOTS]),
+                None => (None, std::mem::replace(slots, [(0, 0); SLOTS])),
+            }
+        });
+        if let Some((p, _)) = hit {
+            let p = p as *mut u8;
+            if zeroed {
+                // SAFETY: the kept block is at least `size` bytes and no one else's.
+                unsafe { p.write_bytes(0, size) };
+            }
+            return p;
+        }
+        unmap_all(&stale);
+        // a fresh mapping is zero; on a 2 MiB boundary so every page of it can be a huge page
+        // SAFETY: an anonymous private mapping of our own; the trimmed ends are unmapped within it.
+        unsafe {
+            let raw = mmap(
+                std::ptr::null_mut(),
+                len + HUGE,
+                PROT_READ_WRITE,
+                MAP_PRIVATE_ANONYMOUS,
+                -1,
+                0,
+            );
+            if raw == MAP_FAILED {
+                return std::ptr::null_mut();
+            }
+            let p = (raw as usize).next_multiple_of(HUGE) as *mut u8;
+            let head = p as usize - raw as usize;
+            if head > 0 {
+                munmap(raw, head);
+            }
+            munmap(p.add(len), HUGE - head);
+            if super::huge_pages_wanted() {
+                super::advise_huge_pages(p, len, true);
+            }
+            p
+        }
+    }
+
+    /// Keeps the freed block `p` of `size` bytes for reuse, or unmaps it when every slot is taken.
+    ///
+    /// # Safety
+    /// `p` is a block of `size` bytes from [`alloc`] (or [`realloc`]), freed by its owner.
+    pub unsafe fn dealloc(p: *mut u8, size: usize) {
+        let len = mapped(size);
+        // (a thread being torn down keeps its blocks)
+        let unkept = UNKEPT.try_with(|u| u.get()).unwrap_or(false);
+        let kept = !unkept
+            && with(|slots| match slots.iter_mut().find(|s| s.0 == 0) {
+                Some(s) => {
+                    *s = (p as usize, len);
+                    true
+                }
+                None => false,
+            });
+        if !kept {
+            // SAFETY: our mapping, no longer used.
+            unsafe { munmap(p, len) };
+        }
+    }
+
+    /// Resizes a block in place or moves it (the kernel remaps its pages; nothing is copied).
+    ///
+    /// # Safety
+    /// As [`dealloc`], for a block still in use.
+    pub unsafe fn realloc(p: *mut u8, size: usize, new_size: usize) -> *mut u8 {
+        let (old, new) = (mapped(size), mapped(new_size));
+        if old == new {
+            return p;
+        }
+        // SAFETY: our mapping; the kernel keeps its bytes up to the smaller length.
+        let q = unsafe { mremap(p, old, new, MREMAP_MAYMOVE) };
+        if q == MAP_FAILED {
+            return std::ptr::null_mut();
+        }
+        if super::huge_pages_wanted() {
+            super::advise_huge_pages(q, new, true);
+        }
+        q
+    }
+
+    fn unmap_all(blocks: &[(usize, usize)]) {
+        for &(p, l) in blocks {
+            if p != 0 {
+                // SAFETY: a kept block: ours, unused.
+                unsafe { munmap(p as *mut u8, l) };
+            }
+        }
+    }
+
+    /// Unmaps every kept block.
+    pub fn flush() {
+        let stale = with(|slots| std::mem::replace(slots, [(0, 0); SLOTS]));
+        unmap_all(&stale);
+    }
+
+    /// The blocks kept now (for tests).
+    #[cfg(test)]
+    pub fn kept() -> Vec<(usize, usize)> {
+        with(|slots| slots.iter().copied().filter(|s| s.0 != 0).collect())
     }
 }
 
@@ -246,6 +491,49 @@ mod tests {
             assert_eq!(z as usize % 64, 0);
             assert!((0..large.size()).step_by(4093).all(|i| *z.add(i) == 0));
             a.dealloc(z, large);
+        }
+    }
+
+    #[test]
+    fn the_largest_blocks_are_mapped_alone_and_a_freed_one_serves_the_next_request_of_its_size() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let a = LineAligned;
+        let size = big::BYTES + 12345;
+        let l = Layout::from_size_align(size, 64).expect("valid");
+        unsafe {
+            let p = a.alloc(l);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % (2 << 20), 0, "on a huge page boundary");
+            p.write_bytes(3, size);
+            a.dealloc(p, l);
+            assert!(big::kept().iter().any(|&(q, _)| q == p as usize));
+            // the same size again: the kept block, zeroed when asked
+            let z = a.alloc_zeroed(l);
+            assert_eq!(z, p);
+            assert!((0..size).step_by(4093).all(|i| *z.add(i) == 0));
+            // growing moves the pages, never the bytes; shrinking below the threshold copies them
+            z.write_bytes(5, size);
+            let g = a.realloc(z, l, 2 * big::BYTES);
+            assert!(!g.is_null());
+            assert!((0..size).step_by(4093).all(|i| *g.add(i) == 5));
+            let gl = Layout::from_size_align(2 * big::BYTES, 64).expect("valid");
+            let s = a.realloc(g, gl, 1000);
+            assert!((0..1000).all(|i| *s.add(i) == 5));
+            a.dealloc(s, Layout::from_size_align(1000, 64).expect("valid"));
+            let kept = big::kept();
+            assert_eq!(kept.len(), 1, "the block shrunk out of is kept: {kept:?}");
+            // a freed block serves no request of another size; that miss unmaps it
+            let q = a.alloc(gl);
+            assert_eq!(q as usize, kept[0].0);
+            a.dealloc(q, gl);
+            let r = a.alloc(l);
+            assert_ne!(r, q);
+            assert!(big::kept().is_empty());
+            a.dealloc(r, l);
+            release_freed_memory();
+            assert!(big::kept().is_empty());
         }
     }
 }

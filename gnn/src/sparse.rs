@@ -40,8 +40,14 @@ pub struct SparseOp {
     indptr: Vec<usize>,
     indices: Vec<u32>,
     values: Vec<f32>,
+    /// Empty when `symmetric`.
     t_indptr: Vec<usize>,
+    /// Empty when `symmetric`.
     t_indices: Vec<u32>,
+    /// The operator equals its transpose entry for entry and weight for weight (GCN's normalised adjacency
+    /// of an undirected graph): the transposed arrays are the forward ones, not held twice (issue 34: 96 MB
+    /// at 1M nodes), and `A^T X` is `A X` bit for bit.
+    symmetric: bool,
     /// For each transposed entry, its position in the forward arrays (to read per-edge values, e.g. attention).
     /// Built on first use: only GAT's attention reads it, and GCN and GraphSAGE would hold it for nothing
     /// (4 bytes an edge).
@@ -192,14 +198,23 @@ impl SparseOp {
                 }
             }
         }
-        let t_values = if uniform_rows {
-            TValues::Row(
-                (0..n_dst)
-                    .map(|i| values.get(indptr[i]).copied().unwrap_or(0.0))
-                    .collect(),
-            )
+        let symmetric = !uniform_rows
+            && n_dst == n_src
+            && t_indptr == indptr
+            && t_indices == indices
+            && entry_values
+                .iter()
+                .zip(&values)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let (t_indptr, t_indices, t_values) = if symmetric {
+            (Vec::new(), Vec::new(), TValues::Entry(Vec::new()))
+        } else if uniform_rows {
+            let rows = (0..n_dst)
+                .map(|i| values.get(indptr[i]).copied().unwrap_or(0.0))
+                .collect();
+            (t_indptr, t_indices, TValues::Row(rows))
         } else {
-            TValues::Entry(entry_values)
+            (t_indptr, t_indices, TValues::Entry(entry_values))
         };
         SparseOp {
             n_dst,
@@ -209,6 +224,7 @@ impl SparseOp {
             values,
             t_indptr,
             t_indices,
+            symmetric,
             t_perm: OnceLock::new(),
             t_values,
         }
@@ -257,16 +273,28 @@ impl SparseOp {
         &self.values
     }
     pub fn t_indptr(&self) -> &[usize] {
-        &self.t_indptr
+        if self.symmetric {
+            &self.indptr
+        } else {
+            &self.t_indptr
+        }
     }
     pub fn t_indices(&self) -> &[u32] {
-        &self.t_indices
+        if self.symmetric {
+            &self.indices
+        } else {
+            &self.t_indices
+        }
+    }
+    /// Whether the operator is its own transpose (see the field).
+    pub fn is_symmetric(&self) -> bool {
+        self.symmetric
     }
     /// For each transposed entry, its position in the forward arrays; built on the first call, in the order
     /// the transpose was filled (rows ascending, entries in row order).
     pub fn t_perm(&self) -> &[u32] {
         self.t_perm.get_or_init(|| {
-            let mut next = self.t_indptr.clone();
+            let mut next = self.t_indptr().to_vec();
             let mut t_perm = vec![0u32; self.nnz()];
             for i in 0..self.n_dst {
                 for k in self.indptr[i]..self.indptr[i + 1] {
@@ -285,7 +313,12 @@ impl SparseOp {
         let t_values = match &self.t_values {
             TValues::Entry(v) | TValues::Row(v) => v.len() * 4,
         };
-        (self.indptr.len() + self.t_indptr.len()) * 8 + self.nnz() * 4 * 3 + t_values + t_perm
+        let t_indices = self.t_indices.len() * 4;
+        (self.indptr.len() + self.t_indptr.len()) * 8
+            + self.nnz() * 4 * 2
+            + t_indices
+            + t_values
+            + t_perm
     }
 
     /// `Y = A X`: X has `n_src` rows, Y `n_dst` rows.
@@ -367,7 +400,7 @@ impl SparseOp {
             n_own: x.rows(),
             d: x.cols(),
         };
-        self.spmm_t_rows(&self.t_indptr[src0..=src1], &src)
+        self.spmm_t_rows(&self.t_indptr()[src0..=src1], &src)
     }
 
     /// `Y = A^T X`: X has `n_dst` rows, Y `n_src` rows.
@@ -379,13 +412,16 @@ impl SparseOp {
             n_own: x.rows(),
             d: x.cols(),
         };
-        self.spmm_t_rows(&self.t_indptr, &src)
+        self.spmm_t_rows(self.t_indptr(), &src)
     }
 }
 
 impl SparseOp {
     /// The transpose's rows `t_indptr` (a window of it) times `x`, with the transpose's weights.
     fn spmm_t_rows(&self, t_indptr: &[usize], x: &Src<'_>) -> Matrix {
+        if self.symmetric {
+            return spmm_rows(t_indptr, &self.indices, |k, _| self.values[k], x);
+        }
         match &self.t_values {
             TValues::Entry(v) => spmm_rows(t_indptr, &self.t_indices, |k, _| v[k], x),
             TValues::Row(v) => spmm_rows(t_indptr, &self.t_indices, |_, i| v[i], x),
@@ -632,5 +668,48 @@ mod tests {
                 assert!((a.indptr()[i]..a.indptr()[i + 1]).contains(&k));
             }
         }
+    }
+
+    #[test]
+    fn a_symmetric_operator_holds_its_transpose_once_and_multiplies_it_alike() {
+        // GCN's normalised adjacency of an undirected graph (both directions of every edge) is symmetric
+        let edges = [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2), (4, 1)];
+        let n = 5;
+        let mut rows = vec![Vec::new(); n];
+        for &(a, b) in &edges {
+            rows[a].push(b as i32);
+            rows[b].push(a as i32);
+        }
+        let mut indptr = vec![0i64];
+        let mut indices = Vec::new();
+        for r in &mut rows {
+            r.sort();
+            indices.extend_from_slice(r);
+            indptr.push(indices.len() as i64);
+        }
+        let gcn = SparseOp::build(n, n, &indptr, &indices, Norm::Symmetric, None);
+        assert!(gcn.is_symmetric());
+        assert_eq!(gcn.t_indptr(), gcn.indptr());
+        assert_eq!(gcn.t_indices(), gcn.indices());
+        let x = Matrix::from_vec(n, 3, (0..n * 3).map(|i| i as f32 * 0.37 - 1.0).collect());
+        assert_eq!(gcn.spmm_t(&x), gcn.spmm(&x));
+        assert_eq!(
+            gcn.spmm_t_range(&x, 1, 4).data(),
+            &gcn.spmm(&x).data()[3..12]
+        );
+        // the transposed entry `t` is forward entry `t_perm[t]` of the mirrored position
+        let perm = gcn.t_perm();
+        for j in 0..n {
+            for t in gcn.t_indptr()[j]..gcn.t_indptr()[j + 1] {
+                let i = gcn.t_indices()[t] as usize;
+                let k = perm[t] as usize;
+                assert!((gcn.indptr()[i]..gcn.indptr()[i + 1]).contains(&k));
+                assert_eq!(gcn.indices()[k] as usize, j);
+            }
+        }
+        // the mean is not: its rows hold 1 / degree
+        let sage = SparseOp::build(n, n, &indptr, &indices, Norm::Mean, None);
+        assert!(!sage.is_symmetric());
+        assert!(sage.memory_bytes() > gcn.memory_bytes() - gcn.nnz() * 4);
     }
 }

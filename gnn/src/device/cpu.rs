@@ -20,7 +20,7 @@ use super::{
 };
 use crate::Activation;
 use crate::dense::{
-    matmul, matmul_at, matmul_at_concat, matmul_at_rows, matmul_bt_into, matmul_bt_serial,
+    matmul, matmul_at, matmul_at_concat, matmul_at_rows_into, matmul_bt_into, matmul_bt_rows_into,
     matmul_into, reduction_block,
 };
 use crate::exchange::Exchange;
@@ -28,6 +28,10 @@ use crate::rng::{Mask, Stream};
 use crate::sparse::{SparseOp, Src};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
 use crate::{Error, gat, loss};
+
+/// Bytes of the hidden-width gradient the fused first-layer backward holds at once per thread: with the rows
+/// of the aggregation and of the layer's output it reads beside it, within a core's L2.
+const FUSED_ROWS_BYTES: usize = 256 << 10;
 
 /// The host device: matrices are [`Matrix`], operators shared [`SparseOp`]s, errors the engine's [`Error`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -136,6 +140,9 @@ impl Ops for Cpu {
         Ok(Matrix::zeros(rows, cols))
     }
     fn recycle(&mut self, _m: Matrix) {}
+    fn release(&mut self, m: Matrix) {
+        crate::heap::drop_now(m.into_vec());
+    }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
         Ok(Arc::new(op.clone()))
     }
@@ -712,22 +719,56 @@ impl Ops for Cpu {
         let p = dropout.map(|d| d.p);
         let block = reduction_block(n);
         let n_blocks = n.div_ceil(block.max(1));
+        // A reduction block's hidden-width gradient is formed and consumed a few hundred rows at a time, so
+        // it stays in L2 between the products that write and read it (a whole block's, 16 MiB at width
+        // 256, went to memory and back three times: issue 34).
+        let sub = (FUSED_ROWS_BYTES / (4 * width.max(1))).max(16);
+        fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
+            &m.data()[r0 * m.cols()..r1 * m.cols()]
+        }
         let partials: Vec<(Matrix, Option<Matrix>, Matrix)> = (0..n_blocks)
             .into_par_iter()
             .map(|b| {
                 let (r0, r1) = (b * block, ((b + 1) * block).min(n));
-                let mut dz = Matrix::zeros(r1 - r0, width);
-                for (a, w) in terms {
-                    let a_blk = a.row_block(r0, r1);
-                    matmul_bt_serial(&a_blk, w, &mut dz, true);
+                let mut gw = Matrix::zeros(agg.cols(), width);
+                let mut gr = x_root.map(|x| Matrix::zeros(x.cols(), width));
+                let mut gb = vec![0f64; width];
+                let mut dz = vec![0f32; sub.min(r1 - r0) * width];
+                for s0 in (r0..r1).step_by(sub) {
+                    let s1 = (s0 + sub).min(r1);
+                    let dz = &mut dz[..(s1 - s0) * width];
+                    for (t, (a, w)) in terms.iter().enumerate() {
+                        matmul_bt_rows_into(rows(a, s0, s1), a.cols(), w, dz, t > 0);
+                    }
+                    activation_backward_rows(dz, rows(&h1, s0, s1), width, s0, gids, act, p, mask);
+                    let first = s0 == r0;
+                    matmul_at_rows_into(
+                        rows(agg, s0, s1),
+                        agg.cols(),
+                        dz,
+                        width,
+                        gw.data_mut(),
+                        !first,
+                    );
+                    if let (Some(x), Some(gr)) = (x_root, &mut gr) {
+                        matmul_at_rows_into(
+                            rows(x, s0, s1),
+                            x.cols(),
+                            dz,
+                            width,
+                            gr.data_mut(),
+                            !first,
+                        );
+                    }
+                    // the bias's gradient: column sums in row order, as `column_sums_serial` adds them
+                    for row in dz.chunks_exact(width.max(1)) {
+                        for (a, &v) in gb.iter_mut().zip(row) {
+                            *a += v as f64;
+                        }
+                    }
                 }
-                fn rows(m: &Matrix, r0: usize, r1: usize) -> &[f32] {
-                    &m.data()[r0 * m.cols()..r1 * m.cols()]
-                }
-                activation_backward(&mut dz, rows(&h1, r0, r1), r0, gids, act, p, mask);
-                let gw = matmul_at_rows(rows(agg, r0, r1), agg.cols(), &dz);
-                let gr = x_root.map(|x| matmul_at_rows(rows(x, r0, r1), x.cols(), &dz));
-                (gw, gr, dz.column_sums_serial())
+                let gb = Matrix::from_vec(1, width, gb.into_iter().map(|v| v as f32).collect());
+                (gw, gr, gb)
             })
             .collect();
         let mut gw = Matrix::zeros(agg.cols(), width);
@@ -880,38 +921,106 @@ fn activation_backward(
     if cols == 0 {
         return;
     }
-    let scale = dropout.map(|p| 1.0 / (1.0 - p)).unwrap_or(1.0);
+    let grad = RowGrad::new(cols, gids, act, dropout, s);
     let rows = dy
         .data_mut()
         .par_chunks_mut(cols)
         .zip(y.par_chunks(cols))
         .enumerate()
         .with_min_len(64);
-    match act {
-        Activation::Relu => rows.for_each(|(_, (drow, yrow))| {
-            // `if y > 0 { d * scale } else { 0 }` as a bit mask: the compiler made the branch a scalar loop,
-            // and a branch on which half of the elements are positive mispredicts at random (issue 34: the
-            // reason an epoch without dropout, where half are, was slower than one with it)
-            for (d, &yv) in drow.iter_mut().zip(yrow) {
-                *d = relu_grad(*d, yv, scale);
+    rows.for_each_init(
+        || grad.scratch(),
+        |keep, (i, (drow, yrow))| grad.row(row0 + i, drow, yrow, keep),
+    );
+}
+
+/// [`activation_backward`] on the calling thread, for `dy`'s rows `row0..` (`cols` wide each) inside a
+/// parallel task.
+#[allow(clippy::too_many_arguments)]
+fn activation_backward_rows(
+    dy: &mut [f32],
+    y: &[f32],
+    cols: usize,
+    row0: usize,
+    gids: Option<&[u32]>,
+    act: Activation,
+    dropout: Option<f32>,
+    s: Stream,
+) {
+    if cols == 0 {
+        return;
+    }
+    let grad = RowGrad::new(cols, gids, act, dropout, s);
+    let mut keep = grad.scratch();
+    for (i, (drow, yrow)) in dy
+        .chunks_exact_mut(cols)
+        .zip(y.chunks_exact(cols))
+        .enumerate()
+    {
+        grad.row(row0 + i, drow, yrow, &mut keep);
+    }
+}
+
+/// One row of the activation's (and dropout's) backward.
+struct RowGrad<'a> {
+    cols: usize,
+    gids: Option<&'a [u32]>,
+    act: Activation,
+    scale: f32,
+    mask: Option<Mask>,
+}
+
+impl<'a> RowGrad<'a> {
+    fn new(
+        cols: usize,
+        gids: Option<&'a [u32]>,
+        act: Activation,
+        dropout: Option<f32>,
+        s: Stream,
+    ) -> RowGrad<'a> {
+        RowGrad {
+            cols,
+            gids,
+            act,
+            scale: dropout.map(|p| 1.0 / (1.0 - p)).unwrap_or(1.0),
+            // ReLU needs no mask (see `activation_backward`)
+            mask: dropout
+                .filter(|_| act == Activation::Elu)
+                .map(|p| Mask::new(s, p)),
+        }
+    }
+
+    /// The per-thread buffer [`RowGrad::row`] regenerates a mask row in.
+    fn scratch(&self) -> Vec<bool> {
+        vec![true; if self.mask.is_some() { self.cols } else { 0 }]
+    }
+
+    /// Row `i`'s gradient in place; `y` is the row's forward output.
+    #[inline]
+    fn row(&self, i: usize, drow: &mut [f32], yrow: &[f32], keep: &mut [bool]) {
+        let scale = self.scale;
+        match self.act {
+            Activation::Relu => {
+                // `if y > 0 { d * scale } else { 0 }` as a bit mask: the compiler made the branch a scalar
+                // loop, and a branch on which half of the elements are positive mispredicts at random
+                // (issue 34: the reason an epoch without dropout, where half are, was slower than one with
+                // it)
+                for (d, &yv) in drow.iter_mut().zip(yrow) {
+                    *d = relu_grad(*d, yv, scale);
+                }
             }
-        }),
-        Activation::Elu => {
-            let mask = dropout.map(|p| Mask::new(s, p));
-            rows.for_each_init(
-                || vec![true; cols],
-                |keep, (i, (drow, yrow))| {
-                    if let Some(m) = &mask {
-                        m.fill(gat::gid(gids, row0 + i) * cols as u64, keep);
-                    }
-                    for ((d, &yv), &k) in drow.iter_mut().zip(yrow).zip(keep.iter()) {
-                        // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0
-                        let a = yv / scale;
-                        let deriv = if a > 0.0 { 1.0 } else { a + 1.0 };
-                        *d = if k { *d * deriv * scale } else { 0.0 };
-                    }
-                },
-            );
+            Activation::Elu => {
+                if let Some(m) = &self.mask {
+                    m.fill(gat::gid(self.gids, i) * self.cols as u64, keep);
+                }
+                for (k, (d, &yv)) in drow.iter_mut().zip(yrow).enumerate() {
+                    // the pre-dropout activation value; elu'(z) = elu(z) + 1 for z <= 0
+                    let a = yv / scale;
+                    let deriv = if a > 0.0 { 1.0 } else { a + 1.0 };
+                    let kept = self.mask.is_none() || keep[k];
+                    *d = if kept { *d * deriv * scale } else { 0.0 };
+                }
+            }
         }
     }
 }
@@ -950,6 +1059,9 @@ impl Ops for CpuPrimitives {
     }
     fn recycle(&mut self, m: Matrix) {
         Cpu.recycle(m)
+    }
+    fn release(&mut self, m: Matrix) {
+        Cpu.release(m)
     }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
         Cpu.upload_csr(op)
@@ -1129,6 +1241,80 @@ impl Ops for CpuPrimitives {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn random(rows: usize, cols: usize, seed: u64) -> Matrix {
+        let s = Stream::new(seed, &[]);
+        Matrix::from_vec(
+            rows,
+            cols,
+            (0..rows * cols)
+                .map(|i| s.uniform(i as u64) - 0.5)
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn fused_first_backward_over_many_row_blocks_is_the_primitives_composition() {
+        // rows over several reduction blocks and many L2-sized sub-blocks of each, a width whose sub-blocks
+        // are a few hundred rows, a root weight and two terms, as GraphSAGE's second layer hands them over
+        let (n, d_in, width, d_out) = (20_000, 24, 256, 5);
+        let agg = random(n, d_in, 1);
+        let x = random(n, d_in, 2);
+        let terms_a = [random(n, d_out, 3), random(n, d_out, 4)];
+        let terms_w = [random(width, d_out, 5), random(width, d_out, 6)];
+        let terms: Vec<(&Matrix, &Matrix)> = terms_a.iter().zip(&terms_w).collect();
+        for act in [Activation::Relu, Activation::Elu] {
+            for dropout in [None, Some(Dropout { key: 9, p: 0.5 })] {
+                // a forward output: about half zero (ReLU) or negative (ELU), zero where dropped
+                let mut h1 = random(n, width, 7);
+                Cpu.activate(&mut h1, act).unwrap();
+                if let Some(d) = dropout {
+                    Cpu.dropout(&mut h1, None, 0, 0, width, d).unwrap();
+                }
+                let run = |fused: bool| {
+                    if fused {
+                        Cpu.fused_first_backward(
+                            &agg,
+                            Some(&x),
+                            h1.clone(),
+                            &terms,
+                            None,
+                            act,
+                            dropout,
+                        )
+                    } else {
+                        CpuPrimitives.fused_first_backward(
+                            &agg,
+                            Some(&x),
+                            h1.clone(),
+                            &terms,
+                            None,
+                            act,
+                            dropout,
+                        )
+                    }
+                    .unwrap()
+                };
+                let (got, want) = (run(true), run(false));
+                for (g, w, what) in [
+                    (&got.w, &want.w, "w"),
+                    (
+                        got.w_root.as_ref().unwrap(),
+                        want.w_root.as_ref().unwrap(),
+                        "w_root",
+                    ),
+                    (&got.bias, &want.bias, "bias"),
+                ] {
+                    let scale = w.data().iter().fold(1f32, |m, v| m.max(v.abs()));
+                    assert!(
+                        g.max_abs_diff(w) <= 1e-4 * scale,
+                        "{act:?} dropout={dropout:?} {what}: {} (scale {scale})",
+                        g.max_abs_diff(w)
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn relu_grad_is_the_select_bit_for_bit() {

@@ -223,6 +223,11 @@ pub trait Ops: Sized {
     fn zeros(&mut self, rows: usize, cols: usize) -> Result<Self::Mat, Self::Error>;
     /// Hands a buffer back for reuse by a later `alloc` of the same size.
     fn recycle(&mut self, m: Self::Mat);
+    /// Hands back a buffer nothing allocates again before the pass's peak: a device may return its memory
+    /// to the system rather than keep it for reuse.
+    fn release(&mut self, m: Self::Mat) {
+        self.recycle(m)
+    }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Self::Csr, Self::Error>;
     /// Like [`Ops::upload_csr`] for an operator the host keeps (the host device shares it without a copy).
     fn share_csr(&mut self, op: &Arc<SparseOp>) -> Result<Self::Csr, Self::Error> {

@@ -770,8 +770,25 @@ impl<O: Ops> DeviceModel<O> {
                 Some(out) => out,
                 None => {
                     let l = self.layers[li].clone();
-                    let (out, cache) =
-                        self.layer_forward(ops, &l, g, inputs[li].get(), pass, gs.whole(), ex)?;
+                    let (out, cache) = if li == 0
+                        && self.backward_skips_first_input(gs)
+                        && matches!(inputs[0], Input::Owned(_))
+                    {
+                        // the dropped-out features (n x in_dim) are freed once aggregated, before the
+                        // layer's output exists, not held through the epoch; the next epoch's copy is
+                        // made after this epoch's peak
+                        let Input::Owned(x) = std::mem::replace(&mut inputs[0], Input::Absent)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        let agg = self.aggregation(ops, &l, g, &x, pass, gs.whole(), ex)?;
+                        ops.release(x);
+                        let (mut out, cache) = self.after_aggregation(ops, &l, g.n, agg, None)?;
+                        ops.bias_add(&mut out, &self.params[l.bias].value)?;
+                        (out, cache)
+                    } else {
+                        self.layer_forward(ops, &l, g, inputs[li].get(), pass, gs.whole(), ex)?
+                    };
                     caches.push(cache);
                     out
                 }
@@ -799,6 +816,88 @@ impl<O: Ops> DeviceModel<O> {
         }
     }
 
+    /// An aggregate-first layer's `A H` (`None`: the first layer's constant one, cached in `input_agg`).
+    #[allow(clippy::too_many_arguments)]
+    fn aggregation(
+        &self,
+        ops: &mut O,
+        l: &LayerPlan,
+        g: GraphView<'_, O>,
+        h: &O::Mat,
+        pass: Pass,
+        whole: bool,
+        ex: &mut dyn Exchange,
+    ) -> Result<Option<O::Mat>, O::Error> {
+        Ok(
+            if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
+                None
+            } else if let (true, Some(halo)) = (whole && l.index == 0, self.kept_input_halo(g, ex))
+            {
+                Some(self.aggregate_kept_input(ops, g, h, halo, pass)?)
+            } else {
+                Some(ops.aggregate(g, l.index, h, ex)?)
+            },
+        )
+    }
+
+    /// An aggregate-first layer's `(A H) W (+ H W_root)` before its bias, from its aggregation `agg` (see
+    /// [`DeviceModel::aggregation`]); `h` is read only for the root weight.
+    fn after_aggregation(
+        &self,
+        ops: &mut O,
+        l: &LayerPlan,
+        n: usize,
+        agg: Option<O::Mat>,
+        h: Option<&O::Mat>,
+    ) -> Result<LayerOut<O>, O::Error> {
+        let (d_in, hc) = (l.d_in, l.hc());
+        let a = match &agg {
+            Some(a) => a,
+            None => self
+                .input_agg
+                .as_ref()
+                .expect("input aggregation computed before layer 0"),
+        };
+        let mut out = ops.alloc(n, hc)?;
+        ops.gemm(
+            View::full(a, n, d_in),
+            View::full(&self.params[l.w].value, d_in, hc),
+            0.0,
+            &mut out,
+        )?;
+        if let Some(r) = l.w_root {
+            let h = h.expect("a root weight reads the layer's input");
+            ops.gemm(
+                View::full(h, n, d_in),
+                View::full(&self.params[r].value, d_in, hc),
+                1.0,
+                &mut out,
+            )?;
+        }
+        Ok((out, Cache::Aggregated(agg)))
+    }
+
+    /// Whether nothing reads the first layer's input after its forward: the whole graph's fused first-layer
+    /// backward (see `backward_in`: it reads the aggregation, and the input only for a root weight) of a
+    /// GCN-like first layer that aggregated its input and has no root weight, below a second layer that
+    /// transforms first. Its input, when the forward
+    /// made it (input dropout: a copy of the features), is then freed at once (issue 34: 512 MiB at 1M
+    /// nodes and 128 features).
+    fn backward_skips_first_input(&self, gs: Graphs<'_, O>) -> bool {
+        let (l0, l1) = match &self.layers[..] {
+            [l0, l1, ..] => (l0, l1),
+            _ => return false,
+        };
+        // the fusion runs when the second layer hands back its input gradient factored, which it does
+        // when it transformed before aggregating
+        gs.whole()
+            && l0.kind != LayerKind::Gat
+            && l0.aggregate_first
+            && l0.w_root.is_none()
+            && l1.kind != LayerKind::Gat
+            && !l1.aggregate_first
+    }
+
     /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, on a
     /// block, every source row.
     #[allow(clippy::too_many_arguments)]
@@ -821,37 +920,8 @@ impl<O: Ops> DeviceModel<O> {
         let w = &self.params[l.w].value;
         let root = l.w_root.map(|r| &self.params[r].value);
         let (mut out, cache) = if l.aggregate_first {
-            let agg = if whole && l.index == 0 && self.first_aggregation_is_constant(pass) {
-                None
-            } else if let (true, Some(halo)) = (whole && l.index == 0, self.kept_input_halo(g, ex))
-            {
-                Some(self.aggregate_kept_input(ops, g, h, halo, pass)?)
-            } else {
-                Some(ops.aggregate(g, l.index, h, ex)?)
-            };
-            let a = match &agg {
-                Some(a) => a,
-                None => self
-                    .input_agg
-                    .as_ref()
-                    .expect("input aggregation computed before layer 0"),
-            };
-            let mut out = ops.alloc(n, hc)?;
-            ops.gemm(
-                View::full(a, n, d_in),
-                View::full(w, d_in, hc),
-                0.0,
-                &mut out,
-            )?;
-            if let Some(wr) = root {
-                ops.gemm(
-                    View::full(h, n, d_in),
-                    View::full(wr, d_in, hc),
-                    1.0,
-                    &mut out,
-                )?;
-            }
-            (out, Cache::Aggregated(agg))
+            let agg = self.aggregation(ops, l, g, h, pass, whole, ex)?;
+            self.after_aggregation(ops, l, n, agg, Some(h))?
         } else if let (Some(wr), false) = (root, g.complete) {
             // one product `H [W | W_root]` reads H once instead of twice
             let (m, r) = ops.linear_pair(h, w, wr)?;
@@ -1056,6 +1126,8 @@ impl<O: Ops> DeviceModel<O> {
         // The first layer never needs its input's gradient. When it aggregated its input, its weight gradients
         // are row-block sums, so the second layer's input gradient (as wide as the hidden layer) can be formed
         // block by block and consumed at once instead of held whole.
+        // (`backward_skips_first_input` is this without `first_grad`, which only P3 passes, whose first
+        // layer's cache is external)
         let fuse_first = gs.whole()
             && first_grad.is_none()
             && self.layers[0].aggregate_first
