@@ -271,6 +271,19 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     use crate::minibatch::{ColumnShard, ShardData, column_features, column_slice};
     use physalia_graph::{Dataset, Split};
     let rank = link.rank();
+    // the setup before the first epoch (the part loaded or rebuilt, the engine built) is what an
+    // in-place resize's pause holds beside the mesh join: logged with the first epoch
+    let t_setup = Instant::now();
+    let mut first_epoch = true;
+    let mut setup_line = |m: &EpochMetrics| {
+        if std::mem::take(&mut first_epoch) {
+            let setup = t_setup.elapsed().as_secs_f64() - m.train_s - m.eval_s;
+            eprintln!(
+                "worker {rank}: set up for this assignment in {setup:.3} s (before epoch {})",
+                m.epoch
+            );
+        }
+    };
     let dataset = |io: &mut dyn Coordinator| -> Result<Dataset> {
         let artifact = a
             .dataset
@@ -361,7 +374,10 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 &a.exchange,
                 a.row_normalize,
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed),
+                &mut |e| {
+                    setup_line(e.metrics);
+                    end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed)
+                },
             )?;
             if let Some(e) = failed {
                 return Err(e);
@@ -635,9 +651,15 @@ pub fn run_from_env() -> Result<()> {
     let trained = (|| -> Result<_> {
         let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, None);
         loop {
+            let t_join = Instant::now();
             let mut link = endpoint
                 .join(&assignment.peers)
                 .context("joining the mesh")?;
+            eprintln!(
+                "worker {rank}: joined the mesh of {} in {:.3} s",
+                assignment.peers.len(),
+                t_join.elapsed().as_secs_f64()
+            );
             // the coordinator tells a stall from a long epoch (a worker waiting on one that computes is
             // not stalled) and stops the launch within the epoch timeout; a wait on a peer gives up by
             // itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator cannot be heard either
