@@ -129,6 +129,24 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
             && rebuilt[0].contains("(0 rows gained"),
         "{rank0}"
     );
+    // the record keeps every partitioning the job trained on: the launch's one part, then the two
+    // in-place ones with their quality (the shrink back to 2 reuses the record of 2)
+    let summary = read_json(&dir.join("summary.json"));
+    let parts = summary["partitions"]
+        .as_array()
+        .expect("partitions recorded");
+    let counts: Vec<u64> = parts.iter().map(|p| p["parts"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [1, 2, 4], "{parts:?}");
+    for p in &parts[1..] {
+        assert!(
+            p["method"].as_str().unwrap().starts_with("in-place ("),
+            "{p}"
+        );
+        let cut = p["cut_fraction"].as_f64().unwrap();
+        assert!(cut > 0.0 && cut < 1.0, "{p}");
+        assert!(p["edge_cut"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["why"].as_str().unwrap().contains("rows moved"), "{p}");
+    }
 }
 
 #[test]
@@ -322,8 +340,8 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
     assert_eq!(html.matches("<svg").count(), 6, "six plots");
     assert_eq!(
         html.matches("<tr><td>").count(),
-        12 + 1 + 1,
-        "12 epoch rows, one event row and one prediction row"
+        12 + 1 + 1 + 1,
+        "12 epoch rows, one event row, one prediction row and one partition set's row"
     );
 }
 

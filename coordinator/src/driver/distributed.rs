@@ -1272,6 +1272,26 @@ impl Driver<'_> {
         );
         r.log.line(&line);
         tracing::info!("{line}");
+        {
+            let mut records = self.partition_records.borrow_mut();
+            if !records.iter().any(|p| p.parts == n) {
+                records.push(physalia_control::record::PartitionRecord {
+                    parts: n,
+                    method: format!("in-place ({})", self.partitioner.method_name()),
+                    reused: false,
+                    why: Some(format!(
+                        "resized in place from {n_old} workers: the set for {n} parts matched to the \
+                         current ranks by overlap, {} rows moved",
+                        prepared.moved
+                    )),
+                    edge_cut: prepared.edge_cut,
+                    cut_fraction: prepared.cut_fraction,
+                    balance: prepared.balance,
+                    partition_seconds: None,
+                    compute_seconds: prepared.seconds,
+                });
+            }
+        }
         // wait for every rank: the survivors' pauses, the joiners' registrations
         let timeouts = self.spec.timeouts.clone().unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
@@ -1376,6 +1396,7 @@ impl Driver<'_> {
         inplace::Input {
             dataset: self.dataset_path.to_path_buf(),
             seed: self.spec.train.seed,
+            method: self.partitioner.method.clone(),
             owner: owner.clone(),
             k_old,
             files: self.files.clone(),
@@ -1503,7 +1524,7 @@ impl Driver<'_> {
         if records.iter().any(|r| r.parts == m.k) {
             return;
         }
-        if !set.reused {
+        if !set.reused && m.k > 1 {
             self.obs.progress(&format!(
                 "partitioned into {} parts by {label}: cut {:.3}, balance {:.3}, {:.1}s ({})",
                 m.k,

@@ -1,6 +1,7 @@
 //! The next partitioning of an in-place resize (issue 33), made while the job trains: a launch's owner
-//! (node -> rank) is fixed while it trains, so as soon as it starts, a background thread per worker count
-//! the policy may choose next cuts that count's partitioning (the stored METIS set for it, its parts
+//! (node -> rank) is fixed while it trains, so after its first recorded epoch, a background thread per
+//! worker count the policy may choose next cuts that count's partitioning (the set stored for it, or one
+//! computed by the job's partitioner, its parts
 //! matched to the current ranks by overlap: [`overlapping_owner`]) and writes one part delta per rank
 //! (`physalia_worker::delta`: the rows the rank gains, the rows it gives up, its new halo bookkeeping),
 //! checksummed for serving. The resize's pause then only pauses, hands over and loads: it takes the
@@ -40,6 +41,10 @@ pub struct Prepared {
     pub file_bytes: u64,
     /// Seconds it took to make.
     pub seconds: f64,
+    /// The new partitioning's undirected cut edges, their share of all, and its balance.
+    pub edge_cut: usize,
+    pub cut_fraction: f64,
+    pub balance: f64,
 }
 
 /// What making a resize's partitioning needs; owned, so that a thread can take it.
@@ -47,6 +52,8 @@ pub struct Prepared {
 pub struct Input {
     pub dataset: PathBuf,
     pub seed: u64,
+    /// How a missing set for the new count is computed (the job's partitioner); a stored one is reused.
+    pub method: physalia_graph::partition::PartitionMethod,
     /// Node -> rank of the launch that trains now.
     pub owner: Arc<Vec<u32>>,
     pub k_old: usize,
@@ -62,20 +69,22 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     let Input {
         dataset,
         seed,
+        method,
         owner,
         k_old,
         files,
         tag,
     } = input;
-    let sets = physalia_graph::partition::ensure_partitions(dataset, &[k_new], *seed)
-        .with_context(|| format!("partitioning into {k_new} parts"))?;
-    let metis = sets
+    let sets =
+        physalia_graph::partition::ensure_partitions_reusing(dataset, &[k_new], *seed, method)
+            .with_context(|| format!("partitioning into {k_new} parts"))?;
+    let target = sets
         .into_iter()
         .next()
         .expect("one set per k")
         .partitioning()?;
-    let new_owner = overlapping_owner(owner, *k_old, &metis.parts, k_new);
-    drop(metis);
+    let new_owner = overlapping_owner(owner, *k_old, &target.parts, k_new);
+    drop(target);
     // checksums were verified when the job loaded the dataset
     let ds = physalia_graph::Dataset::open_unverified(dataset)
         .with_context(|| format!("opening {}", dataset.display()))?;
@@ -99,6 +108,9 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         bookkeeping_bytes: 0,
         file_bytes: 0,
         seconds: 0.0,
+        edge_cut: p.edge_cut,
+        cut_fraction: physalia_graph::stream::quality(ds.csr(), &p)?.cut_fraction,
+        balance: p.balance,
     };
     prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;
     for part in &parts {

@@ -182,6 +182,16 @@ pub struct PartitionChoice {
     pub why: String,
 }
 
+impl PartitionChoice {
+    /// `metis` or `stream`.
+    pub fn method_name(&self) -> &'static str {
+        match self.method {
+            physalia_graph::partition::PartitionMethod::Metis => "metis",
+            physalia_graph::partition::PartitionMethod::Stream(_) => "stream",
+        }
+    }
+}
+
 /// The partitioner for `spec`'s job on `source`, whose coordinator has `memory_bytes` (this machine's
 /// available memory, or a cluster-mode coordinator's container; `None`: the planner's assumption).
 pub fn choose(
