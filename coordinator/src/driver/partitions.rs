@@ -89,6 +89,93 @@ impl StoredPartitions {
     }
 }
 
+/// How a job computes the partition sets it does not find stored: the job file's `dataset.partitioner`,
+/// or under `auto` the planner's partition step for the job's first part count.
+#[derive(Debug, Clone)]
+pub struct PartitionChoice {
+    pub method: physalia_graph::partition::PartitionMethod,
+    /// The planner's step when it chose (`auto`), for the record and the terminal.
+    pub step: Option<physalia_planner::PartitionStep>,
+    /// One line: which partitioner and why.
+    pub why: String,
+}
+
+impl PartitionChoice {
+    /// `metis` or `stream`.
+    pub fn method_name(&self) -> &'static str {
+        match self.method {
+            physalia_graph::partition::PartitionMethod::Metis => "metis",
+            physalia_graph::partition::PartitionMethod::Stream(_) => "stream",
+        }
+    }
+}
+
+/// The partitioner for `spec`'s job on `source`, whose coordinator has `memory_bytes` (this machine's
+/// available memory, or a cluster-mode coordinator's container; `None`: the planner's assumption).
+pub fn choose(
+    spec: &crate::spec::JobSpec,
+    source: &crate::driver::dataset::Source,
+    memory_bytes: Option<f64>,
+) -> Result<PartitionChoice> {
+    use crate::spec::PartitionerSpec;
+    use physalia_graph::partition::PartitionMethod;
+    use physalia_graph::stream::StreamParams;
+    use physalia_planner::Partitioner;
+    let k = spec.parts().max(1);
+    let stream = || PartitionMethod::Stream(StreamParams::refined(k as usize));
+    let chunked = source.is_chunked();
+    match spec.dataset.partitioner {
+        PartitionerSpec::Metis if chunked => anyhow::bail!(
+            "dataset.partitioner: metis needs the whole graph in memory, and {} is a chunked dataset; \
+             use `stream` or `auto`",
+            source.name()
+        ),
+        PartitionerSpec::Metis => Ok(PartitionChoice {
+            method: PartitionMethod::Metis,
+            step: None,
+            why: "METIS (dataset.partitioner)".into(),
+        }),
+        PartitionerSpec::Stream => Ok(PartitionChoice {
+            method: stream(),
+            step: None,
+            why: "streaming (dataset.partitioner)".into(),
+        }),
+        PartitionerSpec::Auto => {
+            let mut req = crate::driver::plan::request(spec, source)?;
+            if let Some(bytes) = memory_bytes {
+                req.constraints.coordinator_memory_gib = Some(bytes / f64::from(1u32 << 30));
+            }
+            let catalog = physalia_planner::Catalog::builtin();
+            // the job's own SKU where the catalog has one; the step only scales its compute time
+            let w = crate::driver::plan::as_written(spec, &req, &catalog, None, None).or_else(
+                |_| crate::driver::plan::as_written(spec, &req, &catalog, Some("local"), None),
+            )?;
+            let Some(step) = w.partition else {
+                // one part, or model parallelism: nothing to partition (a chunked dataset's single
+                // part is still cut from its chunks, never loaded)
+                return Ok(PartitionChoice {
+                    method: if chunked {
+                        stream()
+                    } else {
+                        PartitionMethod::Metis
+                    },
+                    step: None,
+                    why: "one part: nothing to partition".into(),
+                });
+            };
+            let method = match step.chosen.partitioner {
+                Partitioner::Metis => PartitionMethod::Metis,
+                Partitioner::Stream => stream(),
+            };
+            Ok(PartitionChoice {
+                method,
+                why: format!("the planner's choice: {}", step.reason),
+                step: Some(step),
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,87 +255,5 @@ mod tests {
                 .join(PARTITION_FILE)
                 .is_file()
         );
-    }
-}
-
-/// How a job computes the partition sets it does not find stored: the job file's `dataset.partitioner`,
-/// or under `auto` the planner's partition step for the job's first part count.
-#[derive(Debug, Clone)]
-pub struct PartitionChoice {
-    pub method: physalia_graph::partition::PartitionMethod,
-    /// The planner's step when it chose (`auto`), for the record and the terminal.
-    pub step: Option<physalia_planner::PartitionStep>,
-    /// One line: which partitioner and why.
-    pub why: String,
-}
-
-impl PartitionChoice {
-    /// `metis` or `stream`.
-    pub fn method_name(&self) -> &'static str {
-        match self.method {
-            physalia_graph::partition::PartitionMethod::Metis => "metis",
-            physalia_graph::partition::PartitionMethod::Stream(_) => "stream",
-        }
-    }
-}
-
-/// The partitioner for `spec`'s job on `source`, whose coordinator has `memory_bytes` (this machine's
-/// available memory, or a cluster-mode coordinator's container; `None`: the planner's assumption).
-pub fn choose(
-    spec: &crate::spec::JobSpec,
-    source: &crate::driver::dataset::Source,
-    memory_bytes: Option<f64>,
-) -> Result<PartitionChoice> {
-    use crate::spec::PartitionerSpec;
-    use physalia_graph::partition::PartitionMethod;
-    use physalia_graph::stream::StreamParams;
-    use physalia_planner::Partitioner;
-    let k = spec.parts().max(1);
-    let stream = || PartitionMethod::Stream(StreamParams::refined(k as usize));
-    let chunked = source.is_chunked();
-    match spec.dataset.partitioner {
-        PartitionerSpec::Metis if chunked => anyhow::bail!(
-            "dataset.partitioner: metis needs the whole graph in memory, and {} is a chunked dataset; \
-             use `stream` or `auto`",
-            source.name()
-        ),
-        PartitionerSpec::Metis => Ok(PartitionChoice {
-            method: PartitionMethod::Metis,
-            step: None,
-            why: "METIS (dataset.partitioner)".into(),
-        }),
-        PartitionerSpec::Stream => Ok(PartitionChoice {
-            method: stream(),
-            step: None,
-            why: "streaming (dataset.partitioner)".into(),
-        }),
-        PartitionerSpec::Auto => {
-            let mut req = crate::driver::plan::request(spec, source)?;
-            if let Some(bytes) = memory_bytes {
-                req.constraints.coordinator_memory_gib = Some(bytes / f64::from(1u32 << 30));
-            }
-            let catalog = physalia_planner::Catalog::builtin();
-            // the job's own SKU where the catalog has one; the step only scales its compute time
-            let w = crate::driver::plan::as_written(spec, &req, &catalog, None, None).or_else(
-                |_| crate::driver::plan::as_written(spec, &req, &catalog, Some("local"), None),
-            )?;
-            let Some(step) = w.partition else {
-                // one part, or model parallelism: nothing to partition, METIS's single part
-                return Ok(PartitionChoice {
-                    method: PartitionMethod::Metis,
-                    step: None,
-                    why: "one part: nothing to partition".into(),
-                });
-            };
-            let method = match step.chosen.partitioner {
-                Partitioner::Metis => PartitionMethod::Metis,
-                Partitioner::Stream => stream(),
-            };
-            Ok(PartitionChoice {
-                method,
-                why: format!("the planner's choice: {}", step.reason),
-                step: Some(step),
-            })
-        }
     }
 }
