@@ -1480,10 +1480,6 @@ impl Driver<'_> {
             }
         }
         let method = &self.partitioner.method;
-        let label = match method {
-            physalia_graph::partition::PartitionMethod::Metis => "METIS",
-            physalia_graph::partition::PartitionMethod::Stream(_) => "streaming",
-        };
         let sets = super::step(self.obs, &format!("partitioning into {k} parts"), || {
             physalia_graph::partition::ensure_partitions_reusing(
                 self.dataset_path,
@@ -1508,7 +1504,7 @@ impl Driver<'_> {
                 stored.url()
             ));
         }
-        self.record_partition(&set, label);
+        self.record_partition(&set);
         let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         physalia_gnn::heap::release_freed_memory();
@@ -1518,7 +1514,7 @@ impl Driver<'_> {
 
     /// Keeps the first set of each part count the job trains on for its summary, and says on the
     /// terminal how a computed one was made.
-    fn record_partition(&self, set: &physalia_graph::partition::PartitionSet, label: &str) {
+    fn record_partition(&self, set: &physalia_graph::partition::PartitionSet) {
         let m = &set.meta;
         let mut records = self.partition_records.borrow_mut();
         if records.iter().any(|r| r.parts == m.k) {
@@ -1526,8 +1522,9 @@ impl Driver<'_> {
         }
         if !set.reused && m.k > 1 {
             self.obs.progress(&format!(
-                "partitioned into {} parts by {label}: cut {:.3}, balance {:.3}, {:.1}s ({})",
+                "partitioned into {} parts by {}: cut {:.3}, balance {:.3}, {:.1}s ({})",
                 m.k,
+                m.method,
                 m.cut_fraction(),
                 m.balance,
                 m.compute_seconds,

@@ -78,11 +78,10 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     let sets =
         physalia_graph::partition::ensure_partitions_reusing(dataset, &[k_new], *seed, method)
             .with_context(|| format!("partitioning into {k_new} parts"))?;
-    let target = sets
-        .into_iter()
-        .next()
-        .expect("one set per k")
-        .partitioning()?;
+    let set = sets.into_iter().next().expect("one set per k");
+    // the graph's undirected edges, the cut fraction's denominator, as the set recorded them
+    let undirected = set.meta.num_undirected_edges;
+    let target = set.partitioning()?;
     let new_owner = overlapping_owner(owner, *k_old, &target.parts, k_new);
     drop(target);
     // checksums were verified when the job loaded the dataset
@@ -109,7 +108,11 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         file_bytes: 0,
         seconds: 0.0,
         edge_cut: p.edge_cut,
-        cut_fraction: physalia_graph::stream::quality(ds.csr(), &p)?.cut_fraction,
+        cut_fraction: if undirected == 0 {
+            0.0
+        } else {
+            p.edge_cut as f64 / undirected as f64
+        },
         balance: p.balance,
     };
     prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;

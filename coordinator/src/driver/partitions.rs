@@ -94,8 +94,6 @@ impl StoredPartitions {
 #[derive(Debug, Clone)]
 pub struct PartitionChoice {
     pub method: physalia_graph::partition::PartitionMethod,
-    /// The planner's step when it chose (`auto`), for the record and the terminal.
-    pub step: Option<physalia_planner::PartitionStep>,
     /// One line: which partitioner and why.
     pub why: String,
 }
@@ -132,12 +130,10 @@ pub fn choose(
         ),
         PartitionerSpec::Metis => Ok(PartitionChoice {
             method: PartitionMethod::Metis,
-            step: None,
             why: "METIS (dataset.partitioner)".into(),
         }),
         PartitionerSpec::Stream => Ok(PartitionChoice {
             method: stream(),
-            step: None,
             why: "streaming (dataset.partitioner)".into(),
         }),
         PartitionerSpec::Auto => {
@@ -159,7 +155,6 @@ pub fn choose(
                     } else {
                         PartitionMethod::Metis
                     },
-                    step: None,
                     why: "one part: nothing to partition".into(),
                 });
             };
@@ -170,7 +165,6 @@ pub fn choose(
             Ok(PartitionChoice {
                 method,
                 why: format!("the planner's choice: {}", step.reason),
-                step: Some(step),
             })
         }
     }
