@@ -20,7 +20,7 @@ use physalia_coordinator::driver::resolved::ResolvedJob;
 use physalia_coordinator::driver::summary::{
     RunResult, epoch_line, fmt_acc, model_config, summarize,
 };
-use physalia_coordinator::driver::{admission, cluster, dataset, distributed, plan};
+use physalia_coordinator::driver::{admission, cluster, dataset, distributed, memory, plan};
 
 use crate::jobdir::JobDir;
 use crate::output::{OutputFormat, Terminal, print_summary};
@@ -113,7 +113,7 @@ fn run_seeds(
     let obs = Terminal::new(output, quiet);
     let source = dataset::load(&spec.dataset, &obs)?;
     if memory_check {
-        admission::check(job, &source, admission::available_bytes())?;
+        admission::check(job, &source, memory::available_bytes())?;
     }
     // this process trains on all of it: a chunked dataset is loaded whole
     let source = source.into_whole(&obs)?;

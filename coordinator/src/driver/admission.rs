@@ -15,26 +15,6 @@ use crate::driver::resolved::ResolvedJob;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// This machine's available memory (`MemAvailable` of `/proc/meminfo`), bytes.
-pub fn available_bytes() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024.0)
-}
-
-/// Memory the coordinator has for partitioning: this machine's available memory, or less where a
-/// cgroup limits the process (a cluster-mode coordinator's container: `memory.max` of cgroup v2).
-pub fn partition_memory_bytes() -> Option<f64> {
-    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|t| t.trim().parse::<f64>().ok());
-    match (available_bytes(), limit) {
-        (Some(a), Some(l)) => Some(a.min(l)),
-        (a, l) => a.or(l),
-    }
-}
-
 /// Refuses `job` when its workers, all on this machine, would need more than `available` bytes.
 pub fn check(job: &ResolvedJob, source: &Source, available: Option<f64>) -> Result<()> {
     let spec = &job.spec;

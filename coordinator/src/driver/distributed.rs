@@ -153,7 +153,7 @@ pub fn run(
     let partitioner = super::partitions::choose(
         spec,
         &source,
-        crate::driver::admission::partition_memory_bytes(),
+        crate::driver::memory::partition_memory_bytes(),
     )?;
     let stats = source.stats();
     let cfg = summary::model_config(spec, stats.feat_dim, stats.num_classes)?;
@@ -166,7 +166,7 @@ pub fn run(
     }
     // before anything is written or launched
     if memory_check {
-        crate::driver::admission::check(job, &source, crate::driver::admission::available_bytes())?;
+        crate::driver::admission::check(job, &source, crate::driver::memory::available_bytes())?;
     }
     let (mut dir, remote) = open_record(spec, name, resume.as_ref(), cluster)?;
     let job_url = remote

@@ -19,6 +19,7 @@ pub mod dataset;
 pub mod distributed;
 pub mod image;
 pub mod inplace;
+pub mod memory;
 pub mod partitions;
 pub mod plan;
 pub mod platform;

@@ -55,7 +55,7 @@ pub fn request(spec: &JobSpec, source: &Source) -> Result<PlanRequest> {
     let mut req = request_from(spec, graph, partitions)?;
     // a job on this machine partitions in this process: its memory, not a cluster coordinator's
     if spec.backend.name.on_this_machine()
-        && let Some(bytes) = crate::driver::admission::partition_memory_bytes()
+        && let Some(bytes) = crate::driver::memory::partition_memory_bytes()
     {
         req.constraints.coordinator_memory_gib = Some(bytes / f64::from(1u32 << 30));
     }
