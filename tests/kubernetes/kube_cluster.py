@@ -7,13 +7,33 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
 
 - the API server (namespace `physalia` only, as infra/k8s makes it) speaks HTTPS (a CA made for the run; its certificate names the address it listens on)
   on the pod network's gateway, which this machine and the pods reach. It keeps Jobs (batch/v1), Pods,
-  Secrets, Services and Events of any namespace; create, get, list (equality label selectors), merge
-  patch, delete (with the garbage collector's cascade to objects whose owner reference names a deleted
-  Job, and a Job's pods) and pod logs. Every request must carry a bearer token: the user's (kubeconfig,
-  allowed everything) or a ServiceAccount's, allowed what the Roles of `infra/k8s/rbac.yaml` bound to it
-  grant in their namespace and refused (403 Forbidden, as RBAC words it) otherwise; `/_fake/requests`
-  lists `(who, verb, resource)` for the test, `/_fake/objects` what is stored and `/_fake/object/RES/NAME`
-  one object.
+  Secrets, Services, Events and ServiceAccounts of any namespace, and RBAC's Roles, RoleBindings,
+  ClusterRoles and ClusterRoleBindings; create, get, list (label selectors: equality, `!=`, `in`,
+  `notin`, exists; field selectors on the fields the real server converts, 400 on others), JSON merge
+  patch, update (PUT, 409 on a stale resourceVersion), delete (with the garbage collector's cascade to
+  objects whose owner reference names a deleted object, a Job's pods) and pod logs; Namespaces and the
+  nodes below read-only. resourceVersions count up over all objects (a list's is the newest), and a
+  watch (`?watch=true`, from a `resourceVersion` or, without one, the current objects as ADDED) streams
+  ADDED/MODIFIED/DELETED events as newline-delimited JSON over chunked transfer until `timeoutSeconds`
+  (410 Expired for a resourceVersion older than the last 20,000 events). It serves what a real client
+  reads first: discovery (`/api`, `/apis`, each group's APIResourceList, and aggregated discovery,
+  apidiscovery.k8s.io/v2, to a client that asks for it), `/version`, an OpenAPI v3 document of the
+  operations (no schemas: kubectl learns from it that the server validates fields, and
+  `fieldValidation=Strict` refuses unknown top-level and metadata fields, Warn warns), Tables for
+  server-side printing (`kubectl get`'s columns, `-o wide`'s), and protobuf bodies of the access reviews
+  typed clients send.
+  Every request must carry a bearer token: the user's (kubeconfig; user `physalia-test-user` in group
+  `system:masters`, which the bootstrap `cluster-admin` binding allows everything) or an existing
+  ServiceAccount's (`sa.NS.NAME`; any other token is 401). Requests are authorized by RBAC over the
+  stored Roles and bindings: the bootstrap ClusterRoles that matter (cluster-admin, system:basic-user,
+  system:discovery, system:public-info-viewer) and `infra/k8s/rbac.yaml`'s objects, loaded at start;
+  refused 403 Forbidden, worded as RBAC words it. `Impersonate-User`/`-Group`/`-Uid`/`-Extra-*` act as
+  that identity where the caller may `impersonate` each part (users, groups, serviceaccounts in their
+  namespace, uids, userextras), 403 otherwise; SelfSubjectAccessReview, SubjectAccessReview,
+  SelfSubjectRulesReview and SelfSubjectReview are answered from the same RBAC, so `kubectl auth can-i`
+  (with `--as`, `--list`) and `kubectl auth whoami` work. `/_fake/requests` lists
+  `(who, user, verb, resource)` for the test (`who`: the token's principal, `user`: who it acted as),
+  `/_fake/objects` what was made since start and `/_fake/object/RES/NAME` one object.
 - the Job controller: a Job that is not suspended gets its pods (one per completion index for an Indexed
   Job, hostnames `<job>-<index>`, the completion-index annotation; one for a plain Job), never more:
   `backoffLimit`/`backoffLimitPerIndex` are 0 for every Job physalia makes, so a failed pod is not
@@ -46,12 +66,18 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
 priority level is saturated: every Nth request of each principal (bearer token) is answered 429
 TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
-Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished, watches.
+Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished; strategic merge, JSON and
+server-side apply patches (415: so `kubectl apply` creates but cannot change an object, `kubectl edit`
+and `kubectl patch` need `--type merge`), dry runs, deletecollection, graceful deletion (a delete is
+immediate), watch bookmarks and the WatchList stream, OpenAPI v2 and schemas (`kubectl explain`), RBAC's
+escalation checks on creating Roles and bindings, exec, attach and port-forward.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
 URL; `region`; `bucket`; `network`; `api`, the API server's URL), then serves until its standard input
 closes, and removes every container, file and network it made.
 """
+
+from __future__ import annotations
 
 import base64
 import datetime
@@ -60,6 +86,8 @@ import ipaddress
 import json
 import os
 import random
+import re
+import select
 import shutil
 import socket
 import ssl
@@ -69,6 +97,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 import urllib.parse
 import uuid
 
@@ -286,13 +315,35 @@ class Cluster:
         # pod key -> container name, for pods that got one
         self.containers: dict[tuple[str, str, str], str] = {}
         self.done = threading.Event()
-        self.grants = load_rbac(RBAC)
+        # what a watch replays: (resourceVersion, ADDED/MODIFIED/DELETED, namespace, resource, object)
+        self.started = now()
+        self.history: list[tuple[int, str, str, str, dict]] = []
+        self.changed = threading.Condition()
+        for ns in sorted(NAMESPACES):
+            self.create("", "namespaces", {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                                           "status": {"phase": "Active"}})
+            # the ServiceAccount every namespace gets
+            self.create(ns, "serviceaccounts", {"metadata": {"name": "default"}})
+        for kind, ns, obj in builtin_rbac() + load_manifests(RBAC):
+            self.create(ns, kind, obj)
+        # what the API server starts with (not what a test made: /_fake/objects leaves it out)
+        self.seeded = set(self.objects)
 
     # --- the API --------------------------------------------------------------------------------
 
-    def stamp(self, obj: dict) -> None:
-        self.version += 1
-        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+    def stamp(self, obj: dict, event: str = "MODIFIED") -> None:
+        """A new resourceVersion for a stored object that changed, and the watch event saying so."""
+        with self.lock:
+            self.version += 1
+            meta = obj.setdefault("metadata", {})
+            meta["resourceVersion"] = str(self.version)
+            if obj.get("_res"):
+                self.history.append((self.version, event, meta.get("namespace", ""), obj["_res"],
+                                     clean(obj)))
+                if len(self.history) > HISTORY:
+                    del self.history[: len(self.history) - HISTORY]
+        with self.changed:
+            self.changed.notify_all()
 
     def create(self, ns: str, res: str, obj: dict) -> tuple[int, dict]:
         meta = obj.setdefault("metadata", {})
@@ -305,36 +356,41 @@ class Cluster:
         key = (ns, res, name)
         with self.lock:
             if key in self.objects:
-                return 409, status(409, "AlreadyExists", f'{res} "{name}" already exists')
-            meta["namespace"] = ns
+                return 409, status(409, "AlreadyExists", f'{qualified(res)} "{name}" already exists',
+                                   {"name": name, "group": RESOURCES[res].group, "kind": res})
+            if ns:
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now()
+            for k in ("resourceVersion", "deletionTimestamp", "selfLink"):
+                meta.pop(k, None)
             if res == "jobs":
                 obj.setdefault("status", {})
             if res == "pods":
                 obj["status"] = {"phase": "Pending"}
-            self.stamp(obj)
+            obj["apiVersion"], obj["kind"] = RESOURCES[res].api_version, RESOURCES[res].kind
+            obj["_res"] = res
             self.objects[key] = obj
+            self.stamp(obj, "ADDED")
             return 201, obj
 
     def get(self, ns: str, res: str, name: str) -> dict | None:
         with self.lock:
             return self.objects.get((ns, res, name))
 
-    def list(self, ns: str, res: str, selector: str) -> list[dict]:
-        want = {}
-        for term in filter(None, selector.split(",")):
-            if "=" not in term:
-                raise ValueError(f"label selector {selector!r}: only k=v terms are supported")
-            k, v = term.split("=", 1)
-            want[k.rstrip("=")] = v.lstrip("=")
+    def list(self, ns: str, res: str, selector: str, fields: str = "") -> list[dict]:
+        """The objects of `res` (in `ns`, or every namespace for ""), by label and field selector;
+        ValueError where a selector does not parse or names a field the resource cannot select by."""
+        labels_ok = label_selector(selector)
+        fields_ok = field_selector(res, fields)
         with self.lock:
             out = []
             for (o_ns, o_res, _), obj in sorted(self.objects.items()):
                 if o_res != res or (ns and o_ns != ns):
                     continue
-                labels = obj.get("metadata", {}).get("labels") or {}
-                if all(labels.get(k) == v for k, v in want.items()):
+                if labels_ok(obj.get("metadata", {}).get("labels") or {}) and fields_ok(obj):
                     out.append(obj)
             return out
 
@@ -356,12 +412,43 @@ class Cluster:
             self.stamp(obj)
             return obj
 
+    def replace(self, ns: str, res: str, name: str, new: dict) -> tuple[int, dict]:
+        """PUT: the whole object, if its resourceVersion (where given) is still the stored one."""
+        with self.lock:
+            obj = self.objects.get((ns, res, name))
+            if obj is None:
+                return 404, status(404, "NotFound", f'{qualified(res)} "{name}" not found',
+                                   {"name": name, "group": RESOURCES[res].group, "kind": res})
+            meta = new.setdefault("metadata", {})
+            if meta.get("name", name) != name:
+                return 400, status(400, "BadRequest", "the name of the object does not match the URL")
+            rv = meta.get("resourceVersion")
+            if rv and rv != obj["metadata"]["resourceVersion"]:
+                return 409, status(409, "Conflict", f'Operation cannot be fulfilled on {qualified(res)} '
+                                   f'"{name}": the object has been modified; please apply your changes '
+                                   f'to the latest version and try again',
+                                   {"name": name, "group": RESOURCES[res].group, "kind": res})
+            keep = {k: v for k, v in obj.items() if k.startswith("_") or k == "status"}
+            for k in ("uid", "creationTimestamp", "namespace"):
+                if k in obj["metadata"]:
+                    meta[k] = obj["metadata"][k]
+                else:
+                    meta.pop(k, None)
+            meta["name"] = name
+            obj.clear()
+            obj.update(new)
+            obj.update(keep)
+            obj["apiVersion"], obj["kind"] = RESOURCES[res].api_version, RESOURCES[res].kind
+            self.stamp(obj)
+            return 200, obj
+
     def delete(self, ns: str, res: str, name: str) -> dict | None:
         with self.lock:
             obj = self.objects.pop((ns, res, name), None)
             if obj is None:
                 return None
             obj["metadata"]["deletionTimestamp"] = now()
+            self.stamp(obj, "DELETED")
             uid = obj["metadata"]["uid"]
             # the garbage collector: every object this one owns goes too
             owned = [k for k, o in self.objects.items()
@@ -374,6 +461,79 @@ class Cluster:
                     threading.Thread(target=docker, args=("rm", "-f", container),
                                      kwargs={"check": False}, daemon=True).start()
             return obj
+
+    def events_after(self, rv: int) -> list[tuple[int, str, str, str, dict]] | None:
+        """The watch events after resourceVersion `rv`; None where those are no longer kept (410 Gone)."""
+        with self.lock:
+            if self.history and rv < self.history[0][0] - 1:
+                return None
+            return [e for e in self.history if e[0] > rv]
+
+    # --- authentication and RBAC ------------------------------------------------------------------
+
+    def authenticate(self, token: str) -> tuple[str, list[str]] | None:
+        """The user and groups a bearer token names: the kubeconfig's administrator, or an existing
+        ServiceAccount (its token, `sa.NS.NAME`, is what the kubelet mounts); None for anything else."""
+        if token == USER_TOKEN:
+            return USER_NAME, list(USER_GROUPS)
+        parts = token.split(".", 2)
+        if len(parts) == 3 and parts[0] == "sa" and self.get(parts[1], "serviceaccounts", parts[2]):
+            return (f"system:serviceaccount:{parts[1]}:{parts[2]}",
+                    ["system:serviceaccounts", f"system:serviceaccounts:{parts[1]}",
+                     "system:authenticated"])
+        return None
+
+    def bindings(self, user: str, groups: list[str], ns: str) -> list[tuple[str, list[dict]]]:
+        """(how RBAC words the grant, the rules) of each ClusterRoleBinding, and each RoleBinding of
+        `ns`, that names the user or one of its groups."""
+        out = []
+        with self.lock:
+            for (b_ns, res, name), b in sorted(self.objects.items()):
+                if not (res == "clusterrolebindings" or (res == "rolebindings" and ns and b_ns == ns)):
+                    continue
+                subject = next((s for s in b.get("subjects") or []
+                                if subject_matches(s, user, groups, b_ns)), None)
+                ref = b.get("roleRef") or {}
+                if subject is None:
+                    continue
+                if ref.get("kind") == "Role" and res == "rolebindings":
+                    role = self.objects.get((b_ns, "roles", ref.get("name")))
+                elif ref.get("kind") == "ClusterRole":
+                    role = self.objects.get(("", "clusterroles", ref.get("name")))
+                else:
+                    role = None
+                if role is None:
+                    continue
+                kind = "RoleBinding" if res == "rolebindings" else "ClusterRoleBinding"
+                shown = f"{name}/{b_ns}" if b_ns else name
+                why = (f'RBAC: allowed by {kind} "{shown}" of {ref["kind"]} "{ref["name"]}" to '
+                       f'{describe_subject(subject, b_ns)}')
+                out.append((why, role.get("rules") or []))
+        return out
+
+    def authorize(self, user: str, groups: list[str], a: dict) -> tuple[bool, str]:
+        """RBAC's decision on request attributes `a` (verb, group, resource, subresource, namespace,
+        name; or verb and path) and its reason."""
+        for why, rules in self.bindings(user, groups, "" if "path" in a else a.get("namespace", "")):
+            if any(rule_allows(r, a) for r in rules):
+                return True, why
+        return False, ""
+
+    def rules(self, user: str, groups: list[str], ns: str) -> dict:
+        """A SelfSubjectRulesReview's status: every rule the user's bindings grant in `ns`."""
+        resource, nonresource = [], []
+        for _, rules in self.bindings(user, groups, ns):
+            for r in rules:
+                if r.get("nonResourceURLs"):
+                    nonresource.append({"verbs": r.get("verbs") or [],
+                                        "nonResourceURLs": r["nonResourceURLs"]})
+                else:
+                    rule = {"verbs": r.get("verbs") or [], "apiGroups": r.get("apiGroups") or [],
+                            "resources": r.get("resources") or []}
+                    if r.get("resourceNames"):
+                        rule["resourceNames"] = r["resourceNames"]
+                    resource.append(rule)
+        return {"resourceRules": resource, "nonResourceRules": nonresource, "incomplete": False}
 
     # --- the Job controller and the kubelet ------------------------------------------------------
 
@@ -455,10 +615,13 @@ class Cluster:
                 if any(r.get("uid") == meta["uid"] for r in p["metadata"].get("ownerReferences", []))]
         phases = [p["status"]["phase"] for p in pods]
         st = job.setdefault("status", {})
+        before = json.dumps(st, sort_keys=True)
         succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
         st["active"] = phases.count("Running") + phases.count("Pending")
         st["succeeded"], st["failed"] = succeeded, failed
         completions = spec.get("completions", 1)
+        if not spec.get("suspend") and not st.get("startTime"):
+            st["startTime"] = now()
         if not st.get("conditions"):
             if failed > 0:
                 st["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
@@ -466,6 +629,9 @@ class Cluster:
                                      "lastTransitionTime": now()}]
             elif succeeded >= completions:
                 st["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": now()}]
+                st["completionTime"] = now()
+        if json.dumps(st, sort_keys=True) != before:
+            self.stamp(job)
         if spec.get("suspend") or st.get("conditions"):
             return
         indexed = spec.get("completionMode") == "Indexed"
@@ -701,40 +867,687 @@ def sa_token(ns: str, sa: str) -> str:
     return f"sa.{ns}.{sa}"
 
 
-def load_rbac(path: str) -> dict[str, set[tuple[str, str, str, str]]]:
-    """ServiceAccount token -> the (namespace, apiGroup, resource, verb) its RoleBindings grant."""
+# how many watch events the API server keeps (older resourceVersions: 410 Gone, as etcd's compaction)
+HISTORY = 20000
+RBAC_GROUP = "rbac.authorization.k8s.io"
+# The user of the kubeconfig: an administrator, as the one a managed cluster's creator gets
+USER_NAME = "physalia-test-user"
+USER_GROUPS = ["system:masters", "system:authenticated"]
+
+
+class Res(typing.NamedTuple):
+    """A resource the API server serves, as its discovery document describes it."""
+    group: str
+    version: str
+    kind: str
+    namespaced: bool
+    verbs: tuple
+    short: tuple = ()
+    categories: tuple = ()
+    # subresource -> its verbs
+    subresources: tuple = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+# the verbs every stored resource serves (no deletecollection; patch: JSON merge patches only)
+CRUD = ("create", "delete", "get", "list", "patch", "update", "watch")
+RESOURCES = {
+    "namespaces": Res("", "v1", "Namespace", False, ("get", "list", "watch"), ("ns",)),
+    "nodes": Res("", "v1", "Node", False, ("get", "list"), ("no",)),
+    "pods": Res("", "v1", "Pod", True, CRUD, ("po",), ("all",), (("log", ("get",)),)),
+    "secrets": Res("", "v1", "Secret", True, CRUD),
+    "services": Res("", "v1", "Service", True, CRUD, ("svc",), ("all",)),
+    "events": Res("", "v1", "Event", True, CRUD, ("ev",)),
+    "serviceaccounts": Res("", "v1", "ServiceAccount", True, CRUD, ("sa",)),
+    "selfsubjectreviews": Res("authentication.k8s.io", "v1", "SelfSubjectReview", False, ("create",)),
+    "selfsubjectaccessreviews": Res("authorization.k8s.io", "v1", "SelfSubjectAccessReview", False,
+                                    ("create",)),
+    "selfsubjectrulesreviews": Res("authorization.k8s.io", "v1", "SelfSubjectRulesReview", False,
+                                   ("create",)),
+    "subjectaccessreviews": Res("authorization.k8s.io", "v1", "SubjectAccessReview", False, ("create",)),
+    "jobs": Res("batch", "v1", "Job", True, CRUD, (), ("all",)),
+    "clusterrolebindings": Res(RBAC_GROUP, "v1", "ClusterRoleBinding", False, CRUD),
+    "clusterroles": Res(RBAC_GROUP, "v1", "ClusterRole", False, CRUD),
+    "rolebindings": Res(RBAC_GROUP, "v1", "RoleBinding", True, CRUD),
+    "roles": Res(RBAC_GROUP, "v1", "Role", True, CRUD),
+}
+# the groups in the order /apis lists them
+GROUPS = ["authentication.k8s.io", "authorization.k8s.io", "batch", RBAC_GROUP]
+KINDS = {(r.api_version, r.kind): name for name, r in RESOURCES.items()}
+REVIEWS = {"selfsubjectreviews", "selfsubjectaccessreviews", "selfsubjectrulesreviews",
+           "subjectaccessreviews"}
+# the fields each resource can be selected by beyond metadata.name and metadata.namespace (the API
+# server's field label conversions; another field is a 400)
+FIELDS = {
+    "pods": {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+             "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"},
+    "events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+               "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
+               "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
+    "secrets": {"type"},
+    "jobs": {"status.successful"},
+    "namespaces": {"status.phase"},
+}
+
+
+def qualified(res: str) -> str:
+    """A resource as API errors name it: `pods`, `jobs.batch`."""
+    group = RESOURCES[res].group if res in RESOURCES else ""
+    return f"{res}.{group}" if group else res
+
+
+def load_manifests(path: str) -> list[tuple[str, str, dict]]:
+    """The objects of a manifest file (infra/k8s/rbac.yaml) as (resource, namespace, object)."""
     import yaml
 
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
-    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d.get("rules") or []
-             for d in docs if d["kind"] == "Role"}
-    grants: dict[str, set[tuple[str, str, str, str]]] = {}
+    out = []
     for d in docs:
-        if d["kind"] != "RoleBinding":
+        res = KINDS.get((d.get("apiVersion"), d.get("kind")))
+        if res is None:
+            raise SystemExit(f"{path}: {d.get('apiVersion')} {d.get('kind')} is not a kind this fake keeps")
+        ns = d["metadata"].get("namespace", "default") if RESOURCES[res].namespaced else ""
+        out.append((res, ns, d))
+    return out
+
+
+def builtin_rbac() -> list[tuple[str, str, dict]]:
+    """The ClusterRoles and ClusterRoleBindings the API server bootstraps that matter here: the
+    administrators' (group system:masters), and what every authenticated user may do (discovery,
+    reviews of its own access)."""
+    labels = {"kubernetes.io/bootstrapping": "rbac-defaults"}
+
+    def role(name: str, rules: list) -> tuple[str, str, dict]:
+        return ("clusterroles", "", {"metadata": {"name": name, "labels": labels}, "rules": rules})
+
+    def binding(name: str, groups: list[str]) -> tuple[str, str, dict]:
+        return ("clusterrolebindings", "", {
+            "metadata": {"name": name, "labels": labels},
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "Group", "apiGroup": RBAC_GROUP, "name": g} for g in groups]})
+
+    return [
+        role("cluster-admin", [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                               {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        binding("cluster-admin", ["system:masters"]),
+        role("system:basic-user", [
+            {"apiGroups": ["authorization.k8s.io"],
+             "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"],
+             "verbs": ["create"]}]),
+        binding("system:basic-user", ["system:authenticated"]),
+        role("system:discovery", [{"nonResourceURLs": [
+            "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*",
+            "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+        binding("system:discovery", ["system:authenticated"]),
+        role("system:public-info-viewer", [{"nonResourceURLs": [
+            "/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+        binding("system:public-info-viewer", ["system:authenticated", "system:unauthenticated"]),
+    ]
+
+
+def rule_allows(rule: dict, a: dict) -> bool:
+    """Whether an RBAC PolicyRule allows the request `a` (RBAC's own matching: `*`, `*/sub`,
+    resourceNames, nonResourceURLs with a trailing `*`)."""
+    verbs = rule.get("verbs") or []
+    if "*" not in verbs and a["verb"] not in verbs:
+        return False
+    if "path" in a:
+        return any(u == "*" or u == a["path"] or (u.endswith("*") and a["path"].startswith(u[:-1]))
+                   for u in rule.get("nonResourceURLs") or [])
+    groups = rule.get("apiGroups") or []
+    if "*" not in groups and a["group"] not in groups:
+        return False
+    sub = a.get("subresource") or ""
+    combined = a["resource"] + (f"/{sub}" if sub else "")
+    if not any(r == "*" or r == combined or (sub and r == f"*/{sub}") for r in rule.get("resources") or []):
+        return False
+    names = rule.get("resourceNames") or []
+    return not names or a.get("name", "") in names
+
+
+def subject_matches(s: dict, user: str, groups: list[str], binding_ns: str) -> bool:
+    kind = s.get("kind")
+    if kind == "User":
+        return s.get("name") == user
+    if kind == "Group":
+        return s.get("name") in groups
+    if kind == "ServiceAccount":
+        return user == f"system:serviceaccount:{s.get('namespace') or binding_ns}:{s.get('name')}"
+    return False
+
+
+def describe_subject(s: dict, binding_ns: str) -> str:
+    if s.get("kind") == "ServiceAccount":
+        return f'ServiceAccount "{s.get("name")}/{s.get("namespace") or binding_ns}"'
+    return f'{s.get("kind")} "{s.get("name")}"'
+
+
+def status(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    out = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code}
+    if details:
+        out["details"] = details
+    return out
+
+
+def forbidden(user: str, a: dict) -> dict:
+    """RBAC's 403, worded as the API server words it."""
+    if "path" in a:
+        return status(403, "Forbidden", f'forbidden: User "{user}" cannot {a["verb"]} path "{a["path"]}"')
+    res, sub, name = a["resource"], a.get("subresource") or "", a.get("name") or ""
+    gr = f"{res}.{a['group']}" if a["group"] else res
+    what = f'{gr} "{name}"' if name else gr
+    where = f'in the namespace "{a["namespace"]}"' if a.get("namespace") else "at the cluster scope"
+    full = res + (f"/{sub}" if sub else "")
+    return status(403, "Forbidden",
+                  f'{what} is forbidden: User "{user}" cannot {a["verb"]} resource "{full}" in API '
+                  f'group "{a["group"]}" {where}',
+                  {"name": name, "group": a["group"], "kind": res} if name else
+                  {"group": a["group"], "kind": res})
+
+
+# --- selectors -----------------------------------------------------------------------------------
+
+def split_terms(text: str) -> list[str]:
+    """A selector's comma-separated terms (commas inside `in (...)` do not split)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [t.strip() for t in out if t.strip()]
+
+
+LABEL_KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
+
+
+def label_selector(text: str):
+    """A predicate on an object's labels for a label selector (`k=v`, `k==v`, `k!=v`, `k in (a,b)`,
+    `k notin (a)`, `k`, `!k`); ValueError where it does not parse."""
+    terms = []
+    for t in split_terms(text or ""):
+        m = re.fullmatch(rf"({LABEL_KEY})\s+(in|notin)\s+\(([^)]*)\)", t)
+        if m:
+            k, op = m.group(1), m.group(2)
+            vals = {v.strip() for v in m.group(3).split(",") if v.strip()}
+            if op == "in":
+                terms.append(lambda ls, k=k, vals=vals: ls.get(k) in vals)
+            else:
+                terms.append(lambda ls, k=k, vals=vals: ls.get(k) not in vals)
             continue
-        ns = d["metadata"]["namespace"]
-        rules = roles.get((ns, d["roleRef"]["name"]), [])
-        for subject in d.get("subjects") or []:
-            if subject["kind"] != "ServiceAccount":
+        m = re.fullmatch(rf"({LABEL_KEY})\s*(==|=|!=)\s*([-A-Za-z0-9_.]*)", t)
+        if m:
+            k, op, v = m.groups()
+            if op == "!=":
+                terms.append(lambda ls, k=k, v=v: ls.get(k) != v)
+            else:
+                terms.append(lambda ls, k=k, v=v: ls.get(k) == v)
+            continue
+        m = re.fullmatch(rf"(!?)\s*({LABEL_KEY})", t)
+        if m:
+            neg, k = m.groups()
+            terms.append(lambda ls, k=k, neg=bool(neg): (k in ls) != neg)
+            continue
+        raise ValueError(f"unable to parse requirement: {t!r}")
+    return lambda labels: all(term(labels) for term in terms)
+
+
+def field_value(obj: dict, path: str) -> str:
+    have = obj
+    for part in path.split("."):
+        have = have.get(part) if isinstance(have, dict) else None
+    if path == "source" and isinstance(have, dict):
+        have = have.get("component")
+    if isinstance(have, bool):
+        return "true" if have else "false"
+    return "" if have is None or isinstance(have, dict) else str(have)
+
+
+def field_selector(res: str, text: str):
+    """A predicate on an object for a field selector (`f=v`, `f==v`, `f!=v`) over the fields the
+    resource can be selected by; ValueError otherwise."""
+    terms = []
+    for t in split_terms(text or ""):
+        m = re.fullmatch(r"([A-Za-z.]+)\s*(==|=|!=)\s*(.*)", t)
+        if not m:
+            raise ValueError(f"invalid selector: '{text}'; can't understand '{t}'")
+        k, op, v = m.groups()
+        if k not in ("metadata.name", "metadata.namespace") and k not in FIELDS.get(res, ()):
+            raise ValueError(f'field label not supported: {k}')
+        terms.append((k, op == "!=", v))
+    return lambda obj: all((field_value(obj, k) == v) != neg for k, neg, v in terms)
+
+
+# --- Tables (server-side printing: what `kubectl get` shows) -----------------------------------
+
+def human_duration(s: float) -> str:
+    """apimachinery's HumanDuration."""
+    s = int(s)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = s // 3600
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if h < 192:
+        return f"{h // 24}d{h % 24}h" if h % 24 else f"{h // 24}d"
+    if h < 24 * 365 * 2:
+        return f"{h // 24}d"
+    return f"{h // (24 * 365)}y"
+
+
+def seconds_since(ts: str | None, until: str | None = None) -> float | None:
+    if not ts:
+        return None
+    parse = lambda t: datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc)
+    end = parse(until) if until else datetime.datetime.now(datetime.timezone.utc)
+    return (end - parse(ts)).total_seconds()
+
+
+def age(obj: dict) -> str:
+    s = seconds_since(obj.get("metadata", {}).get("creationTimestamp"))
+    return "<unknown>" if s is None else human_duration(s)
+
+
+def pod_cells(p: dict) -> list:
+    st, spec = p.get("status") or {}, p.get("spec") or {}
+    reason = st.get("reason") or st.get("phase") or "Unknown"
+    ready = restarts = 0
+    running = False
+    for c in reversed(st.get("containerStatuses") or []):
+        restarts += c.get("restartCount", 0)
+        state = c.get("state") or {}
+        if (state.get("waiting") or {}).get("reason"):
+            reason = state["waiting"]["reason"]
+        elif (state.get("terminated") or {}).get("reason"):
+            reason = state["terminated"]["reason"]
+        elif "terminated" in state:
+            t = state["terminated"]
+            reason = f"Signal:{t['signal']}" if t.get("signal") else f"ExitCode:{t.get('exitCode', 0)}"
+        elif c.get("ready") and "running" in state:
+            running = True
+            ready += 1
+    if reason == "Completed" and running:
+        reason = "Running"
+    if p["metadata"].get("deletionTimestamp"):
+        reason = "Terminating"
+    return [p["metadata"]["name"], f"{ready}/{len(spec.get('containers') or [])}", reason, str(restarts),
+            age(p), st.get("podIP") or "<none>", spec.get("nodeName") or "<none>",
+            st.get("nominatedNodeName") or "<none>", "<none>"]
+
+
+def job_cells(j: dict) -> list:
+    spec, st = j.get("spec") or {}, j.get("status") or {}
+    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    if conds.get("Complete") == "True":
+        state = "Complete"
+    elif conds.get("Failed") == "True":
+        state = "Failed"
+    elif j["metadata"].get("deletionTimestamp"):
+        state = "Terminating"
+    elif conds.get("FailureTarget") == "True":
+        state = "FailureTarget"
+    elif spec.get("suspend") or conds.get("Suspended") == "True":
+        state = "Suspended"
+    else:
+        state = "Running"
+    succeeded = st.get("succeeded", 0)
+    if spec.get("completions") is not None:
+        completions = f"{succeeded}/{spec['completions']}"
+    elif (spec.get("parallelism") or 1) > 1:
+        completions = f"{succeeded}/1 of {spec['parallelism']}"
+    else:
+        completions = f"{succeeded}/1"
+    took = seconds_since(st.get("startTime"), st.get("completionTime"))
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    selector = ",".join(f"{k}={v}" for k, v in
+                        sorted(((spec.get("selector") or {}).get("matchLabels") or {}).items()))
+    return [j["metadata"]["name"], state, completions, "" if took is None else human_duration(took),
+            age(j), ",".join(c.get("name", "") for c in containers),
+            ",".join(c.get("image", "") for c in containers), selector or "<none>"]
+
+
+def service_cells(s: dict) -> list:
+    spec = s.get("spec") or {}
+    ports = ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or [])
+    selector = ",".join(f"{k}={v}" for k, v in sorted((spec.get("selector") or {}).items()))
+    return [s["metadata"]["name"], spec.get("type", "ClusterIP"), spec.get("clusterIP") or "<none>",
+            "<none>", ports or "<none>", age(s), selector or "<none>"]
+
+
+def binding_cells(b: dict) -> list:
+    ref = b.get("roleRef") or {}
+    subjects = b.get("subjects") or []
+    ns = b["metadata"].get("namespace", "")
+    of = lambda kind: ", ".join(
+        (f"{s.get('namespace') or ns}/{s['name']}" if kind == "ServiceAccount" else s["name"])
+        for s in subjects if s.get("kind") == kind)
+    return [b["metadata"]["name"], f"{ref.get('kind')}/{ref.get('name')}", age(b), of("User"),
+            of("Group"), of("ServiceAccount")]
+
+
+def event_cells(e: dict) -> list:
+    last = e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
+    s = seconds_since(last[:19] + "Z" if last else None)
+    o = e.get("involvedObject") or {}
+    return ["<unknown>" if s is None else human_duration(s), e.get("type", ""), e.get("reason", ""),
+            f"{(o.get('kind') or '').lower()}/{o.get('name', '')}", e.get("message", "")]
+
+
+# resource -> ([(column, type, priority)], cells); columns as the API server's printers name them
+TABLES = {
+    "pods": ([("Name", "string", 0), ("Ready", "string", 0), ("Status", "string", 0),
+              ("Restarts", "string", 0), ("Age", "string", 0), ("IP", "string", 1),
+              ("Node", "string", 1), ("Nominated Node", "string", 1), ("Readiness Gates", "string", 1)],
+             pod_cells),
+    "jobs": ([("Name", "string", 0), ("Status", "string", 0), ("Completions", "string", 0),
+              ("Duration", "string", 0), ("Age", "string", 0), ("Containers", "string", 1),
+              ("Images", "string", 1), ("Selector", "string", 1)], job_cells),
+    "services": ([("Name", "string", 0), ("Type", "string", 0), ("Cluster-IP", "string", 0),
+                  ("External-IP", "string", 0), ("Port(s)", "string", 0), ("Age", "string", 0),
+                  ("Selector", "string", 1)], service_cells),
+    "secrets": ([("Name", "string", 0), ("Type", "string", 0), ("Data", "integer", 0),
+                 ("Age", "string", 0)],
+                lambda s: [s["metadata"]["name"], s.get("type", "Opaque"), len(s.get("data") or {}),
+                           age(s)]),
+    "events": ([("Last Seen", "string", 0), ("Type", "string", 0), ("Reason", "string", 0),
+                ("Object", "string", 0), ("Message", "string", 0)], event_cells),
+    "namespaces": ([("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)],
+                   lambda n: [n["metadata"]["name"], (n.get("status") or {}).get("phase", ""), age(n)]),
+    "nodes": ([("Name", "string", 0), ("Status", "string", 0), ("Roles", "string", 0),
+               ("Age", "string", 0), ("Version", "string", 0)],
+              lambda n: [n["metadata"]["name"], "Ready", "<none>", age(n), ""]),
+    "serviceaccounts": ([("Name", "string", 0), ("Secrets", "string", 0), ("Age", "string", 0)],
+                        lambda s: [s["metadata"]["name"], len(s.get("secrets") or []), age(s)]),
+    "rolebindings": ([("Name", "string", 0), ("Role", "string", 0), ("Age", "string", 0),
+                      ("Users", "string", 1), ("Groups", "string", 1),
+                      ("ServiceAccounts", "string", 1)], binding_cells),
+    "clusterrolebindings": ([("Name", "string", 0), ("Role", "string", 0), ("Age", "string", 0),
+                             ("Users", "string", 1), ("Groups", "string", 1),
+                             ("ServiceAccounts", "string", 1)], binding_cells),
+}
+# what the API server's default table convertor shows for the rest (Roles, ClusterRoles)
+DEFAULT_TABLE = ([("Name", "string", 0), ("Created At", "date", 0)],
+                 lambda o: [o["metadata"]["name"], o["metadata"].get("creationTimestamp", "")])
+
+
+def table(res: str, objs: list[dict], include: str, rv: str | None = None) -> dict:
+    """`objs` as a meta.k8s.io/v1 Table, each row's object as `includeObject` asks (Metadata by default)."""
+    columns, cells = TABLES.get(res, DEFAULT_TABLE)
+    rows = []
+    for o in objs:
+        row = {"cells": cells(o)}
+        if include == "Object":
+            row["object"] = o
+        elif include != "None":
+            row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                             "metadata": o.get("metadata", {})}
+        rows.append(row)
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": rv} if rv else {},
+            "columnDefinitions": [{"name": n, "type": t, "format": "name" if n == "Name" else "",
+                                   "description": "", "priority": p} for n, t, p in columns],
+            "rows": rows}
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+def resource_list(group: str) -> dict:
+    """APIResourceList of `group`/v1 (the legacy discovery document)."""
+    out = []
+    for name, r in RESOURCES.items():
+        if r.group != group:
+            continue
+        entry = {"name": name, "singularName": r.kind.lower(), "namespaced": r.namespaced,
+                 "kind": r.kind, "verbs": list(r.verbs)}
+        if r.short:
+            entry["shortNames"] = list(r.short)
+        if r.categories:
+            entry["categories"] = list(r.categories)
+        out.append(entry)
+        for sub, verbs in r.subresources:
+            out.append({"name": f"{name}/{sub}", "singularName": "", "namespaced": r.namespaced,
+                        "kind": r.kind, "verbs": list(verbs)})
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{group}/v1" if group else "v1", "resources": out}
+
+
+def api_group(group: str) -> dict:
+    gv = {"groupVersion": f"{group}/v1", "version": "v1"}
+    return {"name": group, "versions": [gv], "preferredVersion": gv}
+
+
+def aggregated(groups: list[str]) -> dict:
+    """apidiscovery.k8s.io/v2 APIGroupDiscoveryList of `groups` ("" for /api)."""
+    items = []
+    for group in groups:
+        resources = []
+        for name, r in RESOURCES.items():
+            if r.group != group:
                 continue
-            token = sa_token(subject.get("namespace", ns), subject["name"])
-            for rule in rules:
-                for g in rule["apiGroups"]:
-                    for r in rule["resources"]:
-                        for v in rule["verbs"]:
-                            grants.setdefault(token, set()).add((ns, g, r, v))
-    return grants
+            kind = {"group": group, "version": "v1", "kind": r.kind}
+            entry = {"resource": name, "responseKind": kind,
+                     "scope": "Namespaced" if r.namespaced else "Cluster",
+                     "singularResource": r.kind.lower(), "verbs": list(r.verbs)}
+            if r.short:
+                entry["shortNames"] = list(r.short)
+            if r.categories:
+                entry["categories"] = list(r.categories)
+            if r.subresources:
+                entry["subresources"] = [{"subresource": sub, "responseKind": kind, "verbs": list(v)}
+                                         for sub, v in r.subresources]
+            resources.append(entry)
+        meta = {"name": group, "creationTimestamp": None} if group else {"creationTimestamp": None}
+        items.append({"metadata": meta,
+                      "versions": [{"version": "v1", "resources": resources, "freshness": "Current"}]})
+    return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+            "metadata": {}, "items": items}
 
 
-def status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
 
-RESOURCES = {"jobs": ("batch", "Job", "batch/v1"), "pods": ("", "Pod", "v1"),
-             "secrets": ("", "Secret", "v1"), "services": ("", "Service", "v1"),
-             "events": ("", "Event", "v1")}
+def accepts(accept: str, g: str, v: str, as_: str) -> bool:
+    """Whether an Accept header names application/json with these g, v and as parameters."""
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        params = dict(f.split("=", 1) for f in fields[1:] if "=" in f)
+        if fields[0] == "application/json" and params.get("g") == g and params.get("as") == as_ \
+                and params.get("v") == v:
+            return True
+    return False
+
+
+VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0+physalia.fake", "gitCommit": "",
+           "gitTreeState": "clean", "buildDate": "2024-12-11T00:00:00Z", "goVersion": "",
+           "compiler": "gc", "platform": "linux/amd64"}
+
+
+# --- OpenAPI v3 (paths only: what kubectl reads to learn that the server validates fields) ------
+
+def gv_path(group: str) -> str:
+    return f"apis/{group}/v1" if group else "api/v1"
+
+
+def openapi_root() -> dict:
+    return {"paths": {gv_path(g): {"serverRelativeURL": f"/openapi/v3/{gv_path(g)}?hash=fake"}
+                      for g in [""] + GROUPS}}
+
+
+FIELD_VALIDATION = {"name": "fieldValidation", "in": "query", "schema": {"type": "string"},
+                    "description": "Ignore, Warn (the default) or Strict: what the server does with a "
+                                   "field it does not know (this fake knows the top-level and metadata "
+                                   "fields only)"}
+
+
+def openapi_doc(group: str) -> dict | None:
+    """The OpenAPI v3 document of `group`/v1: its operations, no schemas."""
+    if group not in [""] + GROUPS:
+        return None
+    paths = {}
+    for name, r in RESOURCES.items():
+        if r.group != group:
+            continue
+        base = "/" + gv_path(group) + ("/namespaces/{namespace}/" if r.namespaced else "/") + name
+        gvk = {"group": group, "version": "v1", "kind": r.kind}
+        op_name = r.kind + ("" if not r.namespaced else "Namespaced")
+
+        def op(action: str, validates: bool = False) -> dict:
+            out = {"operationId": f"{action}{op_name}", "x-kubernetes-action": action,
+                   "x-kubernetes-group-version-kind": gvk,
+                   "responses": {"200": {"description": "OK"}}}
+            if validates:
+                out["parameters"] = [FIELD_VALIDATION]
+            return out
+
+        collection, item = {}, {}
+        if "list" in r.verbs:
+            collection["get"] = op("list")
+        if "create" in r.verbs:
+            collection["post"] = op("create", True)
+        if "get" in r.verbs:
+            item["get"] = op("get")
+        if "update" in r.verbs:
+            item["put"] = op("replace", True)
+        if "patch" in r.verbs:
+            item["patch"] = op("patch", True)
+        if "delete" in r.verbs:
+            item["delete"] = op("delete")
+        if collection:
+            paths[base] = collection
+        if item:
+            paths[base + "/{name}"] = item
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+META_FIELDS = {"name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+               "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
+               "annotations", "ownerReferences", "finalizers", "managedFields"}
+TOP_FIELDS = {
+    "pods": {"spec", "status"}, "jobs": {"spec", "status"}, "services": {"spec", "status"},
+    "namespaces": {"spec", "status"}, "secrets": {"data", "stringData", "type", "immutable"},
+    "events": {"involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp",
+               "count", "type", "eventTime", "series", "action", "related", "reportingComponent",
+               "reportingInstance"},
+    "serviceaccounts": {"secrets", "imagePullSecrets", "automountServiceAccountToken"},
+    "roles": {"rules"}, "clusterroles": {"rules", "aggregationRule"},
+    "rolebindings": {"roleRef", "subjects"}, "clusterrolebindings": {"roleRef", "subjects"},
+}
+
+
+def unknown_fields(res: str, obj: dict) -> list[str]:
+    """The fields of `obj` its kind does not have, at the top level and in metadata (deeper fields
+    are not checked)."""
+    known = {"apiVersion", "kind", "metadata"} | TOP_FIELDS.get(res, set())
+    out = [k for k in obj if k not in known]
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        out += [f"metadata.{k}" for k in meta if k not in META_FIELDS]
+    return out
+
+
+# --- protobuf bodies (what typed clients send: kubectl's access reviews) --------------------------
+
+class UnsupportedBody(Exception):
+    """A request body this fake cannot read (415)."""
+
+
+def proto_fields(data: bytes) -> dict[int, list]:
+    """A protobuf message's fields by number (wire types 0, 1, 2 and 5)."""
+    def varint(i: int) -> tuple[int, int]:
+        n = shift = 0
+        while True:
+            b = data[i]
+            n |= (b & 0x7F) << shift
+            i += 1
+            if b < 0x80:
+                return n, i
+            shift += 7
+
+    out: dict[int, list] = {}
+    i = 0
+    while i < len(data):
+        key, i = varint(i)
+        wire = key & 7
+        if wire == 0:
+            v, i = varint(i)
+        elif wire == 2:
+            n, i = varint(i)
+            v, i = data[i:i + n], i + n
+        elif wire in (1, 5):
+            v, i = data[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
+        else:
+            raise UnsupportedBody(f"protobuf wire type {wire}")
+        out.setdefault(key >> 3, []).append(v)
+    return out
+
+
+def from_proto(data: bytes, schema: dict) -> dict:
+    """A message as JSON by `schema` (field -> (JSON name, "str" | "[str]" | a nested schema));
+    fields outside the schema are dropped."""
+    out: dict = {}
+    for num, values in proto_fields(data).items():
+        if num not in schema:
+            continue
+        name, kind = schema[num]
+        if kind == "str":
+            out[name] = values[-1].decode()
+        elif kind == "[str]":
+            out[name] = [v.decode() for v in values]
+        else:
+            out[name] = from_proto(values[-1], kind)
+    return out
+
+
+# k8s.io/api's generated.proto field numbers of the kinds typed clients POST here
+RESOURCE_ATTRIBUTES = {1: ("namespace", "str"), 2: ("verb", "str"), 3: ("group", "str"),
+                       4: ("version", "str"), 5: ("resource", "str"), 6: ("subresource", "str"),
+                       7: ("name", "str")}
+NON_RESOURCE_ATTRIBUTES = {1: ("path", "str"), 2: ("verb", "str")}
+OBJECT_META = {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str")}
+PROTO_KINDS = {
+    "SelfSubjectAccessReview": {1: ("metadata", OBJECT_META), 2: ("spec", {
+        1: ("resourceAttributes", RESOURCE_ATTRIBUTES), 2: ("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES)})},
+    "SubjectAccessReview": {1: ("metadata", OBJECT_META), 2: ("spec", {
+        1: ("resourceAttributes", RESOURCE_ATTRIBUTES), 2: ("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
+        3: ("user", "str"), 4: ("groups", "[str]"), 6: ("uid", "str")})},
+    "SelfSubjectRulesReview": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("namespace", "str")})},
+    "SelfSubjectReview": {1: ("metadata", OBJECT_META)},
+}
+
+
+def decode_protobuf(data: bytes) -> dict:
+    """A `application/vnd.kubernetes.protobuf` body: the `k8s\\0` envelope (runtime.Unknown) around
+    a message of one of PROTO_KINDS."""
+    if not data.startswith(b"k8s\x00"):
+        raise UnsupportedBody("no k8s protobuf envelope")
+    unknown = proto_fields(data[4:])
+    type_meta = from_proto((unknown.get(1) or [b""])[-1], {1: ("apiVersion", "str"), 2: ("kind", "str")})
+    schema = PROTO_KINDS.get(type_meta.get("kind", ""))
+    if schema is None:
+        raise UnsupportedBody(f"a protobuf {type_meta.get('kind')}")
+    return dict(type_meta, **from_proto((unknown.get(2) or [b""])[-1], schema))
 
 
 class Api(http.server.BaseHTTPRequestHandler):
@@ -744,169 +1557,521 @@ class Api(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    # the warnings (`Warning: 299 - "..."` headers) of the request being answered
+    warnings: list[str] = []
+
     def reply(self, code: int, body, content_type: str = "application/json") -> None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", content_type)
+        for w in self.warnings:
+            self.send_header("Warning", "299 - " + json.dumps(w))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
+    def drain(self) -> None:
+        """Reads the body of a request answered without it."""
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
     def body(self) -> dict:
         n = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(n) or b"{}")
+        data = self.rfile.read(n)
+        if "protobuf" in self.headers.get("Content-Type", ""):
+            return decode_protobuf(data)
+        try:
+            return json.loads(data or b"{}")
+        except ValueError as e:
+            raise UnsupportedBody(f"not JSON: {e}") from None
+
+    def fake_endpoint(self, path: str) -> bool:
+        """The test's own view (`/_fake/...`, no credentials): whether `path` was one."""
+        c = self.cluster
+        if path == "/_fake/objects":
+            with c.lock:
+                live = [{"namespace": ns, "resource": r, "name": n} for (ns, r, n) in sorted(c.objects)
+                        if (ns, r, n) not in c.seeded]
+            self.reply(200, live)
+        elif path.startswith("/_fake/object/"):
+            _, _, _, res, name = path.split("/", 4)
+            with c.lock:
+                obj = next((o for (_, r, n), o in c.objects.items() if r == res and n == name), None)
+                self.reply(200, clean(obj) if obj else None)
+        elif path == "/_fake/nodes":
+            self.reply(200, NODES)
+        elif path == "/_fake/requests":
+            with c.lock:
+                self.reply(200, list(c.requests))
+        elif path == "/_fake/throttled":
+            with c.lock:
+                self.reply(200, dict(c.throttled))
+        else:
+            return False
+        return True
+
+    def throttled(self, who: str, method: str) -> bool:
+        """API Priority and Fairness rejecting a request whose priority level's queues are full: 429
+        with Retry-After, the request not carried out."""
+        c = self.cluster
+        if not c.throttle_every:
+            return False
+        with c.lock:
+            c.seen[who] = c.seen.get(who, 0) + 1
+            throttle = c.seen[who] % c.throttle_every == 0
+            if throttle:
+                c.throttled[who] = c.throttled.get(who, 0) + 1
+        if not throttle:
+            return False
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
+            self.drain()
+        self.send_response(429)
+        data = json.dumps(status(429, "TooManyRequests",
+                                 "Too many requests, please try again later.")).encode()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
+    def impersonate(self, user: str, groups: list[str]) -> tuple[str, list[str]] | dict:
+        """The identity the request acts as: the caller's, or (Impersonate-User, -Group, -Uid,
+        -Extra-*) the one it impersonates where RBAC lets the caller `impersonate` each part; a
+        Status (403, or 500 for groups without a user, as the API server answers) otherwise."""
+        as_user = self.headers.get("Impersonate-User")
+        as_groups = self.headers.get_all("Impersonate-Group") or []
+        as_uid = self.headers.get("Impersonate-Uid")
+        extras = [(k[len("Impersonate-Extra-"):].lower(), v) for k, v in self.headers.items()
+                  if k.lower().startswith("impersonate-extra-")]
+        if as_user is None and not (as_groups or as_uid or extras):
+            return user, groups
+        if as_user is None:
+            asked = [f"{{Group {g}}}" for g in as_groups] + ([f"{{UID {as_uid}}}"] if as_uid else [])
+            return status(500, "InternalError",
+                          f"Internal error occurred: requested [{' '.join(asked)}] without "
+                          f"impersonating a user")
+        checks = []
+        account = as_user.split(":")
+        if as_user.startswith("system:serviceaccount:") and len(account) == 4:
+            checks.append({"verb": "impersonate", "group": "", "resource": "serviceaccounts",
+                           "namespace": account[2], "name": account[3]})
+            new_groups = list(as_groups) or ["system:serviceaccounts",
+                                             f"system:serviceaccounts:{account[2]}"]
+        else:
+            checks.append({"verb": "impersonate", "group": "", "resource": "users", "name": as_user})
+            new_groups = list(as_groups)
+        for g in as_groups:
+            checks.append({"verb": "impersonate", "group": "", "resource": "groups", "name": g})
+        for key, value in extras:
+            checks.append({"verb": "impersonate", "group": "authentication.k8s.io",
+                           "resource": "userextras", "subresource": key, "name": value})
+        if as_uid:
+            checks.append({"verb": "impersonate", "group": "authentication.k8s.io", "resource": "uids",
+                           "name": as_uid})
+        for a in checks:
+            if not self.cluster.authorize(user, groups, a)[0]:
+                return forbidden(user, a)
+        if as_user != "system:anonymous" and "system:authenticated" not in new_groups:
+            new_groups.append("system:authenticated")
+        return as_user, new_groups
+
+    def validate(self, res: str, obj: dict, query: dict) -> dict | None:
+        """Field validation: `fieldValidation=Strict` refuses a field the kind does not have (400),
+        Warn (the default) answers with a warning, Ignore ignores it."""
+        mode = query.get("fieldValidation") or "Warn"
+        if mode not in ("Ignore", "Warn", "Strict"):
+            return status(400, "BadRequest", f'fieldValidation: Unsupported value: "{mode}": supported '
+                                             f'values: "Ignore", "Strict", "Warn"')
+        unknown = unknown_fields(res, obj) if mode != "Ignore" else []
+        if mode == "Strict" and unknown:
+            kind = RESOURCES[res].kind
+            return status(400, "BadRequest",
+                          f'{kind} in version "v1" cannot be handled as a {kind}: strict decoding '
+                          f'error: ' + ", ".join(f'unknown field "{u}"' for u in unknown))
+        self.warnings = [f'unknown field "{u}"' for u in unknown]
+        return None
 
     def route(self, method: str) -> None:
+        self.warnings = []
         url = urllib.parse.urlparse(self.path)
-        query = urllib.parse.parse_qs(url.query)
-        parts = url.path.strip("/").split("/")
-        if url.path == "/_fake/objects":
-            with self.cluster.lock:
-                live = [{"namespace": ns, "resource": r, "name": n}
-                        for (ns, r, n) in sorted(self.cluster.objects)]
-            return self.reply(200, live)
-        if url.path.startswith("/_fake/object/"):
-            _, _, _, res, name = url.path.split("/", 4)
-            with self.cluster.lock:
-                obj = next((o for (_, r, n), o in self.cluster.objects.items()
-                            if r == res and n == name), None)
-                return self.reply(200, clean(obj, "", "") if obj else None)
-        if url.path == "/_fake/nodes":
-            return self.reply(200, NODES)
-        if url.path == "/_fake/requests":
-            with self.cluster.lock:
-                return self.reply(200, list(self.cluster.requests))
-        if url.path == "/_fake/throttled":
-            with self.cluster.lock:
-                return self.reply(200, dict(self.cluster.throttled))
-        auth = self.headers.get("Authorization", "")
-        if not auth.startswith("Bearer "):
-            return self.reply(401, status(401, "Unauthorized", "Unauthorized"))
-        who = auth[len("Bearer "):]
+        query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+        if self.fake_endpoint(url.path):
+            return
         c = self.cluster
-        if c.throttle_every:
-            # API Priority and Fairness rejecting a request whose priority level's queues are full:
-            # 429 with Retry-After, the request not carried out
-            with c.lock:
-                c.seen[who] = c.seen.get(who, 0) + 1
-                throttle = c.seen[who] % c.throttle_every == 0
-                if throttle:
-                    c.throttled[who] = c.throttled.get(who, 0) + 1
-            if throttle:
-                if method in ("POST", "PATCH", "DELETE"):
-                    self.body()
-                self.send_response(429)
-                data = json.dumps(status(429, "TooManyRequests",
-                                         "Too many requests, please try again later.")).encode()
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Retry-After", "1")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-        if url.path == "/api/v1/nodes" and method == "GET":
-            # cluster-scoped: the user may list nodes; a ServiceAccount only through a ClusterRole,
-            # which infra/k8s/rbac.yaml does not grant
-            with self.cluster.lock:
-                self.cluster.requests.append({"who": who, "verb": "list", "group": "",
-                                              "resource": "nodes", "namespace": ""})
-            if who != USER_TOKEN:
-                account = who.split(".", 2)
-                user = f"system:serviceaccount:{account[1]}:{account[2]}" if len(account) == 3 else who
-                return self.reply(403, status(
-                    403, "Forbidden",
-                    f'nodes is forbidden: User "{user}" cannot list resource "nodes" in API group "" '
-                    f'at the cluster scope'))
-            items = [{"apiVersion": "v1", "kind": "Node", **n} for n in NODES]
+        auth = self.headers.get("Authorization", "")
+        who = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+        identity = c.authenticate(who) if who else None
+        if identity is None:
+            if method in ("POST", "PUT", "PATCH"):
+                self.drain()
+            return self.reply(401, status(401, "Unauthorized", "Unauthorized"))
+        if self.throttled(who, method):
+            return
+        acting = self.impersonate(*identity)
+        if isinstance(acting, dict):
+            if method in ("POST", "PUT", "PATCH"):
+                self.drain()
+            return self.reply(acting["code"], acting)
+        user, groups = acting
+        parts = url.path.strip("/").split("/")
+        resource_request = (parts[:2] == ["api", "v1"] and len(parts) > 2) or \
+            (parts[0] == "apis" and len(parts) > 3)
+        if not resource_request:
+            a = {"verb": method.lower(), "path": url.path}
+            if not c.authorize(user, groups, a)[0]:
+                return self.reply(403, forbidden(user, a))
+            return self.nonresource(method, url.path)
+        group = "" if parts[0] == "api" else parts[1]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        not_found = status(404, "NotFound", "the server could not find the requested resource")
+        if parts[0] == "apis" and (group not in GROUPS or parts[2] != "v1"):
+            return self.reply(404, not_found)
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        else:
+            ns = ""
+        res, name, sub = rest[0], (rest[1] if len(rest) > 1 else ""), (rest[2] if len(rest) > 2 else "")
+        r = RESOURCES.get(res)
+        if r is None or r.group != group or len(rest) > 3 or (ns and not r.namespaced) \
+                or (sub and sub not in dict(r.subresources)):
+            return self.reply(404, not_found)
+        watch = query.get("watch") in ("true", "1")
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection"}.get(
+            method, "watch" if watch else ("get" if name else "list"))
+        a = {"verb": verb, "group": group, "resource": res, "subresource": sub, "namespace": ns,
+             "name": name}
+        with c.lock:
+            c.requests.append({"who": who, "user": user, "verb": verb, "group": group,
+                               "resource": res + (f"/{sub}" if sub else ""), "namespace": ns})
+        if not c.authorize(user, groups, a)[0]:
+            if method in ("POST", "PUT", "PATCH"):
+                self.drain()
+            return self.reply(403, forbidden(user, a))
+        allowed = dict(r.subresources).get(sub, ()) if sub else r.verbs
+        if verb not in allowed or (verb == "create" and name) or (r.namespaced and not ns
+                                                                  and verb not in ("list", "watch")):
+            if method in ("POST", "PUT", "PATCH"):
+                self.drain()
+            return self.reply(405, status(405, "MethodNotAllowed",
+                                          "the server does not allow this method on the requested "
+                                          "resource"))
+        if res in REVIEWS:
+            return self.review(res, user, groups, self.body())
+        accept = self.headers.get("Accept", "")
+        as_table = accepts(accept, "meta.k8s.io", "v1", "Table")
+        include = query.get("includeObject", "Metadata")
+        missing = status(404, "NotFound", f'{qualified(res)} "{name}" not found',
+                         {"name": name, "group": group, "kind": res})
+        if res == "nodes":
+            items = [dict({"apiVersion": "v1", "kind": "Node"}, **json.loads(json.dumps(n)),
+                          ) for n in NODES]
+            for n in items:
+                n["metadata"]["creationTimestamp"] = c.started
+                n["metadata"]["resourceVersion"] = "1"
+            if name:
+                node = next((n for n in items if n["metadata"]["name"] == name), None)
+                if node is None:
+                    return self.reply(404, missing)
+                return self.reply(200, table(res, [node], include) if as_table else node)
+            try:
+                keep = label_selector(query.get("labelSelector", ""))
+                fields = field_selector(res, query.get("fieldSelector", ""))
+            except ValueError as e:
+                return self.reply(400, status(400, "BadRequest", str(e)))
+            items = [n for n in items if keep(n["metadata"]["labels"]) and fields(n)]
+            if as_table:
+                return self.reply(200, table(res, items, include, "1"))
             return self.reply(200, {"apiVersion": "v1", "kind": "NodeList",
                                     "metadata": {"resourceVersion": "1"}, "items": items})
-        # /api/v1/namespaces/NS/RES[/NAME[/SUB]] or /apis/batch/v1/namespaces/NS/RES[/NAME]
-        if parts[:2] == ["api", "v1"]:
-            rest = parts[2:]
-        elif parts[:3] == ["apis", "batch", "v1"]:
-            rest = parts[3:]
-        else:
-            return self.reply(404, status(404, "NotFound", f"the server could not find {url.path}"))
-        if len(rest) < 3 or rest[0] != "namespaces" or rest[2] not in RESOURCES:
-            return self.reply(404, status(404, "NotFound", f"the server could not find {url.path}"))
-        ns, res = rest[1], rest[2]
-        name = rest[3] if len(rest) > 3 else None
-        sub = rest[4] if len(rest) > 4 else None
-        group, kind, api_version = RESOURCES[res]
-        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(
-            method, "get" if name else "list")
-        resource = res + (f"/{sub}" if sub else "")
-        with self.cluster.lock:
-            self.cluster.requests.append({"who": who, "verb": verb, "group": group,
-                                          "resource": resource, "namespace": ns})
-        if who != USER_TOKEN and (ns, group, resource, verb) not in self.cluster.grants.get(who, set()):
-            account = who.split(".", 2)
-            user = f"system:serviceaccount:{account[1]}:{account[2]}" if len(account) == 3 else who
-            return self.reply(403, status(
-                403, "Forbidden",
-                f'{resource} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API '
-                f'group "{group}" in the namespace "{ns}"'))
-        c = self.cluster
-        if method == "POST" and name is None:
-            if ns not in NAMESPACES:
+        if verb == "watch":
+            return self.watch(ns, res, name, query, as_table, include)
+        if verb == "create":
+            if r.namespaced and ns not in NAMESPACES:
                 # what the API server says when the namespace does not exist (a list just comes back empty)
-                return self.reply(404, status(404, "NotFound", f'namespaces "{ns}" not found'))
-            code, obj = c.create(ns, res, self.body())
-            return self.reply(code, obj)
-        if method == "GET" and name is None:
+                self.drain()
+                return self.reply(404, status(404, "NotFound", f'namespaces "{ns}" not found',
+                                              {"name": ns, "kind": "namespaces"}))
+            obj = self.body()
+            if (obj.get("apiVersion"), obj.get("kind")) not in ((r.api_version, r.kind), (None, None)):
+                return self.reply(400, status(400, "BadRequest",
+                                              f"the API version in the data ({obj.get('apiVersion')}) "
+                                              f"does not match the expected API version "
+                                              f"({r.api_version})"))
+            if query.get("dryRun"):
+                return self.reply(400, status(400, "BadRequest", "dryRun is not supported"))
+            refused = self.validate(res, obj, query)
+            if refused:
+                return self.reply(400, refused)
+            code, created = c.create(ns, res, obj)
+            return self.reply(code, clean(created) if code < 300 else created)
+        if verb == "list":
             try:
-                items = c.list(ns, res, query.get("labelSelector", [""])[0])
+                items = c.list(ns, res, query.get("labelSelector", ""), query.get("fieldSelector", ""))
             except ValueError as e:
                 return self.reply(400, status(400, "BadRequest", str(e)))
             with c.lock:
-                body = {"apiVersion": api_version, "kind": kind + "List",
-                        "metadata": {"resourceVersion": str(c.version)},
-                        "items": json.loads(json.dumps(items, default=str))}
-            for item in body["items"]:
-                item.pop("_starting", None)
-                item.setdefault("apiVersion", api_version)
-                item.setdefault("kind", kind)
-            return self.reply(200, body)
-        missing = status(404, "NotFound", f'{res} "{name}" not found')
-        if method == "GET" and sub == "log":
+                rv = str(c.version)
+                items = [clean(o) for o in items]
+            if as_table:
+                return self.reply(200, table(res, items, include, rv))
+            return self.reply(200, {"apiVersion": r.api_version, "kind": r.kind + "List",
+                                    "metadata": {"resourceVersion": rv}, "items": items})
+        if verb == "get" and sub == "log":
             text = c.logs((ns, "pods", name), query)
             if text is None:
-                if c.get(ns, "pods", name) is None:
+                pod = c.get(ns, "pods", name)
+                if pod is None:
                     return self.reply(404, missing)
+                container = pod["spec"]["containers"][0]["name"]
+                waiting = [cs["state"]["waiting"].get("reason", "ContainerCreating")
+                           for cs in pod["status"].get("containerStatuses") or []
+                           if "waiting" in cs.get("state", {})] or ["ContainerCreating"]
                 return self.reply(400, status(400, "BadRequest",
-                                              f'container in pod "{name}" is waiting to start'))
+                                              f'container "{container}" in pod "{name}" is waiting '
+                                              f'to start: {waiting[0]}'))
             return self.reply(200, text, "text/plain")
-        if method == "GET":
-            obj = c.get(ns, res, name)
-            return self.reply(200, clean(obj, kind, api_version)) if obj else self.reply(404, missing)
-        if method == "PATCH":
+        if verb == "get":
+            with c.lock:
+                obj = c.get(ns, res, name)
+                obj = clean(obj) if obj else None
+            if obj is None:
+                return self.reply(404, missing)
+            return self.reply(200, table(res, [obj], include) if as_table else obj)
+        if verb == "patch":
             if "merge-patch" not in self.headers.get("Content-Type", ""):
-                return self.reply(415, status(415, "UnsupportedMediaType", "only merge patches"))
-            obj = c.patch(ns, res, name, self.body())
-            return self.reply(200, clean(obj, kind, api_version)) if obj else self.reply(404, missing)
-        if method == "DELETE":
-            self.body()
-            obj = c.delete(ns, res, name)
-            return self.reply(200, clean(obj, kind, api_version)) if obj else self.reply(404, missing)
+                self.drain()
+                return self.reply(415, status(
+                    415, "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types "
+                    f"include: application/merge-patch+json"))
+            patch = self.body()
+            refused = self.validate(res, patch, query)
+            if refused:
+                return self.reply(400, refused)
+            with c.lock:
+                obj = c.patch(ns, res, name, patch)
+                obj = clean(obj) if obj else None
+            return self.reply(200, obj) if obj else self.reply(404, missing)
+        if verb == "update":
+            new_obj = self.body()
+            refused = self.validate(res, new_obj, query)
+            if refused:
+                return self.reply(400, refused)
+            with c.lock:
+                code, obj = c.replace(ns, res, name, new_obj)
+                return self.reply(code, clean(obj) if code < 300 else obj)
+        if verb == "delete":
+            self.drain()
+            with c.lock:
+                obj = c.delete(ns, res, name)
+                obj = clean(obj) if obj else None
+            return self.reply(200, obj) if obj else self.reply(404, missing)
         return self.reply(405, status(405, "MethodNotAllowed", method))
 
+    def nonresource(self, method: str, path: str) -> None:
+        """Discovery, OpenAPI v3 (operations only; no v2), /version and the health checks."""
+        accept = self.headers.get("Accept", "")
+        if method != "GET":
+            return self.reply(405, status(405, "MethodNotAllowed", method))
+        if path in ("/api", "/apis") and accepts(accept, "apidiscovery.k8s.io", "v2",
+                                                 "APIGroupDiscoveryList"):
+            body = json.dumps(aggregated([""] if path == "/api" else GROUPS)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", AGGREGATED)
+            self.send_header("Vary", "Accept")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if path == "/api":
+            host, port = self.server.server_address[:2]
+            return self.reply(200, {"kind": "APIVersions", "versions": ["v1"],
+                                    "serverAddressByClientCIDRs": [
+                                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{host}:{port}"}]})
+        if path == "/apis":
+            return self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1",
+                                    "groups": [api_group(g) for g in GROUPS]})
+        if path == "/api/v1":
+            return self.reply(200, resource_list(""))
+        parts = path.strip("/").split("/")
+        if len(parts) == 2 and parts[0] == "apis" and parts[1] in GROUPS:
+            return self.reply(200, dict(api_group(parts[1]), kind="APIGroup", apiVersion="v1"))
+        if len(parts) == 3 and parts[0] == "apis" and parts[1] in GROUPS and parts[2] == "v1":
+            return self.reply(200, resource_list(parts[1]))
+        if path == "/openapi/v3":
+            return self.reply(200, openapi_root())
+        if path.startswith("/openapi/v3/"):
+            rest = path[len("/openapi/v3/"):].split("/")
+            doc = None
+            if rest[:2] == ["api", "v1"] and len(rest) == 2:
+                doc = openapi_doc("")
+            elif len(rest) == 3 and rest[0] == "apis" and rest[2] == "v1":
+                doc = openapi_doc(rest[1])
+            if doc is not None:
+                return self.reply(200, doc)
+        if path in ("/version", "/version/"):
+            return self.reply(200, VERSION)
+        if path in ("/healthz", "/livez", "/readyz"):
+            return self.reply(200, "ok", "text/plain")
+        return self.reply(404, status(404, "NotFound", "the server could not find the requested resource"))
+
+    def review(self, res: str, user: str, groups: list[str], obj: dict) -> None:
+        """The access reviews, answered from the same RBAC that authorizes requests."""
+        spec = obj.get("spec") or {}
+        out = {"kind": RESOURCES[res].kind, "apiVersion": RESOURCES[res].api_version,
+               "metadata": {"creationTimestamp": None}, "spec": spec}
+        if res == "selfsubjectreviews":
+            out.pop("spec")
+            out["status"] = {"userInfo": {"username": user, "groups": groups}}
+            return self.reply(201, out)
+        if res == "selfsubjectrulesreviews":
+            if not spec.get("namespace"):
+                return self.reply(400, status(400, "BadRequest", "no namespace on request"))
+            out["status"] = self.cluster.rules(user, groups, spec["namespace"])
+            return self.reply(201, out)
+        if res == "subjectaccessreviews":
+            user, groups = spec.get("user", ""), list(spec.get("groups") or [])
+        if spec.get("nonResourceAttributes"):
+            n = spec["nonResourceAttributes"]
+            a = {"verb": n.get("verb", ""), "path": n.get("path", "")}
+        else:
+            ra = spec.get("resourceAttributes") or {}
+            a = {"verb": ra.get("verb", ""), "group": ra.get("group", ""),
+                 "resource": ra.get("resource", ""), "subresource": ra.get("subresource", ""),
+                 "namespace": ra.get("namespace", ""), "name": ra.get("name", "")}
+        allowed, why = self.cluster.authorize(user, groups, a)
+        out["status"] = {"allowed": allowed}
+        if why:
+            out["status"]["reason"] = why
+        return self.reply(201, out)
+
+    def watch(self, ns: str, res: str, name: str, query: dict, as_table: bool, include: str) -> None:
+        """A watch: newline-delimited WatchEvents over chunked transfer encoding, from the
+        resourceVersion asked for (or the objects there are now, as ADDED, where none or 0 is), until
+        timeoutSeconds, the client going away or the server stopping. An object that stops matching
+        the selectors is DELETED for this watch, one that starts matching ADDED."""
+        c = self.cluster
+        try:
+            labels_ok = label_selector(query.get("labelSelector", ""))
+            fields_ok = field_selector(res, query.get("fieldSelector", ""))
+            rv = query.get("resourceVersion", "")
+            since = int(rv) if rv not in ("", "0") else None
+            timeout = float(query.get("timeoutSeconds") or 1800)
+        except ValueError as e:
+            return self.reply(400, status(400, "BadRequest", str(e)))
+
+        def matches(o_ns: str, obj: dict) -> bool:
+            return (not ns or o_ns == ns) and labels_ok(obj["metadata"].get("labels") or {}) \
+                and fields_ok(obj)
+
+        with c.lock:
+            if since is None:
+                first = [("ADDED", clean(o)) for k, o in sorted(c.objects.items())
+                         if k[1] == res and matches(k[0], o) and (not name or k[2] == name)]
+                last = c.version
+            else:
+                first, last = [], since
+        # (namespace, name) -> whether the client has it (matching); from a resourceVersion, an
+        # object this watch has not mentioned yet is unknown (None), and its events pass as they are
+        shown: dict[tuple[str, str], bool] = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): True
+                                              for _, o in first}
+        unknown = False if since is None else None
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+
+        def send(kind: str, obj: dict) -> None:
+            if as_table and kind != "ERROR":
+                obj = table(res, [obj], include)
+            data = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        deadline = time.monotonic() + timeout
+        try:
+            for kind, obj in first:
+                send(kind, obj)
+            while time.monotonic() < deadline and not c.done.is_set():
+                events = c.events_after(last)
+                if events is None:
+                    send("ERROR", status(410, "Expired", f"too old resource version: {last} "
+                                                         f"({c.history[0][0] - 1})"))
+                    break
+                for version, kind, o_ns, o_res, obj in events:
+                    last = version
+                    if o_res != res or (ns and o_ns != ns) or (name and obj["metadata"]["name"] != name):
+                        continue
+                    key = (o_ns, obj["metadata"]["name"])
+                    had = shown.get(key, unknown)
+                    if kind == "DELETED":
+                        if had or (had is None and matches(o_ns, obj)):
+                            send("DELETED", obj)
+                        shown[key] = False
+                    elif matches(o_ns, obj):
+                        send(kind if had is None else ("MODIFIED" if had else "ADDED"), obj)
+                        shown[key] = True
+                    else:
+                        if had:
+                            send("DELETED", obj)
+                        shown[key] = False
+                if self.client_gone():
+                    break
+                with c.changed:
+                    if c.version <= last and not c.done.is_set():
+                        c.changed.wait(0.5)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (OSError, ssl.SSLError):
+            pass
+        self.close_connection = True
+
+    def client_gone(self) -> bool:
+        """Whether the client closed the watch's connection (it sends nothing on it otherwise)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1) == b""
+        except ssl.SSLWantReadError:
+            return False
+        except (OSError, ssl.SSLError):
+            return True
+
+    def serve(self, method: str) -> None:
+        try:
+            self.route(method)
+        except UnsupportedBody as e:
+            self.reply(415, status(415, "UnsupportedMediaType",
+                                   f"the body of the request was in an unknown format ({e}) - "
+                                   f"accepted media types include: application/json, "
+                                   f"application/merge-patch+json"))
+
     def do_GET(self) -> None:
-        self.route("GET")
+        self.serve("GET")
 
     def do_POST(self) -> None:
-        self.route("POST")
+        self.serve("POST")
+
+    def do_PUT(self) -> None:
+        self.serve("PUT")
 
     def do_PATCH(self) -> None:
-        self.route("PATCH")
+        self.serve("PATCH")
 
     def do_DELETE(self) -> None:
-        self.route("DELETE")
+        self.serve("DELETE")
 
 
-def clean(obj: dict, kind: str, api_version: str) -> dict:
-    out = {k: v for k, v in obj.items() if not k.startswith("_")}
-    out.setdefault("apiVersion", api_version)
-    out.setdefault("kind", kind)
+def clean(obj: dict) -> dict:
+    """A stored object as the API serves it: a copy, without the fake's own fields."""
+    out = json.loads(json.dumps({k: v for k, v in obj.items() if not k.startswith("_")}, default=str))
+    r = RESOURCES.get(obj.get("_res", ""))
+    if r:
+        out.setdefault("apiVersion", r.api_version)
+        out.setdefault("kind", r.kind)
     return out
 
 
