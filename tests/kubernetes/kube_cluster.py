@@ -9,8 +9,8 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   on the pod network's gateway, which this machine and the pods reach. It keeps Jobs (batch/v1), Pods,
   Secrets, Services, Events and ServiceAccounts of any namespace, and RBAC's Roles, RoleBindings,
   ClusterRoles and ClusterRoleBindings; create, get, list (label selectors: equality, `!=`, `in`,
-  `notin`, exists; field selectors on the fields the real server converts, 400 on others), JSON merge
-  patch, update (PUT, 409 on a stale resourceVersion), delete (with the garbage collector's cascade to
+  `notin`, exists; field selectors on the fields the real server converts, 400 on others), patch (JSON
+  merge, strategic merge, JSON patch), update (PUT, 409 on a stale resourceVersion), delete (with the garbage collector's cascade to
   objects whose owner reference names a deleted object, a Job's pods) and pod logs; Namespaces and the
   nodes below read-only. resourceVersions count up over all objects (a list's is the newest), and a
   watch (`?watch=true`, from a `resourceVersion` or, without one, the current objects as ADDED) streams
@@ -66,11 +66,12 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
 priority level is saturated: every Nth request of each principal (bearer token) is answered 429
 TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
-Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished; strategic merge, JSON and
-server-side apply patches (415: so `kubectl apply` creates but cannot change an object, `kubectl edit`
-and `kubectl patch` need `--type merge`), dry runs, deletecollection, graceful deletion (a delete is
-immediate), watch bookmarks and the WatchList stream, OpenAPI v2 and schemas (`kubectl explain`), RBAC's
-escalation checks on creating Roles and bindings, exec, attach and port-forward.
+Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl
+apply --server-side`; client-side `kubectl apply` works, through strategic merge patches, which know the
+merge keys of the lists of these kinds only), dry runs, deletecollection, graceful deletion (a delete is
+immediate), status subresources (a patch may change status), watch bookmarks and the WatchList stream,
+OpenAPI v2 and schemas (`kubectl explain`), RBAC's escalation checks on creating Roles and bindings,
+exec, attach and port-forward.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
 URL; `region`; `bucket`; `network`; `api`, the API server's URL), then serves until its standard input
@@ -394,21 +395,25 @@ class Cluster:
                     out.append(obj)
             return out
 
-    def patch(self, ns: str, res: str, name: str, patch: dict) -> dict | None:
-        def merge(dst: dict, src: dict) -> None:
-            for k, v in src.items():
-                if v is None:
-                    dst.pop(k, None)
-                elif isinstance(v, dict) and isinstance(dst.get(k), dict):
-                    merge(dst[k], v)
-                else:
-                    dst[k] = v
-
+    def patch(self, ns: str, res: str, name: str, patch, kind: str = "merge") -> dict | None:
+        """A JSON merge (`merge`), strategic merge (`strategic`) or JSON (`json`) patch; the name,
+        namespace, uid and creation time stay. ValueError where a JSON patch fails."""
         with self.lock:
             obj = self.objects.get((ns, res, name))
             if obj is None:
                 return None
-            merge(obj, patch)
+            own = {k: v for k, v in obj.items() if k.startswith("_")}
+            fixed = {k: obj["metadata"][k] for k in ("name", "namespace", "uid", "creationTimestamp")
+                     if k in obj["metadata"]}
+            if kind == "json":
+                new = json_patch(clean(obj), patch)
+            else:
+                new = clean(obj)
+                (strategic_patch if kind == "strategic" else merge_patch)(new, patch)
+            obj.clear()
+            obj.update(new)
+            obj.update(own)
+            obj.setdefault("metadata", {}).update(fixed)
             self.stamp(obj)
             return obj
 
@@ -1550,6 +1555,140 @@ def decode_protobuf(data: bytes) -> dict:
     return dict(type_meta, **from_proto((unknown.get(2) or [b""])[-1], schema))
 
 
+# --- patches ------------------------------------------------------------------------------------
+
+def merge_patch(dst: dict, src: dict) -> None:
+    """RFC 7386 JSON merge patch, in place."""
+    for k, v in src.items():
+        if v is None:
+            dst.pop(k, None)
+        elif isinstance(v, dict) and isinstance(dst.get(k), dict):
+            merge_patch(dst[k], v)
+        else:
+            dst[k] = json.loads(json.dumps(v))
+
+
+# Strategic merge: the lists k8s.io/api merges by a key (patchMergeKey) in the kinds kept here; `ports`
+# by containerPort in a container, by port in a Service; other lists are replaced, as theirs are
+SMP_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
+            "env": "name", "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath",
+            "imagePullSecrets": "name", "ownerReferences": "uid", "conditions": "type",
+            "hostAliases": "ip", "secrets": "name", "resourceClaims": "name",
+            "schedulingGates": "name", "topologySpreadConstraints": "topologyKey"}
+# lists of scalars merged as sets
+SMP_SETS = {"finalizers"}
+
+
+def strategic_patch(dst: dict, src: dict) -> dict:
+    """A strategic merge patch applied to `dst` (in place; returns it): merge-keyed lists merge item
+    by item, `$patch: replace|delete`, `$retainKeys`, `$deleteFromPrimitiveList/`; `$setElementOrder/`
+    is read and ignored (order is the original's, then the patch's)."""
+    if src.get("$patch") == "replace":
+        dst.clear()
+        dst.update({k: v for k, v in src.items() if k != "$patch"})
+        return dst
+    for k, v in src.items():
+        if k.startswith("$setElementOrder/") or k in ("$patch", "$retainKeys"):
+            continue
+        if k.startswith("$deleteFromPrimitiveList/"):
+            field = k.split("/", 1)[1]
+            if isinstance(dst.get(field), list):
+                dst[field] = [x for x in dst[field] if x not in v]
+            continue
+        if v is None:
+            dst.pop(k, None)
+        elif isinstance(v, dict):
+            if v.get("$patch") == "delete":
+                dst.pop(k, None)
+            elif isinstance(dst.get(k), dict):
+                strategic_patch(dst[k], v)
+            else:
+                dst[k] = strategic_patch({}, v)
+        elif isinstance(v, list) and isinstance(dst.get(k), list):
+            key = SMP_KEYS.get(k)
+            if k == "ports":
+                key = "containerPort" if any("containerPort" in p for p in v + dst[k]
+                                             if isinstance(p, dict)) else "port"
+            if any(isinstance(x, dict) and x.get("$patch") == "replace" for x in v):
+                dst[k] = [x for x in v if not (isinstance(x, dict) and "$patch" in x)]
+            elif key:
+                out = dst[k]
+                for item in v:
+                    at = next((i for i, o in enumerate(out) if isinstance(o, dict) and isinstance(item, dict)
+                               and o.get(key) == item.get(key)), None)
+                    if isinstance(item, dict) and item.get("$patch") == "delete":
+                        if at is not None:
+                            out.pop(at)
+                    elif at is not None:
+                        strategic_patch(out[at], item)
+                    else:
+                        out.append(strategic_patch({}, item) if isinstance(item, dict) else item)
+            elif k in SMP_SETS:
+                dst[k] = dst[k] + [x for x in v if x not in dst[k]]
+            else:
+                dst[k] = json.loads(json.dumps(v))
+        else:
+            dst[k] = json.loads(json.dumps(v))
+    if "$retainKeys" in src:
+        for k in list(dst):
+            if k not in src["$retainKeys"]:
+                dst.pop(k)
+    return dst
+
+
+def json_patch(doc: dict, ops: list) -> dict:
+    """RFC 6902 JSON patch; ValueError where an operation fails (the whole patch then fails)."""
+    doc = json.loads(json.dumps(doc))
+
+    def walk(path: str) -> tuple[object, str]:
+        if not path.startswith("/"):
+            raise ValueError(f"invalid path {path!r}")
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+        node = doc
+        for p in parts[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        return node, parts[-1]
+
+    def get(path: str):
+        node, last = walk(path)
+        return node[int(last)] if isinstance(node, list) else node[last]
+
+    def remove(path: str):
+        node, last = walk(path)
+        return node.pop(int(last)) if isinstance(node, list) else node.pop(last)
+
+    def add(path: str, value) -> None:
+        node, last = walk(path)
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), value)
+        else:
+            node[last] = value
+
+    for op in ops:
+        try:
+            kind, path = op["op"], op["path"]
+            if kind == "add":
+                add(path, op["value"])
+            elif kind == "remove":
+                remove(path)
+            elif kind == "replace":
+                get(path)
+                node, last = walk(path)
+                node[int(last) if isinstance(node, list) else last] = op["value"]
+            elif kind == "move":
+                add(path, remove(op["from"]))
+            elif kind == "copy":
+                add(path, json.loads(json.dumps(get(op["from"]))))
+            elif kind == "test":
+                if get(path) != op["value"]:
+                    raise ValueError(f"testing value {path} failed")
+            else:
+                raise ValueError(f"unexpected kind of operation {kind!r}")
+        except (KeyError, IndexError, TypeError) as e:
+            raise ValueError(f"the operation {op} failed: {e!r}") from None
+    return doc
+
+
 class Api(http.server.BaseHTTPRequestHandler):
     cluster: Cluster
     protocol_version = "HTTP/1.1"
@@ -1839,19 +1978,31 @@ class Api(http.server.BaseHTTPRequestHandler):
                 return self.reply(404, missing)
             return self.reply(200, table(res, [obj], include) if as_table else obj)
         if verb == "patch":
-            if "merge-patch" not in self.headers.get("Content-Type", ""):
+            kind = {"application/merge-patch+json": "merge",
+                    "application/strategic-merge-patch+json": "strategic",
+                    "application/json-patch+json": "json"}.get(
+                self.headers.get("Content-Type", "").split(";")[0].strip())
+            if kind is None:
                 self.drain()
                 return self.reply(415, status(
                     415, "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format - accepted media types "
-                    f"include: application/merge-patch+json"))
+                    "the body of the request was in an unknown format - accepted media types "
+                    "include: application/json-patch+json, application/merge-patch+json, "
+                    "application/strategic-merge-patch+json"))
             patch = self.body()
-            refused = self.validate(res, patch, query)
-            if refused:
-                return self.reply(400, refused)
-            with c.lock:
-                obj = c.patch(ns, res, name, patch)
-                obj = clean(obj) if obj else None
+            if kind == "json":
+                if not isinstance(patch, list):
+                    return self.reply(400, status(400, "BadRequest", "a JSON patch is a list"))
+            else:
+                refused = self.validate(res, patch, query)
+                if refused:
+                    return self.reply(400, refused)
+            try:
+                with c.lock:
+                    obj = c.patch(ns, res, name, patch, kind)
+                    obj = clean(obj) if obj else None
+            except ValueError as e:
+                return self.reply(422, status(422, "Invalid", str(e)))
             return self.reply(200, obj) if obj else self.reply(404, missing)
         if verb == "update":
             new_obj = self.body()
