@@ -1509,36 +1509,67 @@ def proto_fields(data: bytes) -> dict[int, list]:
 
 
 def from_proto(data: bytes, schema: dict) -> dict:
-    """A message as JSON by `schema` (field -> (JSON name, "str" | "[str]" | a nested schema));
-    fields outside the schema are dropped."""
+    """A message as JSON by `schema` (field -> (JSON name, "str" | "[str]" | "bool" | "map" | "skip" |
+    a nested schema, or a list of one for a repeated message)); a field outside the schema is a body
+    this fake cannot read, rather than one it would read wrong."""
     out: dict = {}
     for num, values in proto_fields(data).items():
         if num not in schema:
-            continue
+            raise UnsupportedBody(f"protobuf field {num} of a message this fake reads only in part")
         name, kind = schema[num]
+        if kind == "skip":
+            continue
         if kind == "str":
-            out[name] = values[-1].decode()
+            if values[-1]:
+                out[name] = values[-1].decode()
         elif kind == "[str]":
             out[name] = [v.decode() for v in values]
+        elif kind == "bool":
+            out[name] = bool(values[-1])
+        elif kind == "map":
+            out[name] = {e.get("k", ""): e.get("v", "") for e in
+                         (from_proto(v, {1: ("k", "str"), 2: ("v", "str")}) for v in values)}
+        elif isinstance(kind, list):
+            out[name] = [from_proto(v, kind[0]) for v in values]
         else:
             out[name] = from_proto(values[-1], kind)
     return out
 
 
-# k8s.io/api's generated.proto field numbers of the kinds typed clients POST here
+# k8s.io/api's generated.proto field numbers of the kinds typed clients (kubectl auth, kubectl create
+# role|rolebinding|clusterrole|clusterrolebinding|serviceaccount) POST here
 RESOURCE_ATTRIBUTES = {1: ("namespace", "str"), 2: ("verb", "str"), 3: ("group", "str"),
                        4: ("version", "str"), 5: ("resource", "str"), 6: ("subresource", "str"),
                        7: ("name", "str")}
 NON_RESOURCE_ATTRIBUTES = {1: ("path", "str"), 2: ("verb", "str")}
-OBJECT_META = {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str")}
+# selfLink, uid, resourceVersion, generation, creationTimestamp, deletionTimestamp and
+# deletionGracePeriodSeconds are the server's to set: read and dropped
+OBJECT_META = {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str"),
+               **{n: ("", "skip") for n in range(4, 11)},
+               11: ("labels", "map"), 12: ("annotations", "map")}
+POLICY_RULE = {1: ("verbs", "[str]"), 2: ("apiGroups", "[str]"), 3: ("resources", "[str]"),
+               4: ("resourceNames", "[str]"), 5: ("nonResourceURLs", "[str]")}
+SUBJECT = {1: ("kind", "str"), 2: ("apiGroup", "str"), 3: ("name", "str"), 4: ("namespace", "str")}
+ROLE_REF = {1: ("apiGroup", "str"), 2: ("kind", "str"), 3: ("name", "str")}
+BINDING = {1: ("metadata", OBJECT_META), 2: ("subjects", [SUBJECT]), 3: ("roleRef", ROLE_REF)}
+# (a review's status, the server's to write, is read and dropped; so is a SubjectAccessReview's extra,
+# which RBAC does not read)
 PROTO_KINDS = {
     "SelfSubjectAccessReview": {1: ("metadata", OBJECT_META), 2: ("spec", {
-        1: ("resourceAttributes", RESOURCE_ATTRIBUTES), 2: ("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES)})},
+        1: ("resourceAttributes", RESOURCE_ATTRIBUTES), 2: ("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES)}),
+        3: ("", "skip")},
     "SubjectAccessReview": {1: ("metadata", OBJECT_META), 2: ("spec", {
         1: ("resourceAttributes", RESOURCE_ATTRIBUTES), 2: ("nonResourceAttributes", NON_RESOURCE_ATTRIBUTES),
-        3: ("user", "str"), 4: ("groups", "[str]"), 6: ("uid", "str")})},
-    "SelfSubjectRulesReview": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("namespace", "str")})},
-    "SelfSubjectReview": {1: ("metadata", OBJECT_META)},
+        3: ("user", "str"), 4: ("groups", "[str]"), 5: ("", "skip"), 6: ("uid", "str")}),
+        3: ("", "skip")},
+    "SelfSubjectRulesReview": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("namespace", "str")}),
+                               3: ("", "skip")},
+    "SelfSubjectReview": {1: ("metadata", OBJECT_META), 2: ("", "skip")},
+    "Role": {1: ("metadata", OBJECT_META), 2: ("rules", [POLICY_RULE])},
+    "ClusterRole": {1: ("metadata", OBJECT_META), 2: ("rules", [POLICY_RULE])},
+    "RoleBinding": BINDING,
+    "ClusterRoleBinding": BINDING,
+    "ServiceAccount": {1: ("metadata", OBJECT_META)},
 }
 
 
