@@ -71,7 +71,7 @@ apply --server-side`; client-side `kubectl apply` works, through strategic merge
 merge keys of the lists of these kinds only), dry runs, deletecollection, graceful deletion (a delete is
 immediate), status subresources (a patch may change status), watch bookmarks and the WatchList stream,
 OpenAPI v2 and schemas (`kubectl explain`), RBAC's escalation checks on creating Roles and bindings,
-exec, attach and port-forward.
+following pod logs (`kubectl logs -f` gets what is there and ends), exec, attach and port-forward.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
 URL; `region`; `bucket`; `network`; `api`, the API server's URL), then serves until its standard input
