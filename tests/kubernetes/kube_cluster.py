@@ -338,11 +338,12 @@ class Cluster:
             self.version += 1
             meta = obj.setdefault("metadata", {})
             meta["resourceVersion"] = str(self.version)
-            if obj.get("_res"):
-                self.history.append((self.version, event, meta.get("namespace", ""), obj["_res"],
-                                     clean(obj)))
-                if len(self.history) > HISTORY:
-                    del self.history[: len(self.history) - HISTORY]
+            if not obj.get("_res"):
+                return  # not a stored object: nothing watches it
+            self.history.append((self.version, event, meta.get("namespace", ""), obj["_res"],
+                                 clean(obj)))
+            if len(self.history) > HISTORY:
+                del self.history[: len(self.history) - HISTORY]
         with self.changed:
             self.changed.notify_all()
 
