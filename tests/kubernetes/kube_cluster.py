@@ -20,8 +20,10 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   apidiscovery.k8s.io/v2, to a client that asks for it), `/version`, an OpenAPI v3 document of the
   operations (no schemas: kubectl learns from it that the server validates fields, and
   `fieldValidation=Strict` refuses unknown top-level and metadata fields, Warn warns), Tables for
-  server-side printing (`kubectl get`'s columns, `-o wide`'s), and protobuf bodies of the access reviews
-  typed clients send.
+  server-side printing (`kubectl get`'s columns, `-o wide`'s), and the protobuf bodies typed clients
+  send for the access reviews, RBAC objects, ServiceAccounts and Secrets (other kinds' are 415: `kubectl
+  create job` fails, `kubectl create -f job.yaml` works). A Job gets the Job API's defaulted selector
+  and template labels; a Secret's stringData is folded into its data.
   Every request must carry a bearer token: the user's (kubeconfig; user `physalia-test-user` in group
   `system:masters`, which the bootstrap `cluster-admin` binding allows everything) or an existing
   ServiceAccount's (`sa.NS.NAME`; any other token is 401). Requests are authorized by RBAC over the
@@ -368,8 +370,24 @@ class Cluster:
             meta["creationTimestamp"] = now()
             for k in ("resourceVersion", "deletionTimestamp", "selfLink"):
                 meta.pop(k, None)
+            if res == "secrets":
+                fold_string_data(obj)
             if res == "jobs":
                 obj.setdefault("status", {})
+                # the Job API's defaulting: a selector on the controller's uid, which the template's
+                # labels (and so the pods') carry
+                spec = obj.setdefault("spec", {})
+                if not spec.get("selector") and not spec.get("manualSelector"):
+                    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": meta["uid"]}}
+                    labels = spec.setdefault("template", {}).setdefault("metadata", {}).setdefault(
+                        "labels", {})
+                    for k, v in (("batch.kubernetes.io/controller-uid", meta["uid"]),
+                                 ("batch.kubernetes.io/job-name", name), ("controller-uid", meta["uid"]),
+                                 ("job-name", name)):
+                        labels.setdefault(k, v)
+                template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
+                if template_labels and not meta.get("labels"):
+                    meta["labels"] = dict(template_labels)
             if res == "pods":
                 obj["status"] = {"phase": "Pending"}
             obj["apiVersion"], obj["kind"] = RESOURCES[res].api_version, RESOURCES[res].kind
@@ -441,6 +459,8 @@ class Cluster:
                 else:
                     meta.pop(k, None)
             meta["name"] = name
+            if res == "secrets":
+                fold_string_data(new)
             obj.clear()
             obj.update(new)
             obj.update(keep)
@@ -937,6 +957,12 @@ FIELDS = {
     "jobs": {"status.successful"},
     "namespaces": {"status.phase"},
 }
+
+
+def fold_string_data(secret: dict) -> None:
+    """A Secret's stringData written into its data (base64), as the API server stores it."""
+    for k, v in (secret.pop("stringData", None) or {}).items():
+        secret.setdefault("data", {})[k] = base64.b64encode(str(v).encode()).decode()
 
 
 def qualified(res: str) -> str:
@@ -1530,6 +1556,11 @@ def from_proto(data: bytes, schema: dict) -> dict:
         elif kind == "map":
             out[name] = {e.get("k", ""): e.get("v", "") for e in
                          (from_proto(v, {1: ("k", "str"), 2: ("v", "str")}) for v in values)}
+        elif kind == "bytes-map":
+            out[name] = {e.get("k", ""): base64.b64encode(e.get("v", b"")).decode() for e in
+                         (from_proto(v, {1: ("k", "str"), 2: ("v", "bytes")}) for v in values)}
+        elif kind == "bytes":
+            out[name] = values[-1]
         elif isinstance(kind, list):
             out[name] = [from_proto(v, kind[0]) for v in values]
         else:
@@ -1538,7 +1569,8 @@ def from_proto(data: bytes, schema: dict) -> dict:
 
 
 # k8s.io/api's generated.proto field numbers of the kinds typed clients (kubectl auth, kubectl create
-# role|rolebinding|clusterrole|clusterrolebinding|serviceaccount) POST here
+# role|rolebinding|clusterrole|clusterrolebinding|serviceaccount|secret) POST here; the others (`kubectl
+# create job`, a protobuf Job) are 415
 RESOURCE_ATTRIBUTES = {1: ("namespace", "str"), 2: ("verb", "str"), 3: ("group", "str"),
                        4: ("version", "str"), 5: ("resource", "str"), 6: ("subresource", "str"),
                        7: ("name", "str")}
@@ -1571,6 +1603,8 @@ PROTO_KINDS = {
     "RoleBinding": BINDING,
     "ClusterRoleBinding": BINDING,
     "ServiceAccount": {1: ("metadata", OBJECT_META)},
+    "Secret": {1: ("metadata", OBJECT_META), 2: ("data", "bytes-map"), 3: ("type", "str"),
+               4: ("stringData", "map"), 5: ("immutable", "bool")},
 }
 
 
