@@ -17,8 +17,8 @@ pub use channel::{
     ServerEvent,
 };
 pub use messages::{
-    Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, ToCoordinator,
-    ToWorker, TrainMode, Upload, checkpoint_path,
+    Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, PartCut, PartSource,
+    ToCoordinator, ToWorker, TrainMode, Upload, checkpoint_path,
 };
 pub use record::{
     Coordinated, CoordinatorRef, EpochEnd, HEARTBEAT_S, JobState, JobStatus, JobSummary,

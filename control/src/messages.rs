@@ -87,6 +87,31 @@ pub struct Artifact {
     pub path: Option<PathBuf>,
 }
 
+/// Where a worker's part comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum PartSource {
+    /// A part file (or part delta) the coordinator serves.
+    Served(Artifact),
+    /// Cut by the worker itself (issue 31): a worker that reads the coordinator's disk cuts its part
+    /// of a chunked dataset from the dataset and the stored assignment, writes it where the set keeps
+    /// it, and trains on it; the coordinator commits the set once every worker has reported an epoch.
+    Cut(PartCut),
+}
+
+/// A part to cut: [`PartSource::Cut`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartCut {
+    /// The chunked dataset's folder, read in place.
+    pub dataset: PathBuf,
+    /// The pending set's assignment (a partitioning describing no parts yet).
+    pub assignment: PathBuf,
+    /// Which part.
+    pub part: usize,
+    /// Where the part file is written.
+    pub out: PathBuf,
+}
+
 /// What a worker may send the coordinator to keep (rank 0 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -118,10 +143,10 @@ pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
 pub struct Assignment {
     /// Mesh address of every rank, by rank.
     pub peers: Vec<SocketAddr>,
-    /// This worker's partition artifact.
-    pub part: Artifact,
-    /// `part` is a part delta (an in-place resize, issue 33): the worker's part is the part it held
-    /// under its previous assignment (none for a joiner) with the delta applied.
+    /// Where this worker's part comes from.
+    pub part: PartSource,
+    /// `part` is a served part delta (an in-place resize, issue 33): the worker's part is the part it
+    /// held under its previous assignment (none for a joiner) with the delta applied.
     #[serde(default)]
     pub part_delta: bool,
     /// The partitioning's node-to-part map (data parallelism).

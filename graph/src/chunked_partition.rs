@@ -9,14 +9,15 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::chunked::ChunkedDataset;
 use crate::error::Error;
 use crate::format::{Features, Split};
 use crate::partition::{
-    Part, PartitionMeta, Partitioning, SetTiming, part_files, write_part, write_partition_file,
+    PARTITION_FILE, Part, PartitionMeta, Partitioning, SetTiming, load_assignment, part_files,
+    part_summary, partition_set_dir, write_part, write_partition_file,
 };
 use crate::stream::{StreamOutcome, StreamParams, partition_stream_rows, streamed_cut};
 
@@ -294,6 +295,154 @@ pub(crate) fn compute_set_chunked(
         SetTiming {
             started: t0,
             partition_seconds,
+            compute_seconds: None,
         },
     )
+}
+
+/// The folder of a set's pending assignment, inside the set's folder.
+const PENDING_DIR: &str = "pending";
+
+/// A chunked dataset's partition set whose assignment is stored and whose parts are still to be cut:
+/// each by the worker that trains on it ([`cut_part`]), in parallel and reading the dataset in place, so
+/// that the process that partitioned holds the assignment (4 bytes a node), never a part. The set's
+/// commit marker is written by [`PendingSet::commit`] once every part file is there; until then the set
+/// is missing to every reader (`ensure_partitions` computes it again).
+#[derive(Clone, Debug)]
+pub struct PendingSet {
+    /// The set's folder (`X.parts/k<K>-seed<S>`).
+    pub dir: PathBuf,
+    pub k: usize,
+    /// The assignment: `pending/partition.safetensors` in `dir`, describing no parts.
+    pub assignment: PathBuf,
+    /// Where each part is to be written (`part<P>.safetensors` in `dir`).
+    pub part_files: Vec<PathBuf>,
+    dataset: PathBuf,
+    started: Instant,
+    started_at: std::time::SystemTime,
+    partition_seconds: f64,
+}
+
+/// Streams the chunked dataset at `dataset_dir` into `k` parts ([`partition_chunked`]) and stores the
+/// assignment in the set's `pending/` folder; any commit marker of an earlier set of the same name is
+/// removed first, so no reader pairs it with the parts about to be cut.
+pub fn begin_set_chunked(
+    dataset_dir: &Path,
+    k: usize,
+    seed: u64,
+    params: &StreamParams,
+) -> Result<PendingSet, Error> {
+    let ds = ChunkedDataset::open(dataset_dir)?;
+    let started = Instant::now();
+    let started_at = std::time::SystemTime::now();
+    let params = StreamParams {
+        k,
+        seed,
+        ..params.clone()
+    };
+    let p = partition_chunked(&ds, &params)?.partitioning;
+    let partition_seconds = started.elapsed().as_secs_f64();
+    let dir = partition_set_dir(dataset_dir, k, seed);
+    let pending = dir.join(PENDING_DIR);
+    std::fs::create_dir_all(&pending).map_err(|e| Error::io(&pending, e))?;
+    let marker = dir.join(PARTITION_FILE);
+    match std::fs::remove_file(&marker) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&marker, e)),
+    }
+    let checksums = BTreeMap::from([("manifest".to_string(), ds.manifest().fingerprint())]);
+    write_partition_file(
+        &pending,
+        &p,
+        0,
+        Vec::new(),
+        checksums,
+        SetTiming {
+            started,
+            partition_seconds,
+            compute_seconds: None,
+        },
+    )?;
+    Ok(PendingSet {
+        assignment: pending.join(PARTITION_FILE),
+        part_files: part_files(&dir, k),
+        dir,
+        k,
+        dataset: dataset_dir.to_path_buf(),
+        started,
+        started_at,
+        partition_seconds,
+    })
+}
+
+/// Cuts part `me` of the pending assignment at `assignment` from the chunked dataset at `dataset_dir`
+/// (one pass over the edge chunks, the feature chunks holding its rows) and writes it to `out` (by
+/// rename: never half-written). Returns the part, equal to what [`PartContext::build`] cuts in one
+/// process. Refuses an assignment made for another version of the dataset.
+pub fn cut_part(dataset_dir: &Path, assignment: &Path, me: usize, out: &Path) -> Result<Part, Error> {
+    let ds = ChunkedDataset::open(dataset_dir)?;
+    let (meta, p) = load_assignment(assignment)?;
+    let fingerprint = ds.manifest().fingerprint();
+    if meta.dataset_checksums.get("manifest") != Some(&fingerprint) {
+        return Err(Error::metadata(
+            assignment,
+            format!(
+                "was made for another version of {} (its manifest's fingerprint differs)",
+                dataset_dir.display()
+            ),
+        ));
+    }
+    if me >= p.k {
+        return Err(Error::partition(format!(
+            "part {me} of an assignment into {} parts",
+            p.k
+        )));
+    }
+    let part = PartContext::new(&ds, &p)?.build(me)?;
+    write_part(&part, out)?;
+    Ok(part)
+}
+
+impl PendingSet {
+    /// Commits the set once every part file is written: reads each part's header (never its tensors),
+    /// counts the cut edges in one streaming pass, writes `partition.safetensors` and removes the
+    /// pending assignment. A part file that is missing or of another set is an error, and the set
+    /// stays uncommitted.
+    pub fn commit(&self) -> Result<PartitionMeta, Error> {
+        let ds = ChunkedDataset::open(&self.dataset)?;
+        let (meta, p) = load_assignment(&self.assignment)?;
+        let summaries = self
+            .part_files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| part_summary(f, i, self.k))
+            .collect::<Result<Vec<_>, _>>()?;
+        // from the assignment's start to the last part written (the commit may come much later)
+        let mut cut_seconds = self.partition_seconds;
+        for f in &self.part_files {
+            let written = std::fs::metadata(f)
+                .and_then(|m| m.modified())
+                .map_err(|e| Error::io(f, e))?;
+            if let Ok(d) = written.duration_since(self.started_at) {
+                cut_seconds = cut_seconds.max(d.as_secs_f64());
+            }
+        }
+        let (_, total) = streamed_cut(&ds, &p.parts)?;
+        let meta = write_partition_file(
+            &self.dir,
+            &p,
+            total,
+            summaries,
+            meta.dataset_checksums,
+            SetTiming {
+                started: self.started,
+                partition_seconds: self.partition_seconds,
+                compute_seconds: Some(cut_seconds),
+            },
+        )?;
+        let pending = self.dir.join(PENDING_DIR);
+        let _ = std::fs::remove_dir_all(&pending);
+        Ok(meta)
+    }
 }

@@ -1380,6 +1380,24 @@ pub fn ensure_partitions_reusing(
     ensure_sets(dataset_path, ks, seed, Some(method), true)
 }
 
+/// The set of `k` parts for `seed` stored beside the dataset if it is current, whichever method made
+/// it (headers only: nothing is computed).
+pub fn current_set(dataset_path: &Path, k: usize, seed: u64) -> Result<Option<PartitionSet>, Error> {
+    let t0 = Instant::now();
+    let (_, dataset_checksums) = dataset_identity(dataset_path)?;
+    let dir = partition_set_dir(dataset_path, k, seed);
+    Ok(match check_set(&dir, k, seed, &dataset_checksums) {
+        (Some(meta), ArtifactStatus::Current) => Some(PartitionSet {
+            part_files: part_files(&dir, k),
+            dir,
+            meta,
+            reused: true,
+            seconds: t0.elapsed().as_secs_f64(),
+        }),
+        _ => None,
+    })
+}
+
 fn ensure_sets(
     dataset_path: &Path,
     ks: &[usize],
@@ -1504,6 +1522,20 @@ pub fn list_partitions(dataset_path: &Path) -> Result<Vec<PartitionSummary>, Err
 
 /// Reads `partition.safetensors`: its metadata and the assignment, checksum verified and range checked.
 pub fn load_partitioning(path: &Path) -> Result<(PartitionMeta, Partitioning), Error> {
+    read_partitioning(path, true)
+}
+
+/// A pending set's assignment (`pending/partition.safetensors`, see
+/// [`crate::chunked_partition::begin_set_chunked`]): a partitioning whose parts are not cut yet, so it
+/// describes none.
+pub fn load_assignment(path: &Path) -> Result<(PartitionMeta, Partitioning), Error> {
+    read_partitioning(path, false)
+}
+
+fn read_partitioning(
+    path: &Path,
+    parts_described: bool,
+) -> Result<(PartitionMeta, Partitioning), Error> {
     let f = StFile::open(path)?;
     let meta: PartitionMeta = f.physalia_json(KIND_PARTITIONING)?;
     let parts: Vec<u32> = f.tensor(
@@ -1512,11 +1544,12 @@ pub fn load_partitioning(path: &Path) -> Result<(PartitionMeta, Partitioning), E
         &[Some(meta.num_nodes)],
         &meta.checksums,
     )?;
-    if meta.k == 0 || meta.parts.len() != meta.k {
+    let described = if parts_described { meta.k } else { 0 };
+    if meta.k == 0 || meta.parts.len() != described {
         return Err(Error::metadata(
             path,
             format!(
-                "k = {} but {} parts are described",
+                "k = {} but {} parts are described (expected {described})",
                 meta.k,
                 meta.parts.len()
             ),
@@ -1647,11 +1680,40 @@ fn compute_set(
         SetTiming {
             started: t0,
             partition_seconds,
+            compute_seconds: None,
         },
     )
 }
 
 /// Writes one part file and returns its summary for the partition file.
+/// The summary a set's commit marker keeps of part `part` of `k`, from its file's header alone (the
+/// checksums its writer recorded; the tensors are not read).
+pub(crate) fn part_summary(path: &Path, part: usize, k: usize) -> Result<PartSummary, Error> {
+    let f = StFile::open(path)?;
+    let meta: PartFileMeta = f.physalia_json(KIND_PART)?;
+    if meta.part != part || meta.k != k {
+        return Err(Error::metadata(
+            path,
+            format!(
+                "is part {} of {}, expected part {part} of {k}",
+                meta.part, meta.k
+            ),
+        ));
+    }
+    let n_local_edges = f
+        .header
+        .info("indices")
+        .map(|i| i.shape.iter().product())
+        .ok_or_else(|| Error::tensor(path, "indices", "is missing from the file"))?;
+    Ok(PartSummary {
+        part,
+        n_owned: meta.n_owned,
+        n_halo: meta.n_halo,
+        n_local_edges,
+        fingerprint: fingerprint(&meta.checksums),
+    })
+}
+
 pub(crate) fn write_part(part: &Part, path: &Path) -> Result<PartSummary, Error> {
     let fingerprint = part.write_fingerprinted(path)?;
     Ok(PartSummary {
@@ -1667,6 +1729,9 @@ pub(crate) fn write_part(part: &Part, path: &Path) -> Result<PartSummary, Error>
 pub(crate) struct SetTiming {
     pub(crate) started: Instant,
     pub(crate) partition_seconds: f64,
+    /// The whole computation, where it ended before the commit (parts cut by workers, committed after
+    /// they trained an epoch); else the time from `started` to the commit.
+    pub(crate) compute_seconds: Option<f64>,
 }
 
 /// Writes `partition.safetensors`, the commit marker of a set whose part files are already written.
@@ -1695,7 +1760,9 @@ pub(crate) fn write_partition_file(
         partition_seconds: Some(timing.partition_seconds),
         checksums: BTreeMap::from([("parts".to_string(), checksum(parts_bytes))]),
     };
-    meta.compute_seconds = timing.started.elapsed().as_secs_f64();
+    meta.compute_seconds = timing
+        .compute_seconds
+        .unwrap_or_else(|| timing.started.elapsed().as_secs_f64());
     let json = serde_json::to_string(&meta).expect("PartitionMeta serialises: plain fields only");
     write_safetensors(
         &dir.join(PARTITION_FILE),

@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use physalia_graph::chunked::{ChunkedDataset, MANIFEST_FILE, write_chunked};
-use physalia_graph::chunked_partition::{PartContext, partition_chunked};
+use physalia_graph::chunked_partition::{
+    PartContext, begin_set_chunked, cut_part, partition_chunked,
+};
 use physalia_graph::chunked_synth::{rmat_chunked, sbm_chunked};
 use physalia_graph::partition::{
     PartitionMethod, build_parts, ensure_partitions_with, list_partitions, load_partitioning,
@@ -452,6 +454,75 @@ fn streamed_parts_equal_build_parts_and_the_set_is_stored_and_reused() {
             .iter()
             .all(|s| s.status == physalia_graph::partition::ArtifactStatus::Stale)
     );
+}
+
+/// A set cut by its workers (issue 31): the assignment stored pending, each part cut by a process of
+/// its own reading the dataset in place, then committed. The parts equal the ones cut in one process,
+/// the committed set equals `ensure_partitions`'s own and is reused; an uncommitted set is missing to
+/// every reader; a commit with a part missing fails and commits nothing; an assignment of another
+/// version of the dataset is refused.
+#[test]
+fn parts_cut_one_by_one_from_a_pending_assignment_equal_the_set_cut_in_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mem = sbm(&sbm_params(3000, 4)).unwrap();
+    let dir = tmp.path().join("sbm");
+    write_chunked(&mem, &dir, 512).unwrap();
+    let params = StreamParams::new(3);
+    let current = |d: &Path| {
+        list_partitions(d)
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.status == physalia_graph::partition::ArtifactStatus::Current)
+            .count()
+    };
+    let pending = begin_set_chunked(&dir, 3, 0, &params).unwrap();
+    assert_eq!(pending.k, 3);
+    // nothing committed yet: no current set, so a reader would compute it again
+    assert_eq!(current(&dir), 0);
+    // the parts, cut each on its own, equal build_parts on the in-memory dataset
+    let ds = ChunkedDataset::open(&dir).unwrap();
+    let p = partition_chunked(&ds, &StreamParams { seed: 0, ..params.clone() })
+        .unwrap()
+        .partitioning;
+    let want = build_parts(&mem, &p).unwrap();
+    // a commit before the parts exist fails and leaves the set uncommitted
+    let early = pending.commit().unwrap_err().to_string();
+    assert!(early.contains("part0.safetensors"), "{early}");
+    assert_eq!(current(&dir), 0);
+    for (me, out) in pending.part_files.iter().enumerate() {
+        let part = cut_part(&dir, &pending.assignment, me, out).unwrap();
+        assert_eq!(part, want[me], "part {me}");
+        assert_eq!(physalia_graph::Part::load(out).unwrap(), want[me]);
+    }
+    let err = cut_part(&dir, &pending.assignment, 3, &tmp.path().join("x")).unwrap_err();
+    assert!(err.to_string().contains("part 3"), "{err}");
+    let meta = pending.commit().unwrap();
+    assert!(!pending.assignment.exists(), "the pending assignment goes with the commit");
+    assert_eq!(meta.k, 3);
+    assert_eq!(meta.edge_cut, p.edge_cut);
+    assert!(meta.num_undirected_edges > 0 && meta.cut_fraction() > 0.0 && meta.cut_fraction() < 1.0);
+    // the committed set is current and reused, with the same fingerprints as one computed in one process
+    let method = PartitionMethod::Stream(params.clone());
+    let reused = ensure_partitions_with(&dir, &[3], 0, Some(&method)).unwrap();
+    assert!(reused[0].reused);
+    let other = tmp.path().join("sbm2");
+    write_chunked(&mem, &other, 512).unwrap();
+    let one = ensure_partitions_with(&other, &[3], 0, Some(&method)).unwrap();
+    assert!(!one[0].reused);
+    let fps = |m: &physalia_graph::partition::PartitionMeta| {
+        m.parts.iter().map(|s| s.fingerprint.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(fps(&reused[0].meta), fps(&one[0].meta));
+    assert_eq!(reused[0].meta.num_undirected_edges, one[0].meta.num_undirected_edges);
+
+    // an assignment made before the dataset was rewritten is refused by the cutter
+    let again = begin_set_chunked(&dir, 3, 0, &params).unwrap();
+    // beginning again removed the commit marker: no reader pairs it with parts being cut
+    assert_eq!(current(&dir), 0);
+    write_chunked(&sbm(&sbm_params(3000, 5)).unwrap(), &dir, 512).unwrap();
+    let out = &again.part_files[0];
+    let stale = cut_part(&dir, &again.assignment, 0, out).unwrap_err().to_string();
+    assert!(stale.contains("another version"), "{stale}");
 }
 
 #[test]

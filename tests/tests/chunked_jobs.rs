@@ -105,10 +105,30 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     write_job(dir, "single.yaml", &job("single.safetensors"));
 
     let (chunked_dir, chunked) = submit(dir, "chunked.yaml", &["workers=2"]);
-    // the coordinator streamed the partitioning beside the directory and served the part files
+    // the coordinator streamed the assignment beside the directory; each worker (a local process,
+    // reading the dataset in place) cut its own part and wrote it into the set, which the coordinator
+    // committed after the first epoch: it never held a part
     let set = dir.join("chunked.parts/k2-seed0");
     assert!(set.join("part0.safetensors").is_file());
     assert!(set.join("part1.safetensors").is_file());
+    assert!(!set.join("pending").exists(), "the pending assignment goes with the commit");
+    let read = |f: &str| std::fs::read_to_string(chunked_dir.join("logs").join(f)).unwrap();
+    assert!(
+        read("coordinator.log").contains("its 2 parts cut by the workers"),
+        "{}",
+        read("coordinator.log")
+    );
+    for rank in 0..2 {
+        let log = read(&format!("worker-{rank}.log"));
+        assert!(log.contains(&format!("worker {rank}: cut part {rank} of 2")), "{log}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(chunked_dir.join("summary.json")).unwrap()).unwrap();
+    let record = &summary["partitions"][0];
+    assert_eq!(record["parts"], 2, "{summary}");
+    assert_eq!(record["reused"], false, "{summary}");
+    let cut = record["cut_fraction"].as_f64().unwrap();
+    assert!(cut > 0.0 && cut < 1.0, "{record}");
     // the streaming default: Fennel restreamed until stable, label-propagation refinement, isolated nodes
     // dealt last (graph's `StreamParams::refined`)
     assert_eq!(set_method(&set), "fennel-x20~0.001-lp8-il");
@@ -141,9 +161,11 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     assert_close("chunked, 2 workers vs file, 1 worker", &chunked, &one);
     assert_close("chunked, 2 workers vs file, 2 workers", &chunked, &two);
 
-    // a second job reuses the stored set and trains the same
-    let (_, again) = submit(dir, "chunked.yaml", &["workers=2"]);
+    // a second job reuses the committed set (served part files, nothing cut) and trains the same
+    let (again_dir, again) = submit(dir, "chunked.yaml", &["workers=2"]);
     assert_close("chunked again", &again, &chunked);
+    let log = std::fs::read_to_string(again_dir.join("logs/worker-0.log")).unwrap();
+    assert!(!log.contains("cut part"), "{log}");
 }
 
 #[test]

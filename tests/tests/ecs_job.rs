@@ -536,6 +536,24 @@ resources: {{gpu: {{count: 1}}, gpu_fallback: cpu}}
         "sku: ecs-g5.xlarge
     capacity: ec2",
     );
+    // a client-mode job the platform refuses (a cluster ECS does not have) is refused by the preflight
+    // before its record is written: `list` shows no failed job for a submit that never ran
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}{}", backend.replace("cluster: physalia", "cluster: nope")),
+    );
+    let before = job_dirs(&t.path().join("jobs"));
+    let out = ecs
+        .command(t.path(), &["submit", "job.yaml", "-q"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("preflight") && err.contains("nope"), "{err}");
+    assert_eq!(job_dirs(&t.path().join("jobs")), before, "{err}");
+    ecs.assert_nothing_left();
+
     write_job(t.path(), "job.yaml", &format!("{job}{backend}"));
     let run = submit(t.path(), Some(&ecs), &[]);
     let dir = t.path().join(run["job_dir"].as_str().unwrap());

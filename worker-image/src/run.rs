@@ -35,7 +35,8 @@ use physalia_control::env::{
     ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, ENV_TEST_EMULATE_GPU, WorkerEnv,
 };
 use physalia_control::{
-    Artifact, Assignment, ControlClient, DeviceRequest, ToCoordinator, ToWorker, TrainMode, Upload,
+    Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ToCoordinator, ToWorker,
+    TrainMode, Upload,
 };
 use physalia_gnn::EpochMetrics;
 use physalia_graph::partition::Part;
@@ -297,9 +298,46 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     let mut failed = None;
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
-    let part_path = io.artifact(&a.part)?;
-    let load_part =
-        || Part::load(&part_path).with_context(|| format!("loading {}", part_path.display()));
+    // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
+    let (part_path, part_bytes) = match &a.part {
+        PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
+        PartSource::Cut(_) => (None, 0),
+    };
+    let load_part = || -> Result<Part> {
+        match (&a.part, &part_path) {
+            (_, Some(path)) => {
+                Part::load(path).with_context(|| format!("loading {}", path.display()))
+            }
+            (PartSource::Cut(c), None) => {
+                let t = Instant::now();
+                let part = physalia_graph::chunked_partition::cut_part(
+                    &c.dataset,
+                    &c.assignment,
+                    c.part,
+                    &c.out,
+                )
+                .with_context(|| {
+                    format!("cutting part {} of {}", c.part, c.dataset.display())
+                })?;
+                eprintln!(
+                    "worker {rank}: cut part {} of {} from {} ({} rows, {} halo rows) in {:.3} s",
+                    part.part,
+                    part.k,
+                    c.dataset.display(),
+                    part.owned.len(),
+                    part.halo.len(),
+                    t.elapsed().as_secs_f64()
+                );
+                Ok(part)
+            }
+            (PartSource::Served(_), None) => unreachable!("a served part was fetched above"),
+        }
+    };
+    let served_path = || {
+        part_path
+            .as_deref()
+            .context("this assignment's part is to be cut, which only partition parallelism does")
+    };
     // GPU workers train full-graph and data-parallel mini-batches; P3 runs on the CPU (the job file's
     // validation says so)
     let (device, label) = match a.mode {
@@ -330,7 +368,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 // an in-place resize: the rows this worker holds stay, the delta brings the rest
                 true => {
                     let t = Instant::now();
-                    let delta = crate::delta::PartDelta::read(&part_path)?;
+                    let delta = crate::delta::PartDelta::read(served_path()?)?;
                     let part = crate::delta::apply(held_part.as_ref(), &delta)?;
                     eprintln!(
                         "worker {rank}: part {} of {} from the {} rows held and a delta of {} bytes ({} rows \
@@ -338,7 +376,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                         part.part,
                         part.k,
                         held_part.as_ref().map_or(0, |p| p.owned.len()),
-                        a.part.size,
+                        part_bytes,
                         delta.gained.len(),
                         delta.lost.len(),
                         t.elapsed().as_secs_f64()
@@ -388,6 +426,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             (state.model, summary)
         }
         TrainMode::Data => {
+            let part_path = served_path()?;
             let part = load_part()?;
             let map = a
                 .partitioning
@@ -398,7 +437,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let ds = dataset(io)?;
             physalia_graph::partition::check_part_matches_dataset(
                 &part,
-                &part_path,
+                part_path,
                 Some((&partitioning, &map_path)),
                 &ds,
             )?;

@@ -117,16 +117,6 @@ pub fn coordinator_usd_per_s(job: &ResolvedJob, memory_gib: f64) -> Result<f64> 
 }
 
 /// The backend of the job's platform that starts, follows and stops its coordinator.
-fn platform_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
-    crate::driver::platform::of_job(job).backend(
-        job,
-        "",
-        Path::new(""),
-        0,
-        &super::Plain { quiet: true },
-    )
-}
-
 /// What cluster mode needs of the job file beyond what validation checks, refused before anything is
 /// made: a job store at a URL, the coordinator's identity, one seed.
 /// What cluster mode asks of a job file before anything is created (`submit`, and `validate`): a job
@@ -168,13 +158,10 @@ pub fn submit(
         .coordinator_image()
         .context("the platform's section names no image")?
         .to_string();
-    let backend = platform_backend(&job).with_context(|| file.clone())?;
-    // the platform's preflight, on the container the workers will be
-    let probe = crate::driver::platform::preflight_worker(&job, obs)?;
-    let demand = job.demand(crate::driver::platform::of_job(&job).resizes_in_place());
-    let spec = &mut job.spec;
-    block_on(backend.check(&probe, demand))?
+    let backend = crate::driver::platform::job_free_backend(&job).with_context(|| file.clone())?;
+    crate::driver::platform::preflight(&job, backend.as_ref(), obs)
         .with_context(|| format!("{file}: backend.{}", kind.as_str()))?;
+    let spec = &mut job.spec;
     let remote = Remote::open(&spec.output.dir.to_string_lossy())
         .with_context(|| format!("{file}: output.dir"))?;
     remote
@@ -337,7 +324,7 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
     }
     let job = ResolvedJob::new(spec).with_context(|| format!("{job_url}/job.json"))?;
     let spec = &job.spec;
-    let backend = platform_backend(&job).with_context(|| format!("{job_url}/job.json"))?;
+    let backend = crate::driver::platform::job_free_backend(&job).with_context(|| format!("{job_url}/job.json"))?;
     if let Some(bytes) = remote.get(id, COORDINATOR_JSON)? {
         let old: CoordinatorHandle = serde_json::from_slice(&bytes)
             .with_context(|| format!("{job_url}/{COORDINATOR_JSON}: not a coordinator handle"))?;
@@ -786,7 +773,7 @@ fn release_template(remote: &Remote, job: &ResolvedJob, id: &str) -> Result<()> 
     if handle.objects.is_empty() {
         return Ok(());
     }
-    let backend = platform_backend(job)?;
+    let backend = crate::driver::platform::job_free_backend(job)?;
     block_on(backend.stop_coordinator(&handle))??;
     Ok(())
 }
@@ -805,14 +792,14 @@ pub fn recorded_handle(dir: &Path) -> Result<Option<CoordinatorHandle>> {
 
 /// Stops the coordinator of the recorded job `spec` and deletes its platform objects.
 pub fn stop_coordinator(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<()> {
-    let backend = platform_backend(&ResolvedJob::new(spec.clone())?)?;
+    let backend = crate::driver::platform::job_free_backend(&ResolvedJob::new(spec.clone())?)?;
     block_on(backend.stop_coordinator(handle))?
         .with_context(|| format!("stopping the coordinator of job {}", handle.job_id))
 }
 
 /// The coordinator's output as its platform keeps it, and whether it has ended (its output is whole).
 pub fn coordinator_logs(spec: &JobSpec, handle: &CoordinatorHandle) -> Result<(String, bool)> {
-    let backend = platform_backend(&ResolvedJob::new(spec.clone())?)?;
+    let backend = crate::driver::platform::job_free_backend(&ResolvedJob::new(spec.clone())?)?;
     // asked first: output read after the end is whole
     let ended = !matches!(
         block_on(backend.coordinator_status(handle))?.map(|s| s.state),

@@ -31,9 +31,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use physalia_control::{
     Artifact, Assignment, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, JobState,
-    MetricsLine, Outbox, ServerEvent, ToCoordinator, ToWorker, TrainMode, checkpoint_path,
+    MetricsLine, Outbox, PartCut, PartSource, ServerEvent, ToCoordinator, ToWorker, TrainMode,
+    checkpoint_path,
 };
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
+use physalia_graph::chunked_partition::PendingSet;
+use physalia_graph::partition::PartitionMethod;
+use physalia_graph::stream::StreamParams;
 use physalia_wire::{Dtype, JobCa};
 use serde_json::json;
 
@@ -167,6 +171,13 @@ pub fn run(
     // before anything is written or launched
     if memory_check {
         crate::driver::admission::check(job, &source, crate::driver::memory::available_bytes())?;
+    }
+    // a client-mode job on a cloud: the platform's preflight before the record is written (cluster
+    // mode's `submit` ran it before it made anything)
+    if cluster.is_none() && !spec.backend.name.on_this_machine() {
+        let backend = platform::job_free_backend(job)?;
+        platform::preflight(job, backend.as_ref(), obs)
+            .with_context(|| format!("backend.{}: preflight", spec.backend.name.as_str()))?;
     }
     let (mut dir, remote) = open_record(spec, name, resume.as_ref(), cluster)?;
     let job_url = remote
@@ -635,13 +646,6 @@ impl Launch {
             }
             false => None,
         };
-        if index == 0 {
-            // the platform's preflight before the job's first launch (quotas, capacity, credentials):
-            // a refusal now names its reason, where the launch would wait for its timeout
-            let demand = job.demand(platform::of_job(job).resizes_in_place());
-            block_on(backend.check(&launch.spec, demand))?
-                .with_context(|| format!("backend.{}: preflight", backend.name()))?;
-        }
         if base > 0 {
             launch.spec.env.insert(
                 physalia_control::env::ENV_RANK_BASE.to_string(),
@@ -834,6 +838,9 @@ struct Live {
     owner: Option<Arc<Vec<u32>>>,
     /// `parts` are part deltas (an in-place resize's): each worker applies its own to the part it held.
     part_delta: bool,
+    /// `parts` are still to be cut, each by its worker from the chunked dataset (issue 31): the set is
+    /// committed once every worker has reported an epoch.
+    pending: Option<physalia_graph::chunked_partition::PendingSet>,
 }
 
 impl Live {
@@ -847,6 +854,7 @@ impl Live {
             parts_tag,
             owner: None,
             part_delta: false,
+            pending: None,
         }
     }
 
@@ -963,7 +971,7 @@ impl Driver<'_> {
                     for (rank, outbox) in l.outboxes.iter().enumerate() {
                         let mut a = self.assignment(
                             rank,
-                            (&l.parts, &l.parts_tag),
+                            (&l.parts, &l.parts_tag, l.pending.as_ref()),
                             peers.clone(),
                             resume_epoch,
                             mode,
@@ -1067,6 +1075,13 @@ impl Driver<'_> {
                     by_rank,
                     usd,
                 } => {
+                    // every worker trained an epoch, so every part it cut is written: the set is
+                    // committed (a set that fails to commit is cut again by the next job)
+                    for l in r.live.values_mut() {
+                        if let Some(set) = l.pending.take() {
+                            self.commit_cut(&set, &mut r.log);
+                        }
+                    }
                     if let Err(e) = self.handle_record(r, dir, epoch, &by_rank, usd) {
                         // the record is the job's truth: without it the epoch does not count
                         return Ok(Some(End::Failed(format!("{e:#}"))));
@@ -1480,6 +1495,29 @@ impl Driver<'_> {
             }
         }
         let method = &self.partitioner.method;
+        // a chunked dataset's missing set on a platform whose workers read this disk: the assignment
+        // here, each part cut by its worker (this process never holds a part)
+        if let Some(params) = self.cut_by_workers(k, seed)? {
+            let pending = super::step(self.obs, &format!("partitioning into {k} parts"), || {
+                physalia_graph::chunked_partition::begin_set_chunked(
+                    self.dataset_path,
+                    k,
+                    seed,
+                    &params,
+                )
+            })
+            .with_context(|| {
+                format!(
+                    "partitioning {} into {k} parts",
+                    self.dataset_path.display()
+                )
+            })?;
+            physalia_gnn::heap::release_freed_memory();
+            let launch = Launch::start(self, dir.path(), n, index, None)?;
+            let mut live = Live::new(launch, n, pending.part_files.clone(), format!("k{k}"));
+            live.pending = Some(pending);
+            return Ok(live);
+        }
         let sets = super::step(self.obs, &format!("partitioning into {k} parts"), || {
             physalia_graph::partition::ensure_partitions_reusing(
                 self.dataset_path,
@@ -1510,6 +1548,60 @@ impl Driver<'_> {
         physalia_gnn::heap::release_freed_memory();
         let launch = Launch::start(self, dir.path(), n, index, None)?;
         Ok(Live::new(launch, n, parts, format!("k{k}")))
+    }
+
+    /// The streaming parameters to partition with when the workers cut their own parts: a chunked
+    /// dataset, more than one part, no current set stored, and workers that read the coordinator's disk
+    /// (the others fetch served part files, which this process cuts).
+    fn cut_by_workers(&self, k: usize, seed: u64) -> Result<Option<StreamParams>> {
+        let chunked = physalia_graph::chunked::is_chunked(self.dataset_path);
+        if !chunked || k < 2 || !platform::of_job(self.job).workers_read_coordinator_disk() {
+            return Ok(None);
+        }
+        if physalia_graph::partition::current_set(self.dataset_path, k, seed)?.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(match &self.partitioner.method {
+            PartitionMethod::Stream(p) => p.clone(),
+            PartitionMethod::Metis => StreamParams::refined(k),
+        }))
+    }
+
+    /// Commits the set a launch's workers cut (they all reported an epoch, so every part is written),
+    /// keeps it in the store beside the dataset, and records it. A commit that fails costs the next
+    /// job the partitioning, nothing else: the parts trained on are the workers' own.
+    fn commit_cut(&self, pending: &PendingSet, log: &mut CoordLog) {
+        let t0 = Instant::now();
+        match pending.commit() {
+            Ok(meta) => {
+                let set = physalia_graph::partition::PartitionSet {
+                    dir: pending.dir.clone(),
+                    meta,
+                    part_files: pending.part_files.clone(),
+                    reused: false,
+                    seconds: t0.elapsed().as_secs_f64(),
+                };
+                log.line(&format!(
+                    "partition set {} committed: its {} parts cut by the workers",
+                    set.dir.display(),
+                    set.meta.k
+                ));
+                if let Some(stored) = self.stored_partitions
+                    && let Err(e) = stored.store(&set)
+                {
+                    self.obs.notice(&format!(
+                        "warning: storing partitions beside the dataset at {}: {e:#}",
+                        stored.url()
+                    ));
+                }
+                self.record_partition(&set);
+            }
+            Err(e) => self.obs.notice(&format!(
+                "warning: committing the partitions the workers cut in {}: {e:#} (the next job \
+                 partitions again)",
+                pending.dir.display()
+            )),
+        }
     }
 
     /// Keeps the first set of each part count the job trains on for its summary, and says on the
@@ -1588,7 +1680,7 @@ impl Driver<'_> {
     fn assignment(
         &self,
         rank: usize,
-        (parts, parts_tag): (&[PathBuf], &str),
+        (parts, parts_tag, pending): (&[PathBuf], &str, Option<&PendingSet>),
         peers: Vec<SocketAddr>,
         resume_epoch: usize,
         mode: TrainMode,
@@ -1598,7 +1690,19 @@ impl Driver<'_> {
         let timeouts = spec.timeouts.clone().unwrap_or_default();
         let k = parts.len();
         let part_path = &parts[rank % k];
-        let part = self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?;
+        let part = match pending {
+            // the worker cuts its part from the dataset, which it reads in place, and writes it
+            // where the set keeps it
+            Some(set) => PartSource::Cut(PartCut {
+                dataset: std::path::absolute(self.dataset_path)?,
+                assignment: std::path::absolute(&set.assignment)?,
+                part: rank % k,
+                out: std::path::absolute(part_path)?,
+            }),
+            None => PartSource::Served(
+                self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?,
+            ),
+        };
         let partitioning = match mode {
             TrainMode::Data => {
                 let set = part_path
@@ -1809,55 +1913,6 @@ fn fault_at_resize() -> Option<usize> {
 /// `partitions/`, its artifacts' `part-<tag>-<rank>`).
 fn prepared_tag(launch: usize, k: usize) -> String {
     format!("prep{launch}-k{k}")
-}
-
-/// Where each node goes when `k_old` parts (`owner`, node -> rank) become `k_new`, given a good
-/// partitioning into `k_new` parts (`metis`, node -> part). The parts of `metis` are matched to ranks
-/// by how many nodes they share with the survivors' parts (largest overlap first); joiners take the
-/// parts left. A node stays with its survivor unless its matched part is a joiner's; a leaver's node
-/// goes to its matched part. So a shrink moves only the leavers' rows and a growth only the joiners'.
-pub fn overlapping_owner(owner: &[u32], k_old: usize, metis: &[u32], k_new: usize) -> Vec<u32> {
-    let keep = k_old.min(k_new);
-    let mut overlap = vec![vec![0usize; k_old]; k_new];
-    for (&o, &m) in owner.iter().zip(metis) {
-        overlap[m as usize][o as usize] += 1;
-    }
-    let mut pairs: Vec<(usize, usize, usize)> = (0..k_new)
-        .flat_map(|m| (0..keep).map(move |r| (m, r)))
-        .map(|(m, r)| (overlap[m][r], m, r))
-        .collect();
-    // largest overlap first; ties in part and rank order, so the choice is deterministic
-    pairs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut rank_of = vec![None; k_new];
-    let mut taken = vec![false; keep];
-    for (_, m, r) in pairs {
-        if rank_of[m].is_none() && !taken[r] {
-            rank_of[m] = Some(r);
-            taken[r] = true;
-        }
-    }
-    let mut joiner = keep;
-    let rank_of: Vec<u32> = rank_of
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                joiner += 1;
-                joiner - 1
-            }) as u32
-        })
-        .collect();
-    owner
-        .iter()
-        .zip(metis)
-        .map(|(&o, &m)| {
-            let matched = rank_of[m as usize];
-            if o as usize >= k_new || matched as usize >= k_old {
-                matched
-            } else {
-                o
-            }
-        })
-        .collect()
 }
 
 /// The single-worker epoch line, then: total bytes sent, forward/backward payload bytes per layer summed

@@ -20,7 +20,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use physalia_control::Files;
 
-use super::distributed::overlapping_owner;
 
 /// A resize's partitioning, made and written: one delta file per rank of the new count.
 #[derive(Debug)]
@@ -195,4 +194,53 @@ impl Drop for Preparing {
             }
         }
     }
+}
+
+/// Where each node goes when `k_old` parts (`owner`, node -> rank) become `k_new`, given a good
+/// partitioning into `k_new` parts (`metis`, node -> part). The parts of `metis` are matched to ranks
+/// by how many nodes they share with the survivors' parts (largest overlap first); joiners take the
+/// parts left. A node stays with its survivor unless its matched part is a joiner's; a leaver's node
+/// goes to its matched part. So a shrink moves only the leavers' rows and a growth only the joiners'.
+pub fn overlapping_owner(owner: &[u32], k_old: usize, metis: &[u32], k_new: usize) -> Vec<u32> {
+    let keep = k_old.min(k_new);
+    let mut overlap = vec![vec![0usize; k_old]; k_new];
+    for (&o, &m) in owner.iter().zip(metis) {
+        overlap[m as usize][o as usize] += 1;
+    }
+    let mut pairs: Vec<(usize, usize, usize)> = (0..k_new)
+        .flat_map(|m| (0..keep).map(move |r| (m, r)))
+        .map(|(m, r)| (overlap[m][r], m, r))
+        .collect();
+    // largest overlap first; ties in part and rank order, so the choice is deterministic
+    pairs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut rank_of = vec![None; k_new];
+    let mut taken = vec![false; keep];
+    for (_, m, r) in pairs {
+        if rank_of[m].is_none() && !taken[r] {
+            rank_of[m] = Some(r);
+            taken[r] = true;
+        }
+    }
+    let mut joiner = keep;
+    let rank_of: Vec<u32> = rank_of
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                joiner += 1;
+                joiner - 1
+            }) as u32
+        })
+        .collect();
+    owner
+        .iter()
+        .zip(metis)
+        .map(|(&o, &m)| {
+            let matched = rank_of[m as usize];
+            if o as usize >= k_new || matched as usize >= k_old {
+                matched
+            } else {
+                o
+            }
+        })
+        .collect()
 }

@@ -18,6 +18,10 @@ impl Platform for Local {
         true
     }
 
+    fn workers_read_coordinator_disk(&self) -> bool {
+        true
+    }
+
     fn backend(
         &self,
         _: &ResolvedJob,

@@ -69,6 +69,13 @@ pub trait Platform: Sync {
     fn resizes_in_place(&self) -> bool {
         false
     }
+
+    /// Whether the workers read the coordinator's disk (processes on its machine): they then read a
+    /// chunked dataset in place and cut their own parts (issue 31). Elsewhere they fetch the part
+    /// files the coordinator serves.
+    fn workers_read_coordinator_disk(&self) -> bool {
+        false
+    }
 }
 
 /// The platform `kind`: the registry.
@@ -229,6 +236,21 @@ fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str) -> Result<Launch> {
     spec.memory_gib = sku.request_memory_gib();
     spec.instance_types = sku.instance_types();
     Ok(Launch::copying_logs(spec, POLL_EVERY))
+}
+
+/// The job's backend for what precedes every launch (the preflight, cluster mode's coordinator): no
+/// job id or record yet.
+pub fn job_free_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
+    of_job(job).backend(job, "", Path::new(""), 0, &crate::driver::Plain { quiet: true })
+}
+
+/// The platform's preflight (`Backend::check`: credentials, the cluster, quotas and capacity at the
+/// job's peak) on the container a launch's worker will be, before anything is created or recorded: a
+/// refusal names its reason where a launch would wait for its timeout, and leaves no job behind.
+pub fn preflight(job: &ResolvedJob, backend: &dyn Backend, obs: &dyn Observer) -> Result<()> {
+    let probe = preflight_worker(job, obs)?;
+    let demand = job.demand(of_job(job).resizes_in_place());
+    Ok(crate::driver::workers::block_on(backend.check(&probe, demand))??)
 }
 
 /// The container a cloud platform's preflight checks (`Backend::check`): a launch's worker, before
