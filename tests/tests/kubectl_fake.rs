@@ -1,7 +1,7 @@
 //! The real `kubectl` against `tests/kubernetes/kube_cluster.py` (issue 30): the fake Kubernetes must
 //! be an API server a real client accepts, or the kubernetes backend's tests prove less than they say.
-//! kubectl discovers the fake's resources, creates, lists, describes and watches pods through it, and
-//! checks RBAC against it: `auth can-i` for the coordinator's ServiceAccount (what
+//! kubectl discovers the fake's resources, creates, applies, lists, describes and watches pods through
+//! it, and checks RBAC against it: `auth can-i` for the coordinator's ServiceAccount (what
 //! `infra/k8s/rbac.yaml` grants, and nothing more), `auth can-i --list`, `auth whoami`, and
 //! impersonation, which the fake refuses (403) to a caller without RBAC's `impersonate` and allows,
 //! for exactly what was granted, once a Role grants it. Each check also asserts what a real server
@@ -314,6 +314,21 @@ fn kubectl_discovers_lists_describes_and_watches_the_fake() {
     k.ok(&["label", "pod", "p1", "seen=yes"]);
     let after = rv(&k);
     assert!(after > before, "{before} -> {after}");
+
+    // client-side apply: a strategic merge patch, containers merged by name
+    let changed = pod_manifest("p1")
+        .replace("app: kubectl-test\n", "app: kubectl-test\n    tier: a\n")
+        .replace(ABSENT_IMAGE, "physalia-kubectl-test-absent:2");
+    fs::write(k.path("p1-changed.yaml"), changed).unwrap();
+    k.ok(&["apply", "-f", k.path("p1-changed.yaml").to_str().unwrap()]);
+    let applied = k.ok(&[
+        "get",
+        "pod",
+        "p1",
+        "-o",
+        "jsonpath={.metadata.labels.tier} {.spec.containers[*].name} {.spec.containers[*].image}",
+    ]);
+    assert_eq!(applied, "a main physalia-kubectl-test-absent:2");
 
     // a watch: kubectl lists (p1), then watches from the list's resourceVersion, so p2's coming and
     // going after the list are events whenever the watch itself starts
