@@ -210,11 +210,12 @@ fn train(args: &[String]) {
             cpu_mark = now;
             losses.push(e.metrics.loss);
             eprintln!(
-                "[bench_train] epoch {}: loss {:.4} {:.3}s; {}",
+                "[bench_train] epoch {}: loss {:.4} {:.3}s; {}; so far (minor page faults, user ticks, system ticks) {:?}",
                 times.len(),
                 e.metrics.loss,
                 e.metrics.train_s,
-                memory_line()
+                memory_line(),
+                minor_faults()
             );
             true
         },
@@ -259,6 +260,23 @@ fn process_cpu_s() -> f64 {
     let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) };
     assert_eq!(rc, 0, "the process CPU clock exists on Linux");
     t.sec as f64 + t.nsec as f64 * 1e-9
+}
+
+/// Minor page faults (pages the kernel mapped, and zeroed for fresh memory, on first touch), user and system
+/// CPU time in clock ticks of this process so far (`/proc/self/stat`).
+fn minor_faults() -> (u64, u64, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // the command name, in parentheses, may hold spaces: count fields after its closing parenthesis
+    let f: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|x| x.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    (at(7), at(11), at(12))
 }
 
 /// A `/proc/self/status` field in bytes (`VmHWM`: the peak resident set; `VmRSS`: the current one).
