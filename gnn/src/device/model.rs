@@ -621,8 +621,11 @@ impl<O: Ops> DeviceModel<O> {
         self.cache_input_aggregation_in(ops, gs, x, pass, ex)?;
         let g = gs.layer(0);
         let input = match self.input_dropout(pass) {
-            // the first layer makes its dropped-out copy itself and frees it once aggregated
-            Some(_) if self.redraws_root_input(gs) => Input::Borrowed(x),
+            // the first layer makes its dropped-out copy itself, in its output's buffer, and is done with
+            // it once aggregated
+            Some(_) if self.redraws_root_input(gs) || self.backward_skips_first_input(gs) => {
+                Input::Borrowed(x)
+            }
             Some(d) => {
                 let mut xd = ops.duplicate(x)?;
                 ops.dropout(&mut xd, g.gids, 0, 0, cols, d)?;
@@ -789,13 +792,16 @@ impl<O: Ops> DeviceModel<O> {
                             self.after_aggregation(ops, &l, g.n, agg, None, None)?;
                         ops.bias_add(&mut out, &self.params[l.bias].value)?;
                         (out, cache)
-                    } else if let (0, Some(d), true) =
-                        (li, self.input_dropout(pass), self.redraws_root_input(gs))
-                    {
-                        // a root weight under input dropout: the dropped-out features exist only while
-                        // aggregated; the root product (here) and its gradient (`fused_first_backward`)
-                        // draw their rows again a block at a time from the features, so the copy (512 MiB
-                        // at 1M nodes) is not held beside the hidden layer through the epoch (issue 34)
+                    } else if let (0, Some(d), true) = (
+                        li,
+                        self.input_dropout(pass),
+                        self.redraws_root_input(gs) || self.backward_skips_first_input(gs),
+                    ) {
+                        // input dropout where backward never reads the dropped-out features (GCN) or
+                        // draws them again (a root weight): they exist only while aggregated; the root
+                        // product (here) and its gradient (`fused_first_backward`) draw their rows again
+                        // a block at a time from the features, so the copy (512 MiB at 1M nodes) is not
+                        // held beside the hidden layer through the epoch (issue 34)
                         let x = inputs[0].get();
                         let (rows, cols) = ops.dims(x);
                         // the copy lives in the buffer the layer's output takes next, no smaller (the layer
@@ -818,13 +824,14 @@ impl<O: Ops> DeviceModel<O> {
                             ops.release(xd);
                             None
                         };
+                        let root = l.w_root.map(|_| (x, (d, g.gids)));
                         let (mut out, cache) = self.after_aggregation_into(
                             ops,
                             &l,
                             g.n,
                             agg,
-                            Some(x),
-                            Some((d, g.gids)),
+                            root.map(|r| r.0),
+                            root.map(|r| r.1),
                             out,
                         )?;
                         ops.bias_add(&mut out, &self.params[l.bias].value)?;
