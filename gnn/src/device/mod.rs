@@ -418,15 +418,16 @@ pub trait Ops: Sized {
     }
 
     /// `m`'s memory as a `rows x cols` matrix whose contents are unspecified: a buffer that changes shape
-    /// without being freed and allocated again (GraphSAGE's dropped-out input lives in the buffer the first
-    /// layer's output takes next). The default hands `m` back and allocates.
+    /// without being freed and allocated again (the first layer's dropped-out input lives in the buffer its
+    /// output takes next). The default releases `m` to the device's allocator ([`Ops::release`], not the
+    /// pool: nothing of its shape is asked for again in the epoch) and allocates.
     fn reuse_as(
         &mut self,
         m: Self::Mat,
         rows: usize,
         cols: usize,
     ) -> Result<Self::Mat, Self::Error> {
-        self.recycle(m);
+        self.release(m);
         self.alloc(rows, cols)
     }
 
