@@ -15,6 +15,11 @@
 //! ```
 //! MODEL is `gcn`, `sage` or `gat`; HIDDEN (default 256) is the hidden layer's width, for GAT the total of
 //! its HEADS heads (default 4, concatenated; one output head; no attention dropout).
+//!
+//! `PHYSALIA_ROW_ORDER=locality` holds the engine's rows in [`physalia_gnn::RowOrder::locality`]'s order
+//! (`labels`: the planted classes, an upper bound for experiments; `identity`: the cost of holding an
+//! order; default: the dataset's order); the JSON line's `graph_build_s` includes the ordering.
+//! `PHYSALIA_PROFILE=1` prints where epochs 2..E went, per operation, on stderr.
 
 use std::path::Path;
 
@@ -84,13 +89,48 @@ fn train(args: &[String]) {
         .build_global()
         .expect("the global pool is built once");
 
+    let graph_s;
     let (g, x, sets, feat_dim, classes) = {
         let d = Dataset::open_unverified(Path::new(&args[0])).expect("the dataset opens");
         let csr = d.csr();
         let n = d.labels().len();
         let feat_dim = d.features().len() / n.max(1);
         let x = Matrix::from_vec(n, feat_dim, d.features_f32().into_owned());
-        let g = LocalGraph::whole(kind, csr.indptr, csr.indices);
+        // PHYSALIA_ROW_ORDER=locality holds the engine's rows in a locality order (`labels`, `identity`:
+        // experiments), before/after runs of one binary; the graph's build, ordering included, is timed
+        let t = std::time::Instant::now();
+        let how = std::env::var("PHYSALIA_ROW_ORDER").unwrap_or_default();
+        let n = csr.indptr.len() - 1;
+        let ordered = |o: physalia_gnn::RowOrder| {
+            LocalGraph::with_order(kind, n, n, csr.indptr, csr.indices, None, None, o)
+        };
+        let labels = d.labels();
+        let g = match how.as_str() {
+            "" | "none" => LocalGraph::whole(kind, csr.indptr, csr.indices),
+            "locality" => LocalGraph::whole_local(kind, csr.indptr, csr.indices),
+            // the cost of holding an order that moves nothing
+            "identity" => ordered(physalia_gnn::RowOrder::from_engine_order(
+                (0..n as u32).collect(),
+            )),
+            // an experiment's upper bound: the planted classes as the order (the labels, which no real
+            // ordering could read)
+            "labels" => {
+                let mut rows: Vec<u32> = (0..n as u32).collect();
+                rows.sort_by_key(|&r| labels[r as usize]);
+                ordered(physalia_gnn::RowOrder::from_engine_order(rows))
+            }
+            other => panic!("PHYSALIA_ROW_ORDER={other}: none, locality, identity or labels"),
+        };
+        graph_s = t.elapsed().as_secs_f64();
+        if let Some(o) = g.row_order() {
+            for b in [10, 13, 16, 18] {
+                eprintln!(
+                    "[bench_train] edges within a block of {} engine rows: {:.3}",
+                    1 << b,
+                    o.block_locality(csr.indptr, csr.indices, 1 << b)
+                );
+            }
+        }
         let rows = |v: &[i64]| v.iter().map(|&i| i as u32).collect::<Vec<_>>();
         let sets = NodeSets {
             labels: d.labels().to_vec(),
@@ -103,7 +143,15 @@ fn train(args: &[String]) {
     };
     // the mapping is closed: the engine holds its own copies, as a worker does after building its inputs
     physalia_gnn::heap::release_freed_memory();
-    eprintln!("[bench_train] loaded: {}", memory_line());
+    eprintln!(
+        "[bench_train] loaded: {}; graph built in {graph_s:.2}s ({})",
+        memory_line(),
+        if g.row_order().is_some() {
+            "rows in a locality order"
+        } else {
+            "rows in the dataset's order"
+        }
+    );
 
     let mut cfg = ModelConfig::new(kind, feat_dim, hidden, classes);
     cfg.dropout = dropout;
@@ -130,6 +178,7 @@ fn train(args: &[String]) {
     let mut cpu_times = Vec::new();
     let mut losses = Vec::new();
     let mut cpu_mark = process_cpu_s();
+    let profile = std::env::var_os("PHYSALIA_PROFILE").is_some();
     physalia_gnn::train_resumable_owned(
         &mut model,
         &mut opt,
@@ -141,16 +190,32 @@ fn train(args: &[String]) {
         &mut LocalExchange,
         &mut |e| {
             times.push(e.metrics.train_s);
+            // PHYSALIA_PROFILE=1: where epochs 2..E went, per operation (stderr)
+            if profile && times.len() == 1 {
+                physalia_gnn::profile::enable();
+            }
+            if profile && times.len() == epochs {
+                let spans = physalia_gnn::profile::take();
+                let steady = (epochs - 1).max(1) as f64;
+                for (name, s, calls) in spans {
+                    eprintln!(
+                        "[profile] {name:<22} {:8.4} s/epoch {:6.1} calls/epoch",
+                        s / steady,
+                        calls as f64 / steady
+                    );
+                }
+            }
             let now = process_cpu_s();
             cpu_times.push(now - cpu_mark);
             cpu_mark = now;
             losses.push(e.metrics.loss);
             eprintln!(
-                "[bench_train] epoch {}: loss {:.4} {:.3}s; {}",
+                "[bench_train] epoch {}: loss {:.4} {:.3}s; {}; so far (minor page faults, user ticks, system ticks) {:?}",
                 times.len(),
                 e.metrics.loss,
                 e.metrics.train_s,
-                memory_line()
+                memory_line(),
+                minor_faults()
             );
             true
         },
@@ -173,6 +238,8 @@ fn train(args: &[String]) {
             "final_loss": losses.last(),
             "peak_rss_bytes": peak_rss_bytes(),
             "simd": physalia_gnn::sparse::Path::detect().name(),
+            "graph_build_s": graph_s,
+            "row_order": g.row_order().is_some(),
         })
     );
 }
@@ -193,6 +260,23 @@ fn process_cpu_s() -> f64 {
     let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) };
     assert_eq!(rc, 0, "the process CPU clock exists on Linux");
     t.sec as f64 + t.nsec as f64 * 1e-9
+}
+
+/// Minor page faults (pages the kernel mapped, and zeroed for fresh memory, on first touch), user and system
+/// CPU time in clock ticks of this process so far (`/proc/self/stat`).
+fn minor_faults() -> (u64, u64, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // the command name, in parentheses, may hold spaces: count fields after its closing parenthesis
+    let f: Vec<u64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|x| x.parse().unwrap_or(0))
+                .collect()
+        })
+        .unwrap_or_default();
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    (at(7), at(11), at(12))
 }
 
 /// A `/proc/self/status` field in bytes (`VmHWM`: the peak resident set; `VmRSS`: the current one).

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::tensor::Matrix;
 
 /// Output rows per task for the row-parallel products.
-const ROW_BLOCK: usize = 2048;
+pub(crate) const ROW_BLOCK: usize = 2048;
 /// At most this many partial products are kept for `A^T B`; more rows mean taller blocks.
 const MAX_PARTIALS: usize = 64;
 const MIN_REDUCTION_BLOCK: usize = 8192;

@@ -218,6 +218,10 @@ mod big {
     }
     /// Freed blocks kept at most.
     const SLOTS: usize = 32;
+    /// Bytes mapped for blocks, live and kept.
+    static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    /// The most bytes of blocks ever live at once (mapped lengths).
+    static PEAK_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     const HUGE: usize = 2 << 20;
 
     /// Freed blocks (address, mapped length; 0 = empty), behind a spin lock: they change hands a few times an
@@ -286,16 +290,38 @@ mod big {
     }
 
     /// A block of `size` bytes: a kept one of its mapped length (whole 2 MiB pages; exactly, since a block's
-    /// length is known again only from the size it is freed with), else a new mapping (and then the kept
-    /// ones go back to the OS: the program asks for other sizes now, and keeping them would add them to its
-    /// peak). Null when the OS refuses.
+    /// length is known again only from the size it is freed with), else a new mapping (and then kept ones go
+    /// back to the OS, largest first, as far as the mapped total would otherwise pass the most bytes ever
+    /// live at once: kept blocks never add to the peak). Null when the OS refuses.
     pub fn alloc(size: usize, zeroed: bool) -> *mut u8 {
         let len = mapped(size);
         let (hit, stale) = with(|slots| {
+            let kept: usize = slots.iter().map(|s| s.1).sum();
+            let live = MAPPED.load(Ordering::Relaxed).saturating_sub(kept);
+            PEAK_LIVE.fetch_max(live + len, Ordering::Relaxed);
             let best = slots.iter().position(|&(p, l)| p != 0 && l == len);
             match best {
                 Some(i) => (Some(std::mem::take(&mut slots[i])), [(0, 0); SLOTS]),
-                None => (None, std::mem::replace(slots, [(0, 0); SLOTS])),
+                None => {
+                    // kept blocks go back, largest first, only as far as the mapped total would pass
+                    // the most ever live at once: a kept block then never adds to the peak, and the
+                    // epoch's other blocks stay resident (handing them all back made every epoch of a
+                    // GAT fault its buffers in again, 0.4-0.8 s of system time at 1M nodes: issue 34)
+                    let limit = PEAK_LIVE.load(Ordering::Relaxed);
+                    let mut total = live + kept + len;
+                    let mut stale = [(0, 0); SLOTS];
+                    while total > limit {
+                        let Some(i) = (0..SLOTS)
+                            .filter(|&i| slots[i].0 != 0)
+                            .max_by_key(|&i| slots[i].1)
+                        else {
+                            break;
+                        };
+                        total -= slots[i].1;
+                        stale[i] = std::mem::take(&mut slots[i]);
+                    }
+                    (None, stale)
+                }
             }
         });
         if let Some((p, _)) = hit {
@@ -327,6 +353,7 @@ mod big {
                 munmap(raw, head);
             }
             munmap(p.add(len), HUGE - head);
+            MAPPED.fetch_add(len, Ordering::Relaxed);
             if super::huge_pages_wanted() {
                 super::advise_huge_pages(p, len, true);
             }
@@ -353,6 +380,7 @@ mod big {
         if !kept {
             // SAFETY: our mapping, no longer used.
             unsafe { munmap(p, len) };
+            MAPPED.fetch_sub(len, Ordering::Relaxed);
         }
     }
 
@@ -370,6 +398,8 @@ mod big {
         if q == MAP_FAILED {
             return std::ptr::null_mut();
         }
+        MAPPED.fetch_add(new, Ordering::Relaxed);
+        MAPPED.fetch_sub(old, Ordering::Relaxed);
         if super::huge_pages_wanted() {
             super::advise_huge_pages(q, new, true);
         }
@@ -381,6 +411,7 @@ mod big {
             if p != 0 {
                 // SAFETY: a kept block: ours, unused.
                 unsafe { munmap(p as *mut u8, l) };
+                MAPPED.fetch_sub(l, Ordering::Relaxed);
             }
         }
     }
@@ -524,14 +555,29 @@ mod tests {
             a.dealloc(s, Layout::from_size_align(1000, 64).expect("valid"));
             let kept = big::kept();
             assert_eq!(kept.len(), 1, "the block shrunk out of is kept: {kept:?}");
-            // a freed block serves no request of another size; that miss unmaps it
+            // a freed block serves no request of another size
             let q = a.alloc(gl);
             assert_eq!(q as usize, kept[0].0);
             a.dealloc(q, gl);
             let r = a.alloc(l);
             assert_ne!(r, q);
-            assert!(big::kept().is_empty());
             a.dealloc(r, l);
+            release_freed_memory();
+            assert!(big::kept().is_empty());
+            // a miss hands kept blocks back, largest first, only as far as the mapped total would pass
+            // the most ever live: three blocks live at once (32 + 18 + 20 MiB), all freed, then a fourth
+            // size (22 MiB) costs the largest kept block only
+            let third = Layout::from_size_align(big::BYTES + (4 << 20), 64).expect("valid");
+            let fourth = Layout::from_size_align(big::BYTES + (6 << 20), 64).expect("valid");
+            let (b1, b2, b3) = (a.alloc(gl), a.alloc(l), a.alloc(third));
+            a.dealloc(b1, gl);
+            a.dealloc(b2, l);
+            a.dealloc(b3, third);
+            let b4 = a.alloc(fourth);
+            let kept: Vec<usize> = big::kept().iter().map(|k| k.0).collect();
+            assert!(!kept.contains(&(b1 as usize)), "the largest went back: {kept:?}");
+            assert!(kept.contains(&(b2 as usize)) && kept.contains(&(b3 as usize)), "{kept:?}");
+            a.dealloc(b4, fourth);
             release_freed_memory();
             assert!(big::kept().is_empty());
         }

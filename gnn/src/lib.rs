@@ -21,6 +21,7 @@ pub mod heap;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod order;
 pub mod profile;
 pub mod rng;
 pub mod save;
@@ -35,6 +36,7 @@ pub use exchange::{
 };
 pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;
+pub use order::RowOrder;
 pub use tensor::Matrix;
 pub use train::{
     BatchStats, EpochEnd, EpochMetrics, EpochStep, NodeSets, Progress, TrainConfig, TrainSummary,

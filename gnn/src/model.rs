@@ -14,6 +14,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::device::model::{Graphs, check_blocks};
 use crate::device::{Cpu, DeviceForward, DeviceModel, GraphView};
 use crate::exchange::{Exchange, LocalExchange};
+use crate::order::RowOrder;
 use crate::sparse::{Norm, SparseOp};
 use crate::tensor::Matrix;
 use crate::{Error, Result};
@@ -36,6 +37,8 @@ pub struct LocalGraph {
     mean: Option<Arc<SparseOp>>,
     loops: Option<Arc<SparseOp>>,
     global_ids: Option<Vec<u32>>,
+    /// The owned rows' permutation when they are held in a locality order ([`LocalGraph::with_order`]).
+    order: Option<Arc<RowOrder>>,
 }
 
 impl LocalGraph {
@@ -81,7 +84,88 @@ impl LocalGraph {
             mean,
             loops,
             global_ids,
+            order: None,
         }
+    }
+
+    /// [`LocalGraph::new`] with the owned rows renumbered by `order` (engine row `e` is the caller's row
+    /// `order.caller_row(e)`); halo sources keep their place. The arguments are in the caller's order, as for
+    /// [`LocalGraph::new`]; the operators, degrees and global ids are held in engine order, and the training
+    /// entry points permute features and node sets in and owned rows out to the exchange
+    /// ([`crate::order`]'s invariant). Without `global_ids` a row's id is its caller row, so dropout masks
+    /// are the unordered graph's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_order(
+        kind: LayerKind,
+        n_dst: usize,
+        n_src: usize,
+        indptr: &[i64],
+        indices: &[i32],
+        src_in_degree: Option<&[u32]>,
+        global_ids: Option<Vec<u32>>,
+        order: RowOrder,
+    ) -> LocalGraph {
+        assert_eq!(order.len(), n_dst, "the order permutes the owned rows");
+        let (ip, ix) = order.csr_to_engine(indptr, indices);
+        let degrees = src_in_degree.map(|d| order.sources_to_engine(d));
+        let gids = match global_ids {
+            Some(g) => order.sources_to_engine(&g),
+            None => order
+                .to_caller()
+                .iter()
+                .copied()
+                .chain(n_dst as u32..n_src as u32)
+                .collect(),
+        };
+        let mut g = LocalGraph::new(kind, n_dst, n_src, &ip, &ix, degrees.as_deref(), Some(gids));
+        g.order = Some(Arc::new(order));
+        g
+    }
+
+    /// [`LocalGraph::new`] in a locality order of the owned rows ([`RowOrder::locality`], computed once
+    /// here from the owned rows' edges among themselves), or unordered when the rows fit one part.
+    pub fn new_local(
+        kind: LayerKind,
+        n_dst: usize,
+        n_src: usize,
+        indptr: &[i64],
+        indices: &[i32],
+        src_in_degree: Option<&[u32]>,
+        global_ids: Option<Vec<u32>>,
+    ) -> LocalGraph {
+        match RowOrder::locality(n_dst, indptr, indices) {
+            Some(order) => LocalGraph::with_order(
+                kind,
+                n_dst,
+                n_src,
+                indptr,
+                indices,
+                src_in_degree,
+                global_ids,
+                order,
+            ),
+            None => LocalGraph::new(
+                kind,
+                n_dst,
+                n_src,
+                indptr,
+                indices,
+                src_in_degree,
+                global_ids,
+            ),
+        }
+    }
+
+    /// The whole graph on one worker in a locality order ([`LocalGraph::new_local`]).
+    pub fn whole_local(kind: LayerKind, indptr: &[i64], indices: &[i32]) -> LocalGraph {
+        let n = indptr.len().saturating_sub(1);
+        LocalGraph::new_local(kind, n, n, indptr, indices, None, None)
+    }
+
+    /// The permutation of the owned rows when they are held in a locality order: the engine's rows (logits,
+    /// activations) map to the caller's with [`RowOrder::rows_to_caller`].
+    pub fn row_order(&self) -> Option<&Arc<RowOrder>> {
+        self.order.as_ref()
     }
 
     /// A sampled mini-batch block: destinations are the first `n_dst` of `n_src` sources, `indptr`/`indices` the

@@ -148,7 +148,8 @@ impl TrainSummary {
     }
 }
 
-/// Accuracy on train, val and test rows from an evaluation pass (no dropout), summed over workers.
+/// Accuracy on train, val and test rows from an evaluation pass (no dropout), summed over workers. `x` and
+/// `sets` are in the caller's order, whatever order `g` holds its rows in.
 pub fn evaluate(
     model: &mut Model,
     g: &LocalGraph,
@@ -156,8 +157,12 @@ pub fn evaluate(
     sets: &NodeSets,
     ex: &mut dyn Exchange,
 ) -> Result<[Option<f64>; 3]> {
-    let counts = correct_counts(model, g, x, sets, ex)?;
-    global_accuracies(counts, sets, ex)
+    let permuted = g.row_order().map(|o| o.rows_to_engine(x));
+    let x = permuted.as_ref().unwrap_or(x);
+    at_edge(g, sets, ex, |sets, ex| {
+        let counts = correct_counts(model, g, x, sets, ex)?;
+        global_accuracies(counts, sets, ex)
+    })
 }
 
 /// This worker's correct predictions on its train, val and test rows from an evaluation pass; the
@@ -267,14 +272,17 @@ pub fn train_resumable(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
-    let step = HostStep {
-        model,
-        opt,
-        g,
-        x: Features::Borrowed(x),
-        sets,
-    };
-    train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
+    let permuted = g.row_order().map(|o| o.rows_to_engine(x));
+    at_edge(g, sets, ex, |sets, ex| {
+        let step = HostStep {
+            model,
+            opt,
+            g,
+            x: Features::Borrowed(permuted.as_ref().unwrap_or(x)),
+            sets,
+        };
+        train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
+    })
 }
 
 /// [`train_resumable`] owning the input features, so it can free them as soon as the model no longer reads
@@ -291,14 +299,44 @@ pub fn train_resumable_owned(
     ex: &mut dyn Exchange,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(TrainSummary, Progress)> {
-    let step = HostStep {
-        model,
-        opt,
-        g,
-        x: Features::Owned(x),
-        sets,
-    };
-    train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
+    // the caller's features in engine order, the caller's copy freed before any activation exists
+    let mut x = x;
+    if let Some(o) = g.row_order() {
+        o.permute_to_engine_in_place(&mut x);
+    }
+    at_edge(g, sets, ex, |sets, ex| {
+        let step = HostStep {
+            model,
+            opt,
+            g,
+            x: Features::Owned(x),
+            sets,
+        };
+        train_loop(|| Ok(step), start, g.n_dst(), sets, cfg, ex, on_epoch)
+    })
+}
+
+/// Runs `f` with the caller's node sets and exchange as the engine sees them: unchanged, or, when `g` holds
+/// its owned rows in a locality order, the sets in engine order and the exchange behind
+/// [`crate::order::Reordered`] (owned rows handed to it in the caller's order). The one place the training
+/// entry points cross [`crate::order`]'s edge, with the features they permute themselves.
+pub(crate) fn at_edge<R>(
+    g: &LocalGraph,
+    sets: &NodeSets,
+    ex: &mut dyn Exchange,
+    f: impl FnOnce(&NodeSets, &mut dyn Exchange) -> R,
+) -> R {
+    match g.row_order() {
+        None => f(sets, ex),
+        Some(order) => {
+            let sets = order.sets_to_engine(sets);
+            let mut ex = crate::order::Reordered {
+                inner: ex,
+                order: order.clone(),
+            };
+            f(&sets, &mut ex)
+        }
+    }
 }
 
 /// One worker's share of a full-graph epoch on the device that holds the model: what [`train_loop`] asks of

@@ -583,6 +583,13 @@ impl Ops for Cpu {
         Ok(m.clone())
     }
 
+    fn reuse_as(&mut self, m: Matrix, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        // within the vector's capacity nothing moves: shrinking keeps the bytes, growing writes zeros
+        let mut v = m.into_vec();
+        v.resize(rows * cols, 0.0);
+        Ok(Matrix::from_vec(rows, cols, v))
+    }
+
     fn add_rows(&mut self, a: &mut Matrix, row0: usize, b: &Matrix) -> Result<(), Error> {
         let _p = crate::profile::span("add_rows");
         check(a.cols() == b.cols() && row0 + b.rows() <= a.rows(), || {
@@ -693,10 +700,64 @@ impl Ops for Cpu {
         Ok(both.split_cols(a.cols()))
     }
 
+    fn gemm_dropped_add(
+        &mut self,
+        x: &Matrix,
+        gids: Option<&Vec<u32>>,
+        d: Dropout,
+        w: &Matrix,
+        out: &mut Matrix,
+    ) -> Result<(), Error> {
+        let _p = crate::profile::span("gemm_dropped_add");
+        let (k, n) = w.shape();
+        check(
+            x.cols() == k && out.cols() == n && out.rows() <= x.rows(),
+            || "gemm_dropped_add shapes".into(),
+        )?;
+        if n == 0 || out.rows() == 0 {
+            return Ok(());
+        }
+        let gids = gids.map(Vec::as_slice);
+        let rows_per = crate::dense::ROW_BLOCK;
+        let wd = w.data();
+        // the row blocks `Cpu::gemm` runs (so `out` gets the bits a product of the dropped-out copy gives),
+        // each block's rows of `x` copied and dropped out on its own thread first
+        out.data_mut()
+            .par_chunks_mut(rows_per * n)
+            .enumerate()
+            .for_each(|(b, cb)| {
+                let rows = cb.len() / n;
+                let r0 = b * rows_per;
+                let mut xd = x.data()[r0 * k..(r0 + rows) * k].to_vec();
+                dropout_rows_serial(&mut xd, k, gids, r0, d);
+                // SAFETY: xd is rows x k, w k x n and cb rows x n, row-major, checked above.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        rows,
+                        k,
+                        n,
+                        1.0,
+                        xd.as_ptr(),
+                        k as isize,
+                        1,
+                        wd.as_ptr(),
+                        n as isize,
+                        1,
+                        1.0,
+                        cb.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    );
+                }
+            });
+        Ok(())
+    }
+
     fn fused_first_backward(
         &mut self,
         agg: &Matrix,
         x_root: Option<&Matrix>,
+        x_root_dropout: Option<Dropout>,
         h1: Matrix,
         terms: &[(&Matrix, &Matrix)],
         gids: Option<&Vec<u32>>,
@@ -734,6 +795,8 @@ impl Ops for Cpu {
                 let mut gr = x_root.map(|x| Matrix::zeros(x.cols(), width));
                 let mut gb = vec![0f64; width];
                 let mut dz = vec![0f32; sub.min(r1 - r0) * width];
+                // the root weight's input under input dropout: each sub-block's rows drawn again
+                let mut xd: Vec<f32> = Vec::new();
                 for s0 in (r0..r1).step_by(sub) {
                     let s1 = (s0 + sub).min(r1);
                     let dz = &mut dz[..(s1 - s0) * width];
@@ -751,14 +814,16 @@ impl Ops for Cpu {
                         !first,
                     );
                     if let (Some(x), Some(gr)) = (x_root, &mut gr) {
-                        matmul_at_rows_into(
-                            rows(x, s0, s1),
-                            x.cols(),
-                            dz,
-                            width,
-                            gr.data_mut(),
-                            !first,
-                        );
+                        let xs = match x_root_dropout {
+                            None => rows(x, s0, s1),
+                            Some(d) => {
+                                xd.clear();
+                                xd.extend_from_slice(rows(x, s0, s1));
+                                dropout_rows_serial(&mut xd, x.cols(), gids, s0, d);
+                                &xd
+                            }
+                        };
+                        matmul_at_rows_into(xs, x.cols(), dz, width, gr.data_mut(), !first);
                     }
                     // the bias's gradient: column sums in row order, as `column_sums_serial` adds them
                     for row in dz.chunks_exact(width.max(1)) {
@@ -896,6 +961,26 @@ fn dropout_cols(
             let key = gat::gid(gids, row0 + i) * total_cols as u64 + col0 as u64;
             mask.apply(key, row, scale)
         });
+}
+
+/// [`dropout_cols`] over all `cols` columns of the rows in `data` (rows `row0..`), on this thread: the
+/// same masks, for a sub-block a parallel task draws again.
+fn dropout_rows_serial(
+    data: &mut [f32],
+    cols: usize,
+    gids: Option<&[u32]>,
+    row0: usize,
+    d: Dropout,
+) {
+    if cols == 0 {
+        return;
+    }
+    let mask = Mask::new(Stream::from_key(d.key), d.p);
+    let scale = 1.0 / (1.0 - d.p);
+    for (i, row) in data.chunks_exact_mut(cols).enumerate() {
+        let key = gat::gid(gids, row0 + i) * cols as u64;
+        mask.apply(key, row, scale)
+    }
 }
 
 /// `d * scale` where `y > 0`, else `+0.0`: ReLU's (and dropout's) backward for one element, without a
@@ -1062,6 +1147,9 @@ impl Ops for CpuPrimitives {
     }
     fn release(&mut self, m: Matrix) {
         Cpu.release(m)
+    }
+    fn reuse_as(&mut self, m: Matrix, rows: usize, cols: usize) -> Result<Matrix, Error> {
+        Cpu.reuse_as(m, rows, cols)
     }
     fn upload_csr(&mut self, op: &SparseOp) -> Result<Arc<SparseOp>, Error> {
         Cpu.upload_csr(op)
@@ -1253,6 +1341,97 @@ mod tests {
         )
     }
 
+    /// The root weight under input dropout, its rows drawn again a block at a time: the same as a product
+    /// of the whole dropped-out copy, on the CPU's kernels and on the primitives' composition, and so is
+    /// the fused backward's root-weight gradient; with global ids keying the rows, over row counts that
+    /// end mid-block.
+    #[test]
+    fn a_root_weight_drawing_its_dropout_again_equals_the_dropped_out_copy() {
+        let (n, d_in, width, d_out) = (9_001, 24, 256, 5);
+        let x = random(n, d_in, 11);
+        let w = random(d_in, width, 12);
+        let gids: Vec<u32> = (0..n as u32).map(|i| i * 7 + 3).collect();
+        let d = Dropout { key: 41, p: 0.5 };
+        let mut xd = x.clone();
+        Cpu.dropout(&mut xd, Some(&gids), 0, 0, d_in, d).unwrap();
+        assert!(xd.data().iter().filter(|&&v| v == 0.0).count() > n * d_in / 3);
+        let base = random(n, width, 13);
+        let mut want = base.clone();
+        crate::dense::matmul_into(&xd, &w, &mut want, true);
+        let mut got = base.clone();
+        Cpu.gemm_dropped_add(&x, Some(&gids), d, &w, &mut got)
+            .unwrap();
+        assert!(
+            got.max_abs_diff(&want) <= 1e-5,
+            "{}",
+            got.max_abs_diff(&want)
+        );
+        let mut composed = base.clone();
+        CpuPrimitives
+            .gemm_dropped_add(&x, Some(&gids), d, &w, &mut composed)
+            .unwrap();
+        assert!(composed.max_abs_diff(&want) <= 1e-5);
+
+        let agg = random(n, d_in, 14);
+        let terms_a = [random(n, d_out, 15)];
+        let terms_w = [random(width, d_out, 16)];
+        let terms: Vec<(&Matrix, &Matrix)> = terms_a.iter().zip(&terms_w).collect();
+        let mut h1 = random(n, width, 17);
+        Cpu.activate(&mut h1, Activation::Relu).unwrap();
+        let want = Cpu
+            .fused_first_backward(
+                &agg,
+                Some(&xd),
+                None,
+                h1.clone(),
+                &terms,
+                Some(&gids),
+                Activation::Relu,
+                None,
+            )
+            .unwrap();
+        for (what, got) in [
+            (
+                "cpu",
+                Cpu.fused_first_backward(
+                    &agg,
+                    Some(&x),
+                    Some(d),
+                    h1.clone(),
+                    &terms,
+                    Some(&gids),
+                    Activation::Relu,
+                    None,
+                ),
+            ),
+            (
+                "primitives",
+                CpuPrimitives.fused_first_backward(
+                    &agg,
+                    Some(&x),
+                    Some(d),
+                    h1.clone(),
+                    &terms,
+                    Some(&gids),
+                    Activation::Relu,
+                    None,
+                ),
+            ),
+        ] {
+            let got = got.unwrap();
+            let (g, r) = (got.w_root.unwrap(), want.w_root.as_ref().unwrap());
+            let rel = g.max_abs_diff(r) / r.max_abs().max(1e-6);
+            assert!(
+                rel <= 1e-5,
+                "{what}: root weight gradient differs by {rel:e}"
+            );
+            assert!(
+                got.w.max_abs_diff(&want.w) <= 1e-5 * want.w.max_abs().max(1e-6),
+                "{what}: weight"
+            );
+        }
+    }
+
     #[test]
     fn fused_first_backward_over_many_row_blocks_is_the_primitives_composition() {
         // rows over several reduction blocks and many L2-sized sub-blocks of each, a width whose sub-blocks
@@ -1276,6 +1455,7 @@ mod tests {
                         Cpu.fused_first_backward(
                             &agg,
                             Some(&x),
+                            None,
                             h1.clone(),
                             &terms,
                             None,
@@ -1286,6 +1466,7 @@ mod tests {
                         CpuPrimitives.fused_first_backward(
                             &agg,
                             Some(&x),
+                            None,
                             h1.clone(),
                             &terms,
                             None,

@@ -251,6 +251,7 @@ pub(super) fn fused_first_backward<O: Ops>(
     ops: &mut O,
     agg: &O::Mat,
     x_root: Option<&O::Mat>,
+    x_root_dropout: Option<Dropout>,
     h1: O::Mat,
     terms: &[(&O::Mat, &O::Mat)],
     gids: Option<&O::Idx>,
@@ -292,8 +293,8 @@ pub(super) fn fused_first_backward<O: Ops>(
     }
     let (ar, ac) = ops.dims(agg);
     let gw = product(ops, View::full(agg, ar, ac).t(), View::full(&dz, n, width))?;
-    let gr = match x_root {
-        Some(x) => {
+    let gr = match (x_root, x_root_dropout) {
+        (Some(x), None) => {
             let (xr, xc) = ops.dims(x);
             Some(product(
                 ops,
@@ -301,7 +302,25 @@ pub(super) fn fused_first_backward<O: Ops>(
                 View::full(&dz, n, width),
             )?)
         }
-        None => None,
+        (Some(x), Some(d)) => {
+            // `dropout(X)^T dZ`, the dropped-out rows drawn a block at a time
+            let xc = ops.dims(x).1;
+            let rows = dropped_rows_block(xc);
+            let mut gr = ops.alloc(xc, width)?;
+            for r0 in (0..n).step_by(rows) {
+                let rows = rows.min(n - r0);
+                let xd = dropped_rows(ops, x, gids, d, r0, rows)?;
+                ops.gemm(
+                    View::full(&xd, rows, xc).t(),
+                    rows_of(&dz, r0, rows, width),
+                    if r0 == 0 { 0.0 } else { 1.0 },
+                    &mut gr,
+                )?;
+                ops.recycle(xd);
+            }
+            Some(gr)
+        }
+        (None, _) => None,
     };
     let mut gb = ops.alloc(1, width)?;
     ops.col_sums(&dz, &mut gb)?;
@@ -311,6 +330,60 @@ pub(super) fn fused_first_backward<O: Ops>(
         w_root: gr,
         bias: gb,
     })
+}
+
+/// Rows per block of a dropped-out input drawn again: 4 MiB of them.
+pub(super) fn dropped_rows_block(cols: usize) -> usize {
+    ((4 << 20) / (4 * cols.max(1))).max(1)
+}
+
+/// Rows `r0..r0 + rows` of `dropout(x)`: copied, then dropped out with the masks of those rows.
+fn dropped_rows<O: Ops>(
+    ops: &mut O,
+    x: &O::Mat,
+    gids: Option<&O::Idx>,
+    d: Dropout,
+    r0: usize,
+    rows: usize,
+) -> Result<O::Mat, O::Error> {
+    let cols = ops.dims(x).1;
+    let mut xd = ops.alloc(rows, cols)?;
+    ops.copy2d(rows_of(x, r0, rows, cols), &mut xd, 0, cols)?;
+    ops.dropout(&mut xd, gids, r0, 0, cols, d)?;
+    Ok(xd)
+}
+
+/// `out += dropout(x) w` a row block at a time (see [`Ops::gemm_dropped_add`]).
+pub(super) fn gemm_dropped_add<O: Ops>(
+    ops: &mut O,
+    x: &O::Mat,
+    gids: Option<&O::Idx>,
+    d: Dropout,
+    w: &O::Mat,
+    out: &mut O::Mat,
+) -> Result<(), O::Error> {
+    let ((n, cols), (wr, wc), (or, oc)) = (ops.dims(x), ops.dims(w), ops.dims(out));
+    if wr != cols || or > n || oc != wc {
+        return Err(shape_error(format!(
+            "gemm_dropped_add: {n}x{cols} through {wr}x{wc} into {or}x{oc}"
+        )));
+    }
+    let block = dropped_rows_block(cols);
+    for r0 in (0..or).step_by(block) {
+        let rows = block.min(or - r0);
+        let xd = dropped_rows(ops, x, gids, d, r0, rows)?;
+        let mut part = ops.alloc(rows, wc)?;
+        ops.gemm(
+            View::full(&xd, rows, cols),
+            View::full(w, wr, wc),
+            0.0,
+            &mut part,
+        )?;
+        ops.recycle(xd);
+        ops.add_rows(out, r0, &part)?;
+        ops.recycle(part);
+    }
+    Ok(())
 }
 
 /// SAR's GAT from the primitives: the halo messages put together for the one-shot kernels and dropped
@@ -479,6 +552,7 @@ mod tests {
                         &mut CpuPrimitives,
                         &agg,
                         Some(&x),
+                        None,
                         h1,
                         &terms,
                         None,

@@ -417,6 +417,20 @@ pub trait Ops: Sized {
         Ok(out)
     }
 
+    /// `m`'s memory as a `rows x cols` matrix whose contents are unspecified: a buffer that changes shape
+    /// without being freed and allocated again (the first layer's dropped-out input lives in the buffer its
+    /// output takes next). The default releases `m` to the device's allocator ([`Ops::release`], not the
+    /// pool: nothing of its shape is asked for again in the epoch) and allocates.
+    fn reuse_as(
+        &mut self,
+        m: Self::Mat,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self::Mat, Self::Error> {
+        self.release(m);
+        self.alloc(rows, cols)
+    }
+
     /// `a[row0..row0 + b.rows()] += b` (a column slice's weight gradient, P3).
     fn add_rows(
         &mut self,
@@ -502,18 +516,46 @@ pub trait Ops: Sized {
     /// layer's factors) through the activation and dropout whose output is `h1`, which this consumes (the
     /// hidden layer is not read again). The hidden-width gradient need never exist beside it: a device may
     /// form and consume it a row block at a time, or write it over `h1` a row block at a time.
+    /// `x_root_dropout`: the root weight's input is `dropout(x_root)` (input dropout, keyed by `gids` as
+    /// [`Ops::dropout`] keys it), drawn again a row block at a time instead of held as a copy.
     #[allow(clippy::too_many_arguments)]
     fn fused_first_backward(
         &mut self,
         agg: &Self::Mat,
         x_root: Option<&Self::Mat>,
+        x_root_dropout: Option<Dropout>,
         h1: Self::Mat,
         terms: &[(&Self::Mat, &Self::Mat)],
         gids: Option<&Self::Idx>,
         act: Activation,
         dropout: Option<Dropout>,
     ) -> Result<FirstLayerGrads<Self::Mat>, Self::Error> {
-        defaults::fused_first_backward(self, agg, x_root, h1, terms, gids, act, dropout, None)
+        defaults::fused_first_backward(
+            self,
+            agg,
+            x_root,
+            x_root_dropout,
+            h1,
+            terms,
+            gids,
+            act,
+            dropout,
+            None,
+        )
+    }
+
+    /// `out += dropout(x) w` with the dropout (keyed by `gids` as [`Ops::dropout`] keys it) drawn a row
+    /// block at a time, so the dropped-out copy of `x` never exists whole: GraphSAGE's root weight under
+    /// input dropout (issue 34: the copy was 512 MiB at 1M nodes, held from forward to backward).
+    fn gemm_dropped_add(
+        &mut self,
+        x: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        d: Dropout,
+        w: &Self::Mat,
+        out: &mut Self::Mat,
+    ) -> Result<(), Self::Error> {
+        defaults::gemm_dropped_add(self, x, gids, d, w, out)
     }
 
     /// GAT's aggregation with a rematerialising exchange (SAR) into `out` (`n x d_out`, bias not added),

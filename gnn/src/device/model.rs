@@ -621,6 +621,11 @@ impl<O: Ops> DeviceModel<O> {
         self.cache_input_aggregation_in(ops, gs, x, pass, ex)?;
         let g = gs.layer(0);
         let input = match self.input_dropout(pass) {
+            // the first layer makes its dropped-out copy itself, in its output's buffer, and is done with
+            // it once aggregated
+            Some(_) if self.redraws_root_input(gs) || self.backward_skips_first_input(gs) => {
+                Input::Borrowed(x)
+            }
             Some(d) => {
                 let mut xd = ops.duplicate(x)?;
                 ops.dropout(&mut xd, g.gids, 0, 0, cols, d)?;
@@ -783,7 +788,52 @@ impl<O: Ops> DeviceModel<O> {
                         };
                         let agg = self.aggregation(ops, &l, g, &x, pass, gs.whole(), ex)?;
                         ops.release(x);
-                        let (mut out, cache) = self.after_aggregation(ops, &l, g.n, agg, None)?;
+                        let (mut out, cache) =
+                            self.after_aggregation(ops, &l, g.n, agg, None, None)?;
+                        ops.bias_add(&mut out, &self.params[l.bias].value)?;
+                        (out, cache)
+                    } else if let (0, Some(d), true) = (
+                        li,
+                        self.input_dropout(pass),
+                        self.redraws_root_input(gs) || self.backward_skips_first_input(gs),
+                    ) {
+                        // input dropout where backward never reads the dropped-out features (GCN) or
+                        // draws them again (a root weight): they exist only while aggregated; the root
+                        // product (here) and its gradient (`fused_first_backward`) draw their rows again
+                        // a block at a time from the features, so the copy (512 MiB at 1M nodes) is not
+                        // held beside the hidden layer through the epoch (issue 34)
+                        let x = inputs[0].get();
+                        let (rows, cols) = ops.dims(x);
+                        // the copy lives in the buffer the layer's output takes next, no smaller (the layer
+                        // aggregates first because its input is no wider than its output): an epoch asks
+                        // for the same buffers as the last, each served from the one its size had
+                        let fits = rows * cols <= g.n * l.hc();
+                        let mut xd = if fits {
+                            let buf = ops.alloc(g.n, l.hc())?;
+                            let mut xd = ops.reuse_as(buf, rows, cols)?;
+                            ops.copy2d(View::full(x, rows, cols), &mut xd, 0, cols)?;
+                            xd
+                        } else {
+                            ops.duplicate(x)?
+                        };
+                        ops.dropout(&mut xd, g.gids, 0, 0, cols, d)?;
+                        let agg = self.aggregation(ops, &l, g, &xd, pass, gs.whole(), ex)?;
+                        let out = if fits {
+                            Some(ops.reuse_as(xd, g.n, l.hc())?)
+                        } else {
+                            ops.release(xd);
+                            None
+                        };
+                        let root = l.w_root.map(|_| (x, (d, g.gids)));
+                        let (mut out, cache) = self.after_aggregation_into(
+                            ops,
+                            &l,
+                            g.n,
+                            agg,
+                            root.map(|r| r.0),
+                            root.map(|r| r.1),
+                            out,
+                        )?;
                         ops.bias_add(&mut out, &self.params[l.bias].value)?;
                         (out, cache)
                     } else {
@@ -849,6 +899,22 @@ impl<O: Ops> DeviceModel<O> {
         n: usize,
         agg: Option<O::Mat>,
         h: Option<&O::Mat>,
+        h_dropout: Option<(Dropout, Option<&O::Idx>)>,
+    ) -> Result<LayerOut<O>, O::Error> {
+        self.after_aggregation_into(ops, l, n, agg, h, h_dropout, None)
+    }
+
+    /// [`DeviceModel::after_aggregation`] into `out` (`n x hc`, overwritten) when given.
+    #[allow(clippy::too_many_arguments)]
+    fn after_aggregation_into(
+        &self,
+        ops: &mut O,
+        l: &LayerPlan,
+        n: usize,
+        agg: Option<O::Mat>,
+        h: Option<&O::Mat>,
+        h_dropout: Option<(Dropout, Option<&O::Idx>)>,
+        out: Option<O::Mat>,
     ) -> Result<LayerOut<O>, O::Error> {
         let (d_in, hc) = (l.d_in, l.hc());
         let a = match &agg {
@@ -858,7 +924,10 @@ impl<O: Ops> DeviceModel<O> {
                 .as_ref()
                 .expect("input aggregation computed before layer 0"),
         };
-        let mut out = ops.alloc(n, hc)?;
+        let mut out = match out {
+            Some(out) => out,
+            None => ops.alloc(n, hc)?,
+        };
         ops.gemm(
             View::full(a, n, d_in),
             View::full(&self.params[l.w].value, d_in, hc),
@@ -867,12 +936,17 @@ impl<O: Ops> DeviceModel<O> {
         )?;
         if let Some(r) = l.w_root {
             let h = h.expect("a root weight reads the layer's input");
-            ops.gemm(
-                View::full(h, n, d_in),
-                View::full(&self.params[r].value, d_in, hc),
-                1.0,
-                &mut out,
-            )?;
+            match h_dropout {
+                Some((d, gids)) => {
+                    ops.gemm_dropped_add(h, gids, d, &self.params[r].value, &mut out)?
+                }
+                None => ops.gemm(
+                    View::full(h, n, d_in),
+                    View::full(&self.params[r].value, d_in, hc),
+                    1.0,
+                    &mut out,
+                )?,
+            }
         }
         Ok((out, Cache::Aggregated(agg)))
     }
@@ -894,6 +968,24 @@ impl<O: Ops> DeviceModel<O> {
             && l0.kind != LayerKind::Gat
             && l0.aggregate_first
             && l0.w_root.is_none()
+            && l1.kind != LayerKind::Gat
+            && !l1.aggregate_first
+    }
+
+    /// Whether the first layer's root weight reads its input again in the fused first-layer backward (a
+    /// GraphSAGE-like first layer that aggregated its input, below a second layer that transforms first,
+    /// on the whole graph or a partition): then, under input dropout, the dropped-out features are made
+    /// only to be aggregated, and the root weight's forward product and gradient draw their rows again
+    /// from the features ([`Ops::gemm_dropped_add`], `fused_first_backward`'s `x_root_dropout`).
+    fn redraws_root_input(&self, gs: Graphs<'_, O>) -> bool {
+        let (l0, l1) = match &self.layers[..] {
+            [l0, l1, ..] => (l0, l1),
+            _ => return false,
+        };
+        gs.whole()
+            && l0.kind != LayerKind::Gat
+            && l0.aggregate_first
+            && l0.w_root.is_some()
             && l1.kind != LayerKind::Gat
             && !l1.aggregate_first
     }
@@ -921,7 +1013,7 @@ impl<O: Ops> DeviceModel<O> {
         let root = l.w_root.map(|r| &self.params[r].value);
         let (mut out, cache) = if l.aggregate_first {
             let agg = self.aggregation(ops, l, g, h, pass, whole, ex)?;
-            self.after_aggregation(ops, l, n, agg, Some(h))?
+            self.after_aggregation(ops, l, n, agg, Some(h), None)?
         } else if let (Some(wr), false) = (root, g.complete) {
             // one product `H [W | W_root]` reads H once instead of twice
             let (m, r) = ops.linear_pair(h, w, wr)?;
@@ -1184,9 +1276,15 @@ impl<O: Ops> DeviceModel<O> {
                         .iter()
                         .map(|(a, w)| (a, &self.params[*w].value))
                         .collect();
+                    // the features themselves when forward drew the root weight's dropout again
+                    let x_root_dropout = match x {
+                        Input::Borrowed(_) => self.input_dropout(pass),
+                        _ => None,
+                    };
                     let first = ops.fused_first_backward(
                         a,
                         l0.w_root.map(|_| x.get()),
+                        x_root_dropout,
                         y,
                         &refs,
                         g.gids,

@@ -37,15 +37,20 @@ where
 {
     // the closure is written at the call, where the bound makes it `FnOnce`: the step it returns keeps the
     // references it was handed
-    train_loop(
-        || DeviceStep::upload(ops, model, opt, g, x, sets),
-        start,
-        g.n_dst(),
-        sets,
-        cfg,
-        ex,
-        on_epoch,
-    )
+    // a graph in a locality order: features and sets permuted in at the edge, as the host's step does
+    let permuted = g.row_order().map(|o| o.rows_to_engine(x));
+    let x = permuted.as_ref().unwrap_or(x);
+    crate::train::at_edge(g, sets, ex, |sets, ex| {
+        train_loop(
+            || DeviceStep::upload(ops, model, opt, g, x, sets),
+            start,
+            g.n_dst(),
+            sets,
+            cfg,
+            ex,
+            on_epoch,
+        )
+    })
 }
 
 /// A [`DeviceModel`] training on one worker's graph, with everything an epoch reads resident on the device,
