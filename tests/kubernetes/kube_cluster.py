@@ -1,5 +1,6 @@
-"""A one-node Kubernetes for tests/tests/kubernetes_job.rs: an API server and a kubelet in one process, whose
-pods are real containers of the local Docker Engine.
+"""A one-node Kubernetes for tests/tests/kubernetes_job.rs (and tests/tests/kubectl_fake.rs, the real kubectl
+against it): an API server and a kubelet in one process, whose pods are real containers of the local
+Docker Engine.
 
 No cluster can be pulled on the test machine (kind and k3s need images from a registry), so this keeps
 the objects the kubernetes backend creates and does what the control plane and a kubelet would do with
@@ -10,9 +11,9 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   Secrets, Services, Events and ServiceAccounts of any namespace, and RBAC's Roles, RoleBindings,
   ClusterRoles and ClusterRoleBindings; create, get, list (label selectors: equality, `!=`, `in`,
   `notin`, exists; field selectors on the fields the real server converts, 400 on others), patch (JSON
-  merge, strategic merge, JSON patch), update (PUT, 409 on a stale resourceVersion), delete (with the garbage collector's cascade to
-  objects whose owner reference names a deleted object, a Job's pods) and pod logs; Namespaces and the
-  nodes below read-only. resourceVersions count up over all objects (a list's is the newest), and a
+  merge, strategic merge, JSON patch), update (PUT, 409 on a stale resourceVersion), delete (with the
+  garbage collector's cascade to objects whose owner reference names a deleted object, a Job's pods)
+  and pod logs; Namespaces and the nodes below read-only. resourceVersions count up over all objects (a list's is the newest), and a
   watch (`?watch=true`, from a `resourceVersion` or, without one, the current objects as ADDED) streams
   ADDED/MODIFIED/DELETED events as newline-delimited JSON over chunked transfer until `timeoutSeconds`
   (410 Expired for a resourceVersion older than the last 20,000 events). It serves what a real client
