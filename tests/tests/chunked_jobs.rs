@@ -311,9 +311,11 @@ fn the_partitioner_is_the_job_files_or_the_planners_and_the_record_keeps_its_qua
     out.one_line_error(&["dataset.partitioner", "metis", "chunked"]);
     assert!(!dir.join("chunked.parts").exists());
     // one worker on a chunked dataset: its single part is still cut from the chunks (streaming), not by
-    // METIS, which would refuse the directory
+    // METIS, which would refuse the directory, and by the worker: the coordinator never holds the graph
     let (one_dir, one) = submit(dir, "chunked.yaml", &["workers=1"]);
     assert_eq!(one.len(), 10);
+    let log = std::fs::read_to_string(one_dir.join("logs/worker-0.log")).unwrap();
+    assert!(log.contains("worker 0: cut part 0 of 1"), "{log}");
     let p = partitions(&one_dir);
     assert_eq!(p[0]["parts"], 1, "{p:?}");
     assert_ne!(p[0]["method"], "metis", "{p:?}");

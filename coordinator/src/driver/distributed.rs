@@ -1551,11 +1551,12 @@ impl Driver<'_> {
     }
 
     /// The streaming parameters to partition with when the workers cut their own parts: a chunked
-    /// dataset, more than one part, no current set stored, and workers that read the coordinator's disk
-    /// (the others fetch served part files, which this process cuts).
+    /// dataset, no current set stored, and workers that read the coordinator's disk (the others fetch
+    /// served part files, which this process cuts). One part too: it is the whole graph, which the
+    /// one worker holds anyway and the coordinator then never does.
     fn cut_by_workers(&self, k: usize, seed: u64) -> Result<Option<StreamParams>> {
         let chunked = physalia_graph::chunked::is_chunked(self.dataset_path);
-        if !chunked || k < 2 || !platform::of_job(self.job).workers_read_coordinator_disk() {
+        if !chunked || !platform::of_job(self.job).workers_read_coordinator_disk() {
             return Ok(None);
         }
         if physalia_graph::partition::current_set(self.dataset_path, k, seed)?.is_some() {
