@@ -379,16 +379,25 @@ pub struct Reordered<'a> {
 }
 
 impl Reordered<'_> {
-    fn own(&self, own: &Matrix) -> Matrix {
-        self.order.rows_to_caller(own)
+    /// Runs `f` on `own` in the caller's order (as it is for a local exchange, which moves nothing).
+    fn on_own<R>(&mut self, own: &Matrix, f: impl FnOnce(&mut dyn Exchange, &Matrix) -> R) -> R {
+        if self.inner.is_local() {
+            return f(&mut *self.inner, own);
+        }
+        let caller = self.order.rows_to_caller(own);
+        f(&mut *self.inner, &caller)
     }
 
-    /// Runs `f` on `own_grad` in the caller's order and puts the result back in engine order.
+    /// Runs `f` on `own_grad` in the caller's order and puts the result back in engine order (as it
+    /// is for a local exchange).
     fn on_grad<R>(
         &mut self,
         own_grad: &mut Matrix,
         f: impl FnOnce(&mut dyn Exchange, &mut Matrix) -> R,
     ) -> R {
+        if self.inner.is_local() {
+            return f(&mut *self.inner, own_grad);
+        }
         let mut caller = self.order.rows_to_caller(own_grad);
         let r = f(&mut *self.inner, &mut caller);
         *own_grad = self.order.rows_to_engine(&caller);
@@ -402,11 +411,7 @@ impl Exchange for Reordered<'_> {
     }
 
     fn forward(&mut self, layer: usize, own: &Matrix) -> Result<Option<Matrix>, ExchangeError> {
-        if self.inner.is_local() {
-            return self.inner.forward(layer, own);
-        }
-        let own = self.own(own);
-        self.inner.forward(layer, &own)
+        self.on_own(own, |ex, own| ex.forward(layer, own))
     }
 
     fn backward(
@@ -415,9 +420,6 @@ impl Exchange for Reordered<'_> {
         halo_grad: Matrix,
         own_grad: &mut Matrix,
     ) -> Result<(), ExchangeError> {
-        if self.inner.is_local() {
-            return self.inner.backward(layer, halo_grad, own_grad);
-        }
         self.on_grad(own_grad, |ex, g| ex.backward(layer, halo_grad, g))
     }
 
@@ -431,11 +433,7 @@ impl Exchange for Reordered<'_> {
         own: &Matrix,
         visit: &mut VisitRows<'_>,
     ) -> Result<(), ExchangeError> {
-        if self.inner.is_local() {
-            return self.inner.forward_each(layer, own, visit);
-        }
-        let own = self.own(own);
-        self.inner.forward_each(layer, &own, visit)
+        self.on_own(own, |ex, own| ex.forward_each(layer, own, visit))
     }
 
     fn refetch_each(
@@ -444,11 +442,7 @@ impl Exchange for Reordered<'_> {
         own: &Matrix,
         visit: &mut VisitRows<'_>,
     ) -> Result<(), ExchangeError> {
-        if self.inner.is_local() {
-            return self.inner.refetch_each(layer, own, visit);
-        }
-        let own = self.own(own);
-        self.inner.refetch_each(layer, &own, visit)
+        self.on_own(own, |ex, own| ex.refetch_each(layer, own, visit))
     }
 
     fn backward_each(
@@ -458,9 +452,6 @@ impl Exchange for Reordered<'_> {
         own_grad: &mut Matrix,
         grad: &mut HaloGrads<'_>,
     ) -> Result<(), ExchangeError> {
-        if self.inner.is_local() {
-            return self.inner.backward_each(layer, n_halo, own_grad, grad);
-        }
         self.on_grad(own_grad, |ex, g| ex.backward_each(layer, n_halo, g, grad))
     }
 
