@@ -1383,10 +1383,21 @@ pub fn ensure_partitions_reusing(
 /// The set of `k` parts for `seed` stored beside the dataset if it is current, whichever method made
 /// it (headers only: nothing is computed).
 pub fn current_set(dataset_path: &Path, k: usize, seed: u64) -> Result<Option<PartitionSet>, Error> {
-    let t0 = Instant::now();
     let (_, dataset_checksums) = dataset_identity(dataset_path)?;
+    Ok(stored_set(dataset_path, k, seed, &dataset_checksums))
+}
+
+/// The set of `k` parts for `seed` beside the dataset whose checksums are `dataset_checksums`, if it is
+/// current.
+fn stored_set(
+    dataset_path: &Path,
+    k: usize,
+    seed: u64,
+    dataset_checksums: &BTreeMap<String, String>,
+) -> Option<PartitionSet> {
+    let t0 = Instant::now();
     let dir = partition_set_dir(dataset_path, k, seed);
-    Ok(match check_set(&dir, k, seed, &dataset_checksums) {
+    match check_set(&dir, k, seed, dataset_checksums) {
         (Some(meta), ArtifactStatus::Current) => Some(PartitionSet {
             part_files: part_files(&dir, k),
             dir,
@@ -1395,7 +1406,7 @@ pub fn current_set(dataset_path: &Path, k: usize, seed: u64) -> Result<Option<Pa
             seconds: t0.elapsed().as_secs_f64(),
         }),
         _ => None,
-    })
+    }
 }
 
 fn ensure_sets(
@@ -1432,21 +1443,14 @@ fn ensure_sets(
         if out.iter().any(|s| s.meta.k == k) {
             continue;
         }
-        let t0 = Instant::now();
-        let dir = partition_set_dir(dataset_path, k, seed);
-        let (meta, status) = check_set(&dir, k, seed, &dataset_checksums);
-        if let (Some(meta), ArtifactStatus::Current) = (meta, &status)
-            && (reuse_any || method.is_none_or(|m| m.matches(&meta.method)))
+        if let Some(set) = stored_set(dataset_path, k, seed, &dataset_checksums)
+            && (reuse_any || method.is_none_or(|m| m.matches(&set.meta.method)))
         {
-            out.push(PartitionSet {
-                part_files: part_files(&dir, k),
-                dir,
-                meta,
-                reused: true,
-                seconds: t0.elapsed().as_secs_f64(),
-            });
+            out.push(set);
             continue;
         }
+        let t0 = Instant::now();
+        let dir = partition_set_dir(dataset_path, k, seed);
         let meta = if chunked {
             let params = match method {
                 Some(PartitionMethod::Stream(p)) => p.clone(),
