@@ -958,18 +958,22 @@ impl<O: Ops> DeviceModel<O> {
     /// made it (input dropout: a copy of the features), is then freed at once (issue 34: 512 MiB at 1M
     /// nodes and 128 features).
     fn backward_skips_first_input(&self, gs: Graphs<'_, O>) -> bool {
-        let (l0, l1) = match &self.layers[..] {
-            [l0, l1, ..] => (l0, l1),
-            _ => return false,
+        self.fused_first_layer(gs).is_some_and(|l0| l0.w_root.is_none())
+    }
+
+    /// The first layer when the fused first-layer backward runs: a GCN- or GraphSAGE-like first layer that
+    /// aggregated its input, on the whole graph (not blocks), below a second layer that hands back its
+    /// input gradient factored (it transformed before aggregating).
+    fn fused_first_layer(&self, gs: Graphs<'_, O>) -> Option<&LayerPlan> {
+        let [l0, l1, ..] = &self.layers[..] else {
+            return None;
         };
-        // the fusion runs when the second layer hands back its input gradient factored, which it does
-        // when it transformed before aggregating
-        gs.whole()
+        (gs.whole()
             && l0.kind != LayerKind::Gat
             && l0.aggregate_first
-            && l0.w_root.is_none()
             && l1.kind != LayerKind::Gat
-            && !l1.aggregate_first
+            && !l1.aggregate_first)
+            .then_some(l0)
     }
 
     /// Whether the first layer's root weight reads its input again in the fused first-layer backward (a
@@ -978,16 +982,7 @@ impl<O: Ops> DeviceModel<O> {
     /// only to be aggregated, and the root weight's forward product and gradient draw their rows again
     /// from the features ([`Ops::gemm_dropped_add`], `fused_first_backward`'s `x_root_dropout`).
     fn redraws_root_input(&self, gs: Graphs<'_, O>) -> bool {
-        let (l0, l1) = match &self.layers[..] {
-            [l0, l1, ..] => (l0, l1),
-            _ => return false,
-        };
-        gs.whole()
-            && l0.kind != LayerKind::Gat
-            && l0.aggregate_first
-            && l0.w_root.is_some()
-            && l1.kind != LayerKind::Gat
-            && !l1.aggregate_first
+        self.fused_first_layer(gs).is_some_and(|l0| l0.w_root.is_some())
     }
 
     /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, on a
