@@ -1533,16 +1533,7 @@ impl Driver<'_> {
             )
         })?;
         let set = sets.into_iter().next().expect("one set per k");
-        if let Some(stored) = self.stored_partitions
-            && !set.reused
-            && let Err(e) = stored.store(&set)
-        {
-            self.obs.notice(&format!(
-                "warning: storing partitions beside the dataset at {}: {e:#}",
-                stored.url()
-            ));
-        }
-        self.record_partition(&set);
+        self.keep_partition(&set);
         let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         physalia_gnn::heap::release_freed_memory();
@@ -1568,9 +1559,9 @@ impl Driver<'_> {
         }))
     }
 
-    /// Commits the set a launch's workers cut (they all reported an epoch, so every part is written),
-    /// keeps it in the store beside the dataset, and records it. A commit that fails costs the next
-    /// job the partitioning, nothing else: the parts trained on are the workers' own.
+    /// Commits the set a launch's workers cut (they all reported an epoch, so every part is written)
+    /// and keeps it ([`Self::keep_partition`]). A commit that fails costs the next job the
+    /// partitioning, nothing else: the parts trained on are the workers' own.
     fn commit_cut(&self, pending: &PendingSet, log: &mut CoordLog) {
         let t0 = Instant::now();
         match pending.commit() {
@@ -1587,15 +1578,7 @@ impl Driver<'_> {
                     set.dir.display(),
                     set.meta.k
                 ));
-                if let Some(stored) = self.stored_partitions
-                    && let Err(e) = stored.store(&set)
-                {
-                    self.obs.notice(&format!(
-                        "warning: storing partitions beside the dataset at {}: {e:#}",
-                        stored.url()
-                    ));
-                }
-                self.record_partition(&set);
+                self.keep_partition(&set);
             }
             Err(e) => self.obs.notice(&format!(
                 "warning: committing the partitions the workers cut in {}: {e:#} (the next job \
@@ -1603,6 +1586,21 @@ impl Driver<'_> {
                 pending.dir.display()
             )),
         }
+    }
+
+    /// A set the launch trains on: a computed one is stored beside the dataset in the store (a cache:
+    /// failing costs the next job the partitioning, so it is a warning), and every one is recorded.
+    fn keep_partition(&self, set: &physalia_graph::partition::PartitionSet) {
+        if let Some(stored) = self.stored_partitions
+            && !set.reused
+            && let Err(e) = stored.store(set)
+        {
+            self.obs.notice(&format!(
+                "warning: storing partitions beside the dataset at {}: {e:#}",
+                stored.url()
+            ));
+        }
+        self.record_partition(set);
     }
 
     /// Keeps the first set of each part count the job trains on for its summary, and says on the
