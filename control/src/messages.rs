@@ -110,6 +110,11 @@ pub struct PartCut {
     pub part: usize,
     /// Where the part file is written.
     pub out: PathBuf,
+    /// Whether the job's workers cut their parts together (`chunked_shuffle`): each reads `1/k` of the
+    /// dataset's chunks and sends every row to the worker that owns it over the mesh, the worker's
+    /// rank being its part. Otherwise the worker reads every edge chunk itself (`cut_part`).
+    #[serde(default)]
+    pub shuffle: bool,
 }
 
 /// What a worker may send the coordinator to keep (rank 0 only).

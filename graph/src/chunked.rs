@@ -1026,24 +1026,26 @@ impl ChunkedDataset {
 
     /// One split's node ids (range checked; overlap and labels are checked by [`ChunkedDataset::load`]).
     pub fn read_split(&self, s: Split) -> Result<Vec<i64>, Error> {
-        let t = self.manifest.tensors.split(s);
-        let n = self.manifest.num_nodes as i64;
-        let parts: Vec<Vec<i64>> = t
-            .chunks
-            .par_iter()
-            .map(|e| -> Result<Vec<i64>, Error> {
-                let v: Vec<i64> = read_chunk(&self.dir, s.tensor_name(), e, e.rows[1] - e.rows[0])?;
-                if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x >= n) {
-                    return Err(Error::tensor(
-                        self.dir.join(&e.file),
-                        s.tensor_name(),
-                        format!("entry {} = {x} is out of range 0..{n}", e.rows[0] + i),
-                    ));
-                }
-                Ok(v)
-            })
+        let parts: Vec<Vec<i64>> = (0..self.manifest.tensors.split(s).chunks.len())
+            .into_par_iter()
+            .map(|j| self.read_split_chunk(s, j))
             .collect::<Result<_, Error>>()?;
         Ok(parts.concat())
+    }
+
+    /// Chunk `j` of one split's node ids (range checked).
+    pub fn read_split_chunk(&self, s: Split, j: usize) -> Result<Vec<i64>, Error> {
+        let e = &self.manifest.tensors.split(s).chunks[j];
+        let n = self.manifest.num_nodes as i64;
+        let v: Vec<i64> = read_chunk(&self.dir, s.tensor_name(), e, e.rows[1] - e.rows[0])?;
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x >= n) {
+            return Err(Error::tensor(
+                self.dir.join(&e.file),
+                s.tensor_name(),
+                format!("entry {} = {x} is out of range 0..{n}", e.rows[0] + i),
+            ));
+        }
+        Ok(v)
     }
 
     /// Reads every chunk (in parallel, each checksum verified) into one in-memory dataset, validated as

@@ -14,6 +14,7 @@
 pub mod chunked;
 pub mod chunked_import;
 pub mod chunked_partition;
+pub mod chunked_shuffle;
 pub mod chunked_synth;
 pub mod csr;
 pub mod error;

@@ -111,17 +111,49 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     let set = dir.join("chunked.parts/k2-seed0");
     assert!(set.join("part0.safetensors").is_file());
     assert!(set.join("part1.safetensors").is_file());
-    assert!(!set.join("pending").exists(), "the pending assignment goes with the commit");
+    assert!(
+        !set.join("pending").exists(),
+        "the pending assignment goes with the commit"
+    );
     let read = |f: &str| std::fs::read_to_string(chunked_dir.join("logs").join(f)).unwrap();
     assert!(
         read("coordinator.log").contains("its 2 parts cut by the workers"),
         "{}",
         read("coordinator.log")
     );
+    // they cut together: each read its share of the chunk files and sent the rows to their owners,
+    // so the two read the dataset's files once between them
+    let mut read_mib = 0.0;
     for rank in 0..2 {
         let log = read(&format!("worker-{rank}.log"));
-        assert!(log.contains(&format!("worker {rank}: cut part {rank} of 2")), "{log}");
+        assert!(
+            log.contains(&format!("worker {rank}: cut part {rank} of 2")),
+            "{log}"
+        );
+        assert!(log.contains("with the other workers"), "{log}");
+        let mib = log
+            .split("read ")
+            .nth(1)
+            .and_then(|r| r.split(" MiB of the dataset's files").next())
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no bytes read in {log}"));
+        assert!(mib > 0.0, "{log}");
+        read_mib += mib;
     }
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("chunked/manifest.json")).unwrap()).unwrap();
+    let data_bytes: u64 = manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|t| t["chunks"].as_array().unwrap())
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    let data_mib = data_bytes as f64 / (1 << 20) as f64;
+    assert!(
+        (read_mib - data_mib).abs() <= 0.1,
+        "the workers read {read_mib} MiB of a {data_mib} MiB dataset"
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(chunked_dir.join("summary.json")).unwrap()).unwrap();
     let record = &summary["partitions"][0];

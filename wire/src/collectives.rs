@@ -224,6 +224,50 @@ where
     Ok(out)
 }
 
+/// Sends `out[q]` to every other rank `q` and returns what every rank sent to this one, by rank (this
+/// rank's own entry is `out[rank]`, moved, not sent). Every rank calls it with the same tag, whose phase
+/// must be [`Phase::Shuffle`]; the payloads are opaque bytes (at most `u32::MAX` each), checked only for
+/// their tag. Bytes moved: the payloads plus one header per peer each way.
+pub fn all_to_all_bytes<L: Link + ?Sized>(
+    link: &mut L,
+    tag: Tag,
+    mut out: Vec<Vec<u8>>,
+) -> Result<Vec<Vec<u8>>, WireError> {
+    let (me, world) = (link.rank(), link.world());
+    if tag.phase != Phase::Shuffle {
+        return Err(WireError::Usage(format!(
+            "a shuffle is tagged {tag}, not shuffle"
+        )));
+    }
+    if out.len() != world {
+        return Err(WireError::Usage(format!(
+            "{} payloads for {world} ranks",
+            out.len()
+        )));
+    }
+    let mut got = vec![Vec::new(); world];
+    got[me] = std::mem::take(&mut out[me]);
+    for (peer, payload) in out.into_iter().enumerate().filter(|(p, _)| *p != me) {
+        let mut header = tag.header(link, Dtype::U8);
+        header.rows = u32::try_from(payload.len()).map_err(|_| {
+            WireError::Usage(format!("{} bytes in one shuffle payload", payload.len()))
+        })?;
+        header.cols = 1;
+        let frame = Frame { header, payload };
+        frame.validate()?;
+        link.send(peer, frame)?;
+    }
+    for (peer, slot) in got.iter_mut().enumerate().filter(|(p, _)| *p != me) {
+        let frame = link
+            .recv(peer)
+            .map_err(|e| e.awaiting(format!("the records of {tag}")))?;
+        let rows = frame.header.rows as usize;
+        expect(peer, &frame, tag, Dtype::U8, rows, 1)?;
+        *slot = frame.payload;
+    }
+    Ok(got)
+}
+
 /// Sums `data` over all ranks in place; see the module doc for the algorithm and its guarantees. Every rank
 /// must pass a buffer of the same length and `tag.phase` must be [`Phase::AllReduce`].
 pub fn all_reduce_sum<L: Link + ?Sized>(
@@ -413,6 +457,33 @@ mod tests {
         (0..len)
             .map(|i| ((rank * 7919 + i * 104_729) % 1000) as f32 * 0.001 - 0.37)
             .collect()
+    }
+
+    #[test]
+    fn all_to_all_bytes_delivers_each_payload_to_its_rank_and_checks_the_tag() {
+        // rank r sends rank q the bytes [r, q] repeated r + q times (empty from 0 to 0)
+        let results = on_mesh(3, |link| {
+            let me = link.rank();
+            let out = (0..3).map(|q| [me as u8, q as u8].repeat(me + q)).collect();
+            let tag = Tag::new(7, 2, Phase::Shuffle);
+            let got = all_to_all_bytes(link, tag, out).unwrap();
+            // a second round under another tag: a rank tagging it wrongly is refused by its peers
+            let bad = Tag::new(8, if me == 2 { 3 } else { 2 }, Phase::Shuffle);
+            let second = all_to_all_bytes(link, bad, vec![vec![1]; 3]);
+            (got, second.map_err(|e| e.to_string()))
+        });
+        for (me, (got, second)) in results.into_iter().enumerate() {
+            for (q, bytes) in got.iter().enumerate() {
+                assert_eq!(bytes, &[q as u8, me as u8].repeat(me + q), "{q} -> {me}");
+            }
+            // every rank gets a frame it did not expect: 0 and 1 from rank 2, rank 2 from rank 0
+            let err = second.unwrap_err();
+            let from = if me == 2 { 0 } else { 2 };
+            assert!(err.contains(&format!("rank {from}")), "{me}: {err}");
+        }
+        let mut link = MemLink::mesh(1).pop().unwrap();
+        let wrong = all_to_all_bytes(&mut link, Tag::new(0, 0, Phase::Fetch), vec![vec![]]);
+        assert!(wrong.unwrap_err().to_string().contains("not shuffle"));
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //!      8     8  job id
 //!     16     4  epoch
 //!     20     2  layer
-//!     22     1  phase    (0 forward, 1 backward, 2 all-reduce, 3 control)
-//!     23     1  dtype    (0 f32, 1 f16, 2 bf16, 3 f64)
+//!     22     1  phase    (0 forward, 1 backward, 2 all-reduce, 3 control, 4 fetch, 5 shuffle)
+//!     23     1  dtype    (0 f32, 1 f16, 2 bf16, 3 f64, 4 u32, 5 u8)
 //!     24     4  rows
 //!     28     4  cols
 //!     32     8  payload length in bytes
@@ -44,6 +44,8 @@ pub enum Phase {
     Control = 3,
     /// Feature rows fetched by id (data parallelism): id requests and their replies.
     Fetch = 4,
+    /// Dataset rows moved to the workers that own them while the workers cut their parts (bytes).
+    Shuffle = 5,
 }
 
 impl Phase {
@@ -54,6 +56,7 @@ impl Phase {
             2 => Phase::AllReduce,
             3 => Phase::Control,
             4 => Phase::Fetch,
+            5 => Phase::Shuffle,
             _ => return None,
         })
     }
@@ -65,6 +68,7 @@ impl Phase {
             Phase::AllReduce => "all-reduce",
             Phase::Control => "control",
             Phase::Fetch => "fetch",
+            Phase::Shuffle => "shuffle",
         }
     }
 }
@@ -85,6 +89,8 @@ pub enum Dtype {
     F64 = 3,
     /// Node ids (requests for rows).
     U32 = 4,
+    /// Opaque bytes, `rows` of them in one column (a shuffle's records).
+    U8 = 5,
 }
 
 impl Dtype {
@@ -95,12 +101,14 @@ impl Dtype {
             2 => Dtype::BF16,
             3 => Dtype::F64,
             4 => Dtype::U32,
+            5 => Dtype::U8,
             _ => return None,
         })
     }
 
     pub fn size_bytes(self) -> usize {
         match self {
+            Dtype::U8 => 1,
             Dtype::F16 | Dtype::BF16 => 2,
             Dtype::F32 | Dtype::U32 => 4,
             Dtype::F64 => 8,
@@ -114,6 +122,7 @@ impl Dtype {
             Dtype::BF16 => "bf16",
             Dtype::F64 => "f64",
             Dtype::U32 => "u32",
+            Dtype::U8 => "u8",
         }
     }
 }
@@ -356,10 +365,12 @@ impl Frame {
 }
 
 /// Little-endian bytes of `values` in `dtype`: exact for f32 and f64, rounded to nearest-even for f16/bf16.
-/// `U32` carries the f32 bit patterns unchanged (ids travel through [`encode_u32`]).
+/// `U32` carries the f32 bit patterns unchanged (ids travel through [`encode_u32`]); `U8` each value as one
+/// byte, saturated to 0..=255 (bytes travel as they are: [`crate::all_to_all_bytes`]).
 pub fn encode_f32(values: &[f32], dtype: Dtype) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
     match dtype {
+        Dtype::U8 => out.extend(values.iter().map(|v| *v as u8)),
         Dtype::F32 | Dtype::U32 => values
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
@@ -387,6 +398,7 @@ pub fn decode_f32(bytes: &[u8], dtype: Dtype) -> Result<Vec<f32>, WireError> {
     }
     let chunks = bytes.chunks_exact(size);
     Ok(match dtype {
+        Dtype::U8 => bytes.iter().map(|b| f32::from(*b)).collect(),
         Dtype::F32 | Dtype::U32 => chunks
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),

@@ -23,7 +23,9 @@ pub mod link;
 pub mod quic;
 pub mod tls;
 
-pub use collectives::{Tag, all_reduce_sum, all_reduce_sum_f64, fetch_rows, halo_exchange};
+pub use collectives::{
+    Tag, all_reduce_sum, all_reduce_sum_f64, all_to_all_bytes, fetch_rows, halo_exchange,
+};
 pub use error::WireError;
 pub use frame::{
     Dtype, Frame, FrameHeader, HEADER_LEN, MAGIC, MAX_PAYLOAD_BYTES, Phase, VERSION, decode_f32,

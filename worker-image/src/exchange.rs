@@ -677,6 +677,7 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
                 Phase::AllReduce => (None, "all_reduce"),
                 Phase::Control => (None, "control"),
                 Phase::Fetch => (None, "fetch"),
+                Phase::Shuffle => (None, "shuffle"),
             };
             match per_layer
                 .iter_mut()

@@ -1697,6 +1697,8 @@ impl Driver<'_> {
                 assignment: std::path::absolute(&set.assignment)?,
                 part: rank % k,
                 out: std::path::absolute(part_path)?,
+                // one worker per part: they cut together, each reading its share of the dataset
+                shuffle: k > 1 && peers.len() == k,
             }),
             None => PartSource::Served(
                 self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?,
