@@ -575,8 +575,14 @@ mod tests {
             a.dealloc(b3, third);
             let b4 = a.alloc(fourth);
             let kept: Vec<usize> = big::kept().iter().map(|k| k.0).collect();
-            assert!(!kept.contains(&(b1 as usize)), "the largest went back: {kept:?}");
-            assert!(kept.contains(&(b2 as usize)) && kept.contains(&(b3 as usize)), "{kept:?}");
+            assert!(
+                !kept.contains(&(b1 as usize)),
+                "the largest went back: {kept:?}"
+            );
+            assert!(
+                kept.contains(&(b2 as usize)) && kept.contains(&(b3 as usize)),
+                "{kept:?}"
+            );
             a.dealloc(b4, fourth);
             release_freed_memory();
             assert!(big::kept().is_empty());

@@ -380,7 +380,12 @@ pub fn begin_set_chunked(
 /// (one pass over the edge chunks, the feature chunks holding its rows) and writes it to `out` (by
 /// rename: never half-written). Returns the part, equal to what [`PartContext::build`] cuts in one
 /// process. Refuses an assignment made for another version of the dataset.
-pub fn cut_part(dataset_dir: &Path, assignment: &Path, me: usize, out: &Path) -> Result<Part, Error> {
+pub fn cut_part(
+    dataset_dir: &Path,
+    assignment: &Path,
+    me: usize,
+    out: &Path,
+) -> Result<Part, Error> {
     let ds = ChunkedDataset::open(dataset_dir)?;
     let (meta, p) = load_assignment(assignment)?;
     let fingerprint = ds.manifest().fingerprint();

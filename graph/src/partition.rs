@@ -1382,7 +1382,11 @@ pub fn ensure_partitions_reusing(
 
 /// The set of `k` parts for `seed` stored beside the dataset if it is current, whichever method made
 /// it (headers only: nothing is computed).
-pub fn current_set(dataset_path: &Path, k: usize, seed: u64) -> Result<Option<PartitionSet>, Error> {
+pub fn current_set(
+    dataset_path: &Path,
+    k: usize,
+    seed: u64,
+) -> Result<Option<PartitionSet>, Error> {
     let (_, dataset_checksums) = dataset_identity(dataset_path)?;
     Ok(stored_set(dataset_path, k, seed, &dataset_checksums))
 }

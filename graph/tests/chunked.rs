@@ -481,9 +481,15 @@ fn parts_cut_one_by_one_from_a_pending_assignment_equal_the_set_cut_in_one_proce
     assert_eq!(current(&dir), 0);
     // the parts, cut each on its own, equal build_parts on the in-memory dataset
     let ds = ChunkedDataset::open(&dir).unwrap();
-    let p = partition_chunked(&ds, &StreamParams { seed: 0, ..params.clone() })
-        .unwrap()
-        .partitioning;
+    let p = partition_chunked(
+        &ds,
+        &StreamParams {
+            seed: 0,
+            ..params.clone()
+        },
+    )
+    .unwrap()
+    .partitioning;
     let want = build_parts(&mem, &p).unwrap();
     // a commit before the parts exist fails and leaves the set uncommitted
     let early = pending.commit().unwrap_err().to_string();
@@ -497,10 +503,15 @@ fn parts_cut_one_by_one_from_a_pending_assignment_equal_the_set_cut_in_one_proce
     let err = cut_part(&dir, &pending.assignment, 3, &tmp.path().join("x")).unwrap_err();
     assert!(err.to_string().contains("part 3"), "{err}");
     let meta = pending.commit().unwrap();
-    assert!(!pending.assignment.exists(), "the pending assignment goes with the commit");
+    assert!(
+        !pending.assignment.exists(),
+        "the pending assignment goes with the commit"
+    );
     assert_eq!(meta.k, 3);
     assert_eq!(meta.edge_cut, p.edge_cut);
-    assert!(meta.num_undirected_edges > 0 && meta.cut_fraction() > 0.0 && meta.cut_fraction() < 1.0);
+    assert!(
+        meta.num_undirected_edges > 0 && meta.cut_fraction() > 0.0 && meta.cut_fraction() < 1.0
+    );
     // the committed set is current and reused, with the same fingerprints as one computed in one process
     let method = PartitionMethod::Stream(params.clone());
     let reused = ensure_partitions_with(&dir, &[3], 0, Some(&method)).unwrap();
@@ -510,10 +521,16 @@ fn parts_cut_one_by_one_from_a_pending_assignment_equal_the_set_cut_in_one_proce
     let one = ensure_partitions_with(&other, &[3], 0, Some(&method)).unwrap();
     assert!(!one[0].reused);
     let fps = |m: &physalia_graph::partition::PartitionMeta| {
-        m.parts.iter().map(|s| s.fingerprint.clone()).collect::<Vec<_>>()
+        m.parts
+            .iter()
+            .map(|s| s.fingerprint.clone())
+            .collect::<Vec<_>>()
     };
     assert_eq!(fps(&reused[0].meta), fps(&one[0].meta));
-    assert_eq!(reused[0].meta.num_undirected_edges, one[0].meta.num_undirected_edges);
+    assert_eq!(
+        reused[0].meta.num_undirected_edges,
+        one[0].meta.num_undirected_edges
+    );
 
     // an assignment made before the dataset was rewritten is refused by the cutter
     let again = begin_set_chunked(&dir, 3, 0, &params).unwrap();
@@ -521,7 +538,9 @@ fn parts_cut_one_by_one_from_a_pending_assignment_equal_the_set_cut_in_one_proce
     assert_eq!(current(&dir), 0);
     write_chunked(&sbm(&sbm_params(3000, 5)).unwrap(), &dir, 512).unwrap();
     let out = &again.part_files[0];
-    let stale = cut_part(&dir, &again.assignment, 0, out).unwrap_err().to_string();
+    let stale = cut_part(&dir, &again.assignment, 0, out)
+        .unwrap_err()
+        .to_string();
     assert!(stale.contains("another version"), "{stale}");
 }
 

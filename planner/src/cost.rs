@@ -1332,7 +1332,15 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
         false,
         a.elementwise_passes,
     );
-    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, false, a.elementwise_passes);
+    let (rest_s, _, _) = full_graph_pass(
+        r,
+        &ls[1..],
+        &whole,
+        false,
+        false,
+        false,
+        a.elementwise_passes,
+    );
     let z0_bytes = n * first.output * F32;
     let eval_allreduce = 2.0 * (workers - 1.0) / workers * z0_bytes;
     let eval_s = (we.s + rest_s + r.transfer(eval_allreduce, workers - 1.0, 2.0))

@@ -541,7 +541,10 @@ resources: {{gpu: {{count: 1}}, gpu_fallback: cpu}}
     write_job(
         t.path(),
         "job.yaml",
-        &format!("{job}{}", backend.replace("cluster: physalia", "cluster: nope")),
+        &format!(
+            "{job}{}",
+            backend.replace("cluster: physalia", "cluster: nope")
+        ),
     );
     let before = job_dirs(&t.path().join("jobs"));
     let out = ecs

@@ -214,7 +214,10 @@ fn check_exact_with(
             let p = partition_metis(ds.csr(), k, 0).unwrap();
             let runs = distributed_on(device, ds, &p, &cfg, normalize, opts);
             for (rank, (loss, w, val, _)) in runs.iter().enumerate() {
-                let what = format!("{name} {:?} hidden {} k={k} worker {rank}", cfg.kind, cfg.hidden);
+                let what = format!(
+                    "{name} {:?} hidden {} k={k} worker {rank}",
+                    cfg.kind, cfg.hidden
+                );
                 assert_close(&what, loss, &loss1);
                 assert_eq!(val, &val1, "{what}: validation accuracy");
                 for (a, b) in w.iter().zip(&w1) {
@@ -370,7 +373,10 @@ fn input_features_cross_the_network_once() {
         let cfg = wide_cfg(kind, ds.meta.feat_dim, ds.meta.num_classes);
         assert!(cfg.input_dropout > 0.0);
         let mut exact_first = vec![];
-        for (opts, what) in [(ExchangeOptions::default(), "exact"), (sampled.clone(), "sampled")] {
+        for (opts, what) in [
+            (ExchangeOptions::default(), "exact"),
+            (sampled.clone(), "sampled"),
+        ] {
             let by_rank = bytes_by_epoch(&ds, &p, &cfg, &opts, 3);
             if what == "exact" {
                 exact_first = by_rank.iter().map(|e| fwd(&e[0], 0)).collect();
@@ -380,7 +386,10 @@ fn input_features_cross_the_network_once() {
                 let l1: Vec<u64> = epochs.iter().map(|e| fwd(e, 1)).collect();
                 let ctx = format!("{kind:?} {what} worker {rank}: layer-0 bytes {l0:?}");
                 assert_eq!(l0.len(), 3, "{ctx}");
-                assert!(l0[0] > 0, "{ctx}: the first epoch fetches the features' halo");
+                assert!(
+                    l0[0] > 0,
+                    "{ctx}: the first epoch fetches the features' halo"
+                );
                 if kind != LayerKind::Gat {
                     // every halo row, sampled exchange or not: as many bytes as the exact fetch
                     assert_eq!(l0[0], exact_first[rank], "{ctx}: the first fetch is exact");
@@ -390,7 +399,10 @@ fn input_features_cross_the_network_once() {
                 if kept {
                     assert_eq!(&l0[1..], &[0, 0], "{ctx}: fetched again");
                 } else {
-                    assert!(l0[1..].iter().all(|&b| b > 0), "{ctx}: not sent every epoch");
+                    assert!(
+                        l0[1..].iter().all(|&b| b > 0),
+                        "{ctx}: not sent every epoch"
+                    );
                 }
             }
         }

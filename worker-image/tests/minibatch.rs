@@ -1092,7 +1092,9 @@ fn assigned(
                     let scratch = tempfile::TempDir::new().unwrap();
                     let a = physalia_control::Assignment {
                         peers: vec!["127.0.0.1:9".parse().unwrap(); world],
-                        part: physalia_control::PartSource::Served(artifact(set.part_files[rank].clone())),
+                        part: physalia_control::PartSource::Served(artifact(
+                            set.part_files[rank].clone(),
+                        )),
                         part_delta: false,
                         partitioning: Some(artifact(set.dir.join("partition.safetensors"))),
                         dataset: Some(artifact(dataset.to_path_buf())),

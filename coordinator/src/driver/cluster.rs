@@ -324,7 +324,8 @@ pub fn resume(job_url: &str, obs: &dyn Observer, detach: bool) -> Result<()> {
     }
     let job = ResolvedJob::new(spec).with_context(|| format!("{job_url}/job.json"))?;
     let spec = &job.spec;
-    let backend = crate::driver::platform::job_free_backend(&job).with_context(|| format!("{job_url}/job.json"))?;
+    let backend = crate::driver::platform::job_free_backend(&job)
+        .with_context(|| format!("{job_url}/job.json"))?;
     if let Some(bytes) = remote.get(id, COORDINATOR_JSON)? {
         let old: CoordinatorHandle = serde_json::from_slice(&bytes)
             .with_context(|| format!("{job_url}/{COORDINATOR_JSON}: not a coordinator handle"))?;

@@ -20,7 +20,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use physalia_control::Files;
 
-
 /// A resize's partitioning, made and written: one delta file per rank of the new count.
 #[derive(Debug)]
 pub struct Prepared {

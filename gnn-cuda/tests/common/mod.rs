@@ -402,7 +402,9 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
             // written over rows 3.. of a taller y (the fused first-layer backward's row blocks): the mask
             // keyed by global ids from row 3, the rows around the block untouched
             let (above, below) = (3, 5);
-            let ids: Vec<u32> = (0..(above + rows + below) as u32).map(|i| i * 5 + 1).collect();
+            let ids: Vec<u32> = (0..(above + rows + below) as u32)
+                .map(|i| i * 5 + 1)
+                .collect();
             let (y, want) = reference(&|r| ids[above + r] as u64);
             let tall = random(above + rows + below, cols, 11);
             let (mut with_y, mut expect) = (tall.clone(), tall);
@@ -415,7 +417,12 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
             ops.activation_backward_over(&mut ddy, &mut dtall, Some(&d_ids), above, act, d)
                 .unwrap();
             let what = format!("activation_backward_over {act:?} dropout {drop}");
-            assert_close(&what, &ops.download(&dtall).unwrap(), &expect, tol.max(1e-5));
+            assert_close(
+                &what,
+                &ops.download(&dtall).unwrap(),
+                &expect,
+                tol.max(1e-5),
+            );
             let mut short = ops.upload(&random(rows + above - 1, cols, 12)).unwrap();
             assert!(
                 ops.activation_backward_over(&mut ddy, &mut short, None, above, act, d)

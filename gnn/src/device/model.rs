@@ -958,7 +958,8 @@ impl<O: Ops> DeviceModel<O> {
     /// made it (input dropout: a copy of the features), is then freed at once (issue 34: 512 MiB at 1M
     /// nodes and 128 features).
     fn backward_skips_first_input(&self, gs: Graphs<'_, O>) -> bool {
-        self.fused_first_layer(gs).is_some_and(|l0| l0.w_root.is_none())
+        self.fused_first_layer(gs)
+            .is_some_and(|l0| l0.w_root.is_none())
     }
 
     /// The first layer when the fused first-layer backward runs: a GCN- or GraphSAGE-like first layer that
@@ -982,7 +983,8 @@ impl<O: Ops> DeviceModel<O> {
     /// only to be aggregated, and the root weight's forward product and gradient draw their rows again
     /// from the features ([`Ops::gemm_dropped_add`], `fused_first_backward`'s `x_root_dropout`).
     fn redraws_root_input(&self, gs: Graphs<'_, O>) -> bool {
-        self.fused_first_layer(gs).is_some_and(|l0| l0.w_root.is_some())
+        self.fused_first_layer(gs)
+            .is_some_and(|l0| l0.w_root.is_some())
     }
 
     /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, on a

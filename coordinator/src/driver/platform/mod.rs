@@ -241,7 +241,13 @@ fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str) -> Result<Launch> {
 /// The job's backend for what precedes every launch (the preflight, cluster mode's coordinator): no
 /// job id or record yet.
 pub fn job_free_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
-    of_job(job).backend(job, "", Path::new(""), 0, &crate::driver::Plain { quiet: true })
+    of_job(job).backend(
+        job,
+        "",
+        Path::new(""),
+        0,
+        &crate::driver::Plain { quiet: true },
+    )
 }
 
 /// The platform's preflight (`Backend::check`: credentials, the cluster, quotas and capacity at the
@@ -250,7 +256,9 @@ pub fn job_free_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
 pub fn preflight(job: &ResolvedJob, backend: &dyn Backend, obs: &dyn Observer) -> Result<()> {
     let probe = preflight_worker(job, obs)?;
     let demand = job.demand(of_job(job).resizes_in_place());
-    Ok(crate::driver::workers::block_on(backend.check(&probe, demand))??)
+    Ok(crate::driver::workers::block_on(
+        backend.check(&probe, demand),
+    )??)
 }
 
 /// The container a cloud platform's preflight checks (`Backend::check`): a launch's worker, before
