@@ -987,6 +987,41 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_uploads_its_own_part_where_the_coordinator_expects_it_and_no_other() {
+        let job = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let ca = JobCa::new("job-p").unwrap();
+        let files = Files::new(Some(job.path().to_path_buf()));
+        let set = job.path().join("data.parts/k2-seed0");
+        files.expect_part(1, &set.join("part1.safetensors"));
+        let s = file_server(&ca, files);
+        let mut c0 = registered(&s, &ca, 0);
+        let mut c1 = registered(&s, &ca, 1);
+        let part = work.path().join("part");
+        let bytes = payload(transfer::CHUNK + 7);
+        std::fs::write(&part, &bytes).unwrap();
+        c1.upload(Upload::Part { part: 1 }, &part).unwrap();
+        assert_eq!(std::fs::read(set.join("part1.safetensors")).unwrap(), bytes);
+        // another worker's part, and a part nobody expects, are refused; nothing else is written
+        let e = c0
+            .upload(Upload::Part { part: 1 }, &part)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("its own part only"), "{e}");
+        let e = c0
+            .upload(Upload::Part { part: 0 }, &part)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expects no part 0"), "{e}");
+        let names: Vec<_> = std::fs::read_dir(&set)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["part1.safetensors"]);
+        assert!(!job.path().join("parts").exists());
+    }
+
+    #[test]
     fn a_peer_announcing_a_huge_frame_is_refused_before_anything_is_read() {
         let ca = JobCa::new("job-h").unwrap();
         let s = file_server(&ca, Files::default());

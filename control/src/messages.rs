@@ -115,9 +115,28 @@ pub struct PartCut {
     /// rank being its part. Otherwise the worker reads every edge chunk itself (`cut_part`).
     #[serde(default)]
     pub shuffle: bool,
+    /// For a worker that does not read the coordinator's disk: the dataset's files and the assignment
+    /// are fetched by name instead of read at the paths above, and the part is handed back
+    /// ([`Upload::Part`]) instead of written to `out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<ServedCut>,
 }
 
-/// What a worker may send the coordinator to keep (rank 0 only).
+/// What a worker that shares no disk with the coordinator fetches to cut its part: [`PartCut::served`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedCut {
+    /// The dataset's `manifest.json`.
+    pub manifest: Artifact,
+    /// Each chunk file is served as this prefix and its path in the manifest (its size and checksum
+    /// are the manifest's), so the assignment does not list them: a worker fetches only the chunks
+    /// it reads.
+    pub chunk_prefix: String,
+    /// The pending assignment.
+    pub assignment: Artifact,
+}
+
+/// What a worker may send the coordinator to keep: rank 0 its checkpoints and the model, a worker that
+/// cut its part away from the coordinator's disk that part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Upload {
@@ -125,6 +144,9 @@ pub enum Upload {
     Checkpoint { epoch: usize },
     /// The trained model.
     Model,
+    /// Part `part` of a set its worker cut ([`PartCut::served`]); only that worker may send it, and only
+    /// where the coordinator expects it.
+    Part { part: usize },
 }
 
 impl Upload {
@@ -133,6 +155,7 @@ impl Upload {
         match self {
             Upload::Checkpoint { epoch } => checkpoint_path(Path::new("checkpoints"), epoch),
             Upload::Model => PathBuf::from("model.safetensors"),
+            Upload::Part { part } => PathBuf::from(format!("parts/part{part}.safetensors")),
         }
     }
 }

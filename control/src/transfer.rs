@@ -3,7 +3,8 @@
 //!
 //! After registering, a worker opens one more bidirectional stream of its (mutually authenticated)
 //! control connection per transfer. The first frame is a [`Request`]: `Get` an artifact the coordinator
-//! serves ([`Files::serve`]), or `Put` an [`Upload`] (rank 0's checkpoints and model). Then the bytes flow
+//! serves ([`Files::serve`]), or `Put` an [`Upload`] (rank 0's checkpoints and model, a worker's part it
+//! cut: [`Files::expect_part`]). Then the bytes flow
 //! raw, in chunks of [`CHUNK`], written to a temporary file beside the destination and hashed as they go,
 //! so memory stays bounded whatever the file's size (QUIC's flow control holds the sender back). The
 //! receiver checks the size and the xxh3 checksum the request or the reply announced, then renames the file
@@ -71,6 +72,8 @@ struct Table {
     /// Checksums by (path, size, modification time): a file served again is not read again.
     known: BTreeMap<(PathBuf, u64, std::time::SystemTime), u64>,
     uploads: Option<PathBuf>,
+    /// Where each part a worker cuts away from this disk is stored ([`Files::expect_part`]).
+    parts: BTreeMap<usize, PathBuf>,
 }
 
 /// What the coordinator serves and where uploads go, shared by every launch of a job (checksums are
@@ -122,14 +125,56 @@ impl Files {
         })
     }
 
+    /// Serves the file at `path` under `name` with the size and checksum the caller already knows (a
+    /// chunked dataset's manifest lists them): nothing is read until a worker asks, and the worker
+    /// checks what it got against them as always.
+    pub fn serve_known(&self, name: &str, path: &Path, size: u64, xxh3: u64) -> Artifact {
+        self.0.lock().expect("not poisoned").served.insert(
+            name.to_string(),
+            Served {
+                path: path.to_path_buf(),
+                size,
+                xxh3,
+            },
+        );
+        Artifact {
+            name: name.to_string(),
+            size,
+            xxh3,
+            path: None,
+        }
+    }
+
+    /// Takes part `part`, uploaded by the worker of that rank ([`Upload::Part`]), into `dest`.
+    pub fn expect_part(&self, part: usize, dest: &Path) {
+        let mut t = self.0.lock().expect("not poisoned");
+        t.parts.insert(part, dest.to_path_buf());
+    }
+
     fn lookup(&self, name: &str) -> Option<(PathBuf, u64, u64)> {
         let t = self.0.lock().expect("not poisoned");
         t.served.get(name).map(|s| (s.path.clone(), s.size, s.xxh3))
     }
 
-    fn upload_path(&self, what: Upload) -> Option<PathBuf> {
+    /// Where worker `rank`'s upload of `what` goes, or why it is refused.
+    fn upload_path(&self, what: Upload, rank: usize) -> Result<PathBuf, String> {
         let t = self.0.lock().expect("not poisoned");
-        t.uploads.as_ref().map(|d| d.join(what.relative_path()))
+        match what {
+            Upload::Part { part } if part != rank => Err(format!(
+                "worker {rank} may upload its own part only, not part {part}"
+            )),
+            Upload::Part { part } => t
+                .parts
+                .get(&part)
+                .cloned()
+                .ok_or_else(|| format!("this coordinator expects no part {part}")),
+            _ if rank != 0 => Err(format!("worker {rank} may not upload; only rank 0 does")),
+            _ => t
+                .uploads
+                .as_ref()
+                .map(|d| d.join(what.relative_path()))
+                .ok_or_else(|| "this coordinator takes no uploads".to_string()),
+        }
     }
 }
 
@@ -258,11 +303,7 @@ pub(crate) async fn serve_stream(
             Ok(())
         }
         Request::Put { what, size, xxh3 } => {
-            let dest = match files.upload_path(what) {
-                Some(p) if rank == 0 => Ok(p),
-                Some(_) => Err(format!("worker {rank} may not upload; only rank 0 does")),
-                None => Err("this coordinator takes no uploads".to_string()),
-            };
+            let dest = files.upload_path(what, rank);
             let answer = match dest {
                 Ok(dest) => match receive_file(&mut recv, &dest, size, xxh3).await {
                     Ok(()) => Reply::Stored,

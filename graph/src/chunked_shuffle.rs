@@ -20,7 +20,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::chunked::ChunkedDataset;
+use crate::chunked::{ChunkEntry, ChunkedDataset, Manifest};
 use crate::error::Error;
 use crate::format::{FeatureDtype, Features, Split};
 use crate::partition::{Part, Partitioning, load_assignment, write_part};
@@ -120,7 +120,12 @@ pub fn shuffle_part(
     let owned: Vec<u32> = (0..n as u32)
         .filter(|&v| p.parts[v as usize] == me32)
         .collect();
-    let mut stats = ShuffleStats::default();
+    let reads = chunks_read_by(m, me, k);
+    let mut stats = ShuffleStats {
+        read_bytes: reads.iter().map(|c| c.bytes).sum(),
+        chunks_read: reads.len(),
+        ..ShuffleStats::default()
+    };
     let mut ex = Exchange {
         shuffle,
         stats: &mut stats,
@@ -131,11 +136,6 @@ pub fn shuffle_part(
         let i = round * k + me;
         let mut out = vec![Vec::new(); k];
         if i < node_chunks {
-            let t = &m.tensors;
-            for tensor in [&t.indptr, &t.indices, &t.features, &t.labels] {
-                ex.stats.read_bytes += tensor.chunks[i].bytes;
-                ex.stats.chunks_read += 1;
-            }
             let (indptr, indices) = ds.read_chunk_edges(i)?;
             let (features, labels) = ds.read_chunk_nodes(i)?;
             let feats = feature_bytes(&features);
@@ -166,8 +166,6 @@ pub fn shuffle_part(
             let j = round * k + me;
             let mut out = vec![Vec::new(); k];
             if j < chunks.len() {
-                ex.stats.read_bytes += chunks[j].bytes;
-                ex.stats.chunks_read += 1;
                 for v in ds.read_split_chunk(split, j)? {
                     out[p.parts[v as usize] as usize].extend_from_slice(&(v as u32).to_le_bytes());
                 }
@@ -296,6 +294,23 @@ pub fn shuffle_part(
         },
         stats,
     ))
+}
+
+/// The chunk files worker `me` of `k` reads in [`shuffle_part`]: node chunks `me, me + k, me + 2k, ...`
+/// of every node tensor, and the split lists' chunks alike. Every chunk file is some worker's, once.
+pub fn chunks_read_by(m: &Manifest, me: usize, k: usize) -> Vec<&ChunkEntry> {
+    let t = &m.tensors;
+    let mut out = Vec::new();
+    for i in (me..m.num_chunks()).step_by(k.max(1)) {
+        for tensor in [&t.indptr, &t.indices, &t.features, &t.labels] {
+            out.push(&tensor.chunks[i]);
+        }
+    }
+    for s in Split::ALL {
+        let chunks = &t.split(s).chunks;
+        out.extend((me..chunks.len()).step_by(k.max(1)).map(|j| &chunks[j]));
+    }
+    out
 }
 
 /// The [`Shuffle`] with the bytes moved counted.

@@ -6,7 +6,9 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 
 use physalia_graph::chunked::{ChunkedDataset, write_chunked};
 use physalia_graph::chunked_partition::{begin_set_chunked, partition_chunked};
-use physalia_graph::chunked_shuffle::{Shuffle, ShuffleStats, cut_part_shuffled, shuffle_part};
+use physalia_graph::chunked_shuffle::{
+    Shuffle, ShuffleStats, chunks_read_by, cut_part_shuffled, shuffle_part,
+};
 use physalia_graph::partition::{Part, Partitioning, build_parts};
 use physalia_graph::stream::StreamParams;
 use physalia_graph::synth::sbm;
@@ -145,6 +147,24 @@ fn parts_cut_by_shuffle_equal_build_parts_and_read_the_dataset_once() {
             ds.manifest().data_bytes(),
             "k {k}: every chunk read once in all"
         );
+        // the files each worker reads, which a worker away from the dataset's disk fetches: every one
+        // is some worker's, once
+        let mut files: Vec<&str> = (0..k)
+            .flat_map(|me| chunks_read_by(ds.manifest(), me, k))
+            .map(|c| c.file.as_str())
+            .collect();
+        let n_files = files.len();
+        files.sort_unstable();
+        files.dedup();
+        assert_eq!(files.len(), n_files, "k {k}: no file read twice");
+        let all: usize = ds
+            .manifest()
+            .tensors
+            .all()
+            .iter()
+            .map(|(_, t)| t.chunks.len())
+            .sum();
+        assert_eq!(n_files, all, "k {k}: every file read");
     }
 }
 

@@ -120,6 +120,130 @@ fn cora_on_three_containers_trains_like_three_processes() {
     );
 }
 
+/// A chunked dataset on containers that share no disk with the coordinator (issue 31): each worker
+/// fetches only the chunk files it reads (half of them each), the two cut their parts together over
+/// the mesh and hand them back; the coordinator commits the set beside the dataset. The losses equal
+/// local processes' on the same graph, and a second job reuses the set (served parts, nothing cut).
+#[test]
+fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
+    if !docker_available() {
+        return;
+    }
+    let t = TempDir::new().unwrap();
+    for out in ["a", "b"] {
+        physalia(
+            t.path(),
+            [
+                "data",
+                "synth",
+                "sbm",
+                "--nodes",
+                "3000",
+                "--classes",
+                "4",
+                "--feat-dim",
+                "16",
+                "--avg-degree",
+                "8",
+                "--seed",
+                "1",
+                "--layout",
+                "chunked",
+                "--chunk-rows",
+                "512",
+                "-o",
+                out,
+            ],
+        )
+        .ok();
+    }
+    let job = |path: &str| {
+        format!(
+            "name: dkc\ndataset:\n  path: {path}\nmodel: {{kind: sage, layers: 2, hidden: 16}}\ntrain: {{epochs: 6, seed: 0}}\nworkers: 2\noutput: {{dir: jobs}}\n"
+        )
+    };
+    write_job(t.path(), "job.yaml", &job("a"));
+    let local = submit(t.path(), &[]);
+    write_job(t.path(), "job.yaml", &job("b"));
+    let docker = submit(t.path(), &["backend=docker"]);
+    let dir = t.path().join(docker["job_dir"].as_str().unwrap());
+    let (a, b) = (
+        losses(&t.path().join(local["job_dir"].as_str().unwrap())),
+        losses(&dir),
+    );
+    assert_eq!(a.len(), 6);
+    for (e, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-4 * x.abs(),
+            "epoch {}: local {x}, docker {y}",
+            e + 1
+        );
+    }
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(t.path().join("b/manifest.json")).unwrap()).unwrap();
+    let data_bytes: u64 = manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|t| t["chunks"].as_array().unwrap())
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    let mut read_mib = 0.0;
+    for rank in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("logs/worker-{rank}.log"))).unwrap();
+        assert!(
+            log.contains(&format!("worker {rank}: cut part {rank} of 2")),
+            "{log}"
+        );
+        assert!(log.contains("chunks, fetched)"), "{log}");
+        let mib: f64 = log
+            .split("read ")
+            .nth(1)
+            .and_then(|r| r.split(" MiB of the dataset's files").next())
+            .and_then(|x| x.parse().ok())
+            .unwrap_or_else(|| panic!("no bytes read in {log}"));
+        // each fetched its share, not the dataset
+        assert!(
+            mib * f64::from(1u32 << 20) < 0.75 * data_bytes as f64,
+            "{log}"
+        );
+        read_mib += mib;
+    }
+    let data_mib = data_bytes as f64 / f64::from(1u32 << 20);
+    assert!(
+        (read_mib - data_mib).abs() <= 0.1,
+        "read {read_mib} MiB of {data_mib} MiB"
+    );
+    // the parts came back into the set beside the dataset, which the coordinator committed
+    let set = t.path().join("b.parts/k2-seed0");
+    for f in [
+        "partition.safetensors",
+        "part0.safetensors",
+        "part1.safetensors",
+    ] {
+        assert!(set.join(f).is_file(), "{f}");
+    }
+    assert!(!set.join("pending").exists());
+    let coordinator = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(
+        coordinator.contains("its 2 parts cut by the workers"),
+        "{coordinator}"
+    );
+    // and they are the parts the local workers cut from the same graph
+    for f in ["part0.safetensors", "part1.safetensors"] {
+        assert_eq!(
+            std::fs::read(set.join(f)).unwrap(),
+            std::fs::read(t.path().join("a.parts/k2-seed0").join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    let again = submit(t.path(), &["backend=docker"]);
+    let again_dir = t.path().join(again["job_dir"].as_str().unwrap());
+    let log = std::fs::read_to_string(again_dir.join("logs/worker-0.log")).unwrap();
+    assert!(!log.contains("cut part"), "{log}");
+    assert_eq!(losses(&again_dir), b);
+}
+
 #[test]
 fn a_container_killed_mid_training_is_recovered() {
     if !docker_available() {

@@ -5,13 +5,13 @@
 //! `physalia-worker` binary wraps it with registration and the QUIC mesh, tests wrap it with threads and
 //! the in-memory link.
 
+pub mod cut;
 pub mod delta;
 pub mod exchange;
 pub mod logging;
 pub mod minibatch;
 pub mod run;
 pub mod secrets;
-pub mod shuffle;
 
 use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
 use physalia_graph::partition::Part;

@@ -303,52 +303,12 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
         PartSource::Cut(_) => (None, 0),
     };
-    let load_part = |link: &mut L| -> Result<Part> {
+    let load_part = |link: &mut L, io: &mut dyn Coordinator| -> Result<Part> {
         match (&a.part, &part_path) {
             (_, Some(path)) => {
                 Part::load(path).with_context(|| format!("loading {}", path.display()))
             }
-            (PartSource::Cut(c), None) if c.shuffle => {
-                let t = Instant::now();
-                let (part, stats) = crate::shuffle::cut_together(link, c)?;
-                let mib = |b: u64| b as f64 / (1 << 20) as f64;
-                eprintln!(
-                    "worker {rank}: cut part {} of {} from {} with the other workers ({} rows, {} halo \
-                     rows): read {:.1} MiB of the dataset's files ({} chunks), sent {:.1} MiB and received \
-                     {:.1} MiB of rows, in {:.3} s",
-                    part.part,
-                    part.k,
-                    c.dataset.display(),
-                    part.owned.len(),
-                    part.halo.len(),
-                    mib(stats.read_bytes),
-                    stats.chunks_read,
-                    mib(stats.sent_bytes),
-                    mib(stats.received_bytes),
-                    t.elapsed().as_secs_f64()
-                );
-                Ok(part)
-            }
-            (PartSource::Cut(c), None) => {
-                let t = Instant::now();
-                let part = physalia_graph::chunked_partition::cut_part(
-                    &c.dataset,
-                    &c.assignment,
-                    c.part,
-                    &c.out,
-                )
-                .with_context(|| format!("cutting part {} of {}", c.part, c.dataset.display()))?;
-                eprintln!(
-                    "worker {rank}: cut part {} of {} from {} ({} rows, {} halo rows) in {:.3} s",
-                    part.part,
-                    part.k,
-                    c.dataset.display(),
-                    part.owned.len(),
-                    part.halo.len(),
-                    t.elapsed().as_secs_f64()
-                );
-                Ok(part)
-            }
+            (PartSource::Cut(c), None) => crate::cut::cut(link, io, c),
             (PartSource::Served(_), None) => unreachable!("a served part was fetched above"),
         }
     };
@@ -402,7 +362,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     );
                     part
                 }
-                false => load_part(link)?,
+                false => load_part(link, io)?,
             };
             drop(held_part);
             // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
@@ -446,7 +406,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         }
         TrainMode::Data => {
             let part_path = served_path()?;
-            let part = load_part(link)?;
+            let part = load_part(link, io)?;
             let map = a
                 .partitioning
                 .as_ref()

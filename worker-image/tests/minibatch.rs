@@ -1045,6 +1045,7 @@ impl physalia_worker::run::Coordinator for FolderCoordinator {
         self.log.push(match what {
             physalia_control::Upload::Checkpoint { epoch } => format!("checkpoint {epoch}"),
             physalia_control::Upload::Model => "model".into(),
+            physalia_control::Upload::Part { part } => format!("part {part}"),
         });
         Ok(())
     }

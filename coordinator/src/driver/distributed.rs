@@ -36,6 +36,10 @@ use physalia_control::{
 };
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_graph::chunked_partition::PendingSet;
+
+/// The names a chunked dataset's files are served under to workers that cut their parts away from
+/// the coordinator's disk: this and the file's path in the manifest.
+const CHUNK_PREFIX: &str = "dataset-chunk/";
 use physalia_graph::partition::PartitionMethod;
 use physalia_graph::stream::StreamParams;
 use physalia_wire::{Dtype, JobCa};
@@ -1542,12 +1546,11 @@ impl Driver<'_> {
     }
 
     /// The streaming parameters to partition with when the workers cut their own parts: a chunked
-    /// dataset, no current set stored, and workers that read the coordinator's disk (the others fetch
-    /// served part files, which this process cuts). One part too: it is the whole graph, which the
-    /// one worker holds anyway and the coordinator then never does.
+    /// dataset and no current set stored. Workers that read this disk read the dataset in place; the
+    /// others fetch the chunk files they read ([`Self::serve_cut`]). One part too: it is the whole
+    /// graph, which the one worker holds anyway and the coordinator then never does.
     fn cut_by_workers(&self, k: usize, seed: u64) -> Result<Option<StreamParams>> {
-        let chunked = physalia_graph::chunked::is_chunked(self.dataset_path);
-        if !chunked || !platform::of_job(self.job).workers_read_coordinator_disk() {
+        if !physalia_graph::chunked::is_chunked(self.dataset_path) {
             return Ok(None);
         }
         if physalia_graph::partition::current_set(self.dataset_path, k, seed)?.is_some() {
@@ -1669,6 +1672,48 @@ impl Driver<'_> {
         })
     }
 
+    /// What a worker that does not read this disk needs to cut part `part` of the pending `set`: the
+    /// dataset's manifest, every chunk file under [`CHUNK_PREFIX`] with the manifest's sizes and
+    /// checksums (nothing is read until a worker asks for it), and the assignment; the part the worker
+    /// hands back is taken into the set at `out`.
+    fn serve_cut(
+        &self,
+        set: &PendingSet,
+        part: usize,
+        tag: &str,
+        out: &Path,
+    ) -> Result<physalia_control::ServedCut> {
+        let ds = physalia_graph::ChunkedDataset::open(self.dataset_path)?;
+        for (_, tensor) in ds.manifest().tensors.all() {
+            for c in &tensor.chunks {
+                let xxh3 = u64::from_str_radix(&c.xxh3, 16).with_context(|| {
+                    format!(
+                        "{}: the checksum of {}",
+                        self.dataset_path.display(),
+                        c.file
+                    )
+                })?;
+                self.files.serve_known(
+                    &format!("{CHUNK_PREFIX}{}", c.file),
+                    &self.dataset_path.join(&c.file),
+                    c.bytes,
+                    xxh3,
+                );
+            }
+        }
+        self.files.expect_part(part, &std::path::absolute(out)?);
+        Ok(physalia_control::ServedCut {
+            manifest: self.serve(
+                "dataset-manifest",
+                &self
+                    .dataset_path
+                    .join(physalia_graph::chunked::MANIFEST_FILE),
+            )?,
+            chunk_prefix: CHUNK_PREFIX.to_string(),
+            assignment: self.serve(&format!("assignment-{tag}"), &set.assignment)?,
+        })
+    }
+
     /// Serves `path` under `name` to the job's workers.
     fn serve(&self, name: &str, path: &Path) -> Result<Artifact> {
         self.files
@@ -1692,14 +1737,22 @@ impl Driver<'_> {
         let part = match pending {
             // the worker cuts its part from the dataset, which it reads in place, and writes it
             // where the set keeps it
-            Some(set) => PartSource::Cut(PartCut {
-                dataset: std::path::absolute(self.dataset_path)?,
-                assignment: std::path::absolute(&set.assignment)?,
-                part: rank % k,
-                out: std::path::absolute(part_path)?,
-                // one worker per part: they cut together, each reading its share of the dataset
-                shuffle: k > 1 && peers.len() == k,
-            }),
+            Some(set) => {
+                // a worker away from this disk fetches the files it reads and hands its part back
+                let served = match platform::of_job(self.job).workers_read_coordinator_disk() {
+                    true => None,
+                    false => Some(self.serve_cut(set, rank % k, parts_tag, part_path)?),
+                };
+                PartSource::Cut(PartCut {
+                    dataset: std::path::absolute(self.dataset_path)?,
+                    assignment: std::path::absolute(&set.assignment)?,
+                    part: rank % k,
+                    out: std::path::absolute(part_path)?,
+                    // one worker per part: they cut together, each reading its share of the dataset
+                    shuffle: k > 1 && peers.len() == k,
+                    served,
+                })
+            }
             None => PartSource::Served(
                 self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?,
             ),

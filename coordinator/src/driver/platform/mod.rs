@@ -71,8 +71,9 @@ pub trait Platform: Sync {
     }
 
     /// Whether the workers read the coordinator's disk (processes on its machine): they then read a
-    /// chunked dataset in place and cut their own parts (issue 31). Elsewhere they fetch the part
-    /// files the coordinator serves.
+    /// chunked dataset in place to cut their parts (issue 31) and write the parts into the set.
+    /// Elsewhere they fetch the chunk files they read, which the coordinator serves, and hand their
+    /// parts back.
     fn workers_read_coordinator_disk(&self) -> bool {
         false
     }
