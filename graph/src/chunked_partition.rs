@@ -317,6 +317,8 @@ pub struct PendingSet {
     pub assignment: PathBuf,
     /// Where each part is to be written (`part<P>.safetensors` in `dir`).
     pub part_files: Vec<PathBuf>,
+    /// Whether the assignment is an earlier launch's, kept ([`begin_set_chunked`]).
+    pub resumed: bool,
     dataset: PathBuf,
     started: Instant,
     started_at: std::time::SystemTime,
@@ -325,7 +327,10 @@ pub struct PendingSet {
 
 /// Streams the chunked dataset at `dataset_dir` into `k` parts ([`partition_chunked`]) and stores the
 /// assignment in the set's `pending/` folder; any commit marker of an earlier set of the same name is
-/// removed first, so no reader pairs it with the parts about to be cut.
+/// removed first, so no reader pairs it with the parts about to be cut. A pending assignment already
+/// there for the same dataset version, seed and method (a launch whose workers failed before the set
+/// was committed) is taken as it is: a retried launch neither partitions again nor rewrites it, and
+/// the parts its workers wrote are kept ([`cut_part`], [`crate::chunked_shuffle::cut_part_shuffled`]).
 pub fn begin_set_chunked(
     dataset_dir: &Path,
     k: usize,
@@ -333,17 +338,22 @@ pub fn begin_set_chunked(
     params: &StreamParams,
 ) -> Result<PendingSet, Error> {
     let ds = ChunkedDataset::open(dataset_dir)?;
-    let started = Instant::now();
-    let started_at = std::time::SystemTime::now();
     let params = StreamParams {
         k,
         seed,
         ..params.clone()
     };
-    let p = partition_chunked(&ds, &params)?.partitioning;
-    let partition_seconds = started.elapsed().as_secs_f64();
     let dir = partition_set_dir(dataset_dir, k, seed);
     let pending = dir.join(PENDING_DIR);
+    let assignment = pending.join(PARTITION_FILE);
+    let fingerprint = ds.manifest().fingerprint();
+    if let Some(set) = resume_pending(&assignment, &fingerprint, &params, &dir, dataset_dir) {
+        return Ok(set);
+    }
+    let started = Instant::now();
+    let started_at = std::time::SystemTime::now();
+    let p = partition_chunked(&ds, &params)?.partitioning;
+    let partition_seconds = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(&pending).map_err(|e| Error::io(&pending, e))?;
     let marker = dir.join(PARTITION_FILE);
     match std::fs::remove_file(&marker) {
@@ -351,7 +361,15 @@ pub fn begin_set_chunked(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(&marker, e)),
     }
-    let checksums = BTreeMap::from([("manifest".to_string(), ds.manifest().fingerprint())]);
+    // parts of an earlier assignment must not pass for this one's
+    for f in part_files(&dir, k) {
+        match std::fs::remove_file(&f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&f, e)),
+        }
+    }
+    let checksums = BTreeMap::from([("manifest".to_string(), fingerprint)]);
     write_partition_file(
         &pending,
         &p,
@@ -365,15 +383,60 @@ pub fn begin_set_chunked(
         },
     )?;
     Ok(PendingSet {
-        assignment: pending.join(PARTITION_FILE),
+        assignment,
         part_files: part_files(&dir, k),
         dir,
         k,
+        resumed: false,
         dataset: dataset_dir.to_path_buf(),
         started,
         started_at,
         partition_seconds,
     })
+}
+
+/// The pending set whose assignment is stored at `assignment`, if it was made for this dataset version
+/// (`fingerprint`), seed, number of parts and method; its start is when the assignment began.
+fn resume_pending(
+    assignment: &Path,
+    fingerprint: &str,
+    params: &StreamParams,
+    dir: &Path,
+    dataset_dir: &Path,
+) -> Option<PendingSet> {
+    let (meta, _) = load_assignment(assignment).ok()?;
+    let same = meta.dataset_checksums.get("manifest").map(String::as_str) == Some(fingerprint)
+        && meta.k == params.k
+        && meta.seed == params.seed
+        && meta.method == params.method();
+    if !same {
+        return None;
+    }
+    let partition_seconds = meta.partition_seconds.unwrap_or(0.0);
+    let written = std::fs::metadata(assignment)
+        .and_then(|m| m.modified())
+        .ok()?;
+    let started_at = written - std::time::Duration::from_secs_f64(partition_seconds);
+    let ago = std::time::SystemTime::now()
+        .duration_since(started_at)
+        .unwrap_or_default();
+    Some(PendingSet {
+        assignment: assignment.to_path_buf(),
+        part_files: part_files(dir, params.k),
+        dir: dir.to_path_buf(),
+        k: params.k,
+        resumed: true,
+        dataset: dataset_dir.to_path_buf(),
+        started: Instant::now().checked_sub(ago).unwrap_or_else(Instant::now),
+        started_at,
+        partition_seconds,
+    })
+}
+
+/// Whether the part file at `out` is already `part`, cut from this pending assignment by an earlier try:
+/// then it is not written again.
+pub(crate) fn already_written(part: &Part, out: &Path) -> bool {
+    Part::load(out).is_ok_and(|old| old == *part)
 }
 
 /// Cuts part `me` of the pending assignment at `assignment` from the chunked dataset at `dataset_dir`
@@ -405,7 +468,9 @@ pub fn cut_part(
         )));
     }
     let part = PartContext::new(&ds, &p)?.build(me)?;
-    write_part(&part, out)?;
+    if !already_written(&part, out) {
+        write_part(&part, out)?;
+    }
     Ok(part)
 }
 

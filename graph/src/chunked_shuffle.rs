@@ -53,6 +53,8 @@ pub struct ShuffleStats {
     /// Record bytes this worker sent to other workers and received from them.
     pub sent_bytes: u64,
     pub received_bytes: u64,
+    /// Whether this call wrote the part file (false: an earlier try of the same assignment had).
+    pub wrote: bool,
 }
 
 /// The exchange stages, in order: the tag of every message says which one it belongs to.
@@ -63,7 +65,7 @@ const STAGE_DEGREES: u16 = 6;
 
 /// Cuts part `shuffle.me()` of the pending assignment at `assignment` from the chunked dataset at
 /// `dataset_dir` together with the other workers ([`shuffle_part`]) and writes it to `out` (by rename:
-/// never half-written). Refuses an assignment made for another version of the dataset or into another
+/// never half-written) unless an earlier try of the same assignment wrote it already. Refuses an assignment made for another version of the dataset or into another
 /// number of parts than there are workers.
 pub fn cut_part_shuffled(
     dataset_dir: &Path,
@@ -83,8 +85,12 @@ pub fn cut_part_shuffled(
             ),
         ));
     }
-    let (part, stats) = shuffle_part(&ds, &p, shuffle)?;
-    write_part(&part, out)?;
+    let (part, mut stats) = shuffle_part(&ds, &p, shuffle)?;
+    // a retried launch's worker whose part an earlier try wrote keeps that file
+    stats.wrote = !crate::chunked_partition::already_written(&part, out);
+    if stats.wrote {
+        write_part(&part, out)?;
+    }
     Ok((part, stats))
 }
 

@@ -204,6 +204,45 @@ fn a_pending_set_cut_by_shuffle_is_written_and_a_lost_record_is_an_error() {
     for (me, f) in pending.part_files.iter().enumerate() {
         assert_eq!(Part::load(f).unwrap(), want[me]);
     }
+    // a retried launch (the set was never committed) keeps the assignment and the parts written: the
+    // workers cut again, to train, but nothing is written twice
+    let modified = |f: &std::path::Path| std::fs::metadata(f).unwrap().modified().unwrap();
+    let before: Vec<_> = pending.part_files.iter().map(|f| modified(f)).collect();
+    let assigned = modified(&pending.assignment);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let again = begin_set_chunked(&dir, 2, 0, &StreamParams::new(2)).unwrap();
+    assert!(again.resumed && !pending.resumed);
+    assert_eq!(
+        modified(&again.assignment),
+        assigned,
+        "the assignment is not made again"
+    );
+    let wrote: Vec<bool> = std::thread::scope(|s| {
+        let hs: Vec<_> = mesh(2, None)
+            .into_iter()
+            .map(|mut sh| {
+                let (dir, again, want) = (&dir, &again, &want);
+                s.spawn(move || {
+                    let out = &again.part_files[sh.me];
+                    let (part, stats) =
+                        cut_part_shuffled(dir, &again.assignment, out, &mut sh).unwrap();
+                    assert_eq!(part, want[sh.me]);
+                    stats.wrote
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(wrote, [false, false]);
+    let after: Vec<_> = again.part_files.iter().map(|f| modified(f)).collect();
+    assert_eq!(after, before, "no part file written twice");
+    again.commit().unwrap();
+    // another seed is another set; a new assignment for this one (the dataset rewritten) removes the
+    // parts of the old one, so none of them passes for the new assignment's
+    write_chunked(&mem, &dir, 300).unwrap();
+    let fresh = begin_set_chunked(&dir, 2, 0, &StreamParams::new(2)).unwrap();
+    assert!(!fresh.resumed);
+    assert!(fresh.part_files.iter().all(|f| !f.exists()));
     let ds = ChunkedDataset::open(&dir).unwrap();
     let got = shuffled(&ds, &p, Some(0));
     let err = got[0].as_ref().unwrap_err().to_string();

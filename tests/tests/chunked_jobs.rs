@@ -352,3 +352,79 @@ fn the_partitioner_is_the_job_files_or_the_planners_and_the_record_keeps_its_qua
     assert_eq!(p[0]["parts"], 1, "{p:?}");
     assert_ne!(p[0]["method"], "metis", "{p:?}");
 }
+
+/// A worker lost while the workers cut their parts: the launch is retried on the assignment the first
+/// try stored (not partitioned again), the part files the first try wrote are kept (nothing is written
+/// twice), the set is committed once, and the losses equal an uninterrupted job's on the same graph.
+#[test]
+fn a_worker_lost_while_cutting_is_retried_on_the_same_assignment_and_nothing_is_written_twice() {
+    let t = TempDir::new().unwrap();
+    let dir = t.path();
+    for out in ["a", "b"] {
+        let mut args = vec!["data", "synth", "sbm"];
+        args.extend(SYNTH);
+        args.extend(["--layout", "chunked", "--chunk-rows", "1024", "-o", out]);
+        physalia(dir, &args).ok();
+    }
+    write_job(dir, "a.yaml", &job("a"));
+    write_job(dir, "b.yaml", &job("b"));
+    let (_, want) = submit(dir, "a.yaml", &["workers=2"]);
+    // rank 1 kills itself right after writing its part, the first time it writes it
+    let out = std::process::Command::new(physalia_tests::physalia_bin())
+        .current_dir(dir)
+        .args([
+            "submit",
+            "b.yaml",
+            "-q",
+            "--output",
+            "json",
+            "--set",
+            "workers=2",
+        ])
+        .env("PHYSALIA_TEST_DIE_AT_EPOCH", "0")
+        .env("PHYSALIA_TEST_DIE_RANK", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v = physalia_tests::last_json(&String::from_utf8_lossy(&out.stdout));
+    let job_dir = dir.join(v["job_dir"].as_str().unwrap());
+    let got: Vec<f64> = metrics(&job_dir)
+        .iter()
+        .map(|m| m["metrics"]["loss"].as_f64().unwrap())
+        .collect();
+    assert_close("retried after a worker lost while cutting", &got, &want);
+    let read = |f: &str| std::fs::read_to_string(job_dir.join("logs").join(f)).unwrap();
+    let coordinator = read("coordinator.log");
+    assert!(
+        coordinator
+            .contains("its 2 parts cut by the workers on the assignment an earlier launch made"),
+        "{coordinator}"
+    );
+    assert_eq!(coordinator.matches("committed").count(), 1, "{coordinator}");
+    let events = v["scaling_events"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"].as_str().unwrap().contains("lost a worker")),
+        "{events:?}"
+    );
+    // the retry (segment 1) cut again, to train, but kept the files the first try wrote
+    let first = read("worker-1.log");
+    assert!(
+        first.contains("killing myself after writing my part"),
+        "{first}"
+    );
+    let worker1 = read("worker-1.seg1.log");
+    assert!(
+        worker1.contains("written by an earlier try, kept"),
+        "{worker1}"
+    );
+    // the parts are the uninterrupted job's
+    for f in ["part0.safetensors", "part1.safetensors"] {
+        let a = physalia_graph::Part::load(&dir.join("a.parts/k2-seed0").join(f)).unwrap();
+        let b = physalia_graph::Part::load(&dir.join("b.parts/k2-seed0").join(f)).unwrap();
+        assert!(a == b, "{f}");
+    }
+    assert!(!dir.join("b.parts/k2-seed0/pending").exists());
+}

@@ -33,7 +33,7 @@ pub fn cut<L: Link + ?Sized>(link: &mut L, io: &mut dyn Coordinator, c: &PartCut
         eprintln!(
             "worker {rank}: cut part {} of {} from {} with the other workers ({} rows, {} halo rows): \
              read {:.1} MiB of the dataset's files ({} chunks{}), sent {:.1} MiB and received {:.1} MiB \
-             of rows, in {:.3} s",
+             of rows, in {:.3} s{}",
             part.part,
             part.k,
             c.dataset.display(),
@@ -44,8 +44,18 @@ pub fn cut<L: Link + ?Sized>(link: &mut L, io: &mut dyn Coordinator, c: &PartCut
             if fetched.is_some() { ", fetched" } else { "" },
             mib(stats.sent_bytes),
             mib(stats.received_bytes),
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            if stats.wrote {
+                ""
+            } else {
+                "; its part file, written by an earlier try, kept"
+            }
         );
+        if stats.wrote && crate::run::test_die_at(rank) == Some(0) {
+            eprintln!("worker {rank}: test hook: killing myself after writing my part");
+            // SAFETY: kill(2) on our own pid has no memory effects.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
         part
     } else {
         let part = physalia_graph::chunked_partition::cut_part(

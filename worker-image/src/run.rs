@@ -18,7 +18,7 @@
 //!
 //! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
-//! crashing mid-training; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
+//! crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes it); with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
 //! model code and loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
 //!
 //! The worker never outlives its job: when the coordinator says stop, or its control connection ends
@@ -106,7 +106,7 @@ pub fn read_identity(dir: &Path) -> Result<TlsIdentity> {
     })
 }
 
-fn test_die_at(rank: usize) -> Option<usize> {
+pub(crate) fn test_die_at(rank: usize) -> Option<usize> {
     let epoch = std::env::var(ENV_TEST_DIE_AT_EPOCH).ok()?.parse().ok()?;
     let r: usize = std::env::var(ENV_TEST_DIE_RANK).ok()?.parse().ok()?;
     (r == rank).then_some(epoch)

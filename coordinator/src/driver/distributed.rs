@@ -1577,9 +1577,14 @@ impl Driver<'_> {
                     seconds: t0.elapsed().as_secs_f64(),
                 };
                 log.line(&format!(
-                    "partition set {} committed: its {} parts cut by the workers",
+                    "partition set {} committed: its {} parts cut by the workers{}",
                     set.dir.display(),
-                    set.meta.k
+                    set.meta.k,
+                    if pending.resumed {
+                        " on the assignment an earlier launch made (not partitioned again)"
+                    } else {
+                        ""
+                    }
                 ));
                 self.keep_partition(&set);
             }
