@@ -224,9 +224,15 @@ def credentials_network() -> None:
         "network", "create", "--internal", "--label", "physalia.ecs-agent=shared",
         "--subnet", "169.254.170.0/24", "--gateway", CREDENTIALS_IP, CREDENTIALS_NETWORK, check=False,
     )
-    # another agent made it meanwhile
-    if r.returncode != 0 and docker("network", "inspect", CREDENTIALS_NETWORK, check=False).returncode != 0:
-        raise SystemExit(f"cannot make the credentials network: {r.stderr.strip()}")
+    if r.returncode == 0:
+        return
+    # another agent is making it meanwhile: its create refuses ours ("Pool overlaps") before the
+    # network is visible by name, so look for it a while
+    for _ in range(50):
+        if docker("network", "inspect", CREDENTIALS_NETWORK, check=False).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"cannot make the credentials network: {r.stderr.strip()}")
 
 
 class CredentialsHandler(http.server.BaseHTTPRequestHandler):

@@ -36,10 +36,6 @@ use physalia_control::{
 };
 use physalia_gnn::{EpochMetrics, ModelConfig, TrainConfig};
 use physalia_graph::chunked_partition::PendingSet;
-
-/// The names a chunked dataset's files are served under to workers that cut their parts away from
-/// the coordinator's disk: this and the file's path in the manifest.
-const CHUNK_PREFIX: &str = "dataset-chunk/";
 use physalia_graph::partition::PartitionMethod;
 use physalia_graph::stream::StreamParams;
 use physalia_wire::{Dtype, JobCa};
@@ -58,6 +54,10 @@ use crate::elastic::{Elastic, Stop};
 use crate::job::{Job, JobAction, JobConfig, JobEvent, Outcome, Replan};
 use crate::jobdir::{Cancelled, JobDir};
 use crate::spec::{ExchangeDtype, JobSpec, ParallelismSpec};
+
+/// The names a chunked dataset's files are served under to workers that cut their parts away from
+/// the coordinator's disk: this and the file's path in the manifest.
+const CHUNK_PREFIX: &str = "dataset-chunk/";
 
 /// What makes `distributed::run` a cluster-mode coordinator.
 pub struct Role {
@@ -1740,8 +1740,8 @@ impl Driver<'_> {
         let k = parts.len();
         let part_path = &parts[rank % k];
         let part = match pending {
-            // the worker cuts its part from the dataset, which it reads in place, and writes it
-            // where the set keeps it
+            // the worker cuts its part of the pending set from the dataset (in place, or the chunk
+            // files it fetched) and writes it where the set keeps it (or hands it back)
             Some(set) => {
                 // a worker away from this disk fetches the files it reads and hands its part back
                 let served = match platform::of_job(self.job).workers_read_coordinator_disk() {
