@@ -109,13 +109,7 @@ impl<'a> PartContext<'a> {
             }
             indices[start..].sort_unstable();
         }
-        let mut recv: Vec<(u32, Range<usize>)> = Vec::new();
-        for (j, &(owner, _)) in scan.halo_keys.iter().enumerate() {
-            match recv.last_mut() {
-                Some((q, r)) if *q == owner => r.end = j + 1,
-                _ => recv.push((owner, j..j + 1)),
-            }
-        }
+        let recv = crate::partition::recv_ranges(&scan.halo_keys);
         let mut send: Vec<(u32, Vec<u32>)> = Vec::new();
         for &(peer, u) in &scan.send_keys {
             let row = self.local_of[u as usize];
@@ -449,6 +443,26 @@ pub fn cut_part(
     me: usize,
     out: &Path,
 ) -> Result<Part, Error> {
+    let (ds, p) = open_pending(dataset_dir, assignment)?;
+    if me >= p.k {
+        return Err(Error::partition(format!(
+            "part {me} of an assignment into {} parts",
+            p.k
+        )));
+    }
+    let part = PartContext::new(&ds, &p)?.build(me)?;
+    if !already_written(&part, out) {
+        write_part(&part, out)?;
+    }
+    Ok(part)
+}
+
+/// The chunked dataset at `dataset_dir` and the pending assignment at `assignment`, which must have been
+/// made for this version of it.
+pub(crate) fn open_pending(
+    dataset_dir: &Path,
+    assignment: &Path,
+) -> Result<(ChunkedDataset, Partitioning), Error> {
     let ds = ChunkedDataset::open(dataset_dir)?;
     let (meta, p) = load_assignment(assignment)?;
     let fingerprint = ds.manifest().fingerprint();
@@ -461,17 +475,7 @@ pub fn cut_part(
             ),
         ));
     }
-    if me >= p.k {
-        return Err(Error::partition(format!(
-            "part {me} of an assignment into {} parts",
-            p.k
-        )));
-    }
-    let part = PartContext::new(&ds, &p)?.build(me)?;
-    if !already_written(&part, out) {
-        write_part(&part, out)?;
-    }
-    Ok(part)
+    Ok((ds, p))
 }
 
 impl PendingSet {

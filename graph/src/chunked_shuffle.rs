@@ -17,13 +17,12 @@
 //! A record for a row this worker does not own, a row received twice or never, or a malformed record is
 //! an error naming the sending worker; nothing is written until the part is whole.
 
-use std::ops::Range;
 use std::path::Path;
 
 use crate::chunked::{ChunkEntry, ChunkedDataset, Manifest};
 use crate::error::Error;
 use crate::format::{FeatureDtype, Features, Split};
-use crate::partition::{Part, Partitioning, load_assignment, write_part};
+use crate::partition::{Part, Partitioning, write_part};
 
 /// An all-to-all of byte records between the `k` workers cutting one partition set, worker `r` cutting
 /// part `r`. Every worker calls [`Shuffle::all_to_all`] the same number of times with the same
@@ -73,18 +72,7 @@ pub fn cut_part_shuffled(
     out: &Path,
     shuffle: &mut dyn Shuffle,
 ) -> Result<(Part, ShuffleStats), Error> {
-    let ds = ChunkedDataset::open(dataset_dir)?;
-    let (meta, p) = load_assignment(assignment)?;
-    let fingerprint = ds.manifest().fingerprint();
-    if meta.dataset_checksums.get("manifest") != Some(&fingerprint) {
-        return Err(Error::metadata(
-            assignment,
-            format!(
-                "was made for another version of {} (its manifest's fingerprint differs)",
-                dataset_dir.display()
-            ),
-        ));
-    }
+    let (ds, p) = crate::chunked_partition::open_pending(dataset_dir, assignment)?;
     let (part, mut stats) = shuffle_part(&ds, &p, shuffle)?;
     // a retried launch's worker whose part an earlier try wrote keeps that file
     stats.wrote = !crate::chunked_partition::already_written(&part, out);
@@ -226,13 +214,7 @@ pub fn shuffle_part(
         }
         row.sort_unstable();
     }
-    let mut recv: Vec<(u32, Range<usize>)> = Vec::new();
-    for (j, &(owner, _)) in halo_keys.iter().enumerate() {
-        match recv.last_mut() {
-            Some((q, r)) if *q == owner => r.end = j + 1,
-            _ => recv.push((owner, j..j + 1)),
-        }
-    }
+    let recv = crate::partition::recv_ranges(&halo_keys);
     let halo: Vec<u32> = halo_keys.iter().map(|&(_, u)| u).collect();
 
     // each owner learns which of its rows this worker reads (its send list) and answers their degrees

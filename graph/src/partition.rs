@@ -495,13 +495,7 @@ pub fn build_parts<'a>(
                 indptr.push(indices.len() as i64);
             }
 
-            let mut recv: Vec<(u32, Range<usize>)> = Vec::new();
-            for (j, &(owner, _)) in halo_keys.iter().enumerate() {
-                match recv.last_mut() {
-                    Some((q, r)) if *q == owner => r.end = j + 1,
-                    _ => recv.push((owner, j..j + 1)),
-                }
-            }
+            let recv = recv_ranges(&halo_keys);
             let halo: Vec<u32> = halo_keys.iter().map(|&(_, u)| u).collect();
             let src_in_degree: Vec<u32> = owned
                 .iter()
@@ -1696,6 +1690,19 @@ fn compute_set(
 /// Writes one part file and returns its summary for the partition file.
 /// The summary a set's commit marker keeps of part `part` of `k`, from its file's header alone (the
 /// checksums its writer recorded; the tensors are not read).
+/// The receive list of a part whose halo keys `(owner, id)` are sorted: per owner, the range of the
+/// halo it sends.
+pub(crate) fn recv_ranges(halo_keys: &[(u32, u32)]) -> Vec<(u32, Range<usize>)> {
+    let mut recv: Vec<(u32, Range<usize>)> = Vec::new();
+    for (j, &(owner, _)) in halo_keys.iter().enumerate() {
+        match recv.last_mut() {
+            Some((q, r)) if *q == owner => r.end = j + 1,
+            _ => recv.push((owner, j..j + 1)),
+        }
+    }
+    recv
+}
+
 pub(crate) fn part_summary(path: &Path, part: usize, k: usize) -> Result<PartSummary, Error> {
     let f = StFile::open(path)?;
     let meta: PartFileMeta = f.physalia_json(KIND_PART)?;
