@@ -432,3 +432,26 @@ pub fn wait_for_job(
 pub fn job_id(url: &str) -> String {
     url.rsplit('/').next().unwrap().to_string()
 }
+
+/// The bytes of a chunked dataset's files (every chunk of every tensor), from its manifest.
+pub fn chunked_data_bytes(dataset: &Path) -> u64 {
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dataset.join("manifest.json")).unwrap()).unwrap();
+    manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|t| t["chunks"].as_array().unwrap())
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// The MiB of the dataset's files a worker read to cut its part with the others, from its log line
+/// (`... read X MiB of the dataset's files ...`).
+pub fn cut_read_mib(log: &str) -> f64 {
+    log.split("read ")
+        .nth(1)
+        .and_then(|r| r.split(" MiB of the dataset's files").next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes read in {log}"))
+}

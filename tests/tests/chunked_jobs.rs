@@ -131,24 +131,11 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
             "{log}"
         );
         assert!(log.contains("with the other workers"), "{log}");
-        let mib = log
-            .split("read ")
-            .nth(1)
-            .and_then(|r| r.split(" MiB of the dataset's files").next())
-            .and_then(|x| x.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no bytes read in {log}"));
+        let mib = physalia_tests::cut_read_mib(&log);
         assert!(mib > 0.0, "{log}");
         read_mib += mib;
     }
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("chunked/manifest.json")).unwrap()).unwrap();
-    let data_bytes: u64 = manifest["tensors"]
-        .as_object()
-        .unwrap()
-        .values()
-        .flat_map(|t| t["chunks"].as_array().unwrap())
-        .map(|c| c["bytes"].as_u64().unwrap())
-        .sum();
+    let data_bytes = physalia_tests::chunked_data_bytes(&dir.join("chunked"));
     let data_mib = data_bytes as f64 / (1 << 20) as f64;
     assert!(
         (read_mib - data_mib).abs() <= 0.1,

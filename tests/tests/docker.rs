@@ -179,15 +179,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
             e + 1
         );
     }
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(t.path().join("b/manifest.json")).unwrap()).unwrap();
-    let data_bytes: u64 = manifest["tensors"]
-        .as_object()
-        .unwrap()
-        .values()
-        .flat_map(|t| t["chunks"].as_array().unwrap())
-        .map(|c| c["bytes"].as_u64().unwrap())
-        .sum();
+    let data_bytes = physalia_tests::chunked_data_bytes(&t.path().join("b"));
     let mut read_mib = 0.0;
     for rank in 0..2 {
         let log = std::fs::read_to_string(dir.join(format!("logs/worker-{rank}.log"))).unwrap();
@@ -196,12 +188,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
             "{log}"
         );
         assert!(log.contains("chunks, fetched)"), "{log}");
-        let mib: f64 = log
-            .split("read ")
-            .nth(1)
-            .and_then(|r| r.split(" MiB of the dataset's files").next())
-            .and_then(|x| x.parse().ok())
-            .unwrap_or_else(|| panic!("no bytes read in {log}"));
+        let mib = physalia_tests::cut_read_mib(&log);
         // each fetched its share, not the dataset
         assert!(
             mib * f64::from(1u32 << 20) < 0.75 * data_bytes as f64,
