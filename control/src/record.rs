@@ -155,6 +155,10 @@ pub struct PartitionRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition_seconds: Option<f64>,
     pub compute_seconds: f64,
+    /// Bytes of the dataset's files read to compute the set, by every process together (a chunked
+    /// dataset's; absent for a file or a reused set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_read: Option<u64>,
 }
 
 impl Coordinated {

@@ -858,6 +858,8 @@ pub fn slice_rows(ds: &OwnedDataset, r: Range<usize>) -> NodeChunk {
 pub struct ChunkedDataset {
     dir: PathBuf,
     manifest: Manifest,
+    /// Bytes of chunk files read through this handle and its clones.
+    read: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl ChunkedDataset {
@@ -869,7 +871,27 @@ impl ChunkedDataset {
         Ok(ChunkedDataset {
             dir: dir.to_path_buf(),
             manifest,
+            read: Default::default(),
         })
+    }
+
+    /// Bytes of chunk files read so far through this handle and its clones (every read counts, a file
+    /// read twice twice): what partitioning a chunked dataset records it read.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// [`read_chunk`], counted in [`Self::bytes_read`].
+    fn chunk<T: bytemuck::Pod>(
+        &self,
+        tensor: &str,
+        entry: &ChunkEntry,
+        len: usize,
+    ) -> Result<Vec<T>, Error> {
+        let v = read_chunk(&self.dir, tensor, entry, len)?;
+        self.read
+            .fetch_add(entry.bytes, std::sync::atomic::Ordering::Relaxed);
+        Ok(v)
     }
 
     pub fn dir(&self) -> &Path {
@@ -894,7 +916,7 @@ impl ChunkedDataset {
         let t = &self.manifest.tensors;
         let (pe, ie) = (&t.indptr.chunks[i], &t.indices.chunks[i]);
         let rows = pe.rows[1] - pe.rows[0];
-        let mut indptr: Vec<i64> = read_chunk(&self.dir, "indptr", pe, rows + 1)?;
+        let mut indptr: Vec<i64> = self.chunk("indptr", pe, rows + 1)?;
         let [e0, e1] = ie.edges.expect("checked when the manifest was read");
         let path = self.dir.join(&pe.file);
         if indptr.first() != Some(&(e0 as i64)) || indptr.last() != Some(&(e1 as i64)) {
@@ -909,7 +931,7 @@ impl ChunkedDataset {
             ));
         }
         indptr.iter_mut().for_each(|x| *x -= e0 as i64);
-        let indices: Vec<i32> = read_chunk(&self.dir, "indices", ie, e1 - e0)?;
+        let indices: Vec<i32> = self.chunk("indices", ie, e1 - e0)?;
         let chunk = NodeChunk {
             indptr,
             indices,
@@ -940,14 +962,12 @@ impl ChunkedDataset {
         let rows = fe.rows[1] - fe.rows[0];
         let len = rows * m.feat_dim;
         let features = match m.feature_dtype {
-            FeatureDtype::F32 => Features::F32(read_chunk::<f32>(&self.dir, "features", fe, len)?),
-            FeatureDtype::F16 => Features::F16(read_chunk::<f16>(&self.dir, "features", fe, len)?),
-            FeatureDtype::BF16 => {
-                Features::BF16(read_chunk::<bf16>(&self.dir, "features", fe, len)?)
-            }
+            FeatureDtype::F32 => Features::F32(self.chunk::<f32>("features", fe, len)?),
+            FeatureDtype::F16 => Features::F16(self.chunk::<f16>("features", fe, len)?),
+            FeatureDtype::BF16 => Features::BF16(self.chunk::<bf16>("features", fe, len)?),
         };
         let le = &m.tensors.labels.chunks[i];
-        let labels: Vec<i64> = read_chunk(&self.dir, "labels", le, rows)?;
+        let labels: Vec<i64> = self.chunk("labels", le, rows)?;
         check_labels(&self.dir.join(&le.file), le.rows[0], &labels, m.num_classes)?;
         Ok((features, labels))
     }
@@ -1011,7 +1031,7 @@ impl ChunkedDataset {
     pub fn degrees(&self) -> Result<Vec<u32>, Error> {
         let mut out = Vec::with_capacity(self.manifest.num_nodes);
         for e in &self.manifest.tensors.indptr.chunks {
-            let ip: Vec<i64> = read_chunk(&self.dir, "indptr", e, e.rows[1] - e.rows[0] + 1)?;
+            let ip: Vec<i64> = self.chunk("indptr", e, e.rows[1] - e.rows[0] + 1)?;
             if let Some(i) = ip.windows(2).position(|w| w[1] < w[0]) {
                 return Err(Error::tensor(
                     self.dir.join(&e.file),
@@ -1037,7 +1057,7 @@ impl ChunkedDataset {
     pub fn read_split_chunk(&self, s: Split, j: usize) -> Result<Vec<i64>, Error> {
         let e = &self.manifest.tensors.split(s).chunks[j];
         let n = self.manifest.num_nodes as i64;
-        let v: Vec<i64> = read_chunk(&self.dir, s.tensor_name(), e, e.rows[1] - e.rows[0])?;
+        let v: Vec<i64> = self.chunk(s.tensor_name(), e, e.rows[1] - e.rows[0])?;
         if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x < 0 || **x >= n) {
             return Err(Error::tensor(
                 self.dir.join(&e.file),

@@ -263,6 +263,7 @@ pub(crate) fn compute_set_chunked(
     params: &StreamParams,
 ) -> Result<PartitionMeta, Error> {
     let t0 = Instant::now();
+    let read_before = ds.bytes_read();
     let params = StreamParams {
         k,
         seed,
@@ -290,6 +291,7 @@ pub(crate) fn compute_set_chunked(
             started: t0,
             partition_seconds,
             compute_seconds: None,
+            bytes_read: Some(ds.bytes_read() - read_before),
         },
     )
 }
@@ -374,6 +376,8 @@ pub fn begin_set_chunked(
             started,
             partition_seconds,
             compute_seconds: None,
+            // the assignment's passes over the edges: the workers' reads are added at the commit
+            bytes_read: Some(ds.bytes_read()),
         },
     )?;
     Ok(PendingSet {
@@ -503,6 +507,13 @@ impl PendingSet {
             }
         }
         let (_, total) = streamed_cut(&ds, &p.parts)?;
+        // the assignment's reads, this pass's, and the workers': together they read every chunk file
+        // once (`chunked_shuffle::chunks_read_by`); one part cut alone reads the indptr chunks twice
+        // (the rows, then the degrees)
+        let m = ds.manifest();
+        let indptr: u64 = m.tensors.indptr.chunks.iter().map(|c| c.bytes).sum();
+        let workers = m.data_bytes() + if self.k == 1 { indptr } else { 0 };
+        let bytes_read = meta.bytes_read.map(|b| b + ds.bytes_read() + workers);
         let meta = write_partition_file(
             &self.dir,
             &p,
@@ -513,6 +524,7 @@ impl PendingSet {
                 started: self.started,
                 partition_seconds: self.partition_seconds,
                 compute_seconds: Some(cut_seconds),
+                bytes_read,
             },
         )?;
         let pending = self.dir.join(PENDING_DIR);

@@ -1218,6 +1218,11 @@ pub struct PartitionMeta {
     /// recorded.
     #[serde(default)]
     pub partition_seconds: Option<f64>,
+    /// Bytes of a chunked dataset's files read to compute the set, by every process together (the
+    /// coordinator's streaming passes and the workers' cut); absent for a dataset file, which is
+    /// read whole, and in sets written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_read: Option<u64>,
     /// Checksum of the `parts` tensor.
     pub checksums: BTreeMap<String, String>,
 }
@@ -1683,6 +1688,7 @@ fn compute_set(
             started: t0,
             partition_seconds,
             compute_seconds: None,
+            bytes_read: None,
         },
     )
 }
@@ -1747,6 +1753,8 @@ pub(crate) struct SetTiming {
     /// The whole computation, where it ended before the commit (parts cut by workers, committed after
     /// they trained an epoch); else the time from `started` to the commit.
     pub(crate) compute_seconds: Option<f64>,
+    /// Bytes of the dataset's files read to compute the set ([`PartitionMeta::bytes_read`]).
+    pub(crate) bytes_read: Option<u64>,
 }
 
 /// Writes `partition.safetensors`, the commit marker of a set whose part files are already written.
@@ -1773,6 +1781,7 @@ pub(crate) fn write_partition_file(
         dataset_checksums,
         compute_seconds: 0.0,
         partition_seconds: Some(timing.partition_seconds),
+        bytes_read: timing.bytes_read,
         checksums: BTreeMap::from([("parts".to_string(), checksum(parts_bytes))]),
     };
     meta.compute_seconds = timing

@@ -236,7 +236,22 @@ fn a_pending_set_cut_by_shuffle_is_written_and_a_lost_record_is_an_error() {
     assert_eq!(wrote, [false, false]);
     let after: Vec<_> = again.part_files.iter().map(|f| modified(f)).collect();
     assert_eq!(after, before, "no part file written twice");
-    again.commit().unwrap();
+    // the set records what was read to make it: the assignment's passes over the edges, the commit's
+    // one, and the workers' cut, which read every chunk file once
+    let (pending_meta, _) = physalia_graph::partition::load_assignment(&again.assignment).unwrap();
+    let assigning = pending_meta.bytes_read.unwrap();
+    let m = ChunkedDataset::open(&dir).unwrap().manifest().clone();
+    let edges: u64 = [&m.tensors.indptr, &m.tensors.indices]
+        .iter()
+        .flat_map(|t| &t.chunks)
+        .map(|c| c.bytes)
+        .sum();
+    assert!(
+        assigning >= edges,
+        "the assignment streams the edges at least once"
+    );
+    let meta = again.commit().unwrap();
+    assert_eq!(meta.bytes_read, Some(assigning + edges + m.data_bytes()));
     // another seed is another set; a new assignment for this one (the dataset rewritten) removes the
     // parts of the old one, so none of them passes for the new assignment's
     write_chunked(&mem, &dir, 300).unwrap();

@@ -487,14 +487,18 @@ fn summary_line(s: &PartitionSummary) -> String {
     let head = format!("k={} seed={}", s.k, s.seed);
     let body = s.meta.as_ref().map(|m| {
         format!(
-            "  {} parts  {}  edge cut {} ({:.2}%)  balance {:.3}  max halo {}  computed in {:.2} s",
+            "  {} parts  {}  edge cut {} ({:.2}%)  balance {:.3}  max halo {}  computed in {:.2} s{}",
             m.parts.len(),
             m.method,
             m.edge_cut,
             100.0 * m.cut_fraction(),
             m.balance,
             m.parts.iter().map(|p| p.n_halo).max().unwrap_or(0),
-            m.compute_seconds
+            m.compute_seconds,
+            m.bytes_read.map_or_else(String::new, |b| format!(
+                ", reading {:.1} MiB of the dataset",
+                b as f64 / (1u64 << 20) as f64
+            ))
         )
     });
     let status = match &s.status {
@@ -525,6 +529,7 @@ fn summary_json(s: &PartitionSummary) -> serde_json::Value {
         v["balance"] = m.balance.into();
         v["compute_seconds"] = m.compute_seconds.into();
         v["partition_seconds"] = m.partition_seconds.into();
+        v["bytes_read"] = m.bytes_read.into();
         v["parts"] = parts_json(m);
     }
     v
@@ -608,6 +613,7 @@ fn set_json(s: &PartitionSet) -> serde_json::Value {
         "seconds": s.seconds,
         "compute_seconds": m.compute_seconds,
         "partition_seconds": m.partition_seconds,
+        "bytes_read": m.bytes_read,
         "edge_cut": m.edge_cut,
         "num_undirected_edges": m.num_undirected_edges,
         "balance": m.balance,
@@ -628,6 +634,13 @@ fn print_set(s: &PartitionSet) {
     // the assignment alone (the rest is reading the graph and writing the parts)
     let how = match m.partition_seconds {
         Some(p) => format!("{how}, {p:.2} s of it partitioning"),
+        None => how,
+    };
+    let how = match m.bytes_read {
+        Some(b) => format!(
+            "{how}, reading {:.1} MiB of the dataset",
+            b as f64 / (1u64 << 20) as f64
+        ),
         None => how,
     };
     println!(

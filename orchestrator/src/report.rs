@@ -389,7 +389,7 @@ fn partitions(h: &mut String, summary: Option<&Coordinated>) {
     };
     h.push_str(
         "<h2>Partitions</h2><table><tr><th>parts</th><th>method</th><th>edge cut</th><th>cut fraction</th>\
-         <th>balance</th><th>assignment s</th><th>whole set s</th><th>why</th></tr>",
+         <th>balance</th><th>assignment s</th><th>whole set s</th><th>dataset read</th><th>why</th></tr>",
     );
     for p in sets {
         let secs = |s: Option<f64>| s.map_or_else(|| "-".into(), |s| format!("{s:.2}"));
@@ -401,7 +401,7 @@ fn partitions(h: &mut String, summary: Option<&Coordinated>) {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.3}</td><td>{}</td><td>{}</td>\
-             <td style=\"text-align:left\">{}</td></tr>",
+             <td>{}</td><td style=\"text-align:left\">{}</td></tr>",
             p.parts,
             esc(&p.method),
             p.edge_cut,
@@ -413,6 +413,10 @@ fn partitions(h: &mut String, summary: Option<&Coordinated>) {
             } else {
                 format!("{:.2}", p.compute_seconds)
             },
+            p.bytes_read.map_or_else(
+                || "-".into(),
+                |b| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+            ),
             esc(&why),
         );
     }

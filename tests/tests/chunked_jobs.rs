@@ -148,6 +148,9 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     assert_eq!(record["reused"], false, "{summary}");
     let cut = record["cut_fraction"].as_f64().unwrap();
     assert!(cut > 0.0 && cut < 1.0, "{record}");
+    // what partitioning read: the workers every chunk file once, the coordinator the edges more
+    let read = record["bytes_read"].as_u64().unwrap();
+    assert!(read > data_bytes, "{record}");
     // the streaming default: Fennel restreamed until stable, label-propagation refinement, isolated nodes
     // dealt last (graph's `StreamParams::refined`)
     assert_eq!(set_method(&set), "fennel-x20~0.001-lp8-il");

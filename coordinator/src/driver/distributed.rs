@@ -1308,6 +1308,7 @@ impl Driver<'_> {
                     balance: prepared.balance,
                     partition_seconds: None,
                     compute_seconds: prepared.seconds,
+                    bytes_read: None,
                 });
             }
         }
@@ -1640,6 +1641,7 @@ impl Driver<'_> {
             balance: m.balance,
             partition_seconds: m.partition_seconds,
             compute_seconds: m.compute_seconds,
+            bytes_read: m.bytes_read.filter(|_| !set.reused),
         });
     }
 
