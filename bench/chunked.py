@@ -102,8 +102,8 @@ def main():
                 a.work)
         manifest, size = data_bytes(graph)
         feat_dim = manifest["feat_dim"]
-        set_dir = f"{graph}.parts/k{a.workers}-seed0"
-        subprocess.run(["rm", "-rf", f"{graph}.parts"])
+        set_dir = f"{graph}/parts/k{a.workers}-seed0"
+        subprocess.run(["rm", "-rf", f"{graph}/parts"])
         for label in ["computed", "reused"]:
             s, job_dir = job(binary, a.work, graph, nodes, a.workers)
             read = bytes_read(job_dir, a.workers)

@@ -1,6 +1,7 @@
 //! Partitioning a chunked dataset ([`crate::chunked`]) without loading it: the streaming partitioner over
 //! its rows, then the per-worker parts built one at a time from chunk reads, stored as the usual
-//! partition set (`X.parts/k<K>-seed<S>/`, see [`crate::partition`]).
+//! partition set (`X/parts/k<K>-seed<S>/` inside the dataset's directory, see
+//! [`crate::partition::partitions_dir`]).
 //!
 //! Memory: the assignment and two more per-node arrays (local ids, in-degrees: 12 bytes per node), the
 //! split lists, and one part at a time (its rows, halo and features, about `1/k` of the dataset plus its
@@ -306,7 +307,7 @@ const PENDING_DIR: &str = "pending";
 /// is missing to every reader (`ensure_partitions` computes it again).
 #[derive(Clone, Debug)]
 pub struct PendingSet {
-    /// The set's folder (`X.parts/k<K>-seed<S>`).
+    /// The set's folder (`X/parts/k<K>-seed<S>`).
     pub dir: PathBuf,
     pub k: usize,
     /// The assignment: `pending/partition.safetensors` in `dir`, describing no parts.

@@ -1303,8 +1303,13 @@ pub struct PartitionSummary {
     pub meta: Option<PartitionMeta>,
 }
 
-/// `X.parts` for the dataset file `X.safetensors` (`X.ext.parts` for any other name).
+/// `X.parts` for the dataset file `X.safetensors` (`X.ext.parts` for any other name); `X/parts` inside
+/// a chunked dataset directory `X`, so that the directory `X` and a file `X.safetensors` of the same
+/// graph (or another) never share a folder of sets.
 pub fn partitions_dir(dataset_path: &Path) -> PathBuf {
+    if crate::chunked::is_chunked(dataset_path) {
+        return dataset_path.join("parts");
+    }
     let name = dataset_path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

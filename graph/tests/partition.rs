@@ -469,6 +469,15 @@ fn partition_sets_are_stored_reused_and_recomputed_when_stale_or_damaged() {
     ds.write(&path).unwrap();
     assert_eq!(partitions_dir(&path), tmp.path().join("g.parts"));
     assert!(list_partitions(&path).unwrap().is_empty());
+    // the same graph as a chunked directory `g` keeps its sets inside it: never in g.parts, where the
+    // file's are (each would find the other's stale and recompute it over the other's parts)
+    let dir = tmp.path().join("g");
+    physalia_graph::chunked::write_chunked(&ds, &dir, 128).unwrap();
+    assert_eq!(partitions_dir(&dir), dir.join("parts"));
+    assert_ne!(
+        partition_set_dir(&dir, 2, 7),
+        partition_set_dir(&path, 2, 7)
+    );
 
     let sets = ensure_partitions(&path, &[2, 3, 2], 7).unwrap();
     assert_eq!(sets.len(), 2);

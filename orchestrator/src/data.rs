@@ -154,7 +154,7 @@ pub struct InspectArgs {
 
 #[derive(Args)]
 pub struct PartitionArgs {
-    /// The dataset file or chunked dataset directory; partitions go to `<name>.parts/k<K>-seed<S>/` beside it.
+    /// The dataset file or chunked dataset directory; partitions go to `<name>.parts/k<K>-seed<S>/` beside a file, `<dir>/parts/k<K>-seed<S>/` inside a directory.
     pub file: PathBuf,
     /// Numbers of parts, comma-separated, e.g. `2,4,8`.
     #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]

@@ -108,7 +108,7 @@ fn a_chunked_dataset_trains_partition_parallel_exactly_like_the_single_file() {
     // the coordinator streamed the assignment beside the directory; each worker (a local process,
     // reading the dataset in place) cut its own part and wrote it into the set, which the coordinator
     // committed after the first epoch: it never held a part
-    let set = dir.join("chunked.parts/k2-seed0");
+    let set = dir.join("chunked/parts/k2-seed0");
     assert!(set.join("part0.safetensors").is_file());
     assert!(set.join("part1.safetensors").is_file());
     assert!(
@@ -210,7 +210,7 @@ fn a_chunked_dataset_under_data_parallelism_is_refused_naming_the_field() {
     out.one_line_error(&["dataset.path", "chunked", "parallelism: data", "partition"]);
     // refused before anything is written or partitioned
     assert!(job_dirs(&dir.join("jobs")).is_empty());
-    assert!(!dir.join("chunked.parts").exists());
+    assert!(!dir.join("chunked/parts").exists());
 }
 
 #[test]
@@ -331,7 +331,7 @@ fn the_partitioner_is_the_job_files_or_the_planners_and_the_record_keeps_its_qua
         ],
     );
     out.one_line_error(&["dataset.partitioner", "metis", "chunked"]);
-    assert!(!dir.join("chunked.parts").exists());
+    assert!(!dir.join("chunked/parts").exists());
     // one worker on a chunked dataset: its single part is still cut from the chunks (streaming), not by
     // METIS, which would refuse the directory, and by the worker: the coordinator never holds the graph
     let (one_dir, one) = submit(dir, "chunked.yaml", &["workers=1"]);
@@ -412,9 +412,9 @@ fn a_worker_lost_while_cutting_is_retried_on_the_same_assignment_and_nothing_is_
     );
     // the parts are the uninterrupted job's
     for f in ["part0.safetensors", "part1.safetensors"] {
-        let a = physalia_graph::Part::load(&dir.join("a.parts/k2-seed0").join(f)).unwrap();
-        let b = physalia_graph::Part::load(&dir.join("b.parts/k2-seed0").join(f)).unwrap();
+        let a = physalia_graph::Part::load(&dir.join("a/parts/k2-seed0").join(f)).unwrap();
+        let b = physalia_graph::Part::load(&dir.join("b/parts/k2-seed0").join(f)).unwrap();
         assert!(a == b, "{f}");
     }
-    assert!(!dir.join("b.parts/k2-seed0/pending").exists());
+    assert!(!dir.join("b/parts/k2-seed0/pending").exists());
 }

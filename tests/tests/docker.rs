@@ -202,7 +202,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
         "read {read_mib} MiB of {data_mib} MiB"
     );
     // the parts came back into the set beside the dataset, which the coordinator committed
-    let set = t.path().join("b.parts/k2-seed0");
+    let set = t.path().join("b/parts/k2-seed0");
     for f in [
         "partition.safetensors",
         "part0.safetensors",
@@ -220,7 +220,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
     for f in ["part0.safetensors", "part1.safetensors"] {
         assert_eq!(
             std::fs::read(set.join(f)).unwrap(),
-            std::fs::read(t.path().join("a.parts/k2-seed0").join(f)).unwrap(),
+            std::fs::read(t.path().join("a/parts/k2-seed0").join(f)).unwrap(),
             "{f}"
         );
     }

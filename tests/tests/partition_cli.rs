@@ -249,7 +249,7 @@ fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
         for p in 0..k {
             let part = Part::load(
                 &t.path()
-                    .join(format!("c.parts/k{k}-seed0/part{p}.safetensors")),
+                    .join(format!("c/parts/k{k}-seed0/part{p}.safetensors")),
             );
             assert_eq!(part.unwrap().k, k);
         }
