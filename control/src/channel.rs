@@ -994,7 +994,7 @@ mod tests {
         let files = Files::new(Some(job.path().to_path_buf()));
         let set = job.path().join("data.parts/k2-seed0");
         files.expect_part(1, &set.join("part1.safetensors"));
-        let s = file_server(&ca, files);
+        let s = file_server(&ca, files.clone());
         let mut c0 = registered(&s, &ca, 0);
         let mut c1 = registered(&s, &ca, 1);
         let part = work.path().join("part");
@@ -1019,6 +1019,13 @@ mod tests {
             .collect();
         assert_eq!(names, ["part1.safetensors"]);
         assert!(!job.path().join("parts").exists());
+        // once the set is committed, no part is taken any more
+        files.expect_no_parts();
+        let e = c1
+            .upload(Upload::Part { part: 1 }, &part)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expects no part 1"), "{e}");
     }
 
     #[test]

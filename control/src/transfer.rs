@@ -151,6 +151,11 @@ impl Files {
         t.parts.insert(part, dest.to_path_buf());
     }
 
+    /// Takes no more parts: the set they belong to is committed (or abandoned).
+    pub fn expect_no_parts(&self) {
+        self.0.lock().expect("not poisoned").parts.clear();
+    }
+
     fn lookup(&self, name: &str) -> Option<(PathBuf, u64, u64)> {
         let t = self.0.lock().expect("not poisoned");
         t.served.get(name).map(|s| (s.path.clone(), s.size, s.xxh3))

@@ -1567,6 +1567,8 @@ impl Driver<'_> {
     /// and keeps it ([`Self::keep_partition`]). A commit that fails costs the next job the
     /// partitioning, nothing else: the parts trained on are the workers' own.
     fn commit_cut(&self, pending: &PendingSet, log: &mut CoordLog) {
+        // every part is in: no worker hands one back any more
+        self.files.expect_no_parts();
         let t0 = Instant::now();
         match pending.commit() {
             Ok(meta) => {
