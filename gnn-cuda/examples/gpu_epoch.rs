@@ -26,10 +26,14 @@ struct Args {
     features: usize,
     classes: usize,
     hidden: usize,
+    /// GAT's width per head where it differs from `hidden` (bench's GAT: 8 heads of 32).
+    gat_hidden: Option<usize>,
     models: Vec<LayerKind>,
     epochs: usize,
     gpu: usize,
     dropout: f32,
+    /// Epochs run after the timed ones with every operation timed apart (`physalia_gnn::profile`).
+    profile: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -40,10 +44,12 @@ fn parse() -> Result<Args, String> {
         features: 128,
         classes: 16,
         hidden: 256,
+        gat_hidden: None,
         models: vec![LayerKind::Gcn, LayerKind::Sage],
         epochs: 10,
         gpu: 0,
         dropout: 0.5,
+        profile: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -56,9 +62,11 @@ fn parse() -> Result<Args, String> {
             "--features" => a.features = num(val()?)? as usize,
             "--classes" => a.classes = num(val()?)? as usize,
             "--hidden" => a.hidden = num(val()?)? as usize,
+            "--gat-hidden" => a.gat_hidden = Some(num(val()?)? as usize),
             "--epochs" => a.epochs = num(val()?)? as usize,
             "--gpu" => a.gpu = num(val()?)? as usize,
             "--dropout" => a.dropout = num(val()?)? as f32,
+            "--profile" => a.profile = num(val()?)? as usize,
             "--models" => {
                 a.models = val()?
                     .split(',')
@@ -73,8 +81,8 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: gpu_epoch [--data DIR] [--nodes N] [--degree D] [--features F] \
-                            [--classes C] [--hidden H] [--models gcn,sage] [--epochs E] [--gpu I] \
-                            [--dropout P]"
+                            [--classes C] [--hidden H] [--gat-hidden H] [--models gcn,sage] [--epochs E] [--gpu I] \
+                            [--dropout P] [--profile EPOCHS]"
                         .into(),
                 );
             }
@@ -173,6 +181,10 @@ fn run(a: &Args) -> Result<(), String> {
     let test = e.upload_idx(&g.test).map_err(err)?;
     let classes = g.labels.iter().copied().max().unwrap_or(0) as usize + 1;
     for &kind in &a.models {
+        let hidden = match (kind, a.gat_hidden) {
+            (LayerKind::Gat, Some(h)) => h,
+            _ => a.hidden,
+        };
         let norm = match kind {
             LayerKind::Gcn => Norm::Symmetric,
             LayerKind::Sage => Norm::Mean,
@@ -183,7 +195,7 @@ fn run(a: &Args) -> Result<(), String> {
         let csr = e.upload_csr(&op).map_err(err)?;
         drop(op);
         let mut spmm = Vec::new();
-        for d in [g.x.cols(), a.hidden] {
+        for d in [g.x.cols(), hidden] {
             let xin = e.alloc(n, d).map_err(err)?;
             let mut y = e.alloc(n, d).map_err(err)?;
             for transpose in [false, true] {
@@ -210,23 +222,23 @@ fn run(a: &Args) -> Result<(), String> {
         }
         // the first layer's dense product
         let mut x = e.upload(&g.x).map_err(err)?;
-        let w = e.alloc(g.x.cols(), a.hidden).map_err(err)?;
-        let mut out = e.alloc(n, a.hidden).map_err(err)?;
+        let w = e.alloc(g.x.cols(), hidden).map_err(err)?;
+        let mut out = e.alloc(n, hidden).map_err(err)?;
         let f = g.x.cols();
         let gemm_ms = e
             .time_ms(10, |e| {
                 e.gemm(
                     View::full(&x, n, f),
-                    View::full(&w, f, a.hidden),
+                    View::full(&w, f, hidden),
                     0.0,
                     &mut out,
                 )
             })
             .map_err(err)?;
-        let tflops = 2.0 * n as f64 * f as f64 * a.hidden as f64 / (gemm_ms / 1e3) / 1e12;
+        let tflops = 2.0 * n as f64 * f as f64 * hidden as f64 / (gemm_ms / 1e3) / 1e12;
         eprintln!(
             "{kind:?} gemm {n}x{f} x {f}x{}: {gemm_ms:.3} ms, {tflops:.1} TFLOP/s",
-            a.hidden
+            hidden
         );
         e.recycle(w);
         e.recycle(out);
@@ -235,7 +247,7 @@ fn run(a: &Args) -> Result<(), String> {
         e.trim_pool();
 
         // training epochs as physalia_gnn::train runs them (dropout between layers only, like PyG's model)
-        let mut cfg = ModelConfig::new(kind, f, a.hidden, classes);
+        let mut cfg = ModelConfig::new(kind, f, hidden, classes);
         cfg.dropout = a.dropout;
         cfg.input_dropout = 0.0;
         cfg.activation = Activation::Relu;
@@ -291,6 +303,39 @@ fn run(a: &Args) -> Result<(), String> {
             losses.push(loss);
             eprintln!("{kind:?} epoch {epoch}: loss {loss:.4}, {:.1} ms", s * 1e3);
         }
+        // then epochs with each operation's device time apart: the stream waited for around every one, so
+        // their sum is near the epoch less the gaps between launches (which these epochs no longer hide)
+        let mut ops = Vec::new();
+        if a.profile > 0 {
+            e.synchronize().map_err(err)?;
+            let t = Instant::now();
+            physalia_gnn::profile::enable();
+            for p in 0..a.profile as u64 {
+                let epoch = a.epochs as u64 + 3 + p;
+                dm.train_epoch(&mut e, &dg, &x, &labels, &train, g.train.len(), epoch, adam)
+                    .map_err(err)?;
+            }
+            e.synchronize().map_err(err)?;
+            let per = a.profile as f64;
+            let total = t.elapsed().as_secs_f64() / per;
+            for (name, s, calls) in physalia_gnn::profile::take() {
+                eprintln!(
+                    "{kind:?} profile {name}: {:.3} ms an epoch in {} calls",
+                    s / per * 1e3,
+                    calls as f64 / per
+                );
+                ops.push(format!(
+                    "{{\"op\":\"{name}\",\"ms\":{:.4},\"calls\":{}}}",
+                    s / per * 1e3,
+                    calls as f64 / per
+                ));
+            }
+            eprintln!("{kind:?} profiled epoch: {:.1} ms", total * 1e3);
+            ops.push(format!(
+                "{{\"op\":\"(profiled epoch)\",\"ms\":{:.4},\"calls\":1}}",
+                total * 1e3
+            ));
+        }
         let correct = dm
             .evaluate(&mut e, &dg, &x, &labels, &[&test])
             .map_err(err)?[0];
@@ -310,17 +355,18 @@ fn run(a: &Args) -> Result<(), String> {
             "{{\"impl\":\"physalia-cuda\",\"model\":\"{}\",\"gpu\":\"{}\",\"nodes\":{n},\"edges\":{},\
              \"hidden\":{},\"epochs\":{},\"median_epoch_s\":{epoch_s:.6},\"epoch_s\":{:?},\"final_loss\":{:.6},\
              \"test_acc\":{test_acc:.4},\"device_used_bytes\":{},\"copy_gbs\":{copy_gbs:.1},\
-             \"gemm_ms\":{gemm_ms:.4},\"spmm\":[{}],\"phases\":[{}],\"graph\":\"{}\"}}",
+             \"gemm_ms\":{gemm_ms:.4},\"spmm\":[{}],\"phases\":[{}],\"ops\":[{}],\"graph\":\"{}\"}}",
             format!("{kind:?}").to_lowercase(),
             dev.name,
             g.indices.len(),
-            a.hidden,
+            hidden,
             times.len(),
             times,
             losses.last().copied().unwrap_or(f64::NAN),
             peak,
             spmm.join(","),
             phases.join(","),
+            ops.join(","),
             g.source
         );
         drop(dm);

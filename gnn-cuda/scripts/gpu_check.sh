@@ -14,6 +14,8 @@
 # halo   SBM 1M: GCN on two workers sharing the GPU (the exchange's per-epoch split)
 # jobs   SBM 1M: GCN, SAGE and GAT on one GPU worker (the planner's grounding) and mini-batch SAGE on one GPU
 #        worker (the sample wait)
+# profile gpu_epoch on SBMs of 1M and 2M nodes (degree 20), GCN, SAGE (hidden 256) and GAT (8 x 32): each
+#        operation's device time an epoch (the planner's GPU grounding), JSON in $OUT/profile-N.jsonl
 # BENCH_MODELS (default gcn,sage,gat) picks bench's models.
 # Everything it prints also goes to $OUT/check.log; gpu_bench's table and JSON to $OUT.
 set -uo pipefail
@@ -113,6 +115,11 @@ for s in $steps; do
       done
       printf 'name: mb-sage-w1\ndataset: sbm.safetensors\nmodel: {kind: sage, layers: 2, hidden: 256, dropout: 0.5}\ntrain: {epochs: 3, seed: 0, eval_every: 3, lr: 0.01}\nworkers: 1\nparallelism: data\nminibatch: {fanouts: [25, 10], batch_size: 1024}\nresources: {gpu: {count: 1}}\noutput: {dir: jobs}\n' |
         step mb-sage-w1 120 submit mb-sage-w1 ;;
+    profile)
+      for n in ${PROFILE_NODES:-1000000 2000000}; do
+        step "profile-$n" 240 bash -c '"$1" --nodes "$2" --degree 20 --features 128 --classes 16 --hidden 256 \
+          --gat-hidden 32 --models gcn,sage,gat --epochs 5 --profile 3 > "$3"' _ "$here/gpu_epoch" "$n" "$out/profile-$n.jsonl"
+      done ;;
     *) echo "unknown step $s"; rc=1 ;;
   esac
 done

@@ -246,6 +246,38 @@ fn u32_size(n: usize, what: &str) -> Result<u32, GpuError> {
         .map_err(|_| GpuError::Shape(format!("{what} = {n} exceeds the kernels' 32-bit range")))
 }
 
+/// A [`physalia_gnn::profile`] span around one operation on the compute stream. While profiling is on it
+/// waits for the stream before it starts and again when dropped, so the span holds the operation's
+/// device time (and the launch gaps it no longer hides: a profiled epoch is slower than a plain one);
+/// otherwise it costs one relaxed load.
+struct OpSpan {
+    stream: Option<Arc<CudaStream>>,
+    _span: physalia_gnn::profile::Span,
+}
+
+impl OpSpan {
+    fn new(stream: &Arc<CudaStream>, name: &'static str) -> OpSpan {
+        let stream = physalia_gnn::profile::on().then(|| stream.clone());
+        if let Some(s) = &stream {
+            // an error here shows again at the operation's own synchronisation
+            let _ = s.synchronize();
+        }
+        OpSpan {
+            stream,
+            _span: physalia_gnn::profile::span(name),
+        }
+    }
+}
+
+impl Drop for OpSpan {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stream {
+            let _ = s.synchronize();
+        }
+        // then `_span` drops and counts the time
+    }
+}
+
 impl CudaEngine {
     /// Opens GPU `index`: probes the driver and the libraries (a clear error, never a panic, when one is
     /// missing), creates the streams, compiles the kernels for the device's architecture and loads them.
@@ -869,6 +901,7 @@ impl Ops for CudaEngine {
         beta: f32,
         c: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gemm");
         let (m, n, k) = gemm_shape(&a, &b, c.shape())?;
         for v in [&a, &b] {
             let end = if v.rows == 0 || v.cols == 0 {
@@ -920,6 +953,7 @@ impl Ops for CudaEngine {
         halo: Option<&DeviceMatrix>,
         y: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "spmm");
         let d = own.cols;
         let n_halo = halo.map_or(0, |h| h.rows);
         check(
@@ -945,6 +979,7 @@ impl Ops for CudaEngine {
         x: &DeviceMatrix,
         y: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "spmm_t");
         check(x.rows == a.n_dst && y.shape() == (a.n_src, x.cols), || {
             format!("spmm_t: {} rows for {} destinations", x.rows, a.n_dst)
         })?;
@@ -961,6 +996,7 @@ impl Ops for CudaEngine {
         m: &mut DeviceMatrix,
         s_dst: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gat_messages");
         let (h, c) = (shape.heads as usize, shape.c as usize);
         let n = z.rows;
         check(
@@ -1001,6 +1037,7 @@ impl Ops for CudaEngine {
         alpha: &mut DeviceMatrix,
         out: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gat_forward");
         gat_checks(a, m_own, m_halo, s_dst, shape)?;
         let d_out = shape.d_out();
         check(
@@ -1059,6 +1096,7 @@ impl Ops for CudaEngine {
         a_used: &mut DeviceMatrix,
         ds_dst: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gat_backward_edges");
         gat_checks(a, m_own, m_halo, s_dst, shape)?;
         let h = shape.heads as usize;
         check(
@@ -1117,6 +1155,7 @@ impl Ops for CudaEngine {
         shape: GatShape,
         dm: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gat_backward_sources");
         let (h, c) = (shape.heads as usize, shape.c as usize);
         check(
             dm.shape() == (a.n_src, h * c + h)
@@ -1164,6 +1203,7 @@ impl Ops for CudaEngine {
         shape: GatShape,
         dz: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gat_dz");
         let (h, c) = (shape.heads as usize, shape.c as usize);
         check(
             dm.shape() == (dz.rows, h * c + h)
@@ -1195,6 +1235,7 @@ impl Ops for CudaEngine {
     }
 
     fn bias_add(&mut self, x: &mut DeviceMatrix, bias: &DeviceMatrix) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "bias_add");
         check(bias.len() == x.cols, || "bias width".into())?;
         if x.len() == 0 {
             return Ok(());
@@ -1209,6 +1250,7 @@ impl Ops for CudaEngine {
     }
 
     fn activate(&mut self, x: &mut DeviceMatrix, act: Activation) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "activate");
         if x.len() == 0 {
             return Ok(());
         }
@@ -1231,6 +1273,7 @@ impl Ops for CudaEngine {
         total_cols: usize,
         d: Dropout,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "dropout");
         check(gids.is_none_or(|g| g.host.len() >= row0 + x.rows), || {
             "dropout: fewer global ids than rows".into()
         })?;
@@ -1260,6 +1303,52 @@ impl Ops for CudaEngine {
         Ok(())
     }
 
+    fn bias_activate_dropout(
+        &mut self,
+        x: &mut DeviceMatrix,
+        bias: &DeviceMatrix,
+        act: Activation,
+        gids: Option<&DeviceIdx>,
+        d: Option<Dropout>,
+    ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "bias_activate_dropout");
+        check(bias.len() == x.cols, || "bias width".into())?;
+        check(gids.is_none_or(|g| g.host.len() >= x.rows), || {
+            "bias_activate_dropout: fewer global ids than rows".into()
+        })?;
+        if x.len() == 0 {
+            return Ok(());
+        }
+        let (gbuf, use_gids) = gids_arg(self, gids);
+        let (rows, cols) = (u32_size(x.rows, "rows")?, x.cols as u32);
+        let code = act_code(act);
+        let (use_mask, key, thr, scale) = match d {
+            Some(d) => (1u32, d.key, mask_threshold(d.p), 1.0 / (1.0 - d.p)),
+            None => (0u32, 0u64, 0u32, 1.0f32),
+        };
+        let cfg = launch_cfg(elementwise_launch(x.len()));
+        let mut b = self.launch("bias_act_dropout");
+        b.arg(&mut x.buf)
+            .arg(&bias.buf)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&code)
+            .arg(gbuf)
+            .arg(&use_gids)
+            .arg(&use_mask)
+            .arg(&key)
+            .arg(&thr)
+            .arg(&scale);
+        // SAFETY: bias holds cols floats, gids (when used) at least rows ids.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn dropped_block_bytes(&self) -> usize {
+        // the fused first-layer backward's blocks: a few large launches rather than hundreds of small ones
+        64 << 20
+    }
+
     fn activation_backward(
         &mut self,
         dy: &mut DeviceMatrix,
@@ -1269,6 +1358,7 @@ impl Ops for CudaEngine {
         act: Activation,
         d: Option<Dropout>,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "activation_backward");
         check(dy.shape() == y.shape(), || {
             "activation_backward shapes".into()
         })?;
@@ -1303,6 +1393,7 @@ impl Ops for CudaEngine {
         act: Activation,
         d: Option<Dropout>,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "activation_backward_over");
         check(dy.cols == y.cols && row0 + dy.rows <= y.rows, || {
             format!(
                 "activation_backward_over: {}x{} at row {row0} of {}x{}",
@@ -1333,6 +1424,7 @@ impl Ops for CudaEngine {
     }
 
     fn add_assign(&mut self, a: &mut DeviceMatrix, other: &DeviceMatrix) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "add_assign");
         check(a.cols == other.cols && other.rows <= a.rows, || {
             "add_assign shapes".into()
         })?;
@@ -1349,6 +1441,7 @@ impl Ops for CudaEngine {
     }
 
     fn col_sums(&mut self, x: &DeviceMatrix, out: &mut DeviceMatrix) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "col_sums");
         check(out.len() == x.cols, || "col_sums width".into())?;
         if x.cols == 0 {
             return Ok(());
@@ -1389,6 +1482,7 @@ impl Ops for CudaEngine {
         dst_offset: usize,
         dst_ld: usize,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "copy2d");
         check(!src.trans, || "copy2d copies without transposing".into())?;
         check_copy2d(&src, dst.len(), src.m.len(), dst_offset, dst_ld)?;
         let n = src.rows * src.cols;
@@ -1417,6 +1511,7 @@ impl Ops for CudaEngine {
         idx: &DeviceIdx,
         dst: &mut DeviceMatrix,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "gather_rows");
         check(
             dst.shape() == (idx.host.len(), src.cols)
                 && idx.host.iter().all(|&i| (i as usize) < src.rows),
@@ -1446,6 +1541,7 @@ impl Ops for CudaEngine {
         normalizer: f64,
         grad: &mut DeviceMatrix,
     ) -> Result<f64, GpuError> {
+        let _p = OpSpan::new(&self.stream, "cross_entropy");
         check(grad.shape() == logits.shape(), || {
             "cross_entropy shapes".into()
         })?;
@@ -1484,6 +1580,7 @@ impl Ops for CudaEngine {
         labels: &DeviceLabels,
         rows: &DeviceIdx,
     ) -> Result<u64, GpuError> {
+        let _p = OpSpan::new(&self.stream, "correct");
         check_labels(&labels.host, &rows.host, logits.shape())?;
         let n_list = rows.host.len();
         if n_list == 0 {
@@ -1517,6 +1614,7 @@ impl Ops for CudaEngine {
         v: &mut DeviceMatrix,
         s: AdamStep,
     ) -> Result<(), GpuError> {
+        let _p = OpSpan::new(&self.stream, "adam");
         check(
             w.shape() == g.shape() && w.shape() == m.shape() && w.shape() == v.shape(),
             || "adam shapes".into(),

@@ -152,6 +152,7 @@ pub const KERNELS: &[&str] = &[
     "bias_add",
     "activate",
     "dropout",
+    "bias_act_dropout",
     "activation_backward",
     "activation_backward_over",
     "add_assign",
@@ -542,6 +543,31 @@ extern "C" __global__ void dropout(float* __restrict__ x, u32 rows, u32 cols, co
         const u64 g = use_gids ? (u64)gids[row0 + r] : (u64)(row0 + r);
         const u64 e = g * total_cols + col0 + col;
         x[idx] = mask_keep(key, e, thr16) ? x[idx] * scale : 0.f;
+    }
+}
+
+// A hidden layer's epilogue in one pass, x = dropout(act(x + bias)): bias_add, activate and dropout (a whole
+// matrix's mask, gid(row) * cols + col) with the same float operations, so the same bits.
+extern "C" __global__ void bias_act_dropout(float* __restrict__ x, const float* __restrict__ bias, u32 rows,
+                                            u32 cols, u32 act, const u32* __restrict__ gids, u32 use_gids,
+                                            u32 use_mask, u64 key, u32 thr16, float scale) {
+    const u64 n = (u64)rows * cols;
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
+        u32 r, col;
+        if (n <= 0xffffffffull) {  // 32-bit division where the matrix allows it (64-bit is emulated)
+            r = (u32)idx / cols;
+            col = (u32)idx - r * cols;
+        } else {
+            r = (u32)(idx / cols);
+            col = (u32)(idx % cols);
+        }
+        float v = x[idx] + bias[col];
+        v = act == 0 ? fmaxf(v, 0.f) : (v > 0.f ? v : expm1f(v));
+        if (use_mask) {
+            const u64 g = use_gids ? (u64)gids[r] : (u64)r;
+            v = mask_keep(key, g * cols + col, thr16) ? v * scale : 0.f;
+        }
+        x[idx] = v;
     }
 }
 

@@ -12,6 +12,13 @@ use std::time::Instant;
 static ON: AtomicBool = AtomicBool::new(false);
 static TOTALS: Mutex<Vec<(&'static str, f64, u64)>> = Mutex::new(Vec::new());
 
+/// Whether profiling is on: an engine whose operations run asynchronously (the GPU's) waits for its queue
+/// around each span only then, so the span measures the work, not its launch.
+#[inline]
+pub fn on() -> bool {
+    ON.load(Relaxed)
+}
+
 /// Starts counting (and forgets what was counted).
 pub fn enable() {
     TOTALS.lock().expect("profile lock").clear();

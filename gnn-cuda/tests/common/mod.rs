@@ -358,6 +358,48 @@ pub fn check_elementwise<O: Ops>(ops: &mut O, tol: f32) {
         );
     }
 
+    // the fused epilogue of a hidden layer: the same bits as its three operations, which are checked
+    // against their definitions above
+    for act in [Activation::Relu, Activation::Elu] {
+        let d = Dropout {
+            key: stream_key(7, &[0xD0, 1, 2]),
+            p: 0.5,
+        };
+        for drop in [None, Some(d)] {
+            for ids in [None, Some(&d_gids)] {
+                let mut fused = ops.upload(&x).unwrap();
+                ops.bias_activate_dropout(&mut fused, &db, act, ids, drop)
+                    .unwrap();
+                let mut apart = ops.upload(&x).unwrap();
+                ops.bias_add(&mut apart, &db).unwrap();
+                ops.activate(&mut apart, act).unwrap();
+                if let Some(d) = drop {
+                    ops.dropout(&mut apart, ids, 0, 0, cols, d).unwrap();
+                }
+                let (fused, apart) = (ops.download(&fused).unwrap(), ops.download(&apart).unwrap());
+                let what = format!(
+                    "bias_activate_dropout {act:?} dropout {} ids {}",
+                    drop.is_some(),
+                    ids.is_some()
+                );
+                assert!(
+                    fused
+                        .data()
+                        .iter()
+                        .zip(apart.data())
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: not the bits of bias_add, activate and dropout"
+                );
+                if drop.is_some() {
+                    assert!(
+                        fused.data().iter().filter(|v| **v == 0.0).count() > rows * cols / 4,
+                        "{what}: the mask dropped too little"
+                    );
+                }
+            }
+        }
+    }
+
     // activation backward against its definition: y = dropout(act(z))
     let p = 0.3f32;
     let key = stream_key(4, &[0xD0, 1, 1]);

@@ -305,7 +305,7 @@ pub(super) fn fused_first_backward<O: Ops>(
         (Some(x), Some(d)) => {
             // `dropout(X)^T dZ`, the dropped-out rows drawn a block at a time
             let xc = ops.dims(x).1;
-            let rows = dropped_rows_block(xc);
+            let rows = dropped_rows_block(ops, xc);
             let mut gr = ops.alloc(xc, width)?;
             for r0 in (0..n).step_by(rows) {
                 let rows = rows.min(n - r0);
@@ -332,9 +332,9 @@ pub(super) fn fused_first_backward<O: Ops>(
     })
 }
 
-/// Rows per block of a dropped-out input drawn again: 4 MiB of them.
-pub(super) fn dropped_rows_block(cols: usize) -> usize {
-    ((4 << 20) / (4 * cols.max(1))).max(1)
+/// Rows per block of a dropped-out input drawn again: [`Ops::dropped_block_bytes`] of them.
+pub(super) fn dropped_rows_block<O: Ops>(ops: &O, cols: usize) -> usize {
+    (ops.dropped_block_bytes() / (4 * cols.max(1))).max(1)
 }
 
 /// Rows `r0..r0 + rows` of `dropout(x)`: copied, then dropped out with the masks of those rows.
@@ -368,7 +368,7 @@ pub(super) fn gemm_dropped_add<O: Ops>(
             "gemm_dropped_add: {n}x{cols} through {wr}x{wc} into {or}x{oc}"
         )));
     }
-    let block = dropped_rows_block(cols);
+    let block = dropped_rows_block(ops, cols);
     for r0 in (0..or).step_by(block) {
         let rows = block.min(or - r0);
         let xd = dropped_rows(ops, x, gids, d, r0, rows)?;

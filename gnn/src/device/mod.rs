@@ -331,6 +331,31 @@ pub trait Ops: Sized {
         total_cols: usize,
         d: Dropout,
     ) -> Result<(), Self::Error>;
+    /// A hidden layer's epilogue, `x = dropout(act(x + bias))`: the mask keyed as [`Ops::dropout`] keys a
+    /// whole matrix (`row0` and `col0` 0, `total_cols` its width). The default runs the three operations; an
+    /// engine that fuses them reads and writes `x` once instead of three times.
+    fn bias_activate_dropout(
+        &mut self,
+        x: &mut Self::Mat,
+        bias: &Self::Mat,
+        act: Activation,
+        gids: Option<&Self::Idx>,
+        d: Option<Dropout>,
+    ) -> Result<(), Self::Error> {
+        self.bias_add(x, bias)?;
+        self.activate(x, act)?;
+        if let Some(d) = d {
+            let cols = self.dims(x).1;
+            self.dropout(x, gids, 0, 0, cols, d)?;
+        }
+        Ok(())
+    }
+    /// Bytes of the row blocks the layer-level defaults form a dropped-out input in, a block at a time
+    /// ([`Ops::gemm_dropped_add`], the root weight's gradient in [`Ops::fused_first_backward`]): 4 MiB keeps a
+    /// CPU's block in its caches; a GPU wants fewer, larger launches.
+    fn dropped_block_bytes(&self) -> usize {
+        4 << 20
+    }
     /// `dy` through `y = dropout(act(z))` into the gradient of `z`.
     fn activation_backward(
         &mut self,

@@ -735,7 +735,7 @@ impl<O: Ops> DeviceModel<O> {
         &mut self,
         ops: &mut O,
         gs: Graphs<'_, O>,
-        mut z0: O::Mat,
+        z0: O::Mat,
         pass: Pass,
         ex: &mut dyn Exchange,
     ) -> Result<DeviceForward<'static, O>, O::Error> {
@@ -750,7 +750,7 @@ impl<O: Ops> DeviceModel<O> {
             )));
         }
         ex.begin_pass(pass);
-        ops.bias_add(&mut z0, &self.params[l.bias].value)?;
+        // the bias, activation and dropout follow in `run_layers`, as for every layer
         let inputs = vec![Input::Absent];
         self.run_layers(ops, gs, inputs, vec![Cache::External], Some(z0), pass, ex)
     }
@@ -788,10 +788,7 @@ impl<O: Ops> DeviceModel<O> {
                         };
                         let agg = self.aggregation(ops, &l, g, &x, pass, gs.whole(), ex)?;
                         ops.release(x);
-                        let (mut out, cache) =
-                            self.after_aggregation(ops, &l, g.n, agg, None, None)?;
-                        ops.bias_add(&mut out, &self.params[l.bias].value)?;
-                        (out, cache)
+                        self.after_aggregation(ops, &l, g.n, agg, None, None)?
                     } else if let (0, Some(d), true) = (
                         li,
                         self.input_dropout(pass),
@@ -825,7 +822,7 @@ impl<O: Ops> DeviceModel<O> {
                             None
                         };
                         let root = l.w_root.map(|_| (x, (d, g.gids)));
-                        let (mut out, cache) = self.after_aggregation_into(
+                        self.after_aggregation_into(
                             ops,
                             &l,
                             g.n,
@@ -833,9 +830,7 @@ impl<O: Ops> DeviceModel<O> {
                             root.map(|r| r.0),
                             root.map(|r| r.1),
                             out,
-                        )?;
-                        ops.bias_add(&mut out, &self.params[l.bias].value)?;
-                        (out, cache)
+                        )?
                     } else {
                         self.layer_forward(ops, &l, g, inputs[li].get(), pass, gs.whole(), ex)?
                     };
@@ -843,7 +838,11 @@ impl<O: Ops> DeviceModel<O> {
                     out
                 }
             };
+            // the layers return their output before its bias: a hidden layer's bias, activation and
+            // dropout are one pass over it where the engine fuses them
+            let bias = &self.params[self.layers[li].bias].value;
             if li + 1 == self.layers.len() {
+                ops.bias_add(&mut out, bias)?;
                 return Ok(DeviceForward {
                     inputs,
                     caches,
@@ -851,17 +850,14 @@ impl<O: Ops> DeviceModel<O> {
                     pass,
                 });
             }
-            ops.activate(&mut out, self.cfg.activation)?;
-            if let Pass::Train { epoch } = pass
-                && self.cfg.dropout > 0.0
-            {
-                let cols = ops.dims(&out).1;
-                let d = Dropout {
+            let d = match pass {
+                Pass::Train { epoch } if self.cfg.dropout > 0.0 => Some(Dropout {
                     key: self.dropout_key(epoch, li as u64 + 1),
                     p: self.cfg.dropout,
-                };
-                ops.dropout(&mut out, g.gids, 0, 0, cols, d)?;
-            }
+                }),
+                _ => None,
+            };
+            ops.bias_activate_dropout(&mut out, bias, self.cfg.activation, g.gids, d)?;
             inputs.push(Input::Owned(out));
         }
     }
@@ -987,8 +983,8 @@ impl<O: Ops> DeviceModel<O> {
             .is_some_and(|l0| l0.w_root.is_some())
     }
 
-    /// One layer's forward. `h` is the layer's input: the owned rows (halo rows come through `ex`) or, on a
-    /// block, every source row.
+    /// One layer's forward, its output before the bias (`run_layers` adds it). `h` is the layer's input: the
+    /// owned rows (halo rows come through `ex`) or, on a block, every source row.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -1008,7 +1004,7 @@ impl<O: Ops> DeviceModel<O> {
         let (d_in, hc) = (l.d_in, l.hc());
         let w = &self.params[l.w].value;
         let root = l.w_root.map(|r| &self.params[r].value);
-        let (mut out, cache) = if l.aggregate_first {
+        let (out, cache) = if l.aggregate_first {
             let agg = self.aggregation(ops, l, g, h, pass, whole, ex)?;
             self.after_aggregation(ops, l, n, agg, Some(h), None)?
         } else if let (Some(wr), false) = (root, g.complete) {
@@ -1041,7 +1037,6 @@ impl<O: Ops> DeviceModel<O> {
             }
             (out, Cache::Transformed)
         };
-        ops.bias_add(&mut out, &self.params[l.bias].value)?;
         Ok((out, cache))
     }
 
@@ -1123,7 +1118,6 @@ impl<O: Ops> DeviceModel<O> {
                 alpha,
             }
         };
-        ops.bias_add(&mut out, &self.params[l.bias].value)?;
         Ok((out, cache))
     }
 
