@@ -10,13 +10,26 @@ use crate::error::PlanError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Assumptions {
-    /// Achieved GEMM rate over the GPU's FP32 peak. cuBLAS SGEMM reaches 80-90% on square
-    /// products; GNN products are tall and narrow (n x 128 x 256), so half. Not measured: this
-    /// repository has no CUDA engine yet.
+    /// Achieved GEMM rate over the GPU's FP32 peak: the CUDA engine's cuBLAS products took 9.8 ms
+    /// of an SBM 2M GCN epoch for 311 GFLOP on an H200 (67 TFLOP/s peak), 0.47; 0.57 alone
+    /// (bench/RESULTS.md, issue 32's third GPU session).
     pub gpu_gemm_efficiency: f64,
-    /// Achieved bandwidth of sparse gathers (SpMM, attention) over the GPU's peak. Published
-    /// cuSPARSE SpMM results on power-law graphs sit at 30-60% of peak. Not measured here.
+    /// Achieved bandwidth of sparse gathers and element-wise passes over the GPU's peak: SpMM
+    /// reaches 73-80% of the H200's measured copy bandwidth (4.2 of 4.8 TB/s peak), the fused
+    /// element-wise kernels about as much; 0.65 reproduces the measured GCN and GraphSAGE epochs
+    /// at 1M and 2M nodes within 2% (bench/RESULTS.md).
     pub gpu_memory_efficiency: f64,
+    /// [`Assumptions::elementwise_passes`] of the CUDA engine: the hidden layer's bias, activation
+    /// and dropout fused into one read and one write forward; backward the activation's gradient
+    /// written over the layer (three sweeps) and the bias's column sums (one).
+    pub gpu_elementwise_passes: f64,
+    /// A GAT layer's forward on the GPU in SpMM passes of its width: scores, softmax and the
+    /// weighted gather, 1.7 (27 ms of an SBM 2M epoch where the SpMM model gives 16).
+    pub gpu_gat_forward_gathers: f64,
+    /// A GAT layer's backward on the GPU in SpMM passes: the per-edge score gradients and the
+    /// transposed gather of the output's gradient, 7.0 (110 ms of the same epoch). The kernels
+    /// reach about a quarter of SpMM's bandwidth there: where GAT's GPU time can be won.
+    pub gpu_gat_backward_gathers: f64,
     /// Achieved GEMM rate over the catalog's CPU peak: 60 GFLOP/s measured on 2 vCPUs
     /// (bench/RESULTS.md) over 2 x 96 GFLOP/s (AVX-512, 2 FMA units, 3 GHz, 2 vCPUs per core).
     pub cpu_gemm_efficiency: f64,
@@ -106,7 +119,10 @@ impl Default for Assumptions {
     fn default() -> Self {
         Assumptions {
             gpu_gemm_efficiency: 0.5,
-            gpu_memory_efficiency: 0.4,
+            gpu_memory_efficiency: 0.65,
+            gpu_elementwise_passes: 6.0,
+            gpu_gat_forward_gathers: 1.7,
+            gpu_gat_backward_gathers: 7.0,
             cpu_gemm_efficiency: 0.31,
             cpu_memory_efficiency: 0.5,
             sampler_edges_per_s_per_vcpu: 115e6,
@@ -171,6 +187,9 @@ impl Assumptions {
             ("local_load_gb_s", self.local_load_gb_s),
             ("cache_hit_exponent", self.cache_hit_exponent),
             ("elementwise_passes", self.elementwise_passes),
+            ("gpu_elementwise_passes", self.gpu_elementwise_passes),
+            ("gpu_gat_forward_gathers", self.gpu_gat_forward_gathers),
+            ("gpu_gat_backward_gathers", self.gpu_gat_backward_gathers),
             ("metis_s_per_entry", self.metis_s_per_entry),
             ("metis_bytes_per_entry", self.metis_bytes_per_entry),
             ("stream_passes", self.stream_passes),

@@ -194,6 +194,11 @@ pub(crate) struct Rates {
     load_byte_s: f64,
     overhead_s: f64,
     gpu: bool,
+    /// Sweeps over each layer's output per epoch (the CPU's or the GPU's count).
+    passes: f64,
+    /// A GAT layer's forward and backward in SpMM passes of its width (1 on the CPU, whose
+    /// attention terms are the `stream`s of [`layer_work`]).
+    gat_gathers: (f64, f64),
 }
 
 impl Rates {
@@ -260,6 +265,8 @@ impl Rates {
                 load_byte_s,
                 overhead_s: p.epoch_overhead_s,
                 gpu: false,
+                passes: a.elementwise_passes,
+                gat_gathers: (1.0, 1.0),
             };
         }
         let gpu = sku.is_gpu();
@@ -286,6 +293,16 @@ impl Rates {
             load_byte_s,
             overhead_s: a.epoch_overhead_s,
             gpu,
+            passes: if gpu {
+                a.gpu_elementwise_passes
+            } else {
+                a.elementwise_passes
+            },
+            gat_gathers: if gpu {
+                (a.gpu_gat_forward_gathers, a.gpu_gat_backward_gathers)
+            } else {
+                (1.0, 1.0)
+            },
         }
     }
 
@@ -315,10 +332,14 @@ impl Work {
     /// Aggregation over `edges` into `dst` rows of `width`: index and weight per edge, the
     /// gathered row, the written row.
     fn spmm(&mut self, r: &Rates, dst: f64, edges: f64, width: f64) {
+        self.spmm_times(r, dst, edges, width, 1.0);
+    }
+    /// `times` passes of [`Work::spmm`] (a GAT layer's, see [`Rates::gat_gathers`]).
+    fn spmm_times(&mut self, r: &Rates, dst: f64, edges: f64, width: f64, times: f64) {
         self.kernel(
             r,
-            2.0 * edges * width,
-            edges * 8.0 + edges * width * F32 + dst * width * F32,
+            2.0 * edges * width * times,
+            (edges * 8.0 + edges * width * F32 + dst * width * F32) * times,
         );
     }
     fn stream(&mut self, r: &Rates, bytes: f64) {
@@ -521,7 +542,13 @@ fn layer_work(
     let msg_rows = if agg_first { dst } else { src };
     let fwd = |w: &mut Work| {
         if !(first && cached) {
-            w.spmm(r, dst, edges, agg);
+            w.spmm_times(
+                r,
+                dst,
+                edges,
+                agg,
+                if l.gat { r.gat_gathers.0 } else { 1.0 },
+            );
         }
         w.gemm(r, msg_rows, input, l.output);
         if l.gemms > 1.0 {
@@ -545,7 +572,13 @@ fn layer_work(
         }
     }
     if !(first && agg_first) {
-        w.spmm(r, src, edges, agg);
+        w.spmm_times(
+            r,
+            src,
+            edges,
+            agg,
+            if l.gat { r.gat_gathers.1 } else { 1.0 },
+        );
     }
     if l.gat {
         w.stream(r, edges * l.heads * F32 * 8.0);
@@ -839,7 +872,7 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     let p = part_shape(req, c.parts);
     let cached = first_layer_cached(req, ls);
     let x = &c.exchange;
-    let passes = a.elementwise_passes;
+    let passes = r.passes;
     let peers = f64::from(c.parts - 1);
     let workers = f64::from(c.workers);
 
@@ -1178,8 +1211,8 @@ fn data(
     let loader_s = sampled / r.sampler_edges_s
         + block_bytes(&reached, &edges) / r.mem_byte_s
         + gather_s(r, inputs, feat);
-    let compute_s = batch_work(r, ls, &reached, &edges, 0, a.elementwise_passes)
-        + params * F32 * 7.0 / r.mem_byte_s;
+    let compute_s =
+        batch_work(r, ls, &reached, &edges, 0, r.passes) + params * F32 * 7.0 / r.mem_byte_s;
     let hit = if remote_universe > 0.0 {
         (cache_rows / remote_universe)
             .min(1.0)
@@ -1211,7 +1244,7 @@ fn data(
     // Evaluation: the partition-parallel full-graph forward over the k feature parts; its
     // first layer's `A X` (and the halo rows it needs) once per run.
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, eval_cached, false, false, a.elementwise_passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, false, r.passes);
     let eval_s = (eval_compute + r.transfer(eval_halo, f64::from(k - 1), eval_rounds))
         / f64::from(req.train.eval_every);
     let eval_setup_s = if eval_cached {
@@ -1272,17 +1305,7 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
     // Every worker: the first layer's partials of its columns for every batch of the step.
     let mut w0 = Work::default();
     layer_work(
-        &mut w0,
-        r,
-        &first,
-        cols,
-        dst0,
-        inputs,
-        e0,
-        true,
-        false,
-        true,
-        a.elementwise_passes,
+        &mut w0, r, &first, cols, dst0, inputs, e0, true, false, true, r.passes,
     );
     // Its gradient recomputes the aggregation of the slice (`A X` of its columns, or `A^T dZ`
     // when the slice is wider than the output): nothing is kept between the two.
@@ -1293,7 +1316,7 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
         w0.spmm(r, inputs, e0 + loops, first.output);
     }
     let compute_s = workers * w0.s
-        + batch_work(r, ls, &reached, &edges, 1, a.elementwise_passes)
+        + batch_work(r, ls, &reached, &edges, 1, r.passes)
         + params * F32 * 7.0 / r.mem_byte_s;
     let sampled: f64 = edges.iter().sum();
     // every batch's blocks are built whole, though only its owner keeps more than the first
@@ -1320,27 +1343,9 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
     };
     let mut we = Work::default();
     layer_work(
-        &mut we,
-        r,
-        &first,
-        cols,
-        n,
-        n,
-        e,
-        true,
-        false,
-        false,
-        a.elementwise_passes,
+        &mut we, r, &first, cols, n, n, e, true, false, false, r.passes,
     );
-    let (rest_s, _, _) = full_graph_pass(
-        r,
-        &ls[1..],
-        &whole,
-        false,
-        false,
-        false,
-        a.elementwise_passes,
-    );
+    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, false, r.passes);
     let z0_bytes = n * first.output * F32;
     let eval_allreduce = 2.0 * (workers - 1.0) / workers * z0_bytes;
     let eval_s = (we.s + rest_s + r.transfer(eval_allreduce, workers - 1.0, 2.0))
