@@ -928,6 +928,83 @@ mod tests {
         assert_eq!(c.fetch(&artifact, work.path()).unwrap(), src);
     }
 
+    /// A store's object as the coordinator streams it through: `bytes` in uneven pieces, then, when
+    /// `fail` is set, an error instead of the rest.
+    struct Piecewise {
+        bytes: Vec<u8>,
+        fail: Option<usize>,
+    }
+
+    impl transfer::Source for Piecewise {
+        fn open(&self) -> tokio::sync::mpsc::Receiver<Result<bytes::Bytes, String>> {
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            let (bytes, fail) = (self.bytes.clone(), self.fail);
+            std::thread::spawn(move || {
+                let end = fail.unwrap_or(bytes.len());
+                for piece in bytes[..end].chunks(300_001) {
+                    if tx
+                        .blocking_send(Ok(bytes::Bytes::copy_from_slice(piece)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if fail.is_some() {
+                    let _ = tx.blocking_send(Err("the store reset the connection".into()));
+                }
+            });
+            rx
+        }
+    }
+
+    #[test]
+    fn a_streamed_artifact_arrives_whole_and_a_broken_stream_leaves_nothing() {
+        let work = tempfile::tempdir().unwrap();
+        let bytes = payload(2 * transfer::CHUNK + 777);
+        let xxh3 = xxhash_rust::xxh3::xxh3_64(&bytes);
+        let size = bytes.len() as u64;
+        let ca = JobCa::new("job-s").unwrap();
+        let files = Files::new(None);
+        let whole = files.serve_from(
+            "dataset-chunk/x/0.bin",
+            std::sync::Arc::new(Piecewise {
+                bytes: bytes.clone(),
+                fail: None,
+            }),
+            size,
+            xxh3,
+        );
+        let broken = files.serve_from(
+            "dataset-chunk/x/1.bin",
+            std::sync::Arc::new(Piecewise {
+                bytes: bytes.clone(),
+                fail: Some(transfer::CHUNK + 5),
+            }),
+            size,
+            xxh3,
+        );
+        // the manifest says more bytes than the store has
+        let short = files.serve_from(
+            "dataset-chunk/x/2.bin",
+            std::sync::Arc::new(Piecewise {
+                bytes: bytes[..1000].to_vec(),
+                fail: None,
+            }),
+            size,
+            xxh3,
+        );
+        let s = file_server(&ca, files);
+        let mut c = registered(&s, &ca, 1);
+        let got = c.fetch(&whole, work.path()).unwrap();
+        assert_eq!(std::fs::read(&got).unwrap(), bytes);
+        std::fs::remove_file(&got).unwrap();
+        for artifact in [&broken, &short] {
+            let e = c.fetch(artifact, work.path()).unwrap_err().to_string();
+            assert!(e.contains(&artifact.name), "{e}");
+        }
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
+    }
+
     #[test]
     fn a_fetch_that_does_not_match_the_announced_checksum_leaves_nothing() {
         let served = tempfile::tempdir().unwrap();

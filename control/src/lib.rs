@@ -24,4 +24,4 @@ pub use record::{
     Coordinated, CoordinatorRef, EpochEnd, HEARTBEAT_S, JobState, JobStatus, JobSummary,
     LaunchSpan, MetricsLine, RunSummary, ScalingEvent, Summary, WorkerLine,
 };
-pub use transfer::Files;
+pub use transfer::{Bytes, Files, Source};

@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use xxhash_rust::xxh3::Xxh3;
 
+pub use bytes::Bytes;
+
 use crate::messages::{Artifact, Upload};
 
 /// Bytes read or written at a time.
@@ -60,8 +62,21 @@ pub fn file_xxh3(path: &Path) -> std::io::Result<(u64, u64)> {
     Ok((size, h.digest()))
 }
 
+/// Bytes the coordinator serves from somewhere other than its disk: a store's object streamed
+/// through it to the worker (a chunked dataset's chunk in cluster mode), never held whole.
+pub trait Source: Send + Sync {
+    /// Starts reading the bytes: they arrive in order on the channel, an `Err` ends them.
+    fn open(&self) -> tokio::sync::mpsc::Receiver<Result<Bytes, String>>;
+}
+
+#[derive(Clone)]
+enum Origin {
+    File(PathBuf),
+    Stream(Arc<dyn Source>),
+}
+
 struct Served {
-    path: PathBuf,
+    origin: Origin,
     size: u64,
     xxh3: u64,
 }
@@ -109,19 +124,10 @@ impl Files {
                 (size, h)
             }
         };
-        self.0.lock().expect("not poisoned").served.insert(
-            name.to_string(),
-            Served {
-                path: path.clone(),
-                size,
-                xxh3,
-            },
-        );
+        let served = self.serve_known(name, &path, size, xxh3);
         Ok(Artifact {
-            name: name.to_string(),
-            size,
-            xxh3,
             path: Some(path),
+            ..served
         })
     }
 
@@ -129,14 +135,27 @@ impl Files {
     /// chunked dataset's manifest lists them): nothing is read until a worker asks, and the worker
     /// checks what it got against them as always.
     pub fn serve_known(&self, name: &str, path: &Path, size: u64, xxh3: u64) -> Artifact {
-        self.0.lock().expect("not poisoned").served.insert(
-            name.to_string(),
-            Served {
-                path: path.to_path_buf(),
-                size,
-                xxh3,
-            },
-        );
+        self.insert(name, Origin::File(path.to_path_buf()), size, xxh3)
+    }
+
+    /// Serves `source`'s bytes under `name`, with the size and checksum the caller knows (a manifest's):
+    /// they are streamed through when a worker asks, and the worker checks them as always.
+    pub fn serve_from(
+        &self,
+        name: &str,
+        source: Arc<dyn Source>,
+        size: u64,
+        xxh3: u64,
+    ) -> Artifact {
+        self.insert(name, Origin::Stream(source), size, xxh3)
+    }
+
+    fn insert(&self, name: &str, origin: Origin, size: u64, xxh3: u64) -> Artifact {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .served
+            .insert(name.to_string(), Served { origin, size, xxh3 });
         Artifact {
             name: name.to_string(),
             size,
@@ -156,9 +175,11 @@ impl Files {
         self.0.lock().expect("not poisoned").parts.clear();
     }
 
-    fn lookup(&self, name: &str) -> Option<(PathBuf, u64, u64)> {
+    fn lookup(&self, name: &str) -> Option<(Origin, u64, u64)> {
         let t = self.0.lock().expect("not poisoned");
-        t.served.get(name).map(|s| (s.path.clone(), s.size, s.xxh3))
+        t.served
+            .get(name)
+            .map(|s| (s.origin.clone(), s.size, s.xxh3))
     }
 
     /// Where worker `rank`'s upload of `what` goes, or why it is refused.
@@ -274,6 +295,30 @@ pub(crate) async fn send_file(send: &mut SendStream, path: &Path, size: u64) -> 
     send.finish().map_err(|e| e.to_string())
 }
 
+/// Sends `size` bytes from `source` raw, then finishes the stream; fewer or more bytes than `size` is an
+/// error (the worker, which checks the checksum too, sees the stream reset).
+async fn send_stream(
+    send: &mut SendStream,
+    source: &dyn Source,
+    name: &str,
+    size: u64,
+) -> Result<(), String> {
+    let mut rx = source.open();
+    let mut sent = 0u64;
+    while let Some(chunk) = rx.recv().await {
+        let chunk = chunk.map_err(|e| format!("reading {name}: {e}"))?;
+        sent += chunk.len() as u64;
+        if sent > size {
+            return Err(format!("{name} is longer than its {size} bytes"));
+        }
+        send.write_all(&chunk).await.map_err(|e| e.to_string())?;
+    }
+    if sent != size {
+        return Err(format!("{name} ended after {sent} of its {size} bytes"));
+    }
+    send.finish().map_err(|e| e.to_string())
+}
+
 /// The coordinator's side of one transfer stream of worker `rank`.
 pub(crate) async fn serve_stream(
     rank: usize,
@@ -290,7 +335,7 @@ pub(crate) async fn serve_stream(
         |r: Reply| physalia_wire::Frame::control(crate::channel::coordinator_header(job), &r);
     match request {
         Request::Get { name } => {
-            let Some((path, size, xxh3)) = files.lookup(&name) else {
+            let Some((origin, size, xxh3)) = files.lookup(&name) else {
                 let frame = reply(Reply::Refused {
                     reason: format!("no artifact named {name:?}"),
                 })
@@ -303,7 +348,17 @@ pub(crate) async fn serve_stream(
             };
             let frame = reply(Reply::Sending { size, xxh3 }).map_err(|e| e.to_string())?;
             crate::channel::write_frame(&mut send, &frame).await?;
-            send_file(&mut send, &path, size).await?;
+            let sent = match &origin {
+                Origin::File(path) => send_file(&mut send, path, size).await,
+                Origin::Stream(source) => {
+                    send_stream(&mut send, source.as_ref(), &name, size).await
+                }
+            };
+            if let Err(e) = sent {
+                // the worker sees a reset stream, not a short file it might take for whole
+                let _ = send.reset(quinn::VarInt::from_u32(1));
+                return Err(e);
+            }
             let _ = send.stopped().await;
             Ok(())
         }

@@ -307,6 +307,46 @@ impl object_store::CredentialProvider for AwsChain {
     }
 }
 
+/// One object of a store, served to workers through the coordinator ([`Remote::source`]).
+struct StoreObject {
+    remote: Remote,
+    key: ObjPath,
+}
+
+impl physalia_control::Source for StoreObject {
+    fn open(&self) -> tokio::sync::mpsc::Receiver<Result<physalia_control::Bytes, String>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (store, key, url) = (
+            self.remote.store.clone(),
+            self.key.clone(),
+            self.remote.url.clone(),
+        );
+        // the store's connections belong to its runtime: the GET runs there, the bytes cross over
+        self.remote.rt.spawn(async move {
+            let what = |e: object_store::Error| format!("{url}: reading {key}: {e}");
+            let mut stream = match store.get(&key).await {
+                Ok(r) => r.into_stream(),
+                Err(e) => {
+                    let _ = tx.send(Err(what(e))).await;
+                    return;
+                }
+            };
+            loop {
+                let next = match stream.try_next().await {
+                    Ok(Some(piece)) => Ok(piece),
+                    Ok(None) => return,
+                    Err(e) => Err(what(e)),
+                };
+                let failed = next.is_err();
+                if tx.send(next).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+}
+
 /// A job store at a URL: the store and the prefix under which each job is a folder.
 #[derive(Clone)]
 pub struct Remote {
@@ -376,6 +416,15 @@ impl Remote {
             url: url.to_string(),
             rt: runtime().expect("a runtime"),
             s3_region: None,
+        }
+    }
+
+    /// The folder `rel` of this store as a store of its own (the same connections and credentials).
+    pub fn child(&self, rel: &str) -> Remote {
+        Remote {
+            prefix: self.key(rel, ""),
+            url: format!("{}/{}", self.url, rel.trim_matches('/')),
+            ..self.clone()
         }
     }
 
@@ -606,6 +655,15 @@ impl Remote {
         })?;
         std::fs::rename(&tmp, to).with_context(|| format!("writing {}", to.display()))?;
         Ok(())
+    }
+
+    /// `<job>/<rel>` as a [`physalia_control::Source`]: each opening streams the object through a
+    /// channel from this store's runtime, a few pieces at a time, never held whole.
+    pub fn source(&self, job: &str, rel: &str) -> Arc<dyn physalia_control::Source> {
+        Arc::new(StoreObject {
+            remote: self.clone(),
+            key: self.key(job, rel),
+        })
     }
 
     /// A new job id for a job named `name`: `<name>-<unix seconds>[-k]`, no job of which is in the store.

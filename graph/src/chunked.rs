@@ -151,6 +151,12 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// Parses and checks a manifest read from elsewhere than a folder (a store's object); `origin`
+    /// names it in errors.
+    pub fn parse(origin: &Path, text: &str) -> Result<Manifest, Error> {
+        parse_manifest(origin, text)
+    }
+
     /// The single-file [`Metadata`] this dataset loads as (checksums empty: they describe a file).
     pub fn metadata(&self) -> Metadata {
         Metadata {

@@ -327,6 +327,7 @@ impl Cloud for Ecs {
             parts,
             "the second job rewrote the stored partitions"
         );
+        chunked_cluster_job(self, s);
     }
 
     /// The coordinator's identity is its task role (no key in its task definition), and the workers
@@ -772,4 +773,112 @@ fn wait_for_epochs(jobs: &Path, n: usize, except: &[PathBuf]) -> PathBuf {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A chunked dataset in cluster mode (issue 31): `submit` uploads its chunk files under its manifest;
+/// the coordinator downloads the manifest and the graph's structure, never the features; each worker
+/// gets the chunks it reads streamed from the store through the coordinator (every chunk file once
+/// over the workers), cuts its part with the others and hands it back; the losses are the local
+/// run's. A second job uploads nothing and takes the stored partition set.
+fn chunked_cluster_job(ecs: &Ecs, s: &Scenario<'_, Ecs>) {
+    let synth = [
+        "data",
+        "synth",
+        "sbm",
+        "--nodes",
+        "3000",
+        "--classes",
+        "4",
+        "--feat-dim",
+        "16",
+        "--avg-degree",
+        "8",
+        "--seed",
+        "3",
+        "--layout",
+        "chunked",
+        "--chunk-rows",
+        "800",
+        "-o",
+        "sbm",
+    ];
+    ok_output(
+        Command::new(physalia_tests::physalia_bin())
+            .current_dir(s.path())
+            .args(synth),
+    );
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path().join("sbm/manifest.json")).unwrap())
+            .unwrap();
+    let chunks: usize = manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| t["chunks"].as_array().unwrap().len())
+        .sum();
+    let job = "name: chunked\ndataset: {path: sbm}\nmodel: {kind: sage, layers: 2, hidden: 16}\n\
+               train: {epochs: 3, seed: 0}\nworkers: 2\n";
+    let want = physalia_tests::local_losses(s.path(), "chunked-local.yaml", job);
+    s.write_cluster_job("chunked.yaml", job);
+    let (stdout, stderr) = s.ok(&["submit", "chunked.yaml", "--output", "json"]);
+    assert!(stderr.contains("uploading the chunked dataset"), "{stderr}");
+    let id = physalia_tests::job_id(
+        physalia_tests::last_json(&stdout)["job_url"]
+            .as_str()
+            .unwrap(),
+    );
+    let got = physalia_tests::losses(&ecs.record(&id, "metrics.jsonl").unwrap());
+    physalia_tests::assert_same_losses("ecs", &got, &want, 1e-4);
+    let folder = format!("-sbm/{}", "manifest.json");
+    let uploaded: Vec<String> = ecs
+        .s3
+        .keys("jobs/.datasets/")
+        .into_iter()
+        .filter(|k| k.contains("-sbm/") && !k.contains("/parts/"))
+        .collect();
+    assert_eq!(uploaded.len(), chunks + 1, "{uploaded:?}");
+    assert!(
+        uploaded.iter().any(|k| k.ends_with(&folder)),
+        "{uploaded:?}"
+    );
+    // each worker fetched the chunks it reads; together every chunk file once
+    let mut fetched = 0;
+    for rank in 0..2 {
+        let log = ecs
+            .record(&id, &format!("logs/worker-{rank}.log"))
+            .unwrap_or_else(|| panic!("no log of worker {rank}"));
+        let line = log
+            .lines()
+            .find(|l| l.contains("chunks, fetched)"))
+            .unwrap_or_else(|| panic!("worker {rank} fetched no chunks: {log}"));
+        let n: usize = line
+            .split(" chunks, fetched)")
+            .next()
+            .and_then(|h| h.rsplit('(').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        fetched += n;
+        eprintln!(
+            "ecs cluster-mode chunked SBM, worker {rank}: {}",
+            line.trim()
+        );
+    }
+    assert_eq!(
+        fetched, chunks,
+        "every chunk file fetched once over the workers"
+    );
+    let parts_dir = uploaded[0]
+        .split_once("-sbm/")
+        .map(|(head, _)| format!("{head}-sbm/parts/k2-seed0/"))
+        .unwrap();
+    let parts = ecs.s3.written(&parts_dir);
+    assert_eq!(parts.len(), 3, "two parts and the partitioning: {parts:?}");
+    // again: nothing uploaded, the set taken from the store
+    let (_, again) = s.ok(&["submit", "chunked.yaml", "--set", "train.epochs=1"]);
+    assert!(again.contains("dataset already in the store"), "{again}");
+    assert_eq!(
+        ecs.s3.written(&parts_dir),
+        parts,
+        "the stored set was rewritten"
+    );
 }

@@ -33,7 +33,7 @@ use physalia_control::{JobState, JobStatus, MetricsLine};
 
 use crate::driver::Observer;
 use crate::driver::distributed::Role;
-use crate::driver::partitions::StoredPartitions;
+use crate::driver::partitions::{StoredChunks, StoredPartitions};
 use crate::driver::resolved::ResolvedJob;
 use crate::driver::workers::block_on;
 use crate::spec::JobSpec;
@@ -65,6 +65,9 @@ pub fn coordinator_memory_gib(dataset_bytes: u64) -> f64 {
 
 /// The size of the job's dataset file (at a URL: its object's), or, for a generated one, of the file it
 /// would be (f32 features, i32 neighbours, i64 offsets, labels).
+///
+/// A chunked dataset counts what its coordinator holds instead: the streaming partitioner's per-node
+/// arrays and two edge chunks ([`chunked_coordinator_bytes`]), never the dataset.
 fn dataset_bytes(spec: &JobSpec) -> Result<u64> {
     if let Some(path) = &spec.dataset.path {
         if store::is_url(path) {
@@ -73,9 +76,24 @@ fn dataset_bytes(spec: &JobSpec) -> Result<u64> {
                 .trim_end_matches('/')
                 .rsplit_once('/')
                 .with_context(|| format!("dataset.path: {url} names no file"))?;
-            return Remote::open(base)?
+            let remote = Remote::open(base)?;
+            if is_chunked_url(&url) {
+                let bytes = remote
+                    .get(name, physalia_graph::chunked::MANIFEST_FILE)?
+                    .with_context(|| format!("dataset.path: {url} holds no manifest"))?;
+                let text = String::from_utf8_lossy(&bytes);
+                let origin = format!("{url}{}", physalia_graph::chunked::MANIFEST_FILE);
+                let manifest = physalia_graph::chunked::Manifest::parse(Path::new(&origin), &text)?;
+                return Ok(chunked_coordinator_bytes(&manifest));
+            }
+            return remote
                 .size("", name)
                 .with_context(|| format!("dataset.path: {url}"));
+        }
+        if physalia_graph::is_chunked(path) {
+            let ds = physalia_graph::ChunkedDataset::open(path)
+                .with_context(|| format!("dataset.path: {}", path.display()))?;
+            return Ok(chunked_coordinator_bytes(ds.manifest()));
         }
         return Ok(std::fs::metadata(path)
             .with_context(|| format!("dataset.path: {}", path.display()))?
@@ -177,8 +195,13 @@ pub fn submit(
             .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
         let url = upload_dataset(&remote, &upload, obs)
             .with_context(|| format!("{file}: dataset.path: {}", path.display()))?;
+        spec.dataset.format = if physalia_graph::is_chunked(&upload) {
+            // the coordinator finds the folder's manifest where it downloads it
+            crate::spec::DatasetFormat::Auto
+        } else {
+            crate::spec::DatasetFormat::Safetensors
+        };
         spec.dataset.path = Some(PathBuf::from(url));
-        spec.dataset.format = crate::spec::DatasetFormat::Safetensors;
     }
     let memory_gib = coordinator_memory_gib(dataset_bytes(spec).with_context(|| file.clone())?);
     let id = remote.new_job_id(&spec.job_name(job_file))?;
@@ -451,17 +474,132 @@ fn dataset_to_upload(
     Ok(to)
 }
 
-/// Uploads the dataset file at `path` to `<store>/.datasets/<xxh3 of its bytes>-<file name>` unless it
-/// is there already; returns its URL.
-fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<String> {
-    let meta = std::fs::metadata(path).context("cannot read")?;
-    if physalia_graph::is_chunked(path) {
-        bail!(
-            "a chunked dataset directory trains in client mode only (`backend.mode: client`, or the \
-             local or docker backend): cluster mode uploads one dataset file, and reading a chunked \
-             dataset from a store is not built yet"
-        );
+/// What a cluster-mode coordinator holds of a chunked dataset while it partitions it: the streaming
+/// partitioner's arrays (the assignment and the previous pass's, about 8 bytes a node) and two edge
+/// chunks read ahead; it keeps the graph's structure on disk, never in memory, and never the features.
+pub fn chunked_coordinator_bytes(m: &physalia_graph::chunked::Manifest) -> u64 {
+    let largest = m
+        .tensors
+        .indices
+        .chunks
+        .iter()
+        .map(|c| c.bytes)
+        .max()
+        .unwrap_or(0);
+    m.num_nodes as u64 * 8 + 2 * largest
+}
+
+/// A chunked dataset's URL ends with `/`: a folder of chunk files under its manifest.
+fn is_chunked_url(url: &str) -> bool {
+    url.ends_with('/')
+}
+
+/// The tensors a cluster-mode coordinator downloads of a chunked dataset: the graph's structure, which
+/// the streaming partitioner and the commit's cut count read. Features, labels and splits stay in the
+/// store; workers get the chunks they read streamed through the coordinator.
+const STRUCTURE: [&str; 2] = ["indptr", "indices"];
+
+/// Uploads the chunked dataset folder at `dir` to `<store>/.datasets/<manifest fingerprint>-<folder
+/// name>/` unless its manifest is there already: every chunk file, then the manifest, whose presence
+/// marks a whole upload. Returns its URL (ending with `/`).
+fn upload_chunked(remote: &Remote, dir: &Path, obs: &dyn Observer) -> Result<String> {
+    use physalia_graph::chunked::MANIFEST_FILE;
+    let ds = physalia_graph::ChunkedDataset::open(dir)?;
+    let m = ds.manifest();
+    let folder = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .context("no folder name")?;
+    let name = format!("{}-{folder}", m.fingerprint());
+    let url = format!("{}/{DATASETS}/{name}/", remote.url());
+    let manifest = format!("{name}/{MANIFEST_FILE}");
+    if remote.exists(DATASETS, &manifest)? {
+        obs.progress(&format!("dataset already in the store: {url}"));
+        return Ok(url);
     }
+    let chunks: Vec<_> = m
+        .tensors
+        .all()
+        .into_iter()
+        .flat_map(|(_, t)| t.chunks.iter())
+        .collect();
+    obs.progress(&format!(
+        "uploading the chunked dataset ({} files, {} bytes) to {url}",
+        chunks.len(),
+        chunks.iter().map(|c| c.bytes).sum::<u64>()
+    ));
+    for c in chunks {
+        let file = dir.join(&c.file);
+        remote
+            .put_file(DATASETS, &format!("{name}/{}", c.file), &file)
+            .with_context(|| format!("uploading {}", file.display()))?;
+    }
+    remote.put_file(DATASETS, &manifest, &dir.join(MANIFEST_FILE))?;
+    Ok(url)
+}
+
+/// Downloads what a coordinator needs of the chunked dataset at `url` (a store folder ending with `/`)
+/// into `dir`: the manifest and the structure's chunks ([`STRUCTURE`]; ones already here and whole are
+/// kept). Returns the folder here and the store's handle on the rest.
+fn download_chunked(url: &str, dir: &Path) -> Result<(PathBuf, StoredChunks)> {
+    let (base, name) = url
+        .trim_end_matches('/')
+        .rsplit_once('/')
+        .with_context(|| format!("dataset.path: {url} names no folder"))?;
+    download_chunked_from(Remote::open(base)?, name, dir)
+}
+
+/// [`download_chunked`] of the folder `name` in `remote`.
+fn download_chunked_from(
+    remote: Remote,
+    name: &str,
+    dir: &Path,
+) -> Result<(PathBuf, StoredChunks)> {
+    use physalia_graph::chunked::MANIFEST_FILE;
+    let url = format!("{}/{name}/", remote.url());
+    let to = dir.join(name);
+    std::fs::create_dir_all(&to).with_context(|| format!("creating {}", to.display()))?;
+    remote
+        .get_file(name, MANIFEST_FILE, &to.join(MANIFEST_FILE))
+        .with_context(|| format!("dataset.path: downloading {url}{MANIFEST_FILE}"))?;
+    let ds = physalia_graph::ChunkedDataset::open(&to)?;
+    for (tensor, chunks) in ds.manifest().tensors.all() {
+        if !STRUCTURE.contains(&tensor) {
+            continue;
+        }
+        for c in &chunks.chunks {
+            let file = to.join(&c.file);
+            let whole = std::fs::read(&file).is_ok_and(|b| {
+                b.len() as u64 == c.bytes && physalia_graph::format::checksum(&b) == c.xxh3
+            });
+            if whole {
+                continue;
+            }
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            remote
+                .get_file(name, &c.file, &file)
+                .with_context(|| format!("dataset.path: downloading {url}{}", c.file))?;
+        }
+    }
+    Ok((
+        to,
+        StoredChunks {
+            remote,
+            folder: name.to_string(),
+        },
+    ))
+}
+
+/// Uploads the dataset file at `path` to `<store>/.datasets/<xxh3 of its bytes>-<file name>` unless it
+/// is there already, or a chunked dataset folder ([`upload_chunked`]); returns its URL.
+fn upload_dataset(remote: &Remote, path: &Path, obs: &dyn Observer) -> Result<String> {
+    if physalia_graph::is_chunked(path) {
+        return upload_chunked(remote, path, obs);
+    }
+    let meta = std::fs::metadata(path).context("cannot read")?;
     if !meta.is_file() {
         bail!("cluster mode uploads a dataset file; this is not one");
     }
@@ -727,11 +865,18 @@ pub fn coordinate(
     let mut spec = recorded.clone();
     spec.backend.coordinate_inside();
     let mut partitions = None;
+    let mut stored_chunks = None;
     if let Some(path) = &spec.dataset.path
         && store::is_url(path)
     {
         let url = path.to_string_lossy().into_owned();
-        spec.dataset.path = Some(download_dataset(&url, &work.join("datasets"))?);
+        if is_chunked_url(&url) {
+            let (local, chunks) = download_chunked(&url, &work.join("datasets"))?;
+            spec.dataset.path = Some(local);
+            stored_chunks = Some(chunks);
+        } else {
+            spec.dataset.path = Some(download_dataset(&url, &work.join("datasets"))?);
+        }
         partitions = Some(StoredPartitions::beside(&url)?);
     }
     // resuming: the record as the gone coordinator left it in the store, checkpoints included
@@ -751,6 +896,7 @@ pub fn coordinate(
         coordinator_usd_per_s: coordinator_usd_per_s(&job, memory_gib)?,
         recorded,
         partitions,
+        stored_chunks,
         control_port,
     };
     let name = job.spec.name.clone().unwrap_or_else(|| id.to_string());
@@ -824,6 +970,75 @@ mod tests {
             "dataset: cora.safetensors\nmodel: {{kind: gcn}}\nworkers: 2\noutput: {{dir: s3://b/jobs}}\nbackend:\n  name: {backend}\n  ecs:\n    cluster: physalia\n    subnets: [subnet-1]\n    security_groups: [sg-1]\n    execution_role_arn: arn:aws:iam::123456789012:role/x\n    coordinator_task_role_arn: arn:aws:iam::123456789012:role/c\n    image: img\n    sku: ecs-fargate-2x8\n  kubernetes:\n    image: img\n    sku: gke-g2-standard-8\n"
         );
         crate::spec::parse_str(&text, "job.yaml", &[]).unwrap()
+    }
+
+    /// A chunked dataset goes to the store as its chunk files and then its manifest, once; a
+    /// coordinator downloads the manifest and the graph's structure only, and the other chunks are
+    /// streamed from the store with the manifest's bytes.
+    #[test]
+    fn a_chunked_dataset_is_uploaded_once_and_its_coordinator_downloads_the_structure_only() {
+        use physalia_graph::chunked::MANIFEST_FILE;
+        let quiet = crate::driver::Plain { quiet: true };
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("sbm");
+        let ds = physalia_graph::synth::sbm(&physalia_graph::SbmParams {
+            num_nodes: 3000,
+            num_classes: 4,
+            avg_degree: 6.0,
+            feat_dim: 8,
+            seed: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        let manifest = physalia_graph::chunked::write_chunked(&ds, &dir, 700).unwrap();
+        let remote = Remote::in_memory("s3://b/jobs");
+        let url = upload_dataset(&remote, &dir, &quiet).unwrap();
+        let name = format!("{}-sbm", manifest.fingerprint());
+        assert_eq!(url, format!("s3://b/jobs/{DATASETS}/{name}/"));
+        assert!(is_chunked_url(&url));
+        let stored = remote.list(DATASETS, &name).unwrap();
+        let files: Vec<_> = manifest
+            .tensors
+            .all()
+            .into_iter()
+            .flat_map(|(_, t)| t.chunks.iter().map(|c| (c.file.clone(), c.bytes)))
+            .collect();
+        assert_eq!(stored.len(), files.len() + 1, "{stored:?}");
+        for (file, bytes) in &files {
+            assert!(stored.contains(&(file.clone(), *bytes)), "{file} missing");
+        }
+        // a second upload finds the manifest and sends nothing
+        let before = remote.list(DATASETS, &name).unwrap();
+        assert_eq!(upload_dataset(&remote, &dir, &quiet).unwrap(), url);
+        assert_eq!(remote.list(DATASETS, &name).unwrap(), before);
+
+        let work = tempfile::tempdir().unwrap();
+        let (local, chunks) =
+            download_chunked_from(remote.child(DATASETS), &name, work.path()).unwrap();
+        assert!(physalia_graph::is_chunked(&local));
+        for (tensor, t) in manifest.tensors.all() {
+            for c in &t.chunks {
+                let here = local.join(&c.file).is_file();
+                assert_eq!(here, STRUCTURE.contains(&tensor), "{}", c.file);
+                // every chunk, here or not, streams from the store as the manifest says
+                let mut rx = chunks.source(&c.file).open();
+                let mut got = Vec::new();
+                while let Some(piece) = rx.blocking_recv() {
+                    got.extend_from_slice(&piece.unwrap());
+                }
+                assert_eq!(got, std::fs::read(dir.join(&c.file)).unwrap(), "{}", c.file);
+            }
+        }
+        assert_eq!(
+            std::fs::read(local.join(MANIFEST_FILE)).unwrap(),
+            std::fs::read(dir.join(MANIFEST_FILE)).unwrap()
+        );
+        // a missing object is an error on the channel, naming it
+        let mut rx = chunks.source("features/nope.bin").open();
+        let e = rx.blocking_recv().unwrap().unwrap_err();
+        assert!(e.contains("features/nope.bin"), "{e}");
+        // the coordinator's size follows the nodes, not the features
+        assert!(chunked_coordinator_bytes(&manifest) < 3000 * 8 + 2 * 700 * 8 * 8);
     }
 
     /// Cluster mode uploads a file: a raw folder (here the generic layout) is imported into one first,

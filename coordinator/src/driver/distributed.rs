@@ -73,6 +73,8 @@ pub struct Role {
     pub recorded: JobSpec,
     /// The partition sets beside the dataset in its store (a dataset at a URL).
     pub partitions: Option<StoredPartitions>,
+    /// A chunked dataset at a URL: the chunk files not downloaded, streamed to the workers that read them.
+    pub stored_chunks: Option<super::partitions::StoredChunks>,
 }
 
 /// Where a stopped job continues: the newest checkpoint whose epochs are all recorded in `metrics.jsonl`.
@@ -227,10 +229,12 @@ pub fn run(
             files: Files::new(Some(job_abs.clone())),
             minibatch: std::cell::RefCell::new(spec.minibatch.clone()),
             stored_partitions: cluster.and_then(|r| r.partitions.as_ref()),
+            stored_chunks: cluster.and_then(|r| r.stored_chunks.as_ref()),
             partitioner: &partitioner,
             partition_records: Default::default(),
             control_port: cluster.map(|r| r.control_port),
             preparing: Default::default(),
+            served_cut: Default::default(),
         };
         let (state, outcome) = driver.run(state, pending, &mut dir)?;
         let partitions = driver.partition_records.take();
@@ -749,6 +753,8 @@ struct Driver<'a> {
     minibatch: std::cell::RefCell<Option<crate::spec::MiniBatchSpec>>,
     /// Partition sets kept beside the dataset in its object store (cluster mode).
     stored_partitions: Option<&'a StoredPartitions>,
+    /// A chunked dataset's files left in its store (cluster mode).
+    stored_chunks: Option<&'a super::partitions::StoredChunks>,
     /// How a missing partition set is computed (the job file's `dataset.partitioner` or the planner's).
     partitioner: &'a super::partitions::PartitionChoice,
     /// The set of each part count the launches trained on, for `summary.json`.
@@ -759,6 +765,9 @@ struct Driver<'a> {
     /// The partitionings an in-place resize of the training launch may take, being made while it
     /// trains (`JobAction::Prepare`): (launch, its preparation for one count).
     preparing: std::cell::RefCell<Vec<(usize, Preparing)>>,
+    /// The chunk files and artifacts a pending set's cut is served as ([`Self::serve_cut`]), keyed by
+    /// its assignment file: registered once per launch, not once per rank.
+    served_cut: std::cell::RefCell<Option<(PathBuf, physalia_control::ServedCut)>>,
 }
 
 /// How a job's run ended.
@@ -1518,6 +1527,8 @@ impl Driver<'_> {
                 )
             })?;
             physalia_gnn::heap::release_freed_memory();
+            // a new (or resumed) assignment: its cut is served afresh
+            self.served_cut.take();
             let launch = Launch::start(self, dir.path(), n, index, None)?;
             let mut live = Live::new(launch, n, pending.part_files.clone(), format!("k{k}"));
             live.pending = Some(pending);
@@ -1683,8 +1694,8 @@ impl Driver<'_> {
 
     /// What a worker that does not read this disk needs to cut part `part` of the pending `set`: the
     /// dataset's manifest, every chunk file under [`CHUNK_PREFIX`] with the manifest's sizes and
-    /// checksums (nothing is read until a worker asks for it), and the assignment; the part the worker
-    /// hands back is taken into the set at `out`.
+    /// checksums (nothing is read until a worker asks for it), and the assignment, served once per
+    /// set and launch; the part the worker hands back is taken into the set at `out`.
     fn serve_cut(
         &self,
         set: &PendingSet,
@@ -1692,6 +1703,12 @@ impl Driver<'_> {
         tag: &str,
         out: &Path,
     ) -> Result<physalia_control::ServedCut> {
+        self.files.expect_part(part, &std::path::absolute(out)?);
+        if let Some((assignment, served)) = &*self.served_cut.borrow()
+            && *assignment == set.assignment
+        {
+            return Ok(served.clone());
+        }
         let ds = physalia_graph::ChunkedDataset::open(self.dataset_path)?;
         for (_, tensor) in ds.manifest().tensors.all() {
             for c in &tensor.chunks {
@@ -1702,16 +1719,21 @@ impl Driver<'_> {
                         c.file
                     )
                 })?;
-                self.files.serve_known(
-                    &format!("{CHUNK_PREFIX}{}", c.file),
-                    &self.dataset_path.join(&c.file),
-                    c.bytes,
-                    xxh3,
-                );
+                let name = format!("{CHUNK_PREFIX}{}", c.file);
+                let local = self.dataset_path.join(&c.file);
+                match self.stored_chunks {
+                    // in cluster mode only the structure is here: the rest comes from the store
+                    Some(stored) if !local.is_file() => {
+                        self.files
+                            .serve_from(&name, stored.source(&c.file), c.bytes, xxh3);
+                    }
+                    _ => {
+                        self.files.serve_known(&name, &local, c.bytes, xxh3);
+                    }
+                }
             }
         }
-        self.files.expect_part(part, &std::path::absolute(out)?);
-        Ok(physalia_control::ServedCut {
+        let served = physalia_control::ServedCut {
             manifest: self.serve(
                 "dataset-manifest",
                 &self
@@ -1720,7 +1742,9 @@ impl Driver<'_> {
             )?,
             chunk_prefix: CHUNK_PREFIX.to_string(),
             assignment: self.serve(&format!("assignment-{tag}"), &set.assignment)?,
-        })
+        };
+        *self.served_cut.borrow_mut() = Some((set.assignment.clone(), served.clone()));
+        Ok(served)
     }
 
     /// Serves `path` under `name` to the job's workers.

@@ -17,15 +17,20 @@ pub struct StoredPartitions {
 }
 
 impl StoredPartitions {
-    /// Beside the dataset at `url` (a store URL).
+    /// Beside the dataset at `url` (a store URL): `X.parts` beside a file `X.safetensors`, `X/parts` in a
+    /// chunked dataset's folder `X/` (its URL ends with `/`), as on a disk.
     pub fn beside(url: &str) -> Result<StoredPartitions> {
         let (base, name) = url
             .trim_end_matches('/')
             .rsplit_once('/')
             .with_context(|| format!("dataset.path: {url} names no file"))?;
-        let folder = physalia_graph::partition::partitions_dir(Path::new(name))
-            .to_string_lossy()
-            .into_owned();
+        let folder = if url.ends_with('/') {
+            format!("{name}/parts")
+        } else {
+            physalia_graph::partition::partitions_dir(Path::new(name))
+                .to_string_lossy()
+                .into_owned()
+        };
         Ok(StoredPartitions {
             remote: Remote::open(base)?,
             folder,
@@ -86,6 +91,22 @@ impl StoredPartitions {
     /// Where the sets are, for messages.
     pub fn url(&self) -> String {
         format!("{}/{}", self.remote.url(), self.folder)
+    }
+}
+
+/// A chunked dataset in an object store whose coordinator downloaded only its structure: the chunk files
+/// workers read are streamed from the store through the coordinator ([`physalia_control::Files::serve_from`]).
+pub struct StoredChunks {
+    /// The store folder holding the dataset's folder.
+    pub(crate) remote: Remote,
+    /// The dataset's folder in it.
+    pub(crate) folder: String,
+}
+
+impl StoredChunks {
+    /// The chunk file `file` (a manifest's relative path) as a source of bytes.
+    pub fn source(&self, file: &str) -> std::sync::Arc<dyn physalia_control::Source> {
+        self.remote.source(&self.folder, file)
     }
 }
 
