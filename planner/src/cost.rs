@@ -1286,7 +1286,6 @@ fn data(
 }
 
 fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64) -> Prediction {
-    let a = &req.assumptions;
     let g = &req.graph;
     let n = g.nodes as f64;
     let e = g.edges as f64;
