@@ -155,6 +155,37 @@ impl Output {
     }
 }
 
+/// A small chunked SBM written by `physalia data synth` into `cwd/out`: `nodes` nodes in 4 classes, 16
+/// features, average degree 8, seed `seed`, `chunk_rows` rows a chunk (the cluster tests' dataset).
+pub fn synth_chunked_sbm(cwd: &Path, out: &str, nodes: usize, seed: u64, chunk_rows: usize) {
+    let (nodes, seed, rows) = (nodes.to_string(), seed.to_string(), chunk_rows.to_string());
+    physalia(
+        cwd,
+        [
+            "data",
+            "synth",
+            "sbm",
+            "--nodes",
+            &nodes,
+            "--classes",
+            "4",
+            "--feat-dim",
+            "16",
+            "--avg-degree",
+            "8",
+            "--seed",
+            &seed,
+            "--layout",
+            "chunked",
+            "--chunk-rows",
+            &rows,
+            "-o",
+            out,
+        ],
+    )
+    .ok();
+}
+
 /// Runs `physalia args...` in `cwd`.
 pub fn physalia<I, S>(cwd: &Path, args: I) -> Output
 where

@@ -131,31 +131,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
     }
     let t = TempDir::new().unwrap();
     for out in ["a", "b"] {
-        physalia(
-            t.path(),
-            [
-                "data",
-                "synth",
-                "sbm",
-                "--nodes",
-                "3000",
-                "--classes",
-                "4",
-                "--feat-dim",
-                "16",
-                "--avg-degree",
-                "8",
-                "--seed",
-                "1",
-                "--layout",
-                "chunked",
-                "--chunk-rows",
-                "512",
-                "-o",
-                out,
-            ],
-        )
-        .ok();
+        physalia_tests::synth_chunked_sbm(t.path(), out, 3000, 1, 512);
     }
     let job = |path: &str| {
         format!(

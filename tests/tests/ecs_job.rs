@@ -781,32 +781,7 @@ fn wait_for_epochs(jobs: &Path, n: usize, except: &[PathBuf]) -> PathBuf {
 /// over the workers), cuts its part with the others and hands it back; the losses are the local
 /// run's. A second job uploads nothing and takes the stored partition set.
 fn chunked_cluster_job(ecs: &Ecs, s: &Scenario<'_, Ecs>) {
-    let synth = [
-        "data",
-        "synth",
-        "sbm",
-        "--nodes",
-        "3000",
-        "--classes",
-        "4",
-        "--feat-dim",
-        "16",
-        "--avg-degree",
-        "8",
-        "--seed",
-        "3",
-        "--layout",
-        "chunked",
-        "--chunk-rows",
-        "800",
-        "-o",
-        "sbm",
-    ];
-    ok_output(
-        Command::new(physalia_tests::physalia_bin())
-            .current_dir(s.path())
-            .args(synth),
-    );
+    physalia_tests::synth_chunked_sbm(s.path(), "sbm", 3000, 3, 800);
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(s.path().join("sbm/manifest.json")).unwrap())
             .unwrap();
