@@ -155,10 +155,17 @@ impl Output {
     }
 }
 
-/// A small chunked SBM written by `physalia data synth` into `cwd/out`: `nodes` nodes in 4 classes, 16
-/// features, average degree 8, seed `seed`, `chunk_rows` rows a chunk (the cluster tests' dataset).
-pub fn synth_chunked_sbm(cwd: &Path, out: &str, nodes: usize, seed: u64, chunk_rows: usize) {
-    let (nodes, seed, rows) = (nodes.to_string(), seed.to_string(), chunk_rows.to_string());
+/// A chunked SBM written by `physalia data synth` into `cwd/out`: `nodes` nodes in 4 classes, `feat`
+/// features, average degree `degree`, seed `seed`, `chunk_rows` rows a chunk (the cluster tests' dataset).
+pub fn synth_chunked_sbm(
+    cwd: &Path,
+    out: &str,
+    (nodes, feat, degree): (usize, usize, usize),
+    seed: u64,
+    chunk_rows: usize,
+) {
+    let [nodes, feat, degree, seed, rows] =
+        [nodes, feat, degree, seed as usize, chunk_rows].map(|v| v.to_string());
     physalia(
         cwd,
         [
@@ -170,9 +177,9 @@ pub fn synth_chunked_sbm(cwd: &Path, out: &str, nodes: usize, seed: u64, chunk_r
             "--classes",
             "4",
             "--feat-dim",
-            "16",
+            &feat,
             "--avg-degree",
-            "8",
+            &degree,
             "--seed",
             &seed,
             "--layout",

@@ -131,7 +131,7 @@ fn containers_cut_a_chunked_dataset_fetching_only_their_share_of_its_files() {
     }
     let t = TempDir::new().unwrap();
     for out in ["a", "b"] {
-        physalia_tests::synth_chunked_sbm(t.path(), out, 3000, 1, 512);
+        physalia_tests::synth_chunked_sbm(t.path(), out, (3000, 16, 8), 1, 512);
     }
     let job = |path: &str| {
         format!(
