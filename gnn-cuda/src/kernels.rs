@@ -433,8 +433,10 @@ extern "C" __global__ void gat_backward_edges(const i64* __restrict__ indptr, co
     const u64 gi = use_gids ? (u64)gids[i] : (u64)i;
     for (u32 k = 0; k < heads; ++k) {
         const float* g = d_out + (u64)i * dw + (concat ? k * c : 0);
+        // the lanes take the row's edges, each its edge's whole dot product (the head's c columns of the
+        // source's message, one cache line at c = 32): no reduction per edge, one per head for sigma
         float sigma = 0.f;
-        for (u32 t = 0; t < deg; ++t) {
+        for (u32 t = lane; t < deg; t += 32) {
             const u32 j = indices[lo + t];
             const u64 p = (u64)(lo + t) * heads + k;
             const float a = alpha[p];
@@ -445,15 +447,13 @@ extern "C" __global__ void gat_backward_edges(const i64* __restrict__ indptr, co
             }
             const float* zj = src_row(m_own, m_halo, n_own, j, width) + k * c;
             float dot = 0.f;
-            for (u32 col = lane; col < c; col += 32) dot += g[col] * zj[col];
-            dot = warp_sum(dot);
+            for (u32 col = 0; col < c; ++col) dot += g[col] * zj[col];
             const float d_alpha = dot * mk;
-            if (lane == 0) {
-                a_used[p] = a * mk;
-                d_score[p] = d_alpha;
-            }
+            a_used[p] = a * mk;
+            d_score[p] = d_alpha;
             sigma += a * d_alpha;
         }
+        sigma = warp_sum(sigma);
         __syncwarp();
         const float sd = s_dst[(u64)i * heads + k];
         float acc = 0.f;

@@ -27,8 +27,9 @@ pub struct Assumptions {
     /// weighted gather, 1.7 (27 ms of an SBM 2M epoch where the SpMM model gives 16).
     pub gpu_gat_forward_gathers: f64,
     /// A GAT layer's backward on the GPU in SpMM passes: the per-edge score gradients and the
-    /// transposed gather of the output's gradient, 7.0 (110 ms of the same epoch). The kernels
-    /// reach about a quarter of SpMM's bandwidth there: where GAT's GPU time can be won.
+    /// transposed gather of the output's gradient, 6.3 (101 ms of the same epoch, 99 of them the two
+    /// backward kernels, after `gat_backward_edges` took a row's edges across its lanes). The kernels
+    /// reach under a third of SpMM's bandwidth there: where GAT's GPU time can be won.
     pub gpu_gat_backward_gathers: f64,
     /// Achieved GEMM rate over the catalog's CPU peak: 60 GFLOP/s measured on 2 vCPUs
     /// (bench/RESULTS.md) over 2 x 96 GFLOP/s (AVX-512, 2 FMA units, 3 GHz, 2 vCPUs per core).
@@ -122,7 +123,7 @@ impl Default for Assumptions {
             gpu_memory_efficiency: 0.65,
             gpu_elementwise_passes: 6.0,
             gpu_gat_forward_gathers: 1.7,
-            gpu_gat_backward_gathers: 7.0,
+            gpu_gat_backward_gathers: 6.3,
             cpu_gemm_efficiency: 0.31,
             cpu_memory_efficiency: 0.5,
             sampler_edges_per_s_per_vcpu: 115e6,

@@ -381,7 +381,8 @@ fn the_gpu_epochs_are_close_to_the_measured_ones() {
         (ModelKind::Gat, 1_000_000, 19_997_748, 78.3e-3),
         (ModelKind::Gcn, 2_000_000, 39_997_692, 16.32e-3),
         (ModelKind::Sage, 2_000_000, 39_997_692, 25.8e-3),
-        (ModelKind::Gat, 2_000_000, 39_997_692, 158.2e-3),
+        // GAT at 2M after `gat_backward_edges` spread a row's edges over its lanes (1M: before it)
+        (ModelKind::Gat, 2_000_000, 39_997_692, 146.7e-3),
     ];
     for (kind, nodes, edges, want) in measured {
         let gat = kind == ModelKind::Gat;
