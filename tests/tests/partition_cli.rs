@@ -347,11 +347,16 @@ fn chunked_datasets_are_written_inspected_and_partitioned_by_streaming() {
     physalia(t.path(), ["data", "partition", "raw", "--k", "2"])
         .one_line_error(&["raw/manifest.json"]);
 
-    // A flipped byte in a chunk: inspect names the chunk file.
+    // A flipped byte in a chunk: inspect names the chunk file. (The chunk folder is `data-<token>/`; the
+    // partition sets beside it in `parts/` are a folder too.)
     let data = std::fs::read_dir(t.path().join("c"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
+        .find(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("data-"))
+        })
         .unwrap();
     let victim = data.join("labels-000001.bin");
     let mut bytes = std::fs::read(&victim).unwrap();
