@@ -532,7 +532,6 @@ fn layer_work(
     first: bool,
     cached: bool,
     backward: bool,
-    passes: f64,
 ) {
     let edges = edges + if l.self_loops { dst } else { 0.0 };
     let agg_first = input <= l.output && !l.gat;
@@ -557,7 +556,7 @@ fn layer_work(
         if l.gat {
             w.stream(r, edges * l.heads * F32 * 4.0);
         }
-        w.stream(r, dst * l.output * F32 * passes / 2.0);
+        w.stream(r, dst * l.output * F32 * r.passes / 2.0);
     };
     fwd(w);
     if !backward {
@@ -583,7 +582,7 @@ fn layer_work(
     if l.gat {
         w.stream(r, edges * l.heads * F32 * 8.0);
     }
-    w.stream(r, dst * l.output * F32 * passes / 2.0);
+    w.stream(r, dst * l.output * F32 * r.passes / 2.0);
 }
 
 /// One full-graph pass over a part: the kernels' seconds and the halo bytes sent per pass
@@ -596,7 +595,6 @@ fn full_graph_pass(
     cached: bool,
     input_kept: bool,
     backward: bool,
-    passes: f64,
 ) -> (f64, f64, f64) {
     let mut w = Work::default();
     let mut halo_bytes = 0.0;
@@ -604,7 +602,7 @@ fn full_graph_pass(
     for (i, l) in layers.iter().enumerate() {
         let first = i == 0;
         layer_work(
-            &mut w, r, l, l.input, p.owned, p.owned, p.edges, first, cached, backward, passes,
+            &mut w, r, l, l.input, p.owned, p.owned, p.edges, first, cached, backward,
         );
         if !(first && (cached || input_kept)) {
             halo_bytes += p.halo * l.exch * F32;
@@ -872,7 +870,6 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     let p = part_shape(req, c.parts);
     let cached = first_layer_cached(req, ls);
     let x = &c.exchange;
-    let passes = r.passes;
     let peers = f64::from(c.parts - 1);
     let workers = f64::from(c.workers);
 
@@ -885,8 +882,7 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     // exchange samples) and draws their dropout mask itself (its kept input halo).
     let input_kept = !cached && ls[0].agg_first && !remat;
     // Training epoch.
-    let (compute_s, halo_f32, rounds) =
-        full_graph_pass(r, ls, &p, cached, input_kept, true, passes);
+    let (compute_s, halo_f32, rounds) = full_graph_pass(r, ls, &p, cached, input_kept, true);
     let (remat_f32, remat_s) = if remat {
         let mut w = Work::default();
         let mut extra = 0.0;
@@ -917,7 +913,7 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
     // Evaluation: exact forward (f32, every row, no staleness).
     let eval_cached = first_layer_cached_in_eval(ls);
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, eval_cached, false, false, passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, false);
     let eval_rounds = if remat {
         eval_rounds * peers
     } else {
@@ -1039,33 +1035,14 @@ fn partition(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: 
 }
 
 /// Training kernels of one batch over `layers[from..]`, block sizes from `reached`/`edges`.
-fn batch_work(
-    r: &Rates,
-    ls: &[Layer],
-    reached: &[f64],
-    edges: &[f64],
-    from: usize,
-    passes: f64,
-) -> f64 {
+fn batch_work(r: &Rates, ls: &[Layer], reached: &[f64], edges: &[f64], from: usize) -> f64 {
     let n_layers = ls.len();
     let mut w = Work::default();
     for (i, l) in ls.iter().enumerate().skip(from) {
         let dst = reached[n_layers - 1 - i];
         let src = reached[n_layers - i];
         let e = edges[n_layers - i];
-        layer_work(
-            &mut w,
-            r,
-            l,
-            l.input,
-            dst,
-            src,
-            e,
-            i == 0,
-            false,
-            true,
-            passes,
-        );
+        layer_work(&mut w, r, l, l.input, dst, src, e, i == 0, false, true);
     }
     w.s
 }
@@ -1211,8 +1188,7 @@ fn data(
     let loader_s = sampled / r.sampler_edges_s
         + block_bytes(&reached, &edges) / r.mem_byte_s
         + gather_s(r, inputs, feat);
-    let compute_s =
-        batch_work(r, ls, &reached, &edges, 0, r.passes) + params * F32 * 7.0 / r.mem_byte_s;
+    let compute_s = batch_work(r, ls, &reached, &edges, 0) + params * F32 * 7.0 / r.mem_byte_s;
     let hit = if remote_universe > 0.0 {
         (cache_rows / remote_universe)
             .min(1.0)
@@ -1244,7 +1220,7 @@ fn data(
     // Evaluation: the partition-parallel full-graph forward over the k feature parts; its
     // first layer's `A X` (and the halo rows it needs) once per run.
     let (eval_compute, eval_halo, eval_rounds) =
-        full_graph_pass(r, ls, &p, eval_cached, false, false, r.passes);
+        full_graph_pass(r, ls, &p, eval_cached, false, false);
     let eval_s = (eval_compute + r.transfer(eval_halo, f64::from(k - 1), eval_rounds))
         / f64::from(req.train.eval_every);
     let eval_setup_s = if eval_cached {
@@ -1304,7 +1280,7 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
     // Every worker: the first layer's partials of its columns for every batch of the step.
     let mut w0 = Work::default();
     layer_work(
-        &mut w0, r, &first, cols, dst0, inputs, e0, true, false, true, r.passes,
+        &mut w0, r, &first, cols, dst0, inputs, e0, true, false, true,
     );
     // Its gradient recomputes the aggregation of the slice (`A X` of its columns, or `A^T dZ`
     // when the slice is wider than the output): nothing is kept between the two.
@@ -1314,9 +1290,8 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
     } else {
         w0.spmm(r, inputs, e0 + loops, first.output);
     }
-    let compute_s = workers * w0.s
-        + batch_work(r, ls, &reached, &edges, 1, r.passes)
-        + params * F32 * 7.0 / r.mem_byte_s;
+    let compute_s =
+        workers * w0.s + batch_work(r, ls, &reached, &edges, 1) + params * F32 * 7.0 / r.mem_byte_s;
     let sampled: f64 = edges.iter().sum();
     // every batch's blocks are built whole, though only its owner keeps more than the first
     let loader_s = workers
@@ -1341,10 +1316,8 @@ fn model(req: &PlanRequest, c: &Candidate, r: &Rates, ls: &[Layer], params: f64)
         estimated: false,
     };
     let mut we = Work::default();
-    layer_work(
-        &mut we, r, &first, cols, n, n, e, true, false, false, r.passes,
-    );
-    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, false, r.passes);
+    layer_work(&mut we, r, &first, cols, n, n, e, true, false, false);
+    let (rest_s, _, _) = full_graph_pass(r, &ls[1..], &whole, false, false, false);
     let z0_bytes = n * first.output * F32;
     let eval_allreduce = 2.0 * (workers - 1.0) / workers * z0_bytes;
     let eval_s = (we.s + rest_s + r.transfer(eval_allreduce, workers - 1.0, 2.0))
