@@ -959,14 +959,7 @@ fn bias_activate_dropout(
             for (v, &bv) in row.iter_mut().zip(b) {
                 *v += bv;
             }
-            match act {
-                Activation::Relu => row.iter_mut().for_each(|v| *v = v.max(0.0)),
-                Activation::Elu => row.iter_mut().for_each(|v| {
-                    if *v <= 0.0 {
-                        *v = v.exp_m1()
-                    }
-                }),
-            }
+            activate_slice(row, act);
             if let Some((mask, scale)) = &mask {
                 mask.apply(gat::gid(gids, i) * cols as u64, row, *scale);
             }
@@ -975,20 +968,20 @@ fn bias_activate_dropout(
 
 fn activate(m: &mut Matrix, act: Activation) {
     m.data_mut()
-        .par_iter_mut()
-        .with_min_len(ELEMENTWISE_CHUNK)
-        .for_each(|v| {
-            *v = match act {
-                Activation::Relu => v.max(0.0),
-                Activation::Elu => {
-                    if *v > 0.0 {
-                        *v
-                    } else {
-                        v.exp_m1()
-                    }
-                }
+        .par_chunks_mut(ELEMENTWISE_CHUNK)
+        .for_each(|c| activate_slice(c, act));
+}
+
+/// The activation over `v`, one loop per activation (each vectorises).
+fn activate_slice(v: &mut [f32], act: Activation) {
+    match act {
+        Activation::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
+        Activation::Elu => v.iter_mut().for_each(|x| {
+            if *x <= 0.0 {
+                *x = x.exp_m1()
             }
-        });
+        }),
+    }
 }
 
 /// Inverted dropout on columns `col0..col0 + m.cols()` of rows `total_cols` wide, keyed by the rows' global
