@@ -33,7 +33,7 @@ use physalia_control::{JobState, JobStatus, MetricsLine};
 
 use crate::driver::Observer;
 use crate::driver::distributed::Role;
-use crate::driver::partitions::{StoredChunks, StoredPartitions};
+use crate::driver::partitions::{StoredChunks, StoredPartitions, is_chunked_url};
 use crate::driver::resolved::ResolvedJob;
 use crate::driver::workers::block_on;
 use crate::spec::JobSpec;
@@ -489,11 +489,6 @@ pub fn chunked_coordinator_bytes(m: &physalia_graph::chunked::Manifest) -> u64 {
     m.num_nodes as u64 * 8 + 2 * largest
 }
 
-/// A chunked dataset's URL ends with `/`: a folder of chunk files under its manifest.
-fn is_chunked_url(url: &str) -> bool {
-    url.ends_with('/')
-}
-
 /// The tensors a cluster-mode coordinator downloads of a chunked dataset: the graph's structure, which
 /// the streaming partitioner and the commit's cut count read. Features, labels and splits stay in the
 /// store; workers get the chunks they read streamed through the coordinator.
@@ -526,7 +521,7 @@ fn upload_chunked(remote: &Remote, dir: &Path, obs: &dyn Observer) -> Result<Str
     obs.progress(&format!(
         "uploading the chunked dataset ({} files, {} bytes) to {url}",
         chunks.len(),
-        chunks.iter().map(|c| c.bytes).sum::<u64>()
+        m.data_bytes()
     ));
     for c in chunks {
         let file = dir.join(&c.file);

@@ -6,6 +6,11 @@ use anyhow::{Context, Result};
 
 use crate::store::Remote;
 
+/// A chunked dataset's URL ends with `/`: a folder of chunk files under its manifest (a file's does not).
+pub(crate) fn is_chunked_url(url: &str) -> bool {
+    url.ends_with('/')
+}
+
 /// The partition sets of a dataset in an object store, stored beside it as on a disk
 /// (`<dataset URL without .safetensors>.parts/k<K>-seed<S>/`): computed by the first coordinator that
 /// needs one, reused by every later job of the same dataset, worker count and seed.
@@ -24,7 +29,7 @@ impl StoredPartitions {
             .trim_end_matches('/')
             .rsplit_once('/')
             .with_context(|| format!("dataset.path: {url} names no file"))?;
-        let folder = if url.ends_with('/') {
+        let folder = if is_chunked_url(url) {
             format!("{name}/parts")
         } else {
             physalia_graph::partition::partitions_dir(Path::new(name))
