@@ -472,6 +472,10 @@ pub struct ControlClient {
     endpoint: Endpoint,
     incoming: Option<mpsc::Receiver<Result<ToWorker, String>>>,
     rt: Runtime,
+    /// The HTTP client of artifacts with a signed URL, made on first use.
+    http: Option<reqwest::Client>,
+    /// Artifacts read from their signed URL, not through the coordinator: count and bytes.
+    direct: (u64, u64),
 }
 
 impl ControlClient {
@@ -572,6 +576,8 @@ impl ControlClient {
             endpoint,
             incoming: Some(incoming),
             rt,
+            http: None,
+            direct: (0, 0),
         })
     }
 
@@ -616,6 +622,19 @@ impl ControlClient {
         if transfer::holds(&local, artifact) {
             return Ok(local);
         }
+        if let Some(url) = &artifact.url {
+            match self.download(url, &local, artifact) {
+                Ok(()) => {
+                    self.direct.0 += 1;
+                    self.direct.1 += artifact.size;
+                    return Ok(local);
+                }
+                Err(e) => tracing::warn!(
+                    artifact = %artifact.name,
+                    "reading it from the store failed ({e}); fetching it through the coordinator"
+                ),
+            }
+        }
         let request = Frame::control(
             header(self.rank as u16, self.job),
             &Request::Get {
@@ -650,6 +669,35 @@ impl ControlClient {
             })
             .map_err(|e| ControlError::Protocol(format!("fetching {name}: {e}")))?;
         Ok(local)
+    }
+
+    /// GETs `url` into `dest` (an artifact's signed URL), checked against the artifact's size and checksum.
+    fn download(
+        &mut self,
+        url: &crate::messages::SignedUrl,
+        dest: &Path,
+        artifact: &Artifact,
+    ) -> Result<(), String> {
+        let http = match &self.http {
+            Some(c) => c.clone(),
+            None => {
+                let c = reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .build()
+                    .map_err(|e| format!("an HTTP client: {e}"))?;
+                self.http = Some(c.clone());
+                c
+            }
+        };
+        let (size, xxh3) = (artifact.size, artifact.xxh3);
+        self.rt
+            .block_on(transfer::download(&http, url, dest, size, xxh3))
+    }
+
+    /// Artifacts this worker read from their signed URLs rather than through the coordinator: how many,
+    /// and their bytes.
+    pub fn fetched_directly(&self) -> (u64, u64) {
+        self.direct
     }
 
     /// Sends the file at `path` to the coordinator to keep as `what`, and returns once it is stored.
@@ -1005,6 +1053,137 @@ mod tests {
         assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
     }
 
+    /// A store on loopback answering GETs of signed URLs as S3 answers presigned ones: the object's
+    /// bytes when the query carries the right signature, 403 otherwise, 404 for an unknown key. Serves
+    /// until dropped; counts the requests it answered with bytes.
+    struct SignedStore {
+        addr: std::net::SocketAddr,
+        served: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl SignedStore {
+        fn start(objects: Vec<(&'static str, Vec<u8>)>) -> SignedStore {
+            use std::io::{BufRead as _, Write as _};
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let count = served.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    let Ok(mut conn) = conn else { return };
+                    let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).is_err() {
+                        continue;
+                    }
+                    // the headers, to the blank line
+                    let mut h = String::new();
+                    while reader.read_line(&mut h).is_ok_and(|n| n > 2) {
+                        h.clear();
+                    }
+                    let target = line.split(' ').nth(1).unwrap_or_default().to_string();
+                    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+                    let (code, body) = match objects.iter().find(|(k, _)| path == format!("/{k}")) {
+                        None => ("404 Not Found", b"NoSuchKey".to_vec()),
+                        Some(_) if query != "X-Amz-Signature=good" => {
+                            ("403 Forbidden", b"SignatureDoesNotMatch".to_vec())
+                        }
+                        Some((_, bytes)) => {
+                            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            ("200 OK", bytes.clone())
+                        }
+                    };
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(&body);
+                }
+            });
+            SignedStore { addr, served }
+        }
+
+        fn url(&self, key: &str, signature: &str) -> crate::messages::SignedUrl {
+            crate::messages::SignedUrl::new(format!(
+                "http://{}/{key}?X-Amz-Signature={signature}",
+                self.addr
+            ))
+        }
+    }
+
+    /// Issue 31: an artifact with a signed URL is read from the store by the worker itself, checked
+    /// against the announced size and checksum; when the URL fails (refused, the wrong bytes) the worker
+    /// fetches it through the coordinator instead, and no error or log shows the signature.
+    #[test]
+    fn an_artifact_with_a_signed_url_is_read_from_the_store_and_through_the_coordinator_when_that_fails()
+     {
+        let served = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let bytes = payload(transfer::CHUNK + 4321);
+        let src = served.path().join("chunk");
+        std::fs::write(&src, &bytes).unwrap();
+        let store = SignedStore::start(vec![
+            ("ds/0.bin", bytes.clone()),
+            ("ds/1.bin", bytes[..1000].to_vec()),
+        ]);
+        let ca = JobCa::new("job-u").unwrap();
+        let files = Files::new(None);
+        let mut relayed = files.serve("dataset-chunk/0.bin", &src).unwrap();
+        relayed.path = None;
+        let s = file_server(&ca, files);
+        let mut c = registered(&s, &ca, 0);
+
+        // from the store: no request reaches the coordinator (its name is not even served there)
+        let direct = Artifact {
+            name: "not-served".into(),
+            url: Some(store.url("ds/0.bin", "good")),
+            ..relayed.clone()
+        };
+        let got = c.fetch(&direct, work.path()).unwrap();
+        assert_eq!(std::fs::read(&got).unwrap(), bytes);
+        assert_eq!(c.fetched_directly(), (1, bytes.len() as u64));
+        std::fs::remove_file(&got).unwrap();
+
+        // refused (a wrong signature), short, unknown: through the coordinator, the same bytes
+        for url in [
+            store.url("ds/0.bin", "forged"),
+            store.url("ds/1.bin", "good"),
+            store.url("ds/2.bin", "good"),
+        ] {
+            let artifact = Artifact {
+                url: Some(url),
+                ..relayed.clone()
+            };
+            let got = c.fetch(&artifact, work.path()).unwrap();
+            assert_eq!(std::fs::read(&got).unwrap(), bytes);
+            std::fs::remove_file(&got).unwrap();
+        }
+        assert_eq!(c.fetched_directly().0, 1);
+        assert_eq!(store.served.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        // a URL that fails for an artifact the coordinator does not serve: the error names the
+        // artifact, never the signature, and nothing is left behind
+        let lost = Artifact {
+            name: "not-served".into(),
+            url: Some(store.url("ds/0.bin", "forged")),
+            ..relayed.clone()
+        };
+        let e = c.fetch(&lost, work.path()).unwrap_err().to_string();
+        assert!(e.contains("not-served") && !e.contains("forged"), "{e}");
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
+
+        // the URL is shown without its query
+        let url = store.url("ds/0.bin", "secret");
+        for shown in [format!("{url}"), format!("{url:?}"), format!("{direct:?}")] {
+            assert!(
+                !shown.contains("secret") && !shown.contains("good"),
+                "{shown}"
+            );
+        }
+        assert!(format!("{url}").contains("/ds/0.bin"));
+    }
+
     #[test]
     fn a_fetch_that_does_not_match_the_announced_checksum_leaves_nothing() {
         let served = tempfile::tempdir().unwrap();
@@ -1028,6 +1207,7 @@ mod tests {
             size: 1,
             xxh3: 0,
             path: None,
+            url: None,
         };
         let e = c.fetch(&unknown, work.path()).unwrap_err().to_string();
         assert!(e.contains("no artifact named \"secrets\""), "{e}");

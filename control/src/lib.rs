@@ -18,7 +18,7 @@ pub use channel::{
 };
 pub use messages::{
     Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, PartCut, PartSource,
-    ServedCut, ToCoordinator, ToWorker, TrainMode, Upload, checkpoint_path,
+    ServedCut, SignedUrl, ToCoordinator, ToWorker, TrainMode, Upload, checkpoint_path,
 };
 pub use record::{
     Coordinated, CoordinatorRef, EpochEnd, HEARTBEAT_S, JobState, JobStatus, JobSummary,

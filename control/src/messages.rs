@@ -85,6 +85,46 @@ pub struct Artifact {
     /// size and checksum reads it in place instead of fetching a copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// Where the worker may read it itself: a store's signed URL for this one object (a chunk file of a
+    /// dataset in the job store, issue 31), so the bytes need not pass through the coordinator. Fetched
+    /// there first, checked the same way; the coordinator still serves it by name if that fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<SignedUrl>,
+}
+
+/// A URL that lets whoever holds it read one object until it expires (a presigned GET): its query
+/// string is the credential, so it is never shown. `Debug` and `Display` give the object's address
+/// alone; [`SignedUrl::expose`] is for the request itself.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SignedUrl(String);
+
+impl SignedUrl {
+    pub fn new(url: String) -> SignedUrl {
+        SignedUrl(url)
+    }
+
+    /// The whole URL, signature included: only for the GET.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Scheme, host and path: what may be logged.
+    pub fn address(&self) -> &str {
+        self.0.split(['?', '#']).next().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for SignedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SignedUrl({}?<signature withheld>)", self.address())
+    }
+}
+
+impl std::fmt::Display for SignedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (signed)", self.address())
+    }
 }
 
 /// Where a worker's part comes from.
@@ -133,6 +173,15 @@ pub struct ServedCut {
     pub chunk_prefix: String,
     /// The pending assignment.
     pub assignment: Artifact,
+    /// Where this worker reads chunk files itself (a chunk's path in the manifest to a signed URL of
+    /// its object in the store): the chunks it reads, when the dataset is in a store that signs URLs.
+    /// A chunk not here, or whose URL fails, is fetched from the coordinator under `chunk_prefix`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub direct: std::collections::BTreeMap<String, SignedUrl>,
+    /// The dataset as its user knows it, for the worker's messages: its folder's URL in the job store
+    /// (cluster mode), or its path on the coordinator's machine.
+    #[serde(default)]
+    pub source: String,
 }
 
 /// What a worker may send the coordinator to keep: rank 0 its checkpoints and the model, a worker that

@@ -161,6 +161,7 @@ impl Files {
             size,
             xxh3,
             path: None,
+            url: None,
         }
     }
 
@@ -212,6 +213,78 @@ pub(crate) async fn receive_file(
     size: u64,
     xxh3: u64,
 ) -> Result<(), String> {
+    write_verified(recv, dest, size, xxh3).await
+}
+
+/// Where a fetched file's bytes come from: a transfer stream of the control connection, or the body of
+/// an HTTP response (a store's signed URL).
+pub(crate) trait Incoming {
+    /// The next bytes, at most `max`; `None` at the end.
+    async fn next(&mut self, max: usize) -> Result<Option<Bytes>, String>;
+}
+
+impl Incoming for RecvStream {
+    async fn next(&mut self, max: usize) -> Result<Option<Bytes>, String> {
+        match self.read_chunk(max, true).await {
+            Ok(c) => Ok(c.map(|c| c.bytes)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Incoming for reqwest::Response {
+    async fn next(&mut self, _: usize) -> Result<Option<Bytes>, String> {
+        // the URL is a credential: the error is told without it
+        self.chunk().await.map_err(http_error)
+    }
+}
+
+/// An HTTP client's error and its causes, without the URL (a signed URL's query is a credential).
+fn http_error(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// GETs `url` (a store's signed URL) into `dest` with the announced size and checksum, as a transfer of
+/// the control connection is received: whole or absent. Errors name neither the URL nor its signature.
+pub(crate) async fn download(
+    client: &reqwest::Client,
+    url: &crate::messages::SignedUrl,
+    dest: &Path,
+    size: u64,
+    xxh3: u64,
+) -> Result<(), String> {
+    let mut response = client.get(url.expose()).send().await.map_err(http_error)?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("{} answered {status}", url.address()));
+    }
+    if let Some(n) = response.content_length()
+        && n != size
+    {
+        return Err(format!(
+            "{} holds {n} bytes, the manifest says {size}",
+            url.address()
+        ));
+    }
+    write_verified(&mut response, dest, size, xxh3).await
+}
+
+/// Writes `size` bytes from `recv` to a temporary file beside `dest`, hashing them, and renames it into
+/// place if the size and xxh3 are the announced ones; otherwise removes it.
+async fn write_verified(
+    recv: &mut impl Incoming,
+    dest: &Path,
+    size: u64,
+    xxh3: u64,
+) -> Result<(), String> {
     let dir = dest
         .parent()
         .ok_or_else(|| format!("{}: no parent folder", dest.display()))?;
@@ -231,24 +304,25 @@ pub(crate) async fn receive_file(
             .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
         let mut h = Xxh3::new();
         let mut got = 0u64;
-        let mut buf = vec![0u8; CHUNK];
         while got < size {
             let want = CHUNK.min((size - got) as usize);
-            let n = match recv.read(&mut buf[..want]).await {
-                Ok(Some(n)) => n,
+            let piece = match recv.next(want).await {
+                Ok(Some(piece)) => piece,
                 Ok(None) => return Err(format!("the stream ended after {got} of {size} bytes")),
                 Err(e) => return Err(format!("after {got} of {size} bytes: {e}")),
             };
-            h.update(&buf[..n]);
-            file.write_all(&buf[..n])
+            if piece.len() as u64 > size - got {
+                return Err(format!("more than the announced {size} bytes"));
+            }
+            h.update(&piece);
+            file.write_all(&piece)
                 .await
                 .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-            got += n as u64;
+            got += piece.len() as u64;
         }
         // nothing may follow the announced bytes
-        let mut extra = [0u8; 1];
-        if let Ok(Some(n)) = recv.read(&mut extra).await
-            && n > 0
+        if let Ok(Some(extra)) = recv.next(1).await
+            && !extra.is_empty()
         {
             return Err(format!("more than the announced {size} bytes"));
         }

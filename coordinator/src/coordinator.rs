@@ -302,10 +302,24 @@ impl Coordinator {
             .filter(|r| *r != cause && !waiters.contains(r))
             .collect();
         msg.push_str(&format!(" ({} waited on it", names(&waiters)));
+        let endpoint = self.workers[cause].mesh_addr;
+        if let Some(addr) = endpoint {
+            msg.push_str(&format!(" at its mesh endpoint {addr}"));
+        }
         if !others.is_empty() {
             msg.push_str(&format!("; silent too: {}", names(&others)));
         }
-        msg.push_str("; a slow, frozen or cut-off worker stalls its peers)");
+        match endpoint {
+            // before any epoch the workers are joining the mesh: a peer nobody can reach stalls them
+            // the same way, and a firewall closing the mesh port is the usual cause
+            Some(addr) if self.workers.iter().all(|w| w.epoch == 0) => msg.push_str(&format!(
+                "; before the first epoch the workers join the mesh: a firewall or security group \
+                 that does not open UDP port {} between the workers stalls them, as does a slow, \
+                 frozen or cut-off worker)",
+                addr.port()
+            )),
+            _ => msg.push_str("; a slow, frozen or cut-off worker stalls its peers)"),
+        }
         msg
     }
 
@@ -906,7 +920,8 @@ mod tests {
             c.handle(Event::Tick, t0 + Duration::from_secs(64)),
             vec![Action::Fail {
                 error: "worker 1 (pid 101) sent nothing for 60 s during epoch 2 (worker 0, worker 2 waited \
-                        on it; a slow, frozen or cut-off worker stalls its peers)"
+                        on it at its mesh endpoint 127.0.0.1:5001; a slow, frozen or cut-off worker stalls \
+                        its peers)"
                     .into(),
                 lost: true,
             }]
@@ -930,8 +945,10 @@ mod tests {
         assert_eq!(
             c.handle(Event::Tick, t0 + Duration::from_secs(361)),
             vec![Action::Fail {
-                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (worker 0 waited on it; \
-                        silent too: worker 2; a slow, frozen or cut-off worker stalls its peers)"
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (worker 0 waited on it at \
+                        its mesh endpoint 127.0.0.1:5001; silent too: worker 2; before the first epoch the \
+                        workers join the mesh: a firewall or security group that does not open UDP port \
+                        5001 between the workers stalls them, as does a slow, frozen or cut-off worker)"
                     .into(),
                 lost: true,
             }]

@@ -356,6 +356,8 @@ pub struct Remote {
     /// The store's HTTP connections live on this runtime, so every call goes through it.
     rt: Arc<tokio::runtime::Runtime>,
     s3_region: Option<String>,
+    /// The same store as a signer of URLs (S3's presigned GETs), where it signs them.
+    signer: Option<Arc<dyn object_store::signer::Signer>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -370,15 +372,18 @@ impl Remote {
         let parsed = url::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
         let rt = runtime()?;
         let mut s3_region = None;
+        let mut signer: Option<Arc<dyn object_store::signer::Signer>> = None;
         let store: Arc<dyn ObjectStore> = match parsed.scheme() {
             "s3" | "s3a" => {
                 let (builder, region) = rt.block_on(s3_builder(url, &parsed))?;
                 s3_region = Some(region);
-                Arc::new(
+                let s3 = Arc::new(
                     builder
                         .build()
                         .with_context(|| format!("{url}: opening the S3 bucket"))?,
-                )
+                );
+                signer = Some(s3.clone());
+                s3
             }
             "az" | "abfs" | "abfss" | "azure" => Arc::new(open_azure(
                 url,
@@ -400,7 +405,32 @@ impl Remote {
             url: url.trim_end_matches('/').to_string(),
             rt,
             s3_region,
+            signer,
         })
+    }
+
+    /// A URL that lets its holder GET the object `rel` of `job`'s folder for `ttl`, without credentials
+    /// of its own: S3's presigned GET, signed with this store's credentials (a task role's session
+    /// token goes in the URL, so it lasts no longer than that session). `None` where this store signs
+    /// no URLs (Azure and GCS here, which would need a user delegation key or a service account key;
+    /// the in-memory store).
+    pub fn signed_get(
+        &self,
+        job: &str,
+        rel: &str,
+        ttl: Duration,
+    ) -> Result<Option<physalia_control::SignedUrl>> {
+        let Some(signer) = self.signer.clone() else {
+            return Ok(None);
+        };
+        let key = self.key(job, rel);
+        let url = self.block(async move {
+            signer
+                .signed_url(object_store::signer::Method::GET, &key, ttl)
+                .await
+                .map_err(|e| anyhow::anyhow!("signing a URL of {key}: {e}"))
+        })?;
+        Ok(Some(physalia_control::SignedUrl::new(url.into())))
     }
 
     /// The region an S3 store's requests are signed for (see [`s3_builder`]); `None` for other stores.
@@ -416,6 +446,7 @@ impl Remote {
             url: url.to_string(),
             rt: runtime().expect("a runtime"),
             s3_region: None,
+            signer: None,
         }
     }
 
@@ -995,6 +1026,7 @@ mod tests {
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
             s3_region: None,
+            signer: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let local = dir.path().join("j-1");
@@ -1036,6 +1068,7 @@ mod tests {
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
             s3_region: None,
+            signer: None,
         };
         let id = remote.new_job_id("cora gcn").unwrap();
         assert!(id.starts_with("cora_gcn-"), "{id}");
@@ -1071,6 +1104,7 @@ mod tests {
             url: "memory://jobs".into(),
             rt: runtime().unwrap(),
             s3_region: None,
+            signer: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let big = dir.path().join("big.bin");

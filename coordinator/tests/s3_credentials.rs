@@ -154,6 +154,59 @@ fn child() {
     // (no listing: moto 5.2's signature check refuses object_store's signed ListObjectsV2 query,
     // `SignatureDoesNotMatch`, where real S3 takes it)
     println!("roundtrip ok");
+
+    // a presigned GET (what a worker reads a chunk file with, issue 31): no credentials of its own,
+    // the object's bytes; the same URL with its signature changed is refused
+    let url = remote
+        .signed_get("j-1", "hello.txt", std::time::Duration::from_secs(600))
+        .unwrap_or_else(|e| panic!("signing failed: {e:#}"))
+        .expect("S3 signs URLs");
+    assert!(!format!("{url} {url:?}").contains("X-Amz-Signature"));
+    let (status, got) = http_get(url.expose());
+    assert_eq!((status, got), (200, body), "the presigned GET");
+    let forged = url
+        .expose()
+        .replace("X-Amz-Signature=", "X-Amz-Signature=0");
+    let (status, _) = http_get(&forged);
+    assert_eq!(status, 403, "a forged signature");
+    println!("presigned ok");
+}
+
+/// GET `url` (plain HTTP, as moto serves) with no credentials: the status and the body.
+fn http_get(url: &str) -> (u16, Vec<u8>) {
+    use std::io::{Read as _, Write as _};
+    let rest = url.strip_prefix("http://").expect("moto is plain HTTP");
+    let (host, target) = rest.split_at(rest.find('/').unwrap());
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        conn,
+        "GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let mut body = raw[split + 4..].to_vec();
+    if chunked {
+        let (mut out, mut rest) = (Vec::new(), &body[..]);
+        loop {
+            let end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let n = usize::from_str_radix(std::str::from_utf8(&rest[..end]).unwrap().trim(), 16)
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[end + 2..end + 2 + n]);
+            rest = &rest[end + 4 + n..];
+        }
+        body = out;
+    }
+    (status, body)
 }
 
 fn assert_no_secret(output: &str, secrets: &[&str]) {
@@ -182,6 +235,7 @@ fn a_named_profile_alone_reads_and_writes_in_its_region() {
     assert!(ok, "{out}");
     assert!(out.contains(&format!("region={REGION}")), "{out}");
     assert!(out.contains("roundtrip ok"), "{out}");
+    assert!(out.contains("presigned ok"), "{out}");
     assert_no_secret(&out, &[&secret]);
 }
 

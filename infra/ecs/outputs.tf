@@ -7,6 +7,11 @@ output "subnets" {
   value = aws_subnet.private[*].id
 }
 
+output "mesh_port" {
+  description = "The job file's backend.ecs.mesh_port: the UDP port the security group opens between the tasks."
+  value       = var.mesh_port
+}
+
 output "security_groups" {
   value = [aws_security_group.workers.id]
 }

@@ -24,7 +24,9 @@ Azure would do with it, for what infra/azure sets up:
   addresses (a free /24 of 10.246.0.0/16), at the group's private IP, with the group's environment
   (plain and secure values), command, and secret volumes written as files (read-only, world-readable
   as ACI's tmpfs secret volumes are) at their mount paths. `restartPolicy: Never`: a container that exits
-  stays exited; the group's state is Succeeded or Failed by its exit code.
+  stays exited; the group's state is Succeeded or Failed by its exit code. infra/azure's network
+  security group guards each group's address from before its container starts (tests/firewall.py reads
+  the rules from infra/azure/main.tf): only UDP on its QUIC ports, only from inside the subnet.
 - Managed identities: a group with user-assigned identities is also attached to the link-local network
   of the instance metadata service (`physalia-azure-imds`, 169.254.169.0/24, shared by every instance of
   this fake on the machine: its address is fixed) whose gateway 169.254.169.254 is this machine; the
@@ -85,6 +87,9 @@ import urllib.parse
 import uuid
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import firewall  # noqa: E402  (tests/firewall.py: infra's rules)
 
 LABEL = f"physalia.aci-fake={os.getpid()}"
 API_VERSION = "2026-05-01"
@@ -317,8 +322,12 @@ class Group:
 
 
 class Aci:
-    def __init__(self, network: str, subnet: ipaddress.IPv4Network, gateway: str, files: str) -> None:
+    def __init__(self, network: str, subnet: ipaddress.IPv4Network, gateway: str, files: str,
+                 fw: "firewall.Firewall") -> None:
         self.network = network
+        self.firewall = fw
+        # infra/azure's network security group, associated with the workers' subnet
+        self.nsg = firewall.nsg_inbound(str(subnet))
         self.gateway = gateway
         self.files = files
         self.hosts = iter(list(subnet.hosts())[9:])  # .10 on, as Azure keeps the first addresses
@@ -452,6 +461,7 @@ class Aci:
             if g.name not in self.groups:
                 return
             g.container = container
+        self.firewall.guard(g.ip, self.nsg)
         r = docker(*args, check=False)
         os.remove(env_file)
         if r.returncode == 0 and identities:
@@ -562,6 +572,7 @@ class Aci:
             return None
         if g.container:
             docker("rm", "-f", g.container, check=False)
+            self.firewall.release(g.ip)
         if g.imds_ip:
             try:
                 os.remove(os.path.join(IMDS_CALLERS, g.imds_ip))
@@ -1194,11 +1205,16 @@ def main() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr
     network, subnet = make_network()
+    try:
+        fw = firewall.Firewall(network, subnet, f"aci-{os.getpid()}")
+    except Exception:
+        docker("network", "rm", network, check=False)
+        raise
     imds_network()
     gateway = str(subnet.network_address + 1)
     files = tempfile.mkdtemp(prefix="physalia-aci-fake-")
     os.chmod(files, 0o755)
-    aci = Aci(network, subnet, gateway, files)
+    aci = Aci(network, subnet, gateway, files, fw)
     aci.throttle_every = throttle_every
     aci.usage_limits.update(dict(args.usage_limit))
     Arm.aci = aci
@@ -1229,6 +1245,7 @@ def main() -> None:
         ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
         if ids:
             docker("rm", "-f", *ids, check=False)
+        fw.close()
         docker("network", "rm", network, check=False)
         shutil.rmtree(files, ignore_errors=True)
 

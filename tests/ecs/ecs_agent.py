@@ -8,6 +8,9 @@ create), and does what the ECS container agent would do for every task moto star
 - the init container `secrets` runs first, with `--network none`, the task definition's environment and
   its `secrets` resolved from Secrets Manager (handed to `docker run` through its environment, never as
   an argument), writing into a volume of the task,
+- the task's security groups (its ENI's, from moto's EC2: infra/ecs's ingress rules, which
+  moto_fixture copies from infra/ecs/main.tf) guard the ENI's address before anything runs there
+  (tests/firewall.py): only what the groups open reaches the task,
 - then the `worker` container, on the Docker network at the ENI's address, the volume mounted read-only
   (labelled `physalia.ecs-agent.container=worker`, as a coordinator's is `=coordinator`),
 - its output goes to CloudWatch Logs (`<awslogs-stream-prefix>/worker/<task id>`) every second and at
@@ -45,8 +48,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "backends", "tests", "ecs"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import boto3  # noqa: E402
+import firewall  # noqa: E402
 import moto.ecs.models as ecs_models  # noqa: E402
 import moto.ecs.responses as ecs_responses  # noqa: E402
 import moto_fixture  # noqa: E402
@@ -271,10 +276,12 @@ class CredentialsServer(http.server.ThreadingHTTPServer):
 
 
 class Agent:
-    def __init__(self, url: str, cluster: str, network: str):
+    def __init__(self, url: str, cluster: str, network: str, fw: firewall.Firewall):
         kw = dict(endpoint_url=url, region_name=moto_fixture.REGION,
                   aws_access_key_id="testing", aws_secret_access_key="testing")
         self.ecs = boto3.client("ecs", **kw)
+        self.ec2 = boto3.client("ec2", **kw)
+        self.firewall = fw
         self.sm = boto3.client("secretsmanager", **kw)
         self.logs = boto3.client("logs", **kw)
         self.cluster = cluster
@@ -325,18 +332,23 @@ class TaskRunner:
         self.pushed = 0
         self.log_group = None
         self.log_stream = None
+        self.ip = None
 
     def run(self) -> None:
         ecs = self.agent.ecs
         task = ecs.describe_tasks(cluster=self.agent.cluster, tasks=[self.arn])["tasks"][0]
         td = ecs.describe_task_definition(taskDefinition=task["taskDefinitionArn"])["taskDefinition"]
         defs = {c["name"]: c for c in td["containerDefinitions"]}
-        ip = next(
-            d["value"]
-            for a in task.get("attachments", [])
-            for d in a.get("details", [])
-            if d["name"] == "privateIPv4Address"
-        )
+        details = {d["name"]: d["value"] for a in task.get("attachments", []) for d in a.get("details", [])}
+        ip = details["privateIPv4Address"]
+        self.ip = ip
+        # the ENI's security groups decide what reaches the task, from before its first container runs
+        eni = self.agent.ec2.describe_network_interfaces(
+            NetworkInterfaceIds=[details["networkInterfaceId"]])["NetworkInterfaces"][0]
+        groups = [g["GroupId"] for g in eni["Groups"]]
+        described = self.agent.ec2.describe_security_groups(GroupIds=groups)["SecurityGroups"] if groups else []
+        rules = [r for g in described for r in firewall.sg_rules(g["IpPermissions"], groups)]
+        self.agent.firewall.guard(ip, rules)
         # a worker's task, or a cluster-mode coordinator's
         self.main = "worker" if "worker" in defs else "coordinator"
         worker = defs[self.main]
@@ -469,14 +481,23 @@ class TaskRunner:
             pass
         docker("rm", "-f", self.container, check=False)
         docker("volume", "rm", "-f", self.volume, check=False)
+        if self.ip:
+            self.agent.firewall.release(self.ip)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--g5-instances", type=int, default=0,
                     help="register N g5.xlarge container instances (a GPU capacity provider's)")
+    ap.add_argument("--infra-var", action="append", default=[], metavar="NAME=VALUE",
+                    help="a variable of infra/ecs as `terraform apply -var` sets it (mesh_port=7200)")
     args = ap.parse_args()
     network, subnet = make_network()
+    try:
+        fw = firewall.Firewall(network, subnet, f"ecs-{os.getpid()}")
+    except Exception:
+        docker("network", "rm", network, check=False)
+        raise
     hosts = subnet.hosts()
     gateway = str(next(hosts))
     credentials_network()
@@ -493,7 +514,7 @@ def main() -> None:
     # moto on the Docker network's gateway: this machine and the containers reach it there
     server, out = moto_fixture.start(
         argparse.Namespace(container_instances=0, tasks_stay_running=True, enforce_auth=False,
-                           ip=gateway)
+                           ip=gateway, infra_var=args.infra_var)
     )
     # the job store's bucket
     boto3.client(
@@ -518,7 +539,7 @@ def main() -> None:
         for ci in backend.container_instances[out["cluster"]].values():
             as_g5_xlarge(ci)
         out["g5_xlarge"] = G5_XLARGE
-    agent = Agent(out["endpoint"], out["cluster"], network)
+    agent = Agent(out["endpoint"], out["cluster"], network, fw)
     threading.Thread(target=agent.loop, daemon=True).start()
     out["network"] = network
     out["subnet"] = str(subnet)
@@ -535,6 +556,7 @@ def main() -> None:
         vols = docker("volume", "ls", "-q", "--filter", f"label={LABEL}", check=False).stdout.split()
         if vols:
             docker("volume", "rm", "-f", *vols, check=False)
+        fw.close()
         docker("network", "rm", network, check=False)
 
 

@@ -583,6 +583,63 @@ resources: {{gpu: {{count: 1}}, gpu_fallback: cpu}}
     ecs.assert_nothing_left();
 }
 
+/// Issue 30: the harness's tasks are reached only where infra/ecs's security group opens (the agent
+/// copies its ingress rules from infra/ecs/main.tf into moto's EC2 and guards each task's address with
+/// its ENI's groups). infra/ecs applied with `-var mesh_port=7200`: a job on the default mesh port (7100)
+/// fails, its error naming the port the workers could not reach; the same job with the output's
+/// `mesh_port: 7200` in its `backend.ecs` trains as the local run does.
+#[test]
+fn issue_30_a_port_the_security_group_closes_fails_the_job_naming_it() {
+    let Some(cora) = physalia_tests::cora_dir() else {
+        return;
+    };
+    let Some(ecs) = Ecs::start_with(&["--infra-var", "mesh_port=7200"]) else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    let job = format!(
+        "name: ecs-ports\ndataset:\n  path: {}\n  row_normalize: true\nmodel: {{kind: gcn, layers: 2, hidden: 16}}\ntrain: {{epochs: 3, seed: 0, threads: 1}}\nworkers: 2\nmax_retries: 0\noutput: {{dir: jobs}}\n",
+        cora.display()
+    );
+    write_job(t.path(), "job.yaml", &job);
+    let local = submit(t.path(), None, &[]);
+    let backend = ecs.client_backend(&image());
+    write_job(t.path(), "job.yaml", &format!("{job}{backend}"));
+    let before = job_dirs(&t.path().join("jobs"));
+    let out = ecs
+        .command(t.path(), &["submit", "job.yaml", "-q"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let after = job_dirs(&t.path().join("jobs"));
+    let failed: Vec<_> = after.iter().filter(|d| !before.contains(d)).collect();
+    assert_eq!(failed.len(), 1, "{err}");
+    let status = read_json(&failed[0].join("status.json"));
+    assert_eq!(status["state"], "failed", "{status}");
+    // worker 0 dialled worker 1's mesh endpoint on the closed port until the coordinator stopped
+    // the job: the error names the endpoint and the port
+    let said = format!("{err}\n{status}");
+    assert!(
+        said.contains("worker 0 waited on it at its mesh endpoint 172.31.")
+            && said.contains(":7100")
+            && said.contains("does not open UDP port 7100"),
+        "{said}"
+    );
+    ecs.assert_nothing_left();
+
+    let backend = backend.replace("  ecs:\n", "  ecs:\n    mesh_port: 7200\n");
+    write_job(t.path(), "job.yaml", &format!("{job}{backend}"));
+    let run = submit(t.path(), Some(&ecs), &[]);
+    let dir = t.path().join(run["job_dir"].as_str().unwrap());
+    assert_eq!(read_json(&dir.join("status.json"))["state"], "succeeded");
+    assert_same_losses(
+        &losses(&dir),
+        &losses(&t.path().join(local["job_dir"].as_str().unwrap())),
+    );
+    ecs.assert_nothing_left();
+}
+
 /// A 2 -> 3 worker policy, one worker's container killed mid-job (its epoch retried from the last
 /// checkpoint), the record in moto's S3 read by `status`, `logs` and `report` from second processes, then
 /// a second job cancelled through the store while it runs.
@@ -777,9 +834,10 @@ fn wait_for_epochs(jobs: &Path, n: usize, except: &[PathBuf]) -> PathBuf {
 
 /// A chunked dataset in cluster mode (issue 31): `submit` uploads its chunk files under its manifest;
 /// the coordinator downloads the manifest and the graph's structure, never the features; each worker
-/// gets the chunks it reads streamed from the store through the coordinator (every chunk file once
-/// over the workers), cuts its part with the others and hands it back; the losses are the local
-/// run's. A second job uploads nothing and takes the stored partition set.
+/// reads the chunks it reads from the store itself, through the presigned URLs the coordinator hands
+/// it (every chunk file once over the workers, none through the coordinator), cuts its part with the
+/// others and hands it back; the losses are the local run's. A second job uploads nothing and takes
+/// the stored partition set.
 ///
 /// `PHYSALIA_ECS_CHUNKED=NODES,FEATURES,DEGREE,CHUNK_ROWS,WORKERS` runs it at that size as a manual
 /// benchmark (issue 31's 4M job: `4000000,128,20,65536,4`): no local reference run, two epochs, and each
@@ -864,14 +922,21 @@ fn chunked_cluster_job(ecs: &Ecs, s: &Scenario<'_, Ecs>) {
             .unwrap_or_else(|| panic!("no log of worker {rank}"));
         let line = log
             .lines()
-            .find(|l| l.contains("chunks, fetched)"))
+            .find(|l| l.contains(" chunks, fetched"))
             .unwrap_or_else(|| panic!("worker {rank} fetched no chunks: {log}"));
         let n: usize = line
-            .split(" chunks, fetched)")
+            .split(" chunks, fetched")
             .next()
             .and_then(|h| h.rsplit('(').next())
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("{line}"));
+        // every one of them from the store directly (S3 signs URLs), none relayed by the coordinator
+        assert!(
+            line.contains(&format!(
+                "chunks, fetched: {n} of {n} from the store directly)"
+            )),
+            "{line}"
+        );
         fetched += n;
         read_mib += line
             .split(" MiB of the dataset's files")

@@ -36,12 +36,12 @@ pub fn cut<L: Link + ?Sized>(link: &mut L, io: &mut dyn Coordinator, c: &PartCut
              of rows, in {:.3} s{}",
             part.part,
             part.k,
-            c.dataset.display(),
+            dataset_name(c),
             part.owned.len(),
             part.halo.len(),
             mib(stats.read_bytes),
             stats.chunks_read,
-            if fetched.is_some() { ", fetched" } else { "" },
+            fetched.as_ref().map_or(String::new(), Fetched::how),
             mib(stats.sent_bytes),
             mib(stats.received_bytes),
             t.elapsed().as_secs_f64(),
@@ -66,12 +66,13 @@ pub fn cut<L: Link + ?Sized>(link: &mut L, io: &mut dyn Coordinator, c: &PartCut
         )
         .with_context(|| format!("cutting part {} of {}", c.part, c.dataset.display()))?;
         eprintln!(
-            "worker {rank}: cut part {} of {} from {} ({} rows, {} halo rows) in {:.3} s",
+            "worker {rank}: cut part {} of {} from {} ({} rows, {} halo rows{}) in {:.3} s",
             part.part,
             part.k,
-            c.dataset.display(),
+            dataset_name(c),
             part.owned.len(),
             part.halo.len(),
+            fetched.as_ref().map_or(String::new(), Fetched::how),
             t.elapsed().as_secs_f64()
         );
         part
@@ -82,12 +83,24 @@ pub fn cut<L: Link + ?Sized>(link: &mut L, io: &mut dyn Coordinator, c: &PartCut
     Ok(part)
 }
 
+/// The dataset as the job's user knows it: the store folder (or the coordinator's path) a served cut
+/// names, else the folder read in place.
+fn dataset_name(c: &PartCut) -> String {
+    match &c.served {
+        Some(s) if !s.source.is_empty() => s.source.clone(),
+        _ => c.dataset.display().to_string(),
+    }
+}
+
 /// The files a worker away from the coordinator's disk fetched to cut its part: the manifest and the
 /// chunk files it reads, laid out as the dataset's folder, and the assignment. Removed when dropped.
 struct Fetched {
     root: PathBuf,
     /// `c` with this machine's paths.
     cut: PartCut,
+    /// Chunk files fetched, and how many of them from their signed URLs (not through the coordinator).
+    chunks: usize,
+    direct: u64,
 }
 
 impl Fetched {
@@ -98,7 +111,9 @@ impl Fetched {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&dataset)
             .with_context(|| format!("creating {}", dataset.display()))?;
-        let fetched = Fetched {
+        let mut fetched = Fetched {
+            chunks: 0,
+            direct: 0,
             root: root.clone(),
             cut: PartCut {
                 dataset: dataset.clone(),
@@ -123,6 +138,7 @@ impl Fetched {
                 .flat_map(|(_, t)| &t.chunks)
                 .collect(),
         };
+        let direct_before = io.fetched_directly();
         for entry in files {
             let xxh3 = u64::from_str_radix(&entry.xxh3, 16)
                 .with_context(|| format!("{}: the checksum of {}", MANIFEST_FILE, entry.file))?;
@@ -131,7 +147,9 @@ impl Fetched {
                 size: entry.bytes,
                 xxh3,
                 path: None,
+                url: served.direct.get(&entry.file).cloned(),
             })?;
+            fetched.chunks += 1;
             let dest = dataset.join(&entry.file);
             if let Some(dir) = dest.parent() {
                 std::fs::create_dir_all(dir)
@@ -140,7 +158,16 @@ impl Fetched {
             std::fs::rename(&got, &dest)
                 .with_context(|| format!("moving {} to {}", got.display(), dest.display()))?;
         }
+        fetched.direct = io.fetched_directly() - direct_before;
         Ok(fetched)
+    }
+
+    /// How the chunk files came, for the cut's line.
+    fn how(&self) -> String {
+        match self.direct {
+            0 => ", fetched through the coordinator".into(),
+            d => format!(", fetched: {d} of {} from the store directly", self.chunks),
+        }
     }
 
     /// Hands the part file back to the coordinator, which stores it in the set.

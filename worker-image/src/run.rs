@@ -60,6 +60,11 @@ pub trait Coordinator {
     fn epoch(&mut self, metrics: &EpochMetrics) -> Result<()>;
     /// A folder this worker may write.
     fn scratch(&self) -> &Path;
+    /// How many artifacts [`Coordinator::artifact`] has read from their signed URLs so far (not
+    /// through the coordinator).
+    fn fetched_directly(&self) -> u64 {
+        0
+    }
     /// After reporting an epoch of a gated assignment ([`Assignment::gated`]): whether to go on with the
     /// next epoch or pause there for an in-place resize. Without a coordinator that resizes: go on.
     fn gate(&mut self, epoch: usize) -> Result<Gate> {
@@ -535,6 +540,10 @@ impl Coordinator for ControlIo<'_> {
 
     fn scratch(&self) -> &Path {
         &self.work
+    }
+
+    fn fetched_directly(&self) -> u64 {
+        self.control.fetched_directly().0
     }
 
     fn gate(&mut self, epoch: usize) -> Result<Gate> {

@@ -1067,6 +1067,7 @@ fn artifact(path: PathBuf) -> physalia_control::Artifact {
         size: 0,
         xxh3: 0,
         path: Some(path),
+        url: None,
     }
 }
 

@@ -13,6 +13,13 @@ What the preflight's usage count reads is answered as ECS does: DescribeTasks gi
 running/pending task counts. Not shown (moto has none of it): tasks' `capacityProviderName` (moto ignores
 a capacity provider strategy), and the account-wide usage AWS publishes as CloudWatch `AWS/Usage` metrics.
   --capacity-provider NAME  a capacity provider of the cluster (FARGATE, FARGATE_SPOT or an ASG's)
+  --infra-var NAME=VALUE    a variable of infra/ecs as `terraform apply -var` sets it (`mesh_port=7200`)
+
+With --enforce-auth, S3's presigned URLs are checked too (presigned.py): the signature of the query's
+key for the request, not expired; moto checks only the Authorization header.
+
+The security group's ingress rules are infra/ecs/main.tf's (tests/firewall.py reads them), with the
+variables' defaults or --infra-var's values.
   --enforce-auth            after seeding, every request must be signed by a known IAM user: "launcher"
                             may do everything, "no-register" everything but ecs:RegisterTaskDefinition
 """
@@ -20,6 +27,7 @@ a capacity provider strategy), and the account-wide usage AWS publishes as Cloud
 import argparse
 import json
 import logging
+import os
 import sys
 import urllib.request
 
@@ -29,6 +37,10 @@ import moto.servicequotas.exceptions as sq_exceptions
 import moto.servicequotas.models as sq_models
 import moto.servicequotas.responses as sq_responses
 from moto.server import ThreadedMotoServer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
+import firewall  # noqa: E402  (tests/firewall.py: infra's rules)
+import presigned  # noqa: E402  (query-string authentication under --enforce-auth)
 
 # ECS's API model has a task's Container.cpu and .memory as strings; moto 5.2 answers numbers, which
 # boto3 lets through and strict SDKs (Rust's, Go's) refuse to parse. Answer as ECS does.
@@ -122,6 +134,7 @@ def main() -> None:
     ap.add_argument("--enforce-auth", action="store_true")
     ap.add_argument("--quota", action="append", default=[], metavar="CODE=VALUE")
     ap.add_argument("--capacity-provider", action="append", default=[], metavar="NAME")
+    ap.add_argument("--infra-var", action="append", default=[], metavar="NAME=VALUE")
     server, out = start(ap.parse_args())
     print(json.dumps(out), flush=True)
     sys.stdin.read()
@@ -158,6 +171,12 @@ def start(args: argparse.Namespace) -> tuple[ThreadedMotoServer, dict]:
     sg = ec2.create_security_group(
         GroupName="physalia-workers", Description="QUIC among workers", VpcId=vpc
     )["GroupId"]
+    infra_vars = dict(v.split("=", 1) for v in getattr(args, "infra_var", None) or [])
+    permissions = firewall.ecs_ingress(infra_vars)
+    for p in permissions:
+        for pair in p.get("UserIdGroupPairs", []):
+            pair["GroupId"] = sg
+    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=permissions)
     for q in getattr(args, "quota", None) or []:
         code, value = q.split("=")
         APPLIED[code] = float(value)
@@ -242,6 +261,8 @@ def start(args: argparse.Namespace) -> tuple[ThreadedMotoServer, dict]:
             )
             key = iam.create_access_key(UserName=user)["AccessKey"]
             out["users"][user] = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+        # S3's presigned URLs are checked as S3 checks them (moto checks only the header)
+        presigned.install()
         # from now on every request is authenticated and authorized
         post(url, "/moto-api/reset-auth", "0")
 

@@ -1742,9 +1742,59 @@ impl Driver<'_> {
             )?,
             chunk_prefix: CHUNK_PREFIX.to_string(),
             assignment: self.serve(&format!("assignment-{tag}"), &set.assignment)?,
+            // signed per rank: `with_direct`
+            direct: Default::default(),
+            source: match self.stored_chunks {
+                Some(stored) => stored.url(),
+                None => self.dataset_path.display().to_string(),
+            },
         };
         *self.served_cut.borrow_mut() = Some((set.assignment.clone(), served.clone()));
         Ok(served)
+    }
+
+    /// `served` with a signed URL of every chunk file part `part`'s worker reads (all of them, or its
+    /// share when the workers cut together in a world of `shuffled`), where the dataset is in a store
+    /// that signs URLs (cluster mode on S3): the worker reads them from the store itself, and their bytes
+    /// do not pass through the coordinator. A URL that cannot be signed leaves the relay (logged).
+    fn with_direct(
+        &self,
+        mut served: physalia_control::ServedCut,
+        part: usize,
+        shuffled: Option<usize>,
+    ) -> physalia_control::ServedCut {
+        let Some(stored) = self.stored_chunks else {
+            return served;
+        };
+        let signed = (|| -> Result<_> {
+            let ds = physalia_graph::ChunkedDataset::open(self.dataset_path)?;
+            let m = ds.manifest();
+            let files = match shuffled {
+                Some(world) => physalia_graph::chunked_shuffle::chunks_read_by(m, part, world),
+                None => m
+                    .tensors
+                    .all()
+                    .into_iter()
+                    .flat_map(|(_, t)| &t.chunks)
+                    .collect(),
+            };
+            let mut direct = std::collections::BTreeMap::new();
+            // the structure this coordinator downloaded is in the store too: read from there as well
+            for c in files {
+                match stored.signed_get(&c.file)? {
+                    Some(url) => direct.insert(c.file.clone(), url),
+                    None => return Ok(Default::default()),
+                };
+            }
+            Ok(direct)
+        })();
+        match signed {
+            Ok(direct) => served.direct = direct,
+            Err(e) => tracing::warn!(
+                "the workers' chunk files go through the coordinator: no signed URLs ({e:#})"
+            ),
+        }
+        served
     }
 
     /// Serves `path` under `name` to the job's workers.
@@ -1771,18 +1821,22 @@ impl Driver<'_> {
             // the worker cuts its part of the pending set from the dataset (in place, or the chunk
             // files it fetched) and writes it where the set keeps it (or hands it back)
             Some(set) => {
+                // one worker per part: they cut together, each reading its share of the dataset
+                let shuffle = k > 1 && peers.len() == k;
                 // a worker away from this disk fetches the files it reads and hands its part back
                 let served = match platform::of_job(self.job).workers_read_coordinator_disk() {
                     true => None,
-                    false => Some(self.serve_cut(set, rank % k, parts_tag, part_path)?),
+                    false => {
+                        let served = self.serve_cut(set, rank % k, parts_tag, part_path)?;
+                        Some(self.with_direct(served, rank % k, shuffle.then_some(peers.len())))
+                    }
                 };
                 PartSource::Cut(PartCut {
                     dataset: std::path::absolute(self.dataset_path)?,
                     assignment: std::path::absolute(&set.assignment)?,
                     part: rank % k,
                     out: std::path::absolute(part_path)?,
-                    // one worker per part: they cut together, each reading its share of the dataset
-                    shuffle: k > 1 && peers.len() == k,
+                    shuffle,
                     served,
                 })
             }

@@ -99,8 +99,12 @@ impl StoredPartitions {
     }
 }
 
-/// A chunked dataset in an object store whose coordinator downloaded only its structure: the chunk files
-/// workers read are streamed from the store through the coordinator ([`physalia_control::Files::serve_from`]).
+/// How long a worker may use the signed URL of a chunk file: it fetches its chunks as its launch starts.
+const SIGNED_URL_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A chunked dataset in an object store whose coordinator downloaded only its structure: the workers
+/// read the chunk files from the store themselves where it signs URLs ([`StoredChunks::signed_get`]),
+/// otherwise they are streamed through the coordinator ([`physalia_control::Files::serve_from`]).
 pub struct StoredChunks {
     /// The store folder holding the dataset's folder.
     pub(crate) remote: Remote,
@@ -112,6 +116,20 @@ impl StoredChunks {
     /// The chunk file `file` (a manifest's relative path) as a source of bytes.
     pub fn source(&self, file: &str) -> std::sync::Arc<dyn physalia_control::Source> {
         self.remote.source(&self.folder, file)
+    }
+
+    /// The dataset's folder in the store, as a URL.
+    pub fn url(&self) -> String {
+        format!(
+            "{}/{}/",
+            self.remote.url(),
+            self.folder.trim_end_matches('/')
+        )
+    }
+
+    /// A signed URL of the chunk file `file` a worker GETs itself, or `None` where the store signs none.
+    pub fn signed_get(&self, file: &str) -> anyhow::Result<Option<physalia_control::SignedUrl>> {
+        self.remote.signed_get(&self.folder, file, SIGNED_URL_TTL)
     }
 }
 

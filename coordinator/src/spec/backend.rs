@@ -178,6 +178,10 @@ pub struct EcsSettings {
     /// when the job has a `goal:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sku: Option<String>,
+    /// The UDP port every worker's mesh listens on: infra/ecs's `mesh_port` (output `mesh_port`), the
+    /// one port its security group opens between the tasks. Default 7100, infra/ecs's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_port: Option<u16>,
 }
 
 /// `backend.aci`: `terraform output` of `infra/azure` gives every field but `image` and `sku`.
@@ -488,6 +492,12 @@ impl Section for EcsSettings {
         }
         if let Some(c) = &self.capacity {
             not_blank("backend.ecs.capacity", c)?;
+        }
+        if self.mesh_port == Some(0) {
+            return Err(invalid(
+                "backend.ecs.mesh_port",
+                "must be the port infra/ecs's security group opens (its output mesh_port), got 0",
+            ));
         }
         Ok(())
     }

@@ -36,7 +36,7 @@ impl Platform for Aci {
     }
 
     fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(&job.spec)?.image)
+        super::cloud_worker(job, w, &settings(&job.spec)?.image, super::MESH_PORT)
     }
 
     /// Which of the group's identities is the coordinator's (`AZURE_MSI_RESOURCE_ID`: a group that

@@ -37,7 +37,8 @@ impl Platform for Ecs {
     }
 
     fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(&job.spec)?.image)
+        let e = settings(&job.spec)?;
+        super::cloud_worker(job, w, &e.image, e.mesh_port.unwrap_or(super::MESH_PORT))
     }
 }
 
@@ -93,6 +94,7 @@ mod tests {
             image: "img".into(),
             gpu_image: None,
             sku: None,
+            mesh_port: None,
         }
     }
 

@@ -38,7 +38,7 @@ impl Platform for Kubernetes {
     }
 
     fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(&job.spec)?.image)
+        super::cloud_worker(job, w, &settings(&job.spec)?.image, super::MESH_PORT)
     }
 }
 

@@ -211,8 +211,8 @@ fn default_route_source() -> Result<IpAddr> {
 
 /// The worker container of a cloud launch: `image` (the backend picks the section's `gpu_image`
 /// for GPU workers), what its placement says a task or pod gets (vCPUs and memory), a thread per vCPU of it unless `train.threads` says
-/// otherwise, the mesh on [`MESH_PORT`].
-fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str) -> Result<Launch> {
+/// otherwise, the mesh on `mesh_port` (the port the platform's firewall opens between workers).
+fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str, mesh_port: u16) -> Result<Launch> {
     let sku = &job.sku;
     let threads = job
         .spec
@@ -229,7 +229,7 @@ fn cloud_worker(job: &ResolvedJob, w: Worker, image: &str) -> Result<Launch> {
         w.coordinator,
         threads,
         w.secrets,
-        MESH_PORT,
+        mesh_port,
     );
     // what a task or pod can get on the SKU's machine (the price stays the machine's), placed on
     // the SKU's instance types
