@@ -106,16 +106,19 @@ def _protocol(p: str) -> str:
     return {"-1": "all", "*": "all"}.get(p, p)
 
 
+def _resources(module: str, kind: str) -> list[tuple[str, str]]:
+    """(labels, body) of every `resource "KIND" "NAME"` block of infra/MODULE/main.tf."""
+    with open(os.path.join(INFRA, module, "main.tf")) as f:
+        text = f.read()
+    return [(labels, body) for labels, body in _blocks(text, "resource") if f'"{kind}"' in labels]
+
+
 def ecs_ingress(overrides: dict[str, str] | None = None) -> list[dict]:
     """infra/ecs's ingress rules of the workers' security group as EC2 IpPermissions: `GroupId` of
     `referenced_security_group_id` is the placeholder `self` (the group itself)."""
     var = variables("ecs", overrides)
-    with open(os.path.join(INFRA, "ecs", "main.tf")) as f:
-        text = f.read()
     perms = []
-    for labels, body in _blocks(text, "resource"):
-        if '"aws_vpc_security_group_ingress_rule"' not in labels:
-            continue
+    for labels, body in _resources("ecs", "aws_vpc_security_group_ingress_rule"):
         a = _attrs(body)
         perm = {"IpProtocol": _protocol(_value(a["ip_protocol"], var))}
         if "from_port" in a:
@@ -154,12 +157,8 @@ def nsg_inbound(subnet: str) -> list[Rule]:
     """infra/azure's network security group: its inbound rules by priority, then Azure's default
     rules (AllowVnetInBound 65000, DenyAllInBound 65500). `var.subnet_cidr` is the fake's subnet."""
     var = variables("azure", {"subnet_cidr": subnet})
-    with open(os.path.join(INFRA, "azure", "main.tf")) as f:
-        text = f.read()
     found = []
-    for labels, body in _blocks(text, "resource"):
-        if '"azurerm_network_security_group"' not in labels:
-            continue
+    for _, body in _resources("azure", "azurerm_network_security_group"):
         for _, rule in _blocks(body, "security_rule"):
             a = {k: _value(v, var) for k, v in _attrs(rule).items()}
             if a["direction"] != "Inbound":

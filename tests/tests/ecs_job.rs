@@ -410,6 +410,15 @@ fn submit(cwd: &Path, ecs: Option<&Ecs>, sets: &[&str]) -> Value {
     physalia_tests::last_json(&out)
 }
 
+/// A client-side job file of GCN 2 x 16 on Cora (row-normalized, one thread a worker), its record under
+/// `jobs/`.
+fn cora_job(cora: &Path, name: &str, epochs: usize, workers: usize) -> String {
+    format!(
+        "name: {name}\ndataset:\n  path: {}\n  row_normalize: true\nmodel: {{kind: gcn, layers: 2, hidden: 16}}\ntrain: {{epochs: {epochs}, seed: 0, threads: 1}}\nworkers: {workers}\noutput: {{dir: jobs}}\n",
+        cora.display()
+    )
+}
+
 fn losses(dir: &Path) -> Vec<f64> {
     metrics(dir)
         .iter()
@@ -430,10 +439,7 @@ fn cora_on_three_ecs_tasks_trains_like_three_local_processes() {
         return;
     };
     let t = TempDir::new().unwrap();
-    let job = format!(
-        "name: ecs\ndataset:\n  path: {}\n  row_normalize: true\nmodel: {{kind: gcn, layers: 2, hidden: 16}}\ntrain: {{epochs: 20, seed: 0, threads: 1}}\nworkers: 3\noutput: {{dir: jobs}}\n",
-        cora.display()
-    );
+    let job = cora_job(&cora, "ecs", 20, 3);
     write_job(t.path(), "job.yaml", &job);
     let local = submit(t.path(), None, &[]);
     write_job(
@@ -597,10 +603,7 @@ fn issue_30_a_port_the_security_group_closes_fails_the_job_naming_it() {
         return;
     };
     let t = TempDir::new().unwrap();
-    let job = format!(
-        "name: ecs-ports\ndataset:\n  path: {}\n  row_normalize: true\nmodel: {{kind: gcn, layers: 2, hidden: 16}}\ntrain: {{epochs: 3, seed: 0, threads: 1}}\nworkers: 2\nmax_retries: 0\noutput: {{dir: jobs}}\n",
-        cora.display()
-    );
+    let job = cora_job(&cora, "ecs-ports", 3, 2) + "max_retries: 0\n";
     write_job(t.path(), "job.yaml", &job);
     let local = submit(t.path(), None, &[]);
     let backend = ecs.client_backend(&image());
