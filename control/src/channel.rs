@@ -657,7 +657,12 @@ impl ControlClient {
                     .map_err(|e| e.to_string())?;
                 match reply {
                     Reply::Sending { size: s, xxh3: h } if (s, h) == (size, xxh3) => {
-                        transfer::receive_file(&mut recv, &dest, size, xxh3).await
+                        let mut beating = transfer::Beating {
+                            inner: &mut recv,
+                            beat: Heartbeat { conn: conn.clone() },
+                            last: std::time::Instant::now(),
+                        };
+                        transfer::receive_file(&mut beating, &dest, size, xxh3).await
                     }
                     Reply::Sending { size: s, xxh3: h } => Err(format!(
                         "the coordinator serves {s} bytes with xxh3 {h:016x}; the assignment \
@@ -690,8 +695,9 @@ impl ControlClient {
             }
         };
         let (size, xxh3) = (artifact.size, artifact.xxh3);
+        let beat = self.heartbeat();
         self.rt
-            .block_on(transfer::download(&http, url, dest, size, xxh3))
+            .block_on(transfer::download(&http, url, (dest, size, xxh3), beat))
     }
 
     /// Artifacts this worker read from their signed URLs rather than through the coordinator: how many,

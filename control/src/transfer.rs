@@ -208,7 +208,7 @@ impl Files {
 /// Receives exactly `size` bytes from `recv` into `dest` (through a temporary file beside it), checking
 /// the checksum; nothing is left at `dest` or beside it on any error.
 pub(crate) async fn receive_file(
-    recv: &mut RecvStream,
+    recv: &mut impl Incoming,
     dest: &Path,
     size: u64,
     xxh3: u64,
@@ -239,6 +239,26 @@ impl Incoming for reqwest::Response {
     }
 }
 
+/// Bytes arriving are progress: a worker that fetches a large file at a slow store's pace uses little
+/// CPU, and its heartbeat (which counts CPU time) would fall silent and get it stopped as stalled. This
+/// beats, at most once a second, while bytes arrive; a fetch that stalls stays silent.
+pub(crate) struct Beating<'a, I> {
+    pub inner: &'a mut I,
+    pub beat: crate::channel::Heartbeat,
+    pub last: std::time::Instant,
+}
+
+impl<I: Incoming> Incoming for Beating<'_, I> {
+    async fn next(&mut self, max: usize) -> Result<Option<Bytes>, String> {
+        let got = self.inner.next(max).await;
+        if matches!(got, Ok(Some(_))) && self.last.elapsed() >= std::time::Duration::from_secs(1) {
+            self.beat.beat();
+            self.last = std::time::Instant::now();
+        }
+        got
+    }
+}
+
 /// An HTTP client's error and its causes, without the URL (a signed URL's query is a credential).
 fn http_error(e: reqwest::Error) -> String {
     let e = e.without_url();
@@ -257,9 +277,8 @@ fn http_error(e: reqwest::Error) -> String {
 pub(crate) async fn download(
     client: &reqwest::Client,
     url: &crate::messages::SignedUrl,
-    dest: &Path,
-    size: u64,
-    xxh3: u64,
+    (dest, size, xxh3): (&Path, u64, u64),
+    beat: crate::channel::Heartbeat,
 ) -> Result<(), String> {
     let mut response = client.get(url.expose()).send().await.map_err(http_error)?;
     let status = response.status();
@@ -274,7 +293,12 @@ pub(crate) async fn download(
             url.address()
         ));
     }
-    write_verified(&mut response, dest, size, xxh3).await
+    let mut beating = Beating {
+        inner: &mut response,
+        beat,
+        last: std::time::Instant::now(),
+    };
+    write_verified(&mut beating, dest, size, xxh3).await
 }
 
 /// Writes `size` bytes from `recv` to a temporary file beside `dest`, hashing them, and renames it into
