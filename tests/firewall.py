@@ -186,6 +186,22 @@ def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
+def sweep_dead() -> None:
+    """Removes the chains (and their jumps) of fakes that died without closing theirs (killed): a
+    chain's name ends with its fake's pid."""
+    rules = _iptables("-S").stdout.splitlines()
+    for line in rules:
+        m = re.fullmatch(r"-N (PHYSALIA-FW-\w+-(\d+))", line.strip())
+        if not m or os.path.exists(f"/proc/{m.group(2)}"):
+            continue
+        chain = m.group(1)
+        for jump in rules:
+            if jump.startswith("-A ") and jump.endswith(f"-j {chain}"):
+                _iptables("-D", *jump[3:].split(), check=False)
+        _iptables("-F", chain, check=False)
+        _iptables("-X", chain, check=False)
+
+
 class Firewall:
     """The inbound rules of the containers of one Docker network, each guarded by its own rules."""
 
@@ -198,6 +214,7 @@ class Firewall:
         self.chain = f"PHYSALIA-FW-{tag}"[:28]
         self.lock = threading.Lock()
         self.guarded: set[str] = set()
+        sweep_dead()
         _iptables("-N", self.chain)
         # first in the chain: replies to what a container opened (both clouds' firewalls are stateful)
         _iptables("-A", self.chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")

@@ -715,12 +715,13 @@ impl ControlClient {
         )?;
         let conn = self.conn.clone();
         let path = path.to_path_buf();
+        let beat = self.heartbeat();
         self.rt
             .block_on(async move {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
                 write_frame(&mut send, &request).await?;
                 // a refusal may come before every byte is sent: the reply says why either way
-                let sent = transfer::send_file(&mut send, &path, size).await;
+                let sent = transfer::send_file_beating(&mut send, &path, size, Some(beat)).await;
                 let reply = match read_frame(&mut recv).await {
                     Ok(Some(frame)) => frame.control_value::<Reply>().map_err(|e| e.to_string()),
                     Ok(None) => Err("no reply".to_string()),

@@ -373,6 +373,18 @@ async fn write_verified(
 
 /// Sends the file at `path` raw, in chunks, then finishes the stream.
 pub(crate) async fn send_file(send: &mut SendStream, path: &Path, size: u64) -> Result<(), String> {
+    send_file_beating(send, path, size, None).await
+}
+
+/// [`send_file`], beating `beat` at most once a second while bytes leave (a worker's upload to a busy
+/// coordinator moves at the coordinator's pace and uses little CPU: see [`Beating`]).
+pub(crate) async fn send_file_beating(
+    send: &mut SendStream,
+    path: &Path,
+    size: u64,
+    beat: Option<crate::channel::Heartbeat>,
+) -> Result<(), String> {
+    let mut last = std::time::Instant::now();
     let mut file = tokio::fs::File::open(path)
         .await
         .map_err(|e| format!("opening {}: {e}", path.display()))?;
@@ -389,6 +401,12 @@ pub(crate) async fn send_file(send: &mut SendStream, path: &Path, size: u64) -> 
         }
         send.write_all(&buf[..n]).await.map_err(|e| e.to_string())?;
         sent += n as u64;
+        if let Some(b) = &beat
+            && last.elapsed() >= std::time::Duration::from_secs(1)
+        {
+            b.beat();
+            last = std::time::Instant::now();
+        }
     }
     send.finish().map_err(|e| e.to_string())
 }
