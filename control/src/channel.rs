@@ -1105,7 +1105,16 @@ mod tests {
                         "HTTP/1.1 {code}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                         body.len()
                     );
-                    let _ = conn.write_all(&body);
+                    // a key under `slow/` comes in ten pieces 300 ms apart, as from a busy store
+                    if path.starts_with("/slow/") {
+                        for piece in body.chunks(body.len().div_ceil(10).max(1)) {
+                            std::thread::sleep(Duration::from_millis(300));
+                            let _ = conn.write_all(piece);
+                            let _ = conn.flush();
+                        }
+                    } else {
+                        let _ = conn.write_all(&body);
+                    }
                 }
             });
             SignedStore { addr, served }
@@ -1189,6 +1198,37 @@ mod tests {
             );
         }
         assert!(format!("{url}").contains("/ds/0.bin"));
+    }
+
+    /// A fetch whose bytes keep arriving, however slowly, beats the worker's heartbeat (its CPU time
+    /// would not: it waits on the network), so the coordinator does not stop it as silent.
+    #[test]
+    fn bytes_arriving_slowly_beat_the_heartbeat() {
+        let work = tempfile::tempdir().unwrap();
+        let bytes = payload(100_000);
+        let store = SignedStore::start(vec![("slow/0.bin", bytes.clone())]);
+        let ca = JobCa::new("job-b").unwrap();
+        let s = file_server(&ca, Files::new(None));
+        let mut c = registered(&s, &ca, 1);
+        while s.next_event(Duration::from_millis(100)).is_some() {}
+        let artifact = Artifact {
+            name: "chunk".into(),
+            size: bytes.len() as u64,
+            xxh3: xxhash_rust::xxh3::xxh3_64(&bytes),
+            path: None,
+            url: Some(store.url("slow/0.bin", "good")),
+        };
+        let got = c.fetch(&artifact, work.path()).unwrap();
+        assert_eq!(std::fs::read(&got).unwrap(), bytes);
+        let mut events = Vec::new();
+        while let Some(e) = s.next_event(Duration::from_millis(200)) {
+            events.push(format!("{e:?}"));
+        }
+        // about three seconds of arrivals: a beat a second (datagrams; loopback loses none in practice)
+        assert!(
+            events.iter().any(|e| e == "Alive { rank: 1 }"),
+            "{events:?}"
+        );
     }
 
     #[test]
