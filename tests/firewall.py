@@ -120,7 +120,8 @@ def ecs_ingress(overrides: dict[str, str] | None = None) -> list[dict]:
     perms = []
     for labels, body in _resources("ecs", "aws_vpc_security_group_ingress_rule"):
         a = _attrs(body)
-        perm = {"IpProtocol": _protocol(_value(a["ip_protocol"], var))}
+        # EC2's own spelling ("udp", "-1" for all); sg_rules reads it back
+        perm = {"IpProtocol": _value(a["ip_protocol"], var).lower()}
         if "from_port" in a:
             perm["FromPort"] = int(_value(a["from_port"], var))
             perm["ToPort"] = int(_value(a["to_port"], var))
@@ -130,8 +131,6 @@ def ecs_ingress(overrides: dict[str, str] | None = None) -> list[dict]:
             perm["IpRanges"] = [{"CidrIp": _value(a["cidr_ipv4"], var)}]
         else:
             raise ValueError(f"infra/ecs: ingress rule {labels}: no source this fake understands")
-        if perm["IpProtocol"] == "all":
-            perm["IpProtocol"] = "-1"
         perms.append(perm)
     if not perms:
         raise ValueError("infra/ecs/main.tf declares no aws_vpc_security_group_ingress_rule")

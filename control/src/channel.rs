@@ -657,11 +657,8 @@ impl ControlClient {
                     .map_err(|e| e.to_string())?;
                 match reply {
                     Reply::Sending { size: s, xxh3: h } if (s, h) == (size, xxh3) => {
-                        let mut beating = transfer::Beating {
-                            inner: &mut recv,
-                            beat: Heartbeat { conn: conn.clone() },
-                            last: std::time::Instant::now(),
-                        };
+                        let mut beating =
+                            transfer::Beating::new(&mut recv, Heartbeat { conn: conn.clone() });
                         transfer::receive_file(&mut beating, &dest, size, xxh3).await
                     }
                     Reply::Sending { size: s, xxh3: h } => Err(format!(
@@ -721,7 +718,7 @@ impl ControlClient {
                 let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
                 write_frame(&mut send, &request).await?;
                 // a refusal may come before every byte is sent: the reply says why either way
-                let sent = transfer::send_file_beating(&mut send, &path, size, Some(beat)).await;
+                let sent = transfer::send_file(&mut send, &path, size, Some(beat)).await;
                 let reply = match read_frame(&mut recv).await {
                     Ok(Some(frame)) => frame.control_value::<Reply>().map_err(|e| e.to_string()),
                     Ok(None) => Err("no reply".to_string()),

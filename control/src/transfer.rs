@@ -205,17 +205,6 @@ impl Files {
     }
 }
 
-/// Receives exactly `size` bytes from `recv` into `dest` (through a temporary file beside it), checking
-/// the checksum; nothing is left at `dest` or beside it on any error.
-pub(crate) async fn receive_file(
-    recv: &mut impl Incoming,
-    dest: &Path,
-    size: u64,
-    xxh3: u64,
-) -> Result<(), String> {
-    write_verified(recv, dest, size, xxh3).await
-}
-
 /// Where a fetched file's bytes come from: a transfer stream of the control connection, or the body of
 /// an HTTP response (a store's signed URL).
 pub(crate) trait Incoming {
@@ -243,9 +232,19 @@ impl Incoming for reqwest::Response {
 /// CPU, and its heartbeat (which counts CPU time) would fall silent and get it stopped as stalled. This
 /// beats, at most once a second, while bytes arrive; a fetch that stalls stays silent.
 pub(crate) struct Beating<'a, I> {
-    pub inner: &'a mut I,
-    pub beat: crate::channel::Heartbeat,
-    pub last: std::time::Instant,
+    inner: &'a mut I,
+    beat: crate::channel::Heartbeat,
+    last: std::time::Instant,
+}
+
+impl<'a, I: Incoming> Beating<'a, I> {
+    pub(crate) fn new(inner: &'a mut I, beat: crate::channel::Heartbeat) -> Self {
+        Beating {
+            inner,
+            beat,
+            last: std::time::Instant::now(),
+        }
+    }
 }
 
 impl<I: Incoming> Incoming for Beating<'_, I> {
@@ -293,17 +292,12 @@ pub(crate) async fn download(
             url.address()
         ));
     }
-    let mut beating = Beating {
-        inner: &mut response,
-        beat,
-        last: std::time::Instant::now(),
-    };
-    write_verified(&mut beating, dest, size, xxh3).await
+    receive_file(&mut Beating::new(&mut response, beat), dest, size, xxh3).await
 }
 
-/// Writes `size` bytes from `recv` to a temporary file beside `dest`, hashing them, and renames it into
-/// place if the size and xxh3 are the announced ones; otherwise removes it.
-async fn write_verified(
+/// Receives exactly `size` bytes from `recv` into `dest` (through a temporary file beside it), checking
+/// the checksum; nothing is left at `dest` or beside it on any error.
+pub(crate) async fn receive_file(
     recv: &mut impl Incoming,
     dest: &Path,
     size: u64,
@@ -372,13 +366,9 @@ async fn write_verified(
 }
 
 /// Sends the file at `path` raw, in chunks, then finishes the stream.
-pub(crate) async fn send_file(send: &mut SendStream, path: &Path, size: u64) -> Result<(), String> {
-    send_file_beating(send, path, size, None).await
-}
-
-/// [`send_file`], beating `beat` at most once a second while bytes leave (a worker's upload to a busy
-/// coordinator moves at the coordinator's pace and uses little CPU: see [`Beating`]).
-pub(crate) async fn send_file_beating(
+/// With `beat`, beats it at most once a second while bytes leave (a worker's upload to a busy coordinator
+/// moves at the coordinator's pace and uses little CPU: see [`Beating`]).
+pub(crate) async fn send_file(
     send: &mut SendStream,
     path: &Path,
     size: u64,
@@ -465,7 +455,7 @@ pub(crate) async fn serve_stream(
             let frame = reply(Reply::Sending { size, xxh3 }).map_err(|e| e.to_string())?;
             crate::channel::write_frame(&mut send, &frame).await?;
             let sent = match &origin {
-                Origin::File(path) => send_file(&mut send, path, size).await,
+                Origin::File(path) => send_file(&mut send, path, size, None).await,
                 Origin::Stream(source) => {
                     send_stream(&mut send, source.as_ref(), &name, size).await
                 }
