@@ -187,6 +187,9 @@ pub struct LaunchSpan {
     pub workers: usize,
     /// Started ahead of a relaunch (a policy's `prewarm`).
     pub prewarm: bool,
+    /// Continues the launch before it, resized in place (issue 33): its survivors did not start again.
+    #[serde(default)]
+    pub in_place: bool,
     pub start_s: f64,
     /// `None` while it runs.
     pub stop_s: Option<f64>,
@@ -341,6 +344,7 @@ mod tests {
                 launch: 0,
                 workers: 2,
                 prewarm: false,
+                in_place: false,
                 start_s: 0.0,
                 stop_s: Some(1.0),
             }],

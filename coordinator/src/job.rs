@@ -226,6 +226,9 @@ struct Ledger {
     prewarm: std::collections::BTreeMap<usize, bool>,
     spans: Vec<LaunchSpan>,
     epochs: Vec<EpochEnd>,
+    /// A launch being resized in place, by the launch it becomes: the launches it is made of (the
+    /// resized one and its joiners), billed until it starts.
+    resizing: std::collections::BTreeMap<usize, Vec<usize>>,
 }
 
 impl Ledger {
@@ -234,14 +237,13 @@ impl Ledger {
         let t0 = *self.t0.get_or_insert(now);
         let at = now.saturating_duration_since(t0).as_secs_f64();
         if let Some(launch) = started {
-            self.running.insert(launch, now);
-            self.spans.push(LaunchSpan {
-                launch,
-                workers: self.sizes.get(&launch).copied().unwrap_or(0),
-                prewarm: self.prewarm.get(&launch).copied().unwrap_or(false),
-                start_s: at,
-                stop_s: None,
-            });
+            // a launch resized in place takes over from the launches it is made of when it starts:
+            // they are billed through the pause (survivors paused, joiners starting), it from here
+            let from = self.resizing.remove(&launch);
+            for l in from.iter().flatten() {
+                self.stop(*l, now, at);
+            }
+            self.start(launch, from.is_some(), now, at);
         }
         for a in out {
             match a {
@@ -260,7 +262,7 @@ impl Ledger {
                     self.prewarm.insert(*launch, *prewarm);
                 }
                 // the resized launch is billed from its start (the job's `Resized`); the launches it
-                // is made of, to it
+                // is made of, to it: joiners that were not prewarmed start now
                 JobAction::Resize {
                     from,
                     to,
@@ -270,9 +272,18 @@ impl Ledger {
                 } => {
                     self.sizes.insert(*to, *workers);
                     self.prewarm.insert(*to, false);
-                    for launch in std::iter::once(*from).chain(joiners.map(|j| j.launch)) {
-                        self.stop(launch, now, at);
+                    if let Some(j) = joiners
+                        && !j.prewarmed
+                    {
+                        let n = workers.saturating_sub(self.sizes.get(from).copied().unwrap_or(0));
+                        self.sizes.insert(j.launch, n);
+                        self.prewarm.insert(j.launch, false);
+                        self.start(j.launch, false, now, at);
                     }
+                    self.resizing.insert(
+                        *to,
+                        std::iter::once(*from).chain(joiners.map(|j| j.launch)).collect(),
+                    );
                 }
                 JobAction::StopLaunch { launch, .. } => self.stop(*launch, now, at),
                 JobAction::Record { epoch, .. } => self.epochs.push(EpochEnd {
@@ -287,6 +298,20 @@ impl Ledger {
                 _ => {}
             }
         }
+    }
+
+    /// Starts billing `launch` at `now` (`at` seconds into the job); `in_place`: it continues the
+    /// launch before it (a resize in place), not a start of its workers.
+    fn start(&mut self, launch: usize, in_place: bool, now: Instant, at: f64) {
+        self.running.insert(launch, now);
+        self.spans.push(LaunchSpan {
+            launch,
+            workers: self.sizes.get(&launch).copied().unwrap_or(0),
+            prewarm: self.prewarm.get(&launch).copied().unwrap_or(false),
+            in_place,
+            start_s: at,
+            stop_s: None,
+        });
     }
 
     /// Stops billing `launch` at `now` (`at` seconds into the job).
@@ -1303,9 +1328,19 @@ mod simulation {
         /// from then to the job's stop.
         started_ms: BTreeMap<usize, u64>,
         billed_worker_ms: u64,
+        /// A resize in place, by the launch it makes: the launches it is made of, whose workers run
+        /// (paused, or starting) until it is ready.
+        resizing: BTreeMap<usize, Vec<usize>>,
     }
 
     impl Sim {
+        /// Bills `launch`'s workers from their start to now.
+        fn bill_stop(&mut self, launch: usize) {
+            if let (Some(l), Some(t)) = (self.launches.get(&launch), self.started_ms.remove(&launch)) {
+                self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
+            }
+        }
+
         fn draw(&mut self) -> f32 {
             self.draws += 1;
             self.rng.uniform(self.draws)
@@ -1447,14 +1482,27 @@ mod simulation {
                 );
                 l.n
             };
+            // their events end here; their workers run (and are billed) until the resize is over
+            if let Some(j) = joiners
+                && !j.prewarmed
+            {
+                // joiners started now
+                self.launches.insert(
+                    j.launch,
+                    SimLaunch {
+                        n: n.saturating_sub(n_old),
+                        ..Default::default()
+                    },
+                );
+                self.started_ms.insert(j.launch, self.now_ms);
+            }
             for launch in std::iter::once(from).chain(joiners.map(|j| j.launch)) {
                 if let Some(l) = self.launches.get_mut(&launch) {
                     l.stopped = true;
-                    if let Some(t) = self.started_ms.remove(&launch) {
-                        self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
-                    }
                 }
             }
+            self.resizing
+                .insert(to, std::iter::once(from).chain(joiners.map(|j| j.launch)).collect());
             self.launches.insert(
                 to,
                 SimLaunch {
@@ -1628,10 +1676,8 @@ mod simulation {
                     JobAction::StopLaunch { launch, .. } => {
                         if let Some(l) = self.launches.get_mut(&launch) {
                             l.stopped = true;
-                            if let Some(t) = self.started_ms.remove(&launch) {
-                                self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
-                            }
                         }
+                        self.bill_stop(launch);
                     }
                     JobAction::Record { epoch, by_rank, .. } => {
                         assert_eq!(epoch, self.record.len() + 1, "recorded out of order");
@@ -1836,6 +1882,7 @@ mod simulation {
             prices,
             started_ms: BTreeMap::new(),
             billed_worker_ms: 0,
+            resizing: BTreeMap::new(),
         };
         let mut failed = None;
         let (mut job, actions) = resume(&mut sim, policy, workers);
@@ -1876,8 +1923,13 @@ mod simulation {
                         continue;
                     }
                     match &event {
-                        JobEvent::Started { result: Ok(_), .. }
-                        | JobEvent::Resized { result: Ok(_), .. } => {
+                        JobEvent::Started { result: Ok(_), .. } => {
+                            sim.started_ms.insert(launch, t);
+                        }
+                        JobEvent::Resized { result: Ok(_), .. } => {
+                            for l in sim.resizing.remove(&launch).unwrap_or_default() {
+                                sim.bill_stop(l);
+                            }
                             sim.started_ms.insert(launch, t);
                         }
                         // a failed resize's launch never ran

@@ -4,14 +4,17 @@
 //! job's scaling policy replayed, and a fixed-size cluster sized for the peak worker count: Hydrozoa's
 //! comparison, throughput per dollar of an elastic job against a fixed cluster.
 //!
-//! The fit: the planner predicts each epoch's compute (with sampling), network (halo rows and
-//! all-reduce), evaluation and fixed per-epoch overhead on the job's SKU; each of the four is scaled by the
-//! ratio of what the job measured to what the model predicted over all its epochs, and where the job
-//! trained on a worker count the whole epoch is scaled once more by that count's measured-to-fitted
-//! ratio. A launch costs its start-up (first epoch's end less one epoch, measured) and its stop (last
-//! epoch's end to the stop), averaged over the job's launches; on another SKU the planner's extra cold
-//! start and loading time is added. The job's own launches priced this way must come to the ledger's
-//! worker-seconds (`tests/tests/replay.rs`: within 10%).
+//! The fit: the planner predicts each epoch's compute (with sampling), network (halo rows and all-reduce),
+//! evaluation and fixed per-epoch overhead on the job's SKU; each of the four is scaled by the ratio of what
+//! the job measured to what the model predicted over all its epochs, and where the job trained on a worker
+//! count the whole epoch is scaled once more by that count's measured-to-fitted ratio (mean epoch over fitted
+//! epoch: the sum of the epochs is what the job paid for). A launch costs its start-up (first epoch's end
+//! less one epoch, measured) and its stop (last epoch's end to the stop), averaged over the job's launches;
+//! on another SKU the planner's extra cold start and loading time is added. A resize in place (issue 33),
+//! where the SKU's platform makes one, costs its pause (measured: the last epoch before it to the first
+//! after, less an epoch) for every worker of either count, and its joiners' start-up: billed while the
+//! others train when the policy prewarms them, in the pause otherwise. The job's own launches priced this
+//! way must come to the ledger's worker-seconds (`tests/tests/replay.rs`: within 10%).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -93,6 +96,13 @@ impl Record {
             .iter()
             .find(|e| e.epoch == epoch)
             .map(|e| e.end_s)
+    }
+
+    /// Whether `span` ended as part of a launch resized in place (the one resized, or its joiners): it
+    /// stopped when that launch started.
+    fn resized_into(&self, span: &LaunchSpan) -> bool {
+        span.stop_s
+            .is_some_and(|stop| self.launches.iter().any(|t| t.in_place && t.start_s == stop))
     }
 
     /// The launch that trained epoch `e` (the span its end lies in, with its worker count).
@@ -184,9 +194,12 @@ pub(crate) struct Fit {
     /// the mean over its launches.
     pub launch_start_s: f64,
     pub launch_stop_s: f64,
-    /// Start-up and stop together by worker count, where measured (more processes start slower on a
-    /// shared host).
+    /// Start-up by worker count, where measured (more processes start slower on a shared host).
     pub launch_by_workers: BTreeMap<usize, f64>,
+    /// A resize in place (issue 33): the pause from the last epoch before it to the first after it, less
+    /// that epoch, by the worker count it resized to; `None` where the job made none.
+    pub resize_s: Option<f64>,
+    pub resize_by_workers: BTreeMap<usize, f64>,
 }
 
 /// Predicts the job's epochs on any SKU and worker count with the planner, and applies the fit.
@@ -197,6 +210,8 @@ pub(crate) struct Model {
     /// The SKU the job ran on.
     pub sku: Sku,
     pub fit: Fit,
+    /// Whether the job read a chunked dataset (its resizes restart, whatever the platform).
+    chunked: bool,
 }
 
 /// One epoch and one launch of `workers` workers on a SKU, as the fitted model prices them.
@@ -206,7 +221,8 @@ pub(crate) struct Priced {
     /// Parts of `epoch_s` (fitted): network and evaluation.
     pub network_s: f64,
     pub eval_s: f64,
-    pub launch_s: f64,
+    /// A launch's start-up (to its first epoch, less that epoch).
+    pub start_s: f64,
     pub fits_memory: bool,
     /// Bytes a worker sends per epoch (predicted).
     pub bytes: f64,
@@ -241,6 +257,7 @@ impl Model {
             .context("loading the job's dataset")?
         };
         let req = plan::request(&file, &source)?;
+        let chunked = matches!(source, Source::Chunked(_));
         drop(source);
         let catalog = Catalog::builtin();
         let price = summary::price(spec)?;
@@ -262,7 +279,10 @@ impl Model {
                 launch_start_s: 0.0,
                 launch_stop_s: 0.0,
                 launch_by_workers: BTreeMap::new(),
+                resize_s: None,
+                resize_by_workers: BTreeMap::new(),
             },
+            chunked,
         };
         model.fit(record)?;
         Ok(model)
@@ -351,17 +371,20 @@ impl Model {
                 walls.entry(m.workers).or_default().push(w);
             }
         }
+        // the mean, not the median: a job's cost is the sum of its epochs, and the median of epoch times
+        // skewed by a few slow ones (a noisy host, a page-cache miss) prices the job below its ledger
         let mut per_workers = BTreeMap::new();
         for (w, v) in walls {
             let f = fitted(w);
             if f > 0.0 {
-                per_workers.insert(w, median(v) / f);
+                per_workers.insert(w, v.iter().sum::<f64>() / v.len() as f64 / f);
             }
         }
         self.fit.per_workers = per_workers;
-        // each launch that trained: its start-up and its stop
-        let (mut starts, mut stops) = (Vec::new(), Vec::new());
+        // each launch that trained: its start-up and its stop; a launch resized in place, its pause
+        let (mut starts, mut stops, mut resizes) = (Vec::new(), Vec::new(), Vec::new());
         let mut by_workers: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+        let mut resize_by_workers: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
         for span in record.launches.iter() {
             let ends: Vec<f64> = record
                 .lines
@@ -376,14 +399,29 @@ impl Model {
                 continue;
             };
             let epoch = self.epoch_on_job_sku(span.workers, &predicted);
-            let start = (first - span.start_s - epoch).max(0.0);
-            starts.push(start);
-            let stop = span.stop_s.map(|stop| (stop - last).max(0.0));
-            stops.extend(stop);
-            by_workers
-                .entry(span.workers)
-                .or_default()
-                .push(start + stop.unwrap_or(0.0));
+            if span.in_place {
+                // from the last epoch before it (the launch it continues stopped at its start)
+                let before = record
+                    .epoch_ends
+                    .iter()
+                    .map(|e| e.end_s)
+                    .filter(|&e| e <= span.start_s)
+                    .reduce(f64::max)
+                    .unwrap_or(span.start_s);
+                let pause = (first - before - epoch).max(0.0);
+                resizes.push(pause);
+                resize_by_workers.entry(span.workers).or_default().push(pause);
+            } else {
+                let start = (first - span.start_s - epoch).max(0.0);
+                starts.push(start);
+                by_workers.entry(span.workers).or_default().push(start);
+            }
+            // a launch resized in place stops when the resize is over: that is the pause, not a stop
+            if let Some(stop) = span.stop_s
+                && !record.resized_into(span)
+            {
+                stops.push((stop - last).max(0.0));
+            }
         }
         let mean = |v: &[f64]| {
             if v.is_empty() {
@@ -395,6 +433,11 @@ impl Model {
         self.fit.launch_start_s = mean(&starts);
         self.fit.launch_stop_s = mean(&stops);
         self.fit.launch_by_workers = by_workers.iter().map(|(w, v)| (*w, mean(v))).collect();
+        self.fit.resize_s = (!resizes.is_empty()).then(|| mean(&resizes));
+        self.fit.resize_by_workers = resize_by_workers
+            .iter()
+            .map(|(w, v)| (*w, mean(v)))
+            .collect();
         Ok(())
     }
 
@@ -418,30 +461,50 @@ impl Model {
         };
         let (network_s, eval_s) = (r * f.network * n, r * f.eval * v);
         let epoch_s = r * f.compute * c + network_s + eval_s + r * f.overhead * o;
-        let mut launch_s = f
+        let mut start_s = f
             .launch_by_workers
             .get(&workers)
             .copied()
-            .unwrap_or(f.launch_start_s + f.launch_stop_s);
+            .unwrap_or(f.launch_start_s);
         if !same {
             // the other SKU's cold start and loading, beyond what the job's SKU takes
             let here = self.predict(&self.sku, workers)?;
-            launch_s += (p.time.setup_s - here.time.setup_s).max(0.0);
+            start_s += (p.time.setup_s - here.time.setup_s).max(0.0);
         }
         let m = &p.memory;
         Ok(Priced {
             epoch_s,
             network_s,
             eval_s,
-            launch_s,
+            start_s,
             fits_memory: m.device_bytes <= m.device_usable_bytes,
             bytes: p.exchange_bytes_per_epoch + p.allreduce_bytes_per_epoch,
         })
     }
 }
 
-/// Launches one after another: (workers, epochs trained).
-type Schedule = Vec<(usize, usize)>;
+/// Launches one after another.
+type Schedule = Vec<Step>;
+
+/// Epochs trained by one worker count, started as a launch or resized into in place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Step {
+    pub workers: usize,
+    pub epochs: usize,
+    /// Resized in place from the step before (the survivors go on; the joiners start, prewarmed or
+    /// in the pause): no launch of its own.
+    pub in_place: bool,
+}
+
+impl Step {
+    fn launch(workers: usize, epochs: usize) -> Step {
+        Step {
+            workers,
+            epochs,
+            in_place: false,
+        }
+    }
+}
 
 /// One priced way to run the job.
 #[derive(Debug, Clone, Serialize)]
@@ -451,6 +514,8 @@ pub(crate) struct Row {
     pub sku: String,
     /// Worker count of each launch, in order.
     pub workers: Vec<usize>,
+    /// How each change of worker count is made: `in place` or `restart` (one fewer than `workers`).
+    pub resizes: Vec<&'static str>,
     pub epochs: usize,
     /// Wall-clock seconds, launches one after another.
     pub wall_s: f64,
@@ -475,13 +540,70 @@ fn usd_of(sku: &Sku, wall_s: f64, worker_s: f64) -> f64 {
 }
 
 impl Model {
-    fn row(&self, scenario: &str, sku: &Sku, schedule: &[(usize, usize)]) -> Result<Row> {
+    /// Whether the job resizes in place on `sku`'s platform (`platform::resizes_in_place`).
+    fn in_place_on(&self, sku: &Sku) -> bool {
+        physalia_coordinator::driver::platform::resizes_in_place(&self.spec, sku.backend, self.chunked)
+    }
+
+    /// A resize in place from `from` to `to` workers on `sku`: (wall seconds, worker-seconds). Every
+    /// worker of either count is there through the pause (the job's measured pause; its launch start-up
+    /// where it made none); joiners also start, before it when `prewarmed` (while the others train:
+    /// billed, no one waits), else within it (on another SKU, its cold start beyond the job's).
+    fn resize(&self, sku: &Sku, from: usize, to: usize, prewarmed: bool) -> Result<(f64, f64)> {
+        let f = &self.fit;
+        let pause = f
+            .resize_by_workers
+            .get(&to)
+            .copied()
+            .or(f.resize_s)
+            .unwrap_or(f.launch_start_s);
+        let joiners = to.saturating_sub(from);
+        if joiners == 0 {
+            return Ok((pause, from as f64 * pause));
+        }
+        let start = self.price(sku, joiners)?.start_s;
+        if prewarmed {
+            Ok((pause, to as f64 * pause + joiners as f64 * start))
+        } else {
+            // the measured pause holds the joiners' start on the job's SKU
+            let extra = (start - f.launch_by_workers.get(&joiners).copied().unwrap_or(f.launch_start_s))
+                .max(0.0);
+            Ok((pause + extra, to as f64 * (pause + extra)))
+        }
+    }
+
+    fn row(&self, scenario: &str, sku: &Sku, schedule: &[Step]) -> Result<Row> {
         let (mut wall, mut worker_s, mut fits, mut epochs) = (0.0, 0.0, true, 0);
-        for &(w, n) in schedule {
+        let in_place = self.in_place_on(sku);
+        let prewarmed = self.spec.scaling.as_ref().is_some_and(|p| p.prewarm.is_some());
+        let mut resizes = Vec::new();
+        let stop_s = self.fit.launch_stop_s;
+        for (i, step) in schedule.iter().enumerate() {
+            let (w, n) = (step.workers, step.epochs);
             let p = self.price(sku, w)?;
-            let t = p.launch_s + n as f64 * p.epoch_s;
-            wall += t;
-            worker_s += w as f64 * t;
+            let train = n as f64 * p.epoch_s;
+            let resized = |s: &Step| s.in_place && in_place;
+            match i.checked_sub(1).map(|j| schedule[j].workers) {
+                Some(from) if resized(step) => {
+                    let (t, ws) = self.resize(sku, from, w, prewarmed)?;
+                    wall += t + train;
+                    worker_s += ws + w as f64 * train;
+                    resizes.push("in place");
+                }
+                previous => {
+                    let t = p.start_s + train;
+                    wall += t;
+                    worker_s += w as f64 * t;
+                    if previous.is_some() {
+                        resizes.push("restart");
+                    }
+                }
+            }
+            // a launch stops with the worker count it has then: after its last resize in place
+            if schedule.get(i + 1).is_none_or(|next| !resized(next)) {
+                wall += stop_s;
+                worker_s += w as f64 * stop_s;
+            }
             fits &= p.fits_memory;
             epochs += n;
         }
@@ -490,7 +612,8 @@ impl Model {
         Ok(Row {
             scenario: scenario.into(),
             sku: sku.name.clone(),
-            workers: schedule.iter().map(|s| s.0).collect(),
+            workers: schedule.iter().map(|s| s.workers).collect(),
+            resizes,
             epochs,
             wall_s: wall,
             worker_s,
@@ -513,10 +636,10 @@ impl Model {
         let epochs_total = record.spec.train.epochs as usize;
         let mut w = record.lines[0].worker_count();
         let mut elastic = Elastic::new(policy, w as u32, epochs_total as u32, sku.usd_per_s());
-        let mut schedule: Schedule = vec![(w, 0)];
+        let mut schedule: Schedule = vec![Step::launch(w, 0)];
         let mut notes = Vec::new();
         for line in &record.lines {
-            schedule.last_mut().expect("one launch").1 += 1;
+            schedule.last_mut().expect("one launch").epochs += 1;
             let p = self.price(sku, w)?;
             let mut m = line.metrics.clone();
             m.train_s = p.epoch_s - p.eval_s;
@@ -529,11 +652,15 @@ impl Model {
                 None => {}
                 Some(Stop::Rescale { to, .. }) => {
                     w = to;
-                    schedule.push((w, 0));
+                    schedule.push(Step {
+                        workers: w,
+                        epochs: 0,
+                        in_place: true,
+                    });
                 }
                 Some(Stop::Reconfigure { what, .. }) => {
                     notes.push(format!("after epoch {}: {what}", m_epoch(line)));
-                    schedule.push((w, 0));
+                    schedule.push(Step::launch(w, 0));
                 }
                 Some(Stop::Replan { .. }) => notes.push(format!(
                     "after epoch {}: a replan (not replayed: the workers stay)",
@@ -543,7 +670,7 @@ impl Model {
                 Some(Stop::Lost { .. }) => {}
             }
         }
-        schedule.retain(|s| s.1 > 0);
+        schedule.retain(|s| s.epochs > 0);
         Ok(Some((schedule, notes)))
     }
 }
@@ -586,15 +713,17 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
         .unwrap_or(1);
     let epochs = record.lines.len();
     let mut own_row = model.row("as run", &model.sku, &own)?;
-    // launches that trained nothing (lost before an epoch, discarded prewarms) at what they cost
+    // launches that trained nothing (lost before an epoch, discarded prewarms) at what they cost; the
+    // joiners of a resize in place are in its price
     let untrained: f64 = record
         .launches
         .iter()
         .filter(|s| {
-            !record
-                .lines
-                .iter()
-                .any(|l| record.launch_of(l).is_some_and(|x| x.launch == s.launch))
+            !record.resized_into(s)
+                && !record
+                    .lines
+                    .iter()
+                    .any(|l| record.launch_of(l).is_some_and(|x| x.launch == s.launch))
         })
         .map(|s| s.workers as f64 * (s.stop_s.unwrap_or(s.start_s) - s.start_s))
         .sum();
@@ -622,7 +751,7 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
         }
         for &w in &counts {
             let name = if w == peak { "fixed at peak" } else { "fixed" };
-            match model.row(name, sku, &[(w, epochs)]) {
+            match model.row(name, sku, &[Step::launch(w, epochs)]) {
                 Ok(r) => block.push(r),
                 Err(e) => notes.push(format!("{} x {w}: {e:#}", sku.name)),
             }
@@ -699,13 +828,15 @@ fn own_schedule(record: &Record) -> Schedule {
     let mut own: Schedule = Vec::new();
     let mut previous = None;
     for line in &record.lines {
-        let key = (
-            line.worker_count(),
-            record.launch_of(line).map(|s| s.launch),
-        );
+        let span = record.launch_of(line);
+        let key = (line.worker_count(), span.map(|s| s.launch));
         match own.last_mut() {
-            Some(last) if previous == Some(key) => last.1 += 1,
-            _ => own.push((key.0, 1)),
+            Some(last) if previous == Some(key) => last.epochs += 1,
+            _ => own.push(Step {
+                workers: key.0,
+                epochs: 1,
+                in_place: !own.is_empty() && span.is_some_and(|s| s.in_place),
+            }),
         }
         previous = Some(key);
     }
@@ -751,13 +882,15 @@ impl Replay {
             .collect();
         out.push_str(&format!(
             "fitted to the record: compute {:.2}x, network {:.2}x, eval {:.2}x, per-epoch overhead {:.2}x the \
-             planner's; launch start {:.2} s, stop {:.2} s; by worker count {}\n",
+             planner's; launch start {:.2} s, stop {:.2} s; resize in place {}; by worker count {}\n",
             f.compute,
             f.network,
             f.eval,
             f.overhead,
             f.launch_start_s,
             f.launch_stop_s,
+            f.resize_s
+                .map_or_else(|| "- (none made)".to_string(), |r| format!("{r:.2} s")),
             if per.is_empty() {
                 "-".into()
             } else {
@@ -769,11 +902,14 @@ impl Replay {
             self.own.worker_s,
             100.0 * self.own_error
         ));
-        let workers = |w: &[usize]| {
-            w.iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join("->")
+        // `->` a relaunch, `=>` a resize in place
+        let workers = |r: &Row| {
+            let mut s = r.workers.first().map_or(String::new(), |w| w.to_string());
+            for (w, how) in r.workers.iter().skip(1).zip(&r.resizes) {
+                s.push_str(if *how == "in place" { "=>" } else { "->" });
+                s.push_str(&w.to_string());
+            }
+            s
         };
         out.push_str(&format!(
             "{:<14} {:<16} {:>10} {:>9} {:>10} {:>10} {:>12} {:>8}  {}\n",
@@ -792,7 +928,7 @@ impl Replay {
                 "{:<14} {:<16} {:>10} {:>9.2} {:>10.1} {:>10.4} {:>12} {:>8}  {}\n",
                 r.scenario,
                 r.sku,
-                workers(&r.workers),
+                workers(r),
                 r.wall_s,
                 r.worker_s,
                 r.usd,
@@ -808,7 +944,8 @@ impl Replay {
         out.push_str(
             "\nvs fixed: throughput per dollar (per worker-second at a price of zero) over a fixed cluster \
              sized for the peak on the same SKU; other SKUs use the catalog's rates times the fitted \
-             factors\n",
+             factors; workers: `->` a relaunch from the checkpoint, `=>` a resize in place (the survivors \
+             go on; on platforms that resize in place)\n",
         );
         for n in &self.notes {
             out.push_str(&format!("note: {n}\n"));

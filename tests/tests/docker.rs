@@ -2,7 +2,7 @@
 //! network, with no bind mount (they fetch their partitions and send checkpoints and the model over their
 //! control connections). Cora on 3 containers trains exactly like 3 local processes, and a container killed
 //! mid-training is recovered by retrying its epoch (every multi-worker job retries, with or without a
-//! scaling policy), the loss curve unchanged. Skipped, with a note, where no Docker Engine answers.
+//! scaling policy), the loss curve unchanged; a scaling policy resizes the containers in place. Skipped, with a note, where no Docker Engine answers.
 
 use std::path::Path;
 use std::process::Command;
@@ -304,6 +304,87 @@ fn a_container_killed_mid_training_is_recovered() {
             .iter()
             .any(|e| e["event"].as_str().unwrap_or("").contains("lost a worker")),
         "{events:?}"
+    );
+}
+
+/// A scaling policy on containers resizes in place (issue 33): 1 -> 2 -> 1 workers, rank 0's container
+/// trains from the first epoch to the last (one registration, "continuing in place" after each resize),
+/// the joiner's container starts on the job's network and binds its mesh port there, and the curve is
+/// the fixed run's.
+#[test]
+fn containers_resize_in_place_keeping_the_survivors() {
+    if !docker_available() {
+        return;
+    }
+    let t = TempDir::new().unwrap();
+    let job = "name: dgrow\ndataset:\n  synth: {kind: sbm, nodes: 3000, classes: 4, feat_dim: 16, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 8, seed: 0, threads: 1}\noutput: {dir: jobs}\n";
+    write_job(t.path(), "job.yaml", job);
+    let fixed = submit(t.path(), &[]);
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    write_job(
+        t.path(),
+        "policy.yaml",
+        "min_workers: 1\nmax_workers: 2\ncooldown_epochs: 0\nrules:\n  - name: two-at-3\n    when: epoch == 3\n    then: {set_workers: 2}\n  - name: one-at-6\n    when: epoch == 6\n    then: {set_workers: 1}\n",
+    );
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!("{job}scaling_file: policy.yaml\n"),
+    );
+    let v = submit(t.path(), &["backend=docker"]);
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    let got = losses(&dir);
+    assert_eq!(got.len(), 8, "every epoch exactly once");
+    for (e, (x, y)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-3 * y.abs(),
+            "epoch {}: {x} vs fixed {y}",
+            e + 1
+        );
+    }
+    let workers: Vec<usize> = metrics(&dir)
+        .iter()
+        .map(|m| m["workers"].as_array().map_or(1, Vec::len))
+        .collect();
+    assert_eq!(workers, [1, 1, 1, 2, 2, 2, 1, 1]);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    for (from, to, epoch) in [(1, 2, 3), (2, 1, 6)] {
+        assert!(
+            log.contains(&format!(
+                "in place, {from} -> {to} workers after epoch {epoch}"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(log.matches("in-place resize ready").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("worker 0 (pid").count(),
+        1,
+        "rank 0 registered once: {log}"
+    );
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    for epoch in [3, 6] {
+        assert!(
+            rank0.contains(&format!("continuing in place after epoch {epoch}")),
+            "{rank0}"
+        );
+    }
+    let joiner = std::fs::read_to_string(dir.join("logs/worker-1.log")).unwrap();
+    assert!(joiner.contains("advertised 172.") || joiner.contains("advertised 10.") || joiner.contains("advertised 192.168."), "{joiner}");
+    // the ledger bills the pause: a launch per segment, the resized ones marked in place
+    let summary = physalia_tests::read_json(&dir.join("summary.json"));
+    let spans = summary["launches"].as_array().unwrap();
+    let in_place = spans.iter().filter(|s| s["in_place"] == true).count();
+    assert_eq!(in_place, 2, "{spans:?}");
+    let job_id = dir.file_name().unwrap().to_string_lossy().to_string();
+    let ps = Command::new("docker")
+        .args(["ps", "-a", "-q", "--filter", &format!("label=physalia.job={job_id}")])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+        "containers left: {}",
+        String::from_utf8_lossy(&ps.stdout)
     );
 }
 

@@ -132,6 +132,18 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     // the record keeps every partitioning the job trained on: the launch's one part, then the two
     // in-place ones with their quality (the shrink back to 2 reuses the record of 2)
     let summary = read_json(&dir.join("summary.json"));
+    // the ledger: each resize made a launch that continues the one before it, billed from the moment it
+    // was ready; the launch it continued, through the pause
+    let spans = summary["launches"].as_array().unwrap();
+    let resized: Vec<&Value> = spans.iter().filter(|s| s["in_place"] == true).collect();
+    assert_eq!(resized.len(), 3, "{spans:?}");
+    for r in &resized {
+        let start = r["start_s"].as_f64().unwrap();
+        assert!(
+            spans.iter().any(|s| s["stop_s"].as_f64() == Some(start)),
+            "no launch billed up to the resized one's start: {spans:?}"
+        );
+    }
     let parts = summary["partitions"]
         .as_array()
         .expect("partitions recorded");

@@ -83,8 +83,23 @@ fn replay_prices_the_quickstart_at_its_ledger_and_the_alternatives() {
         assert!(f.is_finite() && f > 0.0, "fit.{k} = {f}");
     }
     assert!(!r["fit"]["per_workers"].as_object().unwrap().is_empty());
-    assert_eq!(r["epochs"], 12);
     let rows = r["rows"].as_array().unwrap();
+    // the quickstart's policy resizes in place on this machine: the fit has its pause, the job as run
+    // resized in place, and on ACI (which relaunches) the same policy restarts
+    let pause = r["fit"]["resize_s"].as_f64().expect("a measured resize");
+    assert!(pause.is_finite() && pause >= 0.0, "{pause}");
+    let own_resizes = r["own"]["resizes"].as_array().unwrap();
+    assert!(!own_resizes.is_empty(), "{}", r["own"]);
+    assert!(own_resizes.iter().all(|h| h == "in place"), "{}", r["own"]);
+    let on_aci = rows
+        .iter()
+        .find(|r| r["sku"] == "aci-cpu-4x16" && r["scenario"] == "policy")
+        .unwrap();
+    assert!(
+        on_aci["resizes"].as_array().unwrap().iter().all(|h| h == "restart"),
+        "{on_aci}"
+    );
+    assert_eq!(r["epochs"], 12);
     let peak = r["peak_workers"].as_u64().unwrap();
     // on both SKUs: the job as run, its policy replayed, fixed counts and the fixed cluster at the peak
     for sku in ["local", "aci-cpu-4x16"] {

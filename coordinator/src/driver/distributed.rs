@@ -201,8 +201,11 @@ pub fn run(
         let data_name = source.name().to_string();
         // an in-place resize cuts a dataset file into parts in the coordinator (a chunked one
         // restarts), on a platform that keeps survivors in place (the others restart)
-        let in_place_data =
-            !matches!(source, Source::Chunked(_)) && platform::of_job(job).resizes_in_place();
+        let in_place = platform::resizes_in_place(
+            spec,
+            spec.backend.name,
+            matches!(source, Source::Chunked(_)),
+        );
         let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;
@@ -211,7 +214,7 @@ pub fn run(
             resume.as_ref(),
             cluster,
             price,
-            (dir.path(), in_place_data),
+            (dir.path(), in_place),
             obs,
         )?;
         let driver = Driver {
@@ -449,7 +452,7 @@ fn new_job(
     resume: Option<&ResumePoint>,
     cluster: Option<&Role>,
     price: &crate::spec::Priced,
-    (dir, in_place_data): (&Path, bool),
+    (dir, in_place): (&Path, bool),
     obs: &dyn Observer,
 ) -> Result<(Job, Option<Stop>)> {
     // Every job runs under a policy: without one, a policy that never fires, so a lost worker's epoch is
@@ -459,12 +462,6 @@ fn new_job(
         None => serde_json::from_value(json!({ "max_workers": spec.workers.max(1), "rules": [] }))?,
     };
     let x = spec.exchange.clone().unwrap_or_default();
-    // resizes in place: partition parallelism on a dataset file, one part per worker, unless the
-    // policy asks for restarts
-    let in_place = in_place_data
-        && spec.mode() == TrainMode::Partition
-        && !matches!(spec.parallelism, ParallelismSpec::Groups(_))
-        && policy.resize == physalia_policies::Resize::InPlace;
     let mut elastic = Elastic::new(
         policy,
         spec.workers,

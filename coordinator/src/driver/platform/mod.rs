@@ -90,6 +90,20 @@ pub fn of(kind: BackendKind) -> &'static dyn Platform {
     }
 }
 
+/// Whether a resize of `spec`'s job on `backend` keeps the survivors in place (issue 33): partition
+/// parallelism with one part per worker, on a dataset file (a chunked one restarts), on a platform that
+/// does, unless the policy asks for restarts. The coordinator decides by it, `plan --replay` prices by it.
+pub fn resizes_in_place(spec: &crate::spec::JobSpec, backend: BackendKind, chunked: bool) -> bool {
+    !chunked
+        && of(backend).resizes_in_place()
+        && spec.mode() == crate::spec::Parallelism::Partition
+        && !matches!(spec.parallelism, crate::spec::ParallelismSpec::Groups(_))
+        && spec
+            .scaling
+            .as_ref()
+            .is_none_or(|p| p.resize == physalia_policies::Resize::InPlace)
+}
+
 /// The job's platform.
 pub fn of_job(job: &ResolvedJob) -> &'static dyn Platform {
     of(job.spec.backend.name)
