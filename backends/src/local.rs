@@ -64,6 +64,7 @@ impl LocalConfig {
 }
 
 /// Rank `rank`'s output file: `worker-<rank>.log` for segment 0, `worker-<rank>.seg<segment>.log` after.
+/// `rank` is the job's (the mesh's): a launch of joiners names its workers from its rank base up.
 pub fn log_path(logs_dir: &Path, segment: u32, rank: usize) -> PathBuf {
     logs_dir.join(match segment {
         0 => format!("worker-{rank}.log"),
@@ -74,6 +75,17 @@ pub fn log_path(logs_dir: &Path, segment: u32, rank: usize) -> PathBuf {
 pub struct LocalBackend {
     cfg: LocalConfig,
     launches: Mutex<HashMap<LaunchId, Running>>,
+    /// Each launch's first rank in the job (its joiners' `PHYSALIA_RANK_BASE`), for its log files.
+    rank_bases: Mutex<HashMap<LaunchId, usize>>,
+}
+
+/// The job's rank of a launch's first worker: the coordinator's `PHYSALIA_RANK_BASE` (joiners of a
+/// resize in place), else 0.
+fn rank_base(spec: &WorkerSpec) -> usize {
+    spec.env
+        .get(physalia_control::env::ENV_RANK_BASE)
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One launch's processes, by rank, and its secrets folder.
@@ -160,6 +172,7 @@ impl LocalBackend {
         LocalBackend {
             cfg,
             launches: Mutex::new(HashMap::new()),
+            rank_bases: Mutex::new(HashMap::new()),
         }
     }
 
@@ -198,7 +211,7 @@ impl LocalBackend {
 
     /// Starts rank `rank`, its secrets already in `secrets`.
     fn spawn(&self, spec: &WorkerSpec, n: usize, rank: usize, secrets: &Path) -> Result<Child> {
-        let log = log_path(&self.cfg.logs_dir, spec.segment, rank);
+        let log = log_path(&self.cfg.logs_dir, spec.segment, rank_base(spec) + rank);
         let out =
             File::create(&log).map_err(|e| io_error(format!("creating {}", log.display()), e))?;
         let err = out
@@ -280,6 +293,10 @@ impl Backend for LocalBackend {
                 detail: stale,
             });
         }
+        self.rank_bases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.clone(), rank_base(spec));
         let mut running = Running {
             secrets: dir.clone(),
             procs: Vec::with_capacity(n_workers),
@@ -373,7 +390,14 @@ impl Backend for LocalBackend {
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
-        let path = log_path(&self.cfg.logs_dir, launch.segment, rank);
+        let base = self
+            .rank_bases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(launch)
+            .copied()
+            .unwrap_or(0);
+        let path = log_path(&self.cfg.logs_dir, launch.segment, base + rank);
         match fs::read(&path) {
             Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NoSuchWorker {

@@ -369,7 +369,13 @@ fn containers_resize_in_place_keeping_the_survivors() {
             "{rank0}"
         );
     }
-    let joiner = std::fs::read_to_string(dir.join("logs/worker-1.log")).unwrap();
+    let logs: Vec<String> = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    // the joiner is rank 1 of the job in launch 1: its output is rank 1's
+    let joiner = std::fs::read_to_string(dir.join("logs/worker-1.seg1.log"))
+        .unwrap_or_else(|e| panic!("{e}: {logs:?}"));
     assert!(joiner.contains("advertised 172.") || joiner.contains("advertised 10.") || joiner.contains("advertised 192.168."), "{joiner}");
     // the ledger bills the pause: a launch per segment, the resized ones marked in place
     let summary = physalia_tests::read_json(&dir.join("summary.json"));

@@ -643,8 +643,8 @@ impl Launch {
                 std::fs::create_dir_all(&logs_dir)?;
                 Some(
                     (0..n)
-                        .map(|rank| {
-                            physalia_backends::local::log_path(&logs_dir, index as u32, rank)
+                        .map(|i| {
+                            physalia_backends::local::log_path(&logs_dir, index as u32, base + i)
                         })
                         .collect(),
                 )
