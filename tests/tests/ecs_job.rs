@@ -731,6 +731,13 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     }
     let events = v["scaling_events"].to_string();
     assert!(events.contains("three-at-4"), "{events}");
+    // the growth was in place (issue 33): the two running tasks went on, one task joined them
+    let log = std::fs::read_to_string(staged.join("logs/coordinator.log")).unwrap();
+    assert!(
+        log.contains("in place, 2 -> 3 workers after epoch 4"),
+        "{log}"
+    );
+    assert_eq!(log.matches("in-place resize ready").count(), 1, "{log}");
     assert!(
         events.contains("retr"),
         "the killed worker's epoch was retried: {events}"
