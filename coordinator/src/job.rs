@@ -282,7 +282,9 @@ impl Ledger {
                     }
                     self.resizing.insert(
                         *to,
-                        std::iter::once(*from).chain(joiners.map(|j| j.launch)).collect(),
+                        std::iter::once(*from)
+                            .chain(joiners.map(|j| j.launch))
+                            .collect(),
                     );
                 }
                 JobAction::StopLaunch { launch, .. } => self.stop(*launch, now, at),
@@ -1336,7 +1338,9 @@ mod simulation {
     impl Sim {
         /// Bills `launch`'s workers from their start to now.
         fn bill_stop(&mut self, launch: usize) {
-            if let (Some(l), Some(t)) = (self.launches.get(&launch), self.started_ms.remove(&launch)) {
+            if let (Some(l), Some(t)) =
+                (self.launches.get(&launch), self.started_ms.remove(&launch))
+            {
                 self.billed_worker_ms += l.n as u64 * (self.now_ms - t);
             }
         }
@@ -1501,8 +1505,12 @@ mod simulation {
                     l.stopped = true;
                 }
             }
-            self.resizing
-                .insert(to, std::iter::once(from).chain(joiners.map(|j| j.launch)).collect());
+            self.resizing.insert(
+                to,
+                std::iter::once(from)
+                    .chain(joiners.map(|j| j.launch))
+                    .collect(),
+            );
             self.launches.insert(
                 to,
                 SimLaunch {

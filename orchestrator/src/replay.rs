@@ -101,8 +101,11 @@ impl Record {
     /// Whether `span` ended as part of a launch resized in place (the one resized, or its joiners): it
     /// stopped when that launch started.
     fn resized_into(&self, span: &LaunchSpan) -> bool {
-        span.stop_s
-            .is_some_and(|stop| self.launches.iter().any(|t| t.in_place && t.start_s == stop))
+        span.stop_s.is_some_and(|stop| {
+            self.launches
+                .iter()
+                .any(|t| t.in_place && t.start_s == stop)
+        })
     }
 
     /// The launch that trained epoch `e` (the span its end lies in, with its worker count).
@@ -410,7 +413,10 @@ impl Model {
                     .unwrap_or(span.start_s);
                 let pause = (first - before - epoch).max(0.0);
                 resizes.push(pause);
-                resize_by_workers.entry(span.workers).or_default().push(pause);
+                resize_by_workers
+                    .entry(span.workers)
+                    .or_default()
+                    .push(pause);
             } else {
                 let start = (first - span.start_s - epoch).max(0.0);
                 starts.push(start);
@@ -494,6 +500,13 @@ pub(crate) struct Step {
     /// Resized in place from the step before (the survivors go on; the joiners start, prewarmed or
     /// in the pause): no launch of its own.
     pub in_place: bool,
+    /// Its joiners were started ahead and are paid for already (prewarmed: by the step before, or
+    /// measured in the record).
+    pub joiners_paid: bool,
+    /// The policy's prewarm during this step: workers kept warm for a launch of this size, through
+    /// `prewarm_epochs` of its epochs (0: none).
+    pub prewarm_to: usize,
+    pub prewarm_epochs: usize,
 }
 
 impl Step {
@@ -502,6 +515,9 @@ impl Step {
             workers,
             epochs,
             in_place: false,
+            joiners_paid: false,
+            prewarm_to: 0,
+            prewarm_epochs: 0,
         }
     }
 }
@@ -542,14 +558,19 @@ fn usd_of(sku: &Sku, wall_s: f64, worker_s: f64) -> f64 {
 impl Model {
     /// Whether the job resizes in place on `sku`'s platform (`platform::resizes_in_place`).
     fn in_place_on(&self, sku: &Sku) -> bool {
-        physalia_coordinator::driver::platform::resizes_in_place(&self.spec, sku.backend, self.chunked)
+        physalia_coordinator::driver::platform::resizes_in_place(
+            &self.spec,
+            sku.backend,
+            self.chunked,
+        )
     }
 
     /// A resize in place from `from` to `to` workers on `sku`: (wall seconds, worker-seconds). Every
     /// worker of either count is there through the pause (the job's measured pause; its launch start-up
-    /// where it made none); joiners also start, before it when `prewarmed` (while the others train:
-    /// billed, no one waits), else within it (on another SKU, its cold start beyond the job's).
-    fn resize(&self, sku: &Sku, from: usize, to: usize, prewarmed: bool) -> Result<(f64, f64)> {
+    /// where it made none); joiners also start: paid for already when `joiners_paid` (prewarmed while
+    /// the others trained: no one waits), else within the pause (on another SKU, its cold start beyond
+    /// the job's).
+    fn resize(&self, sku: &Sku, from: usize, to: usize, joiners_paid: bool) -> Result<(f64, f64)> {
         let f = &self.fit;
         let pause = f
             .resize_by_workers
@@ -558,16 +579,18 @@ impl Model {
             .or(f.resize_s)
             .unwrap_or(f.launch_start_s);
         let joiners = to.saturating_sub(from);
-        if joiners == 0 {
-            return Ok((pause, from as f64 * pause));
+        if joiners == 0 || joiners_paid {
+            return Ok((pause, from.max(to) as f64 * pause));
         }
         let start = self.price(sku, joiners)?.start_s;
-        if prewarmed {
-            Ok((pause, to as f64 * pause + joiners as f64 * start))
-        } else {
+        {
             // the measured pause holds the joiners' start on the job's SKU
-            let extra = (start - f.launch_by_workers.get(&joiners).copied().unwrap_or(f.launch_start_s))
-                .max(0.0);
+            let extra = (start
+                - f.launch_by_workers
+                    .get(&joiners)
+                    .copied()
+                    .unwrap_or(f.launch_start_s))
+            .max(0.0);
             Ok((pause + extra, to as f64 * (pause + extra)))
         }
     }
@@ -575,9 +598,10 @@ impl Model {
     fn row(&self, scenario: &str, sku: &Sku, schedule: &[Step]) -> Result<Row> {
         let (mut wall, mut worker_s, mut fits, mut epochs) = (0.0, 0.0, true, 0);
         let in_place = self.in_place_on(sku);
-        let prewarmed = self.spec.scaling.as_ref().is_some_and(|p| p.prewarm.is_some());
         let mut resizes = Vec::new();
         let stop_s = self.fit.launch_stop_s;
+        // a launch started ahead by the step before (a prewarm for a relaunch): its size
+        let mut prewarmed_launch = None;
         for (i, step) in schedule.iter().enumerate() {
             let (w, n) = (step.workers, step.epochs);
             let p = self.price(sku, w)?;
@@ -585,17 +609,39 @@ impl Model {
             let resized = |s: &Step| s.in_place && in_place;
             match i.checked_sub(1).map(|j| schedule[j].workers) {
                 Some(from) if resized(step) => {
-                    let (t, ws) = self.resize(sku, from, w, prewarmed)?;
+                    let (t, ws) = self.resize(sku, from, w, step.joiners_paid)?;
                     wall += t + train;
                     worker_s += ws + w as f64 * train;
                     resizes.push("in place");
                 }
                 previous => {
-                    let t = p.start_s + train;
-                    wall += t;
-                    worker_s += w as f64 * t;
+                    // a prewarmed launch of this size started while the one before trained
+                    let start = if prewarmed_launch == Some(w) {
+                        0.0
+                    } else {
+                        p.start_s
+                    };
+                    wall += start + train;
+                    worker_s += w as f64 * (start + train);
                     if previous.is_some() {
                         resizes.push("restart");
+                    }
+                }
+            }
+            // the policy's prewarm: spares (in place) or a whole launch (a relaunch) started ahead and
+            // kept warm while this step trains, paid whether or not a resize takes them
+            prewarmed_launch = None;
+            if step.prewarm_to > 0 && step.prewarm_epochs > 0 {
+                let warm = if in_place {
+                    step.prewarm_to.saturating_sub(w)
+                } else {
+                    step.prewarm_to
+                };
+                if warm > 0 {
+                    let held = step.prewarm_epochs as f64 * p.epoch_s;
+                    worker_s += warm as f64 * (self.price(sku, warm)?.start_s + held);
+                    if !in_place {
+                        prewarmed_launch = Some(step.prewarm_to);
                     }
                 }
             }
@@ -648,7 +694,16 @@ impl Model {
             m.exchange.all_reduce_s = 0.0;
             m.exchange.bytes_sent = p.bytes as u64;
             let by_rank = vec![m; w];
-            match elastic.after_epoch(&by_rank, epochs_total) {
+            let stop = elastic.after_epoch(&by_rank, epochs_total);
+            // spares kept warm from here on, for a size the policy expects
+            let target = elastic.prewarm_target().filter(|&t| t != w);
+            let step = schedule.last_mut().expect("one launch");
+            if let (None, Some(t)) = (&stop, target) {
+                step.prewarm_to = t;
+                step.prewarm_epochs += 1;
+            }
+            let prewarmed = step.prewarm_to;
+            match stop {
                 None => {}
                 Some(Stop::Rescale { to, .. }) => {
                     w = to;
@@ -656,6 +711,9 @@ impl Model {
                         workers: w,
                         epochs: 0,
                         in_place: true,
+                        joiners_paid: prewarmed == w,
+                        prewarm_to: 0,
+                        prewarm_epochs: 0,
                     });
                 }
                 Some(Stop::Reconfigure { what, .. }) => {
@@ -712,14 +770,23 @@ pub(crate) fn replay(dir: &Path, skus: &[String]) -> Result<Replay> {
         .max()
         .unwrap_or(1);
     let epochs = record.lines.len();
-    let mut own_row = model.row("as run", &model.sku, &own)?;
-    // launches that trained nothing (lost before an epoch, discarded prewarms) at what they cost; the
-    // joiners of a resize in place are in its price
+    // on the job's own SKU its prewarms are measured (`untrained` below), not priced
+    let own_measured: Schedule = own
+        .iter()
+        .map(|s| Step {
+            prewarm_to: 0,
+            prewarm_epochs: 0,
+            ..*s
+        })
+        .collect();
+    let mut own_row = model.row("as run", &model.sku, &own_measured)?;
+    // launches that trained nothing (lost before an epoch, prewarms) at what they cost; joiners started
+    // in a resize's pause are in its price
     let untrained: f64 = record
         .launches
         .iter()
         .filter(|s| {
-            !record.resized_into(s)
+            (s.prewarm || !record.resized_into(s))
                 && !record
                     .lines
                     .iter()
@@ -832,13 +899,53 @@ fn own_schedule(record: &Record) -> Schedule {
         let key = (line.worker_count(), span.map(|s| s.launch));
         match own.last_mut() {
             Some(last) if previous == Some(key) => last.epochs += 1,
-            _ => own.push(Step {
-                workers: key.0,
-                epochs: 1,
-                in_place: !own.is_empty() && span.is_some_and(|s| s.in_place),
-            }),
+            _ => {
+                let in_place = !own.is_empty() && span.is_some_and(|s| s.in_place);
+                // prewarmed joiners are in the record as launches of their own (`untrained`)
+                let joiners_paid = in_place
+                    && span.is_some_and(|s| {
+                        record
+                            .launches
+                            .iter()
+                            .any(|j| j.prewarm && j.stop_s == Some(s.start_s))
+                    });
+                own.push(Step {
+                    workers: key.0,
+                    epochs: 1,
+                    in_place,
+                    joiners_paid,
+                    prewarm_to: 0,
+                    prewarm_epochs: 0,
+                })
+            }
         }
         previous = Some(key);
+    }
+    // each prewarm, on the step it was kept warm through (what it costs on another SKU; on the job's
+    // own the record has it as a launch)
+    let mut first = 0;
+    for step in own.iter_mut() {
+        let ends: Vec<f64> = record.lines[first..first + step.epochs]
+            .iter()
+            .filter_map(|l| record.end_of(l.metrics.epoch))
+            .collect();
+        first += step.epochs;
+        for p in record.launches.iter().filter(|p| p.prewarm) {
+            let held = ends
+                .iter()
+                .filter(|&&e| p.start_s <= e && p.stop_s.is_none_or(|s| e < s))
+                .count();
+            if held > 0 && step.prewarm_epochs == 0 {
+                // spares for a resize in place join the step's workers; a prewarmed relaunch is whole
+                let joined = record.resized_into(p);
+                step.prewarm_to = if joined {
+                    step.workers + p.workers
+                } else {
+                    p.workers
+                };
+                step.prewarm_epochs = held;
+            }
+        }
     }
     own
 }

@@ -376,7 +376,12 @@ fn containers_resize_in_place_keeping_the_survivors() {
     // the joiner is rank 1 of the job in launch 1: its output is rank 1's
     let joiner = std::fs::read_to_string(dir.join("logs/worker-1.seg1.log"))
         .unwrap_or_else(|e| panic!("{e}: {logs:?}"));
-    assert!(joiner.contains("advertised 172.") || joiner.contains("advertised 10.") || joiner.contains("advertised 192.168."), "{joiner}");
+    assert!(
+        joiner.contains("advertised 172.")
+            || joiner.contains("advertised 10.")
+            || joiner.contains("advertised 192.168."),
+        "{joiner}"
+    );
     // the ledger bills the pause: a launch per segment, the resized ones marked in place
     let summary = physalia_tests::read_json(&dir.join("summary.json"));
     let spans = summary["launches"].as_array().unwrap();
@@ -384,7 +389,13 @@ fn containers_resize_in_place_keeping_the_survivors() {
     assert_eq!(in_place, 2, "{spans:?}");
     let job_id = dir.file_name().unwrap().to_string_lossy().to_string();
     let ps = Command::new("docker")
-        .args(["ps", "-a", "-q", "--filter", &format!("label=physalia.job={job_id}")])
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=physalia.job={job_id}"),
+        ])
         .output()
         .unwrap();
     assert!(

@@ -96,7 +96,11 @@ fn replay_prices_the_quickstart_at_its_ledger_and_the_alternatives() {
         .find(|r| r["sku"] == "aci-cpu-4x16" && r["scenario"] == "policy")
         .unwrap();
     assert!(
-        on_aci["resizes"].as_array().unwrap().iter().all(|h| h == "restart"),
+        on_aci["resizes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h == "restart"),
         "{on_aci}"
     );
     assert_eq!(r["epochs"], 12);
