@@ -18,6 +18,9 @@ files read) is still parsed.
 
     python3 bench/resize.py --nodes 200000 --reps 2
 
+`--backend docker`: the workers as containers of the local worker image on the job's Docker network (a
+joiner is a container start; the restart path starts every container again).
+
 `--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
 launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
 """
@@ -47,6 +50,7 @@ dataset: {{path: {graph}}}
 model: {{kind: sage, layers: 2, hidden: {hidden}}}
 train: {{epochs: 12, seed: 0, eval_every: 12}}
 output: {{dir: {out}}}
+backend: {backend}
 """
 
 
@@ -77,10 +81,14 @@ rules:
 """
 
 
+BACKEND = "local"
+
+
 def submit(binary, tmp, name, graph, hidden, resize, policy_text=POLICY):
     job = os.path.join(tmp, f"{name}.yaml")
     with open(job, "w") as f:
-        f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs")))
+        f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs"),
+                           backend=BACKEND))
         if resize:
             policy = os.path.join(tmp, f"{name}-policy.yaml")
             with open(policy, "w") as p:
@@ -124,7 +132,10 @@ def main():
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--prewarm", action="store_true", help="start the joiners (or the next launch) an epoch ahead")
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
+    p.add_argument("--backend", default="local", choices=["local", "docker"])
     a = p.parse_args()
+    global BACKEND
+    BACKEND = a.backend
     a.bin = os.path.abspath(a.bin)
     out_dir = os.path.join(ROOT, "bench", "out")
     os.makedirs(out_dir, exist_ok=True)
