@@ -556,13 +556,9 @@ fn usd_of(sku: &Sku, wall_s: f64, worker_s: f64) -> f64 {
 }
 
 impl Model {
-    /// Whether the job resizes in place on `sku`'s platform (`platform::resizes_in_place`).
-    fn in_place_on(&self, sku: &Sku) -> bool {
-        physalia_coordinator::driver::platform::resizes_in_place(
-            &self.spec,
-            sku.backend,
-            self.chunked,
-        )
+    /// Whether the job resizes in place (`platform::resizes_in_place`; every platform does).
+    fn in_place(&self) -> bool {
+        physalia_coordinator::driver::platform::resizes_in_place(&self.spec, self.chunked)
     }
 
     /// A resize in place from `from` to `to` workers on `sku`: (wall seconds, worker-seconds). Every
@@ -597,7 +593,7 @@ impl Model {
 
     fn row(&self, scenario: &str, sku: &Sku, schedule: &[Step]) -> Result<Row> {
         let (mut wall, mut worker_s, mut fits, mut epochs) = (0.0, 0.0, true, 0);
-        let in_place = self.in_place_on(sku);
+        let in_place = self.in_place();
         let mut resizes = Vec::new();
         let stop_s = self.fit.launch_stop_s;
         // a launch started ahead by the step before (a prewarm for a relaunch): its size

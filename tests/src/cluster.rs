@@ -9,7 +9,8 @@
 //!   price, what `submit` printed is the record's, and nothing is left on the platform.
 //! - `cluster_scenario::refusals_a_killed_worker_and_cancel`: bad settings are refused with the
 //!   platform's reason and leave nothing; a detached job runs on (`status` says `running` at once),
-//!   one of its worker containers is killed and its epoch retried from the checkpoint; `logs --rank
+//!   it grows 2 -> 3 workers in place (issue 33), one of its worker containers is killed and its epoch
+//!   retried from the checkpoint; `logs --rank
 //!   coordinator --follow` follows it to its end, with the fixed run's losses; `status`, `logs` (a
 //!   worker's, the coordinator's) and `report` read the store; then a followed job is detached from
 //!   with Ctrl-C, runs on, and `cancel` through the store leaves nothing on the platform.
@@ -37,6 +38,10 @@ pub const CORA: &str = "name: cora\ndataset:\n  path: cora.safetensors\n  row_no
 /// The detached job: long enough (200 epochs of 20,000 nodes on 2 workers) that a worker is killed
 /// while it trains.
 pub const HEAL: &str = "name: heal\ndataset:\n  synth: {kind: sbm, nodes: 20000, classes: 4, feat_dim: 32, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 32}\ntrain: {epochs: 200, seed: 0, threads: 1}\nworkers: 2\n";
+
+/// The detached job's policy: it grows once, 2 -> 3 workers after epoch 2, in place (issue 33) on every
+/// platform here.
+pub const GROW: &str = "scaling:\n  min_workers: 2\n  max_workers: 3\n  cooldown_epochs: 0\n  rules:\n    - name: three-at-2\n      when: epoch == 2\n      then: {set_workers: 3}\n";
 
 /// A job file the platform refuses before it makes anything: submitted as `bad.yaml` with `--set
 /// sets`, its error must contain every needle.
@@ -315,8 +320,9 @@ impl<'a, C: Cloud> Scenario<'a, C> {
 
     /// The detached job with a worker killed: see the module's documentation. Returns its id.
     fn heal(&self) -> String {
-        let want = local_losses(self.path(), "heal.yaml", HEAL);
-        self.write_cluster_job("heal.yaml", HEAL);
+        let job = format!("{HEAL}{GROW}");
+        let want = local_losses(self.path(), "heal.yaml", &job);
+        self.write_cluster_job("heal.yaml", &job);
         let t0 = Instant::now();
         let (out, _) = self.ok(&["submit", "heal.yaml", "--detach", "--output", "json"]);
         let id = job_id(last_json(&out)["job_url"].as_str().unwrap());
@@ -352,11 +358,23 @@ impl<'a, C: Cloud> Scenario<'a, C> {
         );
         let metrics = self.cloud.record(&id, "metrics.jsonl").unwrap();
         assert_same_losses(C::NAME, &losses(&metrics), &want, 1e-3);
-        let events = self.record_json(&id, "summary.json")["scaling_events"].to_string();
+        let summary = self.record_json(&id, "summary.json");
+        let events = summary["scaling_events"].to_string();
         assert!(
             events.contains("retr"),
             "the killed worker's epoch was retried: {events}"
         );
+        // the growth kept the two workers running and started one (the ledger's launch it made is
+        // marked in place), and the job ended on 3
+        assert!(events.contains("three-at-2"), "{events}");
+        let spans = summary["launches"].as_array().unwrap();
+        assert_eq!(
+            spans.iter().filter(|s| s["in_place"] == true).count(),
+            1,
+            "{spans:?}"
+        );
+        let (log, _) = self.ok(&["logs", &id, "--dir", &self.store, "--rank", "coordinator"]);
+        assert!(log.contains("after epoch 2: workers 2 -> 3"), "{log}");
         self.read_from_the_store(&id);
         self.cloud.wait_nothing_left(&[&id]);
         id

@@ -344,10 +344,14 @@ impl Cloud for Ecs {
         );
         let container = &td["containerDefinitions"][0];
         assert_eq!(container["name"], "coordinator", "{td}");
-        // the workers dial the port the task definition declares (the coordinator binds that one)
-        let declared = container["portMappings"][0]["containerPort"]
-            .as_u64()
-            .unwrap();
+        // the workers dial a port the task definition declares (the coordinator binds those: the
+        // first for a launch, the next for joiners of a resize in place or a prewarm beside it)
+        let declared: Vec<u64> = container["portMappings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["containerPort"].as_u64().unwrap())
+            .collect();
         let mut dialled = Vec::new();
         for c in self.containers() {
             let env = Command::new("docker")
@@ -368,9 +372,10 @@ impl Cloud for Ecs {
         }
         assert!(!dialled.is_empty(), "no running worker container");
         for addr in &dialled {
+            let port: u64 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
             assert!(
-                addr.ends_with(&format!(":{declared}")),
-                "a worker dials {addr}, the coordinator's task declares {declared}"
+                declared.contains(&port),
+                "a worker dials {addr}, the coordinator's task declares {declared:?}"
             );
         }
         let text = container.to_string();

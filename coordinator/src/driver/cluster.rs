@@ -1109,9 +1109,12 @@ mod tests {
             }
             spec.scaling = Some(policy(resize));
             let job = resolved(spec);
-            job.demand(crate::driver::platform::of_job(&job).resizes_in_place())
+            job.demand()
         };
+        // every platform resizes in place: a prewarm starts only the joiners
         let d = with("ecs", "");
+        assert_eq!((d.workers, d.overlap_workers), (4, 0));
+        let d = with("ecs", "resize: restart\n");
         assert_eq!((d.workers, d.overlap_workers), (4, 3));
         let d = with("local", "");
         assert_eq!((d.workers, d.overlap_workers), (4, 0));
@@ -1119,7 +1122,7 @@ mod tests {
         assert_eq!((d.workers, d.overlap_workers), (4, 3));
         let mut spec = job("ecs");
         spec.scaling = None;
-        assert_eq!(resolved(spec).demand(false).overlap_workers, 0);
+        assert_eq!(resolved(spec).demand().overlap_workers, 0);
     }
 
     /// The coordinator's memory follows its dataset: 2 GiB for Cora's 4 MB and anything under about

@@ -53,14 +53,14 @@ impl ResolvedJob {
     /// What the job asks of its platform at its peak, for the preflight's quota and capacity checks:
     /// the scaling policy's `max_workers` (else `workers`), each on the SKU's share of a machine; with
     /// a `prewarm` on a resize that restarts, a launch of up to `max_workers` started while one of up to
-    /// `max_workers - 1` runs (in place only the joiners start: the peak stays `max_workers`).
-    /// `in_place`: whether the job's platform resizes in place (`Platform::resizes_in_place`).
-    pub fn demand(&self, in_place: bool) -> Demand {
+    /// `max_workers - 1` runs (in place only the joiners start: the peak stays `max_workers`). A
+    /// dataset folder counts as one that restarts (a chunked dataset does; a raw folder is imported).
+    pub fn demand(&self) -> Demand {
         let policy = self.spec.scaling.as_ref();
         let workers = policy.map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
-        let prewarm = policy.is_some_and(|p| {
-            p.prewarm.is_some() && !(in_place && p.resize == physalia_policies::Resize::InPlace)
-        });
+        let folder = self.spec.dataset.path.as_ref().is_some_and(|p| p.is_dir());
+        let in_place = crate::driver::platform::resizes_in_place(&self.spec, folder);
+        let prewarm = policy.is_some_and(|p| p.prewarm.is_some() && !in_place);
         Demand {
             workers: workers.max(1),
             overlap_workers: if prewarm { workers.max(1) - 1 } else { 0 },

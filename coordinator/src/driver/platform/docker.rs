@@ -20,12 +20,6 @@ const SECRETS_IN_CONTAINER: &str = "/run/secrets/physalia";
 pub struct Docker;
 
 impl Platform for Docker {
-    /// The job's containers share one network for its whole life (`release` removes it): joiners start
-    /// on it beside the survivors, which bind their next mesh endpoint in their own network namespace.
-    fn resizes_in_place(&self) -> bool {
-        true
-    }
-
     fn backend(
         &self,
         job: &ResolvedJob,

@@ -16,12 +16,6 @@ use crate::spec::{EcsSettings, JobSpec};
 pub struct Ecs;
 
 impl Platform for Ecs {
-    /// Joiners run as tasks of their own in the job's subnet and security group; a survivor binds its
-    /// next mesh endpoint on the same `mesh_port` in its task once its link is closed.
-    fn resizes_in_place(&self) -> bool {
-        true
-    }
-
     fn backend(
         &self,
         job: &ResolvedJob,

@@ -14,10 +14,6 @@ use crate::driver::resolved::ResolvedJob;
 pub struct Local;
 
 impl Platform for Local {
-    fn resizes_in_place(&self) -> bool {
-        true
-    }
-
     fn workers_read_coordinator_disk(&self) -> bool {
         true
     }

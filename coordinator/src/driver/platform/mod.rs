@@ -63,13 +63,6 @@ pub trait Platform: Sync {
     /// of it a credential).
     fn coordinator_env(&self, _job: &ResolvedJob, _env: &mut BTreeMap<String, String>) {}
 
-    /// Whether a partition-parallel resize keeps the survivors in place on this platform (issue 33).
-    /// Where it does not yet (a survivor's next mesh endpoint on a fixed port, joiners in another
-    /// launch's network, neither tested there), every resize restarts from the checkpoint.
-    fn resizes_in_place(&self) -> bool {
-        false
-    }
-
     /// Whether the workers read the coordinator's disk (processes on its machine): they then read a
     /// chunked dataset in place to cut their parts (issue 31) and write the parts into the set.
     /// Elsewhere they fetch the chunk files they read, which the coordinator serves, and hand their
@@ -90,12 +83,13 @@ pub fn of(kind: BackendKind) -> &'static dyn Platform {
     }
 }
 
-/// Whether a resize of `spec`'s job on `backend` keeps the survivors in place (issue 33): partition
-/// parallelism with one part per worker, on a dataset file (a chunked one restarts), on a platform that
-/// does, unless the policy asks for restarts. The coordinator decides by it, `plan --replay` prices by it.
-pub fn resizes_in_place(spec: &crate::spec::JobSpec, backend: BackendKind, chunked: bool) -> bool {
+/// Whether a resize of `spec`'s job keeps the survivors in place (issue 33): partition parallelism with
+/// one part per worker, on a dataset file (a chunked one restarts), unless the policy asks for restarts;
+/// on every platform (a survivor rebinds its fixed mesh port once its link is closed; joiners start as a
+/// launch of their own on the job's network, their control endpoint beside the running one's). The
+/// coordinator decides by it, `plan --replay` prices by it, the preflight counts by it.
+pub fn resizes_in_place(spec: &crate::spec::JobSpec, chunked: bool) -> bool {
     !chunked
-        && of(backend).resizes_in_place()
         && spec.mode() == crate::spec::Parallelism::Partition
         && !matches!(spec.parallelism, crate::spec::ParallelismSpec::Groups(_))
         && spec
@@ -270,7 +264,7 @@ pub fn job_free_backend(job: &ResolvedJob) -> Result<Box<dyn Backend>> {
 /// refusal names its reason where a launch would wait for its timeout, and leaves no job behind.
 pub fn preflight(job: &ResolvedJob, backend: &dyn Backend, obs: &dyn Observer) -> Result<()> {
     let probe = preflight_worker(job, obs)?;
-    let demand = job.demand(of_job(job).resizes_in_place());
+    let demand = job.demand();
     Ok(crate::driver::workers::block_on(
         backend.check(&probe, demand),
     )??)
