@@ -1254,6 +1254,22 @@ impl JobSpec {
     }
 
     /// The training mode (a replica group trains in its group's mode).
+    /// Whether a resize of this job keeps the survivors in place (issue 33): partition parallelism
+    /// with one part per worker, on a dataset file (`chunked`: a chunked one restarts), unless the
+    /// policy asks for restarts; on every platform (a survivor rebinds its fixed mesh port once its
+    /// link is closed; joiners start as a launch of their own on the job's network, their control
+    /// endpoint beside the running one's). The coordinator decides by it, `plan --replay` prices by
+    /// it, the preflight counts by it.
+    pub fn resizes_in_place(&self, chunked: bool) -> bool {
+        !chunked
+            && self.mode() == Parallelism::Partition
+            && !matches!(self.parallelism, ParallelismSpec::Groups(_))
+            && self
+                .scaling
+                .as_ref()
+                .is_none_or(|p| p.resize == physalia_policies::Resize::InPlace)
+    }
+
     pub fn mode(&self) -> Parallelism {
         match self.parallelism {
             ParallelismSpec::Mode(m) => m,

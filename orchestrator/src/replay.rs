@@ -10,11 +10,12 @@
 //! count the whole epoch is scaled once more by that count's measured-to-fitted ratio (mean epoch over fitted
 //! epoch: the sum of the epochs is what the job paid for). A launch costs its start-up (first epoch's end
 //! less one epoch, measured) and its stop (last epoch's end to the stop), averaged over the job's launches;
-//! on another SKU the planner's extra cold start and loading time is added. A resize in place (issue 33),
-//! where the SKU's platform makes one, costs its pause (measured: the last epoch before it to the first
-//! after, less an epoch) for every worker of either count, and its joiners' start-up: billed while the
-//! others train when the policy prewarms them, in the pause otherwise. The job's own launches priced this
-//! way must come to the ledger's worker-seconds (`tests/tests/replay.rs`: within 10%).
+//! on another SKU the planner's extra cold start and loading time is added. A resize in place (issue 33;
+//! `resize: restart`, data parallelism, P3 and chunked datasets relaunch instead) costs its pause (measured:
+//! the last epoch before it to the first after, less an epoch) for every worker of either count, and its
+//! joiners' start-up: billed while the others train when the policy prewarms them, in the pause otherwise.
+//! The job's own launches priced this way must come to the ledger's worker-seconds (`tests/tests/replay.rs`:
+//! within 10%).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -213,7 +214,7 @@ pub(crate) struct Model {
     /// The SKU the job ran on.
     pub sku: Sku,
     pub fit: Fit,
-    /// Whether the job read a chunked dataset (its resizes restart, whatever the platform).
+    /// Whether the job read a chunked dataset (its resizes restart).
     chunked: bool,
 }
 
@@ -556,16 +557,16 @@ fn usd_of(sku: &Sku, wall_s: f64, worker_s: f64) -> f64 {
 }
 
 impl Model {
-    /// Whether the job resizes in place (`platform::resizes_in_place`; every platform does).
+    /// Whether the job resizes in place (`JobSpec::resizes_in_place`; on every platform).
     fn in_place(&self) -> bool {
-        physalia_coordinator::driver::platform::resizes_in_place(&self.spec, self.chunked)
+        self.spec.resizes_in_place(self.chunked)
     }
 
     /// A resize in place from `from` to `to` workers on `sku`: (wall seconds, worker-seconds). Every
     /// worker of either count is there through the pause (the job's measured pause; its launch start-up
     /// where it made none); joiners also start: paid for already when `joiners_paid` (prewarmed while
-    /// the others trained: no one waits), else within the pause (on another SKU, its cold start beyond
-    /// the job's).
+    /// the others trained: no one waits), else within the pause (on another SKU, with its longer cold
+    /// start).
     fn resize(&self, sku: &Sku, from: usize, to: usize, joiners_paid: bool) -> Result<(f64, f64)> {
         let f = &self.fit;
         let pause = f
@@ -578,17 +579,14 @@ impl Model {
         if joiners == 0 || joiners_paid {
             return Ok((pause, from.max(to) as f64 * pause));
         }
-        let start = self.price(sku, joiners)?.start_s;
-        {
-            // the measured pause holds the joiners' start on the job's SKU
-            let extra = (start
-                - f.launch_by_workers
-                    .get(&joiners)
-                    .copied()
-                    .unwrap_or(f.launch_start_s))
-            .max(0.0);
-            Ok((pause + extra, to as f64 * (pause + extra)))
-        }
+        // the measured pause holds the joiners' start on the job's SKU; another's cold start is longer
+        let here = f
+            .launch_by_workers
+            .get(&joiners)
+            .copied()
+            .unwrap_or(f.launch_start_s);
+        let extra = (self.price(sku, joiners)?.start_s - here).max(0.0);
+        Ok((pause + extra, to as f64 * (pause + extra)))
     }
 
     fn row(&self, scenario: &str, sku: &Sku, schedule: &[Step]) -> Result<Row> {

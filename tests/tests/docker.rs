@@ -93,7 +93,11 @@ fn cora_on_three_containers_trains_like_three_processes() {
             || log.contains("advertised 192.168."),
         "{log}"
     );
-    // nothing left behind: no container, no network of this job
+    assert_nothing_left(&dir);
+}
+
+/// Nothing of the job in `dir` is left behind: no container, no network.
+fn assert_nothing_left(dir: &Path) {
     let job = dir.file_name().unwrap().to_string_lossy().to_string();
     let ps = Command::new("docker")
         .args([
@@ -387,22 +391,7 @@ fn containers_resize_in_place_keeping_the_survivors() {
     let spans = summary["launches"].as_array().unwrap();
     let in_place = spans.iter().filter(|s| s["in_place"] == true).count();
     assert_eq!(in_place, 2, "{spans:?}");
-    let job_id = dir.file_name().unwrap().to_string_lossy().to_string();
-    let ps = Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "-q",
-            "--filter",
-            &format!("label=physalia.job={job_id}"),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
-        "containers left: {}",
-        String::from_utf8_lossy(&ps.stdout)
-    );
+    assert_nothing_left(&dir);
 }
 
 /// `backend.docker.image` names the image to run; one the engine does not have is refused naming the

@@ -201,7 +201,7 @@ pub fn run(
         let data_name = source.name().to_string();
         // an in-place resize cuts a dataset file into parts in the coordinator (a chunked one
         // restarts)
-        let in_place = platform::resizes_in_place(spec, matches!(source, Source::Chunked(_)));
+        let in_place = spec.resizes_in_place(matches!(source, Source::Chunked(_)));
         let dataset_path = dataset_file(spec, source, dir.path(), obs)?;
         let load_s = t_load.elapsed().as_secs_f64();
         let job_abs = std::path::absolute(dir.path())?;

@@ -59,7 +59,7 @@ impl ResolvedJob {
         let policy = self.spec.scaling.as_ref();
         let workers = policy.map_or(self.spec.workers, |p| p.max_workers.max(self.spec.workers));
         let folder = self.spec.dataset.path.as_ref().is_some_and(|p| p.is_dir());
-        let in_place = crate::driver::platform::resizes_in_place(&self.spec, folder);
+        let in_place = self.spec.resizes_in_place(folder);
         let prewarm = policy.is_some_and(|p| p.prewarm.is_some() && !in_place);
         Demand {
             workers: workers.max(1),

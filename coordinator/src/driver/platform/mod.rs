@@ -83,21 +83,6 @@ pub fn of(kind: BackendKind) -> &'static dyn Platform {
     }
 }
 
-/// Whether a resize of `spec`'s job keeps the survivors in place (issue 33): partition parallelism with
-/// one part per worker, on a dataset file (a chunked one restarts), unless the policy asks for restarts;
-/// on every platform (a survivor rebinds its fixed mesh port once its link is closed; joiners start as a
-/// launch of their own on the job's network, their control endpoint beside the running one's). The
-/// coordinator decides by it, `plan --replay` prices by it, the preflight counts by it.
-pub fn resizes_in_place(spec: &crate::spec::JobSpec, chunked: bool) -> bool {
-    !chunked
-        && spec.mode() == crate::spec::Parallelism::Partition
-        && !matches!(spec.parallelism, crate::spec::ParallelismSpec::Groups(_))
-        && spec
-            .scaling
-            .as_ref()
-            .is_none_or(|p| p.resize == physalia_policies::Resize::InPlace)
-}
-
 /// The job's platform.
 pub fn of_job(job: &ResolvedJob) -> &'static dyn Platform {
     of(job.spec.backend.name)
