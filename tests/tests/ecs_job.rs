@@ -648,7 +648,7 @@ fn issue_30_a_port_the_security_group_closes_fails_the_job_naming_it() {
     ecs.assert_nothing_left();
 }
 
-/// A 2 -> 3 worker policy, one worker's container killed mid-job (its epoch retried from the last
+/// A 2 -> 3 worker policy (in place, the joiner prewarmed), one worker's container killed mid-job (its epoch retried from the last
 /// checkpoint), the record in moto's S3 read by `status`, `logs` and `report` from second processes, then
 /// a second job cancelled through the store while it runs.
 #[test]
@@ -668,7 +668,7 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     write_job(
         t.path(),
         "policy.yaml",
-        "min_workers: 2\nmax_workers: 3\ncooldown_epochs: 0\nrules:\n  - name: three-at-4\n    when: epoch == 4\n    then: {set_workers: 3}\n",
+        "min_workers: 2\nmax_workers: 3\ncooldown_epochs: 0\nprewarm: {when: epoch == 2, rule: three-at-4}\nrules:\n  - name: three-at-4\n    when: epoch == 4\n    then: {set_workers: 3}\n",
     );
     let store = format!("s3://{}/jobs", ecs.info()["bucket"].as_str().unwrap());
     write_job(
@@ -736,10 +736,11 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     }
     let events = v["scaling_events"].to_string();
     assert!(events.contains("three-at-4"), "{events}");
-    // the growth was in place (issue 33): the two running tasks went on, one task joined them
+    // the growth was in place (issue 33): the two running tasks went on, one task joined them, started
+    // by the policy's prewarm while the job trained (no epoch waited for its start)
     let log = std::fs::read_to_string(staged.join("logs/coordinator.log")).unwrap();
     assert!(
-        log.contains("in place, 2 -> 3 workers after epoch 4"),
+        log.contains("in place, 2 -> 3 workers after epoch 4 (joiners prewarmed as launch"),
         "{log}"
     );
     assert_eq!(log.matches("in-place resize ready").count(), 1, "{log}");
