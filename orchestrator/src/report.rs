@@ -16,8 +16,11 @@ use serde_json::Value;
 
 #[derive(Args)]
 pub struct ReportArgs {
-    /// The job directory (as `submit` printed it), or a job's URL in an object store.
+    /// The job directory (as `submit` printed it), a job's (directory) name under `--dir` (as `status`
+    /// and `logs` take it), or a job's URL in an object store.
     job: PathBuf,
+    #[arg(long, default_value = "jobs")]
+    dir: PathBuf,
     /// Where to write the page; default `JOB/report.html`.
     #[arg(long, short)]
     out: Option<PathBuf>,
@@ -55,10 +58,15 @@ pub fn run(a: &ReportArgs) -> Result<()> {
         )?),
         false => None,
     };
-    let job = fetched.as_ref().map_or(a.job.clone(), |f| f.dir.clone());
+    let job = match &fetched {
+        Some(f) => f.dir.clone(),
+        // a folder is read as the job it holds (a broken record is named as such); else a job's name
+        None if a.job.is_dir() => a.job.clone(),
+        None => crate::jobs::resolve(&a.job.to_string_lossy(), &a.dir)?,
+    };
     let out = a.out.clone().unwrap_or_else(|| match &fetched {
         Some(f) => PathBuf::from(format!("{}.report.html", f.id)),
-        None => a.job.join("report.html"),
+        None => job.join("report.html"),
     });
     write(&job, &out)?;
     println!("wrote {}", out.display());

@@ -458,7 +458,8 @@ fn report_refuses_what_is_not_a_job_directory_naming_it() {
     };
     let out = run(&t.path().join("nope"));
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nope: not a job directory"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope: no such job"), "{err}");
     // a line that is JSON but not a whole metrics line is refused too (no silent defaults), naming it
     std::fs::write(
         t.path().join("metrics.jsonl"),
