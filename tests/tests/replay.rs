@@ -142,16 +142,7 @@ fn replay_prices_the_quickstart_at_its_ledger_and_the_alternatives() {
     assert_eq!(&policy["workers"], own_workers);
 
     // the report finds the job by its name, as `status` and `logs` do
-    let out = std::process::Command::new(physalia_tests::physalia_bin())
-        .current_dir(t.path())
-        .args(["report", "quickstart", "--out", "q.html"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    physalia_tests::physalia(t.path(), ["report", "quickstart", "--out", "q.html"]).ok();
     assert!(
         std::fs::read_to_string(t.path().join("q.html"))
             .unwrap()
