@@ -1253,7 +1253,6 @@ impl JobSpec {
         self.max_retries.unwrap_or(DEFAULT_MAX_RETRIES)
     }
 
-    /// The training mode (a replica group trains in its group's mode).
     /// Whether a resize of this job keeps the survivors in place (issue 33): partition parallelism
     /// with one part per worker, on a dataset file (`chunked`: a chunked one restarts), unless the
     /// policy asks for restarts; on every platform (a survivor rebinds its fixed mesh port once its
@@ -1270,6 +1269,7 @@ impl JobSpec {
                 .is_none_or(|p| p.resize == physalia_policies::Resize::InPlace)
     }
 
+    /// The training mode (a replica group trains in its group's mode).
     pub fn mode(&self) -> Parallelism {
         match self.parallelism {
             ParallelismSpec::Mode(m) => m,
