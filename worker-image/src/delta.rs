@@ -21,7 +21,7 @@ use physalia_graph::partition::Part;
 use physalia_graph::{FeatureDtype, Features};
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"PHDELTA1";
+const MAGIC: &[u8; 8] = b"PHDELTA2";
 
 /// What changes between the part a worker holds and its part of the new partitioning.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,9 +70,9 @@ impl PartDelta {
         let splits: usize = self.gained_splits.iter().map(Vec::len).sum();
         let rows = self.gained_features.len()
             + 4 * self.gained.len()
-            + 8 * self.gained_indptr.len()
+            + 4 * self.gained.len()
             + 4 * self.gained_nbrs.len()
-            + 8 * self.gained_labels.len()
+            + 4 * self.gained_labels.len()
             + 4 * splits;
         let sends: usize = self.send.iter().map(|(_, r)| 4 + r.len() * 4).sum();
         let bookkeeping = 4 * self.lost.len() + 8 * self.halo.len() + 12 * self.recv.len() + sends;
@@ -374,6 +374,18 @@ struct Header {
 impl PartDelta {
     /// Writes the delta to `path` (a temporary name, then renamed). Returns the file's size.
     pub fn write(&self, path: &Path) -> Result<u64> {
+        // on the wire a gained row's in-degree and label take 4 bytes each (the indptr and the labels
+        // are rebuilt as the part holds them)
+        let degrees: Vec<u32> = self
+            .gained_indptr
+            .windows(2)
+            .map(|w| u32::try_from(w[1] - w[0]).context("a gained row's in-degree exceeds u32"))
+            .collect::<Result<_>>()?;
+        let labels: Vec<i32> = self
+            .gained_labels
+            .iter()
+            .map(|&l| i32::try_from(l).with_context(|| format!("label {l} does not fit in i32")))
+            .collect::<Result<_>>()?;
         let recv: Vec<u64> = self
             .recv
             .iter()
@@ -394,20 +406,16 @@ impl PartDelta {
                 bytemuck::cast_slice(&self.gained),
             ),
             (
-                "gained_indptr",
-                self.gained_indptr.len(),
-                bytemuck::cast_slice(&self.gained_indptr),
+                "gained_degree",
+                degrees.len(),
+                bytemuck::cast_slice(&degrees),
             ),
             (
                 "gained_nbrs",
                 self.gained_nbrs.len(),
                 bytemuck::cast_slice(&self.gained_nbrs),
             ),
-            (
-                "gained_labels",
-                self.gained_labels.len(),
-                bytemuck::cast_slice(&self.gained_labels),
-            ),
+            ("gained_labels", labels.len(), bytemuck::cast_slice(&labels)),
             (
                 "gained_train",
                 self.gained_splits[0].len(),
@@ -500,10 +508,11 @@ impl PartDelta {
         let mut raw: BTreeMap<String, &[u8]> = BTreeMap::new();
         let elem = |name: &str| -> Result<usize> {
             Ok(match name {
-                "gained_indptr" | "gained_labels" | "recv" | "send_indptr" => 8,
+                "recv" | "send_indptr" => 8,
                 "gained_features" => 1,
-                "lost" | "gained" | "gained_nbrs" | "gained_train" | "gained_val"
-                | "gained_test" | "halo" | "halo_degree" | "send_peers" | "send_rows" => 4,
+                "lost" | "gained" | "gained_degree" | "gained_nbrs" | "gained_labels"
+                | "gained_train" | "gained_val" | "gained_test" | "halo" | "halo_degree"
+                | "send_peers" | "send_rows" => 4,
                 other => bail!("unknown array {other}"),
             })
         };
@@ -548,6 +557,11 @@ impl PartDelta {
                 && send_indptr.last().copied() == Some(send_rows.len() as u64),
             "send_indptr does not rise from 0 to the length of send_rows"
         );
+        let mut gained_indptr = vec![0u64];
+        for d in u32s("gained_degree")? {
+            gained_indptr.push(gained_indptr.last().expect("starts at 0") + u64::from(d));
+        }
+        let labels: Vec<i32> = bytemuck::pod_collect_to_vec(get("gained_labels")?);
         let send = send_peers
             .iter()
             .enumerate()
@@ -569,9 +583,9 @@ impl PartDelta {
             held: h.held,
             lost: u32s("lost")?,
             gained: u32s("gained")?,
-            gained_indptr: u64s("gained_indptr")?,
+            gained_indptr,
             gained_nbrs: u32s("gained_nbrs")?,
-            gained_labels: bytemuck::pod_collect_to_vec(get("gained_labels")?),
+            gained_labels: labels.into_iter().map(i64::from).collect(),
             gained_splits: [
                 u32s("gained_train")?,
                 u32s("gained_val")?,
