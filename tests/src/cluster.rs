@@ -10,10 +10,10 @@
 //! - `cluster_scenario::refusals_a_killed_worker_and_cancel`: bad settings are refused with the
 //!   platform's reason and leave nothing; a detached job runs on (`status` says `running` at once),
 //!   it grows 2 -> 3 workers in place (issue 33), one of its worker containers is killed and its epoch
-//!   retried from the checkpoint; `logs --rank
-//!   coordinator --follow` follows it to its end, with the fixed run's losses; `status`, `logs` (a
-//!   worker's, the coordinator's) and `report` read the store; then a followed job is detached from
-//!   with Ctrl-C, runs on, and `cancel` through the store leaves nothing on the platform.
+//!   retried from the checkpoint; `logs --rank coordinator --follow` follows it to its end, with the
+//!   same-policy local run's losses; `status`, `logs` (a worker's, the coordinator's) and `report`
+//!   read the store; then a followed job is detached from with Ctrl-C, runs on, and `cancel` through
+//!   the store leaves nothing on the platform.
 //!
 //! What only one platform has (who created what, the store's dataset reuse, the coordinator's task
 //! definition, throttling counters) is checked by the platform's hooks.
@@ -364,8 +364,8 @@ impl<'a, C: Cloud> Scenario<'a, C> {
             events.contains("retr"),
             "the killed worker's epoch was retried: {events}"
         );
-        // the growth kept the two workers running and started one (the ledger's launch it made is
-        // marked in place), and the job ended on 3
+        // the growth kept the two workers running and started one: the ledger's launch it made is
+        // marked in place
         assert!(events.contains("three-at-2"), "{events}");
         let spans = summary["launches"].as_array().unwrap();
         assert_eq!(
