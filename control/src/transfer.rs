@@ -317,9 +317,14 @@ pub(crate) async fn receive_file(
         std::process::id()
     ));
     let result = async {
-        let mut file = tokio::fs::File::create(&tmp)
-            .await
-            .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+        // an HTTP body arrives in pieces of a few KiB: each a write of its own would be a blocking-pool
+        // round trip; they are gathered into writes of up to a MiB
+        let mut file = tokio::io::BufWriter::with_capacity(
+            1 << 20,
+            tokio::fs::File::create(&tmp)
+                .await
+                .map_err(|e| format!("creating {}: {e}", tmp.display()))?,
+        );
         let mut h = Xxh3::new();
         let mut got = 0u64;
         while got < size {
@@ -350,7 +355,11 @@ pub(crate) async fn receive_file(
                 h.digest()
             ));
         }
-        file.sync_all()
+        file.flush()
+            .await
+            .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        file.get_ref()
+            .sync_all()
             .await
             .map_err(|e| format!("writing {}: {e}", tmp.display()))?;
         drop(file);
