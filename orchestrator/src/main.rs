@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod calibrate;
 mod data;
+mod find;
 mod jobs;
 mod output;
 mod plan;

@@ -19,6 +19,7 @@ pub struct ReportArgs {
     /// The job directory (as `submit` printed it), a job's (directory) name under `--dir` (as `status`
     /// and `logs` take it), or a job's URL in an object store.
     job: PathBuf,
+    /// Where a job named by its name is looked for.
     #[arg(long, default_value = "jobs")]
     dir: PathBuf,
     /// Where to write the page; default `JOB/report.html`.
@@ -62,7 +63,7 @@ pub fn run(a: &ReportArgs) -> Result<()> {
         Some(f) => f.dir.clone(),
         // a folder is read as the job it holds (a broken record is named as such); else a job's name
         None if a.job.is_dir() => a.job.clone(),
-        None => crate::jobs::resolve(&a.job.to_string_lossy(), &a.dir)?,
+        None => crate::find::resolve(&a.job.to_string_lossy(), &a.dir)?,
     };
     let out = a.out.clone().unwrap_or_else(|| match &fetched {
         Some(f) => PathBuf::from(format!("{}.report.html", f.id)),

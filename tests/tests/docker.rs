@@ -2,7 +2,8 @@
 //! network, with no bind mount (they fetch their partitions and send checkpoints and the model over their
 //! control connections). Cora on 3 containers trains exactly like 3 local processes, and a container killed
 //! mid-training is recovered by retrying its epoch (every multi-worker job retries, with or without a
-//! scaling policy), the loss curve unchanged; a scaling policy resizes the containers in place. Skipped, with a note, where no Docker Engine answers.
+//! scaling policy), the loss curve unchanged; a scaling policy resizes the containers in place. Skipped,
+//! with a note, where no Docker Engine answers.
 
 use std::path::Path;
 use std::process::Command;

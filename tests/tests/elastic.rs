@@ -129,8 +129,6 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
             && rebuilt[0].contains("(0 rows gained"),
         "{rank0}"
     );
-    // the record keeps every partitioning the job trained on: the launch's one part, then the two
-    // in-place ones with their quality (the shrink back to 2 reuses the record of 2)
     let summary = read_json(&dir.join("summary.json"));
     // the ledger: each resize made a launch that continues the one before it, billed from the moment it
     // was ready; the launch it continued, through the pause
@@ -144,6 +142,8 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
             "no launch billed up to the resized one's start: {spans:?}"
         );
     }
+    // the record keeps every partitioning the job trained on: the launch's one part, then the two
+    // in-place ones with their quality (the shrink back to 2 reuses the record of 2)
     let parts = summary["partitions"]
         .as_array()
         .expect("partitions recorded");
