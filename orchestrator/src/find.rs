@@ -15,7 +15,7 @@ pub(crate) fn job_id(dir: &Path) -> String {
 }
 
 /// Whether `dir` holds a job record.
-pub(crate) fn is_job_dir(dir: &Path) -> bool {
+fn is_job_dir(dir: &Path) -> bool {
     dir.join("job.json").is_file() && dir.join("status.json").is_file()
 }
 
