@@ -1,4 +1,5 @@
-"""The clouds' inbound rules, read from infra/, enforced between the containers of a fake's Docker network.
+"""The clouds' inbound rules, read from infra/, enforced between the containers of a fake's Docker network
+(and, for tests/kubernetes/kube_cluster.py, the NetworkPolicies it stores, which it turns into rules here).
 
 infra/ecs gives every task one security group that opens only UDP on the mesh port and the coordinator's
 ports, only from members of the group; infra/azure's network security group opens only UDP on its QUIC
@@ -152,10 +153,11 @@ def sg_rules(permissions: list[dict], own_groups: list[str]) -> list[Rule]:
     return rules
 
 
-def nsg_inbound(subnet: str) -> list[Rule]:
+def nsg_inbound(subnet: str, overrides: dict[str, str] | None = None) -> list[Rule]:
     """infra/azure's network security group: its inbound rules by priority, then Azure's default
-    rules (AllowVnetInBound 65000, DenyAllInBound 65500). `var.subnet_cidr` is the fake's subnet."""
-    var = variables("azure", {"subnet_cidr": subnet})
+    rules (AllowVnetInBound 65000, DenyAllInBound 65500). `var.subnet_cidr` is the fake's subnet;
+    `overrides` other variables, as `terraform apply -var` would."""
+    var = variables("azure", {**(overrides or {}), "subnet_cidr": subnet})
     found = []
     for _, body in _resources("azure", "azurerm_network_security_group"):
         for _, rule in _blocks(body, "security_rule"):
@@ -212,7 +214,8 @@ class Firewall:
         self.gateway = str(subnet.network_address + 1)
         self.chain = f"PHYSALIA-FW-{tag}"[:28]
         self.lock = threading.Lock()
-        self.guarded: set[str] = set()
+        # each guarded address's lines, as appended
+        self.guarded: dict[str, list[list[str]]] = {}
         sweep_dead()
         _iptables("-N", self.chain)
         # first in the chain: replies to what a container opened (both clouds' firewalls are stateful)
@@ -223,10 +226,13 @@ class Firewall:
         for chain, rule in self.jumps:
             _iptables("-I", chain, "1", *rule)
 
-    def guard(self, ip: str, rules: list[Rule]) -> None:
-        """`ip`'s inbound rules, in order (the first that matches decides), then a drop of the rest."""
+    def guard(self, ip: str, rules: list[Rule], from_host: bool = False) -> None:
+        """`ip`'s inbound rules, in order (the first that matches decides), then a drop of the rest;
+        `from_host`: this machine may open connections to it (a Kubernetes node to its pods). Called
+        again for the same `ip`, the new rules replace the old without a moment unguarded: they are
+        appended behind the old ones (whose last line drops the rest) before those are deleted."""
         # this machine is the subnet's gateway: outside the VPC or VNet, no member of any group
-        lines = [["-d", ip, "-s", self.gateway, "-j", "DROP"]]
+        lines = [["-d", ip, "-s", self.gateway, "-j", "RETURN" if from_host else "DROP"]]
         for r in rules:
             src = self.subnet if r.source == "members" else r.source
             match = ["-d", ip]
@@ -239,20 +245,19 @@ class Firewall:
             lines.append(match + ["-j", "RETURN" if r.allow else "DROP"])
         lines.append(["-d", ip, "-j", "DROP"])
         with self.lock:
+            old = self.guarded.get(ip, [])
             for line in lines:
                 _iptables("-A", self.chain, *line)
-            self.guarded.add(ip)
+            # each delete removes the first line of its text: the old one
+            for line in old:
+                _iptables("-D", self.chain, *line)
+            self.guarded[ip] = lines
 
     def release(self, ip: str) -> None:
         """Forgets `ip`'s rules (its container is gone; the address may be given again)."""
         with self.lock:
-            if ip not in self.guarded:
-                return
-            self.guarded.discard(ip)
-            listed = _iptables("-S", self.chain).stdout.splitlines()
-            for line in listed:
-                if f"-d {ip}/32 " in line + " " and line.startswith("-A "):
-                    _iptables("-D", *line[3:].split())
+            for line in self.guarded.pop(ip, []):
+                _iptables("-D", self.chain, *line)
 
     def close(self) -> None:
         with self.lock:

@@ -313,9 +313,9 @@ impl Coordinator {
             // before any epoch the workers are joining the mesh: a peer nobody can reach stalls them
             // the same way, and a firewall closing the mesh port is the usual cause
             Some(addr) if self.workers.iter().all(|w| w.epoch == 0) => msg.push_str(&format!(
-                "; before the first epoch the workers join the mesh: a firewall or security group \
-                 that does not open UDP port {} between the workers stalls them, as does a slow, \
-                 frozen or cut-off worker)",
+                "; before the first epoch the workers join the mesh: a firewall, security group \
+                 or NetworkPolicy that does not open UDP port {} between the workers stalls them, as \
+                 does a slow, frozen or cut-off worker)",
                 addr.port()
             )),
             _ => msg.push_str("; a slow, frozen or cut-off worker stalls its peers)"),
@@ -947,8 +947,9 @@ mod tests {
             vec![Action::Fail {
                 error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (worker 0 waited on it at \
                         its mesh endpoint 127.0.0.1:5001; silent too: worker 2; before the first epoch the \
-                        workers join the mesh: a firewall or security group that does not open UDP port \
-                        5001 between the workers stalls them, as does a slow, frozen or cut-off worker)"
+                        workers join the mesh: a firewall, security group or NetworkPolicy that does not \
+                        open UDP port 5001 between the workers stalls them, as does a slow, frozen or \
+                        cut-off worker)"
                     .into(),
                 lost: true,
             }]

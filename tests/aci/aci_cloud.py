@@ -26,7 +26,8 @@ Azure would do with it, for what infra/azure sets up:
   as ACI's tmpfs secret volumes are) at their mount paths. `restartPolicy: Never`: a container that exits
   stays exited; the group's state is Succeeded or Failed by its exit code. infra/azure's network
   security group guards each group's address from before its container starts (tests/firewall.py reads
-  the rules from infra/azure/main.tf): only UDP on its QUIC ports, only from inside the subnet.
+  the rules from infra/azure/main.tf, its variables' defaults or `--infra-var NAME=VALUE`'s, as
+  `terraform apply -var` sets them): only UDP on its QUIC ports, only from inside the subnet.
 - Managed identities: a group with user-assigned identities is also attached to the link-local network
   of the instance metadata service (`physalia-azure-imds`, 169.254.169.0/24, shared by every instance of
   this fake on the machine: its address is fixed) whose gateway 169.254.169.254 is this machine; the
@@ -323,11 +324,12 @@ class Group:
 
 class Aci:
     def __init__(self, network: str, subnet: ipaddress.IPv4Network, gateway: str, files: str,
-                 fw: "firewall.Firewall") -> None:
+                 fw: "firewall.Firewall", infra_vars: dict[str, str] | None = None) -> None:
         self.network = network
         self.firewall = fw
-        # infra/azure's network security group, associated with the workers' subnet
-        self.nsg = firewall.nsg_inbound(str(subnet))
+        # infra/azure's network security group, associated with the workers' subnet, as applied with
+        # `infra_vars`
+        self.nsg = firewall.nsg_inbound(str(subnet), infra_vars)
         self.gateway = gateway
         self.files = files
         self.hosts = iter(list(subnet.hosts())[9:])  # .10 on, as Azure keeps the first addresses
@@ -1196,6 +1198,8 @@ def main() -> None:
                         help="answer every Nth ARM request of each principal 429")
     parser.add_argument("--usage-limit", type=usage_limit, action="append", default=[], metavar="NAME=N",
                         help=f"a quota of Location - List Usage ({', '.join(USAGES)})")
+    parser.add_argument("--infra-var", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable of infra/azure as `terraform apply -var` sets it (the NSG's rules)")
     parser.add_argument("--blob-only", action="store_true",
                         help="Blob Storage and `az` only, on loopback: no Docker, no root")
     args = parser.parse_args()
@@ -1214,7 +1218,8 @@ def main() -> None:
     gateway = str(subnet.network_address + 1)
     files = tempfile.mkdtemp(prefix="physalia-aci-fake-")
     os.chmod(files, 0o755)
-    aci = Aci(network, subnet, gateway, files, fw)
+    infra_vars = dict(v.split("=", 1) for v in args.infra_var)
+    aci = Aci(network, subnet, gateway, files, fw, infra_vars)
     aci.throttle_every = throttle_every
     aci.usage_limits.update(dict(args.usage_limit))
     Arm.aci = aci

@@ -27,7 +27,8 @@ HTTP server handing out moto's test credentials, and the region. The container a
 endpoint (`AWS_ENDPOINT_URL`, plain HTTP): moto listens on the Docker network's gateway address, which
 this machine and the containers reach, and nothing else.
 
-Also makes the S3 bucket `physalia-jobs` for job stores.
+Also makes the S3 bucket `physalia-jobs` for job stores. Everything is in moto's us-east-1 unless
+`--region R` names another region (the bucket then has R as its location constraint).
 
 Prints one JSON line (moto_fixture's, plus `network`, the Docker network, and `bucket`), then serves
 until its standard input closes, and removes every container, volume and network it made.
@@ -491,7 +492,11 @@ def main() -> None:
                     help="register N g5.xlarge container instances (a GPU capacity provider's)")
     ap.add_argument("--infra-var", action="append", default=[], metavar="NAME=VALUE",
                     help="a variable of infra/ecs as `terraform apply -var` sets it (mesh_port=7200)")
+    ap.add_argument("--region", default=moto_fixture.REGION,
+                    help="the region of the cluster, the roles' tasks and the bucket")
     args = ap.parse_args()
+    # every module-level use reads it at call time
+    moto_fixture.REGION = args.region
     network, subnet = make_network()
     try:
         fw = firewall.Firewall(network, subnet, f"ecs-{os.getpid()}")
@@ -520,7 +525,9 @@ def main() -> None:
     boto3.client(
         "s3", endpoint_url=out["endpoint"], region_name=moto_fixture.REGION,
         aws_access_key_id="testing", aws_secret_access_key="testing",
-    ).create_bucket(Bucket="physalia-jobs")
+    ).create_bucket(Bucket="physalia-jobs", **(
+        {} if args.region == "us-east-1"
+        else {"CreateBucketConfiguration": {"LocationConstraint": args.region}}))
     out["bucket"] = "physalia-jobs"
     if args.g5_instances:
         kw = dict(endpoint_url=out["endpoint"], region_name=moto_fixture.REGION,

@@ -65,15 +65,24 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   `GET /api/v1/nodes` (the preflight's) serves them to the user (a ServiceAccount gets 403: RBAC's
   Roles are namespaced).
 
+NetworkPolicy (networking.k8s.io/v1, stored and served like the other kinds), enforced as a network
+plugin that implements it (Calico, Cilium, Azure CNI, GKE Dataplane V2) does: a pod that a policy of its
+namespace selects for Ingress takes only what the selecting policies' ingress rules allow (`from`
+podSelector / namespaceSelector / ipBlock peers, `ports` by number and protocol), every other pod takes
+everything, and the node (this machine) always reaches its pods. The rules are netfilter rules per pod
+address (tests/firewall.py), in place before its container starts and rewritten when pods or policies
+change. The fake starts with infra/k8s/network-policy.yaml applied (`--network-policy FILE` applies
+FILE instead), so a job whose pods that policy does not admit fails here as it would on the cluster.
+
 `--throttle-every N` makes the API server throttle as API Priority and Fairness does when a principal's
 priority level is saturated: every Nth request of each principal (bearer token) is answered 429
 TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
-Not done: resource limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl
+Not done: NetworkPolicy egress rules, named ports and ipBlock `except`; resource limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl
 apply --server-side`; client-side `kubectl apply` works, through strategic merge patches, which know the
 merge keys of the lists of these kinds only), dry runs, deletecollection, graceful deletion (a delete is
 immediate), status subresources (a patch may change status), watch bookmarks and the WatchList stream,
-OpenAPI v2 and schemas (`kubectl explain`), RBAC's escalation checks on creating Roles and bindings,
+schemas (`kubectl explain`; OpenAPI v2 is an empty document), RBAC's escalation checks on creating Roles and bindings,
 following pod logs (`kubectl logs -f` gets what is there and ends), exec, attach and port-forward.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
@@ -105,6 +114,9 @@ import typing
 import urllib.parse
 import uuid
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import firewall  # noqa: E402  (tests/firewall.py: netfilter rules per pod)
+
 LABEL = f"physalia.kube-fake={os.getpid()}"
 REGION = "us-east-1"
 BUCKET = "physalia-jobs"
@@ -115,6 +127,8 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # infra/k8s/namespace.yaml's
 NAMESPACES = {"physalia"}
 RBAC = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "k8s", "rbac.yaml")
+# the NetworkPolicy infra/k8s applies (`--network-policy FILE` replaces it)
+NETWORK_POLICY = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "k8s", "network-policy.yaml")
 POD_IDENTITY_DIR = "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount"
 
 
@@ -297,7 +311,7 @@ class Cluster:
     """The stored objects, and what the controllers and the kubelet do with them."""
 
     def __init__(self, network: str, subnet: ipaddress.IPv4Network, api_host: str, api_port: int,
-                 ca_path: str, files: str):
+                 ca_path: str, files: str, policies: str = NETWORK_POLICY):
         self.lock = threading.RLock()
         # (namespace, resource, name) -> object
         self.objects: dict[tuple[str, str, str], dict] = {}
@@ -328,7 +342,12 @@ class Cluster:
                                            "status": {"phase": "Active"}})
             # the ServiceAccount every namespace gets
             self.create(ns, "serviceaccounts", {"metadata": {"name": "default"}})
-        for kind, ns, obj in builtin_rbac() + load_manifests(RBAC):
+        # the pods' firewall (set by main; None: NetworkPolicies are stored but not enforced) and what
+        # it holds: each started pod's address, and the rules applied to it (None: not isolated)
+        self.firewall: firewall.Firewall | None = None
+        self.addresses: dict[tuple[str, str, str], str] = {}
+        self.applied: dict[str, list | None] = {}
+        for kind, ns, obj in builtin_rbac() + load_manifests(RBAC) + load_manifests(policies):
             self.create(ns, kind, obj)
         # what the API server starts with (not what a test made: /_fake/objects leaves it out)
         self.seeded = set(self.objects)
@@ -347,8 +366,89 @@ class Cluster:
                                  clean(obj)))
             if len(self.history) > HISTORY:
                 del self.history[: len(self.history) - HISTORY]
+            if obj["_res"] in ("networkpolicies", "pods"):
+                self.enforce()
         with self.changed:
             self.changed.notify_all()
+
+    # --- NetworkPolicy, as a network plugin that enforces it does ------------------------------------
+
+    def ingress(self, ns: str, labels: dict) -> list | None:
+        """The inbound rules of a pod of `ns` with `labels`: None where no NetworkPolicy of its
+        namespace selects it for Ingress (it takes everything), else what the selecting policies'
+        ingress rules allow, together (a selected pod with no allowing rule takes nothing)."""
+        selecting = [o for (pns, res, _), o in self.objects.items()
+                     if res == "networkpolicies" and pns == ns and "Ingress" in policy_types(o)
+                     and selector_matches((o.get("spec") or {}).get("podSelector"), labels)]
+        if not selecting:
+            return None
+        rules = []
+        for policy in selecting:
+            for rule in policy["spec"].get("ingress") or []:
+                sources = self.peers(ns, rule.get("from"))
+                for port in rule.get("ports") or [None]:
+                    proto, lo, hi = "all", None, None
+                    if port:
+                        proto = port.get("protocol", "TCP").lower()
+                        if "port" in port:
+                            if not isinstance(port["port"], int):
+                                raise ValueError(f"NetworkPolicy {policy['metadata']['name']}: named "
+                                                 f"ports are not done in this fake")
+                            lo = port["port"]
+                            hi = port.get("endPort", lo)
+                    rules += [firewall.Rule(True, proto, lo, hi, src, policy["metadata"]["name"])
+                              for src in sources]
+        return rules
+
+    def peers(self, ns: str, peers: list | None) -> list[str]:
+        """The sources (CIDRs) an ingress rule's `from` names, for a policy of `ns`: every source
+        where it names none; else the started pods its podSelector / namespaceSelector pairs select
+        (the policy's namespace without a namespaceSelector) and its ipBlocks."""
+        if not peers:
+            return ["0.0.0.0/0"]
+        out = []
+        for peer in peers:
+            if "ipBlock" in peer:
+                if peer["ipBlock"].get("except"):
+                    raise ValueError("NetworkPolicy ipBlock.except is not done in this fake")
+                out.append(peer["ipBlock"]["cidr"])
+                continue
+            for key, ip in self.addresses.items():
+                pod = self.objects.get(key)
+                if pod is None:
+                    continue
+                if "namespaceSelector" in peer:
+                    space = self.objects.get(("", "namespaces", key[0])) or {"metadata": {}}
+                    space_labels = {"kubernetes.io/metadata.name": key[0],
+                                    **(space["metadata"].get("labels") or {})}
+                    if not selector_matches(peer["namespaceSelector"], space_labels):
+                        continue
+                elif key[0] != ns:
+                    continue
+                if "podSelector" in peer and not selector_matches(
+                        peer["podSelector"], pod["metadata"].get("labels") or {}):
+                    continue
+                out.append(f"{ip}/32")
+        return out
+
+    def enforce(self) -> None:
+        """Every started pod's inbound rules as the stored NetworkPolicies and pods now make them;
+        this machine (the node) always reaches its pods, as Kubernetes specifies."""
+        if self.firewall is None:
+            return
+        with self.lock:
+            for key, ip in list(self.addresses.items()):
+                pod = self.objects.get(key)
+                if pod is None:
+                    continue
+                rules = self.ingress(key[0], pod["metadata"].get("labels") or {})
+                if ip in self.applied and self.applied[ip] == rules:
+                    continue
+                if rules is None:
+                    self.firewall.release(ip)
+                else:
+                    self.firewall.guard(ip, rules, from_host=True)
+                self.applied[ip] = rules
 
     def create(self, ns: str, res: str, obj: dict) -> tuple[int, dict]:
         meta = obj.setdefault("metadata", {})
@@ -474,6 +574,11 @@ class Cluster:
             obj = self.objects.pop((ns, res, name), None)
             if obj is None:
                 return None
+            if res == "pods":
+                ip = self.addresses.pop((ns, res, name), None)
+                if ip and self.firewall is not None:
+                    self.firewall.release(ip)
+                    self.applied.pop(ip, None)
             obj["metadata"]["deletionTimestamp"] = now()
             self.stamp(obj, "DELETED")
             uid = obj["metadata"]["uid"]
@@ -784,6 +889,11 @@ class Cluster:
             self.containers[key] = container
         r = docker(*args, check=False)
         if r.returncode == 0:
+            # the NetworkPolicies' rules for it, and for the pods it may now reach, before it starts
+            with self.lock:
+                if (ns, "pods", name) in self.objects:
+                    self.addresses[key] = ip
+                    self.enforce()
             r = docker("start", container, check=False)
         if r.returncode != 0:
             self.fail_pod(key, pod, "CreateContainerError", r.stderr.strip()[-300:])
@@ -936,13 +1046,14 @@ RESOURCES = {
                                    ("create",)),
     "subjectaccessreviews": Res("authorization.k8s.io", "v1", "SubjectAccessReview", False, ("create",)),
     "jobs": Res("batch", "v1", "Job", True, CRUD, (), ("all",)),
+    "networkpolicies": Res("networking.k8s.io", "v1", "NetworkPolicy", True, CRUD, ("netpol",)),
     "clusterrolebindings": Res(RBAC_GROUP, "v1", "ClusterRoleBinding", False, CRUD),
     "clusterroles": Res(RBAC_GROUP, "v1", "ClusterRole", False, CRUD),
     "rolebindings": Res(RBAC_GROUP, "v1", "RoleBinding", True, CRUD),
     "roles": Res(RBAC_GROUP, "v1", "Role", True, CRUD),
 }
 # the groups in the order /apis lists them
-GROUPS = ["authentication.k8s.io", "authorization.k8s.io", "batch", RBAC_GROUP]
+GROUPS = ["authentication.k8s.io", "authorization.k8s.io", "batch", "networking.k8s.io", RBAC_GROUP]
 KINDS = {(r.api_version, r.kind): name for name, r in RESOURCES.items()}
 REVIEWS = {"selfsubjectreviews", "selfsubjectaccessreviews", "selfsubjectrulesreviews",
            "subjectaccessreviews"}
@@ -970,6 +1081,30 @@ def qualified(res: str) -> str:
     """A resource as API errors name it: `pods`, `jobs.batch`."""
     group = RESOURCES[res].group if res in RESOURCES else ""
     return f"{res}.{group}" if group else res
+
+
+def policy_types(policy: dict) -> list[str]:
+    """A NetworkPolicy's policyTypes, defaulted as the API server does (Ingress, and Egress where it
+    has egress rules)."""
+    spec = policy.get("spec") or {}
+    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
+
+
+def selector_matches(sel: dict | None, labels: dict) -> bool:
+    """A LabelSelector (`matchLabels`, `matchExpressions` In / NotIn / Exists / DoesNotExist) on
+    `labels`; an empty one selects everything."""
+    sel = sel or {}
+    if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
+        return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": k in labels and labels[k] in values, "NotIn": labels.get(k) not in values,
+              "Exists": k in labels, "DoesNotExist": k not in labels}.get(op)
+        if ok is None:
+            raise ValueError(f"label selector operator {op!r}")
+        if not ok:
+            return False
+    return True
 
 
 def load_manifests(path: str) -> list[tuple[str, str, dict]]:
@@ -1474,6 +1609,30 @@ def openapi_doc(group: str) -> dict | None:
             "paths": paths, "components": {"schemas": {}}}
 
 
+# --- OpenAPI v2 (empty: what a kubectl before 1.27 reads before it creates from a file) ------------
+
+# what kube-openapi answers (clients ask for `...spec.v2@v1.0+protobuf`, which Go's mime parser refuses
+# as a response's type)
+OPENAPI_V2_PB = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+
+
+def openapi_v2_protobuf() -> bytes:
+    """An OpenAPI v2 document with no definitions, as gnostic's openapi_v2.Document in protobuf:
+    `swagger` (1), `info` (2: title 1, version 2), `paths` (8, empty). Older kubectl validates a file
+    against the definitions of its kind and, finding none, skips it (the server validates instead)."""
+    def field(num: int, payload: bytes) -> bytes:
+        n, length = len(payload), b""
+        while True:
+            length += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                break
+        return bytes([num << 3 | 2]) + length + payload
+
+    info = field(1, b"Kubernetes") + field(2, VERSION["gitVersion"].encode())
+    return field(1, b"2.0") + field(2, info) + field(8, b"")
+
+
 META_FIELDS = {"name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
                "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels",
                "annotations", "ownerReferences", "finalizers", "managedFields"}
@@ -1484,7 +1643,7 @@ TOP_FIELDS = {
                "count", "type", "eventTime", "series", "action", "related", "reportingComponent",
                "reportingInstance"},
     "serviceaccounts": {"secrets", "imagePullSecrets", "automountServiceAccountToken"},
-    "roles": {"rules"}, "clusterroles": {"rules", "aggregationRule"},
+    "roles": {"rules"}, "clusterroles": {"rules", "aggregationRule"}, "networkpolicies": {"spec"},
     "rolebindings": {"roleRef", "subjects"}, "clusterrolebindings": {"roleRef", "subjects"},
 }
 
@@ -1767,7 +1926,8 @@ class Api(http.server.BaseHTTPRequestHandler):
     warnings: list[str] = []
 
     def reply(self, code: int, body, content_type: str = "application/json") -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        data = body if isinstance(body, bytes) else (
+            body.encode() if isinstance(body, str) else json.dumps(body).encode())
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         for w in self.warnings:
@@ -2119,6 +2279,12 @@ class Api(http.server.BaseHTTPRequestHandler):
             return self.reply(200, resource_list(parts[1]))
         if path == "/openapi/v3":
             return self.reply(200, openapi_root())
+        if path == "/openapi/v2":
+            if "com.github.proto-openapi.spec.v2" in self.headers.get("Accept", ""):
+                return self.reply(200, openapi_v2_protobuf(), OPENAPI_V2_PB)
+            return self.reply(200, {"swagger": "2.0", "info": {"title": "Kubernetes",
+                                                               "version": VERSION["gitVersion"]},
+                                    "paths": {}})
         if path.startswith("/openapi/v3/"):
             rest = path[len("/openapi/v3/"):].split("/")
             doc = None
@@ -2335,7 +2501,15 @@ def main() -> None:
     os.chmod(files, 0o755)
     ca, crt, key = make_tls(gateway, files)
     api_port = free_port(gateway)
-    cluster = Cluster(network, subnet, gateway, api_port, ca, files)
+    policies = NETWORK_POLICY
+    if "--network-policy" in sys.argv:
+        policies = sys.argv[sys.argv.index("--network-policy") + 1]
+    cluster = Cluster(network, subnet, gateway, api_port, ca, files, policies)
+    try:
+        cluster.firewall = firewall.Firewall(network, subnet, f"kube-{os.getpid()}")
+    except Exception:
+        docker("network", "rm", network, check=False)
+        raise
     if "--throttle-every" in sys.argv:
         cluster.throttle_every = int(sys.argv[sys.argv.index("--throttle-every") + 1])
     Api.cluster = cluster
@@ -2388,6 +2562,7 @@ def main() -> None:
         ids = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
         if ids:
             docker("rm", "-f", *ids, check=False)
+        cluster.firewall.close()
         docker("network", "rm", network, check=False)
         shutil.rmtree(files, ignore_errors=True)
 

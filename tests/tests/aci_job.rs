@@ -12,6 +12,9 @@
 //! each group the job makes is carried out once, and the fake's counters show that both principals
 //! were throttled (so the scenario cannot pass without retries being exercised).
 //!
+//! `a_port_the_network_security_group_closes_fails_the_job_naming_it` runs the fake with infra/azure
+//! applied with narrower `quic_ports`: the NSG the fake enforces is the Terraform's (tests/firewall.py).
+//!
 //! Skipped, with a note, where no Docker Engine answers or python3 lacks `cryptography` (installed with
 //! moto); with `PHYSALIA_REQUIRE_MOTO=1` (CI) a missing python package fails instead. The fake's
 //! metadata service listens on 169.254.169.254:80 and needs root; without it the test skips too.
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use physalia_testkit::{Emulator, Spawn, python};
 use physalia_tests::cluster::{Cloud, Followed, Refusal, Scenario, catalog_number, containers_on};
-use physalia_tests::physalia_bin;
+use physalia_tests::{assert_same_losses, job_id, last_json, local_losses, losses, physalia_bin};
 use serde_json::Value;
 
 /// The worker container of the test jobs (the fake does not limit resources).
@@ -40,6 +43,21 @@ struct Azure {
 }
 
 impl Azure {
+    /// The fake with `args` besides the scenario's throttling (`--infra-var NAME=VALUE`: infra/azure
+    /// as applied with that variable; a `--throttle-every N` of its own replaces the scenario's).
+    fn start_with(args: &[&str]) -> Option<Azure> {
+        let one = one_fake_at_a_time();
+        let mut all = vec!["--throttle-every", THROTTLE_EVERY];
+        all.extend_from_slice(args);
+        let fake = Spawn::new("tests/aci/aci_cloud.py")
+            .args(&all)
+            .docker()
+            .root("the fake metadata service binds 169.254.169.254:80")
+            .python(&["cryptography"])
+            .start()?;
+        Some(Azure { fake, _one: one })
+    }
+
     fn s(&self, key: &str) -> &str {
         self.fake.str(key)
     }
@@ -82,14 +100,7 @@ impl Cloud for Azure {
     const WORKER_NET: &'static str = "10.246.";
 
     fn start() -> Option<Azure> {
-        let one = one_fake_at_a_time();
-        let fake = Spawn::new("tests/aci/aci_cloud.py")
-            .args(&["--throttle-every", THROTTLE_EVERY])
-            .docker()
-            .root("the fake metadata service binds 169.254.169.254:80")
-            .python(&["cryptography"])
-            .start()?;
-        Some(Azure { fake, _one: one })
+        Azure::start_with(&[])
     }
 
     /// A CLI command as a signed-in user runs it: `az` on PATH, the storage account named.
@@ -312,3 +323,60 @@ impl Cloud for Azure {
 }
 
 physalia_tests::cluster_scenario!(crate::Azure);
+
+/// Issue 30: the fake's network security group is infra/azure's as applied. With `quic_ports`
+/// narrowed to 7000-7099 the default mesh port 7100 is closed between the workers' groups: the job
+/// fails, and says which endpoint and port; `backend.aci.mesh_port` inside the range trains it to the
+/// local run's losses. Resource Manager throttles every third request of each principal here (the
+/// scenario's every fourth), and both principals are throttled.
+#[test]
+fn a_port_the_network_security_group_closes_fails_the_job_naming_it() {
+    let Some(cloud) = Azure::start_with(&[
+        "--throttle-every",
+        "3",
+        "--infra-var",
+        "quic_ports=7000-7099",
+    ]) else {
+        return;
+    };
+    let s = Scenario::new(&cloud);
+    let job = "name: aci-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n";
+    let want = local_losses(s.path(), "local.yaml", job);
+
+    s.write_cluster_job("job.yaml", job);
+    let out = s.cli(&["submit", "job.yaml"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    // worker 0 dialled worker 1's mesh endpoint on the closed port until the coordinator stopped the
+    // job: the error names the endpoint and the port
+    assert!(
+        err.contains("waited on it at its mesh endpoint 10.246.")
+            && err.contains(":7100")
+            && err.contains("does not open UDP port 7100"),
+        "{err}"
+    );
+    let (list, _) = s.ok(&["list", &s.store, "--output", "json"]);
+    let list = last_json(&list);
+    let failed: Vec<&Value> = list.as_array().unwrap().iter().collect();
+    assert_eq!(failed.len(), 1, "{list}");
+    let status = s.status(failed[0]["job"].as_str().unwrap());
+    assert_eq!(status["state"], "failed", "{status}");
+    cloud.wait_nothing_left(&[]);
+
+    let path = s.path().join("job.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("  aci:\n", "  aci:\n    mesh_port: 7050\n"),
+    )
+    .unwrap();
+    let (stdout, _) = s.ok(&["submit", "job.yaml", "--output", "json"]);
+    let id = job_id(last_json(&stdout)["job_url"].as_str().unwrap());
+    assert_eq!(s.status(&id)["state"], "succeeded");
+    let metrics = cloud
+        .record(&id, "metrics.jsonl")
+        .expect("metrics in the store");
+    assert_same_losses("aci", &losses(&metrics), &want, 1e-4);
+    cloud.wait_nothing_left(&[]);
+    cloud.finish();
+}

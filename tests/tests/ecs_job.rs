@@ -38,7 +38,8 @@ struct Ecs {
 }
 
 impl Ecs {
-    /// The agent with `args` (`--g5-instances N`: N container instances registered as a g5.xlarge).
+    /// The agent with `args` (`--g5-instances N`: N container instances registered as a g5.xlarge;
+    /// `--region R`: the cluster and the bucket in R).
     fn start_with(args: &[&str]) -> Option<Ecs> {
         let agent = Spawn::new("tests/ecs/ecs_agent.py")
             .args(args)
@@ -73,8 +74,9 @@ impl Ecs {
     /// output is JSON.
     fn query(&self, code: &str) -> Value {
         let prelude = format!(
-            "import boto3, json\nkw = dict(endpoint_url={:?}, region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\necs = boto3.client('ecs', **kw)\nsm = boto3.client('secretsmanager', **kw)\nlogs = boto3.client('logs', **kw)\ns3 = boto3.client('s3', **kw)\n",
-            self.agent.str("endpoint")
+            "import boto3, json\nkw = dict(endpoint_url={:?}, region_name={:?}, aws_access_key_id='testing', aws_secret_access_key='testing')\necs = boto3.client('ecs', **kw)\nsm = boto3.client('secretsmanager', **kw)\nlogs = boto3.client('logs', **kw)\ns3 = boto3.client('s3', **kw)\n",
+            self.agent.str("endpoint"),
+            self.agent.str("region"),
         );
         python(&format!("{prelude}{}", dedent(code)))
     }
@@ -993,4 +995,109 @@ fn chunked_cluster_job(ecs: &Ecs, s: &Scenario<'_, Ecs>) {
         parts,
         "the stored set was rewritten"
     );
+}
+
+/// Issue 30: a user signed in with a named profile alone (`AWS_CONFIG_FILE` and
+/// `AWS_SHARED_CREDENTIALS_FILE`, `AWS_PROFILE`; no keys and no region in the environment; the region,
+/// eu-west-2, only in the profile, where the cluster and the bucket are) submits a cluster-mode job: it
+/// trains to the local run's losses, and `status`, `logs` and `report` read it back from the store. The
+/// same with a profile whose credentials come from a `credential_process`. Without the profile's region
+/// the calls would go to us-east-1, where this cluster is not; without its keys nothing is signed.
+#[test]
+fn issue_30_a_cluster_job_submitted_with_a_named_profile_alone_trains_and_reads_back() {
+    let Some(ecs) = Ecs::start_with(&["--region", "eu-west-2"]) else {
+        return;
+    };
+    let t = TempDir::new().unwrap();
+    let head = "dataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 3, seed: 0, threads: 1}\nworkers: 2\n";
+    let want =
+        physalia_tests::local_losses(t.path(), "local.yaml", &format!("name: local\n{head}"));
+
+    // the user's AWS files: secrets, so 0400; the credential process prints the same keys
+    let secret_file = |name: &str, text: &str, mode: u32| -> PathBuf {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = t.path().join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        path
+    };
+    let process = secret_file(
+        "aws-credentials.sh",
+        "#!/bin/sh\nprintf '{\"Version\": 1, \"AccessKeyId\": \"testing\", \"SecretAccessKey\": \"testing\"}\\n'\n",
+        0o500,
+    );
+    let config = secret_file(
+        "aws-config",
+        &format!(
+            "[default]\nregion = us-east-1\n\n[profile signed-in]\nregion = eu-west-2\n\n[profile by-process]\nregion = eu-west-2\ncredential_process = {}\n",
+            process.display()
+        ),
+        0o400,
+    );
+    let credentials = secret_file(
+        "aws-credentials",
+        "[signed-in]\naws_access_key_id = testing\naws_secret_access_key = testing\n",
+        0o400,
+    );
+    let store = ecs.store();
+    let cli = |profile: &str, args: &[&str]| -> (String, String) {
+        let mut cmd = Command::new(physalia_bin());
+        cmd.current_dir(t.path())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for key in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+        ] {
+            cmd.env_remove(key);
+        }
+        // moto stands in for AWS's endpoints (plain HTTP on this machine)
+        cmd.env("AWS_CONFIG_FILE", &config)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &credentials)
+            .env("AWS_PROFILE", profile)
+            .env("AWS_ENDPOINT_URL", ecs.agent.str("endpoint"))
+            .env("AWS_ALLOW_HTTP", "true");
+        ok_output(&mut cmd)
+    };
+    for profile in ["signed-in", "by-process"] {
+        write_job(
+            t.path(),
+            "job.yaml",
+            &format!(
+                "name: {profile}\n{head}output: {{dir: {store}}}\n{}",
+                ecs.backend(&image())
+            ),
+        );
+        let (out, _) = cli(profile, &["submit", "job.yaml", "-q", "--output", "json"]);
+        let id =
+            physalia_tests::job_id(physalia_tests::last_json(&out)["job_url"].as_str().unwrap());
+        let (status, _) = cli(
+            profile,
+            &["status", &id, "--dir", &store, "--output", "json"],
+        );
+        let status: Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["state"], "succeeded", "{profile}: {status}");
+        let metrics = ecs
+            .record(&id, "metrics.jsonl")
+            .expect("metrics in the store");
+        physalia_tests::assert_same_losses("ecs", &physalia_tests::losses(&metrics), &want, 1e-4);
+        let (logs, _) = cli(profile, &["logs", &id, "--dir", &store, "--rank", "1"]);
+        assert!(logs.contains("advertised 172.31."), "{profile}: {logs}");
+        cli(
+            profile,
+            &["report", &format!("{store}/{id}"), "--out", "report.html"],
+        );
+        let html = std::fs::read_to_string(t.path().join("report.html")).unwrap();
+        assert!(html.contains("<svg"), "{profile}");
+    }
+    ecs.assert_nothing_left();
 }

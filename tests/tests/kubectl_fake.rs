@@ -7,6 +7,9 @@
 //! for exactly what was granted, once a Role grants it. Each check also asserts what a real server
 //! refuses.
 //!
+//! Discovery, create, describe, RBAC and impersonation run again with Debian 12's own kubectl (1.20:
+//! legacy discovery, OpenAPI v2) where `PHYSALIA_KUBECTL_1_20` names it (.ci/run unpacks the package).
+//!
 //! Credentials are files (mode 0400) that the kubeconfigs name (`tokenFile`), never arguments or
 //! environment. Skipped, with a note, where `kubectl` is not installed, no Docker Engine answers or
 //! moto is not installed (`PHYSALIA_REQUIRE_MOTO=1` makes a missing moto fail instead).
@@ -33,23 +36,22 @@ const ABSENT_IMAGE: &str = "physalia-kubectl-test-absent:1";
 /// The fake and two kubeconfigs for it: the administrator's and the coordinator ServiceAccount's.
 struct Fake {
     _fake: Emulator,
+    /// The kubectl program: `kubectl` on PATH, or Debian's (see [`debian_kubectl`]).
+    kubectl: String,
     dir: TempDir,
     admin: PathBuf,
     coordinator: PathBuf,
 }
 
 /// Why `kubectl` cannot run here, if it cannot.
-fn no_kubectl() -> Option<String> {
-    match Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-    {
+fn no_kubectl(kubectl: &str) -> Option<String> {
+    match Command::new(kubectl).args(["version", "--client"]).output() {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!(
             "`kubectl version --client` failed: {}",
             String::from_utf8_lossy(&o.stderr)
         )),
-        Err(e) => Some(format!("no kubectl on PATH ({e})")),
+        Err(e) => Some(format!("no {kubectl} ({e})")),
     }
 }
 
@@ -66,12 +68,18 @@ fn secret_file(path: &Path, text: &str) {
 
 impl Fake {
     fn start() -> Option<Fake> {
-        if let Some(why) = no_kubectl() {
+        Fake::start_with("kubectl")
+    }
+
+    /// The fake, driven by the `kubectl` program.
+    fn start_with(kubectl: &str) -> Option<Fake> {
+        if let Some(why) = no_kubectl(kubectl) {
             eprintln!("skipping: {why}");
             return None;
         }
         let fake = Spawn::new("tests/kubernetes/kube_cluster.py")
             .docker()
+            .root("the pods' NetworkPolicy rules are netfilter rules (iptables)")
             .python(&["moto", "boto3", "cryptography", "yaml"])
             .start()?;
         let dir = TempDir::new().unwrap();
@@ -96,6 +104,7 @@ impl Fake {
         let coordinator = write("coordinator", COORDINATOR_TOKEN);
         Some(Fake {
             _fake: fake,
+            kubectl: kubectl.to_string(),
             dir,
             admin,
             coordinator,
@@ -104,7 +113,7 @@ impl Fake {
 
     /// `kubectl ARGS` with `config`; its discovery cache in the test's folder.
     fn command(&self, config: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
+        let mut cmd = Command::new(&self.kubectl);
         cmd.env("KUBECONFIG", config)
             .env("HOME", self.dir.path())
             .arg(format!(
@@ -530,5 +539,123 @@ fn kubectl_checks_rbac_and_impersonation_against_the_fake() {
     assert!(
         group.contains("groups \"system:masters\" is forbidden"),
         "{group}"
+    );
+}
+
+/// Debian 12's own kubectl (the `kubernetes-client` package, 1.20), which `.ci/run` unpacks and names in
+/// `PHYSALIA_KUBECTL_1_20`; None (the test skips, with a note) where it is not there, and a failure
+/// where `PHYSALIA_REQUIRE_KUBECTL_1_20=1` says it must be.
+fn debian_kubectl() -> Option<String> {
+    match std::env::var("PHYSALIA_KUBECTL_1_20") {
+        Ok(path) if !path.is_empty() => Some(path),
+        _ => {
+            assert!(
+                std::env::var("PHYSALIA_REQUIRE_KUBECTL_1_20").as_deref() != Ok("1"),
+                "PHYSALIA_REQUIRE_KUBECTL_1_20=1 but PHYSALIA_KUBECTL_1_20 names no kubectl"
+            );
+            eprintln!(
+                "skipping: PHYSALIA_KUBECTL_1_20 is not set (`apt-get download kubernetes-client` and \
+                 `dpkg -x` it, as .ci/run does)"
+            );
+            None
+        }
+    }
+}
+
+/// Issue 30: Debian's kubectl 1.20 (no aggregated discovery, OpenAPI v2 before it creates from a file,
+/// `auth can-i` without `whoami`) lists, creates, describes and checks RBAC against the fake as the
+/// current kubectl does, impersonation refused the same way.
+#[test]
+fn debian_kubectl_1_20_lists_describes_and_checks_rbac() {
+    let Some(kubectl) = debian_kubectl() else {
+        return;
+    };
+    let Some(k) = Fake::start_with(&kubectl) else {
+        return;
+    };
+    let version = k.ok(&["version", "--client", "--short"]);
+    assert!(version.contains("v1.20."), "{version}");
+
+    // discovery, without the aggregated documents
+    let resources = k.ok(&["api-resources"]);
+    assert_eq!(
+        row(&resources, "pods"),
+        ["pods", "po", "v1", "true", "Pod"],
+        "{resources}"
+    );
+    assert_eq!(
+        row(&resources, "networkpolicies"),
+        [
+            "networkpolicies",
+            "netpol",
+            "networking.k8s.io/v1",
+            "true",
+            "NetworkPolicy"
+        ],
+        "{resources}"
+    );
+
+    // create from a file: 1.20 reads OpenAPI v2 first (a 404 there fails it)
+    fs::write(k.path("p1.yaml"), pod_manifest("p1")).unwrap();
+    let created = k.ok(&["create", "-f", k.path("p1.yaml").to_str().unwrap()]);
+    assert_eq!(created.trim(), "pod/p1 created");
+    k.ok(&[
+        "wait",
+        "pod/p1",
+        "--for=condition=PodScheduled",
+        "--timeout=30s",
+    ]);
+    let pods = k.ok(&["get", "pods", "-o", "wide"]);
+    assert_eq!(row(&pods, "p1")[6], "aks-system-0", "{pods}");
+    let described = k.ok(&["describe", "pod", "p1"]);
+    for want in [
+        "Namespace:    physalia",
+        "Labels:       app=kubectl-test",
+        &format!("Image:          {ABSENT_IMAGE}"),
+    ] {
+        assert!(described.contains(want), "no {want:?} in:\n{described}");
+    }
+    // infra/k8s's NetworkPolicy, which the fake applies and enforces
+    let policy = k.ok(&["describe", "networkpolicy", "physalia-members-only"]);
+    assert!(
+        policy.contains("PodSelector:     app.kubernetes.io/name=physalia"),
+        "{policy}"
+    );
+
+    // RBAC: what infra/k8s/rbac.yaml grants the coordinator, and nothing more
+    let as_coordinator = format!("--as={COORDINATOR}");
+    let can = |verb: &str, what: &str| -> String {
+        let out = k.run(&k.admin, &["auth", "can-i", verb, what, &as_coordinator]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(can("create", "jobs.batch"), "yes");
+    assert_eq!(can("get", "secrets"), "no");
+    assert_eq!(can("create", "pods"), "no");
+    let list = k.ok(&["auth", "can-i", "--list", &as_coordinator]);
+    assert_eq!(
+        row(&list, "jobs.batch")[3..],
+        ["[create", "get", "patch", "delete]"],
+        "{list}"
+    );
+
+    // the coordinator with its own token: 403 beyond its Role, and for impersonation
+    let sa = |args: &[&str]| k.run(&k.coordinator, args);
+    ok(&sa(&["get", "pods"]), &["get", "pods"]);
+    let jobs = refused(&sa(&["get", "jobs"]), &["get", "jobs"]);
+    assert!(
+        jobs.contains(&format!(
+            "jobs.batch is forbidden: User \"{COORDINATOR}\" cannot list resource \"jobs\""
+        )),
+        "{jobs}"
+    );
+    let impersonating = refused(
+        &sa(&["get", "pods", "--as=physalia-test-user"]),
+        &["get", "pods", "--as"],
+    );
+    assert!(
+        impersonating.contains(&format!(
+            "users \"physalia-test-user\" is forbidden: User \"{COORDINATOR}\" cannot impersonate resource \"users\""
+        )),
+        "{impersonating}"
     );
 }

@@ -7,7 +7,10 @@
 //! here as `cluster_scenario::*`, with the API server throttling every fifth request of each principal
 //! (429, `Retry-After: 1`): every object is still created once.
 //!
-//! Skipped, with a note, where no Docker Engine answers or moto is not installed; with
+//! The fake enforces infra/k8s's NetworkPolicy on the pods (netfilter rules, so it runs as root);
+//! `issue_30_a_network_policy_closing_the_mesh_port_fails_the_job_naming_it` applies a tighter one.
+//!
+//! Skipped, with a note, where no Docker Engine answers or moto is not installed (or not as root); with
 //! `PHYSALIA_REQUIRE_MOTO=1` (CI installs moto) a missing moto fails instead.
 
 use std::path::Path;
@@ -41,6 +44,22 @@ struct Kubernetes {
 }
 
 impl Kubernetes {
+    /// The fake with `args` besides the scenario's throttling (`--network-policy FILE`: FILE applied
+    /// instead of infra/k8s's NetworkPolicy).
+    fn start_with(args: &[&str]) -> Option<Kubernetes> {
+        let fake = Spawn::new("tests/kubernetes/kube_cluster.py")
+            .args(&[&["--throttle-every", THROTTLE_EVERY], args].concat())
+            .docker()
+            .root("the pods' NetworkPolicy rules are netfilter rules (iptables)")
+            .python(&["moto", "boto3", "cryptography"])
+            .start()?;
+        let s3 = MotoS3 {
+            endpoint: fake.str("endpoint").to_string(),
+            bucket: fake.str("bucket").to_string(),
+        };
+        Some(Kubernetes { fake, s3 })
+    }
+
     fn info(&self) -> &Value {
         self.fake.info()
     }
@@ -64,16 +83,7 @@ impl Cloud for Kubernetes {
     const WORKER_NET: &'static str = "10.244.";
 
     fn start() -> Option<Kubernetes> {
-        let fake = Spawn::new("tests/kubernetes/kube_cluster.py")
-            .args(&["--throttle-every", THROTTLE_EVERY])
-            .docker()
-            .python(&["moto", "boto3", "cryptography"])
-            .start()?;
-        let s3 = MotoS3 {
-            endpoint: fake.str("endpoint").to_string(),
-            bucket: fake.str("bucket").to_string(),
-        };
-        Some(Kubernetes { fake, s3 })
+        Kubernetes::start_with(&[])
     }
 
     /// A CLI command with a user's settings: the kubeconfig, and AWS (for the S3 job store) at moto.
@@ -453,5 +463,48 @@ fn issue_30_gpu_sku_jobs_are_placed_on_gke_eks_and_aks_gpu_nodes_and_train() {
             .expect("metrics in S3");
         assert_same_losses(sku, &losses(&metrics), &want, 1e-4);
     }
+    cluster.wait_nothing_left(&[]);
+}
+
+/// Issue 30: the fake enforces NetworkPolicy as the cluster's network plugin would. Under a policy that
+/// admits physalia's pods to the coordinator's ports only (a tightened infra/k8s/network-policy.yaml),
+/// the workers reach the coordinator but not each other's mesh port: the job fails, naming the endpoint
+/// and the port. (The scenario's jobs train under infra/k8s's own policy, which the fake applies by
+/// default: it admits them.)
+#[test]
+fn issue_30_a_network_policy_closing_the_mesh_port_fails_the_job_naming_it() {
+    let t = TempDir::new().unwrap();
+    let policy = t.path().join("coordinator-ports-only.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: physalia-coordinator-ports-only, namespace: physalia}\nspec:\n  podSelector: {matchLabels: {app.kubernetes.io/name: physalia}}\n  policyTypes: [Ingress]\n  ingress:\n    - from: [{podSelector: {matchLabels: {app.kubernetes.io/name: physalia}}}]\n      ports: [{protocol: UDP, port: 7000, endPort: 7007}]\n",
+    )
+    .unwrap();
+    let Some(cluster) = Kubernetes::start_with(&["--network-policy", policy.to_str().unwrap()])
+    else {
+        return;
+    };
+    let job = "name: k8s-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n";
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!(
+            "{job}output: {{dir: {}}}\n{}",
+            cluster.store(),
+            cluster.backend(&image())
+        ),
+    );
+    let out = cluster
+        .cli(t.path(), &["submit", "job.yaml"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("waited on it at its mesh endpoint ")
+            && err.contains(":7100")
+            && err.contains("NetworkPolicy that does not open UDP port 7100"),
+        "{err}"
+    );
     cluster.wait_nothing_left(&[]);
 }

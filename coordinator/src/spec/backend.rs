@@ -216,6 +216,10 @@ pub struct AciSettings {
     /// coordinator reads it from the job as this machine does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arm_endpoint: Option<String>,
+    /// The UDP port every worker's mesh listens on: one inside infra/azure's `quic_ports` (default
+    /// 7000-7199), the range its network security group opens within the subnet. Default 7100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_port: Option<u16>,
 }
 
 /// `backend.aci.registry`.
@@ -226,6 +230,14 @@ pub struct AciRegistry {
     pub server: String,
     /// Resource id of the user-assigned identity holding `AcrPull` (infra/azure's `pull_identity_id`).
     pub identity_id: String,
+}
+
+/// A section's `mesh_port`: a fixed port (0 would be any, which no firewall rule can name).
+fn mesh_port(field: &str, port: Option<u16>, which: &str) -> Result<(), SpecError> {
+    if port == Some(0) {
+        return Err(invalid(field, format!("must be {which}, got 0")));
+    }
+    Ok(())
 }
 
 fn default_namespace() -> String {
@@ -493,13 +505,11 @@ impl Section for EcsSettings {
         if let Some(c) = &self.capacity {
             not_blank("backend.ecs.capacity", c)?;
         }
-        if self.mesh_port == Some(0) {
-            return Err(invalid(
-                "backend.ecs.mesh_port",
-                "must be the port infra/ecs's security group opens (its output mesh_port), got 0",
-            ));
-        }
-        Ok(())
+        mesh_port(
+            "backend.ecs.mesh_port",
+            self.mesh_port,
+            "the port infra/ecs's security group opens (its output mesh_port)",
+        )
     }
     fn check_sku(&self, sku: &physalia_planner::Sku) -> Result<(), SpecError> {
         if let (Some(gpu), Some(c)) = (&sku.gpu, self.capacity.as_deref())
@@ -575,7 +585,11 @@ impl Section for AciSettings {
         if let Some(endpoint) = &self.arm_endpoint {
             arm_endpoint(endpoint)?;
         }
-        Ok(())
+        mesh_port(
+            "backend.aci.mesh_port",
+            self.mesh_port,
+            "a port of infra/azure's quic_ports, which its network security group opens",
+        )
     }
     fn check_cluster(&self) -> Result<(), SpecError> {
         if self.coordinator_identity_id.is_none() {

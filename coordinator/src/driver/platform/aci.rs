@@ -36,7 +36,8 @@ impl Platform for Aci {
     }
 
     fn worker(&self, job: &ResolvedJob, w: Worker) -> Result<Launch> {
-        super::cloud_worker(job, w, &settings(&job.spec)?.image, super::MESH_PORT)
+        let a = settings(&job.spec)?;
+        super::cloud_worker(job, w, &a.image, a.mesh_port.unwrap_or(super::MESH_PORT))
     }
 
     /// Which of the group's identities is the coordinator's (`AZURE_MSI_RESOURCE_ID`: a group that
@@ -103,6 +104,7 @@ mod tests {
             coordinator_image: None,
             sku: None,
             arm_endpoint: Some("https://management.chinacloudapi.cn/".into()),
+            mesh_port: None,
         };
         let cfg = config(&a);
         assert_eq!(cfg.endpoint, "https://management.chinacloudapi.cn");

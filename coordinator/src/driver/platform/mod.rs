@@ -149,8 +149,9 @@ pub fn control_ports(port: Option<u16>) -> Vec<u16> {
     }
 }
 
-/// The port every container worker's mesh listens on (each has its own address): infra/ecs's
-/// `mesh_port`, which its security group opens among the tasks.
+/// The port every container worker's mesh listens on (each has its own address) unless the
+/// section's `mesh_port` says otherwise: infra/ecs's default `mesh_port`, which its security group
+/// opens among the tasks, and inside infra/azure's default `quic_ports`.
 pub const MESH_PORT: u16 = 7100;
 
 /// How often the coordinator asks a cloud platform whether workers ended.
