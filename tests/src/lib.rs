@@ -347,6 +347,38 @@ pub fn metrics(job_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Asserts that job `dir` resized in place at each `(from, to, epoch)` and at nothing else: the
+/// coordinator's log says so once per resize, rank 0 registered once (one process from the first
+/// epoch to the last) and went on from the state it held after each of those epochs.
+pub fn assert_resized_in_place(dir: &Path, resizes: &[(usize, usize, usize)]) {
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    for (from, to, epoch) in resizes {
+        assert!(
+            log.contains(&format!(
+                "in place, {from} -> {to} workers after epoch {epoch}"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(
+        log.matches("in-place resize ready").count(),
+        resizes.len(),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("worker 0 (pid").count(),
+        1,
+        "rank 0 registered once: {log}"
+    );
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    for (_, _, epoch) in resizes {
+        assert!(
+            rank0.contains(&format!("continuing in place after epoch {epoch}")),
+            "{rank0}"
+        );
+    }
+}
+
 /// Reads a JSON file.
 pub fn read_json(path: &Path) -> Value {
     let text =

@@ -352,28 +352,7 @@ fn containers_resize_in_place_keeping_the_survivors() {
         .map(|m| m["workers"].as_array().map_or(1, Vec::len))
         .collect();
     assert_eq!(workers, [1, 1, 1, 2, 2, 2, 1, 1]);
-    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
-    for (from, to, epoch) in [(1, 2, 3), (2, 1, 6)] {
-        assert!(
-            log.contains(&format!(
-                "in place, {from} -> {to} workers after epoch {epoch}"
-            )),
-            "{log}"
-        );
-    }
-    assert_eq!(log.matches("in-place resize ready").count(), 2, "{log}");
-    assert_eq!(
-        log.matches("worker 0 (pid").count(),
-        1,
-        "rank 0 registered once: {log}"
-    );
-    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
-    for epoch in [3, 6] {
-        assert!(
-            rank0.contains(&format!("continuing in place after epoch {epoch}")),
-            "{rank0}"
-        );
-    }
+    physalia_tests::assert_resized_in_place(&dir, &[(1, 2, 3), (2, 1, 6)]);
     let logs: Vec<String> = std::fs::read_dir(dir.join("logs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
