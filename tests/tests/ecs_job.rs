@@ -981,6 +981,17 @@ fn chunked_cluster_job(ecs: &Ecs, s: &Scenario<'_, Ecs>) {
         file_bytes as f64 / f64::from(1 << 20),
         read_mib * f64::from(1 << 20) / file_bytes as f64
     );
+    // the coordinator in its task holds no graph: its peak (VmHWM) stays under a GiB whatever the size
+    let summary: Value = serde_json::from_str(&ecs.record(&id, "summary.json").unwrap()).unwrap();
+    let mib = |v: &Value| v.as_f64().unwrap_or(f64::NAN) / f64::from(1 << 20);
+    let coordinator = mib(&summary["peak_rss_bytes"]);
+    eprintln!(
+        "ecs cluster-mode chunked SBM: coordinator peak {coordinator:.0} MiB, worker peaks {:?} MiB",
+        summary["worker_peak_rss_bytes"]
+            .as_array()
+            .map(|a| a.iter().map(|b| mib(b).round()).collect::<Vec<_>>())
+    );
+    assert!(coordinator < 1024.0, "{summary}");
     let parts = ecs.s3.written(&parts_dir);
     assert_eq!(
         parts.len(),
