@@ -248,8 +248,9 @@ class Firewall:
             old = self.guarded.get(ip, [])
             for line in lines:
                 _iptables("-A", self.chain, *line)
-            # each delete removes the first line of its text: the old one
-            for line in old:
+            # each delete removes the first line of its text: the old one. Last line first: once the old
+            # drop of the rest is gone, what the old rules did not allow falls through to the new ones
+            for line in reversed(old):
                 _iptables("-D", self.chain, *line)
             self.guarded[ip] = lines
 

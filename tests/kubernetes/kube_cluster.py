@@ -22,9 +22,10 @@ them, for the calls `infra/k8s/rbac.yaml` grants (the backend's tests check that
   operations (no schemas: kubectl learns from it that the server validates fields, and
   `fieldValidation=Strict` refuses unknown top-level and metadata fields, Warn warns), Tables for
   server-side printing (`kubectl get`'s columns, `-o wide`'s), and the protobuf bodies typed clients
-  send for the access reviews, RBAC objects, ServiceAccounts and Secrets (other kinds' are 415: `kubectl
-  create job` fails, `kubectl create -f job.yaml` works). A Job gets the Job API's defaulted selector
-  and template labels; a Secret's stringData is folded into its data.
+  send for the access reviews, RBAC objects, ServiceAccounts and Secrets (other kinds' are 415: kubectl
+  1.32's `kubectl create job` fails; 1.20's, which sends JSON, and `kubectl create -f job.yaml` work). A
+  Job gets the Job API's defaulted selector and template labels; a Secret's stringData is folded into
+  its data.
   Every request must carry a bearer token: the user's (kubeconfig; user `physalia-test-user` in group
   `system:masters`, which the bootstrap `cluster-admin` binding allows everything) or an existing
   ServiceAccount's (`sa.NS.NAME`; any other token is 401). Requests are authorized by RBAC over the
@@ -78,12 +79,14 @@ FILE instead), so a job whose pods that policy does not admit fails here as it w
 priority level is saturated: every Nth request of each principal (bearer token) is answered 429
 TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
-Not done: NetworkPolicy egress rules, named ports and ipBlock `except`; resource limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl
-apply --server-side`; client-side `kubectl apply` works, through strategic merge patches, which know the
-merge keys of the lists of these kinds only), dry runs, deletecollection, graceful deletion (a delete is
-immediate), status subresources (a patch may change status), watch bookmarks and the WatchList stream,
-schemas (`kubectl explain`; OpenAPI v2 is an empty document), RBAC's escalation checks on creating Roles and bindings,
-following pod logs (`kubectl logs -f` gets what is there and ends), exec, attach and port-forward.
+Not done: NetworkPolicy egress rules, named ports and ipBlock `except` (an error, not ignored); resource
+limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl apply --server-side`;
+client-side `kubectl apply` works, through strategic merge patches, which know the merge keys of the lists
+of these kinds only), dry runs, deletecollection, graceful deletion (a delete is immediate), status
+subresources (a patch may change status), watch bookmarks and the WatchList stream, schemas (`kubectl
+explain`; OpenAPI v2 is an empty document, which kubectl 1.20 reads before `create -f`), RBAC's escalation
+checks on creating Roles and bindings, following pod logs (`kubectl logs -f` gets what is there and
+ends), exec, attach and port-forward.
 
 Prints one JSON line (`kubeconfig`, the path of a kubeconfig for this machine's user; `endpoint`, moto's
 URL; `region`; `bucket`; `network`; `api`, the API server's URL), then serves until its standard input

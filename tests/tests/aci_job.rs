@@ -340,7 +340,8 @@ fn a_port_the_network_security_group_closes_fails_the_job_naming_it() {
         return;
     };
     let s = Scenario::new(&cloud);
-    let job = "name: aci-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n";
+    let job = "name: aci-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n\
+         timeouts: {epoch_s: 20}\n";
     let want = local_losses(s.path(), "local.yaml", job);
 
     s.write_cluster_job("job.yaml", job);

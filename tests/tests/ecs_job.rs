@@ -610,7 +610,8 @@ fn issue_30_a_port_the_security_group_closes_fails_the_job_naming_it() {
         return;
     };
     let t = TempDir::new().unwrap();
-    let job = cora_job(&cora, "ecs-ports", 3, 2) + "max_retries: 0\n";
+    // a silent worker is given up after 20 s, not the default minute: the closed port stalls the mesh
+    let job = cora_job(&cora, "ecs-ports", 3, 2) + "max_retries: 0\ntimeouts: {epoch_s: 20}\n";
     write_job(t.path(), "job.yaml", &job);
     let local = submit(t.path(), None, &[]);
     let backend = ecs.client_backend(&image());

@@ -484,7 +484,8 @@ fn issue_30_a_network_policy_closing_the_mesh_port_fails_the_job_naming_it() {
     else {
         return;
     };
-    let job = "name: k8s-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n";
+    let job = "name: k8s-ports\ndataset:\n  synth: {kind: sbm, nodes: 2000, classes: 4, feat_dim: 16, avg_degree: 8, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 2, seed: 0, threads: 1}\nworkers: 2\nmax_retries: 0\n\
+         timeouts: {epoch_s: 20}\n";
     write_job(
         t.path(),
         "job.yaml",
