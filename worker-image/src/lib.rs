@@ -283,7 +283,14 @@ pub fn train_owned_part_state<L: Link + ?Sized>(
         physalia_graph::Features::F32(v) => v,
         other => other.view().to_f32().into_owned(),
     };
+    let t = std::time::Instant::now();
     let (graph, x, sets) = local_inputs_with(&part, features, cfg, row_normalize_features);
+    // the setup's phases are in the worker's log (an in-place resize's pause is mostly setup)
+    eprintln!(
+        "worker {}: the engine's local graph and features built in {:.3} s",
+        link.rank(),
+        t.elapsed().as_secs_f64()
+    );
     // the engine holds its own copies now; the exchange needs only the part's ids and send/receive lists
     part.indptr = Vec::new();
     part.indices = Vec::new();

@@ -371,7 +371,14 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             };
             drop(held_part);
             // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
+            let t_keep = Instant::now();
             let keep = gated.map(|_| part.clone());
+            if keep.is_some() {
+                eprintln!(
+                    "worker {rank}: kept a copy of its part for the next resize in {:.3} s",
+                    t_keep.elapsed().as_secs_f64()
+                );
+            }
             let resume = match held {
                 // paused at the epoch this assignment continues after: the state is here, exact
                 Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
