@@ -1426,9 +1426,9 @@ impl Driver<'_> {
         }
     }
 
-    /// `JobAction::Prepare`: starts making, on threads of their own, the partitionings that an in-place
-    /// resize of `launch` to any of `sizes` workers would take (at most three: the most likely). What
-    /// was being made for earlier launches is dropped.
+    /// `JobAction::Prepare`: starts making, on threads of their own and one at a time, the
+    /// partitionings that an in-place resize of `launch` to any of `sizes` workers would take (at most
+    /// three: the most likely, first). What was being made for earlier launches is dropped.
     fn prepare(&self, r: &Running, launch: usize, sizes: &[usize]) -> Result<()> {
         let l = r
             .live
@@ -1437,11 +1437,15 @@ impl Driver<'_> {
         let owner = self.owner_of(l)?;
         let mut preparing = self.preparing.borrow_mut();
         preparing.clear();
+        // one after the other, in the order given (the most likely first)
+        let mut turn = None;
         for &k in sizes.iter().take(3) {
             let tag = prepared_tag(launch, k);
             let dir = self.job_abs.join("partitions").join(&tag);
             let input = self.prepare_input(&owner, l.ranks, &tag);
-            preparing.push((launch, Preparing::start(input, k, dir)));
+            let (p, next) = Preparing::start(input, k, dir, turn.take());
+            turn = Some(next);
+            preparing.push((launch, p));
         }
         Ok(())
     }

@@ -135,6 +135,10 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     Ok(prepared)
 }
 
+/// Whose turn it is: a preparation holds its [`Turn`] while it works and lets it go when it is done,
+/// and the next one waits for that before it starts.
+pub struct Turn(std::sync::mpsc::Receiver<()>);
+
 /// A resize's partitioning being made on a thread of its own.
 pub struct Preparing {
     pub k: usize,
@@ -145,13 +149,32 @@ pub struct Preparing {
 }
 
 impl Preparing {
-    /// Starts making the partitioning for `k_new` workers into `dir`.
-    pub fn start(input: Input, k_new: usize, dir: PathBuf) -> Preparing {
+    /// Starts making the partitioning for `k_new` workers into `dir` once the preparation holding
+    /// `after` is done: one at a time, the most likely count first. Cutting the counts at once would
+    /// share the cores (on a cloud the coordinator has one vCPU) and delay the likeliest, which the
+    /// next resize waits for, to about when the last is made; one that is no longer wanted when its
+    /// turn comes is not made. Returns it and the turn the next one waits for.
+    pub fn start(
+        input: Input,
+        k_new: usize,
+        dir: PathBuf,
+        after: Option<Turn>,
+    ) -> (Preparing, Turn) {
         let unused = Arc::new(AtomicBool::new(false));
         let (flag, out) = (unused.clone(), dir.clone());
+        let (done, next) = std::sync::mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name(format!("prepare-k{k_new}"))
             .spawn(move || {
+                // the sender goes when this thread ends, which is what the next one waits for
+                let _done = done;
+                if let Some(Turn(before)) = after {
+                    // Err: the one before is done (its sender dropped)
+                    let _ = before.recv();
+                }
+                if flag.load(Ordering::SeqCst) {
+                    anyhow::bail!("the resize went elsewhere before this partitioning's turn");
+                }
                 let made = prepare(&input, k_new, &out);
                 if flag.load(Ordering::SeqCst) {
                     let _ = std::fs::remove_dir_all(&out);
@@ -159,12 +182,13 @@ impl Preparing {
                 made
             })
             .ok();
-        Preparing {
+        let preparing = Preparing {
             k: k_new,
             handle,
             unused,
             dir,
-        }
+        };
+        (preparing, Turn(next))
     }
 
     /// The partitioning, once the thread made it (waiting for it if it has not).
