@@ -136,7 +136,8 @@ pub enum PartSource {
     /// Cut by the worker itself (issue 31): a worker that reads the coordinator's disk cuts its part
     /// of a chunked dataset from the dataset and the stored assignment, writes it where the set keeps
     /// it, and trains on it; the coordinator commits the set once every worker has reported an epoch.
-    Cut(PartCut),
+    /// Boxed: it is four times the size of the other variant (the wire format is the same).
+    Cut(Box<PartCut>),
 }
 
 /// A part to cut: [`PartSource::Cut`].

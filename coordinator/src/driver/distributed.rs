@@ -1828,14 +1828,14 @@ impl Driver<'_> {
                         Some(self.with_direct(served, rank % k, shuffle.then_some(peers.len())))
                     }
                 };
-                PartSource::Cut(PartCut {
+                PartSource::Cut(Box::new(PartCut {
                     dataset: std::path::absolute(self.dataset_path)?,
                     assignment: std::path::absolute(&set.assignment)?,
                     part: rank % k,
                     out: std::path::absolute(part_path)?,
                     shuffle,
                     served,
-                })
+                }))
             }
             None => PartSource::Served(
                 self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?,
