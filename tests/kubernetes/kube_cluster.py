@@ -79,7 +79,7 @@ FILE instead), so a job whose pods that policy does not admit fails here as it w
 priority level is saturated: every Nth request of each principal (bearer token) is answered 429
 TooManyRequests with `Retry-After: 1` and not carried out; `/_fake/throttled` counts them per principal.
 
-Not done: NetworkPolicy egress rules, named ports and ipBlock `except` (an error, not ignored); resource
+Not done: NetworkPolicy egress rules, named ports and ipBlock `except` (such a policy is refused, 422); resource
 limits, ResourceQuota, ttlSecondsAfterFinished; server-side apply (415: `kubectl apply --server-side`;
 client-side `kubectl apply` works, through strategic merge patches, which know the merge keys of the lists
 of these kinds only), dry runs, deletecollection, graceful deletion (a delete is immediate), status
@@ -351,7 +351,9 @@ class Cluster:
         self.addresses: dict[tuple[str, str, str], str] = {}
         self.applied: dict[str, list | None] = {}
         for kind, ns, obj in builtin_rbac() + load_manifests(RBAC) + load_manifests(policies):
-            self.create(ns, kind, obj)
+            code, out = self.create(ns, kind, obj)
+            if code >= 300:
+                raise SystemExit(f"{policies if kind == 'networkpolicies' else RBAC}: {out['message']}")
         # what the API server starts with (not what a test made: /_fake/objects leaves it out)
         self.seeded = set(self.objects)
 
@@ -394,9 +396,6 @@ class Cluster:
                     if port:
                         proto = port.get("protocol", "TCP").lower()
                         if "port" in port:
-                            if not isinstance(port["port"], int):
-                                raise ValueError(f"NetworkPolicy {policy['metadata']['name']}: named "
-                                                 f"ports are not done in this fake")
                             lo = port["port"]
                             hi = port.get("endPort", lo)
                     rules += [firewall.Rule(True, proto, lo, hi, src, policy["metadata"]["name"])
@@ -412,8 +411,6 @@ class Cluster:
         out = []
         for peer in peers:
             if "ipBlock" in peer:
-                if peer["ipBlock"].get("except"):
-                    raise ValueError("NetworkPolicy ipBlock.except is not done in this fake")
                 out.append(peer["ipBlock"]["cidr"])
                 continue
             for key, ip in self.addresses.items():
@@ -462,6 +459,8 @@ class Cluster:
         if not name:
             return 422, status(422, "Invalid", f"{res}: metadata.name: Required value")
         key = (ns, res, name)
+        if res == "networkpolicies" and (why := unenforceable(obj)):
+            return 422, status(422, "Invalid", why)
         with self.lock:
             if key in self.objects:
                 return 409, status(409, "AlreadyExists", f'{qualified(res)} "{name}" already exists',
@@ -533,6 +532,8 @@ class Cluster:
             else:
                 new = clean(obj)
                 (strategic_patch if kind == "strategic" else merge_patch)(new, patch)
+            if res == "networkpolicies" and (why := unenforceable(new)):
+                raise ValueError(why)
             obj.clear()
             obj.update(new)
             obj.update(own)
@@ -547,6 +548,8 @@ class Cluster:
             if obj is None:
                 return 404, status(404, "NotFound", f'{qualified(res)} "{name}" not found',
                                    {"name": name, "group": RESOURCES[res].group, "kind": res})
+            if res == "networkpolicies" and (why := unenforceable(new)):
+                return 422, status(422, "Invalid", why)
             meta = new.setdefault("metadata", {})
             if meta.get("name", name) != name:
                 return 400, status(400, "BadRequest", "the name of the object does not match the URL")
@@ -1091,6 +1094,27 @@ def policy_types(policy: dict) -> list[str]:
     has egress rules)."""
     spec = policy.get("spec") or {}
     return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
+
+
+def unenforceable(policy: dict) -> str | None:
+    """Why this fake cannot enforce a NetworkPolicy as a network plugin would (refused, 422, rather than
+    stored and not enforced): named ports, ipBlock `except`, selector operators it does not know."""
+    name = (policy.get("metadata") or {}).get("name", "")
+    spec = policy.get("spec") or {}
+    selectors = [spec.get("podSelector")]
+    for rule in spec.get("ingress") or []:
+        for port in rule.get("ports") or []:
+            if "port" in port and not isinstance(port["port"], int):
+                return f"NetworkPolicy {name}: named ports are not done in this fake"
+        for peer in rule.get("from") or []:
+            if (peer.get("ipBlock") or {}).get("except"):
+                return f"NetworkPolicy {name}: ipBlock.except is not done in this fake"
+            selectors += [peer.get("podSelector"), peer.get("namespaceSelector")]
+    for sel in selectors:
+        for e in (sel or {}).get("matchExpressions") or []:
+            if e.get("operator") not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                return f"NetworkPolicy {name}: label selector operator {e.get('operator')!r}"
+    return None
 
 
 def selector_matches(sel: dict | None, labels: dict) -> bool:
@@ -2507,11 +2531,13 @@ def main() -> None:
     policies = NETWORK_POLICY
     if "--network-policy" in sys.argv:
         policies = sys.argv[sys.argv.index("--network-policy") + 1]
-    cluster = Cluster(network, subnet, gateway, api_port, ca, files, policies)
     try:
+        cluster = Cluster(network, subnet, gateway, api_port, ca, files, policies)
         cluster.firewall = firewall.Firewall(network, subnet, f"kube-{os.getpid()}")
-    except Exception:
+    except BaseException:
+        # a manifest refused (SystemExit) or no netfilter: nothing of this run is left
         docker("network", "rm", network, check=False)
+        shutil.rmtree(files, ignore_errors=True)
         raise
     if "--throttle-every" in sys.argv:
         cluster.throttle_every = int(sys.argv[sys.argv.index("--throttle-every") + 1])
