@@ -7,13 +7,21 @@
 //! the hole and the buffer placed above it are both counted in the peak. Trimming right after such a free
 //! returns the hole's pages; later allocations that land in it fault them back in as they are written.
 //!
-//! The largest buffers (16 MiB and more: an n x hidden activation is a GiB at a million nodes, an n x
-//! classes one 64 MB) bypass the heap altogether:
+//! Buffers of 1 MiB and more (an n x hidden activation is a GiB at a million nodes, an n x classes one 64 MB,
+//! a halo message a few MiB) bypass the heap altogether:
 //! [`LineAligned`] maps each one on its own and keeps a freed one for the next request of its size (an epoch
 //! asks for the same shapes as the last), so epochs still reuse resident pages, but a hole can no longer
 //! strand a GiB below the heap's top. With them in the heap, the evaluation pass after the last epoch, which
 //! frees and allocates in another order, raised a GCN run's peak at 1M nodes from 2.2 to 3.1-4.0 GiB, by run,
 //! and n x classes buffers (64 MB, first left in the heap) still added 0.4-0.6 GiB to GraphSAGE's (issue 34).
+//!
+//! The threshold was 16 MiB until issue 31 measured a worker: two allocators that each keep what they
+//! freed keep each one's own high-water mark resident, so the process's peak is the sum of the two peaks
+//! even when they never coincide. A partition worker's exchange buffers (halo messages of 1-16 MiB, their
+//! encoded and decoded copies) grew glibc's heap to 200-250 MiB with 27-57 MiB of it in use, beside the
+//! large blocks' own 484 MiB peak (SBM 1M, 4 workers, GraphSAGE: 700-750 MiB a worker). With every block of
+//! 1 MiB or more here, the kept blocks stay under one peak, the heap under 15 MiB, and the worker's peak
+//! fell to 570-600 MiB, epochs no slower (bench/RESULTS.md).
 
 /// Returns the heap's free pages to the OS (glibc's `malloc_trim`, which also releases whole free pages in
 /// the middle of the heap), and the freed large blocks [`LineAligned`] keeps for reuse. A no-op where the
@@ -32,7 +40,7 @@ pub fn release_freed_memory() {
     }
 }
 
-/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 16 MiB or more), hands its pages back to the
+/// Drops `v` and, if [`LineAligned`] mapped it alone (a block of 1 MiB or more), hands its pages back to the
 /// OS at once instead of keeping the block for the next request of its size: for a buffer nothing asks for
 /// again before the peak it would otherwise add to.
 pub fn drop_now<T>(v: Vec<T>) {
@@ -106,6 +114,17 @@ fn huge_pages_wanted() -> bool {
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }
+    }
+}
+
+/// Advises huge pages over the whole mapping (`len` bytes at `p`) of a `big` block of `size` bytes, if it is
+/// [`HUGE_PAGE_BYTES`] or more. The whole mapping, not the pages inside `size`: advice on part of it would
+/// split the mapping in two, and `mremap` (growing a block) refuses a range across mappings. Smaller blocks
+/// (a halo message of a few MiB) get none: the huge page over a block's tail would make all of it resident
+/// for a block that gains little from it.
+fn advise_mapped(p: *mut u8, size: usize, len: usize) {
+    if size >= HUGE_PAGE_BYTES && huge_pages_wanted() {
+        advise_huge_pages(p, len, true);
     }
 }
 
@@ -210,14 +229,14 @@ mod big {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// Blocks from this size up are mapped on their own.
-    pub const BYTES: usize = 16 << 20;
+    pub const BYTES: usize = 1 << 20;
 
     thread_local! {
         /// Set by [`super::drop_now`]: a block freed on this thread now is unmapped, not kept.
         pub static UNKEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
     /// Freed blocks kept at most.
-    const SLOTS: usize = 32;
+    const SLOTS: usize = 64;
     /// Bytes mapped for blocks, live and kept.
     static MAPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     /// The most bytes of blocks ever live at once (mapped lengths).
@@ -354,9 +373,7 @@ mod big {
             }
             munmap(p.add(len), HUGE - head);
             MAPPED.fetch_add(len, Ordering::Relaxed);
-            if super::huge_pages_wanted() {
-                super::advise_huge_pages(p, len, true);
-            }
+            super::advise_mapped(p, size, len);
             p
         }
     }
@@ -400,9 +417,7 @@ mod big {
         }
         MAPPED.fetch_add(new, Ordering::Relaxed);
         MAPPED.fetch_sub(old, Ordering::Relaxed);
-        if super::huge_pages_wanted() {
-            super::advise_huge_pages(q, new, true);
-        }
+        super::advise_mapped(q, new_size, new);
         q
     }
 
@@ -434,6 +449,13 @@ mod tests {
     use super::*;
     use std::alloc::{GlobalAlloc, Layout};
 
+    /// The tests share `big`'s cache of kept blocks (every block of 1 MiB or more is its), so they take
+    /// turns: one test's kept blocks would otherwise show up in another's.
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        TURN.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The `VmFlags` of the mapping that holds address `p` (`/proc/self/smaps`), if this system has them.
     fn vm_flags(p: usize) -> Option<Vec<String>> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
@@ -453,6 +475,7 @@ mod tests {
 
     #[test]
     fn large_blocks_are_advised_onto_huge_pages_and_the_advice_can_be_withdrawn() {
+        let _turn = one_at_a_time();
         // a kernel without transparent huge pages refuses the advice; nothing to check there
         if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists()
             || std::env::var_os("PHYSALIA_HUGE_PAGES").is_some()
@@ -491,6 +514,7 @@ mod tests {
 
     #[test]
     fn large_blocks_start_on_a_line_and_keep_their_bytes_across_realloc() {
+        let _turn = one_at_a_time();
         let a = LineAligned;
         let small = Layout::from_size_align(100, 4).expect("valid");
         let large = Layout::from_size_align(LINE_ALIGNED_BYTES, 4).expect("valid");
@@ -530,8 +554,13 @@ mod tests {
         if !cfg!(target_os = "linux") {
             return;
         }
+        let _turn = one_at_a_time();
+        release_freed_memory();
         let a = LineAligned;
-        let size = big::BYTES + 12345;
+        // sizes well above the threshold, whose mapped lengths (whole 2 MiB pages) all differ
+        const M: usize = 16 << 20;
+        assert!(M >= big::BYTES);
+        let size = M + 12345;
         let l = Layout::from_size_align(size, 64).expect("valid");
         unsafe {
             let p = a.alloc(l);
@@ -546,10 +575,10 @@ mod tests {
             assert!((0..size).step_by(4093).all(|i| *z.add(i) == 0));
             // growing moves the pages, never the bytes; shrinking below the threshold copies them
             z.write_bytes(5, size);
-            let g = a.realloc(z, l, 2 * big::BYTES);
+            let g = a.realloc(z, l, 2 * M);
             assert!(!g.is_null());
             assert!((0..size).step_by(4093).all(|i| *g.add(i) == 5));
-            let gl = Layout::from_size_align(2 * big::BYTES, 64).expect("valid");
+            let gl = Layout::from_size_align(2 * M, 64).expect("valid");
             let s = a.realloc(g, gl, 1000);
             assert!((0..1000).all(|i| *s.add(i) == 5));
             a.dealloc(s, Layout::from_size_align(1000, 64).expect("valid"));
@@ -567,8 +596,8 @@ mod tests {
             // a miss hands kept blocks back, largest first, only as far as the mapped total would pass
             // the most ever live: three blocks live at once (32 + 18 + 20 MiB), all freed, then a fourth
             // size (22 MiB) costs the largest kept block only
-            let third = Layout::from_size_align(big::BYTES + (4 << 20), 64).expect("valid");
-            let fourth = Layout::from_size_align(big::BYTES + (6 << 20), 64).expect("valid");
+            let third = Layout::from_size_align(M + (4 << 20), 64).expect("valid");
+            let fourth = Layout::from_size_align(M + (6 << 20), 64).expect("valid");
             let (b1, b2, b3) = (a.alloc(gl), a.alloc(l), a.alloc(third));
             a.dealloc(b1, gl);
             a.dealloc(b2, l);
