@@ -207,7 +207,30 @@ pub fn matmul_at(a: &Matrix, b: &Matrix) -> Matrix {
 /// (each row block of the concatenation is assembled as [`matmul_at`] would read it), without the
 /// concatenation ever existing whole: a block of it at a time.
 pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
-    let (r, m) = a.shape();
+    at_concat(a, a.rows(), bs, None)
+}
+
+/// [`matmul_at_concat`] of `f(A)` over `A`'s first `rows` rows, where `f` changes rows independently (input
+/// dropout): each row block of `A` is copied and passed to `draw` with its first row's index before its
+/// product, so `f(A)` never exists whole. Equal bit for bit to [`matmul_at_concat`] of `f(A)`'s first `rows`
+/// rows (the same blocks, summed in the same order).
+pub fn matmul_at_concat_drawn(
+    a: &Matrix,
+    rows: usize,
+    bs: &[&Matrix],
+    draw: &(dyn Fn(&mut [f32], usize) + Sync),
+) -> Matrix {
+    at_concat(a, rows, bs, Some(draw))
+}
+
+fn at_concat(
+    a: &Matrix,
+    r: usize,
+    bs: &[&Matrix],
+    draw: Option<&(dyn Fn(&mut [f32], usize) + Sync)>,
+) -> Matrix {
+    let m = a.cols();
+    assert!(r <= a.rows(), "matmul_at_concat over more rows than A has");
     let n: usize = bs.iter().map(|b| b.cols()).sum();
     for b in bs {
         assert_eq!(b.rows(), r, "matmul_at_concat row counts differ");
@@ -217,8 +240,7 @@ pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
         return c;
     }
     let block = reduction_block(r);
-    let partials: Vec<Vec<f32>> = a
-        .data()
+    let partials: Vec<Vec<f32>> = a.data()[..r * m]
         .par_chunks(block * m)
         .enumerate()
         .map(|(blk, ab)| {
@@ -232,7 +254,14 @@ pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
                     c0 += b.cols();
                 }
             }
-            block_at_b(ab, &bb, m, n)
+            match draw {
+                None => block_at_b(ab, &bb, m, n),
+                Some(draw) => {
+                    let mut drawn = ab.to_vec();
+                    draw(&mut drawn, r0);
+                    block_at_b(&drawn, &bb, m, n)
+                }
+            }
         })
         .collect();
     sum_partials(c, partials)
@@ -360,6 +389,29 @@ mod tests {
             let b2 = random(rows, 3, 7);
             let want = matmul_at(&a, &Matrix::concat_cols(&b1, &b2));
             assert_eq!(matmul_at_concat(&a, &[&b1, &b2]), want);
+        }
+    }
+
+    #[test]
+    fn a_drawn_product_is_the_product_of_the_drawn_rows_bit_for_bit() {
+        // `draw` changes each row by its index (as input dropout keys its mask by row): a block handed the
+        // wrong first row, or rows beyond `rows` read, would change the product
+        let draw = |block: &mut [f32], r0: usize| {
+            for (i, row) in block.chunks_exact_mut(24).enumerate() {
+                let r = r0 + i;
+                row[r % 24] = 0.0;
+                row[(r * 7) % 24] *= 2.0;
+            }
+        };
+        for &(rows, extra) in &[(1, 0), (7, 3), (50_000, 11)] {
+            let a = random(rows + extra, 24, 5);
+            let b1 = random(rows, 16, 6);
+            let b2 = random(rows, 3, 7);
+            let mut drawn = a.row_block(0, rows);
+            draw(drawn.data_mut(), 0);
+            let want = matmul_at_concat(&drawn, &[&b1, &b2]);
+            assert_eq!(matmul_at_concat_drawn(&a, rows, &[&b1, &b2], &draw), want);
+            assert_ne!(matmul_at_concat(&a.row_block(0, rows), &[&b1, &b2]), want);
         }
     }
 }

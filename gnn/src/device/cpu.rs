@@ -717,6 +717,58 @@ impl Ops for Cpu {
         Ok(both.split_cols(a.cols()))
     }
 
+    fn linear_pair_dropped(
+        &mut self,
+        h: &Matrix,
+        gids: Option<&Vec<u32>>,
+        d: Dropout,
+        w: &Matrix,
+        w_root: &Matrix,
+    ) -> Result<(Matrix, Matrix), Error> {
+        let _p = crate::profile::span("linear_pair_dropped");
+        check(w.shape() == w_root.shape() && h.cols() == w.rows(), || {
+            "linear_pair_dropped shapes".into()
+        })?;
+        // each row block drawn once for both products, as `linear_pair` reads H once
+        let both_w = Matrix::concat_cols(w, w_root);
+        let mut both = Matrix::zeros(h.rows(), both_w.cols());
+        self.gemm_dropped_add(h, gids, d, &both_w, &mut both)?;
+        Ok(both.split_off_cols(w.cols()))
+    }
+
+    fn matmul_at_dropped(
+        &mut self,
+        x: &Matrix,
+        gids: Option<&Vec<u32>>,
+        d: Dropout,
+        bs: &[&Matrix],
+    ) -> Result<Vec<Matrix>, Error> {
+        let _p = crate::profile::span("matmul_at_dropped");
+        let rows = bs.first().map_or(0, |b| b.rows());
+        check(
+            bs.iter().all(|b| b.rows() == rows) && rows <= x.rows(),
+            || "matmul_at_dropped shapes".into(),
+        )?;
+        let gids = gids.map(Vec::as_slice);
+        let k = x.cols();
+        // the products of `matmul_at_pair` over the dropped-out rows, each reduction block's rows drawn on
+        // its own thread
+        let mut rest =
+            crate::dense::matmul_at_concat_drawn(x, rows, bs, &|block: &mut [f32], r0: usize| {
+                dropout_rows_serial(block, k, gids, r0, d)
+            });
+        let mut out = Vec::with_capacity(bs.len());
+        for b in &bs[..bs.len().saturating_sub(1)] {
+            let (left, right) = rest.split_off_cols(b.cols());
+            out.push(left);
+            rest = right;
+        }
+        if !bs.is_empty() {
+            out.push(rest);
+        }
+        Ok(out)
+    }
+
     fn gemm_dropped_add(
         &mut self,
         x: &Matrix,

@@ -304,21 +304,7 @@ pub(super) fn fused_first_backward<O: Ops>(
         }
         (Some(x), Some(d)) => {
             // `dropout(X)^T dZ`, the dropped-out rows drawn a block at a time
-            let xc = ops.dims(x).1;
-            let rows = dropped_rows_block(ops, xc);
-            let mut gr = ops.alloc(xc, width)?;
-            for r0 in (0..n).step_by(rows) {
-                let rows = rows.min(n - r0);
-                let xd = dropped_rows(ops, x, gids, d, r0, rows)?;
-                ops.gemm(
-                    View::full(&xd, rows, xc).t(),
-                    rows_of(&dz, r0, rows, width),
-                    if r0 == 0 { 0.0 } else { 1.0 },
-                    &mut gr,
-                )?;
-                ops.recycle(xd);
-            }
-            Some(gr)
+            matmul_at_dropped(ops, x, gids, d, &[&dz])?.pop()
         }
         (None, _) => None,
     };
@@ -330,6 +316,40 @@ pub(super) fn fused_first_backward<O: Ops>(
         w_root: gr,
         bias: gb,
     })
+}
+
+/// `dropout(x)^T b` for each `b` of `bs` (see [`Ops::matmul_at_dropped`]), the dropped-out rows of `x` drawn
+/// a block at a time.
+pub(super) fn matmul_at_dropped<O: Ops>(
+    ops: &mut O,
+    x: &O::Mat,
+    gids: Option<&O::Idx>,
+    d: Dropout,
+    bs: &[&O::Mat],
+) -> Result<Vec<O::Mat>, O::Error> {
+    let (xr, xc) = ops.dims(x);
+    let n = bs.first().map_or(0, |b| ops.dims(b).0);
+    if bs.iter().any(|b| ops.dims(b).0 != n) || n > xr {
+        return Err(shape_error(format!(
+            "matmul_at_dropped: products over {n} rows of a {xr}x{xc} input, every one with as many rows"
+        )));
+    }
+    let mut out = Vec::with_capacity(bs.len());
+    for b in bs {
+        let bc = ops.dims(b).1;
+        out.push(ops.zeros(xc, bc)?);
+    }
+    let block = dropped_rows_block(ops, xc);
+    for r0 in (0..n).step_by(block) {
+        let rows = block.min(n - r0);
+        let xd = dropped_rows(ops, x, gids, d, r0, rows)?;
+        for (b, o) in bs.iter().zip(out.iter_mut()) {
+            let bc = ops.dims(b).1;
+            ops.gemm(View::full(&xd, rows, xc).t(), rows_of(*b, r0, rows, bc), 1.0, o)?;
+        }
+        ops.recycle(xd);
+    }
+    Ok(out)
 }
 
 /// Rows per block of a dropped-out input drawn again: [`Ops::dropped_block_bytes`] of them.

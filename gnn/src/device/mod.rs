@@ -583,6 +583,39 @@ pub trait Ops: Sized {
         defaults::gemm_dropped_add(self, x, gids, d, w, out)
     }
 
+    /// `(dropout(H) W, dropout(H) W_root)` ([`Ops::linear_pair`] of the dropped-out input), the dropout drawn
+    /// a row block at a time as [`Ops::gemm_dropped_add`] draws it; a device may draw each block once for
+    /// both products.
+    fn linear_pair_dropped(
+        &mut self,
+        h: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        d: Dropout,
+        w: &Self::Mat,
+        w_root: &Self::Mat,
+    ) -> Result<(Self::Mat, Self::Mat), Self::Error> {
+        let (rows, (_, cols)) = (self.dims(h).0, self.dims(w));
+        let mut m = self.zeros(rows, cols)?;
+        self.gemm_dropped_add(h, gids, d, w, &mut m)?;
+        let mut r = self.zeros(rows, cols)?;
+        self.gemm_dropped_add(h, gids, d, w_root, &mut r)?;
+        Ok((m, r))
+    }
+
+    /// `dropout(x)^T b` for each `b` of `bs` (all with the same number of rows, the first rows of `x`), the
+    /// dropout (keyed by `gids` as [`Ops::dropout`] keys it) drawn a row block at a time: the weight
+    /// gradients of a first layer that transformed its input under input dropout, whose dropped-out copy
+    /// (n x in_dim, 122 MiB for a quarter of SBM 1M) is then never held from forward to backward (issue 31).
+    fn matmul_at_dropped(
+        &mut self,
+        x: &Self::Mat,
+        gids: Option<&Self::Idx>,
+        d: Dropout,
+        bs: &[&Self::Mat],
+    ) -> Result<Vec<Self::Mat>, Self::Error> {
+        defaults::matmul_at_dropped(self, x, gids, d, bs)
+    }
+
     /// GAT's aggregation with a rematerialising exchange (SAR) into `out` (`n x d_out`, bias not added),
     /// from the owned messages `m_own` (`[Z | s_src]`) and `s_dst`. Returns what
     /// [`Ops::gat_backward_remat`] needs besides them.

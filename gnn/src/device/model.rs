@@ -623,7 +623,11 @@ impl<O: Ops> DeviceModel<O> {
         let input = match self.input_dropout(pass) {
             // the first layer makes its dropped-out copy itself, in its output's buffer, and is done with
             // it once aggregated
-            Some(_) if self.redraws_root_input(gs) || self.backward_skips_first_input(gs) => {
+            Some(_)
+                if self.redraws_root_input(gs)
+                    || self.backward_skips_first_input(gs)
+                    || self.redraws_transformed_input(gs) =>
+            {
                 Input::Borrowed(x)
             }
             Some(d) => {
@@ -832,7 +836,9 @@ impl<O: Ops> DeviceModel<O> {
                             out,
                         )?
                     } else {
-                        self.layer_forward(ops, &l, g, inputs[li].get(), pass, gs.whole(), ex)?
+                        let drawn = self.drawn_input_dropout(gs, li, &inputs[li], pass);
+                        let h = inputs[li].get();
+                        self.layer_forward(ops, &l, g, h, drawn, pass, gs.whole(), ex)?
                     };
                     caches.push(cache);
                     out
@@ -983,8 +989,35 @@ impl<O: Ops> DeviceModel<O> {
             .is_some_and(|l0| l0.w_root.is_some())
     }
 
+    /// Whether a first layer that transforms its input before aggregating (its input is wider than its
+    /// output: GCN and GraphSAGE on wide features) draws its input dropout again a row block at a time, in
+    /// forward's products and backward's weight gradients ([`Ops::gemm_dropped_add`],
+    /// [`Ops::matmul_at_dropped`]), instead of holding the dropped-out copy of the features from forward
+    /// to backward (n x in_dim: 122 MiB for a quarter of SBM 1M, as much as the features; issue 31). On the
+    /// whole graph or a partition; sampled blocks keep the copy.
+    fn redraws_transformed_input(&self, gs: Graphs<'_, O>) -> bool {
+        let l0 = &self.layers[0];
+        gs.whole() && l0.kind != LayerKind::Gat && !l0.aggregate_first
+    }
+
+    /// The input dropout layer 0 draws again from its borrowed input (see
+    /// [`DeviceModel::redraws_transformed_input`]), when this pass drops out its input.
+    fn drawn_input_dropout(
+        &self,
+        gs: Graphs<'_, O>,
+        li: usize,
+        input: &Input<'_, O::Mat>,
+        pass: Pass,
+    ) -> Option<Dropout> {
+        (li == 0 && matches!(input, Input::Borrowed(_)) && self.redraws_transformed_input(gs))
+            .then(|| self.input_dropout(pass))
+            .flatten()
+    }
+
     /// One layer's forward, its output before the bias (`run_layers` adds it). `h` is the layer's input: the
-    /// owned rows (halo rows come through `ex`) or, on a block, every source row.
+    /// owned rows (halo rows come through `ex`) or, on a block, every source row; `drawn`: the input is
+    /// `dropout(h)`, drawn again a row block at a time (a transforming first layer, see
+    /// [`DeviceModel::redraws_transformed_input`]).
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -992,6 +1025,7 @@ impl<O: Ops> DeviceModel<O> {
         l: &LayerPlan,
         g: GraphView<'_, O>,
         h: &O::Mat,
+        drawn: Option<Dropout>,
         pass: Pass,
         whole: bool,
         ex: &mut dyn Exchange,
@@ -1009,7 +1043,10 @@ impl<O: Ops> DeviceModel<O> {
             self.after_aggregation(ops, l, n, agg, Some(h), None)?
         } else if let (Some(wr), false) = (root, g.complete) {
             // one product `H [W | W_root]` reads H once instead of twice
-            let (m, r) = ops.linear_pair(h, w, wr)?;
+            let (m, r) = match drawn {
+                None => ops.linear_pair(h, w, wr)?,
+                Some(d) => ops.linear_pair_dropped(h, g.gids, d, w, wr)?,
+            };
             let mut out = ops.aggregate(g, l.index, &m, ex)?;
             ops.recycle(m);
             ops.add_assign(&mut out, &r)?;
@@ -1017,23 +1054,36 @@ impl<O: Ops> DeviceModel<O> {
             (out, Cache::Transformed)
         } else {
             let n_in = ops.dims(h).0;
-            let mut m = ops.alloc(n_in, hc)?;
-            ops.gemm(
-                View::full(h, n_in, d_in),
-                View::full(w, d_in, hc),
-                0.0,
-                &mut m,
-            )?;
+            let m = match drawn {
+                None => {
+                    let mut m = ops.alloc(n_in, hc)?;
+                    ops.gemm(
+                        View::full(h, n_in, d_in),
+                        View::full(w, d_in, hc),
+                        0.0,
+                        &mut m,
+                    )?;
+                    m
+                }
+                Some(d) => {
+                    let mut m = ops.zeros(n_in, hc)?;
+                    ops.gemm_dropped_add(h, g.gids, d, w, &mut m)?;
+                    m
+                }
+            };
             let mut out = ops.aggregate(g, l.index, &m, ex)?;
             ops.recycle(m);
             if let Some(wr) = root {
                 // the root weight reads the destinations' rows of the input (a prefix of it on a block)
-                ops.gemm(
-                    View::full(h, n, d_in),
-                    View::full(wr, d_in, hc),
-                    1.0,
-                    &mut out,
-                )?;
+                match drawn {
+                    None => ops.gemm(
+                        View::full(h, n, d_in),
+                        View::full(wr, d_in, hc),
+                        1.0,
+                        &mut out,
+                    )?,
+                    Some(d) => ops.gemm_dropped_add(h, g.gids, d, wr, &mut out)?,
+                }
             }
             (out, Cache::Transformed)
         };
@@ -1229,11 +1279,13 @@ impl<O: Ops> DeviceModel<O> {
             }
             let g = gs.layer(li);
             let fuse = li == 1 && fuse_first;
+            let drawn = self.drawn_input_dropout(gs, li, &h, pass);
             let dx = self.layer_backward(
                 ops,
                 l,
                 g,
                 h.get(),
+                drawn,
                 cache,
                 d_out,
                 li > 0,
@@ -1345,6 +1397,7 @@ impl<O: Ops> DeviceModel<O> {
         l: &LayerPlan,
         g: GraphView<'_, O>,
         h: &O::Mat,
+        drawn: Option<Dropout>,
         cache: Cache<O::Mat>,
         d_out: O::Mat,
         need_dx: bool,
@@ -1383,6 +1436,26 @@ impl<O: Ops> DeviceModel<O> {
         let n = g.n;
         let (d_in, hc) = (l.d_in, l.hc());
         let w = &self.params[l.w].value;
+        if let (Some(d), Cache::Transformed) = (drawn, &cache) {
+            // the first layer under input dropout, its input the features themselves: both weight
+            // gradients read `dropout(X)` drawn again a row block at a time (it has no input gradient)
+            let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
+            let mut bs = vec![&dm];
+            if l.w_root.is_some() {
+                bs.push(&d_out);
+            }
+            let mut gs = ops.matmul_at_dropped(h, g.gids, d, &bs)?.into_iter();
+            drop(bs);
+            if let Some(gw) = gs.next() {
+                set_grad!(ops, grads, l.w, gw);
+            }
+            if let (Some(r), Some(gr)) = (l.w_root, gs.next()) {
+                set_grad!(ops, grads, r, gr);
+            }
+            ops.recycle(dm);
+            ops.recycle(d_out);
+            return Ok(None);
+        }
         if let (true, Cache::Transformed) = (need_dx && factored_ok, &cache) {
             let dm = ops.aggregate_backward(g, l.index, &d_out, ex)?;
             let mut terms = vec![];
