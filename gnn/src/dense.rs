@@ -214,21 +214,14 @@ pub fn matmul_at_concat(a: &Matrix, bs: &[&Matrix]) -> Matrix {
 /// dropout): each row block of `A` is copied and passed to `draw` with its first row's index before its
 /// product, so `f(A)` never exists whole. Equal bit for bit to [`matmul_at_concat`] of `f(A)`'s first `rows`
 /// rows (the same blocks, summed in the same order).
-pub fn matmul_at_concat_drawn(
-    a: &Matrix,
-    rows: usize,
-    bs: &[&Matrix],
-    draw: &(dyn Fn(&mut [f32], usize) + Sync),
-) -> Matrix {
+pub fn matmul_at_concat_drawn(a: &Matrix, rows: usize, bs: &[&Matrix], draw: &Draw<'_>) -> Matrix {
     at_concat(a, rows, bs, Some(draw))
 }
 
-fn at_concat(
-    a: &Matrix,
-    r: usize,
-    bs: &[&Matrix],
-    draw: Option<&(dyn Fn(&mut [f32], usize) + Sync)>,
-) -> Matrix {
+/// Changes a copied row block of a matrix in place, given the block's first row (input dropout's redraw).
+pub type Draw<'a> = dyn Fn(&mut [f32], usize) + Sync + 'a;
+
+fn at_concat(a: &Matrix, r: usize, bs: &[&Matrix], draw: Option<&Draw<'_>>) -> Matrix {
     let m = a.cols();
     assert!(r <= a.rows(), "matmul_at_concat over more rows than A has");
     let n: usize = bs.iter().map(|b| b.cols()).sum();

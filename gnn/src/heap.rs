@@ -559,7 +559,7 @@ mod tests {
         let a = LineAligned;
         // sizes well above the threshold, whose mapped lengths (whole 2 MiB pages) all differ
         const M: usize = 16 << 20;
-        assert!(M >= big::BYTES);
+        const { assert!(M >= big::BYTES) };
         let size = M + 12345;
         let l = Layout::from_size_align(size, 64).expect("valid");
         unsafe {
