@@ -112,6 +112,24 @@ impl Features {
         }
     }
 
+    /// `len` zero values of `dtype`.
+    pub fn zeros(dtype: FeatureDtype, len: usize) -> Features {
+        match dtype {
+            FeatureDtype::F32 => Features::F32(vec![0.0; len]),
+            FeatureDtype::F16 => Features::F16(vec![f16::ZERO; len]),
+            FeatureDtype::BF16 => Features::BF16(vec![bf16::ZERO; len]),
+        }
+    }
+
+    /// The values' bytes, to write in place (little-endian, as [`FeatureView::as_bytes`] reads them).
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Features::F32(v) => bytemuck::cast_slice_mut(v),
+            Features::F16(v) => bytemuck::cast_slice_mut(v),
+            Features::BF16(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.view().len()
     }

@@ -19,6 +19,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail, ensure};
 use physalia_graph::partition::Part;
 use physalia_graph::{FeatureDtype, Features};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"PHDELTA2";
@@ -265,38 +266,73 @@ pub fn apply(old: Option<&Part>, d: &PartDelta) -> Result<Part> {
             old_halo[l - old_owned.len()]
         }
     };
+    // the rows' lengths first, so every row's neighbours and features have their place before any is
+    // written, and the rows are filled on the worker's threads (single-threaded, this was 0.3-0.5 s of an
+    // in-place resize's pause at SBM 1M: issue 33)
     let mut indptr = Vec::with_capacity(n_owned + 1);
     indptr.push(0i64);
-    let mut indices: Vec<i32> = Vec::new();
-    let mut src_in_degree = Vec::with_capacity(n_owned + d.halo.len());
-    let mut labels = Vec::with_capacity(n_owned);
-    let mut features: Vec<u8> = Vec::with_capacity(n_owned * row_bytes);
-    let old_features = old.map(|p| p.features.view().as_bytes()).unwrap_or(&[]);
     for (_, from) in &rows {
-        let start = indices.len();
-        match *from {
+        let len = match *from {
             Src::Kept(i) => {
                 let p = old.expect("kept rows come from a held part");
-                for &l in &p.indices[p.indptr[i] as usize..p.indptr[i + 1] as usize] {
-                    indices.push(to_local(old_global(l))?);
-                }
-                labels.push(p.labels[i]);
-                features.extend_from_slice(&old_features[i * row_bytes..(i + 1) * row_bytes]);
+                (p.indptr[i + 1] - p.indptr[i]) as usize
             }
-            Src::Gained(j) => {
-                let r = d.gained_indptr[j] as usize..d.gained_indptr[j + 1] as usize;
-                for &g in &d.gained_nbrs[r] {
-                    indices.push(to_local(g)?);
-                }
-                labels.push(d.gained_labels[j]);
-                features.extend_from_slice(&d.gained_features[j * row_bytes..(j + 1) * row_bytes]);
-            }
-        }
-        indices[start..].sort_unstable();
-        // an owned row's global in-degree is its row's length: every in-neighbour is owned or halo
-        src_in_degree.push((indices.len() - start) as u32);
-        indptr.push(indices.len() as i64);
+            Src::Gained(j) => (d.gained_indptr[j + 1] - d.gained_indptr[j]) as usize,
+        };
+        indptr.push(indptr.last().copied().unwrap_or(0) + len as i64);
     }
+    let nnz = indptr.last().copied().unwrap_or(0) as usize;
+    let mut indices = vec![0i32; nnz];
+    let old_features = old.map(|p| p.features.view().as_bytes()).unwrap_or(&[]);
+    let mut features = Features::zeros(d.feature_dtype, n_owned * d.feat_dim);
+    {
+        // each row's slice of the indices (rows are contiguous in `indices`, in row order)
+        let mut slots: Vec<&mut [i32]> = Vec::with_capacity(n_owned);
+        let mut rest = indices.as_mut_slice();
+        for w in indptr.windows(2) {
+            let (row, tail) = rest.split_at_mut((w[1] - w[0]) as usize);
+            slots.push(row);
+            rest = tail;
+        }
+        let feature_rows = features.as_bytes_mut().chunks_mut(row_bytes.max(1));
+        slots
+            .into_par_iter()
+            .zip(feature_rows.collect::<Vec<_>>())
+            .zip(rows.par_iter())
+            .try_for_each(|((out, feats), (_, from))| -> Result<()> {
+                match *from {
+                    Src::Kept(i) => {
+                        let p = old.expect("kept rows come from a held part");
+                        let nbrs = &p.indices[p.indptr[i] as usize..p.indptr[i + 1] as usize];
+                        for (o, &l) in out.iter_mut().zip(nbrs) {
+                            *o = to_local(old_global(l))?;
+                        }
+                        feats.copy_from_slice(&old_features[i * row_bytes..(i + 1) * row_bytes]);
+                    }
+                    Src::Gained(j) => {
+                        let r = d.gained_indptr[j] as usize..d.gained_indptr[j + 1] as usize;
+                        for (o, &g) in out.iter_mut().zip(&d.gained_nbrs[r]) {
+                            *o = to_local(g)?;
+                        }
+                        feats.copy_from_slice(
+                            &d.gained_features[j * row_bytes..(j + 1) * row_bytes],
+                        );
+                    }
+                }
+                out.sort_unstable();
+                Ok(())
+            })?;
+    }
+    // an owned row's global in-degree is its row's length: every in-neighbour is owned or halo
+    let mut src_in_degree = Vec::with_capacity(n_owned + d.halo.len());
+    src_in_degree.extend(indptr.windows(2).map(|w| (w[1] - w[0]) as u32));
+    let labels: Vec<_> = rows
+        .iter()
+        .map(|(_, from)| match *from {
+            Src::Kept(i) => old.expect("kept rows come from a held part").labels[i],
+            Src::Gained(j) => d.gained_labels[j],
+        })
+        .collect();
     src_in_degree.extend_from_slice(&d.halo_degree);
     // split membership: the kept rows' from the held part, the gained rows' from the delta
     let mut new_of_old = vec![u32::MAX; old_owned.len()];
@@ -326,11 +362,6 @@ pub fn apply(old: Option<&Part>, d: &PartDelta) -> Result<Part> {
         split.sort_unstable();
     }
     let [train, val, test] = splits;
-    let features = match d.feature_dtype {
-        FeatureDtype::F32 => Features::F32(bytemuck::pod_collect_to_vec(&features)),
-        FeatureDtype::F16 => Features::F16(bytemuck::pod_collect_to_vec(&features)),
-        FeatureDtype::BF16 => Features::BF16(bytemuck::pod_collect_to_vec(&features)),
-    };
     let part = Part {
         part: d.part,
         k: d.k,
