@@ -319,6 +319,21 @@ pub fn safetensors_header(bytes: &[u8]) -> Header {
 }
 
 /// Writes `text` as a job file `name` in `dir` and returns its path.
+/// Writes `text` to the new file `path` with permission bits `mode` from its creation on (a secret: 0400,
+/// or 0500 for a credential process), never readable by others in between; fails if `path` exists.
+pub fn secret_file(path: &Path, text: &str, mode: u32) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
 pub fn write_job(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     fs::write(&p, text).unwrap();

@@ -1027,15 +1027,8 @@ fn issue_30_a_cluster_job_submitted_with_a_named_profile_alone_trains_and_reads_
 
     // the user's AWS files: secrets, so 0400; the credential process prints the same keys
     let secret_file = |name: &str, text: &str, mode: u32| -> PathBuf {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = t.path().join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&path)
-            .unwrap();
-        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+        physalia_tests::secret_file(&path, text, mode);
         path
     };
     let process = secret_file(

@@ -15,8 +15,7 @@
 //! moto is not installed (`PHYSALIA_REQUIRE_MOTO=1` makes a missing moto fail instead).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -57,13 +56,7 @@ fn no_kubectl(kubectl: &str) -> Option<String> {
 
 /// Writes `text` to a new file only its owner may read (mode 0400).
 fn secret_file(path: &Path, text: &str) {
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o400)
-        .open(path)
-        .unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+    physalia_tests::secret_file(path, text, 0o400);
 }
 
 impl Fake {
