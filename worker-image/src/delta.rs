@@ -294,10 +294,15 @@ pub fn apply(old: Option<&Part>, d: &PartDelta) -> Result<Part> {
             slots.push(row);
             rest = tail;
         }
-        let feature_rows = features.as_bytes_mut().chunks_mut(row_bytes.max(1));
+        // one slice a row (empty ones when rows have no features: `zip` must not run out of them)
+        let feature_rows: Vec<&mut [u8]> = if row_bytes == 0 {
+            (0..n_owned).map(|_| <&mut [u8]>::default()).collect()
+        } else {
+            features.as_bytes_mut().chunks_mut(row_bytes).collect()
+        };
         slots
             .into_par_iter()
-            .zip(feature_rows.collect::<Vec<_>>())
+            .zip(feature_rows)
             .zip(rows.par_iter())
             .try_for_each(|((out, feats), (_, from))| -> Result<()> {
                 match *from {
