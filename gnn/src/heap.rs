@@ -549,6 +549,31 @@ mod tests {
         }
     }
 
+    /// A halo message of a few MiB is `big`'s, not glibc's: freed, it is kept under the one high-water mark
+    /// instead of growing glibc's heap beside it (issue 31: a worker's peak was the two allocators' peaks
+    /// added up).
+    #[test]
+    fn blocks_of_a_mebibyte_and_more_are_mapped_alone() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let _turn = one_at_a_time();
+        release_freed_memory();
+        let a = LineAligned;
+        unsafe {
+            for (size, alone) in [(3 << 20, true), (1 << 20, true), ((1 << 20) - 1, false)] {
+                let l = Layout::from_size_align(size, 8).expect("valid");
+                let p = a.alloc(l);
+                assert!(!p.is_null());
+                p.write_bytes(1, size);
+                a.dealloc(p, l);
+                let kept = big::kept().iter().any(|&(q, _)| q == p as usize);
+                assert_eq!(kept, alone, "a block of {size} bytes");
+            }
+        }
+        release_freed_memory();
+    }
+
     #[test]
     fn the_largest_blocks_are_mapped_alone_and_a_freed_one_serves_the_next_request_of_its_size() {
         if !cfg!(target_os = "linux") {
