@@ -5,36 +5,10 @@
 //!
 //! `cargo run -p physalia-gnn --example live_bytes -- MODEL NODES DROPOUT [HIDDEN]` (e.g. `sage 1000000 0 256`).
 
+use physalia_gnn::heap::Counting;
 use physalia_gnn::{Adam, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass};
 use physalia_graph::synth::{SbmParams, sbm};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-        PEAK.fetch_max(now, Relaxed);
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, n) };
-        if n > l.size() {
-            let now = LIVE.fetch_add(n - l.size(), Relaxed) + n - l.size();
-            PEAK.fetch_max(now, Relaxed);
-        } else {
-            LIVE.fetch_sub(l.size() - n, Relaxed);
-        }
-        q
-    }
-}
 #[global_allocator]
 static A: Counting = Counting;
 fn mib(b: usize) -> usize {
@@ -43,10 +17,10 @@ fn mib(b: usize) -> usize {
 fn mark(what: &str) {
     println!(
         "{what:30} live {:5} MiB peak {:5} MiB",
-        mib(LIVE.load(Relaxed)),
-        mib(PEAK.load(Relaxed))
+        mib(Counting::live()),
+        mib(Counting::peak())
     );
-    PEAK.store(LIVE.load(Relaxed), Relaxed);
+    Counting::reset_peak();
 }
 
 fn main() {

@@ -49,6 +49,62 @@ pub fn drop_now<T>(v: Vec<T>) {
     big::UNKEPT.with(|u| u.set(false));
 }
 
+/// A global allocator that forwards to the system's and counts the bytes live and the most live at once,
+/// for measuring what a phase allocates (`examples/live_bytes.rs`, `tests/first_layer_memory.rs`):
+/// `#[global_allocator] static A: physalia_gnn::heap::Counting = physalia_gnn::heap::Counting;`, then
+/// [`Counting::live`], [`Counting::peak`] and [`Counting::reset_peak`].
+pub struct Counting;
+
+static COUNTED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static COUNTED_PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Counting {
+    /// Bytes allocated and not yet freed.
+    pub fn live() -> usize {
+        COUNTED_LIVE.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// The most bytes live at once since the last [`Counting::reset_peak`].
+    pub fn peak() -> usize {
+        COUNTED_PEAK.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Starts a new peak from the bytes live now.
+    pub fn reset_peak() {
+        COUNTED_PEAK.store(Self::live(), std::sync::atomic::Ordering::Relaxed);
+    }
+    fn grew(by: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = COUNTED_LIVE.fetch_add(by, Relaxed) + by;
+        COUNTED_PEAK.fetch_max(now, Relaxed);
+    }
+    fn shrank(by: usize) {
+        COUNTED_LIVE.fetch_sub(by, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call forwards to `System` unchanged; the counters are only counted.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        Self::grew(l.size());
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        Self::grew(l.size());
+        unsafe { std::alloc::System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(p, l) };
+        Self::shrank(l.size());
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        if n > l.size() {
+            Self::grew(n - l.size());
+        } else {
+            Self::shrank(l.size() - n);
+        }
+        unsafe { std::alloc::System.realloc(p, l, n) }
+    }
+}
+
 /// A global allocator that starts every allocation of [`LINE_ALIGNED_BYTES`] or more on a 64-byte cache
 /// line, asks for transparent huge pages under every allocation of [`HUGE_PAGE_BYTES`] or more, and leaves
 /// smaller ones to the system allocator as they are.

@@ -4,44 +4,9 @@
 //! backward). Measured with a counting allocator: the bytes a training step allocates beyond what was live
 //! before it stay well under one copy of the features.
 
+use physalia_gnn::heap::Counting;
 use physalia_gnn::{Adam, LayerKind, LocalExchange, LocalGraph, Matrix, Model, ModelConfig, Pass};
 use physalia_graph::synth::{SbmParams, sbm};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-        PEAK.fetch_max(now, Relaxed);
-        p
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(l) };
-        let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
-        PEAK.fetch_max(now, Relaxed);
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, n) };
-        if n > l.size() {
-            let now = LIVE.fetch_add(n - l.size(), Relaxed) + n - l.size();
-            PEAK.fetch_max(now, Relaxed);
-        } else {
-            LIVE.fetch_sub(l.size() - n, Relaxed);
-        }
-        q
-    }
-}
 
 #[global_allocator]
 static A: Counting = Counting;
@@ -94,11 +59,11 @@ fn a_transforming_first_layer_holds_no_dropped_out_copy_of_its_input() {
         pool.install(|| {
             // the first step allocates what every step reuses (the optimizer's moments)
             step(1);
-            let before = LIVE.load(Relaxed);
-            PEAK.store(before, Relaxed);
+            let before = Counting::live();
+            Counting::reset_peak();
             let loss = step(2);
             assert!(loss.is_finite());
-            let extra = PEAK.load(Relaxed).saturating_sub(before);
+            let extra = Counting::peak().saturating_sub(before);
             assert!(
                 extra < copy * 3 / 4,
                 "{kind:?}: a training step allocated {extra} bytes beyond what was live, a dropped-out \

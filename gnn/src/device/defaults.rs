@@ -345,7 +345,12 @@ pub(super) fn matmul_at_dropped<O: Ops>(
         let xd = dropped_rows(ops, x, gids, d, r0, rows)?;
         for (b, o) in bs.iter().zip(out.iter_mut()) {
             let bc = ops.dims(b).1;
-            ops.gemm(View::full(&xd, rows, xc).t(), rows_of(*b, r0, rows, bc), 1.0, o)?;
+            ops.gemm(
+                View::full(&xd, rows, xc).t(),
+                rows_of(*b, r0, rows, bc),
+                1.0,
+                o,
+            )?;
         }
         ops.recycle(xd);
     }
