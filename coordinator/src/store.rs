@@ -356,7 +356,8 @@ pub struct Remote {
     /// The store's HTTP connections live on this runtime, so every call goes through it.
     rt: Arc<tokio::runtime::Runtime>,
     s3_region: Option<String>,
-    /// The same store as a signer of URLs (S3's presigned GETs), where it signs them.
+    /// The same store as a signer of URLs (S3's presigned GETs, Azure's user delegation SAS, GCS's
+    /// V4 signed URLs), where it signs them.
     signer: Option<Arc<dyn object_store::signer::Signer>>,
 }
 
@@ -372,24 +373,28 @@ impl Remote {
         let parsed = url::Url::parse(url).with_context(|| format!("{url}: not a URL"))?;
         let rt = runtime()?;
         let mut s3_region = None;
-        let mut signer: Option<Arc<dyn object_store::signer::Signer>> = None;
-        let store: Arc<dyn ObjectStore> = match parsed.scheme() {
+        /// Every store opened here is also a signer of its URLs.
+        fn both<S: ObjectStore + object_store::signer::Signer>(
+            s: S,
+        ) -> (Arc<dyn ObjectStore>, Arc<dyn object_store::signer::Signer>) {
+            let s = Arc::new(s);
+            (s.clone(), s)
+        }
+        let (store, signer) = match parsed.scheme() {
             "s3" | "s3a" => {
                 let (builder, region) = rt.block_on(s3_builder(url, &parsed))?;
                 s3_region = Some(region);
-                let s3 = Arc::new(
+                both(
                     builder
                         .build()
                         .with_context(|| format!("{url}: opening the S3 bucket"))?,
-                );
-                signer = Some(s3.clone());
-                s3
+                )
             }
-            "az" | "abfs" | "abfss" | "azure" => Arc::new(open_azure(
+            "az" | "abfs" | "abfss" | "azure" => both(open_azure(
                 url,
                 azure_builder().with_context(|| format!("{url}: Azure's credentials"))?,
             )?),
-            "gs" => Arc::new(
+            "gs" => both(
                 object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(url)
                     .build()
@@ -405,15 +410,19 @@ impl Remote {
             url: url.trim_end_matches('/').to_string(),
             rt,
             s3_region,
-            signer,
+            signer: Some(signer),
         })
     }
 
     /// A URL that lets its holder GET the object `rel` of `job`'s folder for `ttl`, without credentials
-    /// of its own: S3's presigned GET, signed with this store's credentials (a task role's session
-    /// token goes in the URL, so it lasts no longer than that session). `None` where this store signs
-    /// no URLs (Azure and GCS here, which would need a user delegation key or a service account key;
-    /// the in-memory store).
+    /// of its own, signed with this store's credentials: S3's presigned GET (a task role's session
+    /// token goes in the URL, so it lasts no longer than that session); on Azure a user delegation SAS
+    /// (read, this one blob) under a key Blob Storage gives the bearer token's principal (object_store
+    /// asks for it and caches it; a shared key signs a service SAS instead); on GCS a V4 signed URL
+    /// (a service account's key, or the IAM signBlob call for the metadata server's account). `None`
+    /// where this store signs no URLs (the in-memory store). An error where the credentials cannot
+    /// sign (an Azure SAS as the credential, a principal without the right to a delegation key):
+    /// callers fall back to relaying the object.
     pub fn signed_get(
         &self,
         job: &str,

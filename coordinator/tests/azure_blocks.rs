@@ -94,6 +94,15 @@ fn child() {
         .get_file(".datasets", name, &back)
         .unwrap_or_else(|e| panic!("download failed: {e:#}"));
     println!("roundtrip ok");
+    if std::env::var_os("PHYSALIA_AZURE_SIGN").is_some() {
+        for (what, ttl) in [("signed", 3600), ("short", 1)] {
+            let url = remote
+                .signed_get(".datasets", name, std::time::Duration::from_secs(ttl))
+                .unwrap_or_else(|e| panic!("signing failed: {e:#}"))
+                .expect("an Azure store signs URLs");
+            println!("{what}={}", url.expose());
+        }
+    }
 }
 
 /// Runs [`child`] against the fake with a user's environment: `az` first on PATH, the account named,
@@ -334,4 +343,96 @@ fn issue_30_the_store_takes_azures_one_credential_chain() {
     assert!(out.contains("AZURE_CLIENT_SECRET is set"), "{out}");
     assert!(out.contains("AZURE_CLIENT_SECRET_FILE"), "{out}");
     assert!(!out.contains(secret), "the secret is never said: {out}");
+}
+
+/// Issue 31: an Azure store signs URLs, so that cluster-mode workers read their chunk files from Blob
+/// Storage themselves: `Remote::signed_get` (object_store's signer) asks Blob Storage for a user
+/// delegation key with the signed-in principal's token and signs a read SAS of one blob with it. The
+/// URL alone, no token, reads the blob (whole and by range); the fake verifies the SAS as Azure
+/// documents it and refuses a changed signature, the same signature on another blob, a write with a
+/// read SAS, a SAS past its expiry, a key asked for with a SAS, and a key of more than 7 days.
+#[test]
+fn issue_31_an_az_store_signs_read_urls_the_fake_verifies() {
+    let Some(fake) = fake() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("small.bin");
+    write_dataset(&file, 300_000);
+    let (ok, out) = run_child_with(
+        &fake,
+        &file,
+        Some(fake.str("account")),
+        true,
+        &[("PHYSALIA_AZURE_SIGN", "1")],
+    );
+    assert!(ok, "{out}");
+    let url = |what: &str| -> String {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{what}=")))
+            .unwrap_or_else(|| panic!("no {what} URL: {out}"))
+            .to_string()
+    };
+    let (signed, short) = (url("signed"), url("short"));
+    // a user delegation SAS: read, one blob, the key's fields, no token of the user's in it
+    for field in ["sp=r", "sr=b", "skoid=", "sktid=", "ske=", "sig="] {
+        assert!(signed.contains(field), "{field} in {signed}");
+    }
+    assert!(!signed.contains("user.storage"), "{signed}");
+    let root = format!("{}/", blob_root(&fake));
+    let code = format!(
+        r#"import hashlib, json, time, urllib.error, urllib.request
+def req(url, method="GET", headers={{}}, body=None):
+    r = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(r) as resp:
+            return [resp.status, hashlib.sha256(resp.read()).hexdigest()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.headers.get("x-ms-error-code")]
+signed, short, root = {signed:?}, {short:?}, {root:?}
+head, _, query = signed.partition("?")
+out = {{}}
+out["get"] = req(signed)
+out["range"] = req(signed, headers={{"Range": "bytes=0-99"}})[0]
+sig = query.split("sig=")[1].split("&")[0]
+out["changed_signature"] = req(signed.replace("sig=" + sig, "sig=A" + sig[1:] if sig[0] != "A" else "sig=B" + sig[1:]))
+out["another_blob"] = req(head.rsplit("/", 1)[0] + "/other.bin?" + query)
+out["write"] = req(signed, "PUT", {{"x-ms-blob-type": "BlockBlob"}}, b"x")
+key_url = root + "{account}?restype=service&comp=userdelegationkey"
+now = time.gmtime()
+def key_info(days):
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + days * 86400))
+    return ("<KeyInfo><Expiry>%s</Expiry></KeyInfo>" % expiry).encode()
+out["key_with_sas"] = req(key_url + "&" + query, "POST", {{}}, key_info(1))
+out["key_8_days"] = req(key_url, "POST", {{"Authorization": "Bearer user.storage"}}, key_info(8))
+out["key_1_day"] = req(key_url, "POST", {{"Authorization": "Bearer user.storage"}}, key_info(1))[0]
+time.sleep(2.5)
+out["expired"] = req(short)
+print(json.dumps(out))
+"#,
+        account = fake.str("account"),
+    );
+    let got = python(&code);
+    let expect = serde_json::json!({
+        "get": [200, checksum(&file)],
+        "range": 206,
+        "changed_signature": [403, "AuthenticationFailed"],
+        "another_blob": [403, "AuthenticationFailed"],
+        "write": [403, "AuthorizationPermissionMismatch"],
+        "key_with_sas": [403, "AuthenticationFailed"],
+        "key_8_days": [400, "InvalidXmlNodeValue"],
+        "key_1_day": 200,
+        "expired": [403, "AuthenticationFailed"],
+    });
+    assert_eq!(got, expect);
+    // the read went in as the SAS's principal, the signed-in user, without a token
+    let name = "/runs/.datasets/0123456789abcdef-big.safetensors";
+    let reads: Vec<Value> = requests(&fake)
+        .into_iter()
+        .filter(|r| {
+            r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(name))
+        })
+        .collect();
+    assert!(
+        reads.iter().any(|r| r["who"] == "sas:user"),
+        "a read by the SAS: {reads:?}"
+    );
 }

@@ -42,6 +42,16 @@ Azure would do with it, for what infra/azure sets up:
   marker) of block blobs, with bearer tokens: the user's, or
   the coordinator identity's (infra/azure gives it `Storage Blob Data Contributor` on the account);
   others get 403 AuthorizationPermissionMismatch.
+- User delegation SAS, as Azure documents them (Get User Delegation Key; Create a user delegation SAS,
+  version 2020-12-06 and later): `POST /<account>?restype=service&comp=userdelegationkey` with a
+  principal's bearer token (one with a data role: the key is the principal's; a SAS cannot ask for one)
+  and `<KeyInfo><Start/><Expiry/></KeyInfo>` (Expiry at most 7 days ahead) answers a key of that
+  principal; a request with `sig` in its query is authorized by the SAS alone: every signed field present,
+  the signature the HMAC-SHA256 of the documented string-to-sign under a key this fake issued, the SAS
+  and its key within their times, the resource a blob (`sr=b`) and the method within `sp` (`r` for
+  GET/HEAD, `w` for PUT, `d` for DELETE), and the key's principal still holding its data role; else 403
+  AuthenticationFailed (AuthorizationPermissionMismatch for permissions), as Azure answers. The request
+  log's `who` is `sas:<principal>`.
 - `az`: a program `bin/az` (put first on PATH) that prints the signed-in user's token for
   `az account get-access-token --resource R` / `--scope S`, as both the aci backend and object_store
   call it.
@@ -71,6 +81,7 @@ import binascii
 import datetime
 import email.utils
 import hashlib
+import hmac
 import http.server
 import ipaddress
 import json
@@ -131,6 +142,14 @@ MAX_PUT_BLOB_BYTES = 5000 * 2**20
 MAX_BLOCK_ID_BYTES = 64
 MAX_UNCOMMITTED_BLOCKS = 100_000
 MAX_COMMITTED_BLOCKS = 50_000
+# Get User Delegation Key: a key's expiry at most this far ahead
+MAX_DELEGATION_KEY_S = 7 * 24 * 3600
+TENANT = "00000000-0000-0000-0000-0000000000aa"
+# the signed-in user's object id (the identities' are their principal ids)
+USER_OID = "d0000000-0000-0000-0000-0000000000e1"
+# user delegation SAS formats this fake verifies: from 2020-12-06 (the string-to-sign's 24 fields)
+# until 2025-07-05, which adds fields
+SAS_VERSIONS = ("2020-12-06", "2025-07-05")
 IMDS_NETWORK = "physalia-azure-imds"
 IMDS_IP = "169.254.169.254"
 # which IMDS-network address holds which identities, for every instance of this fake
@@ -847,8 +866,38 @@ def block_id(text: str) -> str | None:
     return text if 0 < len(raw) <= MAX_BLOCK_ID_BYTES else None
 
 
+def principal_oid(who: str) -> str:
+    """The object id of a principal this fake knows (the user, or an identity by name)."""
+    if who == USER:
+        return USER_OID
+    return next(oid for name, _, oid in IDENTITIES.values() if name == who)
+
+
+def principal_of_oid(oid: str) -> str | None:
+    if oid == USER_OID:
+        return USER
+    return next((name for name, _, o in IDENTITIES.values() if o == oid), None)
+
+
+def azure_time(text: str) -> float | None:
+    """Seconds since the epoch of an ISO 8601 UTC time as SAS fields and KeyInfo carry it."""
+    try:
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        return None
+    return t.timestamp()
+
+
+# a SAS's permission letter each method needs on a blob
+SAS_PERMISSION = {"GET": "r", "HEAD": "r", "PUT": "w", "DELETE": "d"}
+
+
 class Blobs(Handler):
     lock = threading.Lock()
+    # user delegation keys issued: (signed oid, signed start, signed expiry) -> the key (Base64)
+    delegation_keys: dict[tuple[str, str, str], str] = {}
     # container -> name -> (bytes, etag, last modified, content type): the committed blobs
     store: dict[str, dict[str, tuple[bytes, str, str, str]]] = {CONTAINER: {}}
     # container -> name -> its blocks; a blob with uncommitted blocks only is in no listing and no GET
@@ -877,20 +926,32 @@ class Blobs(Handler):
                                   "The request body is too large and exceeds the maximum permissible "
                                   f"limit.\nMaxLimit: {limit}")
         body = self.read_body()
-        who = bearer_principal(self.headers.get("Authorization"), "storage")
+        sas = "sig" in q
+        if sas:
+            who, refused = self.sas_principal(url.path, q)
+        else:
+            who, refused = bearer_principal(self.headers.get("Authorization"), "storage"), None
         with self.lock:
             self.requests.append({"who": who, "method": self.command, "path": url.path,
                                   "comp": q.get("comp"), "bytes": len(body)})
         if url.path == "/_fake/requests":
             with self.lock:
                 return self.reply(200, self.requests)
+        if refused:
+            return self.error(*refused)
         if who is None:
             return self.error(401, "InvalidAuthenticationInfo",
                               "Server failed to authenticate the request: no valid bearer token.")
-        if who != USER and who not in STORAGE_ROLES:
+        if not sas and who != USER and who not in STORAGE_ROLES:
             return self.error(403, "AuthorizationPermissionMismatch",
                               "This request is not authorized to perform this operation using this "
                               "permission.")
+        if self.command == "POST" and q.get("restype") == "service" \
+                and q.get("comp") == "userdelegationkey":
+            if sas:
+                return self.error(403, "AuthenticationFailed",
+                                  "A user delegation key is given to a Microsoft Entra principal only.")
+            return self.user_delegation_key(who, url.path, body)
         parts = urllib.parse.unquote(url.path).lstrip("/").split("/", 2)
         # path-style: /<account>/<container>[/<blob>]
         if len(parts) < 2 or parts[0] != ACCOUNT:
@@ -965,6 +1026,95 @@ class Blobs(Handler):
                 return
             return self.reply(200, raw=data, headers=headers, content_type=ctype)
         return self.error(405, "UnsupportedHttpVerb", self.command)
+
+    def user_delegation_key(self, who: str, path: str, body: bytes) -> None:
+        """Get User Delegation Key: a key of `who` from Start (now if absent) to Expiry."""
+        if path.strip("/") != ACCOUNT:
+            return self.error(400, "InvalidUri", f"{path}: the key is the account's (/{ACCOUNT})")
+        try:
+            info = ElementTree.fromstring(body)
+        except ElementTree.ParseError:
+            return self.error(400, "InvalidXmlDocument", "XML specified is not syntactically valid.")
+        start_text = info.findtext("Start")
+        expiry_text = info.findtext("Expiry")
+        now = time.time()
+        start = azure_time(start_text) if start_text else now
+        expiry = azure_time(expiry_text) if expiry_text else None
+        if info.tag != "KeyInfo" or start is None or expiry is None:
+            return self.error(400, "InvalidXmlNodeValue",
+                              "KeyInfo needs an Expiry (and may have a Start) in ISO 8601 UTC.")
+        if expiry <= start or expiry <= now or expiry - now > MAX_DELEGATION_KEY_S:
+            return self.error(400, "InvalidXmlNodeValue",
+                              "The key's Expiry must be after its Start and within 7 days of now.")
+        fmt = lambda t: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        oid = principal_oid(who)
+        skt, ske = fmt(start), fmt(expiry)
+        value = base64.b64encode(os.urandom(32)).decode()
+        with self.lock:
+            self.delegation_keys[(oid, skt, ske)] = value
+        version = self.headers.get("x-ms-version") or ""
+        xml = ('<?xml version="1.0" encoding="utf-8"?><UserDelegationKey>'
+               f"<SignedOid>{oid}</SignedOid><SignedTid>{TENANT}</SignedTid>"
+               f"<SignedStart>{skt}</SignedStart><SignedExpiry>{ske}</SignedExpiry>"
+               f"<SignedService>b</SignedService><SignedVersion>{escape(version)}</SignedVersion>"
+               f"<Value>{value}</Value></UserDelegationKey>")
+        self.reply(200, raw=xml.encode(), content_type="application/xml")
+
+    def sas_principal(self, path: str, q: dict) -> tuple[str | None, tuple | None]:
+        """The principal a user delegation SAS in `q` acts for, and the refusal (code, error, message)
+        where Azure would refuse it."""
+        def failed(detail: str) -> tuple[None, tuple]:
+            return None, (403, "AuthenticationFailed",
+                          "Server failed to authenticate the request. Make sure the value of "
+                          f"Authorization header is formed correctly including the signature.\n{detail}")
+        signed = ("sv", "sp", "se", "sr", "skoid", "sktid", "skt", "ske", "sks", "skv", "sig")
+        if any(not q.get(k) for k in signed):
+            return failed("Signature fields not well formed.")
+        if not SAS_VERSIONS[0] <= q["sv"] < SAS_VERSIONS[1]:
+            return failed(f"sv={q['sv']}: this fake verifies user delegation SAS of versions "
+                          f"{SAS_VERSIONS[0]} up to {SAS_VERSIONS[1]}")
+        with self.lock:
+            key = self.delegation_keys.get((q["skoid"], q["skt"], q["ske"]))
+        if key is None or q["sktid"] != TENANT or q["sks"] != "b":
+            return failed("The signed user delegation key is not one this account issued.")
+        parts = urllib.parse.unquote(path).lstrip("/").split("/", 2)
+        canonical = "/blob/" + "/".join(parts)
+        fields = [q.get(k, "") for k in ("sp", "st", "se")] + [canonical] + \
+            [q.get(k, "") for k in ("skoid", "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid",
+                                    "scid", "sip", "spr", "sv", "sr", "sst", "ses", "rscc", "rscd",
+                                    "rsce", "rscl", "rsct")]
+        string_to_sign = "\n".join(fields)
+        want = base64.b64encode(hmac.new(base64.b64decode(key), string_to_sign.encode(),
+                                         hashlib.sha256).digest()).decode()
+        if not hmac.compare_digest(want, q["sig"]):
+            return failed(f"Signature did not match. String to sign used was {string_to_sign!r}")
+        now = time.time()
+        start, expiry = azure_time(q["st"]) if q.get("st") else now, azure_time(q["se"])
+        key_expiry = azure_time(q["ske"])
+        if start is None or expiry is None or key_expiry is None:
+            return failed("Signature fields not well formed.")
+        if not start <= now < expiry:
+            return failed(f"Signed expiry time [{q['se']}] must be after the current time and signed "
+                          f"start time [{q.get('st')}] before it.")
+        if now >= key_expiry:
+            return failed(f"The user delegation key expired at {q['ske']}.")
+        who = principal_of_oid(q["skoid"])
+        # the SAS grants what its principal holds now, at most
+        if who is None or (who != USER and who not in STORAGE_ROLES):
+            return f"sas:{who}", (403, "AuthorizationPermissionMismatch",
+                                  "This request is not authorized to perform this operation using "
+                                  "this permission.")
+        if q["sr"] != "b" or len(parts) < 3 or not parts[2]:
+            return f"sas:{who}", (403, "AuthorizationResourceTypeMismatch",
+                                  "This request is not authorized to perform this operation using "
+                                  "this resource type.")
+        if SAS_PERMISSION.get(self.command) not in set(q["sp"]) or q.get("comp") not in (None, "block",
+                                                                                         "blocklist"):
+            return f"sas:{who}", (403, "AuthorizationPermissionMismatch",
+                                  "This request is not authorized to perform this operation using "
+                                  "this permission.")
+        return f"sas:{who}", None
 
     def commit(self, blobs: dict, blob: str, data: bytes) -> tuple[str, str]:
         """Makes `data` the blob's content (the lock held); returns its ETag and Last-Modified."""
@@ -1177,7 +1327,7 @@ print(json.dumps({{
     "expiresOn": datetime.datetime.fromtimestamp(expires).strftime("%Y-%m-%d %H:%M:%S.%f"),
     "expires_on": int(expires),
     "subscription": "{SUBSCRIPTION}",
-    "tenant": "00000000-0000-0000-0000-0000000000aa",
+    "tenant": "{TENANT}",
     "tokenType": "Bearer",
 }}))
 """)

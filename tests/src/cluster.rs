@@ -74,6 +74,9 @@ pub trait Cloud: Sized {
     fn store(&self) -> String;
     /// `file` of job `id`'s record in the store, as the user reads it; `None` where it is not there.
     fn record(&self, id: &str, file: &str) -> Option<String>;
+    /// The objects under `prefix` of the store (relative to [`Cloud::store`]'s URL), each with a mark
+    /// that changes when it is written again (its time or ETag), in key order.
+    fn stored(&self, prefix: &str) -> Vec<(String, String)>;
     /// A cluster-mode job file's `backend:` section, `image` the workers' and the coordinator's.
     fn backend(&self, image: &str) -> String;
     /// The catalog's prices per second: (a worker of the SKU, the coordinator).
@@ -552,6 +555,15 @@ impl MotoS3 {
         serde_json::from_value(v).unwrap()
     }
 
+    /// [`MotoS3::written`] under `prefix` of the store `s3://BUCKET/root`, the keys relative to it.
+    pub fn stored(&self, root: &str, prefix: &str) -> Vec<(String, String)> {
+        let root = format!("{}/", root.trim_end_matches('/'));
+        self.written(&format!("{root}{prefix}"))
+            .into_iter()
+            .map(|(k, at)| (k.strip_prefix(&root).unwrap_or(&k).to_string(), at))
+            .collect()
+    }
+
     /// What a user's AWS configuration would say, pointed at moto (plain HTTP on this machine).
     pub fn user_env(&self, cmd: &mut Command, region: &str) {
         cmd.env("AWS_ENDPOINT_URL", &self.endpoint)
@@ -561,4 +573,166 @@ impl MotoS3 {
             .env("AWS_ALLOW_HTTP", "true")
             .env_remove("AWS_PROFILE");
     }
+}
+
+/// A chunked dataset in cluster mode (issue 31), run by a platform's [`Cloud::check_followed`]:
+/// `submit` uploads its chunk files under its manifest; the coordinator downloads the manifest and the
+/// graph's structure, never the features; each worker reads the chunks it reads from the store itself,
+/// through the signed URLs the coordinator hands it (S3's presigned GETs, Azure's user delegation SAS:
+/// every chunk file once over the workers, none through the coordinator), cuts its part with the
+/// others and hands it back; the losses are the local run's. A second job uploads nothing and takes
+/// the stored partition set.
+///
+/// `PHYSALIA_<NAME>_CHUNKED=NODES,FEATURES,DEGREE,CHUNK_ROWS,WORKERS` (`PHYSALIA_ECS_CHUNKED`,
+/// `PHYSALIA_ACI_CHUNKED`) runs it at that size as a manual benchmark (issue 31's 4M job:
+/// `4000000,128,20,65536,4`): no local reference run, two epochs, and each worker's bytes read printed
+/// against the dataset's files.
+pub fn chunked_cluster_job<C: Cloud>(cloud: &C, s: &Scenario<'_, C>) {
+    let name = C::NAME;
+    let var = format!("PHYSALIA_{}_CHUNKED", name.to_uppercase());
+    let size = std::env::var(&var).ok().map(|v| {
+        let n: Vec<usize> = v
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{var}: five numbers: {e}"))
+            })
+            .collect();
+        assert_eq!(
+            n.len(),
+            5,
+            "{var}: NODES,FEATURES,DEGREE,CHUNK_ROWS,WORKERS"
+        );
+        n
+    });
+    let [nodes, feat, degree, rows, workers] = match &size {
+        Some(n) => [n[0], n[1], n[2], n[3], n[4]],
+        None => [3000, 16, 8, 800, 2],
+    };
+    crate::synth_chunked_sbm(s.path(), "sbm", (nodes, feat, degree), 3, rows);
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(s.path().join("sbm/manifest.json")).unwrap())
+            .unwrap();
+    let chunks: usize = manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| t["chunks"].as_array().unwrap().len())
+        .sum();
+    let epochs = if size.is_some() { 2 } else { 3 };
+    let job = format!(
+        "name: chunked\ndataset: {{path: sbm}}\nmodel: {{kind: sage, layers: 2, hidden: 16}}\n\
+         train: {{epochs: {epochs}, seed: 0}}\nworkers: {workers}\n"
+    );
+    let job = job.as_str();
+    let file_bytes: u64 = manifest["tensors"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|t| t["chunks"].as_array().unwrap().iter())
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    let want = size
+        .is_none()
+        .then(|| crate::local_losses(s.path(), "chunked-local.yaml", job));
+    s.write_cluster_job("chunked.yaml", job);
+    let (stdout, stderr) = s.ok(&["submit", "chunked.yaml", "--output", "json"]);
+    assert!(stderr.contains("uploading the chunked dataset"), "{stderr}");
+    let id = crate::job_id(
+        crate::last_json(&stdout)["job_url"]
+            .as_str()
+            .unwrap(),
+    );
+    let got = crate::losses(&cloud.record(&id, "metrics.jsonl").unwrap());
+    match &want {
+        Some(want) => assert_same_losses(name, &got, want, 1e-4),
+        None => assert_eq!(got.len(), epochs, "every epoch once"),
+    }
+    let folder = format!("-sbm/{}", "manifest.json");
+    let uploaded: Vec<String> = cloud
+        .stored(".datasets/")
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.contains("-sbm/") && !k.contains("/parts/"))
+        .collect();
+    assert_eq!(uploaded.len(), chunks + 1, "{uploaded:?}");
+    assert!(
+        uploaded.iter().any(|k| k.ends_with(&folder)),
+        "{uploaded:?}"
+    );
+    // each worker fetched the chunks it reads; together every chunk file once
+    let (mut fetched, mut read_mib) = (0, 0.0);
+    for rank in 0..workers {
+        let log = cloud
+            .record(&id, &format!("logs/worker-{rank}.log"))
+            .unwrap_or_else(|| panic!("no log of worker {rank}"));
+        let line = log
+            .lines()
+            .find(|l| l.contains(" chunks, fetched"))
+            .unwrap_or_else(|| panic!("worker {rank} fetched no chunks: {log}"));
+        let n: usize = line
+            .split(" chunks, fetched")
+            .next()
+            .and_then(|h| h.rsplit('(').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        // every one of them from the store directly (its signed URLs), none relayed by the coordinator
+        assert!(
+            line.contains(&format!(
+                "chunks, fetched: {n} of {n} from the store directly)"
+            )),
+            "{line}"
+        );
+        fetched += n;
+        read_mib += line
+            .split(" MiB of the dataset's files")
+            .next()
+            .and_then(|h| h.rsplit(' ').next())
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        eprintln!(
+            "{name} cluster-mode chunked SBM, worker {rank}: {}",
+            line.trim()
+        );
+    }
+    assert_eq!(
+        fetched, chunks,
+        "every chunk file fetched once over the workers"
+    );
+    let parts_dir = uploaded[0]
+        .split_once("-sbm/")
+        .map(|(head, _)| format!("{head}-sbm/parts/k{workers}-seed0/"))
+        .unwrap();
+    eprintln!(
+        "{name} cluster-mode chunked SBM: {nodes} nodes, {workers} workers, the workers read {read_mib:.1} MiB \
+         of the dataset's {:.1} MiB of files ({:.2}x)",
+        file_bytes as f64 / f64::from(1 << 20),
+        read_mib * f64::from(1 << 20) / file_bytes as f64
+    );
+    // the coordinator in its task holds no graph: its peak (VmHWM) stays under a GiB whatever the size
+    let summary: Value = serde_json::from_str(&cloud.record(&id, "summary.json").unwrap()).unwrap();
+    let mib = |v: &Value| v.as_f64().unwrap_or(f64::NAN) / f64::from(1 << 20);
+    let coordinator = mib(&summary["peak_rss_bytes"]);
+    eprintln!(
+        "{name} cluster-mode chunked SBM: coordinator peak {coordinator:.0} MiB, worker peaks {:?} MiB",
+        summary["worker_peak_rss_bytes"]
+            .as_array()
+            .map(|a| a.iter().map(|b| mib(b).round()).collect::<Vec<_>>())
+    );
+    assert!(coordinator < 1024.0, "{summary}");
+    let parts = cloud.stored(&parts_dir);
+    assert_eq!(
+        parts.len(),
+        workers + 1,
+        "the parts and the partitioning: {parts:?}"
+    );
+    // again: nothing uploaded, the set taken from the store
+    let (_, again) = s.ok(&["submit", "chunked.yaml", "--set", "train.epochs=1"]);
+    assert!(again.contains("dataset already in the store"), "{again}");
+    assert_eq!(
+        cloud.stored(&parts_dir),
+        parts,
+        "the stored set was rewritten"
+    );
 }

@@ -139,6 +139,29 @@ impl Cloud for Azure {
         self.blob(&format!("runs/{id}/{file}"))
     }
 
+    /// The blobs under `runs/<prefix>` with their ETags (List Blobs as the user, page by page).
+    fn stored(&self, prefix: &str) -> Vec<(String, String)> {
+        let url = format!(
+            "{}/{}?restype=container&comp=list&prefix=runs/{prefix}",
+            self.s("blob"),
+            self.s("container")
+        );
+        let v = python(&format!(
+            "import json, urllib.parse, urllib.request
+from xml.etree import ElementTree
+out, marker = [], ''
+while True:
+    req = urllib.request.Request({url:?} + '&marker=' + urllib.parse.quote(marker), headers={{'Authorization': 'Bearer user.storage'}})
+    root = ElementTree.fromstring(urllib.request.urlopen(req).read())
+    out += [[b.findtext('Name')[len('runs/'):], b.findtext('Properties/Etag')] for b in root.iter('Blob')]
+    marker = root.findtext('NextMarker') or ''
+    if not marker:
+        break
+print(json.dumps(out))"
+        ));
+        serde_json::from_value(v).unwrap()
+    }
+
     fn backend(&self, image: &str) -> String {
         format!(
             "backend:\n  name: aci\n  aci:\n    subscription_id: {}\n    resource_group: {}\n    location: {}\n    subnet_id: {}\n    image: {image}\n    coordinator_identity_id: {}\n    sku: {SKU}\n    arm_endpoint: {}\n",
@@ -243,8 +266,9 @@ impl Cloud for Azure {
 
     /// Who made what: the user the coordinator's group, the coordinator's identity the 3 workers',
     /// each carried out once however often it was throttled; the coordinator's identity wrote the
-    /// record (the user only started the job).
-    fn check_followed(&self, _s: &Scenario<'_, Self>, run: &Followed) {
+    /// record (the user only started the job). Then the chunked dataset's job (issue 31), whose workers
+    /// read their chunk files from Blob Storage with the coordinator identity's user delegation SAS.
+    fn check_followed(&self, s: &Scenario<'_, Self>, run: &Followed) {
         let id = &run.id;
         let requests = self.fake("requests");
         let requests = &requests.as_array().unwrap()[run.mark..];
@@ -303,6 +327,24 @@ impl Cloud for Azure {
                     && r["path"].as_str().unwrap().ends_with("/summary.json")),
             "the coordinator wrote its summary with its managed identity"
         );
+        physalia_tests::cluster::chunked_cluster_job(self, s);
+        // the workers' chunk reads went to Blob Storage with the coordinator identity's user
+        // delegation SAS, no token of their own
+        let blob_requests = self.get(&format!(
+            "{}/_fake/requests",
+            self.s("blob").rsplit_once('/').unwrap().0
+        ));
+        let sas_reads = blob_requests
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r["who"] == "sas:physalia-coordinator"
+                    && r["method"] == "GET"
+                    && r["path"].as_str().unwrap().contains("-sbm/")
+            })
+            .count();
+        assert!(sas_reads > 0, "no chunk was read with a SAS");
     }
 
     /// No request the ARM schema refuses; both principals were throttled.
