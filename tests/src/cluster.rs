@@ -16,7 +16,9 @@
 //!   the store leaves nothing on the platform.
 //!
 //! What only one platform has (who created what, the store's dataset reuse, the coordinator's task
-//! definition, throttling counters) is checked by the platform's hooks.
+//! definition, throttling counters) is checked by the platform's hooks; [`chunked_cluster_job`] (a
+//! chunked dataset whose workers read the store through signed URLs) is run from the hooks of the
+//! platforms whose store signs them (ECS on S3, ACI on Blob Storage).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;

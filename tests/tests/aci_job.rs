@@ -345,6 +345,17 @@ print(json.dumps(out))"
             })
             .count();
         assert!(sas_reads > 0, "no chunk was read with a SAS");
+        // one user delegation key per coordinator, cached for the SAS it signs (not one per chunk)
+        let keys = blob_requests
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["method"] == "POST" && r["comp"] == "userdelegationkey")
+            .count();
+        assert!(
+            (1..=2).contains(&keys),
+            "{keys} delegation keys for {sas_reads} chunk reads by 2 jobs' coordinators"
+        );
     }
 
     /// No request the ARM schema refuses; both principals were throttled.
