@@ -427,9 +427,7 @@ print(json.dumps(out))
     let name = "/runs/.datasets/0123456789abcdef-big.safetensors";
     let reads: Vec<Value> = requests(&fake)
         .into_iter()
-        .filter(|r| {
-            r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(name))
-        })
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(name)))
         .collect();
     assert!(
         reads.iter().any(|r| r["who"] == "sas:user"),

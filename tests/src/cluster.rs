@@ -641,11 +641,7 @@ pub fn chunked_cluster_job<C: Cloud>(cloud: &C, s: &Scenario<'_, C>) {
     s.write_cluster_job("chunked.yaml", job);
     let (stdout, stderr) = s.ok(&["submit", "chunked.yaml", "--output", "json"]);
     assert!(stderr.contains("uploading the chunked dataset"), "{stderr}");
-    let id = crate::job_id(
-        crate::last_json(&stdout)["job_url"]
-            .as_str()
-            .unwrap(),
-    );
+    let id = crate::job_id(crate::last_json(&stdout)["job_url"].as_str().unwrap());
     let got = crate::losses(&cloud.record(&id, "metrics.jsonl").unwrap());
     match &want {
         Some(want) => assert_same_losses(name, &got, want, 1e-4),
