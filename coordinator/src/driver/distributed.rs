@@ -1752,8 +1752,9 @@ impl Driver<'_> {
 
     /// `served` with a signed URL of every chunk file part `part`'s worker reads (all of them, or its
     /// share when the workers cut together in a world of `shuffled`), where the dataset is in a store
-    /// that signs URLs (cluster mode on S3, Azure or GCS): the worker reads them from the store itself, and their bytes
-    /// do not pass through the coordinator. A URL that cannot be signed leaves the relay (logged).
+    /// that signs URLs (cluster mode on S3, Azure or GCS): the worker reads them from the store itself,
+    /// and their bytes do not pass through the coordinator. A URL that cannot be signed leaves the relay
+    /// (logged).
     fn with_direct(
         &self,
         mut served: physalia_control::ServedCut,
