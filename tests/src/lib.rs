@@ -318,7 +318,6 @@ pub fn safetensors_header(bytes: &[u8]) -> Header {
     Header { len, json }
 }
 
-/// Writes `text` as a job file `name` in `dir` and returns its path.
 /// Writes `text` to the new file `path` with permission bits `mode` from its creation on (a secret: 0400,
 /// or 0500 for a credential process), never readable by others in between; fails if `path` exists.
 pub fn secret_file(path: &Path, text: &str, mode: u32) {
@@ -334,6 +333,7 @@ pub fn secret_file(path: &Path, text: &str, mode: u32) {
         .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
+/// Writes `text` as a job file `name` in `dir` and returns its path.
 pub fn write_job(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     fs::write(&p, text).unwrap();

@@ -83,6 +83,15 @@ impl Azure {
         .map(String::from)
     }
 
+    /// What the fake's Blob Storage was asked, in order (`who`, `method`, `path`, `comp`, `bytes`).
+    fn blob_requests(&self) -> Vec<Value> {
+        let url = format!(
+            "{}/_fake/requests",
+            self.s("blob").rsplit_once('/').unwrap().0
+        );
+        serde_json::from_value(self.get(&url)).expect("a list of requests")
+    }
+
     fn assert_no_violations(&self) {
         let v = self.fake("violations");
         assert_eq!(v, Value::Array(vec![]), "requests the ARM schema refuses");
@@ -313,14 +322,9 @@ print(json.dumps(out))"
             4,
             "the coordinator's group and 3 workers' groups, each carried out once: {requests:?}"
         );
-        let blob_requests = self.get(&format!(
-            "{}/_fake/requests",
-            self.s("blob").rsplit_once('/').unwrap().0
-        ));
+        let blob_requests = self.blob_requests();
         assert!(
             blob_requests
-                .as_array()
-                .unwrap()
                 .iter()
                 .any(|r| r["who"] == "physalia-coordinator"
                     && r["method"] == "PUT"
@@ -330,13 +334,8 @@ print(json.dumps(out))"
         physalia_tests::cluster::chunked_cluster_job(self, s);
         // the workers' chunk reads went to Blob Storage with the coordinator identity's user
         // delegation SAS, no token of their own
-        let blob_requests = self.get(&format!(
-            "{}/_fake/requests",
-            self.s("blob").rsplit_once('/').unwrap().0
-        ));
+        let blob_requests = self.blob_requests();
         let sas_reads = blob_requests
-            .as_array()
-            .unwrap()
             .iter()
             .filter(|r| {
                 r["who"] == "sas:physalia-coordinator"
@@ -347,8 +346,6 @@ print(json.dumps(out))"
         assert!(sas_reads > 0, "no chunk was read with a SAS");
         // one user delegation key per coordinator, cached for the SAS it signs (not one per chunk)
         let keys = blob_requests
-            .as_array()
-            .unwrap()
             .iter()
             .filter(|r| r["method"] == "POST" && r["comp"] == "userdelegationkey")
             .count();

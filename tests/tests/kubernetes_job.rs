@@ -105,6 +105,7 @@ impl Cloud for Kubernetes {
     fn record(&self, id: &str, file: &str) -> Option<String> {
         self.s3_object(&format!("jobs/{id}/{file}"))
     }
+
     fn stored(&self, prefix: &str) -> Vec<(String, String)> {
         self.s3.stored("jobs", prefix)
     }
