@@ -66,6 +66,15 @@ pub enum ToWorker {
     /// [`ToCoordinator::Paused`]; the next [`ToWorker::Assign`] (a new world, a new part) continues from
     /// that state (an in-place resize).
     Pause,
+    /// A peer of this worker was lost: give up the epoch in flight (close the mesh, so that no wait on
+    /// the lost peer outlasts this word), keep the process and the part held, bind a new mesh endpoint
+    /// and answer [`ToCoordinator::Paused`], as for [`ToWorker::Pause`]. The next assignment continues
+    /// after the last epoch the job recorded: from the state held when that is the epoch this worker
+    /// paused after, else from that epoch's checkpoint (the epoch in flight is trained again, with the
+    /// lost worker's replacement).
+    Abort {
+        reason: String,
+    },
     /// Stop now (another worker failed, or the job was cancelled).
     Stop {
         reason: String,
@@ -138,6 +147,9 @@ pub enum PartSource {
     /// it, and trains on it; the coordinator commits the set once every worker has reported an epoch.
     /// Boxed: it is four times the size of the other variant (the wire format is the same).
     Cut(Box<PartCut>),
+    /// The part this worker already holds, unchanged: a survivor of a lost worker's replacement (the
+    /// job keeps its partitioning; only the replacement is sent its part).
+    Held,
 }
 
 /// A part to cut: [`PartSource::Cut`].

@@ -113,6 +113,8 @@ struct Worker {
     peer_lost: bool,
     /// The peer it last said it waits on, and when; cleared when it beats (computes) again.
     waits_on: Option<(usize, Instant)>,
+    /// Its process ended or its control connection did, before it finished.
+    gone: bool,
 }
 
 pub struct Coordinator {
@@ -154,6 +156,16 @@ impl Coordinator {
         if let Some(w) = self.workers.get_mut(rank) {
             w.pid = Some(pid);
         }
+    }
+
+    /// The workers whose process or control connection ended before they finished, by rank.
+    pub fn gone(&self) -> Vec<usize> {
+        (0..self.world).filter(|&r| self.workers[r].gone).collect()
+    }
+
+    /// Whether the workers were assigned (training had started) when the launch ended or now.
+    pub fn was_training(&self) -> bool {
+        self.workers.iter().all(|w| w.mesh_addr.is_some())
     }
 
     #[cfg(test)]
@@ -336,6 +348,12 @@ impl Coordinator {
     /// What `event` says of its worker; an assignment once every worker registered, a completed epoch
     /// once every worker reported it.
     fn handle_event(&mut self, event: Event, now: Instant) -> Option<Action> {
+        if let Event::Lost { rank, .. } | Event::Exited { rank, .. } = &event
+            && let Some(w) = self.workers.get_mut(*rank)
+            && w.done.is_none()
+        {
+            w.gone = true;
+        }
         match event {
             Event::Registered {
                 rank,
@@ -354,6 +372,9 @@ impl Coordinator {
             } if rank < self.world => {
                 self.workers[rank].last_heard = Some(now);
                 self.workers[rank].done = Some((summary, peak_rss_bytes));
+                // its exit or closed connection, seen before this summary arrived, was a finished
+                // worker's
+                self.workers[rank].gone = false;
                 // its exit, seen before this summary arrived, was the end of a finished worker
                 self.evidence.retain(|(_, _, exited)| *exited != Some(rank));
                 if self.evidence.is_empty() {

@@ -247,6 +247,51 @@ impl Elastic {
 
     /// After a launch stopped after `after_epoch` for `why`: the next launch, the end, or failure.
     /// `workers` is the size of the launch that stopped; returns the line to print, if any.
+    /// One more retry in a row for `error`: the error back, or what the job fails with when the
+    /// retries are used up.
+    fn count_retry(&mut self, error: String) -> Result<String, String> {
+        self.retries += 1;
+        if self.retries > self.max_retries {
+            return Err(match self.max_retries {
+                0 => format!("{error} (max_retries: 0)"),
+                n => format!("{error}; gave up after {n} retries in a row"),
+            });
+        }
+        Ok(error)
+    }
+
+    /// Worker `rank` of a launch of `workers` was lost after `after_epoch` and is replaced alone, the
+    /// others keeping their processes (an in-place job): a retry like [`Stop::Lost`]'s, counted the same.
+    pub fn replace_lost(
+        &mut self,
+        workers: usize,
+        after_epoch: usize,
+        rank: usize,
+        error: String,
+    ) -> (Next, Option<String>) {
+        let error = match self.count_retry(error) {
+            Ok(error) => error,
+            Err(error) => return (Next::Fail(error), None),
+        };
+        let line = self.event(
+            after_epoch,
+            format!(
+                "lost a worker ({error}); replacing worker {rank} alone, the other {} keep their \
+                 processes; retrying epoch {} on {workers} workers",
+                workers - 1,
+                after_epoch + 1
+            ),
+            None,
+        );
+        (
+            Next::Relaunch {
+                workers,
+                resume_epoch: after_epoch,
+            },
+            Some(line),
+        )
+    }
+
     pub fn after_stop(
         &mut self,
         workers: usize,
@@ -269,14 +314,10 @@ impl Elastic {
                 )
             }
             Stop::Lost { error } => {
-                self.retries += 1;
-                if self.retries > self.max_retries {
-                    let error = match self.max_retries {
-                        0 => format!("{error} (max_retries: 0)"),
-                        n => format!("{error}; gave up after {n} retries in a row"),
-                    };
-                    return (Next::Fail(error), None);
-                }
+                let error = match self.count_retry(error) {
+                    Ok(error) => error,
+                    Err(error) => return (Next::Fail(error), None),
+                };
                 let line = self.event(
                     after_epoch,
                     format!(

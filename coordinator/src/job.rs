@@ -152,12 +152,17 @@ pub enum JobAction {
     /// (ranks from `from`'s size up, launch `joiners`, prewarmed or started now) register, and a
     /// partitioning for `workers` that overlaps the current one is made. The driver answers with
     /// [`JobEvent::Resized`]; launch `to` is then assigned as any other.
+    ///
+    /// `replacing`: the rank of a lost worker, replaced alone: `workers` is the launch's size, every
+    /// other rank is told to cancel the epoch in flight and pause keeping its process and part, the
+    /// joiners are one worker taking that rank, and the partitioning stays as it is.
     Resize {
         from: usize,
         to: usize,
         workers: usize,
         resume_epoch: usize,
         joiners: Option<Joiners>,
+        replacing: Option<usize>,
     },
     /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
     KeepWaiting { launch: usize, for_s: f64 },
@@ -268,6 +273,7 @@ impl Ledger {
                     to,
                     workers,
                     joiners,
+                    replacing,
                     ..
                 } => {
                     self.sizes.insert(*to, *workers);
@@ -275,7 +281,12 @@ impl Ledger {
                     if let Some(j) = joiners
                         && !j.prewarmed
                     {
-                        let n = workers.saturating_sub(self.sizes.get(from).copied().unwrap_or(0));
+                        let n = match replacing {
+                            Some(_) => 1,
+                            None => {
+                                workers.saturating_sub(self.sizes.get(from).copied().unwrap_or(0))
+                            }
+                        };
                         self.sizes.insert(j.launch, n);
                         self.prewarm.insert(j.launch, false);
                         self.start(j.launch, false, now, at);
@@ -689,7 +700,10 @@ impl Job {
                     self.finish(stopped_early, peak_rss_bytes, out);
                 }
                 Action::Fail { error, lost } => {
-                    if lost && (self.cfg.checkpoints || self.last_complete == 0) {
+                    let retry = lost && (self.cfg.checkpoints || self.last_complete == 0);
+                    if retry && let Some(rank) = self.replaceable() {
+                        self.replace_lost(rank, error, out);
+                    } else if retry {
                         self.stop_current(Stop::Lost { error }, now, out);
                     } else {
                         out.push(JobAction::StopLaunch {
@@ -1054,6 +1068,7 @@ impl Job {
             workers,
             resume_epoch,
             joiners,
+            replacing: None,
         });
         self.resizing = Some((cur.launch, joiners.map(|j| j.launch)));
         self.current = Some(Current {
@@ -1064,6 +1079,85 @@ impl Job {
             early: Vec::new(),
         });
         let _ = now;
+    }
+
+    /// The rank of the one worker the current launch lost, when it can be replaced alone: the launch is
+    /// gated (resized in place) and was training, one worker's process ended or its control connection
+    /// did (a frozen or silent worker is not known to be gone), and others survive.
+    fn replaceable(&self) -> Option<usize> {
+        if !self.gated() {
+            return None;
+        }
+        let cur = self.current.as_ref()?;
+        let coord = cur.coord.as_ref()?;
+        match coord.gone()[..] {
+            [rank] if cur.n > 1 && coord.was_training() => Some(rank),
+            _ => None,
+        }
+    }
+
+    /// A worker of the gated launch was lost: replace it alone, as an in-place resize to the same size
+    /// whose one joiner takes its rank. The others cancel the epoch in flight and keep their processes
+    /// and parts; the epoch after the last recorded one is trained again (answered by
+    /// [`JobEvent::Resized`]; a replacement that fails restarts every worker from the checkpoint).
+    fn replace_lost(&mut self, rank: usize, error: String, out: &mut Vec<JobAction>) {
+        let Some(cur) = self.current.take() else {
+            return;
+        };
+        let (next, line) = self
+            .elastic
+            .replace_lost(cur.n, self.last_complete, rank, error);
+        if let Some(line) = line {
+            out.push(JobAction::Say(line));
+        }
+        let resume_epoch = match next {
+            Next::Relaunch { resume_epoch, .. } => resume_epoch,
+            Next::Finish => {
+                out.push(JobAction::StopLaunch {
+                    launch: cur.launch,
+                    reason: "the scaling policy stopped the job".into(),
+                    finished: false,
+                });
+                return self.finish(true, Vec::new(), out);
+            }
+            Next::Fail(error) => {
+                out.push(JobAction::StopLaunch {
+                    launch: cur.launch,
+                    reason: error.clone(),
+                    finished: false,
+                });
+                return self.fail(error, out);
+            }
+        };
+        let to = self.next_launch;
+        let joiner = to + 1;
+        self.next_launch += 2;
+        out.push(JobAction::Log(format!(
+            "segment {to}: replacing worker {rank} of launch {} alone (launch {joiner}); the other {} keep \
+             their processes and parts, continuing after epoch {resume_epoch}",
+            cur.launch,
+            cur.n - 1
+        )));
+        let joiners = Some(Joiners {
+            launch: joiner,
+            prewarmed: false,
+        });
+        out.push(JobAction::Resize {
+            from: cur.launch,
+            to,
+            workers: cur.n,
+            resume_epoch,
+            joiners,
+            replacing: Some(rank),
+        });
+        self.resizing = Some((cur.launch, Some(joiner)));
+        self.current = Some(Current {
+            launch: to,
+            n: cur.n,
+            resume_epoch,
+            coord: None,
+            early: Vec::new(),
+        });
     }
 
     /// The driver's answer to [`JobAction::Resize`]: the resized launch registers as a started one, or
@@ -1333,6 +1427,8 @@ mod simulation {
         /// A resize in place, by the launch it makes: the launches it is made of, whose workers run
         /// (paused, or starting) until it is ready.
         resizing: BTreeMap<usize, Vec<usize>>,
+        /// Lost workers replaced alone (their launch's others kept).
+        replaced: usize,
     }
 
     impl Sim {
@@ -1471,6 +1567,7 @@ mod simulation {
             n: usize,
             resume_epoch: usize,
             joiners: Option<Joiners>,
+            replacing: bool,
         ) {
             assert_eq!(
                 resume_epoch,
@@ -1494,7 +1591,12 @@ mod simulation {
                 self.launches.insert(
                     j.launch,
                     SimLaunch {
-                        n: n.saturating_sub(n_old),
+                        // a lost worker's replacement is one worker
+                        n: if replacing {
+                            1
+                        } else {
+                            n.saturating_sub(n_old)
+                        },
                         ..Default::default()
                     },
                 );
@@ -1521,7 +1623,7 @@ mod simulation {
             let t = self.now_ms;
             let result = if self.draw() < self.faults.worker_lost / 2.0 {
                 let who = match (self.draw() * 3.0) as usize {
-                    0 if n > n_old => "a joiner",
+                    0 if n > n_old || replacing => "a joiner",
                     1 if n < n_old => "a leaver",
                     _ => "a survivor",
                 };
@@ -1747,7 +1849,20 @@ mod simulation {
                         workers,
                         resume_epoch,
                         joiners,
+                        replacing,
                     } => {
+                        if let Some(rank) = replacing {
+                            let l = &self.launches[&from];
+                            assert_eq!(workers, l.n, "a replacement keeps launch {from}'s size");
+                            assert!(rank < l.n, "replaced rank {rank} of {}", l.n);
+                            assert!(
+                                l.halted_at.is_some(),
+                                "launch {from} lost no worker, yet one is replaced"
+                            );
+                            self.replaced += 1;
+                            self.resize(from, to, workers, resume_epoch, joiners, true);
+                            continue;
+                        }
                         // a launch resized after its first epoch has asked for its next counts
                         if let Some(sizes) = self.prepared.get(&from) {
                             assert!(
@@ -1757,7 +1872,7 @@ mod simulation {
                         }
                         self.resizes_prepared
                             .push(self.prepared.contains_key(&from));
-                        self.resize(from, to, workers, resume_epoch, joiners)
+                        self.resize(from, to, workers, resume_epoch, joiners, false)
                     }
                     JobAction::Finish => over = true,
                     JobAction::Fail { error } => {
@@ -1891,6 +2006,7 @@ mod simulation {
             started_ms: BTreeMap::new(),
             billed_worker_ms: 0,
             resizing: BTreeMap::new(),
+            replaced: 0,
         };
         let mut failed = None;
         let (mut job, actions) = resume(&mut sim, policy, workers);
@@ -2266,6 +2382,12 @@ mod simulation {
                     "in-place resize failed",
                     seen_line(&|l| l.contains("failed") && l.contains("lost during the resize")),
                 ),
+                // issue 33: a lost worker of a launch that resizes in place is replaced alone
+                (
+                    "lost worker replaced alone",
+                    seen_line(&|l| l.contains("replacing worker") && l.contains("alone"))
+                        && r.sim.replaced > 0,
+                ),
             ] {
                 if found {
                     *seen.entry(key).or_default() += 1;
@@ -2284,6 +2406,7 @@ mod simulation {
             "rescale",
             "resized in place",
             "in-place resize failed",
+            "lost worker replaced alone",
             "coordinator died",
         ] {
             assert!(seen.get(key).copied().unwrap_or(0) >= 3, "{key}: {seen:?}");
@@ -2344,6 +2467,151 @@ mod simulation {
         );
         assert!(!a.iter().any(|a| matches!(a, JobAction::Launch { .. })));
         assert!(job.is_over());
+    }
+
+    /// Two workers of a launch that resizes in place (or not, `in_place`) are assigned and record epoch
+    /// 1; then the workers named in `gone` are SIGKILLed during epoch 2. The actions after the grace.
+    fn lose_workers(in_place: bool, gone: &[usize]) -> (Job, Vec<JobAction>, Instant) {
+        let el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
+        let mut c = cfg(2, 0);
+        c.in_place = in_place;
+        let mut job = Job::new(c, el, 0);
+        let t0 = Instant::now();
+        job.start(None, t0);
+        start_two_workers(&mut job, t0);
+        for rank in 0..2 {
+            job.handle(
+                JobEvent::Worker {
+                    launch: 0,
+                    event: Event::Epoch {
+                        rank,
+                        metrics: metrics(1, 2, TrainMode::Partition),
+                    },
+                },
+                t0,
+            );
+        }
+        for &rank in gone {
+            job.handle(
+                JobEvent::Worker {
+                    launch: 0,
+                    event: Event::Exited {
+                        rank,
+                        how: "exited with signal 9".into(),
+                        by_signal: true,
+                    },
+                },
+                t0,
+            );
+        }
+        let a = job.handle(JobEvent::Tick, t0 + Duration::from_secs(2));
+        (job, a, t0)
+    }
+
+    #[test]
+    fn a_lost_worker_of_an_in_place_job_is_replaced_alone() {
+        let (mut job, a, t0) = lose_workers(true, &[1]);
+        // the launch is not stopped: launch 1 is launch 0 again with rank 1 replaced (launch 2)
+        assert!(
+            !a.iter()
+                .any(|a| matches!(a, JobAction::StopLaunch { .. } | JobAction::Launch { .. })),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(&JobAction::Resize {
+                from: 0,
+                to: 1,
+                workers: 2,
+                resume_epoch: 1,
+                joiners: Some(Joiners {
+                    launch: 2,
+                    prewarmed: false
+                }),
+                replacing: Some(1),
+            }),
+            "{a:?}"
+        );
+        assert!(
+            a.iter().any(|a| matches!(a, JobAction::Say(l)
+                if l.contains("replacing worker 1 alone") && l.contains("retrying epoch 2"))),
+            "{a:?}"
+        );
+        // ready: launch 1 is assigned as any other, after epoch 1
+        let ready = (0..2)
+            .map(|r| {
+                (
+                    Some(10 + r),
+                    format!("127.0.0.1:{}", 9000 + r).parse().unwrap(),
+                )
+            })
+            .collect();
+        let a = job.handle(
+            JobEvent::Resized {
+                launch: 1,
+                result: Ok(ready),
+            },
+            t0 + Duration::from_secs(3),
+        );
+        assert!(
+            a.iter().any(|a| matches!(
+                a,
+                JobAction::Assign {
+                    launch: 1,
+                    resume_epoch: 1,
+                    gated: true,
+                    ..
+                }
+            )),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_replacement_that_fails_restarts_every_worker_from_the_checkpoint() {
+        let (mut job, _, t0) = lose_workers(true, &[1]);
+        let a = job.handle(
+            JobEvent::Resized {
+                launch: 1,
+                result: Err("worker 0 exited with signal 9".into()),
+            },
+            t0 + Duration::from_secs(3),
+        );
+        for l in [0, 2] {
+            assert!(
+                a.iter()
+                    .any(|a| matches!(a, JobAction::StopLaunch { launch, .. } if *launch == l)),
+                "launch {l} is stopped: {a:?}"
+            );
+        }
+        assert!(
+            a.contains(&JobAction::Launch {
+                launch: 3,
+                workers: 2,
+                prewarm: false
+            }),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn two_lost_workers_or_a_job_that_restarts_relaunch_every_worker() {
+        for (in_place, gone) in [(true, &[0, 1][..]), (false, &[1][..])] {
+            let (_, a, _) = lose_workers(in_place, gone);
+            assert!(
+                !a.iter().any(|a| matches!(a, JobAction::Resize { .. })),
+                "in place {in_place}, lost {gone:?}: {a:?}"
+            );
+            assert!(
+                a.iter()
+                    .any(|a| matches!(a, JobAction::StopLaunch { launch: 0, .. }))
+                    && a.contains(&JobAction::Launch {
+                        launch: 1,
+                        workers: 2,
+                        prewarm: false
+                    }),
+                "in place {in_place}, lost {gone:?}: {a:?}"
+            );
+        }
     }
 
     fn replan_at(epoch: usize) -> PolicySet {

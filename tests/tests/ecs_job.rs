@@ -705,8 +705,29 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     let staged = wait_for_epochs(&staging, 6, &[]);
     // kill one running worker's container: ECS reports its task stopped, the epoch is retried
     let containers = ecs.worker_containers();
+    assert_eq!(containers.len(), 3, "grown to three tasks: {containers:?}");
     let victim = containers.first().expect("a running worker container");
     docker_kill(victim);
+    // the job resizes in place, so only the killed task is replaced (issue 33): when its replacement's
+    // container appears, the other two tasks' containers still run (a relaunch stops them first)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let running = loop {
+        let now = ecs.worker_containers();
+        if now.iter().any(|c| !containers.contains(c)) {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replacement task within 120 s: {now:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    for survivor in &containers[1..] {
+        assert!(
+            running.contains(survivor),
+            "task {survivor} was stopped by the kill of {victim}: {running:?}"
+        );
+    }
     // a second process reads the job from the store while it runs
     let status = command(&["status", "grow", "--dir", &store, "--output", "json"])
         .output()
@@ -754,6 +775,10 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     assert!(
         events.contains("retr"),
         "the killed worker's epoch was retried: {events}"
+    );
+    assert!(
+        events.contains("alone") && log.contains("in-place replacement ready"),
+        "the killed task was replaced alone: {events}\n{log}"
     );
     // from the store alone: the final state, a rank's output, the report
     let status = command(&["status", &id, "--dir", &store, "--output", "json"])

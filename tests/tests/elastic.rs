@@ -1,7 +1,8 @@
 //! Elastic epochs through `physalia submit`: a scaling policy resizes the worker set between epochs (in
 //! place for partition parallelism: the survivors keep their processes and training state; from the last
 //! checkpoint otherwise, or when the policy says `resize: restart`, or when an in-place resize fails), and
-//! a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint.
+//! a worker killed with SIGKILL is replaced by retrying its epoch from the checkpoint (alone, the others
+//! keeping their processes, when the job resizes in place).
 //! Exact partition parallelism, and mini-batch training whose batch is global (data parallelism, P3), make
 //! both invisible in the loss curve: it equals a fixed-size run's.
 
@@ -313,6 +314,30 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
     assert_eq!(events[0]["epoch"], 4);
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     assert!(log.contains("segment 1"), "{log}");
+    // the job resizes in place, so the lost worker is replaced alone (issue 33): rank 0 keeps its
+    // process and its part, one process of it ran (one output file), and it read the checkpoint of
+    // epoch 4 (it had trained epoch 5, which the job did not record)
+    assert!(
+        what.contains("replacing worker 1 alone"),
+        "the survivor was not kept: {what}"
+    );
+    assert!(log.contains("in-place replacement ready"), "{log}");
+    let outputs = |rank: usize| -> Vec<String> {
+        std::fs::read_dir(dir.join("logs"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("worker-{rank}.")))
+            .collect()
+    };
+    let zero = outputs(0);
+    assert_eq!(zero.len(), 1, "rank 0 ran as one process: {zero:?}");
+    assert_eq!(outputs(1).len(), 2, "rank 1 and its replacement");
+    let survivor = std::fs::read_to_string(dir.join("logs").join(&zero[0])).unwrap();
+    assert!(
+        survivor.contains("paused after epoch 5 keeping its state")
+            && survivor.contains("keeps part 0 of 2"),
+        "{survivor}"
+    );
     // the kill is visible in the report
     let out = std::process::Command::new(physalia_tests::physalia_bin())
         .args(["report", dir.to_str().unwrap()])

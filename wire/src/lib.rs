@@ -33,7 +33,7 @@ pub use frame::{
 };
 pub use link::{Link, MemLink, Traffic, TrafficCounts, WaitGuard, Waiting};
 pub use quic::{
-    QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates, read_frame_bounded,
+    MeshAbort, QuicEndpoint, QuicLink, QuicOptions, Refusal, peer_certificates, read_frame_bounded,
 };
 pub use tls::{
     JobCa, TlsIdentity, check_cert_name, client_config, install_crypto_provider, job_key,

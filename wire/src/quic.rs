@@ -48,6 +48,8 @@ use crate::tls::{TlsIdentity, check_cert_name, client_config, server_config, wor
 const REFUSED: u32 = 1;
 /// QUIC application close code for a link closed normally.
 const DONE: u32 = 0;
+/// QUIC application close code for a link aborted by its worker ([`MeshAbort`]).
+const ABORTED: u32 = 2;
 /// How many refusals [`QuicEndpoint::refusal_log`] keeps.
 const REFUSAL_LOG_LEN: usize = 64;
 
@@ -241,6 +243,13 @@ impl QuicEndpoint {
         self.refusals.log()
     }
 
+    /// A handle that aborts this endpoint and the link it becomes, from any thread (see [`MeshAbort`]).
+    pub fn abort_handle(&self) -> MeshAbort {
+        MeshAbort {
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
     /// Connects to every peer (`peers[r]` is rank `r`'s address; this rank's own entry is ignored) and
     /// returns the link once the mesh is complete, or an error naming the missing ranks after
     /// [`QuicOptions::join_timeout`].
@@ -421,6 +430,29 @@ impl Peer {
     }
 }
 
+/// Aborts a mesh endpoint from another thread: every connection closes at once, so a `recv` or
+/// `send` blocked on a peer returns [`WireError::PeerLost`] instead of waiting out its timeout, and the
+/// peers see the link closed too. A worker whose coordinator cancels the epoch in flight (a peer of the
+/// job was lost and is being replaced) uses it to stop waiting for a peer that will never answer.
+#[derive(Clone)]
+pub struct MeshAbort {
+    endpoint: Endpoint,
+}
+
+impl MeshAbort {
+    /// Closes every connection of the endpoint, now. Idempotent; harmless after the link closed.
+    pub fn abort(&self) {
+        self.endpoint
+            .close(VarInt::from_u32(ABORTED), b"aborted by the worker");
+    }
+}
+
+impl std::fmt::Debug for MeshAbort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshAbort").finish_non_exhaustive()
+    }
+}
+
 /// The QUIC implementation of [`Link`]; see the module doc.
 pub struct QuicLink {
     rank: usize,
@@ -453,6 +485,13 @@ impl QuicLink {
     /// The peer a `recv` is blocked on right now (see [`Waiting`]).
     pub fn waiting(&self) -> Waiting {
         self.waiting.clone()
+    }
+
+    /// A handle that aborts this link from any thread (see [`MeshAbort`]).
+    pub fn abort_handle(&self) -> MeshAbort {
+        MeshAbort {
+            endpoint: self.endpoint.clone(),
+        }
     }
 
     /// Closes the link (what dropping it does), waiting at most the linger time.

@@ -328,3 +328,56 @@ fn a_silent_peer_times_out_and_a_closed_one_is_lost() {
         .unwrap_err();
     assert!(matches!(err, WireError::PeerLost { peer: 1, .. }), "{err}");
 }
+
+#[test]
+fn an_aborted_link_stops_waiting_at_once_and_its_peer_sees_it_closed() {
+    let ca = JobCa::new("job-a").unwrap();
+    let options = QuicOptions {
+        linger: Duration::from_millis(300),
+        ..options()
+    };
+    let mut links: Vec<QuicLink> = quic_mesh(job_identities(&ca, 3), options)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // rank 0 waits for rank 2, which is silent (as a killed peer is); another thread aborts rank 0
+    let abort = links[0].abort_handle();
+    let aborter = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        abort.abort();
+    });
+    let t = Instant::now();
+    let err = links[0]
+        .recv_timeout(2, Duration::from_secs(30))
+        .unwrap_err();
+    aborter.join().unwrap();
+    assert!(matches!(err, WireError::PeerLost { peer: 2, .. }), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "the wait ended with the abort, not its 30 s timeout ({:?})",
+        t.elapsed()
+    );
+    // sending on the aborted link fails too, once the writer saw the close
+    let frame = physalia_wire::Frame::control(
+        physalia_wire::FrameHeader::control(0, JOB),
+        &serde_json::json!({"x": 1}),
+    )
+    .unwrap();
+    let mut sent = Ok(());
+    for _ in 0..50 {
+        sent = links[0].send(1, frame.clone());
+        if sent.is_err() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sent.is_err(), "a send on an aborted link fails");
+    // rank 1, waiting for rank 0, sees its link closed rather than waiting out its timeout
+    let err = links[1]
+        .recv_timeout(0, Duration::from_secs(30))
+        .unwrap_err();
+    assert!(matches!(err, WireError::PeerLost { peer: 0, .. }), "{err}");
+    // a second abort, and dropping the aborted link, are harmless
+    links[0].abort_handle().abort();
+    drop(links);
+}

@@ -27,7 +27,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -71,6 +71,14 @@ pub trait Coordinator {
         let _ = epoch;
         Ok(Gate::Continue)
     }
+    /// Whether the coordinator cancelled the epoch in flight ([`ToWorker::Abort`]: a peer was lost and is
+    /// being replaced), waiting up to `wait` for its word; asked when training failed, so that the
+    /// failure it caused (the mesh closed under the epoch, or the lost peer's connection ending first)
+    /// pauses the worker instead of ending it. Without a coordinator that replaces: no.
+    fn aborted(&mut self, wait: Duration) -> bool {
+        let _ = wait;
+        false
+    }
 }
 
 /// What the coordinator says at the end of a gated epoch.
@@ -91,10 +99,11 @@ pub enum Segment {
     Paused(Box<Held>),
 }
 
-/// What a paused worker keeps for its next assignment: the training state, and the part it trained on
-/// (the rows it holds), to which the next assignment's part delta applies.
+/// What a paused worker keeps for its next assignment: the training state (none when the epoch in flight
+/// was aborted: the state is then between epochs no longer recorded, and the checkpoint is read), and
+/// the part it trained on (the rows it holds), to which the next assignment's part delta applies.
 pub struct Held {
-    pub state: crate::Resume,
+    pub state: Option<crate::Resume>,
     pub part: Option<Part>,
 }
 
@@ -306,7 +315,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
     let (part_path, part_bytes) = match &a.part {
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
-        PartSource::Cut(_) => (None, 0),
+        PartSource::Cut(_) | PartSource::Held => (None, 0),
     };
     let load_part = |link: &mut L, io: &mut dyn Coordinator| -> Result<Part> {
         match (&a.part, &part_path) {
@@ -315,6 +324,11 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             }
             (PartSource::Cut(c), None) => crate::cut::cut(link, io, c),
             (PartSource::Served(_), None) => unreachable!("a served part was fetched above"),
+            (PartSource::Held, None) => {
+                bail!(
+                    "the assignment keeps the part this worker holds, which only partition parallelism does"
+                )
+            }
         }
     };
     let served_path = || {
@@ -342,15 +356,28 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     }
     let gated = (a.gated && a.mode == TrainMode::Partition).then_some(a.train.epochs);
     let mut paused = false;
-    let (held, held_part) = match held {
-        Some(h) => (Some(h.state), h.part),
+    let (held, mut held_part) = match held {
+        Some(h) => (h.state, h.part),
         None => (None, None),
     };
     let (model, mut summary) = match a.mode {
         TrainMode::Partition => {
-            let part = match a.part_delta {
+            let part = match (&a.part, a.part_delta) {
+                // a lost peer replaced: this worker trains on the part it holds
+                (PartSource::Held, _) => {
+                    let part = held_part.take().context(
+                        "the assignment keeps the part this worker holds, and it holds none",
+                    )?;
+                    eprintln!(
+                        "worker {rank}: keeps part {} of {} ({} rows) for the next assignment",
+                        part.part,
+                        part.k,
+                        part.owned.len()
+                    );
+                    part
+                }
                 // an in-place resize: the rows this worker holds stay, the delta brings the rest
-                true => {
+                (_, true) => {
                     let t = Instant::now();
                     let delta = crate::delta::PartDelta::read(served_path()?)?;
                     let part = crate::delta::apply(held_part.as_ref(), &delta)?;
@@ -367,7 +394,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     );
                     part
                 }
-                false => load_part(link, io)?,
+                (_, false) => load_part(link, io)?,
             };
             drop(held_part);
             // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
@@ -393,7 +420,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 }
                 _ => load_resume(a, io)?,
             };
-            let (state, summary) = crate::train_owned_part_state(
+            let trained = crate::train_owned_part_state(
                 device,
                 link,
                 part,
@@ -407,12 +434,37 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     setup_line(e.metrics);
                     end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed)
                 },
-            )?;
+            );
+            let (state, summary) = match trained.map_err(anyhow::Error::from) {
+                Ok(done) => done,
+                // the coordinator cancelled the epoch (a peer was lost) and closed the mesh under it: the
+                // state is mid-epoch, so the next assignment reads the last recorded epoch's checkpoint.
+                // A peer's fault may be seen before the coordinator's word: it is waited for a while.
+                Err(e) if keep.is_some() && io.aborted(abort_wait(&e)) => {
+                    eprintln!(
+                        "worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}"
+                    );
+                    return Ok(Segment::Paused(Box::new(Held {
+                        state: None,
+                        part: keep,
+                    })));
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(e) = failed {
+                if keep.is_some() && io.aborted(abort_wait(&e)) {
+                    return Ok(Segment::Paused(Box::new(Held {
+                        state: None,
+                        part: keep,
+                    })));
+                }
                 return Err(e);
             }
             if paused {
-                return Ok(Segment::Paused(Box::new(Held { state, part: keep })));
+                return Ok(Segment::Paused(Box::new(Held {
+                    state: Some(state),
+                    part: keep,
+                })));
             }
             (state.model, summary)
         }
@@ -553,10 +605,37 @@ impl Coordinator for ControlIo<'_> {
         self.control.fetched_directly().0
     }
 
+    fn aborted(&mut self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut aborted = false;
+        while !aborted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(word) = self.words.recv_timeout(left) else {
+                break;
+            };
+            match word {
+                ToWorker::Abort { reason } => {
+                    eprintln!(
+                        "worker {}: the coordinator cancelled the epoch: {reason}",
+                        self.rank
+                    );
+                    aborted = true;
+                }
+                other => eprintln!(
+                    "worker {}: ignoring {other:?} from the coordinator while training failed",
+                    self.rank
+                ),
+            }
+        }
+        aborted
+    }
+
     fn gate(&mut self, epoch: usize) -> Result<Gate> {
         match self.words.recv_timeout(self.gate_timeout) {
             Ok(ToWorker::Continue) => Ok(Gate::Continue),
-            Ok(ToWorker::Pause) => Ok(Gate::Pause),
+            // a peer was lost after this epoch: pause holding the state (the coordinator continues
+            // from the last epoch every worker reported, which may be the one before)
+            Ok(ToWorker::Pause) | Ok(ToWorker::Abort { .. }) => Ok(Gate::Pause),
             Ok(other) => {
                 bail!("after epoch {epoch} the coordinator sent {other:?}, not continue or pause")
             }
@@ -646,7 +725,11 @@ pub fn run_from_env() -> Result<()> {
     // From here on a stop or a lost coordinator ends the process, whatever training is doing; the
     // coordinator's other words (continue, pause, the assignment after a pause) go to training.
     let (words_tx, words) = mpsc::channel();
+    // the mesh endpoint of the moment (each resize binds a new one): a cancelled epoch closes it, so that
+    // no wait on a lost peer outlasts the coordinator's word
+    let mesh_abort = Arc::new(Mutex::new(Some(endpoint.abort_handle())));
     if let Some(incoming) = control.take_incoming() {
+        let mesh_abort = mesh_abort.clone();
         let own_work_dir = env.work_dir_owned.then(|| env.work_dir.clone());
         std::thread::spawn(move || {
             let why = loop {
@@ -656,6 +739,19 @@ pub fn run_from_env() -> Result<()> {
                     }
                     // sent before the assignment and overtaken by it: nothing to wait for now
                     Ok(Ok(ToWorker::Wait { .. })) => continue,
+                    Ok(Ok(word @ ToWorker::Abort { .. })) => {
+                        // the word first: training that fails when the mesh closes finds it there
+                        let ended = words_tx.send(word).is_err();
+                        if let Some(abort) = &*mesh_abort.lock().unwrap_or_else(|e| e.into_inner())
+                        {
+                            abort.abort();
+                        }
+                        if ended {
+                            "training ended".into()
+                        } else {
+                            continue;
+                        }
+                    }
                     Ok(Ok(word)) => {
                         if words_tx.send(word).is_err() {
                             "training ended".into()
@@ -689,6 +785,7 @@ pub fn run_from_env() -> Result<()> {
             let mut link = endpoint
                 .join(&assignment.peers)
                 .context("joining the mesh")?;
+            *mesh_abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.abort_handle());
             eprintln!(
                 "worker {rank}: joined the mesh of {} in {:.3} s",
                 assignment.peers.len(),
@@ -720,10 +817,19 @@ pub fn run_from_env() -> Result<()> {
                             .context("binding the mesh endpoint for the resized job")?;
                     let mesh_addr =
                         advertised(next.local_addr(), env.coordinator, env.advertise_ip)?;
-                    eprintln!(
-                        "worker {rank}: paused after epoch {} keeping its state; mesh endpoint {mesh_addr}",
-                        state.state.progress.epoch
-                    );
+                    *mesh_abort.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(next.abort_handle());
+                    match &state.state {
+                        Some(s) => eprintln!(
+                            "worker {rank}: paused after epoch {} keeping its state; mesh endpoint \
+                             {mesh_addr}",
+                            s.progress.epoch
+                        ),
+                        None => eprintln!(
+                            "worker {rank}: paused with the epoch in flight cancelled, keeping its part; \
+                             mesh endpoint {mesh_addr}"
+                        ),
+                    }
                     control.send(&ToCoordinator::Paused { rank, mesh_addr })?;
                     assignment = match words.recv_timeout(ASSIGNMENT_TIMEOUT) {
                         Ok(ToWorker::Assign(a)) => a,
@@ -783,6 +889,17 @@ fn check_world(a: &Assignment, rank: usize) -> Result<()> {
 
 /// How many epoch timeouts a wait for a peer's frame lasts before the worker reports the peer lost.
 const PEER_WAIT_TIMEOUTS: f64 = 3.0;
+
+/// How long a worker whose training failed waits for the coordinator's [`ToWorker::Abort`] before it
+/// reports the failure and exits: a lost peer's closed connection can be seen before the coordinator
+/// names the loss (after its failure grace) and cancels the epoch. Only for a peer's fault; a failure of
+/// the worker's own is reported at once.
+fn abort_wait(e: &anyhow::Error) -> Duration {
+    match is_peer_fault(e) {
+        true => Duration::from_secs(10),
+        false => Duration::ZERO,
+    }
+}
 
 /// Beats a quarter of the epoch timeout apart (at most every 5 s) while this process computes: the
 /// coordinator's silence check then bounds a stall, not an epoch, so a long epoch is not a lost worker.

@@ -28,7 +28,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use physalia_control::{
     Artifact, Assignment, COORDINATOR_NAME, ControlServer, ExchangeOptions, Files, JobState,
     MetricsLine, Outbox, PartCut, PartSource, ServerEvent, ToCoordinator, ToWorker, TrainMode,
@@ -847,6 +847,12 @@ struct Live {
     /// `parts` are still to be cut, each by its worker from the chunked dataset (issue 31): the set is
     /// committed once every worker has reported an epoch.
     pending: Option<physalia_graph::chunked_partition::PendingSet>,
+    /// By rank: the worker trains on the part it holds (a survivor of a lost worker's replacement),
+    /// nothing is served to it.
+    held: Vec<bool>,
+    /// Workers replaced by another's launch, as (index in `launches`, rank): their exits and words are
+    /// no longer the job's.
+    retired: Vec<(usize, usize)>,
 }
 
 impl Live {
@@ -861,6 +867,8 @@ impl Live {
             owner: None,
             part_delta: false,
             pending: None,
+            held: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -869,9 +877,9 @@ impl Live {
     fn poll(&mut self, wait: Duration) -> (Vec<(usize, String, bool)>, Vec<ServerEvent>) {
         let ranks = self.ranks;
         let mut exits = Vec::new();
-        for l in &mut self.launches {
+        for (li, l) in self.launches.iter_mut().enumerate() {
             for (i, how, by_signal) in l.workers.poll_exits() {
-                if l.base + i < ranks {
+                if l.base + i < ranks && !self.retired.contains(&(li, l.base + i)) {
                     exits.push((l.base + i, how, by_signal));
                 }
             }
@@ -882,11 +890,17 @@ impl Live {
         } else {
             Duration::ZERO
         };
-        for l in &self.launches {
+        for (li, l) in self.launches.iter().enumerate() {
+            let retired =
+                |ev: &ServerEvent| event_rank(ev).is_some_and(|r| self.retired.contains(&(li, r)));
             if let Some(ev) = l.server.next_event(first) {
-                events.push(ev);
-                while let Some(ev) = l.server.next_event(Duration::ZERO) {
+                if !retired(&ev) {
                     events.push(ev);
+                }
+                while let Some(ev) = l.server.next_event(Duration::ZERO) {
+                    if !retired(&ev) {
+                        events.push(ev);
+                    }
                 }
                 first = Duration::ZERO;
             }
@@ -985,6 +999,9 @@ impl Driver<'_> {
                         )?;
                         a.gated = gated;
                         a.part_delta = l.part_delta;
+                        if l.held.get(rank).copied().unwrap_or(false) {
+                            a.part = PartSource::Held;
+                        }
                         if let Some(o) = outbox {
                             o.send(ToWorker::Assign(Box::new(a)));
                         }
@@ -1043,13 +1060,21 @@ impl Driver<'_> {
                     workers,
                     resume_epoch,
                     joiners,
+                    replacing,
                 } => {
                     let t = Instant::now();
-                    let result = self
-                        .resize(r, dir, from, to, workers, resume_epoch, joiners)
-                        .map_err(|e| format!("{e:#}"));
+                    let result = match replacing {
+                        Some(rank) => self.replace(r, dir, from, to, rank, joiners),
+                        None => self.resize(r, dir, from, to, workers, resume_epoch, joiners),
+                    }
+                    .map_err(|e| format!("{e:#}"));
                     r.log.line(&format!(
-                        "launch {to}: in-place resize {} in {:.3} s",
+                        "launch {to}: in-place {} {} in {:.3} s",
+                        if replacing.is_some() {
+                            "replacement"
+                        } else {
+                            "resize"
+                        },
                         if result.is_ok() { "ready" } else { "failed" },
                         t.elapsed().as_secs_f64()
                     ));
@@ -1386,6 +1411,156 @@ impl Driver<'_> {
         old.parts_tag = tag;
         old.owner = Some(Arc::new(prepared.owner));
         old.part_delta = true;
+        let ready = old
+            .mesh
+            .iter()
+            .zip(&pids)
+            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
+            .collect();
+        r.live.insert(to, old);
+        Ok(ready)
+    }
+
+    /// `JobAction::Resize` replacing a lost worker: worker `lost` of launch `from` is gone, its rank is
+    /// taken by one joiner (launch `joiners`, started now under `from`'s CA) and launch `to` is `from`
+    /// again with it. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
+    /// closes its mesh, so no wait on the lost peer lasts) and pauses keeping its process and its part;
+    /// the partitioning does not change, so a survivor is sent nothing ([`PartSource::Held`]) and the
+    /// joiner is sent the lost worker's part (the stored set's file, or cut from the dataset when an
+    /// earlier in-place resize made the partitioning). Returns every rank's pid and next mesh address
+    /// once all are ready; an error leaves the launches to the job (it stops them and restarts from the
+    /// checkpoint).
+    fn replace(
+        &self,
+        r: &mut Running,
+        dir: &mut JobDir,
+        from: usize,
+        to: usize,
+        lost: usize,
+        joiners: Option<crate::job::Joiners>,
+    ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
+        let j = joiners.context("a replacement names its joiner's launch")?;
+        let old = r
+            .live
+            .get_mut(&from)
+            .with_context(|| format!("launch {from} is not running"))?;
+        let n = old.ranks;
+        ensure!(lost < n, "worker {lost} is not a rank of launch {from}");
+        for (rank, o) in old.outboxes.iter().enumerate() {
+            if rank == lost {
+                continue;
+            }
+            o.as_ref()
+                .with_context(|| {
+                    format!("worker {rank} of launch {from} has no control connection")
+                })?
+                .send(ToWorker::Abort {
+                    reason: format!("worker {lost} was lost; it is being replaced"),
+                });
+        }
+        // the lost worker's exit and connection are the old launch's business no more
+        let index = old
+            .launches
+            .iter()
+            .rposition(|l| l.base <= lost && lost < l.base + l.workers.pids().len())
+            .context("no launch holds the lost rank")?;
+        old.retired.push((index, lost));
+        old.outboxes[lost] = None;
+        let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
+        for m in old.mesh.iter_mut() {
+            *m = None;
+        }
+        let ca = old.launches[0].ca.clone();
+        let l = Launch::start(self, dir.path(), 1, j.launch, Some((ca, lost)))
+            .context("starting the replacement")?;
+        r.live
+            .insert(j.launch, Live::new(l, lost + 1, Vec::new(), String::new()));
+        let _ = dir.update(|s| s.launches.push(j.launch as u32));
+        // the lost worker's part, while the replacement starts: the stored set's file, or cut from the
+        // dataset by the partitioning an earlier resize in place made
+        let t = Instant::now();
+        let old = &r.live[&from];
+        let owner = self.owner_of(old)?;
+        let (part, how) = if old.part_delta {
+            let tag = format!("seg{to}");
+            let path = self
+                .job_abs
+                .join("partitions")
+                .join(&tag)
+                .join(format!("part{lost}.bin"));
+            inplace::cut_part(
+                self.dataset_path,
+                self.spec.train.seed,
+                &owner,
+                n,
+                lost,
+                &path,
+            )?;
+            (path, "cut from the dataset")
+        } else {
+            (
+                old.parts[lost % old.parts.len()].clone(),
+                "the stored set's",
+            )
+        };
+        r.log.line(&format!(
+            "replacing worker {lost} of launch {from}: its part is {how} ({:.3} s)",
+            t.elapsed().as_secs_f64()
+        ));
+        // wait for every rank: the survivors' pauses, the replacement's registration
+        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
+        loop {
+            let survivors = (0..n)
+                .filter(|&rank| rank != lost)
+                .all(|rank| r.live[&from].mesh[rank].is_some());
+            let joined = r.live[&j.launch].mesh[lost].is_some();
+            if survivors && joined {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not every worker was ready within {} s (survivors paused: {survivors}, \
+                     replacement registered: {joined})",
+                    timeouts.register_s
+                );
+            }
+            for launch in [from, j.launch] {
+                let l = r.live.get_mut(&launch).expect("checked above");
+                let (exits, events) = l.poll(Duration::from_millis(10));
+                if let Some((rank, how, _)) = exits.first() {
+                    bail!("worker {rank} {how}");
+                }
+                for ev in events {
+                    match worker_event(ev, l, &mut r.log, launch) {
+                        Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
+                        Some(Event::Failed { rank, error })
+                        | Some(Event::PeerLost { rank, error }) => {
+                            bail!("worker {rank} failed: {error}")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let mut old = r.live.remove(&from).expect("checked above");
+        let joined = r.live.remove(&j.launch).expect("checked above");
+        let mut pids = pids;
+        old.outboxes[lost] = joined.outboxes.into_iter().nth(lost).flatten();
+        old.mesh[lost] = joined.mesh[lost];
+        pids[lost] = joined.mesh[lost].and_then(|m| m.0);
+        old.launches.extend(joined.launches);
+        old.held = (0..n).map(|rank| rank != lost).collect();
+        // the replacement is served its whole part, under a name of this launch's
+        old.parts = (0..n)
+            .map(|rank| match rank == lost {
+                true => part.clone(),
+                false => old.parts[rank % old.parts.len()].clone(),
+            })
+            .collect();
+        old.parts_tag = format!("seg{to}");
+        old.part_delta = false;
+        old.owner = Some(owner);
         let ready = old
             .mesh
             .iter()
@@ -1925,8 +2100,9 @@ pub fn device_request(job: &ResolvedJob) -> physalia_control::DeviceRequest {
 /// A control server's event as the job sees it (registrations keep the worker's outbox).
 /// Ranks at or above the launch's (leavers of an in-place resize, stopping) are not the job's; a
 /// worker's pause (an in-place resize, which the driver carries out itself) keeps its next mesh address.
-fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize) -> Option<Event> {
-    let rank = match &ev {
+/// The rank of the worker a control server's event is about (none for a refused connection).
+fn event_rank(ev: &ServerEvent) -> Option<usize> {
+    match ev {
         ServerEvent::Registered { rank, .. }
         | ServerEvent::Alive { rank }
         | ServerEvent::Waiting { rank, .. }
@@ -1935,8 +2111,11 @@ fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize
         // the connection's rank (its certificate's), whatever the message says
         ServerEvent::Message { rank, .. } => Some(*rank),
         ServerEvent::Refused { .. } => None,
-    };
-    if rank.is_some_and(|r| r >= l.ranks) {
+    }
+}
+
+fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize) -> Option<Event> {
+    if event_rank(&ev).is_some_and(|r| r >= l.ranks) {
         return None;
     }
     Some(match ev {

@@ -135,6 +135,39 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     Ok(prepared)
 }
 
+/// Cuts part `rank` of the partitioning `owner` (node -> rank, `k` parts) from the dataset and writes it
+/// to `path`: the part of a lost worker whose partitioning an in-place resize made (no stored set has
+/// it), for its replacement.
+pub fn cut_part(
+    dataset: &Path,
+    seed: u64,
+    owner: &[u32],
+    k: usize,
+    rank: usize,
+    path: &Path,
+) -> Result<()> {
+    // checksums were verified when the job loaded the dataset
+    let ds = physalia_graph::Dataset::open_unverified(dataset)
+        .with_context(|| format!("opening {}", dataset.display()))?;
+    let p = physalia_graph::partition::Partitioning::from_assignment(
+        ds.csr(),
+        k,
+        owner.to_vec(),
+        "in-place",
+        seed,
+    )?;
+    let part = physalia_graph::partition::build_parts(&ds, &p)?
+        .into_iter()
+        .nth(rank)
+        .with_context(|| format!("the partitioning has no part {rank}"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    part.write(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 /// Whose turn it is: a preparation holds its [`Turn`] while it works and lets it go when it is done,
 /// and the next one waits for that before it starts.
 pub struct Turn(std::sync::mpsc::Receiver<()>);
