@@ -725,7 +725,8 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
     for survivor in &containers[1..] {
         assert!(
             running.contains(survivor),
-            "task {survivor} was stopped by the kill of {victim}: {running:?}"
+            "task {survivor} was stopped by the kill of {victim}: {running:?}\n{}",
+            std::fs::read_to_string(staged.join("logs/coordinator.log")).unwrap_or_default()
         );
     }
     // a second process reads the job from the store while it runs

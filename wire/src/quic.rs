@@ -148,6 +148,7 @@ pub struct QuicEndpoint {
     accepted: UnboundedReceiver<Accepted>,
     local_addr: SocketAddr,
     waiting: Waiting,
+    abort: MeshAbort,
     rt: Runtime,
 }
 
@@ -209,6 +210,9 @@ impl QuicEndpoint {
             tx,
         ));
         debug!(rank, %local_addr, "quic endpoint bound");
+        let abort = MeshAbort {
+            endpoint: Arc::new(std::sync::Mutex::new(Some(endpoint.clone()))),
+        };
         Ok(QuicEndpoint {
             rank,
             job,
@@ -219,6 +223,7 @@ impl QuicEndpoint {
             accepted,
             local_addr,
             waiting: Waiting::default(),
+            abort,
             rt,
         })
     }
@@ -245,9 +250,7 @@ impl QuicEndpoint {
 
     /// A handle that aborts this endpoint and the link it becomes, from any thread (see [`MeshAbort`]).
     pub fn abort_handle(&self) -> MeshAbort {
-        MeshAbort {
-            endpoint: self.endpoint.clone(),
-        }
+        self.abort.clone()
     }
 
     /// Connects to every peer (`peers[r]` is rank `r`'s address; this rank's own entry is ignored) and
@@ -371,6 +374,7 @@ impl QuicEndpoint {
             refusals: self.refusals,
             local_addr: self.local_addr,
             waiting: self.waiting,
+            abort: self.abort,
             endpoint: self.endpoint,
             rt: self.rt,
         })
@@ -434,16 +438,28 @@ impl Peer {
 /// `send` blocked on a peer returns [`WireError::PeerLost`] instead of waiting out its timeout, and the
 /// peers see the link closed too. A worker whose coordinator cancels the epoch in flight (a peer of the
 /// job was lost and is being replaced) uses it to stop waiting for a peer that will never answer.
+///
+/// The handle does not keep the endpoint alive: once the link is dropped its socket is released (a
+/// worker rebinds the same fixed mesh port for its next mesh) and an abort does nothing.
 #[derive(Clone)]
 pub struct MeshAbort {
-    endpoint: Endpoint,
+    endpoint: Arc<std::sync::Mutex<Option<Endpoint>>>,
 }
 
 impl MeshAbort {
-    /// Closes every connection of the endpoint, now. Idempotent; harmless after the link closed.
+    /// Closes every connection of the endpoint, now. Idempotent; nothing after the link was dropped.
     pub fn abort(&self) {
+        if let Some(endpoint) = &*self.endpoint.lock().unwrap_or_else(|e| e.into_inner()) {
+            endpoint.close(VarInt::from_u32(ABORTED), b"aborted by the worker");
+        }
+    }
+
+    /// Lets the endpoint go (the link is being dropped).
+    fn release(&self) {
         self.endpoint
-            .close(VarInt::from_u32(ABORTED), b"aborted by the worker");
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 }
 
@@ -464,6 +480,7 @@ pub struct QuicLink {
     refusals: Arc<Refusals>,
     local_addr: SocketAddr,
     waiting: Waiting,
+    abort: MeshAbort,
     endpoint: Endpoint,
     // Last, so it is dropped after everything that runs on it.
     rt: Runtime,
@@ -489,9 +506,7 @@ impl QuicLink {
 
     /// A handle that aborts this link from any thread (see [`MeshAbort`]).
     pub fn abort_handle(&self) -> MeshAbort {
-        MeshAbort {
-            endpoint: self.endpoint.clone(),
-        }
+        self.abort.clone()
     }
 
     /// Closes the link (what dropping it does), waiting at most the linger time.
@@ -585,6 +600,8 @@ impl Link for QuicLink {
 
 impl Drop for QuicLink {
     fn drop(&mut self) {
+        // the handles given out must not keep the socket bound
+        self.abort.release();
         let mut tasks = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
             // Closing the queue lets the writer finish the stream once everything queued is written.

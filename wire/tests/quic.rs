@@ -378,6 +378,13 @@ fn an_aborted_link_stops_waiting_at_once_and_its_peer_sees_it_closed() {
         .unwrap_err();
     assert!(matches!(err, WireError::PeerLost { peer: 0, .. }), "{err}");
     // a second abort, and dropping the aborted link, are harmless
-    links[0].abort_handle().abort();
+    let handle = links[0].abort_handle();
+    handle.abort();
+    let port = links[0].local_addr();
     drop(links);
+    // the handle does not hold the socket: the port binds again (a resized worker's fixed mesh port)
+    let id = ca.identity(&worker_name(0)).unwrap();
+    let again = QuicEndpoint::bind(0, JOB, &id, port, crate::options()).unwrap();
+    assert_eq!(again.local_addr(), port);
+    handle.abort();
 }
