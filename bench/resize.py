@@ -23,6 +23,12 @@ joiner is a container start; the restart path starts every container again).
 
 `--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
 launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
+
+`--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed after training epoch 5, before reporting
+it (the worker's test hook). In place the lost worker is replaced alone (the others cancel the epoch and
+keep their processes and parts); by restart every worker starts again from the checkpoint of epoch 4. The
+pause is the gap after epoch 4 (it holds the killed attempt at epoch 5, the coordinator's failure grace of
+1.5 s and the recovery, both ways).
 """
 
 import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile
@@ -49,13 +55,15 @@ JOB = """name: {name}
 dataset: {{path: {graph}}}
 model: {{kind: sage, layers: 2, hidden: {hidden}}}
 train: {{epochs: 12, seed: 0, eval_every: 12}}
+workers: {workers}
 output: {{dir: {out}}}
 backend: {backend}
 """
 
 
-def run(binary, args, cwd):
-    out = subprocess.run([binary] + args, cwd=cwd, capture_output=True, text=True)
+def run(binary, args, cwd, env=None):
+    out = subprocess.run([binary] + args, cwd=cwd, capture_output=True, text=True,
+                         env=None if env is None else {**os.environ, **env})
     if out.returncode != 0:
         sys.exit(f"physalia {' '.join(args)} failed:\n{out.stderr[-3000:]}")
     return out.stdout
@@ -81,20 +89,29 @@ rules:
 """
 
 
+NEVER = """min_workers: 1
+max_workers: 3
+resize: {resize}
+rules:
+  - name: never
+    when: epoch < 0
+    then: stop
+"""
+
 BACKEND = "local"
 
 
-def submit(binary, tmp, name, graph, hidden, resize, policy_text=POLICY):
+def submit(binary, tmp, name, graph, hidden, resize, policy_text=POLICY, workers=1, env=None):
     job = os.path.join(tmp, f"{name}.yaml")
     with open(job, "w") as f:
         f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs"),
-                           backend=BACKEND))
+                           backend=BACKEND, workers=workers))
         if resize:
             policy = os.path.join(tmp, f"{name}-policy.yaml")
             with open(policy, "w") as p:
                 p.write(policy_text.format(resize=resize))
             f.write(f"scaling_file: {policy}\n")
-    s = json.loads(run(binary, ["submit", job, "--output", "json", "--quiet"], tmp))
+    s = json.loads(run(binary, ["submit", job, "--output", "json", "--quiet"], tmp, env))
     d = s["job_dir"] if os.path.isabs(s["job_dir"]) else os.path.join(tmp, s["job_dir"])
     return s, d
 
@@ -133,6 +150,7 @@ def main():
     p.add_argument("--prewarm", action="store_true", help="start the joiners (or the next launch) an epoch ahead")
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     p.add_argument("--backend", default="local", choices=["local", "docker"])
+    p.add_argument("--lose-worker", action="store_true", help="no resize: rank 1 of 3 is killed after epoch 5")
     a = p.parse_args()
     global BACKEND
     BACKEND = a.backend
@@ -143,6 +161,8 @@ def main():
     if not os.path.exists(graph):
         run(a.bin, ["data", "synth", "sbm", "--nodes", str(a.nodes), "--classes", str(a.classes),
                     "--feat-dim", str(a.feat_dim), "--seed", "0", "--out", graph], ROOT)
+    if a.lose_worker:
+        return lose_worker(a, graph)
     with tempfile.TemporaryDirectory() as tmp:
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None)
         _, want = pauses(fixed, fixed_dir)
@@ -171,6 +191,28 @@ def main():
             med = [statistics.median(x[0][i] for x in r) for i in range(3)]
             print(f"{resize}: median pauses {med[0]:.3f} / {med[1]:.3f} / {med[2]:.3f} s, "
                   f"between {statistics.median(x[1] for x in r):.3f} s")
+
+
+def lose_worker(a, graph):
+    kill = {"PHYSALIA_TEST_DIE_AT_EPOCH": "5", "PHYSALIA_TEST_DIE_RANK": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None, workers=3)
+        _, want = pauses(fixed, fixed_dir)
+        rows = {"in_place": [], "restart": []}
+        for rep in range(a.reps):
+            for resize in ["restart", "in_place"]:
+                s, d = submit(a.bin, tmp, f"{resize}-{rep}", graph, a.hidden, resize, NEVER, 3, kill)
+                gap, losses = pauses(s, d)
+                diff = max(abs(x - y) / abs(y) for x, y in zip(losses, want))
+                between = statistics.median(gap[e] for e in gap if e != 4)
+                log = open(os.path.join(d, "logs", "coordinator.log")).read()
+                how = "replaced alone" if "in-place replacement ready" in log else "every worker restarted"
+                rows[resize].append(gap[4])
+                print(f"{resize} rep {rep}: pause after epoch 4 {gap[4]:.3f} s ({how}), between {between:.3f} s, "
+                      f"max rel loss diff {diff:.1e}", flush=True)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        print(f"median pause: restart {med['restart']:.3f} s, in place {med['in_place']:.3f} s "
+              f"({med['in_place'] / med['restart']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@
 //!   price, what `submit` printed is the record's, and nothing is left on the platform.
 //! - `cluster_scenario::refusals_a_killed_worker_and_cancel`: bad settings are refused with the
 //!   platform's reason and leave nothing; a detached job runs on (`status` says `running` at once),
-//!   it grows 2 -> 3 workers in place (issue 33), one of its worker containers is killed and its epoch
-//!   retried from the checkpoint; `logs --rank coordinator --follow` follows it to its end, with the
+//!   it grows 2 -> 3 workers in place (issue 33), one of its worker containers is killed, replaced
+//!   alone (the others run on) and its epoch retried from the checkpoint; `logs --rank coordinator --follow` follows it to its end, with the
 //!   same-policy local run's losses; `status`, `logs` (a worker's, the coordinator's) and `report`
 //!   read the store; then a followed job is detached from with Ctrl-C, runs on, and `cancel` through
 //!   the store leaves nothing on the platform.
@@ -369,14 +369,18 @@ impl<'a, C: Cloud> Scenario<'a, C> {
             events.contains("retr"),
             "the killed worker's epoch was retried: {events}"
         );
-        // the growth kept the two workers running and started one: the ledger's launch it made is
-        // marked in place
+        // the growth kept the two workers running and started one, and the killed worker was replaced
+        // alone, the other two running on (issue 33): the ledger marks both launches they made in place
         assert!(events.contains("three-at-2"), "{events}");
+        assert!(
+            events.contains("replacing worker") && events.contains("alone"),
+            "the killed worker was not replaced alone: {events}"
+        );
         let spans = summary["launches"].as_array().unwrap();
         assert_eq!(
             spans.iter().filter(|s| s["in_place"] == true).count(),
-            1,
-            "{spans:?}"
+            2,
+            "the growth and the replacement: {spans:?}"
         );
         let (log, _) = self.ok(&["logs", &id, "--dir", &self.store, "--rank", "coordinator"]);
         assert!(log.contains("after epoch 2: workers 2 -> 3"), "{log}");

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use physalia_backends::local::{LocalBackend, LocalConfig};
 use physalia_backends::{
-    Backend, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec, WorkerState,
+    Backend, LaunchId, NetworkSpec, SecretBytes, SecretValue, WorkerSpec, WorkerState, WorkerStatus,
 };
 use physalia_wire::{JobCa, worker_name};
 
@@ -172,7 +172,7 @@ fn machine_memory_gib() -> f64 {
 /// async trait (on the backends' runtime, [`block_on`]), polling `list` for exits and keeping each worker's output
 /// in the job's `logs/`.
 pub struct BackendWorkers {
-    backend: Box<dyn Backend>,
+    backend: std::sync::Arc<dyn Backend>,
     launch: LaunchId,
     /// The platform's name for each worker, from the launch (`pid 1234` for a local process).
     names: Vec<String>,
@@ -181,6 +181,10 @@ pub struct BackendWorkers {
     poll_every: Duration,
     exited: Vec<bool>,
     last_poll: Instant,
+    /// The platform's answer to the last `list`, asked on the backends' runtime: the coordinator's loop
+    /// (which sends each epoch's word to gated workers) never waits on the platform's API, however slowly
+    /// or throttled it answers.
+    listing: Option<tokio::task::JoinHandle<physalia_backends::Result<Vec<WorkerStatus>>>>,
 }
 
 impl BackendWorkers {
@@ -203,13 +207,14 @@ impl BackendWorkers {
             }
         }
         Ok(BackendWorkers {
-            backend,
+            backend: backend.into(),
             launch: launched.id,
             names,
             logs,
             poll_every,
             exited: vec![false; n],
             last_poll: Instant::now(),
+            listing: None,
         })
     }
 
@@ -222,15 +227,30 @@ impl BackendWorkers {
             .collect()
     }
 
-    /// Workers that stopped since the last call: `(rank, how, by_signal)`; the platform is asked at most
-    /// once per `poll_every`.
+    /// Workers that stopped, as the platform's latest answer says, since the last call: `(rank, how,
+    /// by_signal)`. The platform is asked at most once per `poll_every`, in the background: a call
+    /// returns at once, with what an answer that arrived meanwhile says (a throttled or slow API delays
+    /// the exits it reports, not the caller).
     pub fn poll_exits(&mut self) -> Vec<(usize, String, bool)> {
-        if self.last_poll.elapsed() < self.poll_every {
-            return Vec::new();
+        let listed = match self.listing.take() {
+            Some(h) if h.is_finished() => {
+                block_on(h).ok().and_then(|r| r.ok()).and_then(|r| r.ok())
+            }
+            Some(h) => {
+                self.listing = Some(h);
+                None
+            }
+            None => None,
+        };
+        if self.listing.is_none() && self.last_poll.elapsed() >= self.poll_every {
+            self.last_poll = Instant::now();
+            let (backend, launch) = (self.backend.clone(), self.launch.clone());
+            self.listing = backend_runtime()
+                .ok()
+                .map(|rt| rt.spawn(async move { backend.list(&launch).await }));
         }
-        self.last_poll = Instant::now();
-        let Ok(listed) = block_on(self.backend.list(&self.launch)).and_then(|r| Ok(r?)) else {
-            // the platform did not answer: ask again next time rather than declare workers lost
+        // the platform did not answer (yet): ask again next time rather than declare workers lost
+        let Some(listed) = listed else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -321,6 +341,10 @@ mod tests {
         workers: Mutex<Vec<WorkerStatus>>,
         list_fails: Mutex<bool>,
         stopped_all: Mutex<u32>,
+        /// Set: `list` answers only once the test sends on it (a throttled API); whether it was
+        /// released (rather than giving up after 30 s) is kept in `released`.
+        slow_list: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+        released: Mutex<Option<bool>>,
     }
 
     struct FakeBackend(Arc<Fake>);
@@ -352,6 +376,10 @@ mod tests {
             })
         }
         async fn list(&self, _: &LaunchId) -> physalia_backends::Result<Vec<WorkerStatus>> {
+            if let Some(rx) = self.0.slow_list.lock().unwrap().take() {
+                let released = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+                *self.0.released.lock().unwrap() = Some(released);
+            }
             if *self.0.list_fails.lock().unwrap() {
                 return Err(physalia_backends::Error::Config {
                     backend: "fake",
@@ -401,9 +429,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(w.pids(), [Some(4242), None, None]);
+        // the platform is asked in the background: a call asks, and the call after the answer arrived
+        // reports what it says
         let poll = |w: &mut BackendWorkers| {
             w.last_poll = Instant::now() - Duration::from_secs(1);
-            w.poll_exits()
+            let mut exits = w.poll_exits();
+            assert!(
+                w.listing.is_some(),
+                "a poll past its interval asks the platform"
+            );
+            while w.listing.as_ref().is_some_and(|h| !h.is_finished()) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            exits.extend(w.poll_exits());
+            assert!(w.listing.is_none(), "not asked again within the interval");
+            exits
         };
         assert!(poll(&mut w).is_empty());
         {
@@ -435,6 +475,40 @@ mod tests {
         assert!(w.all_exited());
         drop(w);
         assert_eq!(*fake.stopped_all.lock().unwrap(), 1, "removed on drop");
+    }
+
+    #[test]
+    fn a_slow_platform_does_not_hold_the_poll() {
+        // the coordinator's loop polls for exits between the workers' words: an API that is slow to
+        // answer (throttled) must not hold it
+        let fake = Arc::new(Fake::default());
+        let mut w = BackendWorkers::launch(
+            Box::new(FakeBackend(fake.clone())),
+            &spec(),
+            2,
+            None,
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        fake.workers.lock().unwrap()[1].state = WorkerState::Failed;
+        let (release, rx) = std::sync::mpsc::channel();
+        *fake.slow_list.lock().unwrap() = Some(rx);
+        w.last_poll = Instant::now() - Duration::from_secs(1);
+        assert!(w.poll_exits().is_empty(), "no answer yet");
+        assert!(w.poll_exits().is_empty(), "still none, and not asked twice");
+        // only now does the platform answer: the polls above returned without it
+        release.send(()).unwrap();
+        let mut exits = Vec::new();
+        while exits.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+            exits = w.poll_exits();
+        }
+        assert_eq!(exits, [(1, "worker stopped".to_string(), false)]);
+        assert_eq!(
+            *fake.released.lock().unwrap(),
+            Some(true),
+            "the list answered after the test released it, so no poll waited for it"
+        );
     }
 
     /// Real processes through the local backend: pids, exits with their wording, logs left where the
