@@ -24,11 +24,12 @@ joiner is a container start; the restart path starts every container again).
 `--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
 launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
 
-`--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed after training epoch 5, before reporting
-it (the worker's test hook). In place the lost worker is replaced alone (the others cancel the epoch and
-keep their processes and parts); by restart every worker starts again from the checkpoint of epoch 4. The
-pause is the gap after epoch 4 (it holds the killed attempt at epoch 5, the coordinator's failure grace of
-1.5 s and the recovery, both ways).
+`--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed: local processes kill themselves after
+training epoch 5, before reporting it (the worker's test hook); with `--backend docker` its container is
+`docker kill`ed once the job recorded epoch 4, wherever the job is then. In place the lost worker is replaced
+alone (the others cancel the epoch and keep their processes and parts); by restart every worker starts again
+from the checkpoint of the last recorded epoch. The pause is the longest gap between two epochs (it holds
+the killed attempt, the coordinator's failure grace of 1.5 s and the recovery, both ways).
 """
 
 import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile
@@ -193,7 +194,23 @@ def main():
                   f"between {statistics.median(x[1] for x in r):.3f} s")
 
 
+def kill_rank_1_container(tmp, name):
+    """Waits for job `name` to record epoch 4, then `docker kill`s its rank 1's container."""
+    import time
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        for d in glob.glob(os.path.join(tmp, "jobs", f"{name}-*")):
+            m = os.path.join(d, "metrics.jsonl")
+            if os.path.exists(m) and sum(1 for l in open(m) if l.endswith("\n")) >= 4:
+                job_id = os.path.basename(d)
+                subprocess.run(["docker", "kill", f"physalia-{job_id}-s0-1"], capture_output=True, check=True)
+                return
+        time.sleep(0.02)
+    sys.exit(f"job {name} never recorded epoch 4")
+
+
 def lose_worker(a, graph):
+    import threading
     kill = {"PHYSALIA_TEST_DIE_AT_EPOCH": "5", "PHYSALIA_TEST_DIE_RANK": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None, workers=3)
@@ -201,14 +218,22 @@ def lose_worker(a, graph):
         rows = {"in_place": [], "restart": []}
         for rep in range(a.reps):
             for resize in ["restart", "in_place"]:
-                s, d = submit(a.bin, tmp, f"{resize}-{rep}", graph, a.hidden, resize, NEVER, 3, kill)
+                name = f"{resize.replace('_', '-')}-{rep}"
+                killer = None
+                if BACKEND == "docker":
+                    killer = threading.Thread(target=kill_rank_1_container, args=(tmp, name))
+                    killer.start()
+                s, d = submit(a.bin, tmp, name, graph, a.hidden, resize, NEVER, 3, kill)
+                if killer:
+                    killer.join()
                 gap, losses = pauses(s, d)
                 diff = max(abs(x - y) / abs(y) for x, y in zip(losses, want))
-                between = statistics.median(gap[e] for e in gap if e != 4)
+                at = max(gap, key=gap.get)
+                between = statistics.median(gap[e] for e in gap if e != at)
                 log = open(os.path.join(d, "logs", "coordinator.log")).read()
                 how = "replaced alone" if "in-place replacement ready" in log else "every worker restarted"
-                rows[resize].append(gap[4])
-                print(f"{resize} rep {rep}: pause after epoch 4 {gap[4]:.3f} s ({how}), between {between:.3f} s, "
+                rows[resize].append(gap[at])
+                print(f"{resize} rep {rep}: pause after epoch {at} {gap[at]:.3f} s ({how}), between {between:.3f} s, "
                       f"max rel loss diff {diff:.1e}", flush=True)
         med = {k: statistics.median(v) for k, v in rows.items()}
         print(f"median pause: restart {med['restart']:.3f} s, in place {med['in_place']:.3f} s "
