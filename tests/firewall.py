@@ -178,6 +178,15 @@ def nsg_inbound(subnet: str, overrides: dict[str, str] | None = None) -> list[Ru
     return [r for _, r in sorted(found, key=lambda x: x[0])]
 
 
+def subnet_order(lo: int, hi: int) -> list[int]:
+    """The third octets `lo..hi` to try for a fake's /24, from a random one on: consecutive fakes seldom
+    get the same subnet, so their containers' addresses (and the connections tracked between them) differ."""
+    import random
+    n = hi - lo
+    start = random.randrange(n)
+    return [lo + (start + i) % n for i in range(n)]
+
+
 # --- netfilter -------------------------------------------------------------------------------------
 
 def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -218,8 +227,12 @@ class Firewall:
         self.guarded: dict[str, list[list[str]]] = {}
         sweep_dead()
         _iptables("-N", self.chain)
-        # first in the chain: replies to what a container opened (both clouds' firewalls are stateful)
-        _iptables("-A", self.chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN")
+        # first in the chain: replies to what a container opened (both clouds' firewalls are stateful).
+        # Replies only (`--ctdir REPLY`): a flow's own later packets are judged by the rules again, so no
+        # tracked connection (say, one between an earlier fake's containers at the same addresses, where
+        # consecutive fakes got the same subnet) can let a new container through a port its rules close
+        _iptables("-A", self.chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
+                  "--ctdir", "REPLY", "-j", "RETURN")
         # between the network's containers (FORWARD, through DOCKER-USER) and from this machine
         self.jumps = [("DOCKER-USER", ["-i", self.bridge, "-o", self.bridge, "-j", self.chain]),
                       ("OUTPUT", ["-o", self.bridge, "-j", self.chain])]

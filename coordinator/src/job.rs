@@ -160,6 +160,8 @@ pub enum JobAction {
         from: usize,
         to: usize,
         workers: usize,
+        /// The launch's training mode (partition or data parallelism).
+        mode: TrainMode,
         resume_epoch: usize,
         joiners: Option<Joiners>,
         replacing: Option<usize>,
@@ -725,7 +727,8 @@ impl Job {
         let Some(launch) = self.current.as_ref().map(|c| c.launch) else {
             return;
         };
-        if !self.gated() || self.prepared == Some(launch) {
+        // data parallelism moves no rows: its resize takes the stored set for the new count
+        if !self.gated() || self.mode != TrainMode::Partition || self.prepared == Some(launch) {
             return;
         }
         self.prepared = Some(launch);
@@ -976,9 +979,9 @@ impl Job {
     }
 
     /// Whether the current launches are resized in place: their workers wait for the coordinator's word
-    /// after every epoch.
+    /// after every epoch. Partition and data parallelism; P3 restarts from the checkpoint.
     fn gated(&self) -> bool {
-        self.cfg.in_place && self.mode == TrainMode::Partition
+        self.cfg.in_place && matches!(self.mode, TrainMode::Partition | TrainMode::Data)
     }
 
     /// The job keeps its shape after `epoch`: gated workers go on (the last epoch is never gated).
@@ -1066,6 +1069,7 @@ impl Job {
             from: cur.launch,
             to,
             workers,
+            mode: self.mode,
             resume_epoch,
             joiners,
             replacing: None,
@@ -1146,6 +1150,7 @@ impl Job {
             from: cur.launch,
             to,
             workers: cur.n,
+            mode: self.mode,
             resume_epoch,
             joiners,
             replacing: Some(rank),
@@ -1850,6 +1855,7 @@ mod simulation {
                         resume_epoch,
                         joiners,
                         replacing,
+                        ..
                     } => {
                         if let Some(rank) = replacing {
                             let l = &self.launches[&from];
@@ -2522,6 +2528,7 @@ mod simulation {
                 from: 0,
                 to: 1,
                 workers: 2,
+                mode: TrainMode::Partition,
                 resume_epoch: 1,
                 joiners: Some(Joiners {
                     launch: 2,

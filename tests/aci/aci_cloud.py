@@ -298,7 +298,7 @@ def make_network() -> tuple[str, ipaddress.IPv4Network]:
     """The virtual network's subnet: a free /24 of 10.246.0.0/16 (several fakes may run at once)."""
     name = f"physalia-aci-fake-{os.getpid()}"
     last = ""
-    for third in range(0, 250):
+    for third in firewall.subnet_order(0, 250):
         net = ipaddress.IPv4Network(f"10.246.{third}.0/24")
         r = docker("network", "create", "--label", LABEL, "--subnet", str(net),
                    "--gateway", str(net.network_address + 1), name, check=False)

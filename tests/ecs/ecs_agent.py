@@ -205,7 +205,7 @@ def make_network() -> tuple[str, ipaddress.IPv4Network]:
     """A Docker network on a free /24 of the VPC's CIDR (several agents may run at once)."""
     name = f"physalia-ecs-agent-{os.getpid()}"
     last = ""
-    for third in range(64, 250):
+    for third in firewall.subnet_order(64, 250):
         net = ipaddress.IPv4Network(f"172.31.{third}.0/24")
         r = docker(
             "network", "create", "--label", LABEL, "--subnet", str(net),

@@ -251,7 +251,7 @@ def make_network() -> tuple[str, ipaddress.IPv4Network]:
     """The pod network: a free /24 of 10.244.0.0/16 (several clusters may run at once)."""
     name = f"physalia-kube-fake-{os.getpid()}"
     last = ""
-    for third in range(0, 250):
+    for third in firewall.subnet_order(0, 250):
         net = ipaddress.IPv4Network(f"10.244.{third}.0/24")
         r = docker("network", "create", "--label", LABEL, "--subnet", str(net),
                    "--gateway", str(net.network_address + 1), name, check=False)

@@ -211,13 +211,69 @@ fn rescaling_cora_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
 }
 
 /// Mini-batch training learns the same on any worker count (the batch is global, a seed's sample does not
-/// depend on who draws it), and its checkpoints hold the whole model: data parallelism and P3 rescale
-/// through them like partition parallelism.
+/// depend on who draws it), and its checkpoints hold the whole model: data parallelism resizes in place
+/// like partition parallelism, P3 through the checkpoint.
 const MINIBATCH: &str = "minibatch: {fanouts: [5, 5], batch_size: 256}\n";
 
 #[test]
 fn data_parallel_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
-    rescale_like_fixed(&format!("{JOB}parallelism: data\n{MINIBATCH}"));
+    let (_tmp, dir) = rescale_like_fixed(&format!("{JOB}parallelism: data\n{MINIBATCH}"));
+    // data parallelism resizes in place too (issue 33): rank 0 is one process throughout and goes on
+    // from the model and optimizer it holds; the resized launches take the stored sets, no rows move
+    physalia_tests::assert_resized_in_place(&dir, &[(1, 2, 3), (2, 4, 6), (4, 2, 9)]);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert_eq!(
+        log.matches("data-parallel workers, the partition set for")
+            .count(),
+        3,
+        "{log}"
+    );
+}
+
+#[test]
+fn a_data_parallel_worker_killed_is_replaced_alone() {
+    let t = TempDir::new().unwrap();
+    let two = format!(
+        "{}parallelism: data\n{MINIBATCH}",
+        JOB.replace("output:", "workers: 2\noutput:")
+    );
+    write_job(t.path(), "fixed.yaml", &two);
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!(
+            "{two}scaling:\n  min_workers: 1\n  max_workers: 2\n  rules:\n    - name: never\n      \
+             when: epoch < 0\n      then: stop\n"
+        ),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
+            ("PHYSALIA_TEST_DIE_RANK", "1"),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    let events = v["scaling_events"].to_string();
+    assert!(
+        events.contains("replacing worker 1 alone") && events.contains("retrying epoch 5"),
+        "{events}"
+    );
+    // rank 0 ran as one process and paused (at its gate after epoch 5, or inside that epoch when the
+    // killed worker's last frames died with it), then read the checkpoint of epoch 4 (the last recorded)
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(log.contains("in-place replacement ready"), "{log}");
+    assert_eq!(log.matches("worker 0 (pid").count(), 1, "{log}");
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    assert!(
+        rank0.contains("paused after epoch 5 keeping its state")
+            || rank0.contains("paused with the epoch in flight cancelled"),
+        "{rank0}"
+    );
 }
 
 #[test]
@@ -332,9 +388,12 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
     let zero = outputs(0);
     assert_eq!(zero.len(), 1, "rank 0 ran as one process: {zero:?}");
     assert_eq!(outputs(1).len(), 2, "rank 1 and its replacement");
+    // it paused at its gate after epoch 5, or inside that epoch when the killed worker's last frames
+    // died with it
     let survivor = std::fs::read_to_string(dir.join("logs").join(&zero[0])).unwrap();
     assert!(
-        survivor.contains("paused after epoch 5 keeping its state")
+        (survivor.contains("paused after epoch 5 keeping its state")
+            || survivor.contains("paused with the epoch in flight cancelled"))
             && survivor.contains("keeps part 0 of 2"),
         "{survivor}"
     );

@@ -369,6 +369,24 @@ pub fn train_minibatch_on(
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
 ) -> Result<(Model, TrainSummary), Error> {
+    train_minibatch_state(device, mesh, shard, cfg, seed, tc, opts, resume, on_epoch)
+        .map(|(state, summary)| (state.model, summary))
+}
+
+/// [`train_minibatch_on`], returning the whole training state where it stopped (the model, the optimizer
+/// and the progress: what an in-place resize continues from when `on_epoch` paused it).
+#[allow(clippy::too_many_arguments)]
+pub fn train_minibatch_state(
+    device: crate::Device,
+    mesh: &mut dyn Mesh,
+    shard: &Shard<'_>,
+    cfg: &ModelConfig,
+    seed: u64,
+    tc: &TrainConfig,
+    opts: &MiniBatchOptions,
+    resume: Option<Resume>,
+    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
+) -> Result<(Resume, TrainSummary), Error> {
     // A GPU worker's cores have nothing to do but prepare batches: with the default single loader the GPU
     // waited for it 55-80% of every epoch (SBM 1M, bench/RESULTS.md). As many loaders as the worker's
     // cores allow (up to 8), two batches in flight each; what is learned does not depend on it (steps are
@@ -541,7 +559,14 @@ pub fn train_minibatch_on(
             break;
         }
     }
-    Ok((model, summary))
+    Ok((
+        Resume {
+            model,
+            opt,
+            progress,
+        },
+        summary,
+    ))
 }
 
 /// What a trainer knows at the end of an epoch's steps.

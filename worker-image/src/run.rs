@@ -354,7 +354,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     if let Some(l) = label {
         eprintln!("worker {rank}: training on {l}");
     }
-    let gated = (a.gated && a.mode == TrainMode::Partition).then_some(a.train.epochs);
+    // partition and data parallelism resize in place; P3 restarts from the checkpoint
+    let gated = (a.gated && matches!(a.mode, TrainMode::Partition | TrainMode::Data))
+        .then_some(a.train.epochs);
     let mut paused = false;
     let (held, mut held_part) = match held {
         Some(h) => (h.state, h.part),
@@ -469,8 +471,6 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             (state.model, summary)
         }
         TrainMode::Data => {
-            let part_path = served_path()?;
-            let part = load_part(link, io)?;
             let map = a
                 .partitioning
                 .as_ref()
@@ -478,37 +478,99 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let map_path = io.artifact(map)?;
             let (_, partitioning) = physalia_graph::partition::load_partitioning(&map_path)?;
             let ds = dataset(io)?;
-            physalia_graph::partition::check_part_matches_dataset(
-                &part,
-                part_path,
-                Some((&partitioning, &map_path)),
-                &ds,
-            )?;
-            let csr = ds.csr();
-            let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
-            let data = ShardData::from_part(
-                &part,
-                &partitioning.parts,
-                &ids(&ds, Split::Train),
-                &a.model,
-                a.row_normalize,
-                replicas,
-                replica,
-            );
-            let shard = data.shard(csr.indptr, csr.indices);
-            let resume = load_resume(a, io)?;
-            let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
-            crate::minibatch::train_minibatch_on(
-                device,
-                &mut mesh,
-                &shard,
-                &a.model,
-                a.seed,
-                &a.train,
-                &options(),
-                resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, None, &mut paused, &mut failed),
-            )?
+            let part = match &a.part {
+                // a lost peer replaced: this worker samples from the part it holds (checked when loaded)
+                PartSource::Held => held_part.take().context(
+                    "the assignment keeps the part this worker holds, and it holds none",
+                )?,
+                _ => {
+                    let part_path = served_path()?;
+                    let part = load_part(link, io)?;
+                    physalia_graph::partition::check_part_matches_dataset(
+                        &part,
+                        part_path,
+                        Some((&partitioning, &map_path)),
+                        &ds,
+                    )?;
+                    part
+                }
+            };
+            drop(held_part);
+            let resume = match held {
+                // paused at the epoch this assignment continues after: the state is here, exact (every
+                // replica holds the same model)
+                Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
+                    // the evaluation's cached `A X` and halo rows were the old part's
+                    h.model.clear_cache();
+                    eprintln!(
+                        "worker {rank}: continuing in place after epoch {} (model, optimizer and \
+                         progress held in memory), on part {} of {}",
+                        a.resume_epoch, part.part, part.k
+                    );
+                    Some(h)
+                }
+                _ => load_resume(a, io)?,
+            };
+            let trained = {
+                let csr = ds.csr();
+                let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
+                let data = ShardData::from_part(
+                    &part,
+                    &partitioning.parts,
+                    &ids(&ds, Split::Train),
+                    &a.model,
+                    a.row_normalize,
+                    replicas,
+                    replica,
+                );
+                let shard = data.shard(csr.indptr, csr.indices);
+                let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
+                crate::minibatch::train_minibatch_state(
+                    device,
+                    &mut mesh,
+                    &shard,
+                    &a.model,
+                    a.seed,
+                    &a.train,
+                    &options(),
+                    resume,
+                    &mut |e| {
+                        setup_line(e.metrics);
+                        end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed)
+                    },
+                )
+            };
+            // as for partition parallelism: a cancelled epoch pauses keeping the part, a pause keeps
+            // the state too
+            let (state, summary) = match trained.map_err(anyhow::Error::from) {
+                Ok(done) => done,
+                Err(e) if gated.is_some() && io.aborted(abort_wait(&e)) => {
+                    eprintln!(
+                        "worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}"
+                    );
+                    return Ok(Segment::Paused(Box::new(Held {
+                        state: None,
+                        part: Some(part),
+                    })));
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(e) = failed {
+                if gated.is_some() && io.aborted(abort_wait(&e)) {
+                    return Ok(Segment::Paused(Box::new(Held {
+                        state: None,
+                        part: Some(part),
+                    })));
+                }
+                return Err(e);
+            }
+            if paused {
+                return Ok(Segment::Paused(Box::new(Held {
+                    state: Some(state),
+                    part: Some(part),
+                })));
+            }
+            (state.model, summary)
         }
         TrainMode::Model => {
             let ds = dataset(io)?;

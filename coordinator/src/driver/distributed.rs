@@ -1058,6 +1058,7 @@ impl Driver<'_> {
                     from,
                     to,
                     workers,
+                    mode,
                     resume_epoch,
                     joiners,
                     replacing,
@@ -1065,7 +1066,9 @@ impl Driver<'_> {
                     let t = Instant::now();
                     let result = match replacing {
                         Some(rank) => self.replace(r, dir, from, to, rank, joiners),
-                        None => self.resize(r, dir, from, to, workers, resume_epoch, joiners),
+                        None => {
+                            self.resize(r, dir, from, to, (workers, mode), resume_epoch, joiners)
+                        }
                     }
                     .map_err(|e| format!("{e:#}"));
                     r.log.line(&format!(
@@ -1224,7 +1227,7 @@ impl Driver<'_> {
         dir: &mut JobDir,
         from: usize,
         to: usize,
-        n: usize,
+        (n, mode): (usize, TrainMode),
         resume_epoch: usize,
         joiners: Option<crate::job::Joiners>,
     ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
@@ -1245,7 +1248,6 @@ impl Driver<'_> {
             .get_mut(&from)
             .with_context(|| format!("launch {from} is not running"))?;
         let n_old = old.ranks;
-        let keep = n.min(n_old);
         let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
         // every rank pauses, the leavers too: each leaves the mesh cleanly before any is stopped (a
         // peer that vanished mid-close holds the others' close to its timeout)
@@ -1274,6 +1276,22 @@ impl Driver<'_> {
         // the partitioning for n workers: made while the launch trained, else now (while the survivors
         // pause and the joiners register)
         let t = Instant::now();
+        if mode == TrainMode::Data {
+            // data parallelism samples from the whole graph: the resized launch takes the set for n parts
+            // (each worker's seeds and cache), stored or made now; no rows move, only the model is kept
+            let parts = self.partition_set(n)?;
+            r.log.line(&format!(
+                "resizing in place after epoch {resume_epoch}: {n_old} -> {n} data-parallel workers, the \
+                 partition set for {n} parts ({:.3} s in the pause)",
+                t.elapsed().as_secs_f64()
+            ));
+            return self.resized_launch(r, from, to, n, joiners, pids, |l| {
+                l.parts = parts;
+                l.parts_tag = format!("k{n}");
+                l.owner = None;
+                l.part_delta = false;
+            });
+        }
         let (tag, prepared, how) = match self.take_prepared(from, n) {
             Some(p) => {
                 let ready = p.is_ready();
@@ -1339,7 +1357,31 @@ impl Driver<'_> {
                 });
             }
         }
-        // wait for every rank: the survivors' pauses, the joiners' registrations
+        self.resized_launch(r, from, to, n, joiners, pids, |l| {
+            l.parts = prepared.deltas;
+            l.parts_tag = tag;
+            l.owner = Some(Arc::new(prepared.owner));
+            l.part_delta = true;
+        })
+    }
+
+    /// The end of [`Self::resize`]: waits for every rank (the survivors' pauses, the joiners'
+    /// registrations), then makes launch `to` of `n` ranks from `from`'s survivors and the joiners (the
+    /// leavers stop), its parts set by `parts`. Returns every rank's pid (`pids`: `from`'s, by rank) and
+    /// next mesh address.
+    #[allow(clippy::too_many_arguments)]
+    fn resized_launch(
+        &self,
+        r: &mut Running,
+        from: usize,
+        to: usize,
+        n: usize,
+        joiners: Option<crate::job::Joiners>,
+        pids: Vec<Option<u32>>,
+        parts: impl FnOnce(&mut Live),
+    ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
+        let n_old = r.live[&from].ranks;
+        let keep = n.min(n_old);
         let timeouts = self.spec.timeouts.clone().unwrap_or_default();
         let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
         let join = joiners.map(|j| j.launch);
@@ -1407,10 +1449,9 @@ impl Driver<'_> {
             old.launches.extend(joined.launches);
         }
         old.ranks = n;
-        old.parts = prepared.deltas;
-        old.parts_tag = tag;
-        old.owner = Some(Arc::new(prepared.owner));
-        old.part_delta = true;
+        parts(&mut old);
+        // every rank is assigned its part of the new launch (none holds one from a replacement)
+        old.held = Vec::new();
         let ready = old
             .mesh
             .iter()
@@ -1668,19 +1709,7 @@ impl Driver<'_> {
             n
         };
         let seed = self.spec.train.seed;
-        // a set another job computed for the same dataset in the store saves partitioning it again;
-        // the store is a cache: failing to read or write it only costs the time to partition
-        if let Some(stored) = self.stored_partitions {
-            match stored.fetch(self.dataset_path, k, seed) {
-                Ok(true) => tracing::info!("partitions for {k} workers from {}", stored.url()),
-                Ok(false) => {}
-                Err(e) => self.obs.notice(&format!(
-                    "warning: reading partitions from {}: {e:#}",
-                    stored.url()
-                )),
-            }
-        }
-        let method = &self.partitioner.method;
+        self.fetch_stored_set(k, seed);
         // a chunked dataset's missing set on a platform whose workers read this disk: the assignment
         // here, each part cut by its worker (this process never holds a part)
         if let Some(params) = self.cut_by_workers(k, seed)? {
@@ -1706,6 +1735,30 @@ impl Driver<'_> {
             live.pending = Some(pending);
             return Ok(live);
         }
+        let parts = self.partition_set(k)?;
+        let launch = Launch::start(self, dir.path(), n, index, None)?;
+        Ok(Live::new(launch, n, parts, format!("k{k}")))
+    }
+
+    /// A set another job computed for the same dataset in the store saves partitioning it again; the
+    /// store is a cache: failing to read or write it only costs the time to partition.
+    fn fetch_stored_set(&self, k: usize, seed: u64) {
+        if let Some(stored) = self.stored_partitions {
+            match stored.fetch(self.dataset_path, k, seed) {
+                Ok(true) => tracing::info!("partitions for {k} workers from {}", stored.url()),
+                Ok(false) => {}
+                Err(e) => self.obs.notice(&format!(
+                    "warning: reading partitions from {}: {e:#}",
+                    stored.url()
+                )),
+            }
+        }
+    }
+
+    /// The part files of the dataset file's partition set for `k` parts: the stored one, or made now by
+    /// the job's partitioner (and kept).
+    fn partition_set(&self, k: usize) -> Result<Vec<PathBuf>> {
+        let (seed, method) = (self.spec.train.seed, &self.partitioner.method);
         let sets = super::step(self.obs, &format!("partitioning into {k} parts"), || {
             physalia_graph::partition::ensure_partitions_reusing(
                 self.dataset_path,
@@ -1722,11 +1775,9 @@ impl Driver<'_> {
         })?;
         let set = sets.into_iter().next().expect("one set per k");
         self.keep_partition(&set);
-        let parts = set.part_files;
         // partitioning's buffers are free now; the coordinator holds little while its workers train
         physalia_gnn::heap::release_freed_memory();
-        let launch = Launch::start(self, dir.path(), n, index, None)?;
-        Ok(Live::new(launch, n, parts, format!("k{k}")))
+        Ok(set.part_files)
     }
 
     /// The streaming parameters to partition with when the workers cut their own parts: a chunked
