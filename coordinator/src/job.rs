@@ -1086,10 +1086,12 @@ impl Job {
     }
 
     /// The rank of the one worker the current launch lost, when it can be replaced alone: the launch is
-    /// gated (resized in place) and was training, one worker's process ended or its control connection
-    /// did (a frozen or silent worker is not known to be gone), and others survive.
+    /// gated (resized in place) and was training with epochs left to train, one worker's process ended
+    /// or its control connection did (a frozen or silent worker is not known to be gone), and others
+    /// survive. After the last epoch the others are finishing (exiting), so a relaunch from the last
+    /// checkpoint hands over the model instead.
     fn replaceable(&self) -> Option<usize> {
-        if !self.gated() {
+        if !self.gated() || self.last_complete >= self.cfg.epochs {
             return None;
         }
         let cur = self.current.as_ref()?;
@@ -2478,6 +2480,15 @@ mod simulation {
     /// Two workers of a launch that resizes in place (or not, `in_place`) are assigned and record epoch
     /// 1; then the workers named in `gone` are SIGKILLed during epoch 2. The actions after the grace.
     fn lose_workers(in_place: bool, gone: &[usize]) -> (Job, Vec<JobAction>, Instant) {
+        lose_workers_after(in_place, gone, 1)
+    }
+
+    /// [`lose_workers`] after `recorded` epochs.
+    fn lose_workers_after(
+        in_place: bool,
+        gone: &[usize],
+        recorded: usize,
+    ) -> (Job, Vec<JobAction>, Instant) {
         let el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
         let mut c = cfg(2, 0);
         c.in_place = in_place;
@@ -2485,17 +2496,19 @@ mod simulation {
         let t0 = Instant::now();
         job.start(None, t0);
         start_two_workers(&mut job, t0);
-        for rank in 0..2 {
-            job.handle(
-                JobEvent::Worker {
-                    launch: 0,
-                    event: Event::Epoch {
-                        rank,
-                        metrics: metrics(1, 2, TrainMode::Partition),
+        for epoch in 1..=recorded {
+            for rank in 0..2 {
+                job.handle(
+                    JobEvent::Worker {
+                        launch: 0,
+                        event: Event::Epoch {
+                            rank,
+                            metrics: metrics(epoch, 2, TrainMode::Partition),
+                        },
                     },
-                },
-                t0,
-            );
+                    t0,
+                );
+            }
         }
         for &rank in gone {
             job.handle(
@@ -2602,8 +2615,13 @@ mod simulation {
 
     #[test]
     fn two_lost_workers_or_a_job_that_restarts_relaunch_every_worker() {
-        for (in_place, gone) in [(true, &[0, 1][..]), (false, &[1][..])] {
-            let (_, a, _) = lose_workers(in_place, gone);
+        for (in_place, gone, recorded) in [
+            (true, &[0, 1][..], 1),
+            (false, &[1][..], 1),
+            // after the last epoch: the others are finishing, a relaunch hands over the model
+            (true, &[1][..], EPOCHS),
+        ] {
+            let (_, a, _) = lose_workers_after(in_place, gone, recorded);
             assert!(
                 !a.iter().any(|a| matches!(a, JobAction::Resize { .. })),
                 "in place {in_place}, lost {gone:?}: {a:?}"

@@ -664,7 +664,7 @@ fn an_ecs_job_grows_survives_a_killed_container_and_cancels_cleanly() {
         return;
     };
     let t = TempDir::new().unwrap();
-    let job = "name: grow\ndataset:\n  synth: {kind: sbm, nodes: 4000, classes: 4, feat_dim: 16, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 12, seed: 0, threads: 1}\nworkers: 2\n";
+    let job = "name: grow\ndataset:\n  synth: {kind: sbm, nodes: 4000, classes: 4, feat_dim: 16, avg_degree: 10, homophily: 0.8, seed: 1}\nmodel: {kind: gcn, layers: 2, hidden: 16}\ntrain: {epochs: 30, seed: 0, threads: 1}\nworkers: 2\n";
     write_job(
         t.path(),
         "job.yaml",
