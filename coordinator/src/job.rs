@@ -1004,27 +1004,8 @@ impl Job {
         if let Some(line) = line {
             out.push(JobAction::Say(line));
         }
-        let (workers, resume_epoch) = match next {
-            Next::Relaunch {
-                workers,
-                resume_epoch,
-            } => (workers, resume_epoch),
-            Next::Finish => {
-                out.push(JobAction::StopLaunch {
-                    launch: cur.launch,
-                    reason: "the scaling policy stopped the job".into(),
-                    finished: false,
-                });
-                return self.finish(true, Vec::new(), out);
-            }
-            Next::Fail(error) => {
-                out.push(JobAction::StopLaunch {
-                    launch: cur.launch,
-                    reason: error.clone(),
-                    finished: false,
-                });
-                return self.fail(error, out);
-            }
+        let Some((workers, resume_epoch)) = self.continue_in_place(cur.launch, next, out) else {
+            return;
         };
         let joiners = match self.prewarm.take() {
             Some(p) if p.join_base == Some(cur.n) && cur.n + p.n == workers => Some(Joiners {
@@ -1116,24 +1097,8 @@ impl Job {
         if let Some(line) = line {
             out.push(JobAction::Say(line));
         }
-        let resume_epoch = match next {
-            Next::Relaunch { resume_epoch, .. } => resume_epoch,
-            Next::Finish => {
-                out.push(JobAction::StopLaunch {
-                    launch: cur.launch,
-                    reason: "the scaling policy stopped the job".into(),
-                    finished: false,
-                });
-                return self.finish(true, Vec::new(), out);
-            }
-            Next::Fail(error) => {
-                out.push(JobAction::StopLaunch {
-                    launch: cur.launch,
-                    reason: error.clone(),
-                    finished: false,
-                });
-                return self.fail(error, out);
-            }
+        let Some((_, resume_epoch)) = self.continue_in_place(cur.launch, next, out) else {
+            return;
         };
         let to = self.next_launch;
         let joiner = to + 1;
@@ -1165,6 +1130,35 @@ impl Job {
             coord: None,
             early: Vec::new(),
         });
+    }
+
+    /// What the policy said after launch `launch` was taken off for an in-place change: the worker count
+    /// and epoch to continue with, or (the policy finished the job, or the retries ran out) nothing: the
+    /// launch is stopped and the job ends here.
+    fn continue_in_place(
+        &mut self,
+        launch: usize,
+        next: Next,
+        out: &mut Vec<JobAction>,
+    ) -> Option<(usize, usize)> {
+        let (reason, end) = match next {
+            Next::Relaunch {
+                workers,
+                resume_epoch,
+            } => return Some((workers, resume_epoch)),
+            Next::Finish => ("the scaling policy stopped the job".to_string(), None),
+            Next::Fail(error) => (error.clone(), Some(error)),
+        };
+        out.push(JobAction::StopLaunch {
+            launch,
+            reason,
+            finished: false,
+        });
+        match end {
+            None => self.finish(true, Vec::new(), out),
+            Some(error) => self.fail(error, out),
+        }
+        None
     }
 
     /// The driver's answer to [`JobAction::Resize`]: the resized launch registers as a started one, or

@@ -207,6 +207,42 @@ fn end_epoch(
     }
 }
 
+/// How a gated stretch of training ended (`keep`: the part a gated worker holds, `None` when not gated):
+/// `Ok` with the state and summary when it trained to its end; `Err` with the pause when the coordinator
+/// paused it after an epoch (the state kept too) or cancelled the epoch in flight (a peer was lost and
+/// the mesh was closed under it: only the part is kept, and the next assignment reads the last recorded
+/// epoch's checkpoint; a peer's fault may be seen before the coordinator's word, so it is waited for a
+/// while). Any other failure is the error.
+#[allow(clippy::type_complexity)]
+fn ended(
+    io: &mut dyn Coordinator,
+    rank: usize,
+    trained: Result<(crate::Resume, physalia_gnn::TrainSummary)>,
+    failed: Option<anyhow::Error>,
+    paused: bool,
+    keep: Option<Part>,
+) -> Result<std::result::Result<(crate::Resume, physalia_gnn::TrainSummary), Segment>> {
+    let pause = |state, part| Segment::Paused(Box::new(Held { state, part }));
+    let (state, summary) = match trained {
+        Ok(done) => done,
+        Err(e) if keep.is_some() && io.aborted(abort_wait(&e)) => {
+            eprintln!("worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}");
+            return Ok(Err(pause(None, keep)));
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(e) = failed {
+        if keep.is_some() && io.aborted(abort_wait(&e)) {
+            return Ok(Err(pause(None, keep)));
+        }
+        return Err(e);
+    }
+    if paused {
+        return Ok(Err(pause(Some(state), keep)));
+    }
+    Ok(Ok((state, summary)))
+}
+
 /// The device a worker of `rank` trains on for `req`, and the label its epochs carry (`None`: the CPU, as
 /// asked). A GPU that cannot be used is an error naming what is missing, or the CPU when the job allows it.
 pub fn choose_device(req: &DeviceRequest, rank: usize) -> Result<(crate::Device, Option<String>)> {
@@ -437,38 +473,17 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed)
                 },
             );
-            let (state, summary) = match trained.map_err(anyhow::Error::from) {
-                Ok(done) => done,
-                // the coordinator cancelled the epoch (a peer was lost) and closed the mesh under it: the
-                // state is mid-epoch, so the next assignment reads the last recorded epoch's checkpoint.
-                // A peer's fault may be seen before the coordinator's word: it is waited for a while.
-                Err(e) if keep.is_some() && io.aborted(abort_wait(&e)) => {
-                    eprintln!(
-                        "worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}"
-                    );
-                    return Ok(Segment::Paused(Box::new(Held {
-                        state: None,
-                        part: keep,
-                    })));
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(e) = failed {
-                if keep.is_some() && io.aborted(abort_wait(&e)) {
-                    return Ok(Segment::Paused(Box::new(Held {
-                        state: None,
-                        part: keep,
-                    })));
-                }
-                return Err(e);
+            match ended(
+                io,
+                rank,
+                trained.map_err(Into::into),
+                failed.take(),
+                paused,
+                keep,
+            )? {
+                Ok((state, summary)) => (state.model, summary),
+                Err(paused) => return Ok(paused),
             }
-            if paused {
-                return Ok(Segment::Paused(Box::new(Held {
-                    state: Some(state),
-                    part: keep,
-                })));
-            }
-            (state.model, summary)
         }
         TrainMode::Data => {
             let map = a
@@ -540,37 +555,18 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     },
                 )
             };
-            // as for partition parallelism: a cancelled epoch pauses keeping the part, a pause keeps
-            // the state too
-            let (state, summary) = match trained.map_err(anyhow::Error::from) {
-                Ok(done) => done,
-                Err(e) if gated.is_some() && io.aborted(abort_wait(&e)) => {
-                    eprintln!(
-                        "worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}"
-                    );
-                    return Ok(Segment::Paused(Box::new(Held {
-                        state: None,
-                        part: Some(part),
-                    })));
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(e) = failed {
-                if gated.is_some() && io.aborted(abort_wait(&e)) {
-                    return Ok(Segment::Paused(Box::new(Held {
-                        state: None,
-                        part: Some(part),
-                    })));
-                }
-                return Err(e);
+            let keep = gated.map(|_| part);
+            match ended(
+                io,
+                rank,
+                trained.map_err(Into::into),
+                failed.take(),
+                paused,
+                keep,
+            )? {
+                Ok((state, summary)) => (state.model, summary),
+                Err(paused) => return Ok(paused),
             }
-            if paused {
-                return Ok(Segment::Paused(Box::new(Held {
-                    state: Some(state),
-                    part: Some(part),
-                })));
-            }
-            (state.model, summary)
         }
         TrainMode::Model => {
             let ds = dataset(io)?;

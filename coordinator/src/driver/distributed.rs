@@ -1382,53 +1382,16 @@ impl Driver<'_> {
     ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
         let n_old = r.live[&from].ranks;
         let keep = n.min(n_old);
-        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
         let join = joiners.map(|j| j.launch);
-        loop {
-            let ready = |l: &Live, ranks: std::ops::Range<usize>| {
-                ranks
-                    .clone()
-                    .all(|rank| l.mesh.get(rank).is_some_and(Option::is_some))
-            };
-            let old_ready = ready(&r.live[&from], 0..n_old);
-            let join_ready = match join {
-                Some(j) => ready(
-                    r.live
-                        .get(&j)
-                        .with_context(|| format!("the joiners' launch {j} is not running"))?,
-                    n_old..n,
-                ),
-                None => true,
-            };
-            if old_ready && join_ready {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "not every worker was ready within {} s (survivors paused: {old_ready}, joiners \
-                     registered: {join_ready})",
-                    timeouts.register_s
-                );
-            }
-            for launch in std::iter::once(from).chain(join) {
-                let l = r.live.get_mut(&launch).expect("checked above");
-                let (exits, events) = l.poll(Duration::from_millis(10));
-                if let Some((rank, how, _)) = exits.first() {
-                    bail!("worker {rank} {how}");
-                }
-                for ev in events {
-                    match worker_event(ev, l, &mut r.log, launch) {
-                        Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
-                        Some(Event::Failed { rank, error })
-                        | Some(Event::PeerLost { rank, error }) => {
-                            bail!("worker {rank} failed: {error}")
-                        }
-                        _ => {}
-                    }
-                }
-            }
+        let mut waits = vec![(from, (0..n_old).collect(), "survivors paused")];
+        if let Some(j) = join {
+            ensure!(
+                r.live.contains_key(&j),
+                "the joiners' launch {j} is not running"
+            );
+            waits.push((j, (n_old..n).collect(), "joiners registered"));
         }
+        self.wait_ready(r, &waits)?;
         // one launch of n ranks: the survivors' and the joiners' backend launches and connections; the
         // leavers stop, and from here their exits and words are not the job's
         let mut old = r.live.remove(&from).expect("checked above");
@@ -1549,41 +1512,14 @@ impl Driver<'_> {
             t.elapsed().as_secs_f64()
         ));
         // wait for every rank: the survivors' pauses, the replacement's registration
-        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
-        loop {
-            let survivors = (0..n)
-                .filter(|&rank| rank != lost)
-                .all(|rank| r.live[&from].mesh[rank].is_some());
-            let joined = r.live[&j.launch].mesh[lost].is_some();
-            if survivors && joined {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "not every worker was ready within {} s (survivors paused: {survivors}, \
-                     replacement registered: {joined})",
-                    timeouts.register_s
-                );
-            }
-            for launch in [from, j.launch] {
-                let l = r.live.get_mut(&launch).expect("checked above");
-                let (exits, events) = l.poll(Duration::from_millis(10));
-                if let Some((rank, how, _)) = exits.first() {
-                    bail!("worker {rank} {how}");
-                }
-                for ev in events {
-                    match worker_event(ev, l, &mut r.log, launch) {
-                        Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
-                        Some(Event::Failed { rank, error })
-                        | Some(Event::PeerLost { rank, error }) => {
-                            bail!("worker {rank} failed: {error}")
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
+        let survivors = (0..n).filter(|&rank| rank != lost).collect();
+        self.wait_ready(
+            r,
+            &[
+                (from, survivors, "survivors paused"),
+                (j.launch, vec![lost], "replacement registered"),
+            ],
+        )?;
         let mut old = r.live.remove(&from).expect("checked above");
         let joined = r.live.remove(&j.launch).expect("checked above");
         let mut pids = pids;
@@ -1610,6 +1546,58 @@ impl Driver<'_> {
             .collect();
         r.live.insert(to, old);
         Ok(ready)
+    }
+
+    /// Waits, up to `timeouts.register_s`, until every rank of each `(launch, ranks, what)` is ready
+    /// (its next mesh address known: a survivor paused, a joiner registered); a worker that exits, loses
+    /// its connection or fails meanwhile is an error naming it, as is the timeout (saying which `what`
+    /// were not all ready).
+    fn wait_ready(&self, r: &mut Running, waits: &[(usize, Vec<usize>, &str)]) -> Result<()> {
+        let timeouts = self.spec.timeouts.clone().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs_f64(timeouts.register_s);
+        loop {
+            let ready: Vec<bool> = waits
+                .iter()
+                .map(|(launch, ranks, _)| {
+                    let l = &r.live[launch];
+                    ranks
+                        .iter()
+                        .all(|&rank| l.mesh.get(rank).is_some_and(Option::is_some))
+                })
+                .collect();
+            if ready.iter().all(|&x| x) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let state: Vec<String> = waits
+                    .iter()
+                    .zip(&ready)
+                    .map(|((_, _, what), ok)| format!("{what}: {ok}"))
+                    .collect();
+                bail!(
+                    "not every worker was ready within {} s ({})",
+                    timeouts.register_s,
+                    state.join(", ")
+                );
+            }
+            for (launch, _, _) in waits {
+                let l = r.live.get_mut(launch).expect("checked above");
+                let (exits, events) = l.poll(Duration::from_millis(10));
+                if let Some((rank, how, _)) = exits.first() {
+                    bail!("worker {rank} {how}");
+                }
+                for ev in events {
+                    match worker_event(ev, l, &mut r.log, *launch) {
+                        Some(Event::Lost { rank, reason }) => bail!("worker {rank} {reason}"),
+                        Some(Event::Failed { rank, error })
+                        | Some(Event::PeerLost { rank, error }) => {
+                            bail!("worker {rank} failed: {error}")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
     }
 
     /// The node -> rank assignment a launch trains on.
