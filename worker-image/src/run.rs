@@ -207,6 +207,30 @@ fn end_epoch(
     }
 }
 
+/// The state an assignment trains from: the one `held` when the worker paused at the epoch the assignment
+/// continues after (exact; its cached `A X` and halo rows were the old part's, so they go), else the
+/// assignment's checkpoint (or a fresh start).
+fn resume_in_place(
+    a: &Assignment,
+    held: Option<crate::Resume>,
+    io: &mut dyn Coordinator,
+    rank: usize,
+    part: &Part,
+) -> Result<Option<crate::Resume>> {
+    match held {
+        Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
+            h.model.clear_cache();
+            eprintln!(
+                "worker {rank}: continuing in place after epoch {} (model, optimizer and progress \
+                 held in memory), on part {} of {}",
+                a.resume_epoch, part.part, part.k
+            );
+            Ok(Some(h))
+        }
+        _ => load_resume(a, io),
+    }
+}
+
 /// How a gated stretch of training ended (`keep`: the part a gated worker holds, `None` when not gated):
 /// `Ok` with the state and summary when it trained to its end; `Err` with the pause when the coordinator
 /// paused it after an epoch (the state kept too) or cancelled the epoch in flight (a peer was lost and
@@ -444,20 +468,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     t_keep.elapsed().as_secs_f64()
                 );
             }
-            let resume = match held {
-                // paused at the epoch this assignment continues after: the state is here, exact
-                Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
-                    // the cached `A X` and halo rows were the old part's
-                    h.model.clear_cache();
-                    eprintln!(
-                        "worker {rank}: continuing in place after epoch {} (model, optimizer and \
-                         progress held in memory), on part {} of {}",
-                        a.resume_epoch, part.part, part.k
-                    );
-                    Some(h)
-                }
-                _ => load_resume(a, io)?,
-            };
+            let resume = resume_in_place(a, held, io, rank, &part)?;
             let trained = crate::train_owned_part_state(
                 device,
                 link,
@@ -511,21 +522,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 }
             };
             drop(held_part);
-            let resume = match held {
-                // paused at the epoch this assignment continues after: the state is here, exact (every
-                // replica holds the same model)
-                Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
-                    // the evaluation's cached `A X` and halo rows were the old part's
-                    h.model.clear_cache();
-                    eprintln!(
-                        "worker {rank}: continuing in place after epoch {} (model, optimizer and \
-                         progress held in memory), on part {} of {}",
-                        a.resume_epoch, part.part, part.k
-                    );
-                    Some(h)
-                }
-                _ => load_resume(a, io)?,
-            };
+            // every replica holds the same model: a survivor's is exact
+            let resume = resume_in_place(a, held, io, rank, &part)?;
             let trained = {
                 let csr = ds.csr();
                 let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
