@@ -24,6 +24,9 @@ joiner is a container start; the restart path starts every container again).
 `--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
 launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
 
+`--data-parallel`: the same with data parallelism (mini-batches); in place, the survivors keep their
+processes, models and optimizers and the resized launch takes the stored set for the new count.
+
 `--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed: local processes kill themselves after
 training epoch 5, before reporting it (the worker's test hook); with `--backend docker` its container is
 `docker kill`ed once the job recorded epoch 4, wherever the job is then. In place the lost worker is replaced
@@ -57,7 +60,7 @@ dataset: {{path: {graph}}}
 model: {{kind: sage, layers: 2, hidden: {hidden}}}
 train: {{epochs: 12, seed: 0, eval_every: 12}}
 workers: {workers}
-output: {{dir: {out}}}
+output: {{dir: {out}}}{parallelism}
 backend: {backend}
 """
 
@@ -100,13 +103,14 @@ rules:
 """
 
 BACKEND = "local"
+PARALLELISM = ""
 
 
 def submit(binary, tmp, name, graph, hidden, resize, policy_text=POLICY, workers=1, env=None):
     job = os.path.join(tmp, f"{name}.yaml")
     with open(job, "w") as f:
         f.write(JOB.format(name=name, graph=graph, hidden=hidden, out=os.path.join(tmp, "jobs"),
-                           backend=BACKEND, workers=workers))
+                           backend=BACKEND, workers=workers, parallelism=PARALLELISM))
         if resize:
             policy = os.path.join(tmp, f"{name}-policy.yaml")
             with open(policy, "w") as p:
@@ -152,9 +156,13 @@ def main():
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     p.add_argument("--backend", default="local", choices=["local", "docker"])
     p.add_argument("--lose-worker", action="store_true", help="no resize: rank 1 of 3 is killed after epoch 5")
+    p.add_argument("--data-parallel", action="store_true",
+                   help="data parallelism (mini-batches of 1024 seeds, fan-outs 10, 10) instead of partition")
     a = p.parse_args()
-    global BACKEND
+    global BACKEND, PARALLELISM
     BACKEND = a.backend
+    if a.data_parallel:
+        PARALLELISM = "\nparallelism: data\nminibatch: {fanouts: [10, 10], batch_size: 1024}"
     a.bin = os.path.abspath(a.bin)
     out_dir = os.path.join(ROOT, "bench", "out")
     os.makedirs(out_dir, exist_ok=True)
