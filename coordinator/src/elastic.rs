@@ -32,6 +32,9 @@ pub enum Stop {
     },
     Lost {
         error: String,
+        /// The lost worker's rank when it is replaced alone (a job that resizes in place: the others
+        /// keep their processes); `None`: every worker is relaunched.
+        alone: Option<usize>,
     },
     /// Same workers, other exchange settings (the plan's boundary sampling and staleness).
     Reconfigure {
@@ -247,51 +250,6 @@ impl Elastic {
 
     /// After a launch stopped after `after_epoch` for `why`: the next launch, the end, or failure.
     /// `workers` is the size of the launch that stopped; returns the line to print, if any.
-    /// One more retry in a row for `error`: the error back, or what the job fails with when the
-    /// retries are used up.
-    fn count_retry(&mut self, error: String) -> Result<String, String> {
-        self.retries += 1;
-        if self.retries > self.max_retries {
-            return Err(match self.max_retries {
-                0 => format!("{error} (max_retries: 0)"),
-                n => format!("{error}; gave up after {n} retries in a row"),
-            });
-        }
-        Ok(error)
-    }
-
-    /// Worker `rank` of a launch of `workers` was lost after `after_epoch` and is replaced alone, the
-    /// others keeping their processes (an in-place job): a retry like [`Stop::Lost`]'s, counted the same.
-    pub fn replace_lost(
-        &mut self,
-        workers: usize,
-        after_epoch: usize,
-        rank: usize,
-        error: String,
-    ) -> (Next, Option<String>) {
-        let error = match self.count_retry(error) {
-            Ok(error) => error,
-            Err(error) => return (Next::Fail(error), None),
-        };
-        let line = self.event(
-            after_epoch,
-            format!(
-                "lost a worker ({error}); replacing worker {rank} alone, the other {} keep their \
-                 processes; retrying epoch {} on {workers} workers",
-                workers - 1,
-                after_epoch + 1
-            ),
-            None,
-        );
-        (
-            Next::Relaunch {
-                workers,
-                resume_epoch: after_epoch,
-            },
-            Some(line),
-        )
-    }
-
     pub fn after_stop(
         &mut self,
         workers: usize,
@@ -313,15 +271,26 @@ impl Elastic {
                     Some(line),
                 )
             }
-            Stop::Lost { error } => {
-                let error = match self.count_retry(error) {
-                    Ok(error) => error,
-                    Err(error) => return (Next::Fail(error), None),
+            Stop::Lost { error, alone } => {
+                self.retries += 1;
+                if self.retries > self.max_retries {
+                    let error = match self.max_retries {
+                        0 => format!("{error} (max_retries: 0)"),
+                        n => format!("{error}; gave up after {n} retries in a row"),
+                    };
+                    return (Next::Fail(error), None);
+                }
+                let how = match alone {
+                    Some(rank) => format!(
+                        "replacing worker {rank} alone, the other {} keep their processes; ",
+                        workers - 1
+                    ),
+                    None => String::new(),
                 };
                 let line = self.event(
                     after_epoch,
                     format!(
-                        "lost a worker ({error}); retrying epoch {} on {workers} workers",
+                        "lost a worker ({error}); {how}retrying epoch {} on {workers} workers",
                         after_epoch + 1
                     ),
                     None,
@@ -541,6 +510,7 @@ mod simulation {
                 let stop = if cluster.lost() {
                     Some(Stop::Lost {
                         error: format!("worker {} exited with signal 9", epoch % n),
+                        alone: None,
                     })
                 } else {
                     trace.workers.push(n);
@@ -766,6 +736,7 @@ mod simulation {
                 3,
                 Stop::Lost {
                     error: format!("loss {i}"),
+                    alone: None,
                 },
             );
             assert_eq!(
@@ -782,6 +753,7 @@ mod simulation {
             3,
             Stop::Lost {
                 error: "worker 1 exited".into(),
+                alone: None,
             },
         );
         assert_eq!(
@@ -793,11 +765,25 @@ mod simulation {
         // a completed epoch resets the count
         let mut el = Elastic::new(policy("double-on-plateau"), 1, 10, 0.0);
         for _ in 0..MAX_RETRIES {
-            el.after_stop(1, 0, Stop::Lost { error: "x".into() });
+            el.after_stop(
+                1,
+                0,
+                Stop::Lost {
+                    error: "x".into(),
+                    alone: None,
+                },
+            );
         }
         el.after_epoch(&epoch_metrics(1, 1), 10);
         for _ in 0..MAX_RETRIES {
-            let (next, _) = el.after_stop(1, 1, Stop::Lost { error: "x".into() });
+            let (next, _) = el.after_stop(
+                1,
+                1,
+                Stop::Lost {
+                    error: "x".into(),
+                    alone: None,
+                },
+            );
             assert!(matches!(next, Next::Relaunch { .. }), "{next:?}");
         }
     }
@@ -806,6 +792,7 @@ mod simulation {
     fn the_job_sets_how_many_retries_in_a_row() {
         let lost = || Stop::Lost {
             error: "worker 1 exited with signal 9".into(),
+            alone: None,
         };
         let mut el = Elastic::new(policy("double-on-plateau"), 2, 10, 0.0).with_max_retries(0);
         assert_eq!(

@@ -559,6 +559,7 @@ impl Job {
                 Err(error) => self.stop_current(
                     Stop::Lost {
                         error: format!("starting {} workers failed: {error}", self.workers()),
+                        alone: None,
                     },
                     now,
                     out,
@@ -706,7 +707,7 @@ impl Job {
                     if retry && let Some(rank) = self.replaceable() {
                         self.replace_lost(rank, error, out);
                     } else if retry {
-                        self.stop_current(Stop::Lost { error }, now, out);
+                        self.stop_current(Stop::Lost { error, alone: None }, now, out);
                     } else {
                         out.push(JobAction::StopLaunch {
                             launch,
@@ -805,7 +806,7 @@ impl Job {
         };
         let reason = match &why {
             Stop::Rescale { to, rule, .. } => format!("rescaling to {to} workers (rule {rule})"),
-            Stop::Lost { error } => format!("retrying after: {error}"),
+            Stop::Lost { error, .. } => format!("retrying after: {error}"),
             Stop::Reconfigure { what, .. } => format!("relaunching with {what}"),
             Stop::Replan { to, .. } => format!("replanning ({})", to.as_str()),
             Stop::Finish => "the scaling policy stopped the job".into(),
@@ -1091,9 +1092,11 @@ impl Job {
         let Some(cur) = self.current.take() else {
             return;
         };
-        let (next, line) = self
-            .elastic
-            .replace_lost(cur.n, self.last_complete, rank, error);
+        let lost = Stop::Lost {
+            error,
+            alone: Some(rank),
+        };
+        let (next, line) = self.elastic.after_stop(cur.n, self.last_complete, lost);
         if let Some(line) = line {
             out.push(JobAction::Say(line));
         }

@@ -248,6 +248,7 @@ pub fn train_minibatch(
         resume,
         on_epoch,
     )
+    .map(|(state, summary)| (state.model, summary))
 }
 
 /// A mini-batch step on a device: the batch's blocks, input rows and labels are uploaded, forward,
@@ -356,27 +357,10 @@ where
 }
 
 /// [`train_minibatch`] with every step on `device` (evaluation stays on the CPU: the full-graph forward
-/// of each worker's part).
-#[allow(clippy::too_many_arguments)]
-pub fn train_minibatch_on(
-    device: crate::Device,
-    mesh: &mut dyn Mesh,
-    shard: &Shard<'_>,
-    cfg: &ModelConfig,
-    seed: u64,
-    tc: &TrainConfig,
-    opts: &MiniBatchOptions,
-    resume: Option<Resume>,
-    on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
-) -> Result<(Model, TrainSummary), Error> {
-    train_minibatch_state(device, mesh, shard, cfg, seed, tc, opts, resume, on_epoch)
-        .map(|(state, summary)| (state.model, summary))
-}
-
-/// [`train_minibatch_on`], returning the whole training state where it stopped (the model, the optimizer
+/// of each worker's part), returning the whole training state where it stopped (the model, the optimizer
 /// and the progress: what an in-place resize continues from when `on_epoch` paused it).
 #[allow(clippy::too_many_arguments)]
-pub fn train_minibatch_state(
+pub fn train_minibatch_on(
     device: crate::Device,
     mesh: &mut dyn Mesh,
     shard: &Shard<'_>,

@@ -538,7 +538,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 );
                 let shard = data.shard(csr.indptr, csr.indices);
                 let mut mesh = crate::MeshExchange::new(link, &part, a.exchange.clone());
-                crate::minibatch::train_minibatch_state(
+                crate::minibatch::train_minibatch_on(
                     device,
                     &mut mesh,
                     &shard,

@@ -308,7 +308,7 @@ fn hybrid_segment(
                     let shard = data.shard(&ds.indptr, &ds.indices);
                     let mut mesh = MeshExchange::new(&mut link, part, ExchangeOptions::default());
                     let mut run = Run::new();
-                    let (model, summary) = train_minibatch_on(
+                    let (state, summary) = train_minibatch_on(
                         device,
                         &mut mesh,
                         &shard,
@@ -333,7 +333,7 @@ fn hybrid_segment(
                         },
                     )
                     .unwrap();
-                    run.finish(model, &summary);
+                    run.finish(state.model, &summary);
                     run
                 })
             })

@@ -872,6 +872,15 @@ impl Live {
         }
     }
 
+    /// Every rank's pid (`pids`, by rank) and next mesh address, once every rank is ready.
+    fn ready(&self, pids: &[Option<u32>]) -> Vec<(Option<u32>, SocketAddr)> {
+        self.mesh
+            .iter()
+            .zip(pids)
+            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
+            .collect()
+    }
+
     /// The backend's exits (by mesh rank) and the control servers' events, waiting up to `wait` for the
     /// first when nothing exited.
     fn poll(&mut self, wait: Duration) -> (Vec<(usize, String, bool)>, Vec<ServerEvent>) {
@@ -1415,12 +1424,7 @@ impl Driver<'_> {
         parts(&mut old);
         // every rank is assigned its part of the new launch (none holds one from a replacement)
         old.held = Vec::new();
-        let ready = old
-            .mesh
-            .iter()
-            .zip(&pids)
-            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
-            .collect();
+        let ready = old.ready(&pids);
         r.live.insert(to, old);
         Ok(ready)
     }
@@ -1480,32 +1484,29 @@ impl Driver<'_> {
         r.live
             .insert(j.launch, Live::new(l, lost + 1, Vec::new(), String::new()));
         let _ = dir.update(|s| s.launches.push(j.launch as u32));
-        // the lost worker's part, while the replacement starts: the stored set's file, or cut from the
-        // dataset by the partitioning an earlier resize in place made
+        // the lost worker's part, while the replacement starts: the stored set's file (served as it
+        // is), or, when an earlier resize in place made the partitioning (its parts are deltas), cut
+        // from the dataset and served under a name of the new launch
         let t = Instant::now();
         let old = &r.live[&from];
-        let owner = self.owner_of(old)?;
-        let (part, how) = if old.part_delta {
-            let tag = format!("seg{to}");
-            let path = self
-                .job_abs
-                .join("partitions")
-                .join(&tag)
-                .join(format!("part{lost}.bin"));
-            inplace::cut_part(
-                self.dataset_path,
-                self.spec.train.seed,
-                &owner,
-                n,
-                lost,
-                &path,
-            )?;
-            (path, "cut from the dataset")
-        } else {
-            (
-                old.parts[lost % old.parts.len()].clone(),
-                "the stored set's",
-            )
+        let (cut, how) = match (&old.owner, old.part_delta) {
+            (Some(owner), true) => {
+                let path = self
+                    .job_abs
+                    .join("partitions")
+                    .join(format!("seg{to}"))
+                    .join(format!("part{lost}.bin"));
+                inplace::cut_part(
+                    self.dataset_path,
+                    self.spec.train.seed,
+                    owner,
+                    n,
+                    lost,
+                    &path,
+                )?;
+                (Some(path), "cut from the dataset")
+            }
+            _ => (None, "the stored set's"),
         };
         r.log.line(&format!(
             "replacing worker {lost} of launch {from}: its part is {how} ({:.3} s)",
@@ -1528,22 +1529,13 @@ impl Driver<'_> {
         pids[lost] = joined.mesh[lost].and_then(|m| m.0);
         old.launches.extend(joined.launches);
         old.held = (0..n).map(|rank| rank != lost).collect();
-        // the replacement is served its whole part, under a name of this launch's
-        old.parts = (0..n)
-            .map(|rank| match rank == lost {
-                true => part.clone(),
-                false => old.parts[rank % old.parts.len()].clone(),
-            })
-            .collect();
-        old.parts_tag = format!("seg{to}");
-        old.part_delta = false;
-        old.owner = Some(owner);
-        let ready = old
-            .mesh
-            .iter()
-            .zip(&pids)
-            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
-            .collect();
+        if let Some(path) = cut {
+            // the others' entries are deltas no one is served again (they hold their parts)
+            old.parts[lost] = path;
+            old.parts_tag = format!("seg{to}");
+            old.part_delta = false;
+        }
+        let ready = old.ready(&pids);
         r.live.insert(to, old);
         Ok(ready)
     }
