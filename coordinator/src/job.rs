@@ -728,7 +728,7 @@ impl Job {
         let Some(launch) = self.current.as_ref().map(|c| c.launch) else {
             return;
         };
-        // data parallelism moves no rows: its resize takes the stored set for the new count
+        // data parallelism and P3 move no rows: their resize takes the stored set for the new count
         if !self.gated() || self.mode != TrainMode::Partition || self.prepared == Some(launch) {
             return;
         }
@@ -980,9 +980,9 @@ impl Job {
     }
 
     /// Whether the current launches are resized in place: their workers wait for the coordinator's word
-    /// after every epoch. Partition and data parallelism; P3 restarts from the checkpoint.
+    /// after every epoch. Every mode (`JobSpec::resizes_in_place` decides `in_place`).
     fn gated(&self) -> bool {
-        self.cfg.in_place && matches!(self.mode, TrainMode::Partition | TrainMode::Data)
+        self.cfg.in_place
     }
 
     /// The job keeps its shape after `epoch`: gated workers go on (the last epoch is never gated).

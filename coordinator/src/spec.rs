@@ -1254,14 +1254,13 @@ impl JobSpec {
     }
 
     /// Whether a resize of this job keeps the survivors in place (issue 33): partition parallelism
-    /// with one part per worker or data parallelism (not P3, not replica groups), on a dataset file
-    /// (`chunked`: a chunked one restarts), unless the policy asks for restarts; on every platform (a survivor rebinds its fixed mesh port once its
-    /// link is closed; joiners start as a launch of their own on the job's network, their control
-    /// endpoint beside the running one's). The coordinator decides by it, `plan --replay` prices by
-    /// it, the preflight counts by it.
+    /// with one part per worker, data parallelism or P3 (not replica groups), on a dataset file
+    /// (`chunked`: a chunked one restarts), unless the policy asks for restarts; on every platform (a
+    /// survivor rebinds its fixed mesh port once its link is closed; joiners start as a launch of their
+    /// own on the job's network, their control endpoint beside the running one's). The coordinator
+    /// decides by it, `plan --replay` prices by it, the preflight counts by it.
     pub fn resizes_in_place(&self, chunked: bool) -> bool {
         !chunked
-            && matches!(self.mode(), Parallelism::Partition | Parallelism::Data)
             && !matches!(self.parallelism, ParallelismSpec::Groups(_))
             && self
                 .scaling

@@ -11,7 +11,7 @@
 //! epoch: the sum of the epochs is what the job paid for). A launch costs its start-up (first epoch's end
 //! less one epoch, measured) and its stop (last epoch's end to the stop), averaged over the job's launches;
 //! on another SKU the planner's extra cold start and loading time is added. A resize in place (issue 33;
-//! `resize: restart`, data parallelism, P3 and chunked datasets relaunch instead) costs its pause (measured:
+//! `resize: restart`, replica groups and chunked datasets relaunch instead) costs its pause (measured:
 //! the last epoch before it to the first after, less an epoch) for every worker of either count, and its
 //! joiners' start-up: billed while the others train when the policy prewarms them, in the pause otherwise.
 //! The job's own launches priced this way must come to the ledger's worker-seconds (`tests/tests/replay.rs`:

@@ -350,6 +350,7 @@ fn train_one(
                 on_epoch(e.metrics);
                 true
             })
+            .map(|(state, summary)| (state.model, summary))
             .map_err(Into::into)
         }
         _ => {

@@ -211,8 +211,8 @@ fn rescaling_cora_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
 }
 
 /// Mini-batch training learns the same on any worker count (the batch is global, a seed's sample does not
-/// depend on who draws it), and its checkpoints hold the whole model: data parallelism resizes in place
-/// like partition parallelism, P3 through the checkpoint.
+/// depend on who draws it), and every worker ends an epoch with the whole model and optimizer state: data
+/// parallelism and P3 resize in place like partition parallelism.
 const MINIBATCH: &str = "minibatch: {fanouts: [5, 5], batch_size: 256}\n";
 
 #[test]
@@ -232,9 +232,18 @@ fn data_parallel_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
 
 #[test]
 fn a_data_parallel_worker_killed_is_replaced_alone() {
+    mini_batch_worker_killed_is_replaced_alone("data");
+}
+
+#[test]
+fn a_p3_worker_killed_is_replaced_alone() {
+    mini_batch_worker_killed_is_replaced_alone("model");
+}
+
+fn mini_batch_worker_killed_is_replaced_alone(mode: &str) {
     let t = TempDir::new().unwrap();
     let two = format!(
-        "{}parallelism: data\n{MINIBATCH}",
+        "{}parallelism: {mode}\n{MINIBATCH}",
         JOB.replace("output:", "workers: 2\noutput:")
     );
     write_job(t.path(), "fixed.yaml", &two);
@@ -278,7 +287,22 @@ fn a_data_parallel_worker_killed_is_replaced_alone() {
 
 #[test]
 fn p3_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
-    rescale_like_fixed(&format!("{JOB}parallelism: model\n{MINIBATCH}"));
+    let (_tmp, dir) = rescale_like_fixed(&format!("{JOB}parallelism: model\n{MINIBATCH}"));
+    // P3 resizes in place too: every rank ends an epoch holding the whole model and optimizer (the
+    // first layer gathered), so rank 0 is one process throughout and takes the new count's columns
+    physalia_tests::assert_resized_in_place(&dir, &[(1, 2, 3), (2, 4, 6), (4, 2, 9)]);
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert_eq!(
+        log.matches("model-parallel (P3) workers, the partition set for")
+            .count(),
+        3,
+        "{log}"
+    );
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    assert!(
+        rank0.contains("continuing in place after epoch 6 (model, optimizer and progress held in memory), on feature columns 0..4 of 16"),
+        "{rank0}"
+    );
 }
 
 /// Runs `job` fixed and under the 1 -> 2 -> 4 -> 2 policy, checks the policy run against the fixed one,

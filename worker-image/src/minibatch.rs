@@ -983,7 +983,7 @@ pub fn train_p3<L: Link + ?Sized>(
     opts: &MiniBatchOptions,
     resume: Option<Resume>,
     on_epoch: &mut dyn FnMut(&EpochEnd<'_>) -> bool,
-) -> Result<(Model, TrainSummary), Error> {
+) -> Result<(Resume, TrainSummary), Error> {
     let (rank, world) = (link.rank(), link.world());
     let config = |problem: String| Error::Config(problem);
     opts.check(cfg.layers).map_err(Error::Config)?;
@@ -1187,8 +1187,16 @@ pub fn train_p3<L: Link + ?Sized>(
             break;
         }
     }
-    // the last epoch's gather (or the checkpoint resumed from) left the model complete
-    Ok((model, summary))
+    // the last epoch's gather (or the checkpoint resumed from) left the model and optimizer complete: a
+    // worker paused here holds the whole state, as a data-parallel one does
+    Ok((
+        Resume {
+            model,
+            opt,
+            progress,
+        },
+        summary,
+    ))
 }
 
 /// P3's end of an epoch: every worker sends the rows of its columns of the first layer's weights, and of

@@ -215,15 +215,15 @@ fn resume_in_place(
     held: Option<crate::Resume>,
     io: &mut dyn Coordinator,
     rank: usize,
-    part: &Part,
+    on: &str,
 ) -> Result<Option<crate::Resume>> {
     match held {
         Some(mut h) if a.resume_epoch > 0 && h.progress.epoch == a.resume_epoch => {
             h.model.clear_cache();
             eprintln!(
                 "worker {rank}: continuing in place after epoch {} (model, optimizer and progress \
-                 held in memory), on part {} of {}",
-                a.resume_epoch, part.part, part.k
+                 held in memory), on {on}",
+                a.resume_epoch
             );
             Ok(Some(h))
         }
@@ -231,7 +231,7 @@ fn resume_in_place(
     }
 }
 
-/// How a gated stretch of training ended (`keep`: the part a gated worker holds, `None` when not gated):
+/// How a stretch of training ended (`gated`: the worker may be paused; `keep`: the part it holds, if any):
 /// `Ok` with the state and summary when it trained to its end; `Err` with the pause when the coordinator
 /// paused it after an epoch (the state kept too) or cancelled the epoch in flight (a peer was lost and
 /// the mesh was closed under it: only the part is kept, and the next assignment reads the last recorded
@@ -244,19 +244,20 @@ fn ended(
     trained: Result<(crate::Resume, physalia_gnn::TrainSummary)>,
     failed: Option<anyhow::Error>,
     paused: bool,
+    gated: bool,
     keep: Option<Part>,
 ) -> Result<std::result::Result<(crate::Resume, physalia_gnn::TrainSummary), Segment>> {
     let pause = |state, part| Segment::Paused(Box::new(Held { state, part }));
     let (state, summary) = match trained {
         Ok(done) => done,
-        Err(e) if keep.is_some() && io.aborted(abort_wait(&e)) => {
+        Err(e) if gated && io.aborted(abort_wait(&e)) => {
             eprintln!("worker {rank}: the epoch in flight was cancelled (a peer was lost): {e:#}");
             return Ok(Err(pause(None, keep)));
         }
         Err(e) => return Err(e),
     };
     if let Some(e) = failed {
-        if keep.is_some() && io.aborted(abort_wait(&e)) {
+        if gated && io.aborted(abort_wait(&e)) {
             return Ok(Err(pause(None, keep)));
         }
         return Err(e);
@@ -414,9 +415,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     if let Some(l) = label {
         eprintln!("worker {rank}: training on {l}");
     }
-    // partition and data parallelism resize in place; P3 restarts from the checkpoint
-    let gated = (a.gated && matches!(a.mode, TrainMode::Partition | TrainMode::Data))
-        .then_some(a.train.epochs);
+    // every mode resizes in place: a gated worker waits for the coordinator's word after each epoch
+    let gated = a.gated.then_some(a.train.epochs);
     let mut paused = false;
     let (held, mut held_part) = match held {
         Some(h) => (h.state, h.part),
@@ -468,7 +468,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     t_keep.elapsed().as_secs_f64()
                 );
             }
-            let resume = resume_in_place(a, held, io, rank, &part)?;
+            let on = format!("part {} of {}", part.part, part.k);
+            let resume = resume_in_place(a, held, io, rank, &on)?;
             let trained = crate::train_owned_part_state(
                 device,
                 link,
@@ -490,6 +491,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 trained.map_err(Into::into),
                 failed.take(),
                 paused,
+                gated.is_some(),
                 keep,
             )? {
                 Ok((state, summary)) => (state.model, summary),
@@ -523,7 +525,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             };
             drop(held_part);
             // every replica holds the same model: a survivor's is exact
-            let resume = resume_in_place(a, held, io, rank, &part)?;
+            let on = format!("part {} of {}", part.part, part.k);
+            let resume = resume_in_place(a, held, io, rank, &on)?;
             let trained = {
                 let csr = ds.csr();
                 let (replicas, replica) = crate::replica_of(&part, link.rank(), link.world())?;
@@ -560,6 +563,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 trained.map_err(Into::into),
                 failed.take(),
                 paused,
+                gated.is_some(),
                 keep,
             )? {
                 Ok((state, summary)) => (state.model, summary),
@@ -570,6 +574,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let ds = dataset(io)?;
             let d = ds.meta().feat_dim;
             let cols = column_slice(d, link.world(), link.rank());
+            let on = format!("feature columns {cols:?} of {d}");
             let x_cols = column_features(ds.features(), d, cols.clone(), a.row_normalize);
             let sets = physalia_gnn::NodeSets {
                 labels: ds.labels().to_vec(),
@@ -585,9 +590,12 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 cols,
                 sets: &sets,
             };
-            // the checkpoint holds the whole model; each worker trains its columns' rows of it
-            let resume = load_resume(a, io)?;
-            crate::minibatch::train_p3(
+            // every rank ends an epoch with the whole model and optimizer state (the first layer
+            // gathered), so a survivor's is exact; the checkpoint holds it too. Each worker trains its
+            // columns' rows of the first layer.
+            drop(held_part);
+            let resume = resume_in_place(a, held, io, rank, &on)?;
+            let trained = crate::minibatch::train_p3(
                 link,
                 &shard,
                 &a.model,
@@ -595,8 +603,20 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 &a.train,
                 &options(),
                 resume,
-                &mut |e| end_epoch(io, checkpoint, e, label, None, &mut paused, &mut failed),
-            )?
+                &mut |e| end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed),
+            );
+            match ended(
+                io,
+                rank,
+                trained.map_err(Into::into),
+                failed.take(),
+                paused,
+                gated.is_some(),
+                None,
+            )? {
+                Ok((state, summary)) => (state.model, summary),
+                Err(paused) => return Ok(paused),
+            }
         }
     };
     if let Some(e) = failed {

@@ -493,7 +493,7 @@ fn p3_segment(
                     };
                     let rank = link.rank();
                     let mut run = Run::new();
-                    let (model, summary) = train_p3(
+                    let (state, summary) = train_p3(
                         &mut link,
                         &shard,
                         cfg,
@@ -507,7 +507,7 @@ fn p3_segment(
                         },
                     )
                     .unwrap();
-                    run.finish(model, &summary);
+                    run.finish(state.model, &summary);
                     run
                 })
             })

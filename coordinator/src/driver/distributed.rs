@@ -1285,12 +1285,17 @@ impl Driver<'_> {
         // the partitioning for n workers: made while the launch trained, else now (while the survivors
         // pause and the joiners register)
         let t = Instant::now();
-        if mode == TrainMode::Data {
+        if matches!(mode, TrainMode::Data | TrainMode::Model) {
             // data parallelism samples from the whole graph: the resized launch takes the set for n parts
-            // (each worker's seeds and cache), stored or made now; no rows move, only the model is kept
+            // (each worker's seeds and cache), stored or made now; P3 reads the whole dataset and takes
+            // the new count's feature columns of it. No rows move, only the model is kept.
             let parts = self.partition_set(n)?;
+            let kind = match mode {
+                TrainMode::Data => "data-parallel",
+                _ => "model-parallel (P3)",
+            };
             r.log.line(&format!(
-                "resizing in place after epoch {resume_epoch}: {n_old} -> {n} data-parallel workers, the \
+                "resizing in place after epoch {resume_epoch}: {n_old} -> {n} {kind} workers, the \
                  partition set for {n} parts ({:.3} s in the pause)",
                 t.elapsed().as_secs_f64()
             ));
