@@ -26,6 +26,9 @@ launch's workers (restart) or the joiners (in place) one epoch ahead, so no resi
 
 `--data-parallel`: the same with data parallelism (mini-batches); in place, the survivors keep their
 processes, models and optimizers and the resized launch takes the stored set for the new count.
+`--p3`: the same with model parallelism (P3: the first layer split by feature columns); in place, the
+survivors keep their processes, models, optimizers and the dataset they read, and take the new count's
+columns of it.
 
 `--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed: local processes kill themselves after
 training epoch 5, before reporting it (the worker's test hook); with `--backend docker` its container is
@@ -158,11 +161,15 @@ def main():
     p.add_argument("--lose-worker", action="store_true", help="no resize: rank 1 of 3 is killed after epoch 5")
     p.add_argument("--data-parallel", action="store_true",
                    help="data parallelism (mini-batches of 1024 seeds, fan-outs 10, 10) instead of partition")
+    p.add_argument("--p3", action="store_true",
+                   help="model parallelism (P3, mini-batches as --data-parallel) instead of partition")
     a = p.parse_args()
     global BACKEND, PARALLELISM
     BACKEND = a.backend
     if a.data_parallel:
         PARALLELISM = "\nparallelism: data\nminibatch: {fanouts: [10, 10], batch_size: 1024}"
+    if a.p3:
+        PARALLELISM = "\nparallelism: model\nminibatch: {fanouts: [10, 10], batch_size: 1024}"
     a.bin = os.path.abspath(a.bin)
     out_dir = os.path.join(ROOT, "bench", "out")
     os.makedirs(out_dir, exist_ok=True)

@@ -129,6 +129,9 @@ pub struct Coordinator {
     /// (priority, message, the rank whose exit without a signal it reports): lower is a more direct cause.
     evidence: Vec<(u8, String, Option<usize>)>,
     failing_since: Option<Instant>,
+    /// The one worker a silence is blamed on, where the evidence names exactly one: the rank every other
+    /// silent worker waits on (directly or through a chain), or the only silent worker.
+    stalled_by: Option<usize>,
 }
 
 impl Coordinator {
@@ -148,6 +151,7 @@ impl Coordinator {
             pending: Default::default(),
             evidence: Vec::new(),
             failing_since: None,
+            stalled_by: None,
         }
     }
 
@@ -161,6 +165,17 @@ impl Coordinator {
     /// The workers whose process or control connection ended before they finished, by rank.
     pub fn gone(&self) -> Vec<usize> {
         (0..self.world).filter(|&r| self.workers[r].gone).collect()
+    }
+
+    /// The workers lost to the launch: those [`Self::gone`], else the one worker a silence is blamed on
+    /// (frozen, or cut off, while every other silent worker waits on it). A silent worker's process may
+    /// still run: whoever replaces it stops it first.
+    pub fn lost(&self) -> Vec<usize> {
+        let gone = self.gone();
+        if !gone.is_empty() {
+            return gone;
+        }
+        self.stalled_by.into_iter().collect()
     }
 
     /// Whether the workers were assigned (training had started) when the launch ended or now.
@@ -267,6 +282,24 @@ impl Coordinator {
             .filter(|&r| !waiters[r].is_empty())
             .max_by_key(|&r| (waiters[r].len(), through[r], std::cmp::Reverse(order(r))))
             .map(|r| (r, std::mem::take(&mut waiters[r])))
+    }
+
+    /// Whether `r` waits on `cause`, directly or through a chain of waits reported within the epoch
+    /// timeout.
+    fn waits_through(&self, r: usize, cause: usize, now: Instant) -> bool {
+        let mut at = r;
+        for _ in 0..self.world {
+            match self.workers[at].waits_on {
+                Some((on, t)) if now.duration_since(t) <= self.epoch_timeout => {
+                    if on == cause {
+                        return true;
+                    }
+                    at = on;
+                }
+                _ => return false,
+            }
+        }
+        false
     }
 
     /// The failure line for `silent` (every worker silent past the timeout, longest silent first).
@@ -535,6 +568,21 @@ impl Coordinator {
                 silent.sort_by_key(|&r| std::cmp::Reverse(silent_for(&self.workers[r])));
                 if !silent.is_empty() {
                     let msg = self.silence(&silent, now);
+                    self.stalled_by = match self.waited_on(&silent, now) {
+                        // one rank explains every silence: the others wait on it
+                        Some((cause, _))
+                            if silent
+                                .iter()
+                                .all(|&r| r == cause || self.waits_through(r, cause, now)) =>
+                        {
+                            Some(cause)
+                        }
+                        Some(_) => None,
+                        None => match silent[..] {
+                            [only] => Some(only),
+                            _ => None,
+                        },
+                    };
                     self.suspect(now, 4, msg);
                 }
             }
@@ -804,6 +852,9 @@ mod tests {
                 lost: true,
             }]
         );
+        // the only silent worker is the one lost (its process may still run: a replacement stops it)
+        assert_eq!(c.gone(), Vec::<usize>::new());
+        assert_eq!(c.lost(), [1]);
 
         // every worker silent (a cut link stalls the collectives): the one silent longest, the others named
         let mut c = started(3, t0);
@@ -825,6 +876,8 @@ mod tests {
                 lost: true,
             }]
         );
+        // nothing says which one stalled the others: none is known to be lost
+        assert!(c.lost().is_empty());
 
         let mut c = Coordinator::new(2, Duration::from_secs(30), Duration::from_secs(60), t0);
         c.handle(
@@ -911,6 +964,7 @@ mod tests {
                 lost: true,
             }]
         );
+        assert_eq!(c.lost(), [2]);
     }
 
     #[test]
@@ -947,6 +1001,7 @@ mod tests {
                 lost: true,
             }]
         );
+        assert_eq!(c.lost(), [1]);
 
         // worker 1 computes (beats) while 0 waits on it and 2 waits on 0: a long epoch, not a stall,
         // however long; once worker 1 stops beating, it is named, the chain of waiters with it
@@ -975,6 +1030,8 @@ mod tests {
                 lost: true,
             }]
         );
+        // worker 2 waits on it through worker 0
+        assert_eq!(c.lost(), [1]);
 
         // a wait reported longer ago than the timeout, or a beat since, blames nobody: the old line
         let mut c = started(2, t0);
@@ -992,6 +1049,7 @@ mod tests {
                 lost: true,
             }]
         );
+        assert!(c.lost().is_empty());
         // a wait on itself or on a rank outside the job is ignored
         let mut c = started(2, t0);
         wait(&mut c, 0, 0, t0 + Duration::from_secs(30));

@@ -1078,7 +1078,7 @@ impl Job {
         }
         let cur = self.current.as_ref()?;
         let coord = cur.coord.as_ref()?;
-        match coord.gone()[..] {
+        match coord.lost()[..] {
             [rank] if cur.n > 1 && coord.was_training() => Some(rank),
             _ => None,
         }
@@ -2633,6 +2633,53 @@ mod simulation {
                     }),
                 "in place {in_place}, lost {gone:?}: {a:?}"
             );
+        }
+    }
+
+    /// A frozen worker is silent, not gone: its peer waits on it past the epoch timeout. The silence
+    /// names it, and it alone is replaced (the driver stops its process first); two workers silent
+    /// with nothing to say which stalled the other relaunch every worker.
+    #[test]
+    fn a_silent_worker_its_peer_waits_on_is_replaced_alone() {
+        for (waits, replaced) in [(true, true), (false, false)] {
+            let (mut job, _, t0) = lose_workers_after(true, &[], 1);
+            for s in (10..=60).step_by(10) {
+                if waits {
+                    job.handle(
+                        JobEvent::Worker {
+                            launch: 0,
+                            event: Event::Waiting { rank: 0, on: 1 },
+                        },
+                        t0 + Duration::from_secs(s),
+                    );
+                }
+            }
+            let a = job.handle(JobEvent::Tick, t0 + Duration::from_secs(62));
+            let resize = a.iter().any(|a| {
+                matches!(
+                    a,
+                    JobAction::Resize {
+                        workers: 2,
+                        replacing: Some(1),
+                        ..
+                    }
+                )
+            });
+            assert_eq!(resize, replaced, "waits {waits}: {a:?}");
+            if replaced {
+                assert!(
+                    a.iter().any(|a| matches!(a, JobAction::Say(l)
+                        if l.contains("worker 1 (pid 8) sent nothing for 60 s")
+                            && l.contains("replacing worker 1 alone"))),
+                    "{a:?}"
+                );
+            } else {
+                assert!(
+                    a.iter()
+                        .any(|a| matches!(a, JobAction::StopLaunch { launch: 0, .. })),
+                    "{a:?}"
+                );
+            }
         }
     }
 

@@ -503,8 +503,9 @@ fn a_cut_off_worker_without_retries_fails_with_one_line_naming_it() {
 }
 
 /// Worker 1 frozen (every process of its container stopped) for longer than the epoch timeout: it is
-/// called lost naming its silence, the job relaunches and finishes with every epoch once, and the frozen
-/// container is gone.
+/// called lost naming its silence (its peers wait on it), its container is stopped and it alone is
+/// replaced (the job resizes in place), the job finishes with every epoch once, and the frozen container
+/// is gone.
 #[test]
 fn a_frozen_worker_is_called_lost_and_the_job_finishes() {
     if !can_run() {
@@ -533,6 +534,10 @@ fn a_frozen_worker_is_called_lost_and_the_job_finishes() {
         events
             .iter()
             .any(|e| e.contains("worker 1") && e.contains("sent nothing")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains("replacing worker 1 alone")),
         "{events:?}"
     );
     let left = Command::new("docker")

@@ -1471,12 +1471,16 @@ impl Driver<'_> {
                     reason: format!("worker {lost} was lost; it is being replaced"),
                 });
         }
-        // the lost worker's exit and connection are the old launch's business no more
+        // the lost worker's exit and connection are the old launch's business no more; one that went
+        // silent may still run (frozen, or cut off): it is stopped before its rank starts again
         let index = old
             .launches
             .iter()
             .rposition(|l| l.base <= lost && lost < l.base + l.workers.pids().len())
             .context("no launch holds the lost rank")?;
+        let holder = &mut old.launches[index];
+        let base = holder.base;
+        holder.workers.stop(lost - base)?;
         old.retired.push((index, lost));
         old.outboxes[lost] = None;
         let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();

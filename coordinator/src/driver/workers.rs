@@ -276,6 +276,18 @@ impl BackendWorkers {
         out
     }
 
+    /// Stops worker `rank` of the launch (a silent one being replaced: its process may still run),
+    /// keeping its output; from here its exit is not reported. A worker that already stopped is left.
+    pub fn stop(&mut self, rank: usize) -> Result<()> {
+        if self.exited.get(rank).is_none_or(|&e| e) {
+            return Ok(());
+        }
+        self.save_logs(rank);
+        self.exited[rank] = true;
+        block_on(self.backend.stop(&self.launch, rank))?
+            .with_context(|| format!("stopping worker {rank} on {}", self.backend.name()))
+    }
+
     pub fn all_exited(&self) -> bool {
         self.exited.iter().all(|&e| e)
     }
