@@ -537,7 +537,9 @@ fn a_frozen_worker_is_called_lost_and_the_job_finishes() {
         "{events:?}"
     );
     assert!(
-        events.iter().any(|e| e.contains("replacing worker 1 alone")),
+        events
+            .iter()
+            .any(|e| e.contains("replacing worker 1 alone")),
         "{events:?}"
     );
     let left = Command::new("docker")
