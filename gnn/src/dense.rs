@@ -300,9 +300,125 @@ fn sum_partials(mut c: Matrix, partials: Vec<Vec<f32>>) -> Matrix {
     c
 }
 
+/// The cores' peak single-precision rate in GFLOP/s, measured: every thread of the pool runs 12
+/// independent chains of fused multiply-adds held in registers (no memory traffic) on the widest vectors
+/// the CPU has (AVX-512F, AVX2 with FMA, else plain multiplies and adds), all threads at once. The limit
+/// `physalia calibrate` holds the GEMM rate against.
+pub fn peak_gflop_s() -> f64 {
+    let iters = 2_000_000;
+    // warm up (clocks, the pool), then the median of three
+    let (flops, _) = peak_chains(iters / 10);
+    let mut t: Vec<f64> = (0..3)
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            std::hint::black_box(peak_chains(iters));
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    let per_run = flops / (iters / 10) as f64 * iters as f64;
+    per_run / t[1].max(1e-9) / 1e9
+}
+
+/// Runs `iters` rounds of the chains on every thread of the pool; returns the flops done in all and a
+/// value derived from the chains (so they are not optimised away).
+fn peak_chains(iters: usize) -> (f64, f32) {
+    const CHAINS: usize = 12;
+    let results = rayon::broadcast(|_| chains::<CHAINS>(iters));
+    let lanes = results.first().map_or(1, |r| r.1);
+    let flops = (results.len() * iters * CHAINS * lanes * 2) as f64;
+    (flops, results.iter().map(|r| r.0).sum())
+}
+
+/// One thread's chains: (a value of them, floats per vector).
+fn chains<const C: usize>(iters: usize) -> (f32, usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return (unsafe { fma_chains::avx512::<C>(iters) }, 16);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return (unsafe { fma_chains::avx2::<C>(iters) }, 8);
+        }
+    }
+    let mut acc = [0f32; C];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = std::hint::black_box(*a) * 0.999_999 + 1e-7;
+        }
+    }
+    (acc.iter().sum(), 1)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma_chains {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avx512<const C: usize>(iters: usize) -> f32 {
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        let mut acc = [_mm512_setzero_ps(); C];
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_ps();
+        for x in acc {
+            s = _mm512_add_ps(s, x);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn avx2<const C: usize>(iters: usize) -> f32 {
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        let mut acc = [_mm256_setzero_ps(); C];
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut s = _mm256_setzero_ps();
+        for x in acc {
+            s = _mm256_add_ps(s, x);
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+        out.iter().sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_chains_run_every_round_they_count() {
+        // each chain is x <- x * a + b from 0, `iters` times, on every lane of every chain: the value
+        // returned is 12 chains x lanes x that, so a kernel that skipped rounds (or lanes) shows
+        let iters = 1000;
+        let (value, lanes) = chains::<12>(iters);
+        let mut x = 0f64;
+        for _ in 0..iters {
+            x = x * 0.999_999 + 1e-7;
+        }
+        let want = 12.0 * lanes as f64 * x;
+        assert!(
+            ((value as f64) - want).abs() < 1e-3 * want,
+            "{value} against {want} ({lanes} lanes)"
+        );
+        let (flops, _) = peak_chains(iters);
+        assert_eq!(
+            flops,
+            (rayon::current_num_threads() * iters * 12 * lanes * 2) as f64
+        );
+        assert!(peak_gflop_s() > 0.0);
+    }
 
     fn naive(a: &Matrix, b: &Matrix) -> Matrix {
         let mut c = Matrix::zeros(a.rows(), b.cols());

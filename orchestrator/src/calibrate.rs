@@ -4,7 +4,10 @@
 //! Each rate is the median of a few repetitions of the engine's own code at GNN shapes: a tall-narrow GEMM,
 //! GCN's SpMM on a generated SBM graph, an element-wise pass, the sampler through its loader, QUIC between two
 //! endpoints over loopback (bulk one way, and half a small round trip), and the epoch time of a tiny graph
-//! (what an epoch costs regardless of size).
+//! (what an epoch costs regardless of size). Each kernel is also reported as a fraction of the machine's
+//! limit for it: GEMM of the cores' peak (fused multiply-adds in registers on every thread,
+//! `physalia_gnn::dense::peak_gflop_s`), SpMM of the stream bandwidth. The planner takes GEMM's fraction as
+//! the efficiency of CPU SKUs elsewhere.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,7 +37,11 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     eprintln!("calibrating with {threads} threads...");
     let gemm = gemm_gflop_s(65_536 / scale);
-    eprintln!("  GEMM        {gemm:.1} GFLOP/s");
+    let peak = physalia_gnn::dense::peak_gflop_s();
+    eprintln!(
+        "  GEMM        {gemm:.1} GFLOP/s ({:.0}% of the cores' peak, {peak:.1} GFLOP/s)",
+        100.0 * gemm / peak
+    );
     let graph = physalia_graph::synth::sbm(&physalia_graph::SbmParams {
         num_nodes: 200_000 / scale,
         num_classes: 8,
@@ -44,9 +51,12 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
     })
     .context("generating the calibration graph")?;
     let spmm = spmm_gb_s(&graph.indptr, &graph.indices);
-    eprintln!("  SpMM        {spmm:.1} GB/s");
     let stream = stream_gb_s(1 << (24 - if a.quick { 3 } else { 0 }));
-    eprintln!("  stream      {stream:.1} GB/s");
+    eprintln!(
+        "  SpMM        {spmm:.1} GB/s ({:.0}% of stream)",
+        100.0 * spmm / stream
+    );
+    eprintln!("  stream      {stream:.1} GB/s (element-wise passes: the memory's limit)");
     let sampler = sampler_edges_per_s(&graph.indptr, &graph.indices, threads)?;
     eprintln!("  sampler     {:.1} M edges/s", sampler / 1e6);
     let (gbit, latency_us) = loopback((64 << 20) / scale)?;
@@ -58,6 +68,7 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
         measured_on: today(),
         threads: threads as u32,
         gemm_gflop_s: gemm,
+        peak_gflop_s: Some(peak),
         spmm_gb_s: spmm,
         stream_gb_s: stream,
         sampler_edges_per_s: sampler,

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{non_negative, parse_located, positive};
+use crate::catalog::{non_negative, parse_located, positive, positive_opt};
 use crate::error::PlanError;
 
 /// Achieved rates of the engine and the loopback network on one machine.
@@ -24,6 +24,14 @@ pub struct CalibrationProfile {
     /// Dense products at GNN shapes (tall and narrow, `n x 128 x 256`).
     #[serde(deserialize_with = "positive")]
     pub gemm_gflop_s: f64,
+    /// The cores' peak rate (fused multiply-adds in registers on every thread), the limit GEMM is held
+    /// against; absent in profiles from before it was measured.
+    #[serde(
+        default,
+        deserialize_with = "positive_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub peak_gflop_s: Option<f64>,
     /// SpMM, counted as bytes the roofline charges (index, weight, gathered row, written row).
     #[serde(deserialize_with = "positive")]
     pub spmm_gb_s: f64,
@@ -45,6 +53,18 @@ pub struct CalibrationProfile {
 }
 
 impl CalibrationProfile {
+    /// What the engine's dense products reach of the cores' peak here (`None`: no peak measured): the
+    /// planner takes it as the GEMM efficiency of CPU SKUs elsewhere, whose catalog gives their peak.
+    pub fn gemm_fraction_of_peak(&self) -> Option<f64> {
+        self.peak_gflop_s
+            .map(|peak| (self.gemm_gflop_s / peak).clamp(0.01, 1.0))
+    }
+
+    /// What SpMM reaches of the stream bandwidth here.
+    pub fn spmm_fraction_of_stream(&self) -> f64 {
+        self.spmm_gb_s / self.stream_gb_s
+    }
+
     /// The numbers of bench/RESULTS.md for the 2-core development VM (2026-11-21): GEMM
     /// ~60 GFLOP/s, sampler 230.7 M edges/s on 2 threads, 31.6 GiB/s read bandwidth. SpMM,
     /// loopback and overhead were not measured there: estimates, until `physalia calibrate`
@@ -55,6 +75,7 @@ impl CalibrationProfile {
             measured_on: "2026-11-21".into(),
             threads: 2,
             gemm_gflop_s: 60.0,
+            peak_gflop_s: None,
             spmm_gb_s: 17.0,
             stream_gb_s: 17.0,
             sampler_edges_per_s: 230.7e6,

@@ -844,7 +844,7 @@ fn driver_version<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     }
 }
 
-fn positive_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+pub(crate) fn positive_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     positive(d).map(Some)
 }
 

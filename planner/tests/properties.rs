@@ -3,9 +3,9 @@
 //! reproduce, request validation, and the shape of an infeasible answer.
 
 use physalia_planner::{
-    Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions, GraphStats,
-    Mode, ModelKind, ModelShape, Objective, PartitionStats, PlanError, PlanRequest, Reason, Sku,
-    TrainShape, candidates, plan, predict,
+    Assumptions, Backend, CalibrationProfile, Candidate, Catalog, Constraints, ExchangeOptions,
+    GraphStats, Mode, ModelKind, ModelShape, Objective, PartitionStats, PlanError, PlanRequest,
+    Reason, Sku, TrainShape, candidates, plan, predict,
 };
 
 fn request(graph: GraphStats, model: ModelShape, epochs: u32) -> PlanRequest {
@@ -424,6 +424,40 @@ fn a_calibration_profile_replaces_the_local_peaks_only() {
     assert_eq!(
         predict(&req, g5, &c, Some(&slow)).unwrap(),
         predict(&req, g5, &c, None).unwrap()
+    );
+}
+
+/// `physalia calibrate` measures the cores' peak beside GEMM: what the engine's products reach of it here
+/// is the GEMM efficiency of CPU SKUs on a cloud (whose catalog gives their peak); without a measured
+/// peak the assumption stands, and GPU SKUs keep theirs.
+#[test]
+fn a_measured_peak_sets_the_gemm_efficiency_of_cpu_skus_elsewhere() {
+    let catalog = Catalog::builtin();
+    let req = sbm_1m();
+    let cpu = sku(&catalog, "ecs-fargate-4x16");
+    let c = candidate(cpu, Mode::Partition, 2, 1);
+    let plain = CalibrationProfile::dev_vm_2026_11();
+    assert_eq!(plain.peak_gflop_s, None);
+    let base = predict(&req, cpu, &c, None).unwrap();
+    assert_eq!(predict(&req, cpu, &c, Some(&plain)).unwrap(), base);
+    let with_fraction = |f: f64| CalibrationProfile {
+        peak_gflop_s: Some(plain.gemm_gflop_s / f),
+        ..plain.clone()
+    };
+    // products at the assumption's share of the peak predict what the assumption does
+    let same = with_fraction(Assumptions::default().cpu_gemm_efficiency);
+    let p = predict(&req, cpu, &c, Some(&same)).unwrap();
+    assert!((p.time.compute_s - base.time.compute_s).abs() < 1e-9 * base.time.compute_s);
+    // a higher share predicts less compute, a lower one more
+    let better = predict(&req, cpu, &c, Some(&with_fraction(0.62))).unwrap();
+    let worse = predict(&req, cpu, &c, Some(&with_fraction(0.1))).unwrap();
+    assert!(better.time.compute_s < base.time.compute_s);
+    assert!(worse.time.compute_s > base.time.compute_s);
+    let gpu = sku(&catalog, "ecs-g5.xlarge");
+    let c = candidate(gpu, Mode::Partition, 2, 1);
+    assert_eq!(
+        predict(&req, gpu, &c, Some(&with_fraction(0.62))).unwrap(),
+        predict(&req, gpu, &c, None).unwrap()
     );
 }
 

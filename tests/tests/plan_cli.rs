@@ -125,10 +125,14 @@ fn calibrate_measures_this_machine_and_plan_uses_it() {
     let t = setup();
     let out = physalia(t.path(), ["calibrate", "--quick", "-o", "cal.json"]).ok();
     assert!(out.stdout.contains("wrote cal.json"), "{}", out.stdout);
+    // each kernel against the machine's limit for it
+    assert!(out.stderr.contains("% of the cores' peak"), "{}", out.stderr);
+    assert!(out.stderr.contains("% of stream)"), "{}", out.stderr);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(t.path().join("cal.json")).unwrap()).unwrap();
     for k in [
         "gemm_gflop_s",
+        "peak_gflop_s",
         "spmm_gb_s",
         "stream_gb_s",
         "sampler_edges_per_s",
