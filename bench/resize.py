@@ -35,7 +35,8 @@ training epoch 5, before reporting it (the worker's test hook); with `--backend 
 `docker kill`ed once the job recorded epoch 4, wherever the job is then. In place the lost worker is replaced
 alone (the others cancel the epoch and keep their processes and parts); by restart every worker starts again
 from the checkpoint of the last recorded epoch. The pause is the longest gap between two epochs (it holds
-the killed attempt, the coordinator's failure grace of 1.5 s and the recovery, both ways).
+the killed attempt, the coordinator's failure grace (0.25 s once a kill by a signal is seen, 1.5 s for
+other evidence) and the recovery, both ways).
 """
 
 import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile
