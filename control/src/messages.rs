@@ -150,6 +150,9 @@ pub enum PartSource {
     /// The part this worker already holds, unchanged: a survivor of a lost worker's replacement (the
     /// job keeps its partitioning; only the replacement is sent its part).
     Held,
+    /// No part: the worker trains on the whole dataset it is served (model parallelism, P3, splits the
+    /// features by column, not the graph by rows).
+    WholeDataset,
 }
 
 /// A part to cut: [`PartSource::Cut`].

@@ -293,7 +293,7 @@ fn p3_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     physalia_tests::assert_resized_in_place(&dir, &[(1, 2, 3), (2, 4, 6), (4, 2, 9)]);
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     assert_eq!(
-        log.matches("model-parallel (P3) workers, the partition set for")
+        log.matches("model-parallel (P3) workers, each reading the whole dataset")
             .count(),
         3,
         "{log}"

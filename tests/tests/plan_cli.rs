@@ -126,7 +126,11 @@ fn calibrate_measures_this_machine_and_plan_uses_it() {
     let out = physalia(t.path(), ["calibrate", "--quick", "-o", "cal.json"]).ok();
     assert!(out.stdout.contains("wrote cal.json"), "{}", out.stdout);
     // each kernel against the machine's limit for it
-    assert!(out.stderr.contains("% of the cores' peak"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("% of the cores' peak"),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("% of stream)"), "{}", out.stderr);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(t.path().join("cal.json")).unwrap()).unwrap();

@@ -335,9 +335,9 @@ pub fn train_assigned<L: physalia_wire::Link + ?Sized>(
 
 /// [`train_assigned`] for a worker that may pause and continue in place: `held` is the training state it
 /// paused with (used when it is the state of [`Assignment::resume_epoch`]; the checkpoint is then never
-/// read) and the part it trained on (an assignment's part delta applies to it). Partition parallelism
-/// pauses at a gated epoch's end when the coordinator says so; the other modes are never gated (their
-/// resizes restart from the checkpoint).
+/// read) and the part it trained on (an assignment's part delta applies to it). A gated worker (any mode)
+/// pauses at an epoch's end when the coordinator says so, or with the epoch in flight cancelled when a
+/// peer was lost.
 pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     link: &mut L,
     a: &Assignment,
@@ -376,7 +376,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
     let (part_path, part_bytes) = match &a.part {
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
-        PartSource::Cut(_) | PartSource::Held => (None, 0),
+        PartSource::Cut(_) | PartSource::Held | PartSource::WholeDataset => (None, 0),
     };
     let load_part = |link: &mut L, io: &mut dyn Coordinator| -> Result<Part> {
         match (&a.part, &part_path) {
@@ -389,6 +389,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 bail!(
                     "the assignment keeps the part this worker holds, which only partition parallelism does"
                 )
+            }
+            (PartSource::WholeDataset, None) => {
+                bail!("the assignment serves no part (model parallelism reads the whole dataset)")
             }
         }
     };

@@ -1008,7 +1008,7 @@ impl Driver<'_> {
                         )?;
                         a.gated = gated;
                         a.part_delta = l.part_delta;
-                        if l.held.get(rank).copied().unwrap_or(false) {
+                        if mode != TrainMode::Model && l.held.get(rank).copied().unwrap_or(false) {
                             a.part = PartSource::Held;
                         }
                         if let Some(o) = outbox {
@@ -1288,15 +1288,21 @@ impl Driver<'_> {
         if matches!(mode, TrainMode::Data | TrainMode::Model) {
             // data parallelism samples from the whole graph: the resized launch takes the set for n parts
             // (each worker's seeds and cache), stored or made now; P3 reads the whole dataset and takes
-            // the new count's feature columns of it. No rows move, only the model is kept.
-            let parts = self.partition_set(n)?;
-            let kind = match mode {
-                TrainMode::Data => "data-parallel",
-                _ => "model-parallel (P3)",
+            // the new count's feature columns of it (no part, no partitioning). No rows move, only the
+            // model is kept.
+            let (parts, what) = match mode {
+                TrainMode::Data => (
+                    self.partition_set(n)?,
+                    format!("data-parallel workers, the partition set for {n} parts"),
+                ),
+                _ => (
+                    Vec::new(),
+                    "model-parallel (P3) workers, each reading the whole dataset".to_string(),
+                ),
             };
             r.log.line(&format!(
-                "resizing in place after epoch {resume_epoch}: {n_old} -> {n} {kind} workers, the \
-                 partition set for {n} parts ({:.3} s in the pause)",
+                "resizing in place after epoch {resume_epoch}: {n_old} -> {n} {what} ({:.3} s in the \
+                 pause)",
                 t.elapsed().as_secs_f64()
             ));
             return self.resized_launch(r, from, to, n, joiners, pids, |l| {
@@ -2029,11 +2035,18 @@ impl Driver<'_> {
         let spec = self.spec;
         let timeouts = spec.timeouts.clone().unwrap_or_default();
         let k = parts.len();
-        let part_path = &parts[rank % k];
+        let part_path = || {
+            parts
+                .get(rank % k.max(1))
+                .context("the launch has no part files")
+        };
         let part = match pending {
+            // P3 splits the features by column, not the graph: no part, and no partitioning made
+            _ if mode == TrainMode::Model => PartSource::WholeDataset,
             // the worker cuts its part of the pending set from the dataset (in place, or the chunk
             // files it fetched) and writes it where the set keeps it (or hands it back)
             Some(set) => {
+                let part_path = part_path()?;
                 // one worker per part: they cut together, each reading its share of the dataset
                 let shuffle = k > 1 && peers.len() == k;
                 // a worker away from this disk fetches the files it reads and hands its part back
@@ -2054,12 +2067,12 @@ impl Driver<'_> {
                 }))
             }
             None => PartSource::Served(
-                self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path)?,
+                self.serve(&format!("part-{parts_tag}-{}", rank % k), part_path()?)?,
             ),
         };
         let partitioning = match mode {
             TrainMode::Data => {
-                let set = part_path
+                let set = part_path()?
                     .parent()
                     .context("a part file lies in its set's folder")?;
                 Some(self.serve(
