@@ -801,19 +801,19 @@ mod tests {
                 t,
             )
         };
+        let closed = |c: &mut Coordinator, rank: usize, t: Instant| {
+            c.handle(
+                Event::Lost {
+                    rank,
+                    reason: "closed its connection".into(),
+                },
+                t,
+            )
+        };
         let mut c = started(3, t0);
         let t1 = t0 + Duration::from_secs(1);
         // its connection closing comes first (weaker evidence), then the exit
-        assert!(
-            c.handle(
-                Event::Lost {
-                    rank: 1,
-                    reason: "closed its connection".into()
-                },
-                t1
-            )
-            .is_empty()
-        );
+        assert!(closed(&mut c, 1, t1).is_empty());
         assert!(killed(&mut c, 1, t1 + Duration::from_millis(50)).is_empty());
         assert!(
             c.handle(Event::Tick, t1 + SIGNAL_GRACE - Duration::from_millis(1))
@@ -840,16 +840,7 @@ mod tests {
 
         // without a signal the whole grace is waited for
         let mut c = started(3, t0);
-        assert!(
-            c.handle(
-                Event::Lost {
-                    rank: 1,
-                    reason: "closed its connection".into()
-                },
-                t1
-            )
-            .is_empty()
-        );
+        assert!(closed(&mut c, 1, t1).is_empty());
         assert!(c.handle(Event::Tick, t1 + SIGNAL_GRACE).is_empty());
         assert!(!c.handle(Event::Tick, t1 + FAILURE_GRACE).is_empty());
     }

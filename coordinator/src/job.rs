@@ -728,7 +728,7 @@ impl Job {
         let Some(launch) = self.current.as_ref().map(|c| c.launch) else {
             return;
         };
-        // data parallelism and P3 move no rows: their resize takes the stored set for the new count
+        // data parallelism and P3 move no rows: a resize takes the stored set for the new count (P3 none)
         if !self.gated() || self.mode != TrainMode::Partition || self.prepared == Some(launch) {
             return;
         }
