@@ -240,8 +240,7 @@ impl Coordinator {
                 if progressing[r] {
                     continue;
                 }
-                if let Some((on, at)) = self.workers[r].waits_on
-                    && recent(at)
+                if let Some(on) = self.waits(r, now)
                     && progressing[on]
                 {
                     progressing[r] = true;
@@ -260,12 +259,7 @@ impl Coordinator {
     /// worker blocked on a peer beats not at all (it uses no CPU), so its silence says only that it
     /// waits; the peer named by the waits (a delayed, frozen or cut-off worker) is the cause.
     fn waited_on(&self, silent: &[usize], now: Instant) -> Option<(usize, Vec<usize>)> {
-        let on = |r: usize| {
-            self.workers[r]
-                .waits_on
-                .filter(|(_, at)| now.duration_since(*at) <= self.epoch_timeout)
-                .map(|(on, _)| on)
-        };
+        let on = |r: usize| self.waits(r, now);
         let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
         // behind the direct waits, whom each silent worker waits on through a chain of waits (`a`
         // waits on `b`, which waits on `c`: `c` stalls both), each rank once
@@ -296,21 +290,49 @@ impl Coordinator {
     fn waits_through(&self, r: usize, cause: usize, now: Instant) -> bool {
         let mut at = r;
         for _ in 0..self.world {
-            match self.workers[at].waits_on {
-                Some((on, t)) if now.duration_since(t) <= self.epoch_timeout => {
-                    if on == cause {
-                        return true;
-                    }
-                    at = on;
-                }
-                _ => return false,
+            match self.waits(at, now) {
+                Some(on) if on == cause => return true,
+                Some(on) => at = on,
+                None => return false,
             }
         }
         false
     }
 
+    /// The peer `r` waits on now, by its latest wait reported within the epoch timeout.
+    fn mesh_wait(&self, r: usize, now: Instant) -> Option<usize> {
+        self.workers[r]
+            .waits_on
+            .filter(|(_, at)| now.duration_since(*at) <= self.epoch_timeout)
+            .map(|(on, _)| on)
+    }
+
+    /// Whom `r` waits on now: the peer of its [`Self::mesh_wait`], else, when it reported an epoch an
+    /// unfinished worker has not, the worker furthest behind (the longest silent of those). Workers
+    /// train in lockstep, so one that is an epoch ahead cannot go on without the others: a gated worker
+    /// waits for its launch's word, which waits for the epoch's last report, blocked on the control
+    /// stream rather than on a peer (so it reports no wait) and using no CPU (so it beats not at all).
+    fn waits(&self, r: usize, now: Instant) -> Option<usize> {
+        self.mesh_wait(r, now).or_else(|| self.behind(r))
+    }
+
+    /// The unfinished worker furthest behind `r` (the longest silent of those), if `r` reported an
+    /// epoch it has not.
+    fn behind(&self, r: usize) -> Option<usize> {
+        let ahead = self.workers[r].epoch;
+        (0..self.world)
+            .filter(|&q| q != r && self.workers[q].done.is_none() && self.workers[q].epoch < ahead)
+            .min_by_key(|&q| (self.workers[q].epoch, self.workers[q].last_heard))
+    }
+
     /// The failure line for `silent` (every worker silent past the timeout, longest silent first).
-    fn silence(&self, silent: &[usize], now: Instant) -> String {
+    /// `waited`: whom they wait on and its direct waiters ([`Self::waited_on`]).
+    fn silence(
+        &self,
+        silent: &[usize],
+        waited: Option<(usize, Vec<usize>)>,
+        now: Instant,
+    ) -> String {
         let timeout = self.epoch_timeout.as_secs_f64();
         let names = |ranks: &[usize]| {
             ranks
@@ -319,7 +341,7 @@ impl Coordinator {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let Some((cause, waiters)) = self.waited_on(silent, now) else {
+        let Some((cause, waiters)) = waited else {
             let (&first, others) = silent.split_first().expect("some worker is silent");
             let mut msg = format!(
                 "{} sent nothing for {timeout} s {}",
@@ -353,11 +375,29 @@ impl Coordinator {
             .copied()
             .filter(|r| *r != cause && !waiters.contains(r))
             .collect();
-        msg.push_str(&format!(" ({} waited on it", names(&waiters)));
+        // waits on the mesh, and workers an epoch ahead waiting for the epoch's last report
+        let (on_mesh, ahead): (Vec<usize>, Vec<usize>) = waiters
+            .iter()
+            .partition(|&&r| self.mesh_wait(r, now) == Some(cause));
         let endpoint = self.workers[cause].mesh_addr;
-        if let Some(addr) = endpoint {
-            msg.push_str(&format!(" at its mesh endpoint {addr}"));
+        let mut why = Vec::new();
+        if !on_mesh.is_empty() {
+            why.push(match endpoint {
+                Some(addr) => format!(
+                    "{} waited on it at its mesh endpoint {addr}",
+                    names(&on_mesh)
+                ),
+                None => format!("{} waited on it", names(&on_mesh)),
+            });
         }
+        if !ahead.is_empty() {
+            why.push(format!(
+                "{} finished epoch {} and waited for its report",
+                names(&ahead),
+                self.workers[cause].epoch + 1
+            ));
+        }
+        msg.push_str(&format!(" ({}", why.join("; ")));
         if !others.is_empty() {
             msg.push_str(&format!("; silent too: {}", names(&others)));
         }
@@ -574,10 +614,10 @@ impl Coordinator {
                 // the same cut link); the line names them too
                 silent.sort_by_key(|&r| std::cmp::Reverse(silent_for(&self.workers[r])));
                 if !silent.is_empty() {
-                    let msg = self.silence(&silent, now);
-                    self.stalled_by = match self.waited_on(&silent, now) {
+                    let waited = self.waited_on(&silent, now);
+                    self.stalled_by = match &waited {
                         // one rank explains every silence: the others wait on it
-                        Some((cause, _))
+                        &Some((cause, _))
                             if silent
                                 .iter()
                                 .all(|&r| r == cause || self.waits_through(r, cause, now)) =>
@@ -590,6 +630,7 @@ impl Coordinator {
                             _ => None,
                         },
                     };
+                    let msg = self.silence(&silent, waited, now);
                     self.suspect(now, 4, msg);
                 }
             }
@@ -924,7 +965,8 @@ mod tests {
         assert_eq!(c.gone(), Vec::<usize>::new());
         assert_eq!(c.lost(), [1]);
 
-        // every worker silent (a cut link stalls the collectives): the one silent longest, the others named
+        // every worker silent, two of them having reported the epoch the third has not: they wait on it
+        // (workers train in lockstep), so it is named, and lost, alone
         let mut c = started(3, t0);
         for r in [0, 2] {
             c.handle(
@@ -938,13 +980,31 @@ mod tests {
         assert_eq!(
             c.handle(Event::Tick, t0 + Duration::from_secs(66)),
             vec![Action::Fail {
-                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (silent too: worker 0, \
-                        worker 2; a frozen worker or a cut link stalls its peers)"
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (worker 0, worker 2 \
+                        finished epoch 1 and waited for its report; a slow, frozen or cut-off worker \
+                        stalls its peers)"
                     .into(),
                 lost: true,
             }]
         );
-        // nothing says which one stalled the others: none is known to be lost
+        assert_eq!(c.lost(), [1]);
+
+        // every worker silent in the same epoch (a cut link stalls the collectives) and no wait reported:
+        // the one silent longest, the others named; nothing says which one stalled the others, so none
+        // is known to be lost
+        let mut c = started(3, t0);
+        for (r, s) in [(0, 3), (1, 5), (2, 4)] {
+            c.handle(Event::Alive { rank: r }, t0 + Duration::from_secs(s));
+        }
+        assert_eq!(
+            c.handle(Event::Tick, t0 + Duration::from_secs(66)),
+            vec![Action::Fail {
+                error: "worker 0 (pid 100) sent nothing for 60 s during epoch 1 (silent too: worker 2, \
+                        worker 1; a frozen worker or a cut link stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
         assert!(c.lost().is_empty());
 
         let mut c = Coordinator::new(2, Duration::from_secs(30), Duration::from_secs(60), t0);
@@ -1033,6 +1093,60 @@ mod tests {
             }]
         );
         assert_eq!(c.lost(), [2]);
+    }
+
+    /// Workers an epoch ahead of a peer wait for it (a gated worker waits for its launch's word, which
+    /// waits for the epoch's last report) without reporting a wait on the mesh and without beating: a
+    /// long epoch of the peer behind is no stall, and once that peer falls silent it alone is blamed.
+    #[test]
+    fn workers_an_epoch_ahead_wait_on_the_worker_behind() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let epoch = |c: &mut Coordinator, rank: usize, e: usize, t: Instant| {
+            c.handle(
+                Event::Epoch {
+                    rank,
+                    metrics: metrics(e),
+                },
+                t,
+            )
+        };
+        let mut c = started(3, t0);
+        for r in 0..3 {
+            epoch(&mut c, r, 1, at(1));
+        }
+        for r in [0, 2] {
+            assert!(epoch(&mut c, r, 2, at(5)).is_empty());
+        }
+        // worker 1 computes epoch 2 for five minutes: its peers' silence is waiting, not a stall
+        for s in (10..=300).step_by(10) {
+            assert!(c.handle(Event::Alive { rank: 1 }, at(s)).is_empty());
+            assert!(c.handle(Event::Tick, at(s)).is_empty(), "at {s} s");
+        }
+        // then it freezes: it is named, and the workers ahead wait on it
+        assert_eq!(
+            c.handle(Event::Tick, at(361)),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) sent nothing for 60 s during epoch 2 (worker 0, worker 2 \
+                        finished epoch 2 and waited for its report; a slow, frozen or cut-off worker \
+                        stalls its peers)"
+                    .into(),
+                lost: true,
+            }]
+        );
+        assert_eq!(c.lost(), [1]);
+
+        // two workers behind, both silent: neither explains the other's silence, nobody is blamed alone
+        let mut c = started(3, t0);
+        for r in 0..3 {
+            epoch(&mut c, r, 1, at(1));
+        }
+        assert!(epoch(&mut c, 0, 2, at(5)).is_empty());
+        assert!(matches!(
+            &c.handle(Event::Tick, at(70))[..],
+            [Action::Fail { lost: true, .. }]
+        ));
+        assert!(c.lost().is_empty(), "{:?}", c.lost());
     }
 
     #[test]

@@ -107,6 +107,8 @@ pub enum JobAction {
     Launch {
         launch: usize,
         workers: usize,
+        /// What it will train (model parallelism reads the whole dataset: no partitioning is made).
+        mode: TrainMode,
         prewarm: bool,
     },
     /// Every worker of `launch` registered: send each its assignment, to continue from the checkpoint of
@@ -258,6 +260,7 @@ impl Ledger {
                     launch,
                     workers,
                     prewarm,
+                    ..
                 }
                 | JobAction::LaunchJoiners {
                     launch,
@@ -374,6 +377,8 @@ struct Current {
 
 struct Prewarm {
     launch: usize,
+    /// The mode it was launched for (a replan may change the job's).
+    mode: TrainMode,
     n: usize,
     /// Joiners of the current launch's mesh from this rank up (an in-place resize's), not a launch of
     /// its own.
@@ -785,12 +790,14 @@ impl Job {
                 out.push(JobAction::Launch {
                     launch,
                     workers: m,
+                    mode: self.mode,
                     prewarm: true,
                 });
             }
         }
         self.prewarm = Some(Prewarm {
             launch,
+            mode: self.mode,
             n: join.map_or(m, |(_, base)| m - base),
             join_base: join.map(|(_, base)| base),
             requested: now,
@@ -841,7 +848,7 @@ impl Job {
 
     fn relaunch(&mut self, n: usize, resume_epoch: usize, now: Instant, out: &mut Vec<JobAction>) {
         match self.prewarm.take() {
-            Some(p) if p.n == n && p.join_base.is_none() => {
+            Some(p) if p.n == n && p.mode == self.mode && p.join_base.is_none() => {
                 out.push(JobAction::Log(format!(
                     "segment {}: using the {n} workers prewarmed {:.2} s ago",
                     p.launch,
@@ -860,13 +867,27 @@ impl Job {
             }
             other => {
                 if let Some(p) = other {
+                    let (line, reason) = match p.n == n {
+                        true => {
+                            let why = format!(
+                                "{} is needed, not {}",
+                                self.mode.as_str(),
+                                p.mode.as_str()
+                            );
+                            (why.clone(), why)
+                        }
+                        false => (
+                            format!("{n} are needed"),
+                            format!("{n} workers are needed, not {}", p.n),
+                        ),
+                    };
                     out.push(JobAction::Log(format!(
-                        "discarding {} prewarmed workers: {n} are needed",
+                        "discarding {} prewarmed workers: {line}",
                         p.n
                     )));
                     out.push(JobAction::StopLaunch {
                         launch: p.launch,
-                        reason: format!("{n} workers are needed, not {}", p.n),
+                        reason,
                         finished: false,
                     });
                 }
@@ -882,6 +903,7 @@ impl Job {
                 out.push(JobAction::Launch {
                     launch,
                     workers: n,
+                    mode: self.mode,
                     prewarm: false,
                 });
                 self.current = Some(Current {
@@ -1754,6 +1776,7 @@ mod simulation {
                         launch,
                         workers,
                         prewarm,
+                        ..
                     } => {
                         assert!(
                             !self.launches.contains_key(&launch),
@@ -2452,6 +2475,7 @@ mod simulation {
         assert!(a.contains(&JobAction::Launch {
             launch: 0,
             workers: 2,
+            mode: TrainMode::Partition,
             prewarm: false
         }));
         start_two_workers(&mut job, t0);
@@ -2604,6 +2628,7 @@ mod simulation {
             a.contains(&JobAction::Launch {
                 launch: 3,
                 workers: 2,
+                mode: TrainMode::Partition,
                 prewarm: false
             }),
             "{a:?}"
@@ -2629,6 +2654,7 @@ mod simulation {
                     && a.contains(&JobAction::Launch {
                         launch: 1,
                         workers: 2,
+                        mode: TrainMode::Partition,
                         prewarm: false
                     }),
                 "in place {in_place}, lost {gone:?}: {a:?}"

@@ -60,11 +60,6 @@ impl CalibrationProfile {
             .map(|peak| (self.gemm_gflop_s / peak).clamp(0.01, 1.0))
     }
 
-    /// What SpMM reaches of the stream bandwidth here.
-    pub fn spmm_fraction_of_stream(&self) -> f64 {
-        self.spmm_gb_s / self.stream_gb_s
-    }
-
     /// The numbers of bench/RESULTS.md for the 2-core development VM (2026-11-21): GEMM
     /// ~60 GFLOP/s, sampler 230.7 M edges/s on 2 threads, 31.6 GiB/s read bandwidth. SpMM,
     /// loopback and overhead were not measured there: estimates, until `physalia calibrate`

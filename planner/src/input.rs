@@ -324,6 +324,9 @@ pub struct Constraints {
     /// Also try exchange options that change the numbers a little (bf16 rows; bf16 rows with
     /// BNS p = 0.1), which bench/RESULTS.md measured without accuracy loss on SBM.
     pub allow_inexact_exchange: bool,
+    /// Also try hybrids (replica groups of parts). A running job is replanned without them: it resizes
+    /// within one mode and cannot turn into groups.
+    pub hybrids: bool,
     /// Memory of the process that partitions the graph (this machine's for a local coordinator);
     /// unset: [`crate::Assumptions::coordinator_memory_gib`].
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -341,6 +344,7 @@ impl Default for Constraints {
             skus: Vec::new(),
             modes: Vec::new(),
             allow_inexact_exchange: false,
+            hybrids: true,
             coordinator_memory_gib: None,
         }
     }

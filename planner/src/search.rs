@@ -383,7 +383,7 @@ pub fn candidates(request: &PlanRequest, sku: &Sku) -> Vec<Candidate> {
     let pow2: Vec<u32> = counts
         .iter()
         .copied()
-        .filter(|n| n.is_power_of_two())
+        .filter(|n| c.hybrids && n.is_power_of_two())
         .collect();
     for &parts in &pow2 {
         for &replicas in pow2.iter().filter(|&&r| r >= 2) {

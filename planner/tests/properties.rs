@@ -516,6 +516,15 @@ fn local_workers_are_processes_sharing_one_machine() {
         assert!(counts.contains(&n), "{counts:?}");
     }
     assert!(counts.iter().all(|&n| n <= 4), "{counts:?}");
+    assert!(candidates(&req, local).iter().any(|c| c.replicas > 1));
+    // without hybrids (a running job's replan) every candidate is one mode over all its workers
+    let mut plain = req.clone();
+    plain.constraints.hybrids = false;
+    let plain = candidates(&plain, local);
+    assert!(plain.iter().all(|c| c.replicas == 1), "{plain:?}");
+    for n in [1, 2, 4] {
+        assert!(plain.iter().any(|c| c.workers == n), "{plain:?}");
+    }
 }
 
 #[test]

@@ -298,6 +298,9 @@ fn p3_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         3,
         "{log}"
     );
+    // P3 splits features, not the graph: no launch or resize partitions it
+    let summary = read_json(&dir.join("summary.json"));
+    assert!(summary.get("partitions").is_none(), "{summary}");
     let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
     assert!(
         rank0.contains("continuing in place after epoch 6 (model, optimizer and progress held in memory), on feature columns 0..4 of 16"),

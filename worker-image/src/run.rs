@@ -425,7 +425,11 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         Some(h) => (h.state, h.part),
         None => (None, None),
     };
-    let (model, mut summary) = match a.mode {
+    // what the epochs trained, and the part a gated worker keeps for the next assignment
+    let (trained, keep): (
+        Result<(crate::Resume, physalia_gnn::TrainSummary)>,
+        Option<Part>,
+    ) = match a.mode {
         TrainMode::Partition => {
             let part = match (&a.part, a.part_delta) {
                 // a lost peer replaced: this worker trains on the part it holds
@@ -488,18 +492,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed)
                 },
             );
-            match ended(
-                io,
-                rank,
-                trained.map_err(Into::into),
-                failed.take(),
-                paused,
-                gated.is_some(),
-                keep,
-            )? {
-                Ok((state, summary)) => (state.model, summary),
-                Err(paused) => return Ok(paused),
-            }
+            (trained.map_err(Into::into), keep)
         }
         TrainMode::Data => {
             let map = a
@@ -560,18 +553,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 )
             };
             let keep = gated.map(|_| part);
-            match ended(
-                io,
-                rank,
-                trained.map_err(Into::into),
-                failed.take(),
-                paused,
-                gated.is_some(),
-                keep,
-            )? {
-                Ok((state, summary)) => (state.model, summary),
-                Err(paused) => return Ok(paused),
-            }
+            (trained.map_err(Into::into), keep)
         }
         TrainMode::Model => {
             let ds = dataset(io)?;
@@ -608,23 +590,14 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 resume,
                 &mut |e| end_epoch(io, checkpoint, e, label, gated, &mut paused, &mut failed),
             );
-            match ended(
-                io,
-                rank,
-                trained.map_err(Into::into),
-                failed.take(),
-                paused,
-                gated.is_some(),
-                None,
-            )? {
-                Ok((state, summary)) => (state.model, summary),
-                Err(paused) => return Ok(paused),
-            }
+            (trained.map_err(Into::into), None)
         }
     };
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    let (model, mut summary) =
+        match ended(io, rank, trained, failed, paused, gated.is_some(), keep)? {
+            Ok((state, summary)) => (state.model, summary),
+            Err(paused) => return Ok(paused),
+        };
     for m in &mut summary.epochs {
         m.device = label.map(str::to_string);
     }

@@ -985,8 +985,9 @@ impl Driver<'_> {
                 JobAction::Launch {
                     launch,
                     workers,
+                    mode,
                     prewarm,
-                } => self.handle_launch(r, dir, launch, workers, prewarm),
+                } => self.handle_launch(r, dir, launch, workers, mode, prewarm),
                 JobAction::Assign {
                     launch,
                     peers,
@@ -1149,9 +1150,10 @@ impl Driver<'_> {
         dir: &mut JobDir,
         launch: usize,
         workers: usize,
+        mode: TrainMode,
         prewarm: bool,
     ) {
-        let result = match self.launch(launch, workers, dir) {
+        let result = match self.launch(launch, workers, mode, dir) {
             Ok(l) => {
                 let pids = l.launches[0].workers.pids();
                 r.log.line(&format!(
@@ -1696,7 +1698,12 @@ impl Driver<'_> {
     }
 
     /// Partitions the graph for `n` workers (stored beside the dataset and reused) and starts them.
-    fn launch(&self, index: usize, n: usize, dir: &JobDir) -> Result<Live> {
+    fn launch(&self, index: usize, n: usize, mode: TrainMode, dir: &JobDir) -> Result<Live> {
+        // P3 splits the features by column and every worker reads the whole dataset: no partitioning
+        if mode == TrainMode::Model {
+            let launch = Launch::start(self, dir.path(), n, index, None)?;
+            return Ok(Live::new(launch, n, Vec::new(), "p3".into()));
+        }
         // replica groups keep their k; otherwise the partitioning follows the worker count
         let k = if matches!(self.spec.parallelism, ParallelismSpec::Groups(_)) {
             self.k

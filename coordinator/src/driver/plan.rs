@@ -368,6 +368,8 @@ pub fn replan(
     drop(source);
     req.constraints.backends = vec![spec.backend.name];
     req.constraints.max_workers = max_workers;
+    // the job resizes within one mode: replica groups are chosen at submit only
+    req.constraints.hybrids = false;
     req.constraints.objective = match objective {
         physalia_policies::Objective::MinCost => physalia_planner::Objective::MinCost,
         physalia_policies::Objective::MinTime => physalia_planner::Objective::MinTime,
