@@ -46,10 +46,14 @@ pub const RESERVED_ENV: [&str; 7] = [
     ENV_ADVERTISE_IP,
 ];
 
-/// Test hook: with `PHYSALIA_TEST_DIE_AT_EPOCH=E` and `PHYSALIA_TEST_DIE_RANK=R`, rank `R` kills itself with
+/// Test hook: with `PHYSALIA_TEST_DIE_AT_EPOCH=E` and `PHYSALIA_TEST_DIE_RANK=R` (or `R1,R2,..`), rank `R` kills itself with
 /// SIGKILL right after finishing epoch `E` (before reporting it). Nothing else reads these variables.
 pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
 pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
+/// Test hook: with several ranks in `PHYSALIA_TEST_DIE_RANK` and this set to a folder on the workers'
+/// machine, those ranks die together: each leaves its pid there and waits, and the last to arrive kills
+/// them all at once (a loaded machine cannot spread the deaths apart).
+pub const ENV_TEST_DIE_TOGETHER_DIR: &str = "PHYSALIA_TEST_DIE_TOGETHER_DIR";
 /// Test hook: `1` makes a worker asked for a GPU train on the CUDA engine's host emulation instead of
 /// looking for one, so the GPU path of a whole job runs on machines without a GPU (slowly).
 pub const ENV_TEST_EMULATE_GPU: &str = "PHYSALIA_TEST_EMULATE_GPU";

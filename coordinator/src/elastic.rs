@@ -32,9 +32,9 @@ pub enum Stop {
     },
     Lost {
         error: String,
-        /// The lost worker's rank when it is replaced alone (a job that resizes in place: the others
-        /// keep their processes); `None`: every worker is relaunched.
-        alone: Option<usize>,
+        /// The ranks replaced (a job that resizes in place: the others keep their processes), the lost
+        /// workers' and any between them; `None`: every worker is relaunched.
+        replacing: Option<std::ops::Range<usize>>,
     },
     /// Same workers, other exchange settings (the plan's boundary sampling and staleness).
     Reconfigure {
@@ -271,7 +271,7 @@ impl Elastic {
                     Some(line),
                 )
             }
-            Stop::Lost { error, alone } => {
+            Stop::Lost { error, replacing } => {
                 self.retries += 1;
                 if self.retries > self.max_retries {
                     let error = match self.max_retries {
@@ -280,17 +280,30 @@ impl Elastic {
                     };
                     return (Next::Fail(error), None);
                 }
-                let how = match alone {
-                    Some(rank) => format!(
-                        "replacing worker {rank} alone, the other {} keep their processes; ",
-                        workers - 1
+                let (what, how) = match replacing {
+                    Some(r) if r.len() == 1 => (
+                        "a worker",
+                        format!(
+                            "replacing worker {} alone, the other {} keep their processes; ",
+                            r.start,
+                            workers - 1
+                        ),
                     ),
-                    None => String::new(),
+                    Some(r) => (
+                        "workers",
+                        format!(
+                            "replacing workers {}-{}, the other {} keep their processes; ",
+                            r.start,
+                            r.end - 1,
+                            workers - r.len()
+                        ),
+                    ),
+                    None => ("a worker", String::new()),
                 };
                 let line = self.event(
                     after_epoch,
                     format!(
-                        "lost a worker ({error}); {how}retrying epoch {} on {workers} workers",
+                        "lost {what} ({error}); {how}retrying epoch {} on {workers} workers",
                         after_epoch + 1
                     ),
                     None,
@@ -510,7 +523,7 @@ mod simulation {
                 let stop = if cluster.lost() {
                     Some(Stop::Lost {
                         error: format!("worker {} exited with signal 9", epoch % n),
-                        alone: None,
+                        replacing: None,
                     })
                 } else {
                     trace.workers.push(n);
@@ -736,7 +749,7 @@ mod simulation {
                 3,
                 Stop::Lost {
                     error: format!("loss {i}"),
-                    alone: None,
+                    replacing: None,
                 },
             );
             assert_eq!(
@@ -753,7 +766,7 @@ mod simulation {
             3,
             Stop::Lost {
                 error: "worker 1 exited".into(),
-                alone: None,
+                replacing: None,
             },
         );
         assert_eq!(
@@ -770,7 +783,7 @@ mod simulation {
                 0,
                 Stop::Lost {
                     error: "x".into(),
-                    alone: None,
+                    replacing: None,
                 },
             );
         }
@@ -781,7 +794,7 @@ mod simulation {
                 1,
                 Stop::Lost {
                     error: "x".into(),
-                    alone: None,
+                    replacing: None,
                 },
             );
             assert!(matches!(next, Next::Relaunch { .. }), "{next:?}");
@@ -792,7 +805,7 @@ mod simulation {
     fn the_job_sets_how_many_retries_in_a_row() {
         let lost = || Stop::Lost {
             error: "worker 1 exited with signal 9".into(),
-            alone: None,
+            replacing: None,
         };
         let mut el = Elastic::new(policy("double-on-plateau"), 2, 10, 0.0).with_max_retries(0);
         assert_eq!(

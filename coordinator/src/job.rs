@@ -155,9 +155,10 @@ pub enum JobAction {
     /// partitioning for `workers` that overlaps the current one is made. The driver answers with
     /// [`JobEvent::Resized`]; launch `to` is then assigned as any other.
     ///
-    /// `replacing`: the rank of a lost worker, replaced alone: `workers` is the launch's size, every
-    /// other rank is told to cancel the epoch in flight and pause keeping its process and part, the
-    /// joiners are one worker taking that rank, and the partitioning stays as it is.
+    /// `replacing`: the ranks of lost workers (and any between them: one launch starts consecutive
+    /// ranks), replaced alone: `workers` is the launch's size, every other rank is told to cancel the
+    /// epoch in flight and pause keeping its process and part, the joiners are one worker per rank
+    /// replaced, taking it, and the partitioning stays as it is.
     Resize {
         from: usize,
         to: usize,
@@ -166,7 +167,7 @@ pub enum JobAction {
         mode: TrainMode,
         resume_epoch: usize,
         joiners: Option<Joiners>,
-        replacing: Option<usize>,
+        replacing: Option<std::ops::Range<usize>>,
     },
     /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
     KeepWaiting { launch: usize, for_s: f64 },
@@ -287,7 +288,7 @@ impl Ledger {
                         && !j.prewarmed
                     {
                         let n = match replacing {
-                            Some(_) => 1,
+                            Some(ranks) => ranks.len(),
                             None => {
                                 workers.saturating_sub(self.sizes.get(from).copied().unwrap_or(0))
                             }
@@ -564,7 +565,7 @@ impl Job {
                 Err(error) => self.stop_current(
                     Stop::Lost {
                         error: format!("starting {} workers failed: {error}", self.workers()),
-                        alone: None,
+                        replacing: None,
                     },
                     now,
                     out,
@@ -709,10 +710,17 @@ impl Job {
                 }
                 Action::Fail { error, lost } => {
                     let retry = lost && (self.cfg.checkpoints || self.last_complete == 0);
-                    if retry && let Some(rank) = self.replaceable() {
-                        self.replace_lost(rank, error, out);
+                    if retry && let Some(ranks) = self.replaceable() {
+                        self.replace_lost(ranks, error, out);
                     } else if retry {
-                        self.stop_current(Stop::Lost { error, alone: None }, now, out);
+                        self.stop_current(
+                            Stop::Lost {
+                                error,
+                                replacing: None,
+                            },
+                            now,
+                            out,
+                        );
                     } else {
                         out.push(JobAction::StopLaunch {
                             launch,
@@ -1089,34 +1097,40 @@ impl Job {
         let _ = now;
     }
 
-    /// The rank of the one worker the current launch lost, when it can be replaced alone: the launch is
-    /// gated (resized in place) and was training with epochs left to train, one worker's process ended
-    /// or its control connection did (a frozen or silent worker is not known to be gone), and others
-    /// survive. After the last epoch the others are finishing (exiting), so a relaunch from the last
-    /// checkpoint hands over the model instead.
-    fn replaceable(&self) -> Option<usize> {
+    /// The ranks to replace when the workers the current launch lost can be replaced alone: the launch
+    /// is gated (resized in place) and was training with epochs left to train, workers' processes ended
+    /// or their control connections did (a frozen or silent worker is not known to be gone, unless a
+    /// silence is blamed on it), and some worker outside the lost ones' ranks survives: the lost ranks
+    /// and any between them (one launch starts consecutive ranks; a survivor between two lost workers
+    /// is stopped with them). After the last epoch the others are finishing (exiting), so a relaunch
+    /// from the last checkpoint hands over the model instead.
+    fn replaceable(&self) -> Option<std::ops::Range<usize>> {
         if !self.gated() || self.last_complete >= self.cfg.epochs {
             return None;
         }
         let cur = self.current.as_ref()?;
         let coord = cur.coord.as_ref()?;
-        match coord.lost()[..] {
-            [rank] if cur.n > 1 && coord.was_training() => Some(rank),
-            _ => None,
-        }
+        let lost = coord.lost();
+        let ranks = *lost.iter().min()?..*lost.iter().max()? + 1;
+        (ranks.len() < cur.n && coord.was_training()).then_some(ranks)
     }
 
-    /// A worker of the gated launch was lost: replace it alone, as an in-place resize to the same size
-    /// whose one joiner takes its rank. The others cancel the epoch in flight and keep their processes
+    /// Workers of the gated launch were lost: replace them alone, as an in-place resize to the same size
+    /// whose joiners take their ranks. The others cancel the epoch in flight and keep their processes
     /// and parts; the epoch after the last recorded one is trained again (answered by
     /// [`JobEvent::Resized`]; a replacement that fails restarts every worker from the checkpoint).
-    fn replace_lost(&mut self, rank: usize, error: String, out: &mut Vec<JobAction>) {
+    fn replace_lost(
+        &mut self,
+        ranks: std::ops::Range<usize>,
+        error: String,
+        out: &mut Vec<JobAction>,
+    ) {
         let Some(cur) = self.current.take() else {
             return;
         };
         let lost = Stop::Lost {
             error,
-            alone: Some(rank),
+            replacing: Some(ranks.clone()),
         };
         let (next, line) = self.elastic.after_stop(cur.n, self.last_complete, lost);
         if let Some(line) = line {
@@ -1128,11 +1142,15 @@ impl Job {
         let to = self.next_launch;
         let joiner = to + 1;
         self.next_launch += 2;
+        let which = match ranks.len() {
+            1 => format!("worker {}", ranks.start),
+            _ => format!("workers {}-{}", ranks.start, ranks.end - 1),
+        };
         out.push(JobAction::Log(format!(
-            "segment {to}: replacing worker {rank} of launch {} alone (launch {joiner}); the other {} keep \
+            "segment {to}: replacing {which} of launch {} alone (launch {joiner}); the other {} keep \
              their processes and parts, continuing after epoch {resume_epoch}",
             cur.launch,
-            cur.n - 1
+            cur.n - ranks.len()
         )));
         let joiners = Some(Joiners {
             launch: joiner,
@@ -1145,7 +1163,7 @@ impl Job {
             mode: self.mode,
             resume_epoch,
             joiners,
-            replacing: Some(rank),
+            replacing: Some(ranks),
         });
         self.resizing = Some((cur.launch, Some(joiner)));
         self.current = Some(Current {
@@ -1593,7 +1611,8 @@ mod simulation {
             n: usize,
             resume_epoch: usize,
             joiners: Option<Joiners>,
-            replacing: bool,
+            // the count of the lost workers' ranks replaced
+            replacing: Option<usize>,
         ) {
             assert_eq!(
                 resume_epoch,
@@ -1617,12 +1636,8 @@ mod simulation {
                 self.launches.insert(
                     j.launch,
                     SimLaunch {
-                        // a lost worker's replacement is one worker
-                        n: if replacing {
-                            1
-                        } else {
-                            n.saturating_sub(n_old)
-                        },
+                        // lost workers' replacements: one per rank replaced
+                        n: replacing.unwrap_or(n.saturating_sub(n_old)),
                         ..Default::default()
                     },
                 );
@@ -1649,7 +1664,7 @@ mod simulation {
             let t = self.now_ms;
             let result = if self.draw() < self.faults.worker_lost / 2.0 {
                 let who = match (self.draw() * 3.0) as usize {
-                    0 if n > n_old || replacing => "a joiner",
+                    0 if n > n_old || replacing.is_some() => "a joiner",
                     1 if n < n_old => "a leaver",
                     _ => "a survivor",
                 };
@@ -1879,16 +1894,22 @@ mod simulation {
                         replacing,
                         ..
                     } => {
-                        if let Some(rank) = replacing {
+                        if let Some(ranks) = replacing {
                             let l = &self.launches[&from];
                             assert_eq!(workers, l.n, "a replacement keeps launch {from}'s size");
-                            assert!(rank < l.n, "replaced rank {rank} of {}", l.n);
+                            assert!(
+                                !ranks.is_empty() && (ranks.start > 0 || ranks.end < l.n),
+                                "replaced ranks {ranks:?} of {}: one survives",
+                                l.n
+                            );
+                            assert!(ranks.end <= l.n, "replaced ranks {ranks:?} of {}", l.n);
                             assert!(
                                 l.halted_at.is_some(),
                                 "launch {from} lost no worker, yet one is replaced"
                             );
                             self.replaced += 1;
-                            self.resize(from, to, workers, resume_epoch, joiners, true);
+                            let n = ranks.len();
+                            self.resize(from, to, workers, resume_epoch, joiners, Some(n));
                             continue;
                         }
                         // a launch resized after its first epoch has asked for its next counts
@@ -1900,7 +1921,7 @@ mod simulation {
                         }
                         self.resizes_prepared
                             .push(self.prepared.contains_key(&from));
-                        self.resize(from, to, workers, resume_epoch, joiners, false)
+                        self.resize(from, to, workers, resume_epoch, joiners, None)
                     }
                     JobAction::Finish => over = true,
                     JobAction::Fail { error } => {
@@ -2443,14 +2464,18 @@ mod simulation {
 
     /// Launch 0's two workers (pids 7 and 8) start and register.
     fn start_two_workers(job: &mut Job, t0: Instant) {
+        start_workers(job, 2, t0)
+    }
+
+    fn start_workers(job: &mut Job, n: usize, t0: Instant) {
         job.handle(
             JobEvent::Started {
                 launch: 0,
-                result: Ok(vec![Some(7), Some(8)]),
+                result: Ok((0..n).map(|r| Some(7 + r as u32)).collect()),
             },
             t0,
         );
-        for rank in 0..2 {
+        for rank in 0..n {
             job.handle(
                 JobEvent::Worker {
                     launch: 0,
@@ -2510,21 +2535,31 @@ mod simulation {
         gone: &[usize],
         recorded: usize,
     ) -> (Job, Vec<JobAction>, Instant) {
-        let el = Elastic::new(never(), 2, EPOCHS as u32, 0.0);
-        let mut c = cfg(2, 0);
+        lose_of(2, in_place, gone, recorded)
+    }
+
+    /// [`lose_workers_after`] for a launch of `n` workers.
+    fn lose_of(
+        n: usize,
+        in_place: bool,
+        gone: &[usize],
+        recorded: usize,
+    ) -> (Job, Vec<JobAction>, Instant) {
+        let el = Elastic::new(never(), n as u32, EPOCHS as u32, 0.0);
+        let mut c = cfg(n, 0);
         c.in_place = in_place;
         let mut job = Job::new(c, el, 0);
         let t0 = Instant::now();
         job.start(None, t0);
-        start_two_workers(&mut job, t0);
+        start_workers(&mut job, n, t0);
         for epoch in 1..=recorded {
-            for rank in 0..2 {
+            for rank in 0..n {
                 job.handle(
                     JobEvent::Worker {
                         launch: 0,
                         event: Event::Epoch {
                             rank,
-                            metrics: metrics(epoch, 2, TrainMode::Partition),
+                            metrics: metrics(epoch, n, TrainMode::Partition),
                         },
                     },
                     t0,
@@ -2568,7 +2603,7 @@ mod simulation {
                     launch: 2,
                     prewarmed: false
                 }),
-                replacing: Some(1),
+                replacing: Some(1..2),
             }),
             "{a:?}"
         );
@@ -2662,6 +2697,70 @@ mod simulation {
         }
     }
 
+    /// Several workers lost at once are replaced together with any survivor between them (one launch
+    /// starts consecutive ranks); the others keep their processes. Only when no worker outside those
+    /// ranks survives is every worker relaunched.
+    #[test]
+    fn lost_workers_are_replaced_with_those_between_them() {
+        for (gone, replaced) in [
+            (&[1, 2][..], Some(1..3)),
+            (&[2, 0][..], Some(0..3)),
+            (&[3][..], Some(3..4)),
+            (&[0, 3][..], None),
+        ] {
+            let (_, a, _) = lose_of(4, true, gone, 1);
+            match &replaced {
+                Some(ranks) => {
+                    assert!(
+                        a.contains(&JobAction::Resize {
+                            from: 0,
+                            to: 1,
+                            workers: 4,
+                            mode: TrainMode::Partition,
+                            resume_epoch: 1,
+                            joiners: Some(Joiners {
+                                launch: 2,
+                                prewarmed: false
+                            }),
+                            replacing: Some(ranks.clone()),
+                        }),
+                        "lost {gone:?}: {a:?}"
+                    );
+                    assert!(
+                        !a.iter().any(|a| matches!(
+                            a,
+                            JobAction::StopLaunch { .. } | JobAction::Launch { .. }
+                        )),
+                        "lost {gone:?}: {a:?}"
+                    );
+                    let kept = 4 - ranks.len();
+                    let line = match ranks.len() {
+                        1 => format!("replacing worker {} alone, the other {kept}", ranks.start),
+                        _ => format!(
+                            "replacing workers {}-{}, the other {kept}",
+                            ranks.start,
+                            ranks.end - 1
+                        ),
+                    };
+                    assert!(
+                        a.iter()
+                            .any(|a| matches!(a, JobAction::Say(l) if l.contains(&line))),
+                        "lost {gone:?}, wanted {line:?}: {a:?}"
+                    );
+                }
+                None => assert!(
+                    a.contains(&JobAction::Launch {
+                        launch: 1,
+                        workers: 4,
+                        mode: TrainMode::Partition,
+                        prewarm: false
+                    }) && !a.iter().any(|a| matches!(a, JobAction::Resize { .. })),
+                    "lost {gone:?}: {a:?}"
+                ),
+            }
+        }
+    }
+
     /// A frozen worker is silent, not gone: its peer waits on it past the epoch timeout. The silence
     /// names it, and it alone is replaced (the driver stops its process first); two workers silent
     /// with nothing to say which stalled the other relaunch every worker.
@@ -2686,9 +2785,9 @@ mod simulation {
                     a,
                     JobAction::Resize {
                         workers: 2,
-                        replacing: Some(1),
+                        replacing: Some(ranks),
                         ..
-                    }
+                    } if *ranks == (1..2)
                 )
             });
             assert_eq!(resize, replaced, "waits {waits}: {a:?}");

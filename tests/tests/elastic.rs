@@ -230,6 +230,65 @@ fn data_parallel_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     );
 }
 
+/// Two workers of three killed together (a spot reclaim of two containers): both are replaced in one
+/// launch of joiners, rank 0 keeps its process and part, and the curve is the fixed run's.
+#[test]
+fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
+    let t = TempDir::new().unwrap();
+    let three = JOB.replace("output:", "workers: 3\noutput:");
+    write_job(t.path(), "fixed.yaml", &three);
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!(
+            "{three}scaling:\n  min_workers: 1\n  max_workers: 3\n  rules:\n    - name: never\n      \
+             when: epoch < 0\n      then: stop\n"
+        ),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    // the two die at once, whatever the load on the machine
+    let together = t.path().join("die-together");
+    std::fs::create_dir(&together).unwrap();
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
+            ("PHYSALIA_TEST_DIE_RANK", "1,2"),
+            ("PHYSALIA_TEST_DIE_TOGETHER_DIR", together.to_str().unwrap()),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    let events = v["scaling_events"].to_string();
+    assert!(
+        events.contains("replacing workers 1-2, the other 1 keep their processes")
+            && events.contains("retrying epoch 5"),
+        "{events}"
+    );
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(log.contains("in-place replacement ready"), "{log}");
+    assert_eq!(log.matches("worker 0 (pid").count(), 1, "{log}");
+    let outputs = |rank: usize| {
+        std::fs::read_dir(dir.join("logs"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy()
+                    .starts_with(&format!("worker-{rank}."))
+            })
+            .count()
+    };
+    assert_eq!(
+        [outputs(0), outputs(1), outputs(2)],
+        [1, 2, 2],
+        "rank 0 ran as one process, ranks 1 and 2 twice"
+    );
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    assert!(rank0.contains("keeps part 0 of 3"), "{rank0}");
+}
+
 #[test]
 fn a_data_parallel_worker_killed_is_replaced_alone() {
     mini_batch_worker_killed_is_replaced_alone("data");

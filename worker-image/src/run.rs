@@ -16,7 +16,7 @@
 //! and the job allows the fallback; every epoch it reports names the device (`cuda:0 (...)`, `cpu
 //! (fallback: why)`).
 //!
-//! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R`, rank `R` kills itself
+//! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R` (or `R1,R2`), rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
 //! crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes it); with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
 //! model code and loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use physalia_control::env::{
-    ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, ENV_TEST_EMULATE_GPU, WorkerEnv,
+    ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, ENV_TEST_DIE_TOGETHER_DIR, ENV_TEST_EMULATE_GPU,
+    WorkerEnv,
 };
 use physalia_control::{
     Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ToCoordinator, ToWorker,
@@ -122,8 +123,54 @@ pub fn read_identity(dir: &Path) -> Result<TlsIdentity> {
 
 pub(crate) fn test_die_at(rank: usize) -> Option<usize> {
     let epoch = std::env::var(ENV_TEST_DIE_AT_EPOCH).ok()?.parse().ok()?;
-    let r: usize = std::env::var(ENV_TEST_DIE_RANK).ok()?.parse().ok()?;
-    (r == rank).then_some(epoch)
+    test_die_ranks().contains(&rank).then_some(epoch)
+}
+
+fn test_die_ranks() -> Vec<usize> {
+    std::env::var(ENV_TEST_DIE_RANK)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|r| r.trim().parse().ok())
+        .collect()
+}
+
+/// The test hook's death: SIGKILL, alone or (with [`ENV_TEST_DIE_TOGETHER_DIR`]) with the other ranks
+/// listed, all killed by the last of them to arrive.
+pub(crate) fn test_die(rank: usize) -> ! {
+    let kill = |pid: i32| {
+        // SAFETY: kill(2) has no memory effects.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    };
+    if let Some(dir) = std::env::var_os(ENV_TEST_DIE_TOGETHER_DIR) {
+        let dir = PathBuf::from(dir);
+        let ranks = test_die_ranks();
+        let tmp = dir.join(format!("{rank}.tmp"));
+        if std::fs::write(&tmp, std::process::id().to_string()).is_ok()
+            && std::fs::rename(&tmp, dir.join(format!("{rank}.pid"))).is_ok()
+        {
+            for _ in 0..60_000 {
+                let pids: Vec<i32> = ranks
+                    .iter()
+                    .filter_map(|r| {
+                        std::fs::read_to_string(dir.join(format!("{r}.pid")))
+                            .ok()?
+                            .parse()
+                            .ok()
+                    })
+                    .collect();
+                if pids.len() == ranks.len() {
+                    pids.into_iter().for_each(kill);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    // SAFETY: getpid(2) has no memory effects.
+    kill(unsafe { libc::getpid() });
+    // the signal ends the process on its way back from kill(2)
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`).
@@ -640,8 +687,7 @@ impl Coordinator for ControlIo<'_> {
                 "worker {}: test hook: killing myself after epoch {}",
                 self.rank, m.epoch
             );
-            // SAFETY: kill(2) on our own pid has no memory effects.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            test_die(self.rank);
         }
         Ok(self.control.send(&ToCoordinator::Epoch {
             rank: self.rank,

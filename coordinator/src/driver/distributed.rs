@@ -1074,8 +1074,8 @@ impl Driver<'_> {
                     replacing,
                 } => {
                     let t = Instant::now();
-                    let result = match replacing {
-                        Some(rank) => self.replace(r, dir, from, to, rank, joiners),
+                    let result = match replacing.clone() {
+                        Some(ranks) => self.replace(r, dir, from, to, ranks, joiners),
                         None => {
                             self.resize(r, dir, from, to, (workers, mode), resume_epoch, joiners)
                         }
@@ -1442,12 +1442,13 @@ impl Driver<'_> {
         Ok(ready)
     }
 
-    /// `JobAction::Resize` replacing a lost worker: worker `lost` of launch `from` is gone, its rank is
-    /// taken by one joiner (launch `joiners`, started now under `from`'s CA) and launch `to` is `from`
-    /// again with it. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
-    /// closes its mesh, so no wait on the lost peer lasts) and pauses keeping its process and its part;
-    /// the partitioning does not change, so a survivor is sent nothing ([`PartSource::Held`]) and the
-    /// joiner is sent the lost worker's part (the stored set's file, or cut from the dataset when an
+    /// `JobAction::Resize` replacing lost workers: the workers of ranks `lost` of launch `from` are gone
+    /// (or, between two lost ranks, stopped with them: one launch starts consecutive ranks), their ranks
+    /// are taken by joiners (launch `joiners`, started now under `from`'s CA) and launch `to` is `from`
+    /// again with them. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
+    /// closes its mesh, so no wait on a lost peer lasts) and pauses keeping its process and its part;
+    /// the partitioning does not change, so a survivor is sent nothing ([`PartSource::Held`]) and a
+    /// joiner is sent the part of its rank (the stored set's file, or cut from the dataset when an
     /// earlier in-place resize made the partitioning). Returns every rank's pid and next mesh address
     /// once all are ready; an error leaves the launches to the job (it stops them and restarts from the
     /// checkpoint).
@@ -1457,18 +1458,25 @@ impl Driver<'_> {
         dir: &mut JobDir,
         from: usize,
         to: usize,
-        lost: usize,
+        lost: std::ops::Range<usize>,
         joiners: Option<crate::job::Joiners>,
     ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
-        let j = joiners.context("a replacement names its joiner's launch")?;
+        let j = joiners.context("a replacement names its joiners' launch")?;
         let old = r
             .live
             .get_mut(&from)
             .with_context(|| format!("launch {from} is not running"))?;
         let n = old.ranks;
-        ensure!(lost < n, "worker {lost} is not a rank of launch {from}");
+        ensure!(
+            !lost.is_empty() && lost.end <= n,
+            "workers {lost:?} are not ranks of launch {from}"
+        );
+        let which = match lost.len() {
+            1 => format!("worker {} was lost", lost.start),
+            _ => format!("workers {}-{} were lost", lost.start, lost.end - 1),
+        };
         for (rank, o) in old.outboxes.iter().enumerate() {
-            if rank == lost {
+            if lost.contains(&rank) {
                 continue;
             }
             o.as_ref()
@@ -1476,79 +1484,103 @@ impl Driver<'_> {
                     format!("worker {rank} of launch {from} has no control connection")
                 })?
                 .send(ToWorker::Abort {
-                    reason: format!("worker {lost} was lost; it is being replaced"),
+                    reason: format!("{which}; being replaced"),
                 });
         }
-        // the lost worker's exit and connection are the old launch's business no more; one that went
-        // silent may still run (frozen, or cut off): it is stopped before its rank starts again
-        let index = old
-            .launches
-            .iter()
-            .rposition(|l| l.base <= lost && lost < l.base + l.workers.pids().len())
-            .context("no launch holds the lost rank")?;
-        let holder = &mut old.launches[index];
-        let base = holder.base;
-        holder.workers.stop(lost - base)?;
-        old.retired.push((index, lost));
-        old.outboxes[lost] = None;
+        // the lost workers' exits and connections are the old launch's business no more; one that went
+        // silent may still run (frozen, or cut off): each is stopped before its rank starts again
+        for rank in lost.clone() {
+            let index = old
+                .launches
+                .iter()
+                .rposition(|l| l.base <= rank && rank < l.base + l.workers.pids().len())
+                .with_context(|| format!("no launch holds rank {rank}"))?;
+            let holder = &mut old.launches[index];
+            let base = holder.base;
+            holder.workers.stop(rank - base)?;
+            old.retired.push((index, rank));
+            old.outboxes[rank] = None;
+        }
         let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
         for m in old.mesh.iter_mut() {
             *m = None;
         }
         let ca = old.launches[0].ca.clone();
-        let l = Launch::start(self, dir.path(), 1, j.launch, Some((ca, lost)))
-            .context("starting the replacement")?;
+        let l = Launch::start(
+            self,
+            dir.path(),
+            lost.len(),
+            j.launch,
+            Some((ca, lost.start)),
+        )
+        .context("starting the replacement")?;
         r.live
-            .insert(j.launch, Live::new(l, lost + 1, Vec::new(), String::new()));
+            .insert(j.launch, Live::new(l, lost.end, Vec::new(), String::new()));
         let _ = dir.update(|s| s.launches.push(j.launch as u32));
-        // the lost worker's part, while the replacement starts: the stored set's file (served as it
-        // is), or, when an earlier resize in place made the partitioning (its parts are deltas), cut
-        // from the dataset and served under a name of the new launch
+        // the lost workers' parts, while the replacements start: the stored set's files (served as
+        // they are), or, when an earlier resize in place made the partitioning (its parts are deltas),
+        // cut from the dataset and served under a name of the new launch
         let t = Instant::now();
         let old = &r.live[&from];
-        let (cut, how) = match (&old.owner, old.part_delta) {
+        let mut cut = Vec::new();
+        let how = match (&old.owner, old.part_delta) {
             (Some(owner), true) => {
-                let path = self
-                    .job_abs
-                    .join("partitions")
-                    .join(format!("seg{to}"))
-                    .join(format!("part{lost}.bin"));
-                inplace::cut_part(
-                    self.dataset_path,
-                    self.spec.train.seed,
-                    owner,
-                    n,
-                    lost,
-                    &path,
-                )?;
-                (Some(path), "cut from the dataset")
+                for rank in lost.clone() {
+                    let path = self
+                        .job_abs
+                        .join("partitions")
+                        .join(format!("seg{to}"))
+                        .join(format!("part{rank}.bin"));
+                    inplace::cut_part(
+                        self.dataset_path,
+                        self.spec.train.seed,
+                        owner,
+                        n,
+                        rank,
+                        &path,
+                    )?;
+                    cut.push((rank, path));
+                }
+                "cut from the dataset"
             }
-            _ => (None, "the stored set's"),
+            _ => "the stored set's",
         };
         r.log.line(&format!(
-            "replacing worker {lost} of launch {from}: its part is {how} ({:.3} s)",
+            "replacing {} of launch {from}: {} {how} ({:.3} s)",
+            match lost.len() {
+                1 => format!("worker {}", lost.start),
+                _ => format!("workers {}-{}", lost.start, lost.end - 1),
+            },
+            match lost.len() {
+                1 => "its part is",
+                _ => "their parts are",
+            },
             t.elapsed().as_secs_f64()
         ));
-        // wait for every rank: the survivors' pauses, the replacement's registration
-        let survivors = (0..n).filter(|&rank| rank != lost).collect();
+        // wait for every rank: the survivors' pauses, the replacements' registrations
+        let survivors = (0..n).filter(|rank| !lost.contains(rank)).collect();
         self.wait_ready(
             r,
             &[
                 (from, survivors, "survivors paused"),
-                (j.launch, vec![lost], "replacement registered"),
+                (j.launch, lost.clone().collect(), "replacements registered"),
             ],
         )?;
         let mut old = r.live.remove(&from).expect("checked above");
-        let joined = r.live.remove(&j.launch).expect("checked above");
+        let mut joined = r.live.remove(&j.launch).expect("checked above");
         let mut pids = pids;
-        old.outboxes[lost] = joined.outboxes.into_iter().nth(lost).flatten();
-        old.mesh[lost] = joined.mesh[lost];
-        pids[lost] = joined.mesh[lost].and_then(|m| m.0);
+        for rank in lost.clone() {
+            old.outboxes[rank] = joined.outboxes[rank].take();
+            old.mesh[rank] = joined.mesh[rank];
+            pids[rank] = joined.mesh[rank].and_then(|m| m.0);
+        }
         old.launches.extend(joined.launches);
-        old.held = (0..n).map(|rank| rank != lost).collect();
-        if let Some(path) = cut {
+        old.held = (0..n).map(|rank| !lost.contains(&rank)).collect();
+        if !cut.is_empty() {
             // the others' entries are deltas no one is served again (they hold their parts)
-            old.parts[lost] = path;
+            for (rank, path) in cut {
+                old.parts[rank] = path;
+            }
             old.parts_tag = format!("seg{to}");
             old.part_delta = false;
         }
