@@ -230,21 +230,27 @@ fn data_parallel_rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     );
 }
 
+/// Writes `job` as `fixed.yaml`, and as `job.yaml` with a policy that never fires (up to `max_workers`):
+/// it only makes the job elastic, so that it resizes in place and replaces lost workers alone.
+fn write_fixed_and_elastic(dir: &std::path::Path, job: &str, max_workers: usize) {
+    write_job(dir, "fixed.yaml", job);
+    write_job(
+        dir,
+        "job.yaml",
+        &format!(
+            "{job}scaling:\n  min_workers: 1\n  max_workers: {max_workers}\n  rules:\n    - name: never\n      \
+             when: epoch < 0\n      then: stop\n"
+        ),
+    );
+}
+
 /// Two workers of three killed together (a spot reclaim of two containers): both are replaced in one
 /// launch of joiners, rank 0 keeps its process and part, and the curve is the fixed run's.
 #[test]
 fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
     let t = TempDir::new().unwrap();
     let three = JOB.replace("output:", "workers: 3\noutput:");
-    write_job(t.path(), "fixed.yaml", &three);
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!(
-            "{three}scaling:\n  min_workers: 1\n  max_workers: 3\n  rules:\n    - name: never\n      \
-             when: epoch < 0\n      then: stop\n"
-        ),
-    );
+    write_fixed_and_elastic(t.path(), &three, 3);
     let fixed = submit(t.path(), "fixed.yaml", &[]);
     // the two die at once, whatever the load on the machine
     let together = t.path().join("die-together");
@@ -305,15 +311,7 @@ fn mini_batch_worker_killed_is_replaced_alone(mode: &str) {
         "{}parallelism: {mode}\n{MINIBATCH}",
         JOB.replace("output:", "workers: 2\noutput:")
     );
-    write_job(t.path(), "fixed.yaml", &two);
-    write_job(
-        t.path(),
-        "job.yaml",
-        &format!(
-            "{two}scaling:\n  min_workers: 1\n  max_workers: 2\n  rules:\n    - name: never\n      \
-             when: epoch < 0\n      then: stop\n"
-        ),
-    );
+    write_fixed_and_elastic(t.path(), &two, 2);
     let fixed = submit(t.path(), "fixed.yaml", &[]);
     let v = submit(
         t.path(),
