@@ -30,7 +30,8 @@ processes, models and optimizers and the resized launch takes the stored set for
 survivors keep their processes, models, optimizers and the dataset they read, and take the new count's
 columns of it.
 
-`--lose-worker`: no resize; three workers, and rank 1 is SIGKILLed: local processes kill themselves after
+`--lose-worker`: no resize; three workers, and rank 1 (`--lose-ranks 1,2`: ranks 1 and 2, together) is
+SIGKILLed: local processes kill themselves after
 training epoch 5, before reporting it (the worker's test hook); with `--backend docker` its container is
 `docker kill`ed once the job recorded epoch 4, wherever the job is then. In place the lost worker is replaced
 alone (the others cancel the epoch and keep their processes and parts); by restart every worker starts again
@@ -160,6 +161,8 @@ def main():
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     p.add_argument("--backend", default="local", choices=["local", "docker"])
     p.add_argument("--lose-worker", action="store_true", help="no resize: rank 1 of 3 is killed after epoch 5")
+    p.add_argument("--lose-ranks", default="1",
+                   help="with --lose-worker on local processes: the ranks of the 3 killed together (e.g. 1,2)")
     p.add_argument("--data-parallel", action="store_true",
                    help="data parallelism (mini-batches of 1024 seeds, fan-outs 10, 10) instead of partition")
     p.add_argument("--p3", action="store_true",
@@ -227,7 +230,9 @@ def kill_rank_1_container(tmp, name):
 
 def lose_worker(a, graph):
     import threading
-    kill = {"PHYSALIA_TEST_DIE_AT_EPOCH": "5", "PHYSALIA_TEST_DIE_RANK": "1"}
+    if a.lose_ranks != "1" and BACKEND == "docker":
+        sys.exit("--lose-ranks: only rank 1 is killed on docker")
+    kill = {"PHYSALIA_TEST_DIE_AT_EPOCH": "5", "PHYSALIA_TEST_DIE_RANK": a.lose_ranks}
     with tempfile.TemporaryDirectory() as tmp:
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None, workers=3)
         _, want = pauses(fixed, fixed_dir)
@@ -235,6 +240,10 @@ def lose_worker(a, graph):
         for rep in range(a.reps):
             for resize in ["restart", "in_place"]:
                 name = f"{resize.replace('_', '-')}-{rep}"
+                # the ranks listed die at once (the last to arrive kills them all)
+                together = os.path.join(tmp, f"die-{name}")
+                os.makedirs(together)
+                kill["PHYSALIA_TEST_DIE_TOGETHER_DIR"] = together
                 killer = None
                 if BACKEND == "docker":
                     killer = threading.Thread(target=kill_rank_1_container, args=(tmp, name))
