@@ -647,12 +647,32 @@ impl Coordinator {
                 || self.evidence.iter().any(|(p, _, _)| *p == 4)
                 || (waited >= SIGNAL_GRACE && self.evidence.iter().any(|(p, _, _)| *p == 0))
             {
-                let (priority, error) = self
+                let (priority, mut error) = self
                     .evidence
                     .iter()
                     .min_by_key(|(p, _, _)| *p)
                     .map(|(p, e, _)| (*p, e.clone()))
                     .expect("failing implies evidence");
+                // workers whose processes or connections ended together are named together, each
+                // once (by its line that says most: a kill before a closed connection)
+                if priority <= 1 {
+                    let worker = |e: &str| e.split(' ').take(2).collect::<Vec<_>>().join(" ");
+                    let mut named = vec![worker(&error)];
+                    let mut others: Vec<&(u8, String, Option<usize>)> =
+                        self.evidence.iter().filter(|(p, _, _)| *p <= 1).collect();
+                    others.sort_by_key(|(p, _, _)| *p);
+                    let mut also = Vec::new();
+                    for (_, e, _) in others {
+                        let w = worker(e);
+                        if e.starts_with("worker ") && !named.contains(&w) {
+                            named.push(w);
+                            also.push(e.as_str());
+                        }
+                    }
+                    if !also.is_empty() {
+                        error = format!("{error} (and {})", also.join("; "));
+                    }
+                }
                 self.stage = Stage::Over;
                 return Some(Action::Fail {
                     error,
@@ -869,14 +889,21 @@ mod tests {
         );
         assert_eq!(c.lost(), [1]);
 
-        // two killed at once: both are gone when the launch ends
+        // two killed at once: both are gone when the launch ends, and the line names both, each once
         let mut c = started(3, t0);
         assert!(killed(&mut c, 0, t1).is_empty());
+        assert!(closed(&mut c, 2, t1 + Duration::from_millis(50)).is_empty());
         assert!(killed(&mut c, 2, t1 + Duration::from_millis(100)).is_empty());
-        assert!(matches!(
-            &c.handle(Event::Tick, t1 + SIGNAL_GRACE)[..],
-            [Action::Fail { lost: true, .. }]
-        ));
+        assert!(closed(&mut c, 0, t1 + Duration::from_millis(150)).is_empty());
+        assert_eq!(
+            c.handle(Event::Tick, t1 + SIGNAL_GRACE),
+            vec![Action::Fail {
+                error: "worker 0 (pid 100) exited with signal 9 during epoch 1 (and worker 2 (pid 102) \
+                        exited with signal 9 during epoch 1)"
+                    .into(),
+                lost: true,
+            }]
+        );
         assert_eq!(c.lost(), [0, 2]);
 
         // without a signal the whole grace is waited for

@@ -270,7 +270,9 @@ fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
     let events = v["scaling_events"].to_string();
     assert!(
         events.contains("replacing workers 1-2, the other 1 keep their processes")
-            && events.contains("retrying epoch 5"),
+            && events.contains("retrying epoch 5")
+            && events.contains("worker 1 (pid")
+            && events.contains("worker 2 (pid"),
         "{events}"
     );
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
