@@ -124,6 +124,17 @@ struct Worker {
     gone: bool,
 }
 
+/// A sign of failure, collected through the grace.
+struct Evidence {
+    /// Lower is a more direct cause.
+    priority: u8,
+    message: String,
+    /// The worker whose process or control connection ending it reports.
+    ended: Option<usize>,
+    /// That end is an exit without a signal: the worker's summary, arriving after it, withdraws it.
+    exit: bool,
+}
+
 pub struct Coordinator {
     world: usize,
     register_timeout: Duration,
@@ -133,8 +144,7 @@ pub struct Coordinator {
     workers: Vec<Worker>,
     /// Reports of epochs not yet complete, by epoch then rank.
     pending: std::collections::BTreeMap<usize, Vec<Option<EpochMetrics>>>,
-    /// (priority, message, the rank whose exit without a signal it reports): lower is a more direct cause.
-    evidence: Vec<(u8, String, Option<usize>)>,
+    evidence: Vec<Evidence>,
     failing_since: Option<Instant>,
     /// The one worker a silence is blamed on, where the evidence names exactly one: the rank every other
     /// silent worker waits on (directly or through a chain), or the only silent worker.
@@ -212,13 +222,37 @@ impl Coordinator {
     }
 
     fn suspect(&mut self, now: Instant, priority: u8, message: String) {
-        self.suspect_exit(now, priority, message, None);
+        self.push_evidence(now, priority, message, None, false);
     }
 
-    /// `exited`: the rank whose exit (not by a signal) is the evidence. A worker sends its summary and then
-    /// exits; the exit can be seen before the summary arrives, so that summary withdraws the evidence.
-    fn suspect_exit(&mut self, now: Instant, priority: u8, message: String, exited: Option<usize>) {
-        self.evidence.push((priority, message, exited));
+    /// Evidence that worker `rank`'s process ended (`exit`: without a signal) or its connection did. A
+    /// worker sends its summary and then exits; the exit can be seen before the summary arrives, so that
+    /// summary withdraws the evidence of an exit.
+    fn suspect_end(
+        &mut self,
+        now: Instant,
+        priority: u8,
+        message: String,
+        rank: usize,
+        exit: bool,
+    ) {
+        self.push_evidence(now, priority, message, Some(rank), exit);
+    }
+
+    fn push_evidence(
+        &mut self,
+        now: Instant,
+        priority: u8,
+        message: String,
+        ended: Option<usize>,
+        exit: bool,
+    ) {
+        self.evidence.push(Evidence {
+            priority,
+            message,
+            ended,
+            exit,
+        });
         self.failing_since.get_or_insert(now);
     }
 
@@ -456,7 +490,7 @@ impl Coordinator {
                 // worker's
                 self.workers[rank].gone = false;
                 // its exit, seen before this summary arrived, was the end of a finished worker
-                self.evidence.retain(|(_, _, exited)| *exited != Some(rank));
+                self.evidence.retain(|e| !(e.exit && e.ended == Some(rank)));
                 if self.evidence.is_empty() {
                     self.failing_since = None;
                 }
@@ -485,7 +519,7 @@ impl Coordinator {
                     && !self.workers[rank].peer_lost =>
             {
                 let msg = format!("{} {reason} {}", self.who(rank), self.when(rank));
-                self.suspect(now, 1, msg);
+                self.suspect_end(now, 1, msg, rank, false);
             }
             Event::Exited {
                 rank,
@@ -504,8 +538,7 @@ impl Coordinator {
                     } else {
                         1
                     };
-                    let exited = (!by_signal).then_some(rank);
-                    self.suspect_exit(now, priority, msg, exited);
+                    self.suspect_end(now, priority, msg, rank, !by_signal);
                 }
             }
             Event::Alive { rank } if rank < self.world => {
@@ -592,7 +625,7 @@ impl Coordinator {
                 }
             }
             // silence is looked for until one is found, also while weaker evidence waits out its grace
-            Stage::Training if !self.evidence.iter().any(|(p, _, _)| *p == 4) => {
+            Stage::Training if !self.evidence.iter().any(|e| e.priority == 4) => {
                 let silent_for = |w: &Worker| {
                     w.last_heard
                         .map(|t| now.duration_since(t))
@@ -644,29 +677,25 @@ impl Coordinator {
         if let Some(since) = self.failing_since {
             let waited = now.duration_since(since);
             if waited >= FAILURE_GRACE
-                || self.evidence.iter().any(|(p, _, _)| *p == 4)
-                || (waited >= SIGNAL_GRACE && self.evidence.iter().any(|(p, _, _)| *p == 0))
+                || self.evidence.iter().any(|e| e.priority == 4)
+                || (waited >= SIGNAL_GRACE && self.evidence.iter().any(|e| e.priority == 0))
             {
-                let (priority, mut error) = self
-                    .evidence
-                    .iter()
-                    .min_by_key(|(p, _, _)| *p)
-                    .map(|(p, e, _)| (*p, e.clone()))
-                    .expect("failing implies evidence");
+                let mut ranked: Vec<&Evidence> = self.evidence.iter().collect();
+                ranked.sort_by_key(|e| e.priority);
+                let first = ranked.first().expect("failing implies evidence");
+                let (priority, mut error) = (first.priority, first.message.clone());
                 // workers whose processes or connections ended together are named together, each
-                // once (by its line that says most: a kill before a closed connection)
+                // once (by its most direct line: a kill before a closed connection)
                 if priority <= 1 {
-                    let worker = |e: &str| e.split(' ').take(2).collect::<Vec<_>>().join(" ");
-                    let mut named = vec![worker(&error)];
-                    let mut others: Vec<&(u8, String, Option<usize>)> =
-                        self.evidence.iter().filter(|(p, _, _)| *p <= 1).collect();
-                    others.sort_by_key(|(p, _, _)| *p);
+                    let mut named = vec![first.ended];
                     let mut also = Vec::new();
-                    for (_, e, _) in others {
-                        let w = worker(e);
-                        if e.starts_with("worker ") && !named.contains(&w) {
-                            named.push(w);
-                            also.push(e.as_str());
+                    for e in ranked
+                        .iter()
+                        .filter(|e| e.priority <= 1 && e.ended.is_some())
+                    {
+                        if !named.contains(&e.ended) {
+                            named.push(e.ended);
+                            also.push(e.message.as_str());
                         }
                     }
                     if !also.is_empty() {

@@ -281,20 +281,12 @@ impl Elastic {
                     return (Next::Fail(error), None);
                 }
                 let (what, how) = match replacing {
-                    Some(r) if r.len() == 1 => (
-                        "a worker",
-                        format!(
-                            "replacing worker {} alone, the other {} keep their processes; ",
-                            r.start,
-                            workers - 1
-                        ),
-                    ),
                     Some(r) => (
-                        "workers",
+                        if r.len() == 1 { "a worker" } else { "workers" },
                         format!(
-                            "replacing workers {}-{}, the other {} keep their processes; ",
-                            r.start,
-                            r.end - 1,
+                            "replacing {}{}, the other {} keep their processes; ",
+                            name_ranks(&r),
+                            if r.len() == 1 { " alone" } else { "" },
                             workers - r.len()
                         ),
                     ),
@@ -423,6 +415,14 @@ impl Elastic {
     /// The exchange settings the policy has chosen so far: boundary sampling rate and staleness.
     pub fn exchange(&self) -> (f64, u32) {
         (self.plan.boundary_sampling, self.plan.staleness)
+    }
+}
+
+/// "worker 1", or "workers 1-2": the ranks a replacement takes, in lines and logs.
+pub fn name_ranks(ranks: &std::ops::Range<usize>) -> String {
+    match ranks.len() {
+        1 => format!("worker {}", ranks.start),
+        _ => format!("workers {}-{}", ranks.start, ranks.end.saturating_sub(1)),
     }
 }
 

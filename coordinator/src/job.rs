@@ -1142,10 +1142,7 @@ impl Job {
         let to = self.next_launch;
         let joiner = to + 1;
         self.next_launch += 2;
-        let which = match ranks.len() {
-            1 => format!("worker {}", ranks.start),
-            _ => format!("workers {}-{}", ranks.start, ranks.end - 1),
-        };
+        let which = crate::elastic::name_ranks(&ranks);
         out.push(JobAction::Log(format!(
             "segment {to}: replacing {which} of launch {} alone (launch {joiner}); the other {} keep \
              their processes and parts, continuing after epoch {resume_epoch}",

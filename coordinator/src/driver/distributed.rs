@@ -1471,10 +1471,7 @@ impl Driver<'_> {
             !lost.is_empty() && lost.end <= n,
             "workers {lost:?} are not ranks of launch {from}"
         );
-        let which = match lost.len() {
-            1 => format!("worker {} was lost", lost.start),
-            _ => format!("workers {}-{} were lost", lost.start, lost.end - 1),
-        };
+        let which = crate::elastic::name_ranks(&lost);
         for (rank, o) in old.outboxes.iter().enumerate() {
             if lost.contains(&rank) {
                 continue;
@@ -1484,7 +1481,7 @@ impl Driver<'_> {
                     format!("worker {rank} of launch {from} has no control connection")
                 })?
                 .send(ToWorker::Abort {
-                    reason: format!("{which}; being replaced"),
+                    reason: format!("{which} lost; being replaced"),
                 });
         }
         // the lost workers' exits and connections are the old launch's business no more; one that went
@@ -1546,11 +1543,7 @@ impl Driver<'_> {
             _ => "the stored set's",
         };
         r.log.line(&format!(
-            "replacing {} of launch {from}: {} {how} ({:.3} s)",
-            match lost.len() {
-                1 => format!("worker {}", lost.start),
-                _ => format!("workers {}-{}", lost.start, lost.end - 1),
-            },
+            "replacing {which} of launch {from}: {} {how} ({:.3} s)",
             match lost.len() {
                 1 => "its part is",
                 _ => "their parts are",
