@@ -50,6 +50,10 @@ pub const RESERVED_ENV: [&str; 7] = [
 /// SIGKILL right after finishing epoch `E` (before reporting it). Nothing else reads these variables.
 pub const ENV_TEST_DIE_AT_EPOCH: &str = "PHYSALIA_TEST_DIE_AT_EPOCH";
 pub const ENV_TEST_DIE_RANK: &str = "PHYSALIA_TEST_DIE_RANK";
+/// Test hook: with `PHYSALIA_TEST_DIE_AT_JOIN=J` and `PHYSALIA_TEST_DIE_RANK=R`, rank `R` kills itself with
+/// SIGKILL as it starts joining its `J`-th mesh (from 0: the first launch's; 1: after its first in-place
+/// resize), leaving its peers joining a mesh it will never complete.
+pub const ENV_TEST_DIE_AT_JOIN: &str = "PHYSALIA_TEST_DIE_AT_JOIN";
 /// Test hook: with several ranks in `PHYSALIA_TEST_DIE_RANK` and this set to a folder on the workers'
 /// machine, those ranks die together: each leaves its pid there and waits, and the last to arrive kills
 /// them all at once (a loaded machine cannot spread the deaths apart).

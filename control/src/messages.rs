@@ -34,8 +34,14 @@ pub enum ToCoordinator {
     PeerLost { rank: usize, error: String },
     /// Answer to [`ToWorker::Pause`]: this worker stopped after the epoch it last reported, keeps its
     /// process, model, optimizer state and progress, and listens for the next mesh at `mesh_addr`
-    /// (an in-place resize).
-    Paused { rank: usize, mesh_addr: SocketAddr },
+    /// (an in-place resize). `holds_part`: whether it holds the part of the assignment it paused under
+    /// (false when the mesh was aborted before that part was loaded or its delta applied: the next
+    /// assignment serves it a whole part).
+    Paused {
+        rank: usize,
+        mesh_addr: SocketAddr,
+        holds_part: bool,
+    },
     /// A warning or an error this worker logged (its `tracing` event as one line, `target: message
     /// fields`): already in the worker's own log; the coordinator adds it to its log and, with `-v`,
     /// shows it live. Lines are cut at [`MAX_LOG_LINE_BYTES`].

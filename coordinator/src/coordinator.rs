@@ -149,6 +149,8 @@ pub struct Coordinator {
     /// The one worker a silence is blamed on, where the evidence names exactly one: the rank every other
     /// silent worker waits on (directly or through a chain), or the only silent worker.
     stalled_by: Option<usize>,
+    /// The epoch the launch continues after (0: from scratch): its workers' first epoch is the next.
+    resumed: usize,
 }
 
 impl Coordinator {
@@ -169,6 +171,16 @@ impl Coordinator {
             evidence: Vec::new(),
             failing_since: None,
             stalled_by: None,
+            resumed: 0,
+        }
+    }
+
+    /// The launch continues after epoch `epoch` (a resize, a replacement, a restart from a checkpoint):
+    /// its workers have reported up to it, and a failure before their first report is in the next.
+    pub fn resume_after(&mut self, epoch: usize) {
+        self.resumed = epoch;
+        for w in &mut self.workers {
+            w.epoch = epoch;
         }
     }
 
@@ -438,7 +450,7 @@ impl Coordinator {
         match endpoint {
             // before any epoch the workers are joining the mesh: a peer nobody can reach stalls them
             // the same way, and a firewall closing the mesh port is the usual cause
-            Some(addr) if self.workers.iter().all(|w| w.epoch == 0) => msg.push_str(&format!(
+            Some(addr) if self.workers.iter().all(|w| w.epoch == self.resumed) => msg.push_str(&format!(
                 "; before the first epoch the workers join the mesh: a firewall, security group \
                  or NetworkPolicy that does not open UDP port {} between the workers stalls them, as \
                  does a slow, frozen or cut-off worker)",
@@ -917,6 +929,19 @@ mod tests {
             }]
         );
         assert_eq!(c.lost(), [1]);
+
+        // a launch that continues after epoch 3 (resized, replaced, restarted) loses a worker before its
+        // first report: in epoch 4, not 1
+        let mut c = started(3, t0);
+        c.resume_after(3);
+        assert!(killed(&mut c, 1, t1).is_empty());
+        assert_eq!(
+            c.handle(Event::Tick, t1 + SIGNAL_GRACE),
+            vec![Action::Fail {
+                error: "worker 1 (pid 101) exited with signal 9 during epoch 4".into(),
+                lost: true,
+            }]
+        );
 
         // two killed at once: both are gone when the launch ends, and the line names both, each once
         let mut c = started(3, t0);

@@ -587,6 +587,7 @@ impl Job {
         let cfg = &self.cfg;
         let cur = self.current.as_mut().expect("a current launch");
         let mut coord = Coordinator::new(cur.n, cfg.register_timeout, cfg.epoch_timeout, now);
+        coord.resume_after(cur.resume_epoch);
         for (rank, pid) in pids.into_iter().enumerate() {
             if let Some(pid) = pid {
                 coord.set_pid(rank, pid);

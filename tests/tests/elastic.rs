@@ -297,6 +297,118 @@ fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
     assert!(rank0.contains("keeps part 0 of 3"), "{rank0}");
 }
 
+/// The output files of rank `rank`'s processes in `dir`'s logs, by name.
+fn worker_outputs(dir: &Path, rank: usize) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("worker-{rank}.")))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A worker killed while the first mesh forms (assigned, not yet joined) leaves its peers joining a mesh
+/// that cannot complete: the coordinator aborts their joins and replaces it alone; the survivors, which
+/// hold no part yet, are served theirs, and the curve is the fixed run's.
+#[test]
+fn a_worker_lost_while_the_first_mesh_forms_is_replaced_alone() {
+    let t = TempDir::new().unwrap();
+    let three = JOB.replace("output:", "workers: 3\noutput:");
+    write_fixed_and_elastic(t.path(), &three, 3);
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_JOIN", "0"),
+            ("PHYSALIA_TEST_DIE_RANK", "1"),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    let events = v["scaling_events"].to_string();
+    assert!(
+        events.contains("replacing worker 1 alone") && events.contains("signal 9"),
+        "{events}"
+    );
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(log.contains("in-place replacement ready"), "{log}");
+    assert!(
+        log.contains("workers 0, 2 held no part (the mesh was aborted as it formed): served the stored set's parts"),
+        "{log}"
+    );
+    assert_eq!(
+        [0, 1, 2].map(|r| worker_outputs(&dir, r).len()),
+        [1, 2, 1],
+        "ranks 0 and 2 ran as one process each, rank 1 twice"
+    );
+    for rank in [0, 2] {
+        let out =
+            std::fs::read_to_string(dir.join("logs").join(&worker_outputs(&dir, rank)[0])).unwrap();
+        assert!(
+            out.contains("joining the mesh was cancelled (a peer was lost)"),
+            "rank {rank}: {out}"
+        );
+    }
+}
+
+/// A worker killed as the mesh of an in-place resize forms (2 -> 3 after epoch 3; rank 1 dies at its
+/// second join): it is replaced alone; rank 0 keeps its process and its model, optimizer and progress
+/// (not the rows it held: its delta was never applied, so it is served a whole part, as the joiner that
+/// had not loaded its own is), and the curve is the fixed run's.
+#[test]
+fn a_worker_lost_while_a_resized_mesh_forms_is_replaced_and_the_survivors_keep_their_state() {
+    let t = TempDir::new().unwrap();
+    let two = JOB.replace("output:", "workers: 2\noutput:");
+    write_job(t.path(), "fixed.yaml", &two);
+    write_job(
+        t.path(),
+        "job.yaml",
+        &format!(
+            "{two}scaling:\n  min_workers: 1\n  max_workers: 3\n  cooldown_epochs: 0\n  rules:\n    - name: \
+             three-at-3\n      when: epoch == 3\n      then: {{set_workers: 3}}\n"
+        ),
+    );
+    let fixed = submit(t.path(), "fixed.yaml", &[]);
+    let v = submit(
+        t.path(),
+        "job.yaml",
+        &[
+            ("PHYSALIA_TEST_DIE_AT_JOIN", "1"),
+            ("PHYSALIA_TEST_DIE_RANK", "1"),
+        ],
+    );
+    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.path().join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    let events = v["scaling_events"].to_string();
+    assert!(
+        events.contains("replacing worker 1 alone") && events.contains("signal 9"),
+        "{events}"
+    );
+    let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    assert!(
+        log.contains("workers 0, 2 held no part (the mesh was aborted as it formed): served parts cut from the dataset"),
+        "{log}"
+    );
+    assert_eq!(
+        [0, 1, 2].map(|r| worker_outputs(&dir, r).len()),
+        [1, 2, 1],
+        "ranks 0 and 2 ran as one process each, rank 1 twice"
+    );
+    let rank0 =
+        std::fs::read_to_string(dir.join("logs").join(&worker_outputs(&dir, 0)[0])).unwrap();
+    assert!(
+        rank0.contains("joining the mesh was cancelled (a peer was lost)")
+            && rank0.contains(
+                "continuing in place after epoch 3 (model, optimizer and progress held in memory)"
+            ),
+        "{rank0}"
+    );
+}
+
 #[test]
 fn a_data_parallel_worker_killed_is_replaced_alone() {
     mini_batch_worker_killed_is_replaced_alone("data");

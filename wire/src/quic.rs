@@ -275,7 +275,7 @@ impl QuicEndpoint {
             ref waiting,
             ..
         } = self;
-        rt.block_on(async {
+        let joined = rt.block_on(async {
             let dials: Vec<_> = (me + 1..world)
                 .map(|peer| {
                     let task = dial(
@@ -343,7 +343,13 @@ impl QuicEndpoint {
                 streams[peer] = Some(connected);
             }
             Ok(())
-        })?;
+        });
+        if let Err(e) = joined {
+            // an endpoint that never became a link must not stay bound through the handles given out
+            // (a worker rebinds its fixed mesh port for the next mesh)
+            self.abort.release();
+            return Err(e);
+        }
 
         let peers_state = {
             let _runtime = self.rt.enter();
@@ -795,10 +801,15 @@ async fn dial(
     let name = worker_name(peer);
     let mut last_error = String::from("no attempt before the deadline");
     while Instant::now() < deadline {
+        let connecting = match endpoint.connect_with(client.clone(), addr, &name) {
+            // closed under the join ([`MeshAbort`]): no later attempt can succeed
+            Err(quinn::ConnectError::EndpointStopping) => {
+                return Err("the join was aborted (the endpoint is closed)".into());
+            }
+            other => other.map_err(|e| e.to_string()),
+        };
         let attempt = async {
-            let connecting = endpoint
-                .connect_with(client.clone(), addr, &name)
-                .map_err(|e| e.to_string())?;
+            let connecting = connecting?;
             // A peer that is not listening yet never answers: give each attempt a short handshake budget.
             let conn = tokio::time::timeout(Duration::from_secs(2), connecting)
                 .await

@@ -329,6 +329,48 @@ fn a_silent_peer_times_out_and_a_closed_one_is_lost() {
     assert!(matches!(err, WireError::PeerLost { peer: 1, .. }), "{err}");
 }
 
+/// A worker whose peer dies while the mesh forms is aborted by its coordinator: the join (dialling a
+/// rank that never answers, or waiting for one to dial it) ends with the abort, not at the join timeout,
+/// and the fixed mesh port binds again for the next mesh.
+#[test]
+fn an_aborted_join_ends_at_once_and_releases_its_port() {
+    let ca = JobCa::new("job-a").unwrap();
+    // rank 1 of 3 never comes: rank 0 dials it, rank 2 waits for it to dial
+    let silent: SocketAddr = {
+        let s = std::net::UdpSocket::bind(loopback()).unwrap();
+        s.local_addr().unwrap()
+    };
+    for me in [0usize, 2] {
+        let id = ca.identity(&worker_name(me)).unwrap();
+        let endpoint = QuicEndpoint::bind(me, JOB, &id, loopback(), options()).unwrap();
+        let port = endpoint.local_addr();
+        let mut peers = vec![silent; 3];
+        peers[me] = port;
+        let abort = endpoint.abort_handle();
+        let aborter = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            abort.abort();
+            abort
+        });
+        let t = Instant::now();
+        let err = match endpoint.join(&peers) {
+            Ok(_) => panic!("rank {me} joined a mesh whose rank 1 never came"),
+            Err(e) => e,
+        };
+        let handle = aborter.join().unwrap();
+        assert!(matches!(err, WireError::Join(_)), "rank {me}: {err}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "rank {me}: the join ended with the abort, not its 20 s timeout ({:?}): {err}",
+            t.elapsed()
+        );
+        // the handle does not hold the socket of an endpoint that never became a link
+        let again = QuicEndpoint::bind(me, JOB, &id, port, options()).unwrap();
+        assert_eq!(again.local_addr(), port);
+        handle.abort();
+    }
+}
+
 #[test]
 fn an_aborted_link_stops_waiting_at_once_and_its_peer_sees_it_closed() {
     let ca = JobCa::new("job-a").unwrap();

@@ -18,7 +18,9 @@
 //!
 //! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R` (or `R1,R2`), rank `R` kills itself
 //! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
-//! crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes it); with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
+//! crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes it); with
+//! [`ENV_TEST_DIE_AT_JOIN`]` = J` instead, rank `R` kills itself as it starts joining its `J`-th mesh (`0`:
+//! the first launch's, `1`: the one after its first in-place resize), so its peers are left joining; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
 //! model code and loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
 //!
 //! The worker never outlives its job: when the coordinator says stop, or its control connection ends
@@ -32,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use physalia_control::env::{
-    ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_RANK, ENV_TEST_DIE_TOGETHER_DIR, ENV_TEST_EMULATE_GPU,
-    WorkerEnv,
+    ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_AT_JOIN, ENV_TEST_DIE_RANK, ENV_TEST_DIE_TOGETHER_DIR,
+    ENV_TEST_EMULATE_GPU, WorkerEnv,
 };
 use physalia_control::{
     Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ToCoordinator, ToWorker,
@@ -124,6 +126,12 @@ pub fn read_identity(dir: &Path) -> Result<TlsIdentity> {
 pub(crate) fn test_die_at(rank: usize) -> Option<usize> {
     let epoch = std::env::var(ENV_TEST_DIE_AT_EPOCH).ok()?.parse().ok()?;
     test_die_ranks().contains(&rank).then_some(epoch)
+}
+
+/// The mesh join (counted from 0 for this process) at whose start the test hook kills rank `rank`.
+fn test_die_at_join(rank: usize) -> Option<usize> {
+    let join = std::env::var(ENV_TEST_DIE_AT_JOIN).ok()?.parse().ok()?;
+    test_die_ranks().contains(&rank).then_some(join)
 }
 
 fn test_die_ranks() -> Vec<usize> {
@@ -704,28 +712,7 @@ impl Coordinator for ControlIo<'_> {
     }
 
     fn aborted(&mut self, wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        let mut aborted = false;
-        while !aborted {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(word) = self.words.recv_timeout(left) else {
-                break;
-            };
-            match word {
-                ToWorker::Abort { reason } => {
-                    eprintln!(
-                        "worker {}: the coordinator cancelled the epoch: {reason}",
-                        self.rank
-                    );
-                    aborted = true;
-                }
-                other => eprintln!(
-                    "worker {}: ignoring {other:?} from the coordinator while training failed",
-                    self.rank
-                ),
-            }
-        }
-        aborted
+        aborted(self.words, self.rank, wait)
     }
 
     fn gate(&mut self, epoch: usize) -> Result<Gate> {
@@ -740,6 +727,27 @@ impl Coordinator for ControlIo<'_> {
             Err(_) => bail!(
                 "the coordinator said neither continue nor pause within {:?} after epoch {epoch}",
                 self.gate_timeout
+            ),
+        }
+    }
+}
+
+/// Whether the coordinator's words (`words`) cancel what this worker is doing ([`ToWorker::Abort`]: a
+/// peer was lost and is being replaced), waiting up to `wait` for it; other words are logged and dropped.
+fn aborted(words: &mpsc::Receiver<ToWorker>, rank: usize, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(word) = words.recv_timeout(left) else {
+            return false;
+        };
+        match word {
+            ToWorker::Abort { reason } => {
+                eprintln!("worker {rank}: the coordinator cancelled the epoch: {reason}");
+                return true;
+            }
+            other => eprintln!(
+                "worker {rank}: ignoring {other:?} from the coordinator while training failed"
             ),
         }
     }
@@ -874,40 +882,58 @@ pub fn run_from_env() -> Result<()> {
     let epoch_timeout = Duration::from_secs_f64(assignment.epoch_timeout_s);
     beat_while_computing(control.heartbeat(), endpoint.waiting(), epoch_timeout);
     let die_at = test_die_at(rank);
+    let die_at_join = test_die_at_join(rank);
     std::fs::create_dir_all(&env.work_dir)
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
         let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, None);
-        loop {
+        for joins in 0usize.. {
+            if die_at_join == Some(joins) {
+                eprintln!("worker {rank}: test hook: killing myself as mesh {joins} forms");
+                test_die(rank);
+            }
             let t_join = Instant::now();
-            let mut link = endpoint
-                .join(&assignment.peers)
-                .context("joining the mesh")?;
-            *mesh_abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(link.abort_handle());
-            eprintln!(
-                "worker {rank}: joined the mesh of {} in {:.3} s",
-                assignment.peers.len(),
-                t_join.elapsed().as_secs_f64()
-            );
-            // the coordinator tells a stall from a long epoch (a worker waiting on one that computes is
-            // not stalled) and stops the launch within the epoch timeout; a wait on a peer gives up by
-            // itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator cannot be heard either
-            link.set_timeout(Duration::from_secs_f64(
-                assignment.epoch_timeout_s * PEER_WAIT_TIMEOUTS,
-            ));
-            let mut io = ControlIo {
-                control: &mut control,
-                work: env.work_dir.clone(),
-                rank,
-                die_at,
-                words: &words,
-                gate_timeout: epoch_timeout.mul_f64(PEER_WAIT_TIMEOUTS),
+            let segment = match endpoint.join(&assignment.peers) {
+                Ok(mut link) => {
+                    *mesh_abort.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(link.abort_handle());
+                    eprintln!(
+                        "worker {rank}: joined the mesh of {} in {:.3} s",
+                        assignment.peers.len(),
+                        t_join.elapsed().as_secs_f64()
+                    );
+                    // the coordinator tells a stall from a long epoch (a worker waiting on one that
+                    // computes is not stalled) and stops the launch within the epoch timeout; a wait on
+                    // a peer gives up by itself only at PEER_WAIT_TIMEOUTS of it, when the coordinator
+                    // cannot be heard either
+                    link.set_timeout(Duration::from_secs_f64(
+                        assignment.epoch_timeout_s * PEER_WAIT_TIMEOUTS,
+                    ));
+                    let mut io = ControlIo {
+                        control: &mut control,
+                        work: env.work_dir.clone(),
+                        rank,
+                        die_at,
+                        words: &words,
+                        gate_timeout: epoch_timeout.mul_f64(PEER_WAIT_TIMEOUTS),
+                    };
+                    let segment = train_segment(&mut link, &assignment, &mut io, held.take())?;
+                    // Dropping the link waits for the peers to receive our last frames.
+                    drop(link);
+                    segment
+                }
+                // a peer lost while the mesh formed, and being replaced: the coordinator closed the
+                // endpoint under the join (a worker that does not resize in place is not told)
+                Err(e) if assignment.gated && aborted(&words, rank, JOIN_ABORT_WAIT) => {
+                    eprintln!(
+                        "worker {rank}: joining the mesh was cancelled (a peer was lost): {e}"
+                    );
+                    Segment::Paused(Box::new(join_aborted(held.take(), &assignment)))
+                }
+                Err(e) => return Err(anyhow::Error::new(e).context("joining the mesh")),
             };
-            let segment = train_segment(&mut link, &assignment, &mut io, held.take())?;
-            // Dropping the link waits for the peers to receive our last frames.
-            drop(link);
             match segment {
-                Segment::Done(summary) => break Ok(summary),
+                Segment::Done(summary) => return Ok(summary),
                 Segment::Paused(state) => {
                     // an in-place resize: a new mesh endpoint (same identity and rank) for the new world
                     let next =
@@ -928,7 +954,11 @@ pub fn run_from_env() -> Result<()> {
                              mesh endpoint {mesh_addr}"
                         ),
                     }
-                    control.send(&ToCoordinator::Paused { rank, mesh_addr })?;
+                    control.send(&ToCoordinator::Paused {
+                        rank,
+                        mesh_addr,
+                        holds_part: state.part.is_some(),
+                    })?;
                     assignment = match words.recv_timeout(ASSIGNMENT_TIMEOUT) {
                         Ok(ToWorker::Assign(a)) => a,
                         Ok(other) => {
@@ -944,6 +974,7 @@ pub fn run_from_env() -> Result<()> {
                 }
             }
         }
+        unreachable!("the loop over joins ends by returning")
     })();
     if env.work_dir_owned {
         // fetched artifacts and leftovers go with the worker
@@ -973,6 +1004,23 @@ pub fn run_from_env() -> Result<()> {
         }
     }
 }
+
+/// What a worker keeps when its join under `a` was aborted: the training state it came in with (the
+/// assignment continues after the epoch it holds), and the part it held only when `a` kept that part
+/// (an assignment that brings a delta or a whole part was not loaded: the rows held are no longer this
+/// rank's, and the coordinator serves a whole part next, told by [`ToCoordinator::Paused::holds_part`]).
+fn join_aborted(held: Option<Held>, a: &Assignment) -> Held {
+    let (state, part) = held.map_or((None, None), |h| (h.state, h.part));
+    Held {
+        state,
+        part: part.filter(|_| matches!(a.part, PartSource::Held)),
+    }
+}
+
+/// How long a worker whose join failed waits for the coordinator's [`ToWorker::Abort`]: the failure is
+/// the abort itself (the endpoint closed under the join), or a lost peer's join timeout, which the
+/// coordinator has named long before.
+const JOIN_ABORT_WAIT: Duration = Duration::from_secs(10);
 
 /// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).
 fn check_world(a: &Assignment, rank: usize) -> Result<()> {

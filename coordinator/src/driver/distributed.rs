@@ -850,6 +850,10 @@ struct Live {
     /// By rank: the worker trains on the part it holds (a survivor of a lost worker's replacement),
     /// nothing is served to it.
     held: Vec<bool>,
+    /// By rank: the worker paused holding the part of this launch's assignment (its
+    /// [`ToCoordinator::Paused`] said so; false for one whose mesh was aborted before it had loaded
+    /// that part, and for any rank that has not paused).
+    holds_part: Vec<bool>,
     /// Workers replaced by another's launch, as (index in `launches`, rank): their exits and words are
     /// no longer the job's.
     retired: Vec<(usize, usize)>,
@@ -868,16 +872,22 @@ impl Live {
             part_delta: false,
             pending: None,
             held: Vec::new(),
+            holds_part: vec![false; ranks],
             retired: Vec::new(),
         }
     }
 
     /// Every rank's pid (`pids`, by rank) and next mesh address, once every rank is ready.
-    fn ready(&self, pids: &[Option<u32>]) -> Vec<(Option<u32>, SocketAddr)> {
+    /// (Records the pids beside the addresses: the next resize or replacement reads them there.)
+    fn ready(&mut self, pids: &[Option<u32>]) -> Vec<(Option<u32>, SocketAddr)> {
         self.mesh
-            .iter()
+            .iter_mut()
             .zip(pids)
-            .map(|(m, pid)| (*pid, m.expect("every rank is ready").1))
+            .map(|(m, pid)| {
+                let addr = m.expect("every rank is ready").1;
+                *m = Some((*pid, addr));
+                (*pid, addr)
+            })
             .collect()
     }
 
@@ -1437,6 +1447,7 @@ impl Driver<'_> {
         parts(&mut old);
         // every rank is assigned its part of the new launch (none holds one from a replacement)
         old.held = Vec::new();
+        old.holds_part = vec![false; n];
         let ready = old.ready(&pids);
         r.live.insert(to, old);
         Ok(ready)
@@ -1520,27 +1531,37 @@ impl Driver<'_> {
         let t = Instant::now();
         let old = &r.live[&from];
         let mut cut = Vec::new();
-        let how = match (&old.owner, old.part_delta) {
-            (Some(owner), true) => {
+        let owner = match (&old.owner, old.part_delta) {
+            (Some(owner), true) => Some(owner.clone()),
+            _ => None,
+        };
+        let cut_part = |rank: usize| -> Result<(usize, PathBuf)> {
+            let owner = owner
+                .as_ref()
+                .expect("cut only where the resize made the partitioning");
+            let path = self
+                .job_abs
+                .join("partitions")
+                .join(format!("seg{to}"))
+                .join(format!("part{rank}.bin"));
+            inplace::cut_part(
+                self.dataset_path,
+                self.spec.train.seed,
+                owner,
+                n,
+                rank,
+                &path,
+            )?;
+            Ok((rank, path))
+        };
+        let how = match owner {
+            Some(_) => {
                 for rank in lost.clone() {
-                    let path = self
-                        .job_abs
-                        .join("partitions")
-                        .join(format!("seg{to}"))
-                        .join(format!("part{rank}.bin"));
-                    inplace::cut_part(
-                        self.dataset_path,
-                        self.spec.train.seed,
-                        owner,
-                        n,
-                        rank,
-                        &path,
-                    )?;
-                    cut.push((rank, path));
+                    cut.push(cut_part(rank)?);
                 }
                 "cut from the dataset"
             }
-            _ => "the stored set's",
+            None => "the stored set's",
         };
         r.log.line(&format!(
             "replacing {which} of launch {from}: {} {how} ({:.3} s)",
@@ -1568,7 +1589,42 @@ impl Driver<'_> {
             pids[rank] = joined.mesh[rank].and_then(|m| m.0);
         }
         old.launches.extend(joined.launches);
-        old.held = (0..n).map(|rank| !lost.contains(&rank)).collect();
+        // a survivor whose mesh was aborted as it formed (the lost worker died while the mesh joined)
+        // holds no part of this launch: it is served a whole one, cut for it like the lost workers'
+        // where the resize made the partitioning
+        let empty: Vec<usize> = (0..n)
+            .filter(|&rank| !lost.contains(&rank) && !old.holds_part[rank])
+            .collect();
+        if !empty.is_empty() {
+            let t = Instant::now();
+            if owner.is_some() {
+                for &rank in &empty {
+                    cut.push(cut_part(rank)?);
+                }
+            }
+            r.log.line(&format!(
+                "{} {} held no part (the mesh was aborted as it formed): served {} ({:.3} s)",
+                if empty.len() == 1 {
+                    "worker"
+                } else {
+                    "workers"
+                },
+                empty
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                match owner {
+                    Some(_) => "parts cut from the dataset",
+                    None => "the stored set's parts",
+                },
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        old.held = (0..n)
+            .map(|rank| !lost.contains(&rank) && !empty.contains(&rank))
+            .collect();
+        old.holds_part = vec![false; n];
         if !cut.is_empty() {
             // the others' entries are deltas no one is served again (they hold their parts)
             for (rank, path) in cut {
@@ -2252,12 +2308,20 @@ fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize
             },
             ToCoordinator::Failed { rank, error } => Event::Failed { rank, error },
             ToCoordinator::PeerLost { rank, error } => Event::PeerLost { rank, error },
-            ToCoordinator::Paused { rank, mesh_addr } => {
+            ToCoordinator::Paused {
+                rank,
+                mesh_addr,
+                holds_part,
+            } => {
                 log.line(&format!(
-                    "launch {launch}: worker {rank} paused, next mesh {mesh_addr}"
+                    "launch {launch}: worker {rank} paused, next mesh {mesh_addr}{}",
+                    if holds_part { "" } else { " (holding no part)" }
                 ));
                 if let Some(slot) = l.mesh.get_mut(rank) {
                     *slot = Some((slot.and_then(|s| s.0), mesh_addr));
+                }
+                if let Some(slot) = l.holds_part.get_mut(rank) {
+                    *slot = holds_part;
                 }
                 return None;
             }

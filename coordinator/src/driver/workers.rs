@@ -106,6 +106,8 @@ pub fn local_backend(job_dir: &Path, segment: usize) -> Box<dyn Backend> {
         // relaunched workers must not kill themselves again at the test hook's epoch
         cfg.env_remove
             .push(physalia_control::env::ENV_TEST_DIE_AT_EPOCH.into());
+        cfg.env_remove
+            .push(physalia_control::env::ENV_TEST_DIE_AT_JOIN.into());
     }
     Box::new(LocalBackend::new(cfg))
 }
