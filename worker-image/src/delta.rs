@@ -9,8 +9,13 @@
 //! tested on random graphs and partitionings), so training after the resize computes what it would have
 //! computed on the part file.
 //!
-//! The file is a small self-describing binary (magic, a JSON header naming each array's length and
-//! element size, the arrays little-endian); the artifact transfer checks its size and checksum.
+//! The file is a small self-describing binary (magic, a JSON header naming each array's element count and
+//! byte length, then the arrays); the artifact transfer checks its size and checksum. The features travel
+//! as the dataset stores them; every integer array travels as varints of each element's difference from
+//! the one before ([`put_varints`]): ids ascending (the rows gained and lost, each row's in-neighbours,
+//! the halo within each peer's group) and small counts take one to three bytes instead of four or eight,
+//! so the bookkeeping beside the moved rows' features stays small (issue 33: bytes moved at most 1.2x the
+//! rows that change owner).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -22,7 +27,7 @@ use physalia_graph::{FeatureDtype, Features};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"PHDELTA2";
+const MAGIC: &[u8; 8] = b"PHDELTA3";
 
 /// What changes between the part a worker holds and its part of the new partitioning.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,7 +45,8 @@ pub struct PartDelta {
     pub lost: Vec<u32>,
     /// Owned rows gained (global ids, ascending).
     pub gained: Vec<u32>,
-    /// Each gained row's in-neighbours: `gained_nbrs[gained_indptr[i]..gained_indptr[i + 1]]`, global ids.
+    /// Each gained row's in-neighbours: `gained_nbrs[gained_indptr[i]..gained_indptr[i + 1]]`, global ids,
+    /// ascending within a row.
     pub gained_indptr: Vec<u64>,
     pub gained_nbrs: Vec<u32>,
     pub gained_labels: Vec<i64>,
@@ -56,32 +62,15 @@ pub struct PartDelta {
     pub send: Vec<(u32, Vec<u32>)>,
 }
 
-/// Sizes of what a delta moves.
+/// Sizes of a delta as written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeltaBytes {
     /// The gained rows: features, in-neighbour lists, labels, split membership, ids.
     pub rows: u64,
     /// The lost rows' ids and the halo bookkeeping.
     pub bookkeeping: u64,
-}
-
-impl PartDelta {
-    /// How many bytes of it are rows and how many bookkeeping.
-    pub fn bytes(&self) -> DeltaBytes {
-        let splits: usize = self.gained_splits.iter().map(Vec::len).sum();
-        let rows = self.gained_features.len()
-            + 4 * self.gained.len()
-            + 4 * self.gained.len()
-            + 4 * self.gained_nbrs.len()
-            + 4 * self.gained_labels.len()
-            + 4 * splits;
-        let sends: usize = self.send.iter().map(|(_, r)| 4 + r.len() * 4).sum();
-        let bookkeeping = 4 * self.lost.len() + 8 * self.halo.len() + 12 * self.recv.len() + sends;
-        DeltaBytes {
-            rows: rows as u64,
-            bookkeeping: bookkeeping as u64,
-        }
-    }
+    /// The whole file: the above, the magic and the header.
+    pub file: u64,
 }
 
 /// The delta that takes whatever part rank `new.part` held under `old_owner` (node -> rank; a joiner's
@@ -113,7 +102,10 @@ pub fn diff(old_owner: &[u32], new_owner: &[u32], new: &Part) -> PartDelta {
     let mut gained_nbrs = Vec::new();
     for &i in &gained_local {
         let row = &new.indices[new.indptr[i] as usize..new.indptr[i + 1] as usize];
+        let start = gained_nbrs.len();
         gained_nbrs.extend(row.iter().map(|&l| global(l)));
+        // ascending global ids travel as small differences (the part's local order is not global)
+        gained_nbrs[start..].sort_unstable();
         gained_indptr.push(gained_nbrs.len() as u64);
     }
     // local row -> index among the gained rows
@@ -403,98 +395,88 @@ struct Header {
     num_train_global: usize,
     feature_dtype: FeatureDtype,
     held: usize,
-    /// Array name -> element count, in the order the arrays follow the header.
-    arrays: Vec<(String, usize)>,
+    /// Each array's name, element count and byte length, in the order the arrays follow the header.
+    arrays: Vec<(String, usize, usize)>,
+}
+
+/// One array of a delta file: its name, element count and bytes on the wire.
+struct Array<'a> {
+    name: &'static str,
+    count: usize,
+    bytes: std::borrow::Cow<'a, [u8]>,
 }
 
 impl PartDelta {
-    /// Writes the delta to `path` (a temporary name, then renamed). Returns the file's size.
-    pub fn write(&self, path: &Path) -> Result<u64> {
-        // on the wire a gained row's in-degree and label take 4 bytes each (the indptr and the labels
-        // are rebuilt as the part holds them)
-        let degrees: Vec<u32> = self
-            .gained_indptr
-            .windows(2)
-            .map(|w| u32::try_from(w[1] - w[0]).context("a gained row's in-degree exceeds u32"))
-            .collect::<Result<_>>()?;
-        let labels: Vec<i32> = self
-            .gained_labels
-            .iter()
-            .map(|&l| i32::try_from(l).with_context(|| format!("label {l} does not fit in i32")))
-            .collect::<Result<_>>()?;
-        let recv: Vec<u64> = self
+    /// The file's arrays, in order: the features as stored, every integer array as varints.
+    fn arrays(&self) -> Vec<Array<'_>> {
+        let ints = |name: &'static str, values: &mut dyn ExactSizeIterator<Item = i64>| {
+            let count = values.len();
+            let mut bytes = Vec::with_capacity(count);
+            put_varints(values, &mut bytes);
+            Array {
+                name,
+                count,
+                bytes: bytes.into(),
+            }
+        };
+        fn u32s(v: &[u32]) -> impl ExactSizeIterator<Item = i64> + '_ {
+            v.iter().map(|&x| i64::from(x))
+        }
+        // a gained row's in-degree, not the running offset
+        let degrees = self.gained_indptr.windows(2).map(|w| (w[1] - w[0]) as i64);
+        let recv = self
             .recv
             .iter()
-            .flat_map(|(q, r)| [*q as u64, r.start as u64, r.end as u64])
+            .flat_map(|(q, r)| [i64::from(*q), r.start as i64, r.end as i64])
+            .collect::<Vec<_>>();
+        let send_lens = self.send.iter().map(|(_, r)| r.len() as i64);
+        let send_rows: Vec<i64> = self
+            .send
+            .iter()
+            .flat_map(|(_, r)| r.iter().map(|&x| i64::from(x)))
             .collect();
-        let send_peers: Vec<u32> = self.send.iter().map(|(q, _)| *q).collect();
-        let mut send_indptr = vec![0u64];
-        let mut send_rows = Vec::new();
-        for (_, rows) in &self.send {
-            send_rows.extend_from_slice(rows);
-            send_indptr.push(send_rows.len() as u64);
-        }
-        let arrays: Vec<(&str, usize, &[u8])> = vec![
-            ("lost", self.lost.len(), bytemuck::cast_slice(&self.lost)),
-            (
-                "gained",
-                self.gained.len(),
-                bytemuck::cast_slice(&self.gained),
-            ),
-            (
+        vec![
+            ints("lost", &mut u32s(&self.lost)),
+            ints("gained", &mut u32s(&self.gained)),
+            ints(
                 "gained_degree",
-                degrees.len(),
-                bytemuck::cast_slice(&degrees),
+                &mut degrees.collect::<Vec<_>>().into_iter(),
             ),
-            (
-                "gained_nbrs",
-                self.gained_nbrs.len(),
-                bytemuck::cast_slice(&self.gained_nbrs),
-            ),
-            ("gained_labels", labels.len(), bytemuck::cast_slice(&labels)),
-            (
-                "gained_train",
-                self.gained_splits[0].len(),
-                bytemuck::cast_slice(&self.gained_splits[0]),
-            ),
-            (
-                "gained_val",
-                self.gained_splits[1].len(),
-                bytemuck::cast_slice(&self.gained_splits[1]),
-            ),
-            (
-                "gained_test",
-                self.gained_splits[2].len(),
-                bytemuck::cast_slice(&self.gained_splits[2]),
-            ),
-            (
-                "gained_features",
-                self.gained_features.len(),
-                self.gained_features.as_slice(),
-            ),
-            ("halo", self.halo.len(), bytemuck::cast_slice(&self.halo)),
-            (
-                "halo_degree",
-                self.halo_degree.len(),
-                bytemuck::cast_slice(&self.halo_degree),
-            ),
-            ("recv", recv.len(), bytemuck::cast_slice(&recv)),
-            (
+            ints("gained_nbrs", &mut u32s(&self.gained_nbrs)),
+            ints("gained_labels", &mut self.gained_labels.iter().copied()),
+            ints("gained_train", &mut u32s(&self.gained_splits[0])),
+            ints("gained_val", &mut u32s(&self.gained_splits[1])),
+            ints("gained_test", &mut u32s(&self.gained_splits[2])),
+            Array {
+                name: "gained_features",
+                count: self.gained_features.len(),
+                bytes: self.gained_features.as_slice().into(),
+            },
+            ints("halo", &mut u32s(&self.halo)),
+            ints("halo_degree", &mut u32s(&self.halo_degree)),
+            ints("recv", &mut recv.into_iter()),
+            ints(
                 "send_peers",
-                send_peers.len(),
-                bytemuck::cast_slice(&send_peers),
+                &mut self.send.iter().map(|(q, _)| i64::from(*q)),
             ),
-            (
-                "send_indptr",
-                send_indptr.len(),
-                bytemuck::cast_slice(&send_indptr),
-            ),
-            (
-                "send_rows",
-                send_rows.len(),
-                bytemuck::cast_slice(&send_rows),
-            ),
-        ];
+            ints("send_lens", &mut send_lens.collect::<Vec<_>>().into_iter()),
+            ints("send_rows", &mut send_rows.into_iter()),
+        ]
+    }
+
+    /// Writes the delta to `path` (a temporary name, then renamed). Returns its sizes.
+    pub fn write(&self, path: &Path) -> Result<DeltaBytes> {
+        let arrays = self.arrays();
+        let mut sizes = DeltaBytes::default();
+        for a in &arrays {
+            match a.name {
+                "gained" | "gained_degree" | "gained_nbrs" | "gained_labels" | "gained_train"
+                | "gained_val" | "gained_test" | "gained_features" => {
+                    sizes.rows += a.bytes.len() as u64
+                }
+                _ => sizes.bookkeeping += a.bytes.len() as u64,
+            }
+        }
         let header = Header {
             part: self.part,
             k: self.k,
@@ -506,22 +488,24 @@ impl PartDelta {
             held: self.held,
             arrays: arrays
                 .iter()
-                .map(|(n, len, _)| (n.to_string(), *len))
+                .map(|a| (a.name.to_string(), a.count, a.bytes.len()))
                 .collect(),
         };
         let json = serde_json::to_vec(&header)?;
-        let mut out =
-            Vec::with_capacity(16 + json.len() + arrays.iter().map(|a| a.2.len()).sum::<usize>());
+        let mut out = Vec::with_capacity(
+            16 + json.len() + arrays.iter().map(|a| a.bytes.len()).sum::<usize>(),
+        );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(json.len() as u64).to_le_bytes());
         out.extend_from_slice(&json);
-        for (_, _, bytes) in &arrays {
-            out.extend_from_slice(bytes);
+        for a in &arrays {
+            out.extend_from_slice(&a.bytes);
         }
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-        Ok(out.len() as u64)
+        sizes.file = out.len() as u64;
+        Ok(sizes)
     }
 
     /// Reads a delta written by [`PartDelta::write`].
@@ -541,26 +525,16 @@ impl PartDelta {
             .context("the header runs past the end")?;
         let h: Header = serde_json::from_slice(json).context("the header")?;
         let mut at = 16 + len;
-        let mut raw: BTreeMap<String, &[u8]> = BTreeMap::new();
-        let elem = |name: &str| -> Result<usize> {
-            Ok(match name {
-                "recv" | "send_indptr" => 8,
-                "gained_features" => 1,
-                "lost" | "gained" | "gained_degree" | "gained_nbrs" | "gained_labels"
-                | "gained_train" | "gained_val" | "gained_test" | "halo" | "halo_degree"
-                | "send_peers" | "send_rows" => 4,
-                other => bail!("unknown array {other}"),
-            })
-        };
-        for (name, count) in &h.arrays {
-            let size = count
-                .checked_mul(elem(name)?)
-                .context("an array's size overflows")?;
-            let end = at.checked_add(size).context("an array's size overflows")?;
+        let mut raw: BTreeMap<String, (usize, &[u8])> = BTreeMap::new();
+        for (name, count, size) in &h.arrays {
+            let end = at.checked_add(*size).context("an array's size overflows")?;
             let slice = bytes
                 .get(at..end)
                 .with_context(|| format!("array {name} runs past the end"))?;
-            raw.insert(name.clone(), slice);
+            ensure!(
+                raw.insert(name.clone(), (*count, slice)).is_none(),
+                "array {name} appears twice"
+            );
             at = end;
         }
         ensure!(
@@ -568,46 +542,74 @@ impl PartDelta {
             "{} bytes after the last array",
             bytes.len() - at
         );
-        let get = |name: &str| -> Result<&[u8]> {
+        let get = |name: &str| -> Result<(usize, &[u8])> {
             raw.get(name)
                 .copied()
                 .with_context(|| format!("no array {name}"))
         };
-        let u32s =
-            |name: &str| -> Result<Vec<u32>> { Ok(bytemuck::pod_collect_to_vec(get(name)?)) };
-        let u64s =
-            |name: &str| -> Result<Vec<u64>> { Ok(bytemuck::pod_collect_to_vec(get(name)?)) };
-        let recv_flat = u64s("recv")?;
+        let ints = |name: &str| -> Result<Vec<i64>> {
+            let (count, bytes) = get(name)?;
+            get_varints(bytes, count).with_context(|| format!("array {name}"))
+        };
+        let conv = |name: &str| -> Result<Vec<u32>> {
+            ints(name)?
+                .into_iter()
+                .map(|x| {
+                    u32::try_from(x).with_context(|| format!("array {name}: {x} is not a u32"))
+                })
+                .collect()
+        };
+        let usizes = |name: &str| -> Result<Vec<usize>> {
+            ints(name)?
+                .into_iter()
+                .map(|x| {
+                    usize::try_from(x).with_context(|| format!("array {name}: {x} is negative"))
+                })
+                .collect()
+        };
+        let recv_flat = usizes("recv")?;
         ensure!(recv_flat.len() % 3 == 0, "recv is not in triples");
         let recv = recv_flat
             .chunks_exact(3)
-            .map(|c| (c[0] as u32, c[1] as usize..c[2] as usize))
-            .collect();
-        let send_peers = u32s("send_peers")?;
-        let send_indptr = u64s("send_indptr")?;
-        let send_rows = u32s("send_rows")?;
+            .map(|c| -> Result<_> {
+                let q = u32::try_from(c[0]).context("recv names a peer beyond u32")?;
+                Ok((q, c[1]..c[2]))
+            })
+            .collect::<Result<_>>()?;
+        let send_peers = conv("send_peers")?;
+        let send_lens = usizes("send_lens")?;
+        let send_rows = conv("send_rows")?;
         ensure!(
-            send_indptr.len() == send_peers.len() + 1
-                && send_indptr.first() == Some(&0)
-                && send_indptr.windows(2).all(|w| w[0] <= w[1])
-                && send_indptr.last().copied() == Some(send_rows.len() as u64),
-            "send_indptr does not rise from 0 to the length of send_rows"
+            send_lens.len() == send_peers.len()
+                && send_lens.iter().try_fold(0usize, |a, &l| a.checked_add(l))
+                    == Some(send_rows.len()),
+            "send_lens do not add up to the length of send_rows"
         );
         let mut gained_indptr = vec![0u64];
-        for d in u32s("gained_degree")? {
-            gained_indptr.push(gained_indptr.last().expect("starts at 0") + u64::from(d));
+        for d in usizes("gained_degree")? {
+            let next = gained_indptr
+                .last()
+                .expect("starts at 0")
+                .checked_add(d as u64)
+                .context("the gained rows' degrees overflow")?;
+            gained_indptr.push(next);
         }
-        let labels: Vec<i32> = bytemuck::pod_collect_to_vec(get("gained_labels")?);
+        let mut rest = send_rows.as_slice();
         let send = send_peers
             .iter()
-            .enumerate()
-            .map(|(i, &q)| {
-                (
-                    q,
-                    send_rows[send_indptr[i] as usize..send_indptr[i + 1] as usize].to_vec(),
-                )
+            .zip(&send_lens)
+            .map(|(&q, &l)| {
+                let (rows, tail) = rest.split_at(l);
+                rest = tail;
+                (q, rows.to_vec())
             })
             .collect();
+        let (features_len, features) = get("gained_features")?;
+        ensure!(
+            features_len == features.len(),
+            "gained_features names {features_len} bytes and holds {}",
+            features.len()
+        );
         Ok(PartDelta {
             part: h.part,
             k: h.k,
@@ -617,23 +619,79 @@ impl PartDelta {
             num_train_global: h.num_train_global,
             feature_dtype: h.feature_dtype,
             held: h.held,
-            lost: u32s("lost")?,
-            gained: u32s("gained")?,
+            lost: conv("lost")?,
+            gained: conv("gained")?,
             gained_indptr,
-            gained_nbrs: u32s("gained_nbrs")?,
-            gained_labels: labels.into_iter().map(i64::from).collect(),
+            gained_nbrs: conv("gained_nbrs")?,
+            gained_labels: ints("gained_labels")?,
             gained_splits: [
-                u32s("gained_train")?,
-                u32s("gained_val")?,
-                u32s("gained_test")?,
+                conv("gained_train")?,
+                conv("gained_val")?,
+                conv("gained_test")?,
             ],
-            gained_features: get("gained_features")?.to_vec(),
-            halo: u32s("halo")?,
-            halo_degree: u32s("halo_degree")?,
+            gained_features: features.to_vec(),
+            halo: conv("halo")?,
+            halo_degree: conv("halo_degree")?,
             recv,
             send,
         })
     }
+}
+
+/// Appends each value as the zig-zag LEB128 varint of its difference from the value before (the first
+/// from 0): an ascending run of ids costs the bytes of its gaps, a value close to the one before one byte.
+fn put_varints(values: &mut dyn Iterator<Item = i64>, out: &mut Vec<u8>) {
+    let mut prev = 0i64;
+    for v in values {
+        let d = v.wrapping_sub(prev);
+        prev = v;
+        let mut z = ((d << 1) ^ (d >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    }
+}
+
+/// Reads `count` values written by [`put_varints`] that fill `bytes` exactly; anything else (a truncated
+/// or overlong varint, bytes left over, fewer bytes than values) is an error.
+fn get_varints(bytes: &[u8], count: usize) -> Result<Vec<i64>> {
+    // every value takes at least one byte: a count beyond the bytes cannot be right (and must not size
+    // an allocation)
+    ensure!(
+        count <= bytes.len(),
+        "{count} values in {} bytes",
+        bytes.len()
+    );
+    let mut out = Vec::with_capacity(count);
+    let (mut at, mut prev) = (0usize, 0i64);
+    for _ in 0..count {
+        let mut z = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let b = *bytes.get(at).context("a value runs past the end")?;
+            at += 1;
+            ensure!(
+                shift < 64 && (shift < 63 || b <= 1),
+                "a varint longer than 64 bits"
+            );
+            z |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                break;
+            }
+            shift += 7;
+        }
+        let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
+        prev = prev.wrapping_add(d);
+        out.push(prev);
+    }
+    ensure!(
+        at == bytes.len(),
+        "{} bytes after the last of {count} values",
+        bytes.len() - at
+    );
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -684,7 +742,9 @@ mod tests {
                     let d = diff(&old_owner, &new_owner, want);
                     let path = dir.path().join("d.bin");
                     let size = d.write(&path).unwrap();
-                    assert_eq!(size, std::fs::metadata(&path).unwrap().len());
+                    assert_eq!(size.file, std::fs::metadata(&path).unwrap().len());
+                    assert!(size.rows >= d.gained_features.len() as u64);
+                    assert!(size.rows + size.bookkeeping < size.file);
                     let read = PartDelta::read(&path).unwrap();
                     assert_eq!(read, d);
                     let got = apply(held, &read).unwrap();
@@ -706,6 +766,36 @@ mod tests {
     }
 
     #[test]
+    fn varints_round_trip_and_refuse_what_they_did_not_write() {
+        let values = [
+            0,
+            1,
+            -1,
+            5,
+            4,
+            i64::from(u32::MAX),
+            0,
+            i64::MAX,
+            i64::MIN,
+            -7,
+            i64::MIN,
+        ];
+        let mut bytes = Vec::new();
+        put_varints(&mut values.iter().copied(), &mut bytes);
+        assert_eq!(get_varints(&bytes, values.len()).unwrap(), values);
+        // ascending ids cost their gaps: one byte each under 64 apart
+        let mut small = Vec::new();
+        put_varints(&mut (1000..1100).map(|x| x * 3), &mut small);
+        assert_eq!(small.len(), 2 + 99);
+        // too few values, too many, a truncated one, an overlong one
+        assert!(get_varints(&bytes, values.len() - 1).is_err());
+        assert!(get_varints(&bytes, values.len() + 1).is_err());
+        assert!(get_varints(&bytes[..bytes.len() - 1], values.len()).is_err());
+        assert!(get_varints(&[0xff; 11], 1).is_err());
+        assert!(get_varints(&[0x80; 3], usize::MAX).is_err());
+    }
+
+    #[test]
     fn a_delta_cut_for_another_part_is_refused() {
         let ds = dataset(200, 1);
         let old_owner: Vec<u32> = (0..200).map(|v| (v % 2) as u32).collect();
@@ -717,6 +807,7 @@ mod tests {
         assert!(apply(Some(&old[1]), &d).is_err());
         // garbage is an error, not a panic
         assert!(PartDelta::parse(b"PHDELTA1\xff\xff\xff\xff\xff\xff\xff\xff").is_err());
+        assert!(PartDelta::parse(b"PHDELTA3\xff\xff\xff\xff\xff\xff\xff\xff").is_err());
         assert!(PartDelta::parse(b"nothing").is_err());
     }
 }

@@ -116,13 +116,13 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;
     for part in &parts {
         let delta = physalia_worker::delta::diff(owner, &p.parts, part);
-        let bytes = delta.bytes();
-        prepared.row_bytes += bytes.rows;
-        prepared.bookkeeping_bytes += bytes.bookkeeping;
         let path = dir.join(format!("delta{}.bin", part.part));
-        prepared.file_bytes += delta
+        let bytes = delta
             .write(&path)
             .with_context(|| format!("writing {}", path.display()))?;
+        prepared.row_bytes += bytes.rows;
+        prepared.bookkeeping_bytes += bytes.bookkeeping;
+        prepared.file_bytes += bytes.file;
         // the checksum the artifact carries, computed now rather than in the pause
         files
             .serve(&format!("part-{tag}-{}", part.part), &path)
