@@ -75,17 +75,20 @@ pub fn log_path(logs_dir: &Path, segment: u32, rank: usize) -> PathBuf {
 pub struct LocalBackend {
     cfg: LocalConfig,
     launches: Mutex<HashMap<LaunchId, Running>>,
-    /// Each launch's first rank in the job (its joiners' `PHYSALIA_RANK_BASE`), for its log files.
-    rank_bases: Mutex<HashMap<LaunchId, usize>>,
+    /// Each launch's workers' ranks in the job (its joiners' `PHYSALIA_RANK_BASE` or `PHYSALIA_RANKS`),
+    /// for their log files.
+    rank_maps: Mutex<HashMap<LaunchId, Vec<usize>>>,
 }
 
-/// The job's rank of a launch's first worker: the coordinator's `PHYSALIA_RANK_BASE` (joiners of a
-/// resize in place), else 0.
-fn rank_base(spec: &WorkerSpec) -> usize {
-    spec.env
-        .get(physalia_control::env::ENV_RANK_BASE)
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(0)
+/// The job's rank of each of a launch's `n` workers: as the coordinator's `PHYSALIA_RANK_BASE` or
+/// `PHYSALIA_RANKS` say (joiners of a resize in place, replacements), else `0..n`.
+fn mesh_ranks(spec: &WorkerSpec, n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|i| {
+            physalia_control::env::mesh_rank(|k| spec.env.get(k).cloned(), i, n)
+                .map_or(i, |(rank, _)| rank)
+        })
+        .collect()
 }
 
 /// One launch's processes, by rank, and its secrets folder.
@@ -172,7 +175,7 @@ impl LocalBackend {
         LocalBackend {
             cfg,
             launches: Mutex::new(HashMap::new()),
-            rank_bases: Mutex::new(HashMap::new()),
+            rank_maps: Mutex::new(HashMap::new()),
         }
     }
 
@@ -211,7 +214,8 @@ impl LocalBackend {
 
     /// Starts rank `rank`, its secrets already in `secrets`.
     fn spawn(&self, spec: &WorkerSpec, n: usize, rank: usize, secrets: &Path) -> Result<Child> {
-        let log = log_path(&self.cfg.logs_dir, spec.segment, rank_base(spec) + rank);
+        let mesh_rank = mesh_ranks(spec, n).get(rank).copied().unwrap_or(rank);
+        let log = log_path(&self.cfg.logs_dir, spec.segment, mesh_rank);
         let out =
             File::create(&log).map_err(|e| io_error(format!("creating {}", log.display()), e))?;
         let err = out
@@ -293,10 +297,10 @@ impl Backend for LocalBackend {
                 detail: stale,
             });
         }
-        self.rank_bases
+        self.rank_maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.clone(), rank_base(spec));
+            .insert(id.clone(), mesh_ranks(spec, n_workers));
         let mut running = Running {
             secrets: dir.clone(),
             procs: Vec::with_capacity(n_workers),
@@ -390,14 +394,14 @@ impl Backend for LocalBackend {
     }
 
     async fn logs(&self, launch: &LaunchId, rank: usize) -> Result<String> {
-        let base = self
-            .rank_bases
+        let mesh_rank = self
+            .rank_maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(launch)
-            .copied()
-            .unwrap_or(0);
-        let path = log_path(&self.cfg.logs_dir, launch.segment, base + rank);
+            .and_then(|ranks| ranks.get(rank).copied())
+            .unwrap_or(rank);
+        let path = log_path(&self.cfg.logs_dir, launch.segment, mesh_rank);
         match fs::read(&path) {
             Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NoSuchWorker {

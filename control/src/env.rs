@@ -35,6 +35,53 @@ pub const ENV_WORK_DIR: &str = "PHYSALIA_WORK_DIR";
 /// backend; unset: 0.
 pub const ENV_RANK_BASE: &str = "PHYSALIA_RANK_BASE";
 
+/// The ranks of the job's mesh a launch's workers take, where they are not consecutive (the replacements
+/// of workers lost together, `issue 33`): ascending, comma-separated; the launch's rank `i` is the mesh's
+/// rank `ranks[i]`. Set by the coordinator like [`ENV_RANK_BASE`], instead of it.
+pub const ENV_RANKS: &str = "PHYSALIA_RANKS";
+
+/// The variable and value that tell a launch's workers their mesh ranks `ranks` (by launch rank,
+/// ascending): none for `0..n`, [`ENV_RANK_BASE`] for consecutive ranks, [`ENV_RANKS`] otherwise.
+pub fn rank_env(ranks: &[usize]) -> Option<(&'static str, String)> {
+    let first = *ranks.first()?;
+    if ranks.windows(2).all(|w| w[1] == w[0] + 1) {
+        return (first > 0).then(|| (ENV_RANK_BASE, first.to_string()));
+    }
+    let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    Some((ENV_RANKS, list.join(",")))
+}
+
+/// The mesh rank of a launch's worker `rank` (of `world`) under the environment `get` reads
+/// ([`ENV_RANKS`], else [`ENV_RANK_BASE`], else `rank` itself), and the mesh's size as far as the
+/// launch knows (its highest rank's plus one). An error names the variable.
+pub fn mesh_rank(
+    get: impl Fn(&str) -> Option<String>,
+    rank: usize,
+    world: usize,
+) -> Result<(usize, usize), String> {
+    if let Some(list) = get(ENV_RANKS) {
+        let ranks: Vec<usize> = list
+            .split(',')
+            .map(|r| r.trim().parse())
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("{ENV_RANKS} is not a list of ranks: {list:?}"))?;
+        if ranks.len() != world || !ranks.windows(2).all(|w| w[0] < w[1]) {
+            return Err(format!(
+                "{ENV_RANKS}={list} is not {world} ascending ranks ({ENV_WORLD}={world})"
+            ));
+        }
+        let last = ranks.last().copied().unwrap_or(0);
+        return Ok((ranks[rank.min(world - 1)], last + 1));
+    }
+    let base: usize = match get(ENV_RANK_BASE) {
+        Some(b) => b
+            .parse()
+            .map_err(|_| format!("{ENV_RANK_BASE} is not a number: {b:?}"))?,
+        None => 0,
+    };
+    Ok((rank + base, world + base))
+}
+
 /// The variables a backend sets itself; a worker spec naming one of them is refused.
 pub const RESERVED_ENV: [&str; 7] = [
     ENV_COORDINATOR,
@@ -104,13 +151,7 @@ impl WorkerEnv {
                 "{ENV_RANK}={rank} is not below {ENV_WORLD}={world}"
             ));
         }
-        let base: usize = match get(ENV_RANK_BASE) {
-            Some(b) => b
-                .parse()
-                .map_err(|_| format!("{ENV_RANK_BASE} is not a number: {b:?}"))?,
-            None => 0,
-        };
-        let (rank, world) = (rank + base, world + base);
+        let (rank, world) = mesh_rank(&get, rank, world)?;
         let job_id = var(ENV_JOB_ID)?;
         let mesh_port = match get(ENV_MESH_PORT) {
             Some(p) => Some(
@@ -214,6 +255,15 @@ mod tests {
         pairs.push((ENV_RANK_BASE, "4"));
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap();
         assert_eq!((e.rank, e.world), (5, 7));
+        // replacements of workers 0, 2 and 6 lost together: launch rank 1 is the mesh's rank 2
+        let mut pairs = BASE.to_vec();
+        pairs.push((ENV_RANKS, "0,2,6"));
+        let e = WorkerEnv::from_lookup(env(&pairs)).unwrap();
+        assert_eq!((e.rank, e.world), (2, 7));
+        // what the coordinator sets for each shape of ranks
+        assert_eq!(rank_env(&[0, 1, 2]), None);
+        assert_eq!(rank_env(&[4, 5]), Some((ENV_RANK_BASE, "4".to_string())));
+        assert_eq!(rank_env(&[0, 2, 6]), Some((ENV_RANKS, "0,2,6".to_string())));
     }
 
     #[test]
@@ -231,6 +281,12 @@ mod tests {
         pairs.push((ENV_RANK_BASE, "two"));
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
         assert!(e.contains(ENV_RANK_BASE), "{e}");
+        for bad in ["0,x,2", "0,2", "2,1,0"] {
+            let mut pairs = BASE.to_vec();
+            pairs.push((ENV_RANKS, bad));
+            let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();
+            assert!(e.contains(ENV_RANKS), "{bad}: {e}");
+        }
         let mut pairs = BASE.to_vec();
         pairs.push((ENV_MESH_PORT, "x"));
         let e = WorkerEnv::from_lookup(env(&pairs)).unwrap_err();

@@ -32,9 +32,9 @@ pub enum Stop {
     },
     Lost {
         error: String,
-        /// The ranks replaced (a job that resizes in place: the others keep their processes), the lost
-        /// workers' and any between them; `None`: every worker is relaunched.
-        replacing: Option<std::ops::Range<usize>>,
+        /// The ranks replaced, ascending: the lost workers' (a job that resizes in place: the others keep
+        /// their processes); `None`: every worker is relaunched.
+        replacing: Option<Vec<usize>>,
     },
     /// Same workers, other exchange settings (the plan's boundary sampling and staleness).
     Reconfigure {
@@ -418,11 +418,21 @@ impl Elastic {
     }
 }
 
-/// "worker 1", or "workers 1-2": the ranks a replacement takes, in lines and logs.
-pub fn name_ranks(ranks: &std::ops::Range<usize>) -> String {
-    match ranks.len() {
-        1 => format!("worker {}", ranks.start),
-        _ => format!("workers {}-{}", ranks.start, ranks.end.saturating_sub(1)),
+/// "worker 1", "workers 1-2" or "workers 0, 3": ranks (ascending) in lines and logs.
+pub fn name_ranks(ranks: &[usize]) -> String {
+    let contiguous = ranks.windows(2).all(|w| w[1] == w[0] + 1);
+    match ranks {
+        [] => "no worker".into(),
+        [r] => format!("worker {r}"),
+        [first, .., last] if contiguous => format!("workers {first}-{last}"),
+        _ => format!(
+            "workers {}",
+            ranks
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

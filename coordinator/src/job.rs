@@ -155,10 +155,10 @@ pub enum JobAction {
     /// partitioning for `workers` that overlaps the current one is made. The driver answers with
     /// [`JobEvent::Resized`]; launch `to` is then assigned as any other.
     ///
-    /// `replacing`: the ranks of lost workers (and any between them: one launch starts consecutive
-    /// ranks), replaced alone: `workers` is the launch's size, every other rank is told to cancel the
-    /// epoch in flight and pause keeping its process and part, the joiners are one worker per rank
-    /// replaced, taking it, and the partitioning stays as it is.
+    /// `replacing`: the ranks of lost workers (ascending), replaced alone: `workers` is the launch's size,
+    /// every other rank is told to cancel the epoch in flight and pause keeping its process and part, the
+    /// joiners (one launch) are one worker per rank replaced, taking it, and the partitioning stays as it
+    /// is.
     Resize {
         from: usize,
         to: usize,
@@ -167,7 +167,7 @@ pub enum JobAction {
         mode: TrainMode,
         resume_epoch: usize,
         joiners: Option<Joiners>,
-        replacing: Option<std::ops::Range<usize>>,
+        replacing: Option<Vec<usize>>,
     },
     /// Tell the registered workers of a prewarmed launch to keep waiting for `for_s` seconds.
     KeepWaiting { launch: usize, for_s: f64 },
@@ -1101,31 +1101,26 @@ impl Job {
     /// The ranks to replace when the workers the current launch lost can be replaced alone: the launch
     /// is gated (resized in place) and was training with epochs left to train, workers' processes ended
     /// or their control connections did (a frozen or silent worker is not known to be gone, unless a
-    /// silence is blamed on it), and some worker outside the lost ones' ranks survives: the lost ranks
-    /// and any between them (one launch starts consecutive ranks; a survivor between two lost workers
-    /// is stopped with them). After the last epoch the others are finishing (exiting), so a relaunch
-    /// from the last checkpoint hands over the model instead.
-    fn replaceable(&self) -> Option<std::ops::Range<usize>> {
+    /// silence is blamed on it), and some worker survives: the lost ranks, ascending (one launch of
+    /// joiners takes any set of ranks). After the last epoch the others are finishing (exiting), so a
+    /// relaunch from the last checkpoint hands over the model instead.
+    fn replaceable(&self) -> Option<Vec<usize>> {
         if !self.gated() || self.last_complete >= self.cfg.epochs {
             return None;
         }
         let cur = self.current.as_ref()?;
         let coord = cur.coord.as_ref()?;
-        let lost = coord.lost();
-        let ranks = *lost.iter().min()?..*lost.iter().max()? + 1;
-        (ranks.len() < cur.n && coord.was_training()).then_some(ranks)
+        let mut lost = coord.lost();
+        lost.sort_unstable();
+        lost.dedup();
+        (!lost.is_empty() && lost.len() < cur.n && coord.was_training()).then_some(lost)
     }
 
     /// Workers of the gated launch were lost: replace them alone, as an in-place resize to the same size
     /// whose joiners take their ranks. The others cancel the epoch in flight and keep their processes
     /// and parts; the epoch after the last recorded one is trained again (answered by
     /// [`JobEvent::Resized`]; a replacement that fails restarts every worker from the checkpoint).
-    fn replace_lost(
-        &mut self,
-        ranks: std::ops::Range<usize>,
-        error: String,
-        out: &mut Vec<JobAction>,
-    ) {
+    fn replace_lost(&mut self, ranks: Vec<usize>, error: String, out: &mut Vec<JobAction>) {
         let Some(cur) = self.current.take() else {
             return;
         };
@@ -1896,11 +1891,16 @@ mod simulation {
                             let l = &self.launches[&from];
                             assert_eq!(workers, l.n, "a replacement keeps launch {from}'s size");
                             assert!(
-                                !ranks.is_empty() && (ranks.start > 0 || ranks.end < l.n),
+                                !ranks.is_empty() && ranks.len() < l.n,
                                 "replaced ranks {ranks:?} of {}: one survives",
                                 l.n
                             );
-                            assert!(ranks.end <= l.n, "replaced ranks {ranks:?} of {}", l.n);
+                            assert!(
+                                ranks.windows(2).all(|w| w[0] < w[1])
+                                    && ranks.last().is_some_and(|&r| r < l.n),
+                                "replaced ranks {ranks:?} of {}: ascending ranks of the launch",
+                                l.n
+                            );
                             assert!(
                                 l.halted_at.is_some(),
                                 "launch {from} lost no worker, yet one is replaced"
@@ -2601,7 +2601,7 @@ mod simulation {
                     launch: 2,
                     prewarmed: false
                 }),
-                replacing: Some(1..2),
+                replacing: Some(vec![1]),
             }),
             "{a:?}"
         );
@@ -2695,16 +2695,17 @@ mod simulation {
         }
     }
 
-    /// Several workers lost at once are replaced together with any survivor between them (one launch
-    /// starts consecutive ranks); the others keep their processes. Only when no worker outside those
-    /// ranks survives is every worker relaunched.
+    /// Several workers lost at once are replaced together, in one launch of joiners taking their ranks
+    /// (any set of them); the others, between them too, keep their processes. Only when no worker
+    /// survives is every worker relaunched.
     #[test]
-    fn lost_workers_are_replaced_with_those_between_them() {
+    fn lost_workers_are_replaced_together_and_the_others_keep_their_processes() {
         for (gone, replaced) in [
-            (&[1, 2][..], Some(1..3)),
-            (&[2, 0][..], Some(0..3)),
-            (&[3][..], Some(3..4)),
-            (&[0, 3][..], None),
+            (&[1, 2][..], Some(vec![1, 2])),
+            (&[2, 0][..], Some(vec![0, 2])),
+            (&[3][..], Some(vec![3])),
+            (&[0, 3][..], Some(vec![0, 3])),
+            (&[0, 1, 2, 3][..], None),
         ] {
             let (_, a, _) = lose_of(4, true, gone, 1);
             match &replaced {
@@ -2732,12 +2733,16 @@ mod simulation {
                         "lost {gone:?}: {a:?}"
                     );
                     let kept = 4 - ranks.len();
-                    let line = match ranks.len() {
-                        1 => format!("replacing worker {} alone, the other {kept}", ranks.start),
+                    let line = match ranks[..] {
+                        [r] => format!("replacing worker {r} alone, the other {kept}"),
+                        [1, 2] => format!("replacing workers 1-2, the other {kept}"),
                         _ => format!(
-                            "replacing workers {}-{}, the other {kept}",
-                            ranks.start,
-                            ranks.end - 1
+                            "replacing workers {}, the other {kept}",
+                            ranks
+                                .iter()
+                                .map(usize::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                     };
                     assert!(
@@ -2785,7 +2790,7 @@ mod simulation {
                         workers: 2,
                         replacing: Some(ranks),
                         ..
-                    } if *ranks == (1..2)
+                    } if *ranks == [1]
                 )
             });
             assert_eq!(resize, replaced, "waits {waits}: {a:?}");

@@ -248,6 +248,28 @@ fn write_fixed_and_elastic(dir: &std::path::Path, job: &str, max_workers: usize)
 /// launch of joiners, rank 0 keeps its process and part, and the curve is the fixed run's.
 #[test]
 fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
+    killed_together_are_replaced(
+        "1,2",
+        "replacing workers 1-2, the other 1 keep their processes",
+        0,
+    );
+}
+
+/// Ranks 0 and 2 of three killed together: one launch of joiners takes both ranks (not consecutive), and
+/// rank 1 between them keeps its process and part (it was stopped with them, and every worker relaunched
+/// when the lost ranks spanned the launch).
+#[test]
+fn workers_killed_apart_are_replaced_together_and_the_one_between_keeps_its_process() {
+    killed_together_are_replaced(
+        "0,2",
+        "replacing workers 0, 2, the other 1 keep their processes",
+        1,
+    );
+}
+
+/// Kills `ranks` (of three) together after epoch 5: they are replaced (the scaling event says
+/// `replacing`), rank `survivor` keeps its process and part, the curve is the fixed run's.
+fn killed_together_are_replaced(ranks: &str, replacing: &str, survivor: usize) {
     let t = TempDir::new().unwrap();
     let three = JOB.replace("output:", "workers: 3\noutput:");
     write_fixed_and_elastic(t.path(), &three, 3);
@@ -260,7 +282,7 @@ fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
         "job.yaml",
         &[
             ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
-            ("PHYSALIA_TEST_DIE_RANK", "1,2"),
+            ("PHYSALIA_TEST_DIE_RANK", ranks),
             ("PHYSALIA_TEST_DIE_TOGETHER_DIR", together.to_str().unwrap()),
         ],
     );
@@ -268,16 +290,22 @@ fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
     let dir = t.path().join(v["job_dir"].as_str().unwrap());
     assert_same_curve(&losses(&dir), &want);
     let events = v["scaling_events"].to_string();
+    let killed: Vec<usize> = ranks.split(',').map(|r| r.parse().unwrap()).collect();
     assert!(
-        events.contains("replacing workers 1-2, the other 1 keep their processes")
+        events.contains(replacing)
             && events.contains("retrying epoch 5")
-            && events.contains("worker 1 (pid")
-            && events.contains("worker 2 (pid"),
+            && killed
+                .iter()
+                .all(|r| events.contains(&format!("worker {r} (pid"))),
         "{events}"
     );
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     assert!(log.contains("in-place replacement ready"), "{log}");
-    assert_eq!(log.matches("worker 0 (pid").count(), 1, "{log}");
+    assert_eq!(
+        log.matches(&format!("worker {survivor} (pid")).count(),
+        1,
+        "{log}"
+    );
     let outputs = |rank: usize| {
         std::fs::read_dir(dir.join("logs"))
             .unwrap()
@@ -288,13 +316,17 @@ fn two_workers_killed_together_are_replaced_and_the_third_keeps_its_process() {
             })
             .count()
     };
+    let want = [0, 1, 2].map(|r| if r == survivor { 1 } else { 2 });
     assert_eq!(
         [outputs(0), outputs(1), outputs(2)],
-        [1, 2, 2],
-        "rank 0 ran as one process, ranks 1 and 2 twice"
+        want,
+        "rank {survivor} ran as one process, ranks {ranks} twice"
     );
-    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
-    assert!(rank0.contains("keeps part 0 of 3"), "{rank0}");
+    let kept = std::fs::read_to_string(dir.join(format!("logs/worker-{survivor}.log"))).unwrap();
+    assert!(
+        kept.contains(&format!("keeps part {survivor} of 3")),
+        "{kept}"
+    );
 }
 
 /// The output files of rank `rank`'s processes in `dir`'s logs, by name.

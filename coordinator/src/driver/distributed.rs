@@ -544,22 +544,23 @@ struct Launch {
     /// The CA the workers' certificates are issued by: the launch's own, or (joiners of an in-place
     /// resize) the launch's whose mesh they join.
     ca: Rc<JobCa>,
-    /// The mesh rank of the launch's first worker: 0, or the old size for joiners.
-    base: usize,
+    /// The mesh rank of each of the launch's workers, by its index in the launch: `0..n`, or the ranks
+    /// joiners take (from the old size up for a growth, the lost workers' for a replacement).
+    ranks: Vec<usize>,
     /// The backend's launch (the job's segment) these workers were started as.
     segment: usize,
 }
 
 impl Launch {
     /// Issues a CA and identities for `n` workers, binds a control endpoint and starts the workers on the
-    /// job's backend from one `WorkerSpec`. `join`: the CA of a running launch and the rank to start at
-    /// (the joiners of an in-place resize, ranks `base..base + n` of that launch's mesh).
+    /// job's backend from one `WorkerSpec`. `join`: the CA of a running launch and the `n` ranks of its
+    /// mesh the workers take (the joiners of an in-place resize, or the replacements of lost workers).
     fn start(
         d: &Driver,
         dir: &Path,
         n: usize,
         index: usize,
-        join: Option<(Rc<JobCa>, usize)>,
+        join: Option<(Rc<JobCa>, Vec<usize>)>,
     ) -> Result<Launch> {
         let (job, spec, name, obs) = (d.job, d.spec, d.name, d.obs);
         let local_command = d.local_command;
@@ -572,16 +573,22 @@ impl Launch {
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| name.into());
-        let (ca, base) = match join {
-            Some((ca, base)) => (ca, base),
+        let (ca, ranks) = match join {
+            Some((ca, ranks)) => (ca, ranks),
             None => (
                 Rc::new(JobCa::new(&job_id).context("creating the job certificate authority")?),
-                0,
+                (0..n).collect(),
             ),
         };
+        ensure!(
+            ranks.len() == n && ranks.windows(2).all(|w| w[0] < w[1]),
+            "launch {index}: {n} workers cannot take ranks {ranks:?}"
+        );
+        // the mesh's size as far as this launch knows: its highest rank's
+        let world = ranks.last().map_or(0, |r| r + 1);
         // every launch has its own CA and keys (joiners: the keys of their ranks under the CA of the
         // mesh they join), handed to the backend as the spec's secrets
-        let secrets = identities(&ca, base, n)?;
+        let secrets = identities(&ca, &ranks)?;
         let platform = platform::of_job(job);
         let backend = platform.backend(job, &job_id, dir, index, obs)?;
         // where the workers reach this machine: loopback for local processes, the job network's gateway
@@ -596,7 +603,7 @@ impl Launch {
             match ControlServer::bind(
                 &identity,
                 ca.job_key(),
-                base + n,
+                world,
                 SocketAddr::new(reach.bind, port),
                 register_timeout,
                 files.clone(),
@@ -618,7 +625,7 @@ impl Launch {
             .train
             .threads
             .map(|t| t as usize)
-            .unwrap_or((cores / (base + n)).max(1));
+            .unwrap_or((cores / world.max(1)).max(1));
         let coordinator = SocketAddr::new(reach.advertise, server.local_addr().port());
         let mut launch = platform::launch(
             job,
@@ -638,27 +645,27 @@ impl Launch {
                 let logs_dir = dir.join("logs");
                 std::fs::create_dir_all(&logs_dir)?;
                 Some(
-                    (0..n)
-                        .map(|i| {
-                            physalia_backends::local::log_path(&logs_dir, index as u32, base + i)
+                    ranks
+                        .iter()
+                        .map(|&rank| {
+                            physalia_backends::local::log_path(&logs_dir, index as u32, rank)
                         })
                         .collect(),
                 )
             }
             false => None,
         };
-        if base > 0 {
-            launch.spec.env.insert(
-                physalia_control::env::ENV_RANK_BASE.to_string(),
-                base.to_string(),
-            );
+        // the workers' ranks in the job, where they are not 0..n: a first rank (joiners of a growth) or
+        // the list (replacements of lost workers)
+        if let Some((key, value)) = physalia_control::env::rank_env(&ranks) {
+            launch.spec.env.insert(key.to_string(), value);
         }
         let workers = BackendWorkers::launch(backend, &launch.spec, n, logs, launch.poll_every)?;
         Ok(Launch {
             server,
             workers,
             ca,
-            base,
+            ranks,
             segment: index,
         })
     }
@@ -898,8 +905,9 @@ impl Live {
         let mut exits = Vec::new();
         for (li, l) in self.launches.iter_mut().enumerate() {
             for (i, how, by_signal) in l.workers.poll_exits() {
-                if l.base + i < ranks && !self.retired.contains(&(li, l.base + i)) {
-                    exits.push((l.base + i, how, by_signal));
+                let rank = l.ranks[i];
+                if rank < ranks && !self.retired.contains(&(li, rank)) {
+                    exits.push((rank, how, by_signal));
                 }
             }
         }
@@ -1202,7 +1210,8 @@ impl Driver<'_> {
         let started = match r.live.get(&joining) {
             Some(l) => {
                 let ca = l.launches[0].ca.clone();
-                Launch::start(self, dir.path(), workers, launch, Some((ca, base)))
+                let ranks = (base..base + workers).collect();
+                Launch::start(self, dir.path(), workers, launch, Some((ca, ranks)))
             }
             None => Err(anyhow!("launch {joining} is not running")),
         };
@@ -1288,8 +1297,14 @@ impl Driver<'_> {
             && !j.prewarmed
         {
             let ca = old.launches[0].ca.clone();
-            let l = Launch::start(self, dir.path(), n - n_old, j.launch, Some((ca, n_old)))
-                .context("starting the joiners")?;
+            let l = Launch::start(
+                self,
+                dir.path(),
+                n - n_old,
+                j.launch,
+                Some((ca, (n_old..n).collect())),
+            )
+            .context("starting the joiners")?;
             r.live
                 .insert(j.launch, Live::new(l, n, Vec::new(), String::new()));
             let _ = dir.update(|s| s.launches.push(j.launch as u32));
@@ -1453,10 +1468,9 @@ impl Driver<'_> {
         Ok(ready)
     }
 
-    /// `JobAction::Resize` replacing lost workers: the workers of ranks `lost` of launch `from` are gone
-    /// (or, between two lost ranks, stopped with them: one launch starts consecutive ranks), their ranks
-    /// are taken by joiners (launch `joiners`, started now under `from`'s CA) and launch `to` is `from`
-    /// again with them. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
+    /// `JobAction::Resize` replacing lost workers: the workers of ranks `lost` (ascending) of launch
+    /// `from` are gone, their ranks are taken by joiners (one launch, `joiners`, started now under
+    /// `from`'s CA) and launch `to` is `from` again with them. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
     /// closes its mesh, so no wait on a lost peer lasts) and pauses keeping its process and its part;
     /// the partitioning does not change, so a survivor is sent nothing ([`PartSource::Held`]) and a
     /// joiner is sent the part of its rank (the stored set's file, or cut from the dataset when an
@@ -1469,7 +1483,7 @@ impl Driver<'_> {
         dir: &mut JobDir,
         from: usize,
         to: usize,
-        lost: std::ops::Range<usize>,
+        lost: Vec<usize>,
         joiners: Option<crate::job::Joiners>,
     ) -> Result<Vec<(Option<u32>, SocketAddr)>> {
         let j = joiners.context("a replacement names its joiners' launch")?;
@@ -1479,7 +1493,9 @@ impl Driver<'_> {
             .with_context(|| format!("launch {from} is not running"))?;
         let n = old.ranks;
         ensure!(
-            !lost.is_empty() && lost.end <= n,
+            !lost.is_empty()
+                && lost.windows(2).all(|w| w[0] < w[1])
+                && lost.last().is_some_and(|&r| r < n),
             "workers {lost:?} are not ranks of launch {from}"
         );
         let which = crate::elastic::name_ranks(&lost);
@@ -1497,15 +1513,19 @@ impl Driver<'_> {
         }
         // the lost workers' exits and connections are the old launch's business no more; one that went
         // silent may still run (frozen, or cut off): each is stopped before its rank starts again
-        for rank in lost.clone() {
+        for &rank in &lost {
             let index = old
                 .launches
                 .iter()
-                .rposition(|l| l.base <= rank && rank < l.base + l.workers.pids().len())
+                .rposition(|l| l.ranks.contains(&rank))
                 .with_context(|| format!("no launch holds rank {rank}"))?;
             let holder = &mut old.launches[index];
-            let base = holder.base;
-            holder.workers.stop(rank - base)?;
+            let at = holder
+                .ranks
+                .iter()
+                .position(|&r| r == rank)
+                .expect("found above");
+            holder.workers.stop(at)?;
             old.retired.push((index, rank));
             old.outboxes[rank] = None;
         }
@@ -1519,11 +1539,12 @@ impl Driver<'_> {
             dir.path(),
             lost.len(),
             j.launch,
-            Some((ca, lost.start)),
+            Some((ca, lost.clone())),
         )
         .context("starting the replacement")?;
+        let world = lost.last().map_or(0, |r| r + 1);
         r.live
-            .insert(j.launch, Live::new(l, lost.end, Vec::new(), String::new()));
+            .insert(j.launch, Live::new(l, world, Vec::new(), String::new()));
         let _ = dir.update(|s| s.launches.push(j.launch as u32));
         // the lost workers' parts, while the replacements start: the stored set's files (served as
         // they are), or, when an earlier resize in place made the partitioning (its parts are deltas),
@@ -1556,7 +1577,7 @@ impl Driver<'_> {
         };
         let how = match owner {
             Some(_) => {
-                for rank in lost.clone() {
+                for &rank in &lost {
                     cut.push(cut_part(rank)?);
                 }
                 "cut from the dataset"
@@ -1577,13 +1598,13 @@ impl Driver<'_> {
             r,
             &[
                 (from, survivors, "survivors paused"),
-                (j.launch, lost.clone().collect(), "replacements registered"),
+                (j.launch, lost.clone(), "replacements registered"),
             ],
         )?;
         let mut old = r.live.remove(&from).expect("checked above");
         let mut joined = r.live.remove(&j.launch).expect("checked above");
         let mut pids = pids;
-        for rank in lost.clone() {
+        for &rank in &lost {
             old.outboxes[rank] = joined.outboxes[rank].take();
             old.mesh[rank] = joined.mesh[rank];
             pids[rank] = joined.mesh[rank].and_then(|m| m.0);

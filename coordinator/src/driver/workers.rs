@@ -40,12 +40,12 @@ pub fn worker_binary() -> Result<PathBuf> {
 }
 
 /// The launch's secret files from its CA: `ca.pem` (the same for every rank), and each rank's
-/// `cert.pem` (naming `worker-<rank>`) and `key.pem`, for the `n` ranks from `base` (a launch of
-/// joiners: the ranks they take in the mesh they join), in the launch's order.
-pub fn identities(ca: &JobCa, base: usize, n: usize) -> Result<BTreeMap<String, SecretValue>> {
-    let mut certs = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    for rank in base..base + n {
+/// `cert.pem` (naming `worker-<rank>`) and `key.pem`, for the mesh ranks `ranks` (a launch of joiners:
+/// the ranks they take in the mesh they join), in the launch's order.
+pub fn identities(ca: &JobCa, ranks: &[usize]) -> Result<BTreeMap<String, SecretValue>> {
+    let mut certs = Vec::with_capacity(ranks.len());
+    let mut keys = Vec::with_capacity(ranks.len());
+    for &rank in ranks {
         let id = ca
             .identity(&worker_name(rank))
             .with_context(|| format!("issuing {}'s certificate", worker_name(rank)))?;
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn identities_give_each_rank_its_own_certificate_and_one_ca() {
         let ca = JobCa::new("job").unwrap();
-        let s = identities(&ca, 0, 3).unwrap();
+        let s = identities(&ca, &[0, 1, 2]).unwrap();
         assert_eq!(
             s.keys().collect::<Vec<_>>(),
             ["ca.pem", "cert.pem", "key.pem"]
@@ -541,7 +541,7 @@ mod tests {
             0,
             "127.0.0.1:9".parse().unwrap(),
             1,
-            identities(&ca, 0, 2).unwrap(),
+            identities(&ca, &[0, 1]).unwrap(),
         );
         spec.command.extend([
             "-c".into(),
