@@ -92,6 +92,14 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
     // the shrink moved only the leavers' rows: ranks 0 and 1 kept theirs
     assert!(log.contains("4 -> 2 workers, "), "{log}");
+    // the leavers' backend launch (ranks 2 and 3, started together at the growth) is stopped after the
+    // shrink and its control endpoint closed: in cluster mode its port is free for the next joiners
+    assert_eq!(
+        log.matches("stopped, every worker of it left or replaced (control endpoint closed)")
+            .count(),
+        1,
+        "{log}"
+    );
     // each new partitioning was cut while the launch before it trained, not in the pause
     assert_eq!(
         log.matches("partitioning prepared while the job trained")

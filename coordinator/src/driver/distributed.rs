@@ -861,8 +861,9 @@ struct Live {
     /// [`ToCoordinator::Paused`] said so; false for one whose mesh was aborted before it had loaded
     /// that part, and for any rank that has not paused).
     holds_part: Vec<bool>,
-    /// Workers replaced by another's launch, as (index in `launches`, rank): their exits and words are
-    /// no longer the job's.
+    /// Workers no longer the job's, as (backend launch's segment, rank): replaced by another's launch, or
+    /// leavers of a shrink. Their exits and words are not the job's; a backend launch all of whose
+    /// workers are here is stopped and forgotten ([`Live::prune`]).
     retired: Vec<(usize, usize)>,
 }
 
@@ -898,15 +899,35 @@ impl Live {
             .collect()
     }
 
+    /// Stops the backend launches none of whose workers is the job's any more (each replaced, or a
+    /// leaver of a shrink) and closes their control endpoints: in cluster mode each holds one of the few
+    /// ports the platform opens (`CONTROL_PORTS`), which the next joiners' launch needs. Their workers'
+    /// output is kept as any stopped launch's. Returns their segments.
+    fn prune(&mut self) -> Vec<usize> {
+        let retired = &self.retired;
+        let (keep, gone): (Vec<Launch>, Vec<Launch>) = std::mem::take(&mut self.launches)
+            .into_iter()
+            .partition(|l| l.ranks.iter().any(|&r| !retired.contains(&(l.segment, r))));
+        self.launches = keep;
+        let segments: Vec<usize> = gone.iter().map(|l| l.segment).collect();
+        self.retired
+            .retain(|(segment, _)| !segments.contains(segment));
+        for mut l in gone {
+            l.workers.kill_all();
+            drop(l.server);
+        }
+        segments
+    }
+
     /// The backend's exits (by mesh rank) and the control servers' events, waiting up to `wait` for the
     /// first when nothing exited.
     fn poll(&mut self, wait: Duration) -> (Vec<(usize, String, bool)>, Vec<ServerEvent>) {
         let ranks = self.ranks;
         let mut exits = Vec::new();
-        for (li, l) in self.launches.iter_mut().enumerate() {
+        for l in self.launches.iter_mut() {
             for (i, how, by_signal) in l.workers.poll_exits() {
                 let rank = l.ranks[i];
-                if rank < ranks && !self.retired.contains(&(li, rank)) {
+                if rank < ranks && !self.retired.contains(&(l.segment, rank)) {
                     exits.push((rank, how, by_signal));
                 }
             }
@@ -917,9 +938,10 @@ impl Live {
         } else {
             Duration::ZERO
         };
-        for (li, l) in self.launches.iter().enumerate() {
-            let retired =
-                |ev: &ServerEvent| event_rank(ev).is_some_and(|r| self.retired.contains(&(li, r)));
+        for l in &self.launches {
+            let retired = |ev: &ServerEvent| {
+                event_rank(ev).is_some_and(|r| self.retired.contains(&(l.segment, r)))
+            };
             if let Some(ev) = l.server.next_event(first) {
                 if !retired(&ev) {
                     events.push(ev);
@@ -1139,9 +1161,27 @@ impl Driver<'_> {
                 } => {
                     // every worker trained an epoch, so every part it cut is written: the set is
                     // committed (a set that fails to commit is cut again by the next job)
-                    for l in r.live.values_mut() {
+                    for (launch, l) in r.live.iter_mut() {
                         if let Some(set) = l.pending.take() {
                             self.commit_cut(&set, &mut r.log);
+                        }
+                        // out of the pause: the launches of workers that left or were replaced stop now
+                        let gone = l.prune();
+                        if !gone.is_empty() {
+                            let segments: Vec<u32> = gone.iter().map(|&g| g as u32).collect();
+                            r.log.line(&format!(
+                                "launch {launch}: backend launch{} {} stopped, every worker of {} left or \
+                                 replaced (control endpoint{} closed)",
+                                if gone.len() == 1 { "" } else { "es" },
+                                segments
+                                    .iter()
+                                    .map(u32::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                if gone.len() == 1 { "it" } else { "them" },
+                                if gone.len() == 1 { "" } else { "s" },
+                            ));
+                            let _ = dir.update(|s| s.launches.retain(|l| !segments.contains(l)));
                         }
                     }
                     if let Err(e) = self.handle_record(r, dir, epoch, &by_rank, usd) {
@@ -1449,6 +1489,16 @@ impl Driver<'_> {
         }
         old.outboxes.truncate(keep);
         old.mesh.truncate(keep);
+        for rank in keep..n_old {
+            if let Some(l) = old
+                .launches
+                .iter()
+                .rev()
+                .find(|l| l.ranks.contains(&rank) && !old.retired.contains(&(l.segment, rank)))
+            {
+                old.retired.push((l.segment, rank));
+            }
+        }
         let mut pids = pids;
         pids.truncate(keep);
         if let Some(j) = join {
@@ -1526,7 +1576,7 @@ impl Driver<'_> {
                 .position(|&r| r == rank)
                 .expect("found above");
             holder.workers.stop(at)?;
-            old.retired.push((index, rank));
+            old.retired.push((holder.segment, rank));
             old.outboxes[rank] = None;
         }
         let pids: Vec<Option<u32>> = old.mesh.iter().map(|m| m.and_then(|m| m.0)).collect();
