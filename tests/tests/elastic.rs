@@ -488,6 +488,9 @@ fn mini_batch_worker_killed_is_replaced_alone(mode: &str) {
     let log = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     assert!(log.contains("in-place replacement ready"), "{log}");
     assert_eq!(log.matches("worker 0 (pid").count(), 1, "{log}");
+    // the survivor holds what it trains on (a data-parallel part; P3 reads the whole dataset and is
+    // served no part): nothing is served to it again
+    assert!(!log.contains("held no part"), "{log}");
     let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
     assert!(
         rank0.contains("paused after epoch 5 keeping its state")

@@ -1662,9 +1662,11 @@ impl Driver<'_> {
         old.launches.extend(joined.launches);
         // a survivor whose mesh was aborted as it formed (the lost worker died while the mesh joined)
         // holds no part of this launch: it is served a whole one, cut for it like the lost workers'
-        // where the resize made the partitioning
+        // where the resize made the partitioning (P3 workers hold none and are served none: they read the
+        // whole dataset)
+        let serves_parts = !old.parts.is_empty();
         let empty: Vec<usize> = (0..n)
-            .filter(|&rank| !lost.contains(&rank) && !old.holds_part[rank])
+            .filter(|&rank| serves_parts && !lost.contains(&rank) && !old.holds_part[rank])
             .collect();
         if !empty.is_empty() {
             let t = Instant::now();
