@@ -16,12 +16,13 @@
 //! and the job allows the fallback; every epoch it reports names the device (`cuda:0 (...)`, `cpu
 //! (fallback: why)`).
 //!
-//! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R` (or `R1,R2`), rank `R` kills itself
-//! with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a worker
-//! crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes it); with
-//! [`ENV_TEST_DIE_AT_JOIN`]` = J` instead, rank `R` kills itself as it starts joining its `J`-th mesh (`0`:
-//! the first launch's, `1`: the one after its first in-place resize), so its peers are left joining; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's
-//! model code and loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
+//! Test hooks: with [`ENV_TEST_DIE_AT_EPOCH`]` = E` and [`ENV_TEST_DIE_RANK`]` = R` (or `R1,R2`), rank `R`
+//! kills itself with SIGKILL right after finishing epoch `E` (before reporting it), so tests can exercise a
+//! worker crashing mid-training (`E = 0`: right after writing the part it cut, the first time it writes
+//! it); with [`ENV_TEST_DIE_AT_JOIN`]` = J` instead, rank `R` kills itself as it starts joining its `J`-th
+//! mesh (`0`: the first launch's, `1`: the one after its first in-place resize), so its peers are left
+//! joining; with [`ENV_TEST_EMULATE_GPU`]` = 1` a GPU worker runs the device path (the GPU's model code and
+//! loops) on the CPU device instead of looking for a GPU. Nothing else reads these variables.
 //!
 //! The worker never outlives its job: when the coordinator says stop, or its control connection ends
 //! before training is done, the process exits at once (the coordinator also kills and reaps it).

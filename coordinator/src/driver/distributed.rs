@@ -1520,8 +1520,9 @@ impl Driver<'_> {
 
     /// `JobAction::Resize` replacing lost workers: the workers of ranks `lost` (ascending) of launch
     /// `from` are gone, their ranks are taken by joiners (one launch, `joiners`, started now under
-    /// `from`'s CA) and launch `to` is `from` again with them. Every other rank is told to cancel the epoch in flight ([`ToWorker::Abort`]: it
-    /// closes its mesh, so no wait on a lost peer lasts) and pauses keeping its process and its part;
+    /// `from`'s CA) and launch `to` is `from` again with them. Every other rank is told to cancel the
+    /// epoch in flight ([`ToWorker::Abort`]: it closes its mesh, so no wait on a lost peer lasts) and
+    /// pauses keeping its process and its part (or, its mesh aborted as it formed, only its state);
     /// the partitioning does not change, so a survivor is sent nothing ([`PartSource::Held`]) and a
     /// joiner is sent the part of its rank (the stored set's file, or cut from the dataset when an
     /// earlier in-place resize made the partitioning). Returns every rank's pid and next mesh address
