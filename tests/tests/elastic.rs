@@ -252,6 +252,24 @@ fn write_fixed_and_elastic(dir: &std::path::Path, job: &str, max_workers: usize)
     );
 }
 
+/// Runs `job` fixed and, made elastic by `write_fixed_and_elastic` (up to `max_workers`), under the test
+/// hooks `env`; checks that the elastic run's curve is the fixed run's and returns the elastic run's
+/// directory and its scaling events as text.
+fn fixed_and_elastic_with(
+    t: &Path,
+    job: &str,
+    max_workers: usize,
+    env: &[(&str, &str)],
+) -> (std::path::PathBuf, String) {
+    write_fixed_and_elastic(t, job, max_workers);
+    let fixed = submit(t, "fixed.yaml", &[]);
+    let v = submit(t, "job.yaml", env);
+    let want = losses(&t.join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.join(v["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    (dir, v["scaling_events"].to_string())
+}
+
 /// Two workers of three killed together (a spot reclaim of two containers): both are replaced in one
 /// launch of joiners, rank 0 keeps its process and part, and the curve is the fixed run's.
 #[test]
@@ -280,24 +298,19 @@ fn workers_killed_apart_are_replaced_together_and_the_one_between_keeps_its_proc
 fn killed_together_are_replaced(ranks: &str, replacing: &str, survivor: usize) {
     let t = TempDir::new().unwrap();
     let three = JOB.replace("output:", "workers: 3\noutput:");
-    write_fixed_and_elastic(t.path(), &three, 3);
-    let fixed = submit(t.path(), "fixed.yaml", &[]);
     // the two die at once, whatever the load on the machine
     let together = t.path().join("die-together");
     std::fs::create_dir(&together).unwrap();
-    let v = submit(
+    let (dir, events) = fixed_and_elastic_with(
         t.path(),
-        "job.yaml",
+        &three,
+        3,
         &[
             ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
             ("PHYSALIA_TEST_DIE_RANK", ranks),
             ("PHYSALIA_TEST_DIE_TOGETHER_DIR", together.to_str().unwrap()),
         ],
     );
-    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
-    let dir = t.path().join(v["job_dir"].as_str().unwrap());
-    assert_same_curve(&losses(&dir), &want);
-    let events = v["scaling_events"].to_string();
     let killed: Vec<usize> = ranks.split(',').map(|r| r.parse().unwrap()).collect();
     assert!(
         events.contains(replacing)
@@ -355,20 +368,15 @@ fn worker_outputs(dir: &Path, rank: usize) -> Vec<String> {
 fn a_worker_lost_while_the_first_mesh_forms_is_replaced_alone() {
     let t = TempDir::new().unwrap();
     let three = JOB.replace("output:", "workers: 3\noutput:");
-    write_fixed_and_elastic(t.path(), &three, 3);
-    let fixed = submit(t.path(), "fixed.yaml", &[]);
-    let v = submit(
+    let (dir, events) = fixed_and_elastic_with(
         t.path(),
-        "job.yaml",
+        &three,
+        3,
         &[
             ("PHYSALIA_TEST_DIE_AT_JOIN", "0"),
             ("PHYSALIA_TEST_DIE_RANK", "1"),
         ],
     );
-    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
-    let dir = t.path().join(v["job_dir"].as_str().unwrap());
-    assert_same_curve(&losses(&dir), &want);
-    let events = v["scaling_events"].to_string();
     assert!(
         events.contains("replacing worker 1 alone") && events.contains("signal 9"),
         "{events}"
@@ -465,20 +473,15 @@ fn mini_batch_worker_killed_is_replaced_alone(mode: &str) {
         "{}parallelism: {mode}\n{MINIBATCH}",
         JOB.replace("output:", "workers: 2\noutput:")
     );
-    write_fixed_and_elastic(t.path(), &two, 2);
-    let fixed = submit(t.path(), "fixed.yaml", &[]);
-    let v = submit(
+    let (dir, events) = fixed_and_elastic_with(
         t.path(),
-        "job.yaml",
+        &two,
+        2,
         &[
             ("PHYSALIA_TEST_DIE_AT_EPOCH", "5"),
             ("PHYSALIA_TEST_DIE_RANK", "1"),
         ],
     );
-    let want = losses(&t.path().join(fixed["job_dir"].as_str().unwrap()));
-    let dir = t.path().join(v["job_dir"].as_str().unwrap());
-    assert_same_curve(&losses(&dir), &want);
-    let events = v["scaling_events"].to_string();
     assert!(
         events.contains("replacing worker 1 alone") && events.contains("retrying epoch 5"),
         "{events}"
