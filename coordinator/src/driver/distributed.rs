@@ -1677,17 +1677,8 @@ impl Driver<'_> {
                 }
             }
             r.log.line(&format!(
-                "{} {} held no part (the mesh was aborted as it formed): served {} ({:.3} s)",
-                if empty.len() == 1 {
-                    "worker"
-                } else {
-                    "workers"
-                },
-                empty
-                    .iter()
-                    .map(usize::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                "{} held no part (the mesh was aborted as it formed): served {} ({:.3} s)",
+                crate::elastic::name_ranks(&empty),
                 match owner {
                     Some(_) => "parts cut from the dataset",
                     None => "the stored set's parts",
