@@ -847,12 +847,16 @@ pub fn run_from_env() -> Result<()> {
                     // sent before the assignment and overtaken by it: nothing to wait for now
                     Ok(Ok(ToWorker::Wait { .. })) => continue,
                     Ok(Ok(word @ ToWorker::Abort { .. })) => {
+                        // the mesh of the moment is held while the word is passed on and it is closed:
+                        // training that takes the word at its gate pauses and binds its next endpoint,
+                        // which it can put here only after this abort (so the abort never closes it)
+                        let current = mesh_abort.lock().unwrap_or_else(|e| e.into_inner());
                         // the word first: training that fails when the mesh closes finds it there
                         let ended = words_tx.send(word).is_err();
-                        if let Some(abort) = &*mesh_abort.lock().unwrap_or_else(|e| e.into_inner())
-                        {
+                        if let Some(abort) = &*current {
                             abort.abort();
                         }
+                        drop(current);
                         if ended {
                             "training ended".into()
                         } else {
