@@ -439,6 +439,7 @@ mod tests {
             },
             batches: None,
             device: None,
+            prepare_s: None,
         }
     }
 

@@ -755,6 +755,7 @@ mod tests {
             exchange: Default::default(),
             batches: None,
             device: None,
+            prepare_s: None,
         }
     }
 

@@ -479,6 +479,7 @@ mod simulation {
                     exchange: Default::default(),
                     batches: None,
                     device: None,
+                    prepare_s: None,
                 };
                 m.exchange.bytes_sent = 1_000_000 * (workers as u64 - 1);
                 m.exchange.halo_s = 0.05 * workers as f64;

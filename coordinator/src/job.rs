@@ -1343,6 +1343,7 @@ mod simulation {
             },
             batches: None,
             device: None,
+            prepare_s: None,
         }
     }
 

@@ -64,6 +64,12 @@ pub struct EpochMetrics {
     /// or `cpu (fallback: ...)` when a GPU was asked for and could not be used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The first epoch of a full-graph training call only: seconds the engine spent before it (the
+    /// training rows counted over all workers, which waits for the slowest; the device set up; the first
+    /// layer's constant input prepared: its `A X`, or the input features' halo rows under input dropout).
+    /// After an in-place resize this is most of a worker's setup (issue 33).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepare_s: Option<f64>,
 }
 
 /// One epoch of mini-batch training on one worker.
@@ -119,6 +125,7 @@ impl EpochMetrics {
             exchange: Default::default(),
             batches: None,
             device: None,
+            prepare_s: None,
         }
     }
 }
@@ -397,6 +404,7 @@ where
     if sets.labels.len() != n_dst {
         return Err(Error::Shape(format!("{} labels for {n_dst} nodes", sets.labels.len())).into());
     }
+    let t_prepare = Instant::now();
     let mut n_train = [sets.train.len() as f64];
     ex.all_reduce_scalars(&mut n_train)
         .map_err(Error::Exchange)?;
@@ -413,6 +421,7 @@ where
         };
         step.prepare(first, ex)?;
     }
+    let mut prepare_s = Some(t_prepare.elapsed().as_secs_f64());
     for epoch in progress.epoch + 1..=cfg.epochs {
         let t0 = Instant::now();
         let mut loss = [step.train_step(epoch, n_train, ex)?];
@@ -424,6 +433,7 @@ where
             return Err(Error::Diverged { epoch, loss }.into());
         }
         let mut m = EpochMetrics::trained(epoch, loss, train_s);
+        m.prepare_s = prepare_s.take();
         let evaluated = cfg.evaluates(epoch);
         if evaluated {
             let t1 = Instant::now();

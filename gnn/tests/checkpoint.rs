@@ -62,6 +62,15 @@ fn resuming_from_a_checkpoint_equals_the_uninterrupted_run() {
             },
         )
         .unwrap();
+        // the engine's time before the first epoch is that epoch's alone
+        assert!(
+            whole.epochs[0].prepare_s.is_some_and(|s| s >= 0.0),
+            "{kind:?}"
+        );
+        assert!(
+            whole.epochs[1..].iter().all(|m| m.prepare_s.is_none()),
+            "{kind:?}"
+        );
         for stop_after in [1, 5, 11] {
             let mut m1 = Model::new(&cfg, 4).unwrap();
             let mut o1 = Adam::new(&m1.params, tc.lr, tc.weight_decay);

@@ -114,6 +114,12 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         .filter(|l| l.contains("rows held and a delta"))
         .collect();
     assert_eq!(rebuilt.len(), 3, "{rank0}");
+    // each setup line says how much of it the engine spent before the first epoch
+    assert_eq!(
+        rank0.matches("s in the engine before it").count(),
+        4,
+        "{rank0}"
+    );
     assert!(
         rebuilt[0].contains("part 0 of 2 from the 3000 rows held")
             && rebuilt[0].contains("(0 rows gained"),

@@ -410,8 +410,15 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     let mut setup_line = |m: &EpochMetrics| {
         if std::mem::take(&mut first_epoch) {
             let setup = t_setup.elapsed().as_secs_f64() - m.train_s - m.eval_s;
+            let engine = match m.prepare_s {
+                Some(p) => format!(
+                    "; of which {p:.3} s in the engine before it: the training rows counted with the \
+                     peers, the first layer's constant input (its A X, or the features' halo rows) prepared"
+                ),
+                None => String::new(),
+            };
             eprintln!(
-                "worker {rank}: set up for this assignment in {setup:.3} s (before epoch {})",
+                "worker {rank}: set up for this assignment in {setup:.3} s (before epoch {}{engine})",
                 m.epoch
             );
         }
