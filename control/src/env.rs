@@ -71,7 +71,11 @@ pub fn mesh_rank(
             ));
         }
         let last = ranks.last().copied().unwrap_or(0);
-        return Ok((ranks[rank.min(world - 1)], last + 1));
+        let mine = ranks
+            .get(rank)
+            .copied()
+            .ok_or_else(|| format!("{ENV_RANKS}={list} has no rank for launch rank {rank}"))?;
+        return Ok((mine, last + 1));
     }
     let base: usize = match get(ENV_RANK_BASE) {
         Some(b) => b
