@@ -34,10 +34,13 @@ pub enum Kind {
     Policy,
     /// A price catalog (`physalia plan --catalog`).
     Catalog,
+    /// A part delta (`partitions/prep<L>-k<K>/delta<R>.bin`: what a worker applies to the part it holds
+    /// at an in-place resize).
+    PartDelta,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Frame,
         Kind::Control,
         Kind::Dataset,
@@ -47,6 +50,7 @@ impl Kind {
         Kind::JobFile,
         Kind::Policy,
         Kind::Catalog,
+        Kind::PartDelta,
     ];
 
     /// The fuzz target's name, which is also its corpus folder under `fuzz/corpus/`.
@@ -61,6 +65,7 @@ impl Kind {
             Kind::JobFile => "job_file",
             Kind::Policy => "policy",
             Kind::Catalog => "catalog",
+            Kind::PartDelta => "part_delta",
         }
     }
 
@@ -76,12 +81,23 @@ impl Kind {
             Kind::JobFile => job_file(data),
             Kind::Policy => policy(data),
             Kind::Catalog => catalog(data),
+            Kind::PartDelta => part_delta(data),
         }
     }
 }
 
 fn text(e: impl std::fmt::Display) -> String {
     e.to_string()
+}
+
+/// A part delta as a worker reads it (the file the coordinator serves). Applying it sizes a map by the
+/// header's node count, which only the coordinator writes; the decoder itself allocates no more than the
+/// bytes it holds.
+pub fn part_delta(data: &[u8]) -> Result<(), String> {
+    let path = scratch("part_delta", data)?;
+    physalia_worker::delta::PartDelta::read(&path)
+        .map(|_| ())
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// A frame: the header (magic, version, phase, dtype, lengths), then the payload as its phase reads it:

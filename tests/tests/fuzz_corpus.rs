@@ -93,6 +93,21 @@ fn write_seed_corpus() {
             &fs::read(f).unwrap(),
         );
     }
+    // a part delta: rank 0's, from that set's two parts to a partitioning into three
+    let parts = |k: usize, owner: Vec<u32>| {
+        let p =
+            physalia_graph::partition::Partitioning::from_assignment(ds.csr(), k, owner, "seed", 0)
+                .unwrap();
+        physalia_graph::partition::build_parts(&ds, &p).unwrap()
+    };
+    let n = ds.csr().num_nodes();
+    let old_owner: Vec<u32> = (0..n).map(|v| (v % 2) as u32).collect();
+    let new_owner: Vec<u32> = (0..n).map(|v| (v % 3) as u32).collect();
+    let new = parts(3, new_owner.clone());
+    let d = physalia_worker::delta::diff(&old_owner, &new_owner, &new[0]);
+    let delta = t.path().join("delta0.bin");
+    d.write(&delta).unwrap();
+    seed(Kind::PartDelta, "ok-delta0.bin", &fs::read(&delta).unwrap());
     let cfg = physalia_gnn::ModelConfig::new(physalia_gnn::LayerKind::Gcn, 3, 4, 2);
     let model = physalia_gnn::Model::new(&cfg, 7).unwrap();
     let opt = physalia_gnn::Adam::new(&model.params, 0.01, 0.0);
@@ -120,6 +135,15 @@ fn write_seed_corpus() {
             serde_json::to_vec(&ToCoordinator::Failed {
                 rank: 0,
                 error: "x".into(),
+            })
+            .unwrap(),
+        ),
+        (
+            "paused",
+            serde_json::to_vec(&ToCoordinator::Paused {
+                rank: 1,
+                mesh_addr: "127.0.0.1:5002".parse().unwrap(),
+                holds_part: false,
             })
             .unwrap(),
         ),
