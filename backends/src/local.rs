@@ -212,9 +212,14 @@ impl LocalBackend {
         Ok(())
     }
 
-    /// Starts rank `rank`, its secrets already in `secrets`.
-    fn spawn(&self, spec: &WorkerSpec, n: usize, rank: usize, secrets: &Path) -> Result<Child> {
-        let mesh_rank = mesh_ranks(spec, n).get(rank).copied().unwrap_or(rank);
+    /// Starts rank `rank` (`mesh_rank` in the job), its secrets already in `secrets`.
+    fn spawn(
+        &self,
+        spec: &WorkerSpec,
+        n: usize,
+        (rank, mesh_rank): (usize, usize),
+        secrets: &Path,
+    ) -> Result<Child> {
         let log = log_path(&self.cfg.logs_dir, spec.segment, mesh_rank);
         let out =
             File::create(&log).map_err(|e| io_error(format!("creating {}", log.display()), e))?;
@@ -297,10 +302,11 @@ impl Backend for LocalBackend {
                 detail: stale,
             });
         }
+        let ranks = mesh_ranks(spec, n_workers);
         self.rank_maps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.clone(), mesh_ranks(spec, n_workers));
+            .insert(id.clone(), ranks.clone());
         let mut running = Running {
             secrets: dir.clone(),
             procs: Vec::with_capacity(n_workers),
@@ -308,7 +314,7 @@ impl Backend for LocalBackend {
         for rank in 0..n_workers {
             let secrets = dir.join(format!("worker-{rank}"));
             let started = Self::write_secrets(spec, rank, &secrets)
-                .and_then(|()| self.spawn(spec, n_workers, rank, &secrets));
+                .and_then(|()| self.spawn(spec, n_workers, (rank, ranks[rank]), &secrets));
             match started {
                 Ok(child) => running.procs.push(Proc { child, exit: None }),
                 Err(e) => {

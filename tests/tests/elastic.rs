@@ -333,19 +333,9 @@ fn killed_together_are_replaced(ranks: &str, replacing: &str, survivor: usize) {
         1,
         "{log}"
     );
-    let outputs = |rank: usize| {
-        std::fs::read_dir(dir.join("logs"))
-            .unwrap()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                name.to_string_lossy()
-                    .starts_with(&format!("worker-{rank}."))
-            })
-            .count()
-    };
     let want = [0, 1, 2].map(|r| if r == survivor { 1 } else { 2 });
     assert_eq!(
-        [outputs(0), outputs(1), outputs(2)],
+        [0, 1, 2].map(|r| worker_outputs(&dir, r).len()),
         want,
         "rank {survivor} ran as one process, ranks {ranks} twice"
     );
@@ -628,16 +618,13 @@ fn a_worker_killed_mid_training_is_replaced_and_its_epoch_retried() {
         "the survivor was not kept: {what}"
     );
     assert!(log.contains("in-place replacement ready"), "{log}");
-    let outputs = |rank: usize| -> Vec<String> {
-        std::fs::read_dir(dir.join("logs"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(&format!("worker-{rank}.")))
-            .collect()
-    };
-    let zero = outputs(0);
+    let zero = worker_outputs(&dir, 0);
     assert_eq!(zero.len(), 1, "rank 0 ran as one process: {zero:?}");
-    assert_eq!(outputs(1).len(), 2, "rank 1 and its replacement");
+    assert_eq!(
+        worker_outputs(&dir, 1).len(),
+        2,
+        "rank 1 and its replacement"
+    );
     // it paused at its gate after epoch 5, or inside that epoch when the killed worker's last frames
     // died with it
     let survivor = std::fs::read_to_string(dir.join("logs").join(&zero[0])).unwrap();

@@ -409,39 +409,30 @@ struct Array<'a> {
 impl PartDelta {
     /// The file's arrays, in order: the features as stored, every integer array as varints.
     fn arrays(&self) -> Vec<Array<'_>> {
-        let ints = |name: &'static str, values: &mut dyn ExactSizeIterator<Item = i64>| {
-            let count = values.len();
-            let mut bytes = Vec::with_capacity(count);
-            put_varints(values, &mut bytes);
+        let ints = |name: &'static str, values: &mut dyn Iterator<Item = i64>| {
+            let mut bytes = Vec::new();
+            let count = put_varints(values, &mut bytes);
             Array {
                 name,
                 count,
                 bytes: bytes.into(),
             }
         };
-        fn u32s(v: &[u32]) -> impl ExactSizeIterator<Item = i64> + '_ {
+        fn u32s(v: &[u32]) -> impl Iterator<Item = i64> + '_ {
             v.iter().map(|&x| i64::from(x))
         }
         // a gained row's in-degree, not the running offset
-        let degrees = self.gained_indptr.windows(2).map(|w| (w[1] - w[0]) as i64);
-        let recv = self
+        let mut degrees = self.gained_indptr.windows(2).map(|w| (w[1] - w[0]) as i64);
+        let mut recv = self
             .recv
             .iter()
-            .flat_map(|(q, r)| [i64::from(*q), r.start as i64, r.end as i64])
-            .collect::<Vec<_>>();
-        let send_lens = self.send.iter().map(|(_, r)| r.len() as i64);
-        let send_rows: Vec<i64> = self
-            .send
-            .iter()
-            .flat_map(|(_, r)| r.iter().map(|&x| i64::from(x)))
-            .collect();
+            .flat_map(|(q, r)| [i64::from(*q), r.start as i64, r.end as i64]);
+        let mut send_lens = self.send.iter().map(|(_, r)| r.len() as i64);
+        let mut send_rows = self.send.iter().flat_map(|(_, r)| u32s(r));
         vec![
             ints("lost", &mut u32s(&self.lost)),
             ints("gained", &mut u32s(&self.gained)),
-            ints(
-                "gained_degree",
-                &mut degrees.collect::<Vec<_>>().into_iter(),
-            ),
+            ints("gained_degree", &mut degrees),
             ints("gained_nbrs", &mut u32s(&self.gained_nbrs)),
             ints("gained_labels", &mut self.gained_labels.iter().copied()),
             ints("gained_train", &mut u32s(&self.gained_splits[0])),
@@ -454,13 +445,13 @@ impl PartDelta {
             },
             ints("halo", &mut u32s(&self.halo)),
             ints("halo_degree", &mut u32s(&self.halo_degree)),
-            ints("recv", &mut recv.into_iter()),
+            ints("recv", &mut recv),
             ints(
                 "send_peers",
                 &mut self.send.iter().map(|(q, _)| i64::from(*q)),
             ),
-            ints("send_lens", &mut send_lens.collect::<Vec<_>>().into_iter()),
-            ints("send_rows", &mut send_rows.into_iter()),
+            ints("send_lens", &mut send_lens),
+            ints("send_rows", &mut send_rows),
         ]
     }
 
@@ -469,12 +460,10 @@ impl PartDelta {
         let arrays = self.arrays();
         let mut sizes = DeltaBytes::default();
         for a in &arrays {
-            match a.name {
-                "gained" | "gained_degree" | "gained_nbrs" | "gained_labels" | "gained_train"
-                | "gained_val" | "gained_test" | "gained_features" => {
-                    sizes.rows += a.bytes.len() as u64
-                }
-                _ => sizes.bookkeeping += a.bytes.len() as u64,
+            // the gained rows' own arrays are the `gained*` ones
+            match a.name.starts_with("gained") {
+                true => sizes.rows += a.bytes.len() as u64,
+                false => sizes.bookkeeping += a.bytes.len() as u64,
             }
         }
         let header = Header {
@@ -551,22 +540,8 @@ impl PartDelta {
             let (count, bytes) = get(name)?;
             get_varints(bytes, count).with_context(|| format!("array {name}"))
         };
-        let conv = |name: &str| -> Result<Vec<u32>> {
-            ints(name)?
-                .into_iter()
-                .map(|x| {
-                    u32::try_from(x).with_context(|| format!("array {name}: {x} is not a u32"))
-                })
-                .collect()
-        };
-        let usizes = |name: &str| -> Result<Vec<usize>> {
-            ints(name)?
-                .into_iter()
-                .map(|x| {
-                    usize::try_from(x).with_context(|| format!("array {name}: {x} is negative"))
-                })
-                .collect()
-        };
+        let conv = |name: &str| narrow::<u32>(name, ints(name)?);
+        let usizes = |name: &str| narrow::<usize>(name, ints(name)?);
         let recv_flat = usizes("recv")?;
         ensure!(recv_flat.len() % 3 == 0, "recv is not in triples");
         let recv = recv_flat
@@ -638,11 +613,25 @@ impl PartDelta {
     }
 }
 
+/// `values` of array `name` as `T`, each in its range.
+fn narrow<T: TryFrom<i64>>(name: &str, values: Vec<i64>) -> Result<Vec<T>> {
+    values
+        .into_iter()
+        .map(|x| {
+            T::try_from(x).map_err(|_| {
+                anyhow::anyhow!("array {name}: {x} is not a {}", std::any::type_name::<T>())
+            })
+        })
+        .collect()
+}
+
 /// Appends each value as the zig-zag LEB128 varint of its difference from the value before (the first
 /// from 0): an ascending run of ids costs the bytes of its gaps, a value close to the one before one byte.
-fn put_varints(values: &mut dyn Iterator<Item = i64>, out: &mut Vec<u8>) {
-    let mut prev = 0i64;
+/// Returns how many values it wrote.
+fn put_varints(values: &mut dyn Iterator<Item = i64>, out: &mut Vec<u8>) -> usize {
+    let (mut prev, mut count) = (0i64, 0);
     for v in values {
+        count += 1;
         let d = v.wrapping_sub(prev);
         prev = v;
         let mut z = ((d << 1) ^ (d >> 63)) as u64;
@@ -652,6 +641,7 @@ fn put_varints(values: &mut dyn Iterator<Item = i64>, out: &mut Vec<u8>) {
         }
         out.push(z as u8);
     }
+    count
 }
 
 /// Reads `count` values written by [`put_varints`] that fill `bytes` exactly; anything else (a truncated
