@@ -39,6 +39,82 @@ pub struct LayerBytes {
 
 pub type ExchangeError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Halo rows a worker already holds, by global node id, exactly as their owners would send them (the
+/// input features' rows, after the same normalisation and the wire's rounding): a worker resized in place
+/// holds most rows of its new input halo (rows it gave up, rows of its old halo), so only the others cross
+/// the network ([`Exchange::forward_seeded`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HaloSeed {
+    /// Global node ids, ascending, each once.
+    gids: Vec<u32>,
+    /// Row `i` is node `gids[i]`'s.
+    rows: Matrix,
+}
+
+impl Default for HaloSeed {
+    /// No rows held: every halo row is fetched.
+    fn default() -> HaloSeed {
+        HaloSeed {
+            gids: Vec::new(),
+            rows: Matrix::zeros(0, 0),
+        }
+    }
+}
+
+impl HaloSeed {
+    /// The rows of nodes `gids` (row `i` node `gids[i]`'s), in any order; a node listed twice keeps its
+    /// first row.
+    pub fn new(gids: Vec<u32>, rows: Matrix) -> Result<HaloSeed, String> {
+        if gids.len() != rows.rows() {
+            return Err(format!(
+                "{} node ids for {} seeded rows",
+                gids.len(),
+                rows.rows()
+            ));
+        }
+        if gids.windows(2).all(|w| w[0] < w[1]) {
+            return Ok(HaloSeed { gids, rows });
+        }
+        let mut order: Vec<usize> = (0..gids.len()).collect();
+        // stable: of a node listed twice, the first row sorts first
+        order.sort_by_key(|&i| gids[i]);
+        order.dedup_by_key(|i| gids[*i]);
+        let cols = rows.cols();
+        let mut data = Vec::with_capacity(order.len() * cols);
+        for &i in &order {
+            data.extend_from_slice(rows.row(i));
+        }
+        Ok(HaloSeed {
+            gids: order.iter().map(|&i| gids[i]).collect(),
+            rows: Matrix::from_vec(order.len(), cols, data),
+        })
+    }
+
+    /// Node `gid`'s row, if held.
+    pub fn row(&self, gid: u32) -> Option<&[f32]> {
+        self.gids.binary_search(&gid).ok().map(|i| self.rows.row(i))
+    }
+
+    /// The node of row `i` (rows in ascending node order), `i < len()`.
+    pub fn gid(&self, i: usize) -> u32 {
+        self.gids[i]
+    }
+
+    /// How many rows are held.
+    pub fn len(&self) -> usize {
+        self.gids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gids.is_empty()
+    }
+
+    /// The rows' width (0 when empty and built without one).
+    pub fn cols(&self) -> usize {
+        self.rows.cols()
+    }
+}
+
 /// Receives halo rows `range` (halo indices, a contiguous range of one peer's rows) of a layer's messages.
 pub type VisitRows<'a> = dyn FnMut(Range<usize>, Matrix) -> Result<(), ExchangeError> + 'a;
 
@@ -112,6 +188,19 @@ pub trait Exchange {
         self.backward(layer, halo, own_grad)
     }
 
+    /// [`Exchange::forward`]'s rows of an evaluation pass when `seed` already holds some of them: only
+    /// the halo rows it lacks are asked of their owners, who send just those. Every worker calls it on the
+    /// same pass (with or without rows in hand: a worker with none asks for all of them); a worker's own
+    /// seed is its business alone. The default fetches every row as [`Exchange::forward`] does.
+    fn forward_seeded(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        _seed: &HaloSeed,
+    ) -> Result<Option<Matrix>, ExchangeError> {
+        self.forward(layer, own)
+    }
+
     /// Sums the weight gradients over all workers, in place.
     fn all_reduce(&mut self, grads: &mut [Matrix]) -> Result<(), ExchangeError>;
 
@@ -159,5 +248,26 @@ impl Exchange for LocalExchange {
 
     fn is_local(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_halo_seed_finds_rows_by_node_whatever_order_they_came_in() {
+        let rows = Matrix::from_vec(4, 2, vec![9., 9., 1., 1., 3., 3., 7., 7.]);
+        // node 9 listed twice: its first row is kept
+        let seed = HaloSeed::new(vec![9, 1, 3, 9], rows).unwrap();
+        assert_eq!(seed.len(), 3);
+        assert_eq!(seed.cols(), 2);
+        assert_eq!((0..3).map(|i| seed.gid(i)).collect::<Vec<_>>(), [1, 3, 9]);
+        assert_eq!(seed.row(9), Some(&[9., 9.][..]));
+        assert_eq!(seed.row(3), Some(&[3., 3.][..]));
+        assert_eq!(seed.row(4), None);
+        assert!(HaloSeed::default().row(0).is_none());
+        let err = HaloSeed::new(vec![1, 2], Matrix::zeros(1, 2)).unwrap_err();
+        assert!(err.contains("2 node ids for 1 seeded rows"), "{err}");
     }
 }

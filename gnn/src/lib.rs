@@ -32,7 +32,8 @@ pub mod train;
 pub use config::{Activation, LayerKind, ModelConfig};
 pub use device::{Cpu, CpuPrimitives, DeviceError, DeviceGraph, DeviceModel, Ops};
 pub use exchange::{
-    Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, LocalExchange, VisitRows,
+    Exchange, ExchangeError, ExchangeStats, HaloGrads, HaloSeed, LayerBytes, LocalExchange,
+    VisitRows,
 };
 pub use model::{LocalGraph, Model, Param, Pass};
 pub use optim::Adam;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::exchange::{Exchange, ExchangeError, ExchangeStats, HaloGrads, VisitRows};
+use crate::exchange::{Exchange, ExchangeError, ExchangeStats, HaloGrads, HaloSeed, VisitRows};
 use crate::model::Pass;
 use crate::tensor::Matrix;
 use crate::train::NodeSets;
@@ -421,6 +421,15 @@ impl Exchange for Reordered<'_> {
         own_grad: &mut Matrix,
     ) -> Result<(), ExchangeError> {
         self.on_grad(own_grad, |ex, g| ex.backward(layer, halo_grad, g))
+    }
+
+    fn forward_seeded(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        seed: &HaloSeed,
+    ) -> Result<Option<Matrix>, ExchangeError> {
+        self.on_own(own, |ex, own| ex.forward_seeded(layer, own, seed))
     }
 
     fn rematerializes(&self) -> bool {

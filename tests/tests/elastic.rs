@@ -125,6 +125,25 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
             && rebuilt[0].contains("(0 rows gained"),
         "{rank0}"
     );
+    // each survivor seeds its new input halo with the rows it holds (its old part's features and its
+    // old model's halo rows): a survivor of a growth holds every row and fetches none
+    let seeded: Vec<(usize, usize)> = rank0
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("holds ").nth(1)?;
+            let (held, rest) = rest.split_once(" of the ")?;
+            let (all, _) = rest.split_once(" rows of its input halo")?;
+            Some((held.parse().ok()?, all.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(seeded.len(), 3, "{rank0}");
+    assert!(
+        seeded[..2]
+            .iter()
+            .all(|&(held, all)| held == all && all > 0),
+        "{seeded:?}"
+    );
+    assert!(seeded[2].0 <= seeded[2].1 && seeded[2].0 > 0, "{seeded:?}");
     let summary = read_json(&dir.join("summary.json"));
     // the ledger: each resize made a launch that continues the one before it, billed from the moment it
     // was ready; the launch it continued, through the pause

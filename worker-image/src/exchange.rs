@@ -27,11 +27,12 @@ use std::time::Instant;
 
 use physalia_gnn::rng::Stream;
 use physalia_gnn::{
-    Exchange, ExchangeError, ExchangeStats, HaloGrads, LayerBytes, Matrix, Pass, VisitRows,
+    Exchange, ExchangeError, ExchangeStats, HaloGrads, HaloSeed, LayerBytes, Matrix, Pass,
+    VisitRows,
 };
 use physalia_graph::partition::Part;
 use physalia_wire::{
-    Dtype, Link, Phase, Tag, Traffic, all_reduce_sum, all_reduce_sum_f64, halo_exchange,
+    Dtype, Link, Phase, Tag, Traffic, all_reduce_sum, all_reduce_sum_f64, fetch_rows, halo_exchange,
 };
 use serde::{Deserialize, Serialize};
 
@@ -367,7 +368,9 @@ const FLAG_LAYER: u16 = 0x8000;
 const REFETCH_LAYER: u16 = 0x4000;
 /// ... and with this one, the rounds of forward and backward (apart from the one-shot exchanges they follow).
 const ROUND_LAYER: u16 = 0x2000;
-const LAYER_BITS: u16 = 0x1FFF;
+/// A seeded fetch of layer `id & LAYER_BITS`'s halo rows ([`Exchange::forward_seeded`]; phase `Fetch`).
+const SEEDED_LAYER: u16 = 0x1000;
+const LAYER_BITS: u16 = 0x0FFF;
 
 /// `|a - b| / |b|` in the L2 norm (`inf` when `b` is zero and `a` is not).
 fn relative_change(a: &[f32], b: &[f32]) -> f32 {
@@ -542,6 +545,62 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
         self.opts.rematerialize && self.part.k > 1
     }
 
+    /// The halo rows `seed` lacks are asked of their owners by global id (4 bytes each, one request and
+    /// one reply per peer) and come back in the exchange's dtype, rounded as [`Exchange::forward`] rounds
+    /// them; an owner refuses an id it does not own.
+    fn forward_seeded(
+        &mut self,
+        layer: usize,
+        own: &Matrix,
+        seed: &HaloSeed,
+    ) -> Result<Option<Matrix>, ExchangeError> {
+        let t = Instant::now();
+        let cols = own.cols();
+        let part = self.part;
+        let mut halo = Matrix::zeros(part.halo.len(), cols);
+        let mut requests = vec![Vec::new(); self.link.world()];
+        // per peer in `part.recv`'s order: the halo rows asked of it
+        let mut asked: Vec<(usize, Vec<usize>)> = Vec::with_capacity(part.recv.len());
+        for (peer, range) in &part.recv {
+            let rank = self.rank_base + *peer as usize;
+            let mut rows = Vec::new();
+            for h in range.clone() {
+                let gid = part.halo[h];
+                match seed.row(gid) {
+                    Some(row) if row.len() == cols => halo.row_mut(h).copy_from_slice(row),
+                    _ => {
+                        requests[rank].push(gid);
+                        rows.push(h);
+                    }
+                }
+            }
+            asked.push((rank, rows));
+        }
+        let serve = |peer: usize, ids: &[u32]| {
+            let mut out = Vec::with_capacity(ids.len() * cols);
+            for &gid in ids {
+                let Ok(r) = part.owned.binary_search(&gid) else {
+                    return Err(physalia_wire::WireError::Usage(format!(
+                        "rank {peer} asked for node {gid}'s row, which part {} does not own",
+                        part.part
+                    )));
+                };
+                out.extend_from_slice(own.row(r));
+            }
+            Ok(out)
+        };
+        let tag = Tag::new(0, SEEDED_LAYER | layer as u16, Phase::Fetch);
+        let got =
+            fetch_rows(self.link, tag, &requests, cols, self.opts.dtype, serve).map_err(err)?;
+        for (rank, rows) in asked {
+            for (&h, row) in rows.iter().zip(got[rank].chunks_exact(cols.max(1))) {
+                halo.row_mut(h).copy_from_slice(row);
+            }
+        }
+        self.times.halo_s += t.elapsed().as_secs_f64();
+        Ok(Some(halo))
+    }
+
     fn forward_each(
         &mut self,
         layer: usize,
@@ -665,6 +724,7 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             // staleness flags and rematerialisation's rounds count as their layer's traffic, rows fetched
             // again in backward as its `refetch`
             let refetch = layer & FLAG_LAYER == 0 && layer & REFETCH_LAYER != 0;
+            let seeded = phase == Phase::Fetch && layer & SEEDED_LAYER != 0;
             let layer = if layer & FLAG_LAYER != 0 {
                 layer & !FLAG_LAYER
             } else {
@@ -673,6 +733,8 @@ impl<L: Link + ?Sized> Exchange for MeshExchange<'_, L> {
             let (layer, phase) = match phase {
                 Phase::Forward if refetch => (Some(layer), "refetch"),
                 Phase::Forward => (Some(layer), "forward"),
+                // a seeded fetch of halo rows (the requests and the rows) is its layer's forward traffic
+                Phase::Fetch if seeded => (Some(layer), "forward"),
                 Phase::Backward => (Some(layer), "backward"),
                 Phase::AllReduce => (None, "all_reduce"),
                 Phase::Control => (None, "control"),

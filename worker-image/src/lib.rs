@@ -12,6 +12,7 @@ pub mod logging;
 pub mod minibatch;
 pub mod run;
 pub mod secrets;
+pub mod seed;
 
 use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
 use physalia_graph::partition::Part;

@@ -484,7 +484,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     // every mode resizes in place: a gated worker waits for the coordinator's word after each epoch
     let gated = a.gated.then_some(a.train.epochs);
     let mut paused = false;
-    let (held, mut held_part) = match held {
+    let (mut held, mut held_part) = match held {
         Some(h) => (h.state, h.part),
         None => (None, None),
     };
@@ -494,6 +494,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         Option<Part>,
     ) = match a.mode {
         TrainMode::Partition => {
+            // the old model's kept input halo, in the held part's halo order (the state continues
+            // without it: its rows seed the new part's halo below)
+            let old_halo = held.as_mut().and_then(|h| h.model.take_input_halo());
             let part = match (&a.part, a.part_delta) {
                 // a lost peer replaced: this worker trains on the part it holds
                 (PartSource::Held, _) => {
@@ -528,6 +531,35 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 }
                 (_, false) => load_part(link, io)?,
             };
+            let on = format!("part {} of {}", part.part, part.k);
+            let mut resume = resume_in_place(a, held, io, rank, &on)?;
+            // the rows of the new part's input halo this worker holds (the old part's rows and its
+            // halo's), when the model keeps one: only the others are fetched
+            let old = match (&held_part, &a.part) {
+                (Some(old), _) => Some(old),
+                (None, PartSource::Held) => Some(&part),
+                (None, _) => None,
+            };
+            let keeps =
+                physalia_gnn::device::keeps_input_halo(&a.model) && !a.exchange.rematerialize;
+            if let (Some(r), Some(old), true) = (resume.as_mut(), old, keeps) {
+                let t = Instant::now();
+                let seed = crate::seed::input_halo_seed(
+                    &part,
+                    old,
+                    old_halo.as_ref(),
+                    a.row_normalize,
+                    a.exchange.dtype,
+                );
+                eprintln!(
+                    "worker {rank}: holds {} of the {} rows of its input halo (gathered in {:.3} s)",
+                    seed.len(),
+                    part.halo.len(),
+                    t.elapsed().as_secs_f64()
+                );
+                r.model.seed_input_halo(seed);
+            }
+            drop(old_halo);
             drop(held_part);
             // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
             let t_keep = Instant::now();
@@ -538,8 +570,6 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     t_keep.elapsed().as_secs_f64()
                 );
             }
-            let on = format!("part {} of {}", part.part, part.k);
-            let resume = resume_in_place(a, held, io, rank, &on)?;
             let trained = crate::train_owned_part_state(
                 device,
                 link,

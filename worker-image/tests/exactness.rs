@@ -644,3 +644,193 @@ fn replicas_of_partition_groups_equal_single_worker() {
         }
     }
 }
+
+/// One worker of [`seeded_run`]: its losses, final weights, kept input halo and epoch 1's layer-0 forward
+/// bytes received.
+type SeededRun = (Vec<f64>, Vec<Matrix>, Option<Matrix>, u64);
+
+/// Trains `parts` for `epochs` epochs from a fresh model, worker `r` holding `seeds[r]` of its input halo.
+fn seeded_run(
+    parts: &[physalia_graph::partition::Part],
+    cfg: &ModelConfig,
+    normalize: bool,
+    opts: &ExchangeOptions,
+    epochs: usize,
+    seeds: Vec<Option<physalia_gnn::HaloSeed>>,
+) -> Vec<SeededRun> {
+    let mut tc = train_cfg();
+    tc.epochs = epochs;
+    let links = MemLink::mesh(parts.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .zip(links)
+            .zip(seeds)
+            .map(|((part, mut link), seed)| {
+                let tc = tc.clone();
+                s.spawn(move || {
+                    let mut fresh = physalia_worker::Resume::or_fresh(None, cfg, 7, &tc).unwrap();
+                    if let Some(seed) = seed {
+                        fresh.model.seed_input_halo(seed);
+                    }
+                    let mut first_l0 = None;
+                    let (mut model, summary, _) = physalia_worker::train_part_from(
+                        Device::Cpu,
+                        &mut link,
+                        part,
+                        cfg,
+                        7,
+                        &tc,
+                        opts,
+                        normalize,
+                        Some(fresh),
+                        &mut |e| {
+                            first_l0.get_or_insert_with(|| {
+                                e.metrics
+                                    .exchange
+                                    .per_layer
+                                    .iter()
+                                    .filter(|b| b.layer == Some(0) && b.phase == "forward")
+                                    .map(|b| b.received)
+                                    .sum::<u64>()
+                            });
+                            true
+                        },
+                    )
+                    .unwrap();
+                    let halo = model.take_input_halo();
+                    (
+                        summary.epochs.iter().map(|e| e.loss).collect(),
+                        model.params.into_iter().map(|p| p.value).collect(),
+                        halo,
+                        first_l0.unwrap(),
+                    )
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// A resize in place (issue 33): workers that trained on a 2-way partitioning continue on a 3-way one,
+/// the third joining. Each survivor seeds its new input halo from the part it held and the halo rows its
+/// model kept (`seed::input_halo_seed`), and asks its peers for the other rows only: the losses and weights
+/// are bitwise those of the unseeded run (row-normalised features and 16-bit rows on the wire included:
+/// the seed is rounded as the wire rounds), epoch 1's layer-0 bytes are exactly the rows asked for plus
+/// the requests, and a seed with wrong values changes the losses (the seeded rows are the ones trained on).
+#[test]
+fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
+    let ds = sbm();
+    let old = build_parts(
+        DatasetRef::from(&ds),
+        &partition_metis(ds.csr(), 2, 0).unwrap(),
+    )
+    .unwrap();
+    let new = build_parts(
+        DatasetRef::from(&ds),
+        &partition_metis(ds.csr(), 3, 1).unwrap(),
+    )
+    .unwrap();
+    let d = ds.meta.feat_dim;
+    for (kind, normalize, dtype) in [
+        (LayerKind::Sage, false, Dtype::F32),
+        (LayerKind::Gcn, true, Dtype::F16),
+    ] {
+        let cfg = wide_cfg(kind, d, ds.meta.num_classes);
+        assert!(physalia_gnn::device::keeps_input_halo(&cfg));
+        let opts = ExchangeOptions {
+            dtype,
+            ..ExchangeOptions::default()
+        };
+        let ctx = format!("{kind:?} normalize={normalize} {dtype:?}");
+        // the old set's models keep their input halo
+        let before = seeded_run(&old, &cfg, normalize, &opts, 2, vec![None, None]);
+        let seeds: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
+            .map(|r| {
+                (r < 2).then(|| {
+                    physalia_worker::seed::input_halo_seed(
+                        &new[r],
+                        &old[r],
+                        before[r].2.as_ref(),
+                        normalize,
+                        dtype,
+                    )
+                })
+            })
+            .collect();
+        for (r, seed) in seeds.iter().enumerate().take(2) {
+            let seed = seed.as_ref().unwrap();
+            let held = new[r]
+                .halo
+                .iter()
+                .filter(|g| old[r].owned.binary_search(g).is_ok() || old[r].halo.contains(g))
+                .count();
+            assert_eq!(
+                seed.len(),
+                held,
+                "{ctx}: worker {r} seeds every row it holds"
+            );
+            assert!(seed.len() > 0 && seed.len() < new[r].halo.len(), "{ctx}");
+        }
+        let plain = seeded_run(&new, &cfg, normalize, &opts, 3, vec![None, None, None]);
+        let seeded = seeded_run(&new, &cfg, normalize, &opts, 3, seeds.clone());
+        let row_bytes = (d * dtype.size_bytes()) as u64;
+        for r in 0..3 {
+            assert_eq!(seeded[r].0, plain[r].0, "{ctx}: worker {r}'s losses");
+            assert_eq!(seeded[r].1, plain[r].1, "{ctx}: worker {r}'s weights");
+            let lacks = |q: usize, g: u32| seeds[q].as_ref().is_none_or(|s| s.row(g).is_none());
+            let asked: u64 = new[r].halo.iter().filter(|&&g| lacks(r, g)).count() as u64;
+            let asked_of_me: u64 = (0..3)
+                .filter(|&q| q != r)
+                .map(|q| {
+                    new[q]
+                        .halo
+                        .iter()
+                        .filter(|&&g| lacks(q, g) && new[r].owned.binary_search(&g).is_ok())
+                        .count() as u64
+                })
+                .sum();
+            assert_eq!(
+                seeded[r].3,
+                asked * row_bytes + asked_of_me * 4,
+                "{ctx}: worker {r} received the rows it asked for and its peers' requests"
+            );
+            assert_eq!(
+                plain[r].3,
+                new[r].halo.len() as u64 * row_bytes + asked_of_me_all(&new, r) * 4,
+                "{ctx}: worker {r} unseeded asks for every row"
+            );
+        }
+        // wrong values in the seed are trained on: the seed is what the first layer aggregates
+        let wrong: Vec<Option<physalia_gnn::HaloSeed>> = seeds
+            .iter()
+            .map(|s| {
+                s.as_ref().map(|s| {
+                    let gids: Vec<u32> = (0..s.len()).map(|i| s.gid(i)).collect();
+                    let rows = Matrix::from_vec(s.len(), d, vec![1.0; s.len() * d]);
+                    physalia_gnn::HaloSeed::new(gids, rows).unwrap()
+                })
+            })
+            .collect();
+        let spoiled = seeded_run(&new, &cfg, normalize, &opts, 3, wrong);
+        assert_ne!(
+            spoiled[0].0, plain[0].0,
+            "{ctx}: a wrong seed went unnoticed"
+        );
+    }
+}
+
+/// Every halo row of every other worker that worker `r` owns (what an unseeded fetch asks of it).
+fn asked_of_me_all(parts: &[physalia_graph::partition::Part], r: usize) -> u64 {
+    parts
+        .iter()
+        .enumerate()
+        .filter(|&(q, _)| q != r)
+        .map(|(_, p)| {
+            p.halo
+                .iter()
+                .filter(|g| parts[r].owned.binary_search(g).is_ok())
+                .count() as u64
+        })
+        .sum()
+}

@@ -23,7 +23,7 @@ use crate::dense::{
     matmul, matmul_at, matmul_at_concat, matmul_at_rows_into, matmul_bt_into, matmul_bt_rows_into,
     matmul_into, reduction_block,
 };
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, HaloSeed};
 use crate::rng::{Mask, Stream};
 use crate::sparse::{SparseOp, Src};
 use crate::tensor::{ELEMENTWISE_CHUNK, Matrix};
@@ -635,6 +635,21 @@ impl Ops for Cpu {
             return super::defaults::halo_rows(self, g, layer, own, ex);
         }
         ex.forward(layer, own).map_err(Error::Exchange)
+    }
+
+    fn seeded_halo_rows(
+        &mut self,
+        g: GraphView<'_, Cpu>,
+        layer: usize,
+        own: &Matrix,
+        ex: &mut dyn Exchange,
+        seed: &HaloSeed,
+    ) -> Result<Option<Matrix>, Error> {
+        let _p = crate::profile::span("halo_rows");
+        if g.complete {
+            return Ok(None);
+        }
+        ex.forward_seeded(layer, own, seed).map_err(Error::Exchange)
     }
 
     fn halo_backward(

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use crate::Activation;
-use crate::exchange::{Exchange, ExchangeError};
+use crate::exchange::{Exchange, ExchangeError, HaloSeed};
 use crate::tensor::Matrix;
 
 use super::{
@@ -124,6 +124,36 @@ pub(super) fn halo_rows<O: Ops>(
             None => return Ok(None),
         }
     };
+    if halo.shape() != (n_halo, cols) {
+        return Err(shape_error(format!(
+            "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
+            halo.rows(),
+            halo.cols(),
+        )));
+    }
+    Ok(Some(ops.upload_owned(halo)?))
+}
+
+pub(super) fn seeded_halo_rows<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    layer: usize,
+    own: &O::Mat,
+    ex: &mut dyn Exchange,
+    seed: &HaloSeed,
+) -> Result<Option<O::Mat>, O::Error> {
+    if ex.is_local() || g.complete {
+        return Ok(None);
+    }
+    let host = ops.download(own)?;
+    let cols = host.cols();
+    let Some(halo) = ex
+        .forward_seeded(layer, &host, seed)
+        .map_err(exchange_error)?
+    else {
+        return Ok(None);
+    };
+    let n_halo = g.n_src - g.n;
     if halo.shape() != (n_halo, cols) {
         return Err(shape_error(format!(
             "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",

@@ -27,13 +27,15 @@ mod sar;
 mod train;
 
 pub use cpu::{Cpu, CpuPrimitives};
-pub use model::{AdamConfig, DeviceForward, DeviceGraph, DeviceModel, GraphView, download_all};
+pub use model::{
+    AdamConfig, DeviceForward, DeviceGraph, DeviceModel, GraphView, download_all, keeps_input_halo,
+};
 pub use train::train_resumable_on;
 
 use std::sync::Arc;
 
 use crate::Activation;
-use crate::exchange::{Exchange, ExchangeError};
+use crate::exchange::{Exchange, ExchangeError, HaloSeed};
 use crate::rng::drop_threshold;
 use crate::sparse::SparseOp;
 use crate::tensor::Matrix;
@@ -479,6 +481,19 @@ pub trait Ops: Sized {
         ex: &mut dyn Exchange,
     ) -> Result<Option<Self::Mat>, Self::Error> {
         defaults::halo_rows(self, g, layer, own, ex)
+    }
+
+    /// [`Ops::halo_rows`] of an evaluation pass through [`Exchange::forward_seeded`]: the rows `seed` holds
+    /// are not fetched. Not for a rematerialising exchange (it keeps no halo rows).
+    fn seeded_halo_rows(
+        &mut self,
+        g: GraphView<'_, Self>,
+        layer: usize,
+        own: &Self::Mat,
+        ex: &mut dyn Exchange,
+        seed: &HaloSeed,
+    ) -> Result<Option<Self::Mat>, Self::Error> {
+        defaults::seeded_halo_rows(self, g, layer, own, ex, seed)
     }
 
     /// The owned rows' gradient from `ext`, a gradient over every source row: the halo rows' part goes to

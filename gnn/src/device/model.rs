@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use crate::exchange::{Exchange, LocalExchange};
+use crate::exchange::{Exchange, HaloSeed, LocalExchange};
 use crate::model::{LocalGraph, Model, Param, Pass};
 use crate::rng::Stream;
 use crate::sparse::{Norm, SparseOp};
@@ -84,6 +84,13 @@ impl LayerPlan {
 
 /// The layer plans of a configuration and every parameter's (name, rows, cols, Glorot-initialised).
 #[allow(clippy::type_complexity)]
+/// Whether a model of `cfg` fetches the input features' halo rows once and keeps them when it trains on a
+/// partition with peers (input dropout, and a first layer that aggregates its input before transforming
+/// it; not with a rematerialising exchange): what [`DeviceModel::seed_input_halo`] can seed.
+pub fn keeps_input_halo(cfg: &ModelConfig) -> bool {
+    cfg.input_dropout > 0.0 && plan(cfg).0.first().is_some_and(|l| l.aggregate_first)
+}
+
 fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<(String, usize, usize, bool)>) {
     let mut params = Vec::new();
     let mut layers = Vec::new();
@@ -412,6 +419,9 @@ pub struct DeviceModel<O: Ops> {
     /// changes every epoch, but its halo rows are the peers' features under a mask keyed by global node id,
     /// which this worker draws itself, so they cross the network once instead of every epoch.
     input_halo: InputHalo<O::Mat>,
+    /// Rows of the input halo this worker already holds (a resize in place): the next fetch of
+    /// [`DeviceModel::input_halo`] asks its peers for the others only.
+    input_seed: Option<HaloSeed>,
 }
 
 /// The features' halo rows of a partition-parallel worker.
@@ -488,6 +498,7 @@ impl<O: Ops> DeviceModel<O> {
             adam: None,
             input_agg: None,
             input_halo: InputHalo::Unfetched,
+            input_seed: None,
         })
     }
 
@@ -522,6 +533,29 @@ impl<O: Ops> DeviceModel<O> {
     pub fn clear_cache(&mut self) {
         self.input_agg = None;
         self.input_halo = InputHalo::Unfetched;
+    }
+
+    /// Takes the input features' halo rows this model fetched and kept (in the halo order of the graph it
+    /// trained on; `None`: none kept, or this worker had no halo rows), forgetting them as
+    /// [`DeviceModel::clear_cache`] does: a worker resized in place seeds its next input halo from them.
+    pub fn take_input_halo(&mut self) -> Option<O::Mat> {
+        match std::mem::replace(&mut self.input_halo, InputHalo::Unfetched) {
+            InputHalo::Fetched(halo) => halo,
+            InputHalo::Unfetched => None,
+        }
+    }
+
+    /// Rows of the input halo this worker already holds, by global node id: the next time the first layer
+    /// fetches its halo rows (the first pass after [`DeviceModel::clear_cache`]), only the rows `seed`
+    /// lacks are asked of their owners. The rows must be exactly what the owners would send (the same
+    /// features, normalisation and wire rounding); the seed is used once.
+    pub fn seed_input_halo(&mut self, seed: HaloSeed) {
+        self.input_seed = Some(seed);
+    }
+
+    /// The seed [`DeviceModel::seed_input_halo`] left, taken (a host model hands it to its device copy).
+    pub(crate) fn take_input_seed(&mut self) -> Option<HaloSeed> {
+        self.input_seed.take()
     }
 
     /// Whether later passes read the input features: false once the first layer's `A X` is cached for
@@ -676,13 +710,24 @@ impl<O: Ops> DeviceModel<O> {
         ex.begin_pass(pass);
         let g = gs.layer(0);
         let keep_halo = gs.whole() && self.keeps_input_halo(g, ex);
+        // a seed serves the next fetch only; kept by a model that fetches nothing, it would be memory held
+        // for nothing
+        let seed = if gs.whole() {
+            self.input_seed.take()
+        } else {
+            None
+        };
         if keep_halo && matches!(self.input_halo, InputHalo::Unfetched) {
             // every rank of the mesh takes this branch on the same pass (the same configuration); the
             // rows are fetched as an evaluation pass fetches them, every row and none stale, whatever
             // boundary sampling or staleness this pass uses: fetched once, nothing is saved by thinning
-            // them, and later epochs apply none of it to the first layer
+            // them, and later epochs apply none of it to the first layer. Rows seeded by a resize in place
+            // are not fetched again; without a seed every row is asked for (the same exchange on every
+            // rank, whatever each holds).
             ex.begin_pass(Pass::Eval);
-            let halo = ops.halo_rows(g, 0, x, ex);
+            let seed = seed.unwrap_or_default();
+            let halo = ops.seeded_halo_rows(g, 0, x, ex, &seed);
+            drop(seed);
             ex.begin_pass(pass);
             self.input_halo = InputHalo::Fetched(halo?);
         }

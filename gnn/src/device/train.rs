@@ -86,6 +86,10 @@ impl<'a, O: Ops> DeviceStep<'a, O> {
         let [train, val, test] = [&sets.train, &sets.val, &sets.test].map(|r| ops.upload_idx(r));
         let rows = [train?, val?, test?];
         let mut dm = DeviceModel::from_model(ops, model)?;
+        // the host model's seed of the input halo (a resize in place) is the device copy's to use
+        if let Some(seed) = model.take_input_seed() {
+            dm.seed_input_halo(seed);
+        }
         if opt.steps() > 0 {
             dm.restore_adam(ops, opt)?;
         }
