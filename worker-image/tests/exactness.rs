@@ -770,7 +770,7 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 held,
                 "{ctx}: worker {r} seeds every row it holds"
             );
-            assert!(seed.len() > 0 && seed.len() < new[r].halo.len(), "{ctx}");
+            assert!(!seed.is_empty() && seed.len() < new[r].halo.len(), "{ctx}");
         }
         let plain = seeded_run(&new, &cfg, normalize, &opts, 3, vec![None, None, None]);
         let seeded = seeded_run(&new, &cfg, normalize, &opts, 3, seeds.clone());
