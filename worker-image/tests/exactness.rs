@@ -649,8 +649,10 @@ fn replicas_of_partition_groups_equal_single_worker() {
 /// bytes received.
 type SeededRun = (Vec<f64>, Vec<Matrix>, Option<Matrix>, u64);
 
-/// Trains `parts` for `epochs` epochs from a fresh model, worker `r` holding `seeds[r]` of its input halo.
+/// Trains `parts` on `device` for `epochs` epochs from a fresh model, worker `r` holding `seeds[r]` of its
+/// input halo.
 fn seeded_run(
+    device: Device,
     parts: &[physalia_graph::partition::Part],
     cfg: &ModelConfig,
     normalize: bool,
@@ -675,7 +677,7 @@ fn seeded_run(
                     }
                     let mut first_l0 = None;
                     let (mut model, summary, _) = physalia_worker::train_part_from(
-                        Device::Cpu,
+                        device,
                         &mut link,
                         part,
                         cfg,
@@ -744,7 +746,15 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
         };
         let ctx = format!("{kind:?} normalize={normalize} {dtype:?}");
         // the old set's models keep their input halo
-        let before = seeded_run(&old, &cfg, normalize, &opts, 2, vec![None, None]);
+        let before = seeded_run(
+            Device::Cpu,
+            &old,
+            &cfg,
+            normalize,
+            &opts,
+            2,
+            vec![None, None],
+        );
         let seeds: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
             .map(|r| {
                 (r < 2).then(|| {
@@ -772,34 +782,46 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             );
             assert!(!seed.is_empty() && seed.len() < new[r].halo.len(), "{ctx}");
         }
-        let plain = seeded_run(&new, &cfg, normalize, &opts, 3, vec![None, None, None]);
-        let seeded = seeded_run(&new, &cfg, normalize, &opts, 3, seeds.clone());
-        let row_bytes = (d * dtype.size_bytes()) as u64;
-        for r in 0..3 {
-            assert_eq!(seeded[r].0, plain[r].0, "{ctx}: worker {r}'s losses");
-            assert_eq!(seeded[r].1, plain[r].1, "{ctx}: worker {r}'s weights");
-            let lacks = |q: usize, g: u32| seeds[q].as_ref().is_none_or(|s| s.row(g).is_none());
-            let asked: u64 = new[r].halo.iter().filter(|&&g| lacks(r, g)).count() as u64;
-            let asked_of_me: u64 = (0..3)
-                .filter(|&q| q != r)
-                .map(|q| {
-                    new[q]
-                        .halo
-                        .iter()
-                        .filter(|&&g| lacks(q, g) && new[r].owned.binary_search(&g).is_ok())
-                        .count() as u64
-                })
-                .sum();
-            assert_eq!(
-                seeded[r].3,
-                asked * row_bytes + asked_of_me * 4,
-                "{ctx}: worker {r} received the rows it asked for and its peers' requests"
+        // the device path too (the GPU's, on the CPU's primitives): the host model hands its seed over
+        for device in [Device::Cpu, Device::Emulated] {
+            let ctx = format!("{ctx} on {device:?}");
+            let plain = seeded_run(
+                device,
+                &new,
+                &cfg,
+                normalize,
+                &opts,
+                3,
+                vec![None, None, None],
             );
-            assert_eq!(
-                plain[r].3,
-                new[r].halo.len() as u64 * row_bytes + asked_of_me_all(&new, r) * 4,
-                "{ctx}: worker {r} unseeded asks for every row"
-            );
+            let seeded = seeded_run(device, &new, &cfg, normalize, &opts, 3, seeds.clone());
+            let row_bytes = (d * dtype.size_bytes()) as u64;
+            for r in 0..3 {
+                assert_eq!(seeded[r].0, plain[r].0, "{ctx}: worker {r}'s losses");
+                assert_eq!(seeded[r].1, plain[r].1, "{ctx}: worker {r}'s weights");
+                let lacks = |q: usize, g: u32| seeds[q].as_ref().is_none_or(|s| s.row(g).is_none());
+                let asked: u64 = new[r].halo.iter().filter(|&&g| lacks(r, g)).count() as u64;
+                let asked_of_me: u64 = (0..3)
+                    .filter(|&q| q != r)
+                    .map(|q| {
+                        new[q]
+                            .halo
+                            .iter()
+                            .filter(|&&g| lacks(q, g) && new[r].owned.binary_search(&g).is_ok())
+                            .count() as u64
+                    })
+                    .sum();
+                assert_eq!(
+                    seeded[r].3,
+                    asked * row_bytes + asked_of_me * 4,
+                    "{ctx}: worker {r} received the rows it asked for and its peers' requests"
+                );
+                assert_eq!(
+                    plain[r].3,
+                    new[r].halo.len() as u64 * row_bytes + asked_of_me_all(&new, r) * 4,
+                    "{ctx}: worker {r} unseeded asks for every row"
+                );
+            }
         }
         // wrong values in the seed are trained on: the seed is what the first layer aggregates
         let wrong: Vec<Option<physalia_gnn::HaloSeed>> = seeds
@@ -812,7 +834,16 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 })
             })
             .collect();
-        let spoiled = seeded_run(&new, &cfg, normalize, &opts, 3, wrong);
+        let spoiled = seeded_run(Device::Cpu, &new, &cfg, normalize, &opts, 3, wrong);
+        let plain = seeded_run(
+            Device::Cpu,
+            &new,
+            &cfg,
+            normalize,
+            &opts,
+            3,
+            vec![None, None, None],
+        );
         assert_ne!(
             spoiled[0].0, plain[0].0,
             "{ctx}: a wrong seed went unnoticed"

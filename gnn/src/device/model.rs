@@ -82,8 +82,6 @@ impl LayerPlan {
     }
 }
 
-/// The layer plans of a configuration and every parameter's (name, rows, cols, Glorot-initialised).
-#[allow(clippy::type_complexity)]
 /// Whether a model of `cfg` fetches the input features' halo rows once and keeps them when it trains on a
 /// partition with peers (input dropout, and a first layer that aggregates its input before transforming
 /// it; not with a rematerialising exchange): what [`DeviceModel::seed_input_halo`] can seed.
@@ -91,6 +89,8 @@ pub fn keeps_input_halo(cfg: &ModelConfig) -> bool {
     cfg.input_dropout > 0.0 && plan(cfg).0.first().is_some_and(|l| l.aggregate_first)
 }
 
+/// The layer plans of a configuration and every parameter's (name, rows, cols, Glorot-initialised).
+#[allow(clippy::type_complexity)]
 fn plan(cfg: &ModelConfig) -> (Vec<LayerPlan>, Vec<(String, usize, usize, bool)>) {
     let mut params = Vec::new();
     let mut layers = Vec::new();
@@ -419,8 +419,8 @@ pub struct DeviceModel<O: Ops> {
     /// changes every epoch, but its halo rows are the peers' features under a mask keyed by global node id,
     /// which this worker draws itself, so they cross the network once instead of every epoch.
     input_halo: InputHalo<O::Mat>,
-    /// Rows of the input halo this worker already holds (a resize in place): the next fetch of
-    /// [`DeviceModel::input_halo`] asks its peers for the others only.
+    /// Rows of the input halo this worker already holds (a resize in place): the next fetch of the
+    /// input halo asks its peers for the others only.
     input_seed: Option<HaloSeed>,
 }
 
