@@ -476,6 +476,127 @@ pub struct ControlClient {
     http: Option<reqwest::Client>,
     /// Artifacts read from their signed URL, not through the coordinator: count and bytes.
     direct: (u64, u64),
+    /// Artifacts a [`Prefetcher`] is fetching now: [`ControlClient::fetch`] of one waits for it.
+    in_flight: Arc<InFlight>,
+}
+
+/// Names of the artifacts being fetched on other threads, and a signal when one is done.
+#[derive(Debug, Default)]
+struct InFlight {
+    names: std::sync::Mutex<std::collections::HashSet<String>>,
+    done: std::sync::Condvar,
+}
+
+impl InFlight {
+    /// Marks `name` in flight; false when it already is (another thread fetches it).
+    fn start(&self, name: &str) -> bool {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.insert(name.to_string())
+    }
+
+    fn end(&self, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.remove(name);
+        self.done.notify_all();
+    }
+
+    /// Waits until no other thread fetches `name`.
+    fn wait(&self, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        while names.contains(name) {
+            names = self.done.wait(names).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Fetches artifacts on a thread of the caller's while the connection's owner goes on (training): the
+/// part deltas of a foreseen resize ([`ToWorker::Prefetch`]). A later [`ControlClient::fetch`] of the same
+/// artifact waits for it and finds the copy. Through the coordinator only (an artifact with a signed URL
+/// is left to the fetch that needs it).
+#[derive(Clone)]
+pub struct Prefetcher {
+    rank: usize,
+    job: u64,
+    conn: Connection,
+    rt: tokio::runtime::Handle,
+    in_flight: Arc<InFlight>,
+}
+
+impl Prefetcher {
+    /// `artifact` fetched into `dir` unless this machine holds it already (where the coordinator keeps it,
+    /// or an earlier copy in `dir`) or another thread fetches it now. Returns the copy's path, or `None`
+    /// when nothing was fetched.
+    pub fn fetch(&self, artifact: &Artifact, dir: &Path) -> Result<Option<PathBuf>, ControlError> {
+        if artifact.url.is_some()
+            || artifact
+                .path
+                .as_ref()
+                .is_some_and(|p| transfer::holds(p, artifact))
+        {
+            return Ok(None);
+        }
+        let local = dir.join(transfer::local_name(&artifact.name));
+        if !self.in_flight.start(&artifact.name) {
+            return Ok(None);
+        }
+        let fetched = match transfer::holds(&local, artifact) {
+            true => Ok(None),
+            false => get_file(
+                &self.rt,
+                &self.conn,
+                (self.rank, self.job),
+                artifact,
+                &local,
+            )
+            .map(|()| Some(local)),
+        };
+        self.in_flight.end(&artifact.name);
+        fetched
+    }
+}
+
+/// Asks the coordinator for `artifact` on `conn` and receives it into `dest`, checked against its size
+/// and checksum.
+fn get_file(
+    rt: &tokio::runtime::Handle,
+    conn: &Connection,
+    (rank, job): (usize, u64),
+    artifact: &Artifact,
+    dest: &Path,
+) -> Result<(), ControlError> {
+    let request = Frame::control(
+        header(rank as u16, job),
+        &Request::Get {
+            name: artifact.name.clone(),
+        },
+    )?;
+    let conn = conn.clone();
+    let (size, xxh3) = (artifact.size, artifact.xxh3);
+    let name = artifact.name.clone();
+    let dest = dest.to_path_buf();
+    rt.block_on(async move {
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        write_frame(&mut send, &request).await?;
+        let _ = send.finish();
+        let reply: Reply = read_frame(&mut recv)
+            .await?
+            .ok_or("no reply")?
+            .control_value()
+            .map_err(|e| e.to_string())?;
+        match reply {
+            Reply::Sending { size: s, xxh3: h } if (s, h) == (size, xxh3) => {
+                let mut beating = transfer::Beating::new(&mut recv, Heartbeat { conn: conn.clone() });
+                transfer::receive_file(&mut beating, &dest, size, xxh3).await
+            }
+            Reply::Sending { size: s, xxh3: h } => Err(format!(
+                "the coordinator serves {s} bytes with xxh3 {h:016x}; the assignment announced {size} \
+                 bytes with xxh3 {xxh3:016x}"
+            )),
+            Reply::Refused { reason } => Err(reason),
+            Reply::Stored => Err("unexpected reply".into()),
+        }
+    })
+    .map_err(|e| ControlError::Protocol(format!("fetching {name}: {e}")))
 }
 
 impl ControlClient {
@@ -578,6 +699,7 @@ impl ControlClient {
             rt,
             http: None,
             direct: (0, 0),
+            in_flight: Arc::default(),
         })
     }
 
@@ -618,6 +740,8 @@ impl ControlClient {
         {
             return Ok(p.clone());
         }
+        // a prefetch of it on another thread: its copy is the one to read
+        self.in_flight.wait(&artifact.name);
         let local = dir.join(transfer::local_name(&artifact.name));
         if transfer::holds(&local, artifact) {
             return Ok(local);
@@ -635,42 +759,25 @@ impl ControlClient {
                 ),
             }
         }
-        let request = Frame::control(
-            header(self.rank as u16, self.job),
-            &Request::Get {
-                name: artifact.name.clone(),
-            },
+        get_file(
+            self.rt.handle(),
+            &self.conn,
+            (self.rank, self.job),
+            artifact,
+            &local,
         )?;
-        let conn = self.conn.clone();
-        let (size, xxh3) = (artifact.size, artifact.xxh3);
-        let name = artifact.name.clone();
-        let dest = local.clone();
-        self.rt
-            .block_on(async move {
-                let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-                write_frame(&mut send, &request).await?;
-                let _ = send.finish();
-                let reply: Reply = read_frame(&mut recv)
-                    .await?
-                    .ok_or("no reply")?
-                    .control_value()
-                    .map_err(|e| e.to_string())?;
-                match reply {
-                    Reply::Sending { size: s, xxh3: h } if (s, h) == (size, xxh3) => {
-                        let mut beating =
-                            transfer::Beating::new(&mut recv, Heartbeat { conn: conn.clone() });
-                        transfer::receive_file(&mut beating, &dest, size, xxh3).await
-                    }
-                    Reply::Sending { size: s, xxh3: h } => Err(format!(
-                        "the coordinator serves {s} bytes with xxh3 {h:016x}; the assignment \
-                         announced {size} bytes with xxh3 {xxh3:016x}"
-                    )),
-                    Reply::Refused { reason } => Err(reason),
-                    Reply::Stored => Err("unexpected reply".into()),
-                }
-            })
-            .map_err(|e| ControlError::Protocol(format!("fetching {name}: {e}")))?;
         Ok(local)
+    }
+
+    /// A handle that fetches artifacts on another thread while this connection's owner goes on.
+    pub fn prefetcher(&self) -> Prefetcher {
+        Prefetcher {
+            rank: self.rank,
+            job: self.job,
+            conn: self.conn.clone(),
+            rt: self.rt.handle().clone(),
+            in_flight: self.in_flight.clone(),
+        }
     }
 
     /// GETs `url` into `dest` (an artifact's signed URL), checked against the artifact's size and checksum.
@@ -978,6 +1085,70 @@ mod tests {
         // on the coordinator's machine the file is read in place
         artifact.path = Some(src.clone());
         assert_eq!(c.fetch(&artifact, work.path()).unwrap(), src);
+    }
+
+    /// A prefetch (`ToWorker::Prefetch`) fetches on a thread of its own; a later fetch of the same
+    /// artifact reads its copy (the coordinator could not serve it again: its file is gone), and one on the
+    /// coordinator's machine fetches nothing.
+    #[test]
+    fn a_prefetched_artifact_is_the_copy_a_later_fetch_reads() {
+        let served = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let bytes = payload(2 * transfer::CHUNK + 777);
+        let src = served.path().join("delta0.bin");
+        std::fs::write(&src, &bytes).unwrap();
+        let ca = JobCa::new("job-p").unwrap();
+        let files = Files::new(None);
+        let mut artifact = files.serve("part-prep0-k2-0", &src).unwrap();
+        let s = file_server(&ca, files);
+        let mut c = registered(&s, &ca, 0);
+        let local_artifact = artifact.clone();
+        artifact.path = Some(PathBuf::from("/nonexistent/delta0.bin"));
+        let prefetcher = c.prefetcher();
+        let (a, dir) = (artifact.clone(), work.path().to_path_buf());
+        let got = std::thread::spawn(move || prefetcher.fetch(&a, &dir))
+            .join()
+            .unwrap()
+            .unwrap()
+            .expect("fetched");
+        assert_eq!(std::fs::read(&got).unwrap(), bytes);
+        // a second prefetch finds the copy and fetches nothing
+        assert_eq!(c.prefetcher().fetch(&artifact, work.path()).unwrap(), None);
+        std::fs::remove_file(&src).unwrap();
+        assert_eq!(c.fetch(&artifact, work.path()).unwrap(), got);
+        assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 1);
+        // where the coordinator's path holds the file, nothing is prefetched
+        std::fs::write(&src, &bytes).unwrap();
+        assert_eq!(
+            c.prefetcher().fetch(&local_artifact, work.path()).unwrap(),
+            None
+        );
+    }
+
+    /// A fetch waits for a prefetch of the same artifact in flight on another thread, not for others.
+    #[test]
+    fn a_fetch_waits_for_the_prefetch_of_its_artifact_in_flight() {
+        let f = Arc::new(InFlight::default());
+        assert!(f.start("a"));
+        assert!(!f.start("a"), "one fetch of a name at a time");
+        f.wait("b");
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiter = {
+            let (f, done) = (f.clone(), done.clone());
+            std::thread::spawn(move || {
+                f.wait("a");
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !done.load(std::sync::atomic::Ordering::SeqCst),
+            "did not wait"
+        );
+        f.end("a");
+        waiter.join().unwrap();
+        assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(f.start("a"), "free again");
     }
 
     /// A store's object as the coordinator streams it through: `bytes` in uneven pieces, then, when

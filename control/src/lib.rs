@@ -14,7 +14,7 @@ pub mod transfer;
 
 pub use channel::{
     COORDINATOR_NAME, ControlClient, ControlError, ControlServer, Heartbeat, LogSender, Outbox,
-    ServerEvent,
+    Prefetcher, ServerEvent,
 };
 pub use messages::{
     Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, PartCut, PartSource,

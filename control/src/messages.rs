@@ -81,6 +81,13 @@ pub enum ToWorker {
     Abort {
         reason: String,
     },
+    /// Fetch these files now, beside training, so the assignment that names them finds them here: the
+    /// part deltas of the resize the coordinator foresees, made while the job trains. A hint: a worker
+    /// that shares the coordinator's disk reads them in place anyway, and a fetch that fails is fetched
+    /// again when the assignment needs it.
+    Prefetch {
+        artifacts: Vec<Artifact>,
+    },
     /// Stop now (another worker failed, or the job was cancelled).
     Stop {
         reason: String,

@@ -309,12 +309,15 @@ pub(crate) async fn receive_file(
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    // unique per transfer: a prefetch and a fetch of the same file may run at once in one process
+    static TRANSFERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.partial-{}",
+        ".{}.partial-{}-{}",
         dest.file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default(),
-        std::process::id()
+        std::process::id(),
+        TRANSFERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let result = async {
         // an HTTP body arrives in pieces of a few KiB: each a write of its own would be a blocking-pool

@@ -845,11 +845,16 @@ pub fn run_from_env() -> Result<()> {
         env.world,
         endpoint.local_addr()
     );
+    // the part deltas of a foreseen resize are fetched beside training (or, prewarmed, while waiting)
+    let prefetcher = control.prefetcher();
     let mut deadline = Instant::now() + ASSIGNMENT_TIMEOUT;
     let assignment = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match control.recv_timeout(left)? {
             ToWorker::Assign(a) => break a,
+            ToWorker::Prefetch { artifacts } => {
+                prefetch(rank, prefetcher.clone(), artifacts, env.work_dir.clone())
+            }
             ToWorker::Wait { for_s } => {
                 // a bad value from the coordinator must not turn into a panic or an endless wait
                 let for_s = if for_s.is_finite() {
@@ -875,9 +880,14 @@ pub fn run_from_env() -> Result<()> {
     if let Some(incoming) = control.take_incoming() {
         let mesh_abort = mesh_abort.clone();
         let own_work_dir = env.work_dir_owned.then(|| env.work_dir.clone());
+        let work_dir = env.work_dir.clone();
         std::thread::spawn(move || {
             let why = loop {
                 break match incoming.recv() {
+                    Ok(Ok(ToWorker::Prefetch { artifacts })) => {
+                        prefetch(rank, prefetcher.clone(), artifacts, work_dir.clone());
+                        continue;
+                    }
                     Ok(Ok(ToWorker::Stop { reason })) => {
                         format!("stopped by the coordinator: {reason}")
                     }
@@ -1063,6 +1073,39 @@ fn join_aborted(held: Option<Held>, a: &Assignment) -> Held {
 /// the abort itself (the endpoint closed under the join), or a lost peer's join timeout, which the
 /// coordinator has named long before.
 const JOIN_ABORT_WAIT: Duration = Duration::from_secs(10);
+
+/// Fetches `artifacts` into `dir` on a thread of its own ([`ToWorker::Prefetch`]): the assignment that
+/// names them finds them there (a fetch of one still in flight waits for it). A failure is only logged:
+/// the assignment fetches what is missing.
+fn prefetch(
+    rank: usize,
+    prefetcher: physalia_control::Prefetcher,
+    artifacts: Vec<Artifact>,
+    dir: PathBuf,
+) {
+    std::thread::spawn(move || {
+        for a in artifacts {
+            let t = Instant::now();
+            match prefetcher.fetch(&a, &dir) {
+                Ok(Some(_)) => eprintln!(
+                    "worker {rank}: prefetched {} ({} bytes) in {:.3} s, beside training",
+                    a.name,
+                    a.size,
+                    t.elapsed().as_secs_f64()
+                ),
+                Ok(None) => eprintln!(
+                    "worker {rank}: {} not prefetched (held here already, fetched by another \
+                     thread, or read from the store when needed)",
+                    a.name
+                ),
+                Err(e) => eprintln!(
+                    "worker {rank}: prefetching {} failed ({e}); the assignment fetches it",
+                    a.name
+                ),
+            }
+        }
+    });
+}
 
 /// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).
 fn check_world(a: &Assignment, rank: usize) -> Result<()> {

@@ -233,6 +233,7 @@ pub fn run(
             partition_records: Default::default(),
             control_port: cluster.map(|r| r.control_port),
             preparing: Default::default(),
+            prefetched: Default::default(),
             served_cut: Default::default(),
         };
         let (state, outcome) = driver.run(state, pending, &mut dir)?;
@@ -765,6 +766,8 @@ struct Driver<'a> {
     /// The partitionings an in-place resize of the training launch may take, being made while it
     /// trains (`JobAction::Prepare`): (launch, its preparation for one count).
     preparing: std::cell::RefCell<Vec<(usize, Preparing)>>,
+    /// The prepared deltas served ahead of their resize, as (launch, count, rank).
+    prefetched: std::cell::RefCell<std::collections::HashSet<(usize, usize, usize)>>,
     /// The chunk files and artifacts a pending set's cut is served as ([`Self::serve_cut`]), keyed by
     /// its assignment file: registered once per launch, not once per rank.
     served_cut: std::cell::RefCell<Option<(PathBuf, physalia_control::ServedCut)>>,
@@ -865,6 +868,8 @@ struct Live {
     /// leavers of a shrink. Their exits and words are not the job's; a backend launch all of whose
     /// workers are here is stopped and forgotten ([`Live::prune`]).
     retired: Vec<(usize, usize)>,
+    /// Joiners started ahead of a resize (a prewarm): the launch they will join and its new size.
+    joins: Option<(usize, usize)>,
 }
 
 impl Live {
@@ -882,6 +887,7 @@ impl Live {
             held: Vec::new(),
             holds_part: vec![false; ranks],
             retired: Vec::new(),
+            joins: None,
         }
     }
 
@@ -981,6 +987,7 @@ impl Driver<'_> {
             if let Some(end) = self.act(&mut r, dir)? {
                 break end;
             }
+            self.prefetch_prepared(&mut r);
             if dir.cancel_requested() {
                 r.log
                     .line("cancel requested (physalia cancel): stopping every launch");
@@ -1264,10 +1271,9 @@ impl Driver<'_> {
                     base + workers,
                     l.server.local_addr()
                 ));
-                r.live.insert(
-                    launch,
-                    Live::new(l, base + workers, Vec::new(), String::new()),
-                );
+                let mut live = Live::new(l, base + workers, Vec::new(), String::new());
+                live.joins = Some((joining, base + workers));
+                r.live.insert(launch, live);
                 let _ = dir.update(|s| s.launches.push(launch as u32));
                 Ok(pids)
             }
@@ -1807,6 +1813,67 @@ impl Driver<'_> {
             preparing.push((launch, p));
         }
         Ok(())
+    }
+
+    /// Once the most likely resize of a launch is prepared (the first count `JobAction::Prepare` named),
+    /// serves its deltas and, where workers do not read this machine's disk, tells each worker that will
+    /// apply one to fetch it now, while the job trains ([`ToWorker::Prefetch`]): the survivors, and the
+    /// joiners started ahead for that count once they registered. The pause then reads local copies
+    /// (the deltas were hashed for serving ahead too). Each delta is offered once.
+    fn prefetch_prepared(&self, r: &mut Running) {
+        let remote = !platform::of_job(self.job).workers_read_coordinator_disk();
+        let mut preparing = self.preparing.borrow_mut();
+        let mut prefetched = self.prefetched.borrow_mut();
+        let mut seen = std::collections::HashSet::new();
+        for (launch, p) in preparing.iter_mut() {
+            let (launch, k) = (*launch, p.k);
+            // the first preparation of a launch is its likeliest count
+            if !seen.insert(launch) {
+                continue;
+            }
+            let Some(made) = p.made() else { continue };
+            let tag = prepared_tag(launch, k);
+            for (rank, delta) in made.deltas.iter().enumerate() {
+                if prefetched.contains(&(launch, k, rank)) {
+                    continue;
+                }
+                if !remote {
+                    // read in place: hashed for serving now, the pause does not hash it
+                    let _ = self.serve(&format!("part-{tag}-{rank}"), delta);
+                    prefetched.insert((launch, k, rank));
+                    continue;
+                }
+                // the worker that will apply it: a survivor, or a joiner started ahead (not registered
+                // yet: later)
+                let survivor = r.live.get(&launch).filter(|l| rank < l.ranks);
+                let outbox = match survivor {
+                    Some(l) => l.outboxes.get(rank).cloned().flatten(),
+                    None => r
+                        .live
+                        .values()
+                        .find(|l| l.joins == Some((launch, k)))
+                        .and_then(|l| l.outboxes.get(rank).cloned().flatten()),
+                };
+                let Some(outbox) = outbox else { continue };
+                match self.serve(&format!("part-{tag}-{rank}"), delta) {
+                    Ok(artifact) => {
+                        r.log.line(&format!(
+                            "launch {launch}: rank {rank} fetches {} ({}), its delta for {k} workers, \
+                             while the job trains",
+                            artifact.name,
+                            summary::fmt_bytes(artifact.size)
+                        ));
+                        outbox.send(ToWorker::Prefetch {
+                            artifacts: vec![artifact],
+                        });
+                    }
+                    Err(e) => r.log.line(&format!(
+                        "launch {launch}: serving rank {rank}'s delta ahead failed: {e:#}"
+                    )),
+                }
+                prefetched.insert((launch, k, rank));
+            }
+        }
     }
 
     /// The preparation of `launch`'s resize to `k` workers, if one was started.

@@ -176,6 +176,8 @@ pub struct Turn(std::sync::mpsc::Receiver<()>);
 pub struct Preparing {
     pub k: usize,
     handle: Option<JoinHandle<Result<Prepared>>>,
+    /// What the thread made, once [`Preparing::made`] saw it done.
+    result: Option<Result<Prepared>>,
     /// Set when the resize went elsewhere: the thread removes what it wrote.
     unused: Arc<AtomicBool>,
     pub dir: PathBuf,
@@ -218,6 +220,7 @@ impl Preparing {
         let preparing = Preparing {
             k: k_new,
             handle,
+            result: None,
             unused,
             dir,
         };
@@ -226,12 +229,30 @@ impl Preparing {
 
     /// The partitioning, once the thread made it (waiting for it if it has not).
     pub fn wait(mut self) -> Result<Prepared> {
+        if let Some(made) = self.result.take() {
+            return made;
+        }
+        // taken: nothing of it is removed on drop
         match self.handle.take() {
             Some(h) => h
                 .join()
                 .map_err(|_| anyhow::anyhow!("preparing the partitioning panicked"))?,
             None => anyhow::bail!("the thread preparing the partitioning could not start"),
         }
+    }
+
+    /// The partitioning if the thread is done and made it (without waiting): what the resize to `k` would
+    /// take, known before it (its deltas can be fetched ahead by the workers that will apply them).
+    pub fn made(&mut self) -> Option<&Prepared> {
+        if self.result.is_none() && self.handle.as_ref().is_some_and(JoinHandle::is_finished) {
+            let h = self.handle.take().expect("checked above");
+            self.result = Some(
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("preparing the partitioning panicked"))
+                    .and_then(|r| r),
+            );
+        }
+        self.result.as_ref().and_then(|r| r.as_ref().ok())
     }
 
     /// Whether the thread is done.
@@ -243,7 +264,8 @@ impl Preparing {
 impl Drop for Preparing {
     /// Not used: what it wrote goes (now if the thread is done, else when it is).
     fn drop(&mut self) {
-        if self.handle.is_some() {
+        let joined = self.result.as_ref().is_some_and(|r| r.is_ok());
+        if self.handle.is_some() || joined {
             self.unused.store(true, Ordering::SeqCst);
             if self.is_ready() {
                 let _ = std::fs::remove_dir_all(&self.dir);
