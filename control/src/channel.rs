@@ -553,6 +553,17 @@ impl Prefetcher {
         self.in_flight.end(&artifact.name);
         fetched
     }
+
+    /// Where this machine holds `artifact`, checked: the coordinator's path, or a copy in `dir`.
+    pub fn held_copy(&self, artifact: &Artifact, dir: &Path) -> Option<PathBuf> {
+        if let Some(p) = &artifact.path
+            && transfer::holds(p, artifact)
+        {
+            return Some(p.clone());
+        }
+        let local = dir.join(transfer::local_name(&artifact.name));
+        transfer::holds(&local, artifact).then_some(local)
+    }
 }
 
 /// Asks the coordinator for `artifact` on `conn` and receives it into `dest`, checked against its size

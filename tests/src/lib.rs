@@ -362,6 +362,50 @@ pub fn metrics(job_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Checks job `dir`'s deltas offered ahead of their resize (the coordinator's "rank R fetches <name>"
+/// lines, `ToWorker::Prefetch`): each offered before the resize that then took its count was fetched
+/// ("prefetched <name>") or, by a joiner waiting for its assignment, applied ("applied <name>") by its
+/// worker. Returns how many were; timing decides which were offered in time, the check holds for all.
+pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
+    let coord = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
+    let mut workers_log = String::new();
+    for e in std::fs::read_dir(dir.join("logs")).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().starts_with("worker-") {
+            workers_log.push_str(&std::fs::read_to_string(e.path()).unwrap());
+        }
+    }
+    let lines: Vec<&str> = coord.lines().collect();
+    let mut ahead = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line
+            .split(" fetches ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            continue;
+        };
+        // part-prep<L>-k<K>-<rank>: taken when the next resize after the offer goes to K workers
+        let k = name
+            .split("-k")
+            .nth(1)
+            .and_then(|r| r.split('-').next())
+            .unwrap_or_else(|| panic!("{line}"));
+        let next = lines[i..]
+            .iter()
+            .find(|l| l.contains("resizing in place after epoch"));
+        if next.is_some_and(|l| l.contains(&format!("-> {k} workers"))) {
+            assert!(
+                workers_log.contains(&format!("prefetched {name} "))
+                    || workers_log.contains(&format!("applied {name} ")),
+                "{name} offered before its resize, not taken ahead:\n{coord}\n{workers_log}"
+            );
+            ahead += 1;
+        }
+    }
+    ahead
+}
+
 /// Asserts that job `dir` resized in place at each `(from, to, epoch)` and at nothing else: the
 /// coordinator's log says so once per resize, rank 0 registered once (one process from the first
 /// epoch to the last) and went on from the state it held after each of those epochs.

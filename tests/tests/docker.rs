@@ -366,41 +366,8 @@ fn containers_resize_in_place_keeping_the_survivors() {
             || joiner.contains("advertised 192.168."),
         "{joiner}"
     );
-    // a resize's deltas, prepared while the job trains, are fetched by the containers beside training: a
-    // delta offered before its resize began was fetched ahead (the assignment then reads that copy)
-    let coord = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
-    let workers_log: String = logs
-        .iter()
-        .filter(|f| f.starts_with("worker-"))
-        .map(|f| std::fs::read_to_string(dir.join("logs").join(f)).unwrap())
-        .collect();
-    let lines: Vec<&str> = coord.lines().collect();
-    let mut ahead = 0;
-    for (i, line) in lines.iter().enumerate() {
-        let Some(name) = line
-            .split(" fetches ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-        else {
-            continue;
-        };
-        // part-prep<L>-k<K>-<rank>: taken if the next resize after the offer goes to K workers
-        let k = name
-            .split("-k")
-            .nth(1)
-            .and_then(|r| r.split('-').next())
-            .unwrap();
-        let next = lines[i..]
-            .iter()
-            .find(|l| l.contains("resizing in place after epoch"));
-        if next.is_some_and(|l| l.contains(&format!("-> {k} workers"))) {
-            assert!(
-                workers_log.contains(&format!("prefetched {name} ")),
-                "{name} offered before its resize, not prefetched:\n{coord}\n{workers_log}"
-            );
-            ahead += 1;
-        }
-    }
+    // a resize's deltas, prepared while the job trains, are fetched by the containers beside training
+    let ahead = physalia_tests::assert_deltas_taken_ahead(&dir);
     eprintln!("deltas fetched ahead of their resize: {ahead}");
     // the ledger bills the pause: a launch per segment, the resized ones marked in place
     let summary = physalia_tests::read_json(&dir.join("summary.json"));

@@ -987,6 +987,9 @@ fn prewarmed_workers_take_over_at_the_rescale() {
         "{log}"
     );
     assert!(log.contains("(joiners started now as launch"), "{log}");
+    // a joiner started ahead is sent its delta once it is prepared and applies it while it waits
+    let ahead = physalia_tests::assert_deltas_taken_ahead(&dir);
+    eprintln!("deltas taken ahead of their resize: {ahead}");
 }
 
 #[test]

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use physalia_control::env::{
     ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_AT_JOIN, ENV_TEST_DIE_RANK, ENV_TEST_DIE_TOGETHER_DIR,
     ENV_TEST_EMULATE_GPU, WorkerEnv,
@@ -109,6 +109,10 @@ pub enum Segment {
 pub struct Held {
     pub state: Option<crate::Resume>,
     pub part: Option<Part>,
+    /// `part` is what the part delta served as this artifact (name, checksum) makes on its own: a joiner
+    /// started ahead applied it while it waited ([`ToWorker::Prefetch`]), so an assignment naming it
+    /// trains on `part` as it is.
+    pub applied: Option<(String, u64)>,
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -303,7 +307,13 @@ fn ended(
     gated: bool,
     keep: Option<Part>,
 ) -> Result<std::result::Result<(crate::Resume, physalia_gnn::TrainSummary), Segment>> {
-    let pause = |state, part| Segment::Paused(Box::new(Held { state, part }));
+    let pause = |state, part| {
+        Segment::Paused(Box::new(Held {
+            state,
+            part,
+            applied: None,
+        }))
+    };
     let (state, summary) = match trained {
         Ok(done) => done,
         Err(e) if gated && io.aborted(abort_wait(&e)) => {
@@ -437,7 +447,12 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
+    // a joiner started ahead may hold the part its delta makes already (applied while it waited)
+    let applied = held.as_ref().and_then(|h| h.applied.clone());
     let (part_path, part_bytes) = match &a.part {
+        PartSource::Served(art) if applied == Some((art.name.clone(), art.xxh3)) => {
+            (None, art.size)
+        }
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
         PartSource::Cut(_) | PartSource::Held | PartSource::WholeDataset => (None, 0),
     };
@@ -488,6 +503,10 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         Some(h) => (h.state, h.part),
         None => (None, None),
     };
+    let preapplied = |a: &Assignment| match &a.part {
+        PartSource::Served(art) => a.part_delta && applied == Some((art.name.clone(), art.xxh3)),
+        _ => false,
+    };
     // what the epochs trained, and the part a gated worker keeps for the next assignment
     let (trained, keep): (
         Result<(crate::Resume, physalia_gnn::TrainSummary)>,
@@ -505,6 +524,19 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     )?;
                     eprintln!(
                         "worker {rank}: keeps part {} of {} ({} rows) for the next assignment",
+                        part.part,
+                        part.k,
+                        part.owned.len()
+                    );
+                    part
+                }
+                // a joiner started ahead applied its delta while it waited
+                (_, true) if preapplied(a) => {
+                    let part = held_part
+                        .take()
+                        .context("the applied delta's part is held")?;
+                    eprintln!(
+                        "worker {rank}: part {} of {} ({} rows) made from its delta while it waited",
                         part.part,
                         part.k,
                         part.owned.len()
@@ -848,12 +880,19 @@ pub fn run_from_env() -> Result<()> {
     // the part deltas of a foreseen resize are fetched beside training (or, prewarmed, while waiting)
     let prefetcher = control.prefetcher();
     let mut deadline = Instant::now() + ASSIGNMENT_TIMEOUT;
+    // a joiner started ahead applies the delta it is sent while it waits
+    let mut preload = None;
     let assignment = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match control.recv_timeout(left)? {
             ToWorker::Assign(a) => break a,
             ToWorker::Prefetch { artifacts } => {
-                prefetch(rank, prefetcher.clone(), artifacts, env.work_dir.clone())
+                preload = Some(preload_part(
+                    rank,
+                    prefetcher.clone(),
+                    artifacts,
+                    env.work_dir.clone(),
+                ));
             }
             ToWorker::Wait { for_s } => {
                 // a bad value from the coordinator must not turn into a panic or an endless wait
@@ -938,7 +977,16 @@ pub fn run_from_env() -> Result<()> {
     std::fs::create_dir_all(&env.work_dir)
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
-        let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, None);
+        // what a joiner applied while it waited (an assignment that names another part ignores it)
+        let preloaded = preload
+            .and_then(|p| p.join().ok().flatten())
+            .filter(|h| match &assignment.part {
+                PartSource::Served(art) => {
+                    assignment.part_delta && h.applied == Some((art.name.clone(), art.xxh3))
+                }
+                _ => false,
+            });
+        let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, preloaded);
         for joins in 0usize.. {
             if die_at_join == Some(joins) {
                 eprintln!("worker {rank}: test hook: killing myself as mesh {joins} forms");
@@ -1066,6 +1114,7 @@ fn join_aborted(held: Option<Held>, a: &Assignment) -> Held {
     Held {
         state,
         part: part.filter(|_| matches!(a.part, PartSource::Held)),
+        applied: None,
     }
 }
 
@@ -1105,6 +1154,61 @@ fn prefetch(
             }
         }
     });
+}
+
+/// [`prefetch`] for a worker waiting for its first assignment (a joiner started ahead): the first
+/// artifact is its part delta, which it also reads and applies on the thread (it holds no part), so an
+/// assignment naming that delta trains on the part at once. `None` when that fails (logged; the
+/// assignment then reads the delta as usual).
+fn preload_part(
+    rank: usize,
+    prefetcher: physalia_control::Prefetcher,
+    artifacts: Vec<Artifact>,
+    dir: PathBuf,
+) -> std::thread::JoinHandle<Option<Held>> {
+    std::thread::spawn(move || {
+        let a = artifacts.first()?.clone();
+        let t = Instant::now();
+        let applied = (|| -> Result<Part> {
+            let path = match prefetcher.fetch(&a, &dir)? {
+                Some(copy) => copy,
+                None => prefetcher
+                    .held_copy(&a, &dir)
+                    .context("the delta is neither on this machine nor fetched")?,
+            };
+            let delta = crate::delta::PartDelta::read(&path)?;
+            ensure!(
+                delta.held == 0,
+                "the delta applies to a part this worker does not hold"
+            );
+            crate::delta::apply(None, &delta)
+        })();
+        match applied {
+            Ok(part) => {
+                eprintln!(
+                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows) while waiting, in {:.3} s",
+                    a.name,
+                    a.size,
+                    part.part,
+                    part.k,
+                    part.owned.len(),
+                    t.elapsed().as_secs_f64()
+                );
+                Some(Held {
+                    state: None,
+                    part: Some(part),
+                    applied: Some((a.name.clone(), a.xxh3)),
+                })
+            }
+            Err(e) => {
+                eprintln!(
+                    "worker {rank}: applying {} while waiting failed ({e:#}); the assignment reads it",
+                    a.name
+                );
+                None
+            }
+        }
+    })
 }
 
 /// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).
@@ -1191,6 +1295,75 @@ fn is_peer_fault(e: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A joiner waiting for its first assignment applies the delta it is sent ahead on a thread
+    /// (fetched over its control connection, as a container does): the part is exactly the one the delta
+    /// makes, named by the artifact; a file that is no delta leaves nothing held.
+    #[test]
+    fn a_waiting_joiner_applies_the_delta_it_is_sent_ahead() {
+        use physalia_graph::partition::{Partitioning, build_parts};
+        let ds = physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
+            num_nodes: 400,
+            num_classes: 3,
+            feat_dim: 5,
+            seed: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let old_owner: Vec<u32> = (0..400).map(|v| v % 2).collect();
+        let new_owner: Vec<u32> = (0..400).map(|v| v % 3).collect();
+        let p = Partitioning::from_assignment(ds.csr(), 3, new_owner.clone(), "t", 0).unwrap();
+        let want = build_parts(&ds, &p).unwrap().swap_remove(2);
+        let served = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let path = served.path().join("delta2.bin");
+        crate::delta::diff(&old_owner, &new_owner, &want)
+            .write(&path)
+            .unwrap();
+        let junk = served.path().join("junk.bin");
+        std::fs::write(&junk, b"not a delta at all").unwrap();
+        let ca = physalia_wire::JobCa::new("job-pre").unwrap();
+        let files = physalia_control::Files::new(None);
+        let mut delta = files.serve("part-prep0-k3-2", &path).unwrap();
+        let mut bad = files.serve("part-prep0-k3-x", &junk).unwrap();
+        let server = physalia_control::ControlServer::bind(
+            &ca.identity(physalia_control::COORDINATOR_NAME).unwrap(),
+            ca.job_key(),
+            3,
+            "127.0.0.1:0".parse().unwrap(),
+            Duration::from_secs(5),
+            files,
+        )
+        .unwrap();
+        let client = ControlClient::connect(
+            server.local_addr(),
+            &ca.identity(&physalia_wire::worker_name(2)).unwrap(),
+            2,
+            ca.job_key(),
+            "127.0.0.1:9".parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        // a container's view: the coordinator's paths are not on this machine
+        delta.path = Some(PathBuf::from("/nonexistent/delta2.bin"));
+        bad.path = None;
+        let held = preload_part(
+            2,
+            client.prefetcher(),
+            vec![delta.clone()],
+            work.path().into(),
+        )
+        .join()
+        .unwrap()
+        .expect("applied");
+        assert_eq!(held.part.as_ref(), Some(&want));
+        assert_eq!(held.applied, Some((delta.name.clone(), delta.xxh3)));
+        assert!(held.state.is_none());
+        let none = preload_part(2, client.prefetcher(), vec![bad], work.path().into())
+            .join()
+            .unwrap();
+        assert!(none.is_none());
+    }
 
     #[test]
     fn an_exchange_failure_is_a_peer_fault_and_bad_settings_are_not() {

@@ -1816,10 +1816,10 @@ impl Driver<'_> {
     }
 
     /// Once the most likely resize of a launch is prepared (the first count `JobAction::Prepare` named),
-    /// serves its deltas and, where workers do not read this machine's disk, tells each worker that will
-    /// apply one to fetch it now, while the job trains ([`ToWorker::Prefetch`]): the survivors, and the
-    /// joiners started ahead for that count once they registered. The pause then reads local copies
-    /// (the deltas were hashed for serving ahead too). Each delta is offered once.
+    /// serves its deltas and tells each worker that will apply one to fetch it now, while the job trains
+    /// ([`ToWorker::Prefetch`]): the survivors where workers do not read this machine's disk (else their
+    /// deltas are only hashed for serving, out of the pause), and the joiners started ahead for that count
+    /// once they registered, wherever they run (idle, they apply it too). Each delta is offered once.
     fn prefetch_prepared(&self, r: &mut Running) {
         let remote = !platform::of_job(self.job).workers_read_coordinator_disk();
         let mut preparing = self.preparing.borrow_mut();
@@ -1837,15 +1837,16 @@ impl Driver<'_> {
                 if prefetched.contains(&(launch, k, rank)) {
                     continue;
                 }
-                if !remote {
+                // the worker that will apply it: a survivor, or a joiner started ahead (not registered
+                // yet: later)
+                let survivor = r.live.get(&launch).filter(|l| rank < l.ranks);
+                if survivor.is_some() && !remote {
                     // read in place: hashed for serving now, the pause does not hash it
                     let _ = self.serve(&format!("part-{tag}-{rank}"), delta);
                     prefetched.insert((launch, k, rank));
                     continue;
                 }
-                // the worker that will apply it: a survivor, or a joiner started ahead (not registered
-                // yet: later)
-                let survivor = r.live.get(&launch).filter(|l| rank < l.ranks);
+                // a joiner is told wherever it runs: it applies its delta while it waits
                 let outbox = match survivor {
                     Some(l) => l.outboxes.get(rank).cloned().flatten(),
                     None => r
