@@ -111,8 +111,8 @@ pub(super) fn halo_rows<O: Ops>(
     }
     let host = ops.download(own)?;
     let cols = host.cols();
-    let n_halo = g.n_src - g.n;
     let halo = if ex.rematerializes() {
+        let n_halo = g.n_src - g.n;
         // the ranges put together: the one-shot aggregation's input, at the one-shot's memory
         let mut halo = Matrix::zeros(n_halo, cols);
         ex.forward_each(layer, &host, &mut put_together(&mut halo))
@@ -124,6 +124,17 @@ pub(super) fn halo_rows<O: Ops>(
             None => return Ok(None),
         }
     };
+    upload_halo(ops, g, cols, halo).map(Some)
+}
+
+/// The halo rows an exchange returned, checked to be `g`'s halo sources `cols` wide, on the device.
+fn upload_halo<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    cols: usize,
+    halo: Matrix,
+) -> Result<O::Mat, O::Error> {
+    let n_halo = g.n_src - g.n;
     if halo.shape() != (n_halo, cols) {
         return Err(shape_error(format!(
             "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
@@ -131,7 +142,7 @@ pub(super) fn halo_rows<O: Ops>(
             halo.cols(),
         )));
     }
-    Ok(Some(ops.upload_owned(halo)?))
+    ops.upload_owned(halo)
 }
 
 pub(super) fn seeded_halo_rows<O: Ops>(
@@ -153,15 +164,7 @@ pub(super) fn seeded_halo_rows<O: Ops>(
     else {
         return Ok(None);
     };
-    let n_halo = g.n_src - g.n;
-    if halo.shape() != (n_halo, cols) {
-        return Err(shape_error(format!(
-            "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
-            halo.rows(),
-            halo.cols(),
-        )));
-    }
-    Ok(Some(ops.upload_owned(halo)?))
+    upload_halo(ops, g, cols, halo).map(Some)
 }
 
 pub(super) fn halo_backward<O: Ops>(
