@@ -155,6 +155,19 @@ fn write_seed_corpus() {
             .unwrap(),
         ),
         (
+            "prefetch",
+            serde_json::to_vec(&ToWorker::Prefetch {
+                artifacts: vec![physalia_control::Artifact {
+                    name: "part-prep0-k2-1".into(),
+                    size: 1234,
+                    xxh3: 0xfeed,
+                    path: None,
+                    url: None,
+                }],
+            })
+            .unwrap(),
+        ),
+        (
             "get",
             serde_json::to_vec(&Request::Get {
                 name: "dataset".into(),
