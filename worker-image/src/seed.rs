@@ -26,42 +26,64 @@ pub fn input_halo_seed(
     dtype: Dtype,
 ) -> HaloSeed {
     let d = new.feat_dim;
-    let old_halo =
-        old_halo.filter(|h| h.shape() == (old.halo.len(), d) && old.feat_dim == d && d > 0);
+    if d == 0 {
+        return HaloSeed::default();
+    }
+    let old_halo = old_halo.filter(|h| h.shape() == (old.halo.len(), d) && old.feat_dim == d);
     // the old halo's ids sorted, with their rows in `old_halo`
     let mut by_gid: Vec<(u32, usize)> = match old_halo {
         Some(_) => old.halo.iter().enumerate().map(|(i, &g)| (g, i)).collect(),
         None => Vec::new(),
     };
     by_gid.sort_unstable();
-    let features = old.features.view();
-    let (mut own_gids, mut own_rows) = (Vec::new(), Vec::new());
-    let (mut halo_gids, mut halo_rows) = (Vec::new(), Vec::new());
-    for &gid in &new.halo {
-        if let Ok(r) = old.owned.binary_search(&gid) {
-            if old.feat_dim == d {
-                own_gids.push(gid);
-                widen_row(features, r, d, &mut own_rows);
+    // the held rows of the new halo in ascending node order (so the seed is built in one copy)
+    let mut held: Vec<(u32, Held)> = new
+        .halo
+        .iter()
+        .filter_map(|&gid| match old.owned.binary_search(&gid) {
+            Ok(r) if old.feat_dim == d => Some((gid, Held::Own(r))),
+            Ok(_) => None,
+            Err(_) => {
+                let i = by_gid.binary_search_by_key(&gid, |&(g, _)| g).ok()?;
+                Some((gid, Held::Halo(by_gid[i].1)))
             }
-        } else if let (Some(h), Ok(i)) = (old_halo, by_gid.binary_search_by_key(&gid, |&(g, _)| g))
-        {
-            halo_gids.push(gid);
-            halo_rows.extend_from_slice(h.row(by_gid[i].1));
-        }
-    }
+        })
+        .collect();
+    held.sort_unstable_by_key(|&(gid, _)| gid);
     // the held features as the engine prepares its rows, then the wire's rounding (the old halo's rows
     // crossed the wire already)
-    let mut own = Matrix::from_vec(own_gids.len(), d, own_rows);
+    let features = old.features.view();
+    let mut own_rows = Vec::new();
+    for (_, h) in &held {
+        if let Held::Own(r) = *h {
+            widen_row(features, r, d, &mut own_rows);
+        }
+    }
+    let mut own = Matrix::from_vec(own_rows.len() / d, d, own_rows);
     if row_normalize {
         own.row_normalize();
     }
     let own = rounded(own, dtype);
-    let mut gids = own_gids;
-    gids.extend_from_slice(&halo_gids);
-    let mut data = own.into_vec();
-    data.extend_from_slice(&halo_rows);
+    let mut own_next = own.data().chunks_exact(d);
+    let mut data = Vec::with_capacity(held.len() * d);
+    for (_, h) in &held {
+        match *h {
+            Held::Own(_) => data.extend_from_slice(own_next.next().expect("one row per own")),
+            Held::Halo(i) => {
+                data.extend_from_slice(old_halo.expect("halo rows only with it").row(i))
+            }
+        }
+    }
+    let gids: Vec<u32> = held.iter().map(|&(gid, _)| gid).collect();
     let rows = Matrix::from_vec(gids.len(), d, data);
     HaloSeed::new(gids, rows).expect("one row per id, built together")
+}
+
+/// Where a held row of the new halo comes from: the old part's row `r`, or the old halo's row `i`.
+#[derive(Clone, Copy)]
+enum Held {
+    Own(usize),
+    Halo(usize),
 }
 
 /// Row `r` of `features` (`d` wide), widened to f32, appended to `out`.
