@@ -106,43 +106,15 @@ pub(super) fn halo_rows<O: Ops>(
     own: &O::Mat,
     ex: &mut dyn Exchange,
 ) -> Result<Option<O::Mat>, O::Error> {
-    if ex.is_local() || g.complete {
-        return Ok(None);
-    }
-    let host = ops.download(own)?;
-    let cols = host.cols();
-    let halo = if ex.rematerializes() {
-        let n_halo = g.n_src - g.n;
-        // the ranges put together: the one-shot aggregation's input, at the one-shot's memory
-        let mut halo = Matrix::zeros(n_halo, cols);
-        ex.forward_each(layer, &host, &mut put_together(&mut halo))
-            .map_err(exchange_error)?;
-        halo
-    } else {
-        match ex.forward(layer, &host).map_err(exchange_error)? {
-            Some(h) => h,
-            None => return Ok(None),
+    through_host(ops, g, own, ex, |ex, host| {
+        if !ex.rematerializes() {
+            return ex.forward(layer, host);
         }
-    };
-    upload_halo(ops, g, cols, halo).map(Some)
-}
-
-/// The halo rows an exchange returned, checked to be `g`'s halo sources `cols` wide, on the device.
-fn upload_halo<O: Ops>(
-    ops: &mut O,
-    g: GraphView<'_, O>,
-    cols: usize,
-    halo: Matrix,
-) -> Result<O::Mat, O::Error> {
-    let n_halo = g.n_src - g.n;
-    if halo.shape() != (n_halo, cols) {
-        return Err(shape_error(format!(
-            "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
-            halo.rows(),
-            halo.cols(),
-        )));
-    }
-    ops.upload_owned(halo)
+        // the ranges put together: the one-shot aggregation's input, at the one-shot's memory
+        let mut halo = Matrix::zeros(g.n_src - g.n, host.cols());
+        ex.forward_each(layer, host, &mut put_together(&mut halo))?;
+        Ok(Some(halo))
+    })
 }
 
 pub(super) fn seeded_halo_rows<O: Ops>(
@@ -153,18 +125,37 @@ pub(super) fn seeded_halo_rows<O: Ops>(
     ex: &mut dyn Exchange,
     seed: &HaloSeed,
 ) -> Result<Option<O::Mat>, O::Error> {
+    through_host(ops, g, own, ex, |ex, host| {
+        ex.forward_seeded(layer, host, seed)
+    })
+}
+
+/// Halo rows fetched by `fetch` from the owned rows `own` on the host, checked to be `g`'s halo sources
+/// as wide as `own` and put on the device (`None`: no halo, a local exchange, or a complete block).
+fn through_host<O: Ops>(
+    ops: &mut O,
+    g: GraphView<'_, O>,
+    own: &O::Mat,
+    ex: &mut dyn Exchange,
+    fetch: impl FnOnce(&mut dyn Exchange, &Matrix) -> Result<Option<Matrix>, ExchangeError>,
+) -> Result<Option<O::Mat>, O::Error> {
     if ex.is_local() || g.complete {
         return Ok(None);
     }
     let host = ops.download(own)?;
     let cols = host.cols();
-    let Some(halo) = ex
-        .forward_seeded(layer, &host, seed)
-        .map_err(exchange_error)?
-    else {
+    let Some(halo) = fetch(ex, &host).map_err(exchange_error)? else {
         return Ok(None);
     };
-    upload_halo(ops, g, cols, halo).map(Some)
+    let n_halo = g.n_src - g.n;
+    if halo.shape() != (n_halo, cols) {
+        return Err(shape_error(format!(
+            "the exchange returned {}x{} halo rows, the partition has {n_halo} halo sources {cols} wide",
+            halo.rows(),
+            halo.cols(),
+        )));
+    }
+    Ok(Some(ops.upload_owned(halo)?))
 }
 
 pub(super) fn halo_backward<O: Ops>(
