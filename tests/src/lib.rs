@@ -381,6 +381,7 @@ pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
         let Some(name) = line
             .split(" fetches ")
             .nth(1)
+            .filter(|_| line.contains("its delta for"))
             .and_then(|r| r.split_whitespace().next())
         else {
             continue;

@@ -264,8 +264,8 @@ impl Preparing {
 impl Drop for Preparing {
     /// Not used: what it wrote goes (now if the thread is done, else when it is).
     fn drop(&mut self) {
-        let joined = self.result.as_ref().is_some_and(|r| r.is_ok());
-        if self.handle.is_some() || joined {
+        // still running, or done and not taken (what it wrote, whole or in part, goes)
+        if self.handle.is_some() || self.result.is_some() {
             self.unused.store(true, Ordering::SeqCst);
             if self.is_ready() {
                 let _ = std::fs::remove_dir_all(&self.dir);
