@@ -527,21 +527,13 @@ impl Prefetcher {
     /// or an earlier copy in `dir`) or another thread fetches it now. Returns the copy's path, or `None`
     /// when nothing was fetched.
     pub fn fetch(&self, artifact: &Artifact, dir: &Path) -> Result<Option<PathBuf>, ControlError> {
-        if artifact.url.is_some()
-            || artifact
-                .path
-                .as_ref()
-                .is_some_and(|p| transfer::holds(p, artifact))
-        {
+        if artifact.url.is_some() || !self.in_flight.start(&artifact.name) {
             return Ok(None);
         }
         let local = dir.join(transfer::local_name(&artifact.name));
-        if !self.in_flight.start(&artifact.name) {
-            return Ok(None);
-        }
-        let fetched = match transfer::holds(&local, artifact) {
-            true => Ok(None),
-            false => get_file(
+        let fetched = match held_copy(artifact, dir) {
+            Some(_) => Ok(None),
+            None => get_file(
                 &self.rt,
                 &self.conn,
                 (self.rank, self.job),
@@ -556,14 +548,20 @@ impl Prefetcher {
 
     /// Where this machine holds `artifact`, checked: the coordinator's path, or a copy in `dir`.
     pub fn held_copy(&self, artifact: &Artifact, dir: &Path) -> Option<PathBuf> {
-        if let Some(p) = &artifact.path
-            && transfer::holds(p, artifact)
-        {
-            return Some(p.clone());
-        }
-        let local = dir.join(transfer::local_name(&artifact.name));
-        transfer::holds(&local, artifact).then_some(local)
+        held_copy(artifact, dir)
     }
+}
+
+/// Where this machine holds `artifact`, checked against its size and checksum: the coordinator's path
+/// (a worker on its machine reads it in place), or a copy an earlier fetch left in `dir`.
+fn held_copy(artifact: &Artifact, dir: &Path) -> Option<PathBuf> {
+    if let Some(p) = &artifact.path
+        && transfer::holds(p, artifact)
+    {
+        return Some(p.clone());
+    }
+    let local = dir.join(transfer::local_name(&artifact.name));
+    transfer::holds(&local, artifact).then_some(local)
 }
 
 /// Asks the coordinator for `artifact` on `conn` and receives it into `dest`, checked against its size
@@ -746,17 +744,12 @@ impl ControlClient {
     /// bytes there, else a copy in `dir` (fetched now unless an earlier fetch left it), checked against the
     /// artifact's size and checksum either way.
     pub fn fetch(&mut self, artifact: &Artifact, dir: &Path) -> Result<PathBuf, ControlError> {
-        if let Some(p) = &artifact.path
-            && transfer::holds(p, artifact)
-        {
-            return Ok(p.clone());
-        }
         // a prefetch of it on another thread: its copy is the one to read
         self.in_flight.wait(&artifact.name);
-        let local = dir.join(transfer::local_name(&artifact.name));
-        if transfer::holds(&local, artifact) {
-            return Ok(local);
+        if let Some(p) = held_copy(artifact, dir) {
+            return Ok(p);
         }
+        let local = dir.join(transfer::local_name(&artifact.name));
         if let Some(url) = &artifact.url {
             match self.download(url, &local, artifact) {
                 Ok(()) => {

@@ -447,12 +447,23 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
-    // a joiner started ahead may hold the part its delta makes already (applied while it waited)
-    let applied = held.as_ref().and_then(|h| h.applied.clone());
-    let (part_path, part_bytes) = match &a.part {
-        PartSource::Served(art) if applied == Some((art.name.clone(), art.xxh3)) => {
-            (None, art.size)
+    // a joiner started ahead may hold the part this assignment's delta makes (applied while it waited);
+    // one made from another delta is no part of this assignment's
+    let preapplied = match (&a.part, held.as_ref().and_then(|h| h.applied.as_ref())) {
+        (PartSource::Served(art), Some((name, xxh3))) => {
+            a.part_delta && (name, *xxh3) == (&art.name, art.xxh3)
         }
+        _ => false,
+    };
+    let held = held.map(|mut h| {
+        if h.applied.is_some() && !preapplied {
+            h.part = None;
+            h.applied = None;
+        }
+        h
+    });
+    let (part_path, part_bytes) = match &a.part {
+        PartSource::Served(art) if preapplied => (None, art.size),
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
         PartSource::Cut(_) | PartSource::Held | PartSource::WholeDataset => (None, 0),
     };
@@ -503,10 +514,6 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         Some(h) => (h.state, h.part),
         None => (None, None),
     };
-    let preapplied = |a: &Assignment| match &a.part {
-        PartSource::Served(art) => a.part_delta && applied == Some((art.name.clone(), art.xxh3)),
-        _ => false,
-    };
     // what the epochs trained, and the part a gated worker keeps for the next assignment
     let (trained, keep): (
         Result<(crate::Resume, physalia_gnn::TrainSummary)>,
@@ -531,7 +538,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     part
                 }
                 // a joiner started ahead applied its delta while it waited
-                (_, true) if preapplied(a) => {
+                (_, true) if preapplied => {
                     let part = held_part
                         .take()
                         .context("the applied delta's part is held")?;
@@ -572,8 +579,10 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 (None, PartSource::Held) => Some(&part),
                 (None, _) => None,
             };
-            let keeps =
-                physalia_gnn::device::keeps_input_halo(&a.model) && !a.exchange.rematerialize;
+            // a model with peers that keeps its input halo fetches one (alone it has no halo)
+            let keeps = physalia_gnn::device::keeps_input_halo(&a.model)
+                && !a.exchange.rematerialize
+                && a.peers.len() > 1;
             if let (Some(r), Some(old), true) = (resume.as_mut(), old, keeps) {
                 let t = Instant::now();
                 let seed = crate::seed::input_halo_seed(
@@ -978,14 +987,7 @@ pub fn run_from_env() -> Result<()> {
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
         // what a joiner applied while it waited (an assignment that names another part ignores it)
-        let preloaded = preload
-            .and_then(|p| p.join().ok().flatten())
-            .filter(|h| match &assignment.part {
-                PartSource::Served(art) => {
-                    assignment.part_delta && h.applied == Some((art.name.clone(), art.xxh3))
-                }
-                _ => false,
-            });
+        let preloaded = preload.and_then(|p| p.join().ok().flatten());
         let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, preloaded);
         for joins in 0usize.. {
             if die_at_join == Some(joins) {
