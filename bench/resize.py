@@ -12,7 +12,8 @@ overhead (rank 0's checkpoint, the report, and in place the gate's round trip), 
 
 Bytes per resize: in place, the rows that change owner (the coordinator's log line: their count and feature
 bytes) and the part deltas the workers get (the rows each gains, with their in-neighbour lists, labels and
-splits, plus the lost rows' ids and the new halo bookkeeping), with the ratio of the two; by restart, every
+splits, plus the lost rows' ids and the new halo bookkeeping), with the ratio of the two, and apart from
+them the input-halo rows the deltas carry (which the first epoch would otherwise fetch from peers); by restart, every
 part file of the new count and the checkpoint each worker reads. An older coordinator's line (whole part
 files read) is still parsed.
 
@@ -141,10 +142,13 @@ def moved(job_dir):
     log = open(os.path.join(job_dir, "logs", "coordinator.log")).read()
     new = re.findall(r"(\d+) rows change owner \(([^)]*) of features\), partitioning ([^(]*)\(([\d.]+) s to make, "
                      r"([\d.]+) s in the pause\).*?\[bytes: deltas (\d+) rows (\d+) bookkeeping (\d+) "
-                     r"moved_features (\d+)\]", log)
+                     r"moved_features (\d+)(?: halo_rows (\d+))?\]", log)
     if new:
-        return [(m[0], m[1], f"deltas {int(m[5]) / 2**20:.1f} MiB = {int(m[5]) / max(int(m[8]), 1):.2f}x the moved "
-                 f"rows' features (rows {int(m[6]) / 2**20:.1f} MiB, bookkeeping {int(m[7]) / 2**20:.2f} MiB)",
+        # the input-halo rows a delta carries are no rows that change owner: counted apart
+        return [(m[0], m[1], f"deltas {(int(m[5]) - int(m[9] or 0)) / 2**20:.1f} MiB = "
+                 f"{(int(m[5]) - int(m[9] or 0)) / max(int(m[8]), 1):.2f}x the moved "
+                 f"rows' features (rows {int(m[6]) / 2**20:.1f} MiB, bookkeeping {int(m[7]) / 2**20:.2f} MiB), "
+                 f"and {int(m[9] or 0) / 2**20:.1f} MiB of input-halo rows carried ahead",
                  f"{m[2].strip()}, {float(m[3]):.3f} s to make, {float(m[4]):.3f} s in the pause") for m in new]
     old = re.findall(r"(\d+) rows change owner \(([^)]*) of features\).*?\(([^)]*) in all\)", log)
     return [(m[0], m[1], f"part files read {m[2]}", "made in the pause") for m in old]

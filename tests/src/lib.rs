@@ -364,8 +364,9 @@ pub fn metrics(job_dir: &Path) -> Vec<Value> {
 
 /// Checks job `dir`'s deltas offered ahead of their resize (the coordinator's "rank R fetches <name>"
 /// lines, `ToWorker::Prefetch`): each offered before the resize that then took its count was fetched
-/// ("prefetched <name>") or, by a joiner waiting for its assignment, applied ("applied <name>") by its
-/// worker. Returns how many were; timing decides which were offered in time, the check holds for all.
+/// ("prefetched <name>") or applied ("applied <name>": by a joiner while it waited, by a survivor
+/// beside training) by its worker, and each applied one made the part its worker trained on next.
+/// Returns how many were taken; timing decides which were offered in time, the check holds for all.
 pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
     let coord = std::fs::read_to_string(dir.join("logs/coordinator.log")).unwrap();
     let mut workers_log = String::new();
@@ -376,7 +377,7 @@ pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
         }
     }
     let lines: Vec<&str> = coord.lines().collect();
-    let mut ahead = 0;
+    let (mut ahead, mut applied) = (0, 0);
     for (i, line) in lines.iter().enumerate() {
         let Some(name) = line
             .split(" fetches ")
@@ -402,8 +403,14 @@ pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
                 "{name} offered before its resize, not taken ahead:\n{coord}\n{workers_log}"
             );
             ahead += 1;
+            applied += usize::from(workers_log.contains(&format!("applied {name} ")));
         }
     }
+    // a delta applied ahead is the part its assignment trains on
+    assert!(
+        workers_log.matches("made from its delta ahead").count() >= applied,
+        "{applied} deltas applied ahead, fewer parts made from them:\n{workers_log}"
+    );
     ahead
 }
 

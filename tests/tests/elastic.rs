@@ -107,11 +107,11 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         3,
         "{log}"
     );
-    // the survivors keep the rows they hold and get only a delta: growing from one worker, rank 0
-    // gains nothing and gives up the joiner's rows
+    // the survivors keep the rows they hold and get only a delta, applied in the pause or, sent ahead,
+    // beside training: growing from one worker, rank 0 gains nothing and gives up the joiner's rows
     let rebuilt: Vec<&str> = rank0
         .lines()
-        .filter(|l| l.contains("rows held and a delta"))
+        .filter(|l| l.contains("rows held and a delta") || l.contains("made from its delta ahead"))
         .collect();
     assert_eq!(rebuilt.len(), 3, "{rank0}");
     // each setup line says how much of it the engine spent before the first epoch
@@ -121,29 +121,60 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         "{rank0}"
     );
     assert!(
-        rebuilt[0].contains("part 0 of 2 from the 3000 rows held")
-            && rebuilt[0].contains("(0 rows gained"),
+        (rebuilt[0].contains("part 0 of 2 from the 3000 rows held")
+            && rebuilt[0].contains("(0 rows gained"))
+            || rebuilt[0].contains("part 0 of 2 (1500 rows) made from its delta ahead"),
         "{rank0}"
     );
+    // a delta offered ahead was applied beside training and trained on
+    physalia_tests::assert_deltas_taken_ahead(&dir);
     // each survivor seeds its new input halo with the rows it holds (its old part's features and its
-    // old model's halo rows): a survivor of a growth holds every row and fetches none
-    let seeded: Vec<(usize, usize)> = rank0
-        .lines()
-        .filter_map(|l| {
-            let rest = l.split("holds ").nth(1)?;
-            let (held, rest) = rest.split_once(" of the ")?;
-            let (all, _) = rest.split_once(" rows of its input halo")?;
-            Some((held.parse().ok()?, all.parse().ok()?))
-        })
-        .collect();
-    assert_eq!(seeded.len(), 3, "{rank0}");
+    // old model's halo rows) and the rows its delta carries: a survivor of a growth holds every row and
+    // is carried none, the shrink's survivor is carried the leavers' rows of its halo, and a joiner is
+    // carried its whole halo; none fetches a row of it in the pause
+    let seeded = |log: &str| -> Vec<(usize, usize, usize)> {
+        log.lines()
+            .filter_map(|l| {
+                let rest = l.split("holds ").nth(1)?;
+                let (held, rest) = rest.split_once(" of the ")?;
+                let (all, rest) = rest.split_once(" rows of its input halo (")?;
+                let (carried, _) = rest.split_once(" carried by its delta")?;
+                Some((held.parse().ok()?, all.parse().ok()?, carried.parse().ok()?))
+            })
+            .collect()
+    };
+    let survivor = seeded(&rank0);
+    assert_eq!(survivor.len(), 3, "{rank0}");
     assert!(
-        seeded[..2]
+        survivor
             .iter()
-            .all(|&(held, all)| held == all && all > 0),
-        "{seeded:?}"
+            .all(|&(held, all, _)| held == all && all > 0),
+        "{survivor:?}"
     );
-    assert!(seeded[2].0 <= seeded[2].1 && seeded[2].0 > 0, "{seeded:?}");
+    assert!(
+        survivor[0].2 == 0 && survivor[1].2 == 0 && survivor[2].2 > 0,
+        "{survivor:?}"
+    );
+    // rank 1 joined at 1 -> 2 (its whole halo carried), then survived the growth and the shrink
+    // (its log is named by the launch that started it)
+    let rank1: String = std::fs::read_dir(dir.join("logs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("worker-1."))
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    let joiner = seeded(&rank1);
+    assert!(
+        !joiner.is_empty() && joiner.iter().all(|&(held, all, _)| held == all && all > 0),
+        "{rank1}"
+    );
+    assert_eq!(
+        joiner[0].2, joiner[0].1,
+        "the joiner's whole halo carried: {rank1}"
+    );
     let summary = read_json(&dir.join("summary.json"));
     // the ledger: each resize made a launch that continues the one before it, billed from the moment it
     // was ready; the launch it continued, through the pause

@@ -16,6 +16,11 @@
 //! the halo within each peer's group) and small counts take one to three bytes instead of four or eight,
 //! so the bookkeeping beside the moved rows' features stays small (issue 33: bytes moved at most 1.2x the
 //! rows that change owner).
+//!
+//! A delta may also carry rows of the new part's input halo ([`PartDelta::carry_halo_rows`]): the
+//! features of the halo rows its worker will not hold after the resize ([`lacking_halo`]; every one for a
+//! joiner), which a model keeping its first layer's input halo would otherwise fetch from its peers in
+//! the resize's pause. They are not rows that change owner and are counted apart ([`DeltaBytes::halo`]).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -23,11 +28,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use physalia_graph::partition::Part;
-use physalia_graph::{FeatureDtype, Features};
+use physalia_graph::{Csr, FeatureDtype, FeatureView, Features};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-const MAGIC: &[u8; 8] = b"PHDELTA3";
+const MAGIC: &[u8; 8] = b"PHDELTA4";
 
 /// What changes between the part a worker holds and its part of the new partitioning.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +65,18 @@ pub struct PartDelta {
     pub halo_degree: Vec<u32>,
     pub recv: Vec<(u32, Range<usize>)>,
     pub send: Vec<(u32, Vec<u32>)>,
+    /// Rows of the new part's halo carried for its input halo (global ids, ascending; empty unless
+    /// [`PartDelta::carry_halo_rows`] added them) and their features, as `gained_features`.
+    pub halo_rows: Vec<u32>,
+    pub halo_features: Vec<u8>,
+}
+
+/// Rows of a part's halo with their features as the dataset stores them (ids ascending): what a delta
+/// carries for its worker's input halo.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HaloRows {
+    pub ids: Vec<u32>,
+    pub features: Features,
 }
 
 /// Sizes of a delta as written.
@@ -69,6 +86,8 @@ pub struct DeltaBytes {
     pub rows: u64,
     /// The lost rows' ids and the halo bookkeeping.
     pub bookkeeping: u64,
+    /// The input halo's rows carried ahead (ids and features): no rows that change owner.
+    pub halo: u64,
     /// The whole file: the above, the magic and the header.
     pub file: u64,
 }
@@ -145,6 +164,92 @@ pub fn diff(old_owner: &[u32], new_owner: &[u32], new: &Part) -> PartDelta {
         halo_degree: new.src_in_degree[n_owned..].to_vec(),
         recv: new.recv.clone(),
         send: new.send.clone(),
+        halo_rows: Vec::new(),
+        halo_features: Vec::new(),
+    }
+}
+
+/// The rows of `new`'s halo that its rank will not hold once resized in place from `old_owner` (node ->
+/// rank), ascending: those it did not own and, when its model kept its old part's input halo
+/// (`old_halo_kept`), that were not in that halo either (`csr`: the graph the parts were cut from, whose
+/// rows list each node's in-neighbours). Every halo row for a joiner.
+pub fn lacking_halo(old_owner: &[u32], csr: Csr<'_>, new: &Part, old_halo_kept: bool) -> Vec<u32> {
+    let me = new.part as u32;
+    // the old part's halo, as `build_parts` collects it: the owned rows' in-neighbours
+    let mut in_old_halo = Vec::new();
+    if old_halo_kept {
+        in_old_halo = vec![false; old_owner.len()];
+        for (v, _) in old_owner.iter().enumerate().filter(|&(_, &o)| o == me) {
+            for &u in csr.neighbors(v) {
+                in_old_halo[u as usize] = true;
+            }
+        }
+    }
+    let mut lacking: Vec<u32> = new
+        .halo
+        .iter()
+        .copied()
+        .filter(|&u| {
+            old_owner[u as usize] != me && !in_old_halo.get(u as usize).copied().unwrap_or(false)
+        })
+        .collect();
+    lacking.sort_unstable();
+    lacking
+}
+
+impl PartDelta {
+    /// Carries rows `ids` (ascending) of the new part's halo with their features, gathered from
+    /// `features` (the whole dataset's, `num_nodes_global x feat_dim`).
+    pub fn carry_halo_rows(&mut self, ids: Vec<u32>, features: FeatureView<'_>) -> Result<()> {
+        ensure!(
+            features.dtype() == self.feature_dtype
+                && features.len() == self.num_nodes_global * self.feat_dim,
+            "the features are not the delta's dataset's"
+        );
+        ensure!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "the carried halo rows are not ascending"
+        );
+        let row_bytes = self.feat_dim * self.feature_dtype.size_bytes();
+        let all = features.as_bytes();
+        let mut bytes = Vec::with_capacity(ids.len() * row_bytes);
+        for &v in &ids {
+            let at = v as usize * row_bytes;
+            bytes.extend_from_slice(
+                all.get(at..at + row_bytes)
+                    .with_context(|| format!("node {v} is outside the dataset"))?,
+            );
+        }
+        self.halo_rows = ids;
+        self.halo_features = bytes;
+        Ok(())
+    }
+
+    /// The carried rows of the input halo, checked (ascending ids of the dataset, one row each).
+    pub fn halo_rows(&self) -> Result<HaloRows> {
+        let row_bytes = self.feat_dim * self.feature_dtype.size_bytes();
+        ensure!(
+            self.halo_features.len() == self.halo_rows.len() * row_bytes,
+            "{} bytes of features for {} carried halo rows of {row_bytes} bytes",
+            self.halo_features.len(),
+            self.halo_rows.len()
+        );
+        ensure!(
+            self.halo_rows.windows(2).all(|w| w[0] < w[1])
+                && self
+                    .halo_rows
+                    .last()
+                    .is_none_or(|&v| (v as usize) < self.num_nodes_global),
+            "the carried halo rows are not ascending ids of the dataset's {} nodes",
+            self.num_nodes_global
+        );
+        let mut features =
+            Features::zeros(self.feature_dtype, self.halo_rows.len() * self.feat_dim);
+        features.as_bytes_mut().copy_from_slice(&self.halo_features);
+        Ok(HaloRows {
+            ids: self.halo_rows.clone(),
+            features,
+        })
     }
 }
 
@@ -452,6 +557,12 @@ impl PartDelta {
             ),
             ints("send_lens", &mut send_lens),
             ints("send_rows", &mut send_rows),
+            ints("halo_rows", &mut u32s(&self.halo_rows)),
+            Array {
+                name: "halo_features",
+                count: self.halo_features.len(),
+                bytes: self.halo_features.as_slice().into(),
+            },
         ]
     }
 
@@ -460,10 +571,13 @@ impl PartDelta {
         let arrays = self.arrays();
         let mut sizes = DeltaBytes::default();
         for a in &arrays {
-            // the gained rows' own arrays are the `gained*` ones
-            match a.name.starts_with("gained") {
-                true => sizes.rows += a.bytes.len() as u64,
-                false => sizes.bookkeeping += a.bytes.len() as u64,
+            // the gained rows' own arrays are the `gained*` ones, the carried halo rows' `halo_rows` and
+            // `halo_features`
+            let size = a.bytes.len() as u64;
+            match a.name {
+                "halo_rows" | "halo_features" => sizes.halo += size,
+                gained if gained.starts_with("gained") => sizes.rows += size,
+                _ => sizes.bookkeeping += size,
             }
         }
         let header = Header {
@@ -585,6 +699,12 @@ impl PartDelta {
             "gained_features names {features_len} bytes and holds {}",
             features.len()
         );
+        let (halo_len, halo_features) = get("halo_features")?;
+        ensure!(
+            halo_len == halo_features.len(),
+            "halo_features names {halo_len} bytes and holds {}",
+            halo_features.len()
+        );
         Ok(PartDelta {
             part: h.part,
             k: h.k,
@@ -609,6 +729,8 @@ impl PartDelta {
             halo_degree: conv("halo_degree")?,
             recv,
             send,
+            halo_rows: conv("halo_rows")?,
+            halo_features: halo_features.to_vec(),
         })
     }
 }
@@ -729,14 +851,44 @@ mod tests {
                 let new = parts(&ds, &new_owner, k_new);
                 for want in &new {
                     let held = old.get(want.part);
-                    let d = diff(&old_owner, &new_owner, want);
+                    let mut d = diff(&old_owner, &new_owner, want);
+                    // the halo rows it will not hold: not its own before, nor (when its model kept
+                    // it) in its old halo
+                    for kept in [false, true] {
+                        let lacking = lacking_halo(&old_owner, ds.csr(), want, kept);
+                        let holds = |u: &u32| {
+                            held.is_some_and(|p| {
+                                p.owned.contains(u) || (kept && p.halo.contains(u))
+                            })
+                        };
+                        let mut want_lacking: Vec<u32> =
+                            want.halo.iter().copied().filter(|u| !holds(u)).collect();
+                        want_lacking.sort_unstable();
+                        assert_eq!(lacking, want_lacking, "seed {seed}, {k_old} -> {k_new}");
+                        if kept {
+                            d.carry_halo_rows(lacking, ds.features.view()).unwrap();
+                        }
+                    }
                     let path = dir.path().join("d.bin");
                     let size = d.write(&path).unwrap();
                     assert_eq!(size.file, std::fs::metadata(&path).unwrap().len());
                     assert!(size.rows >= d.gained_features.len() as u64);
                     assert!(size.rows + size.bookkeeping < size.file);
+                    // the carried rows are counted apart: their features and a varint an id
+                    let (carried, ids) = (d.halo_features.len() as u64, d.halo_rows.len() as u64);
+                    assert!(size.halo >= carried + ids && size.halo <= carried + 5 * ids);
                     let read = PartDelta::read(&path).unwrap();
                     assert_eq!(read, d);
+                    // the carried rows are the dataset's rows
+                    let carried = read.halo_rows().unwrap();
+                    let row_bytes = 5 * 4;
+                    for (i, &v) in carried.ids.iter().enumerate() {
+                        let v = v as usize;
+                        assert_eq!(
+                            &carried.features.view().as_bytes()[i * row_bytes..(i + 1) * row_bytes],
+                            &ds.features.view().as_bytes()[v * row_bytes..(v + 1) * row_bytes]
+                        );
+                    }
                     let got = apply(held, &read).unwrap();
                     assert_eq!(
                         &got, want,

@@ -83,6 +83,11 @@ pub trait Coordinator {
         let _ = wait;
         false
     }
+    /// The part a gated worker trains on and keeps for its next resize: a delta sent ahead is applied to
+    /// it beside training. Without a coordinator that resizes: nothing.
+    fn kept_part(&mut self, part: &Arc<Part>) {
+        let _ = part;
+    }
 }
 
 /// What the coordinator says at the end of a gated epoch.
@@ -108,11 +113,68 @@ pub enum Segment {
 /// the part it trained on (the rows it holds), to which the next assignment's part delta applies.
 pub struct Held {
     pub state: Option<crate::Resume>,
-    pub part: Option<Part>,
-    /// `part` is what the part delta served as this artifact (name, checksum) makes on its own: a joiner
-    /// started ahead applied it while it waited ([`ToWorker::Prefetch`]), so an assignment naming it
-    /// trains on `part` as it is.
-    pub applied: Option<(String, u64)>,
+    /// Shared with a delta applied to it ahead ([`Applied::from`]).
+    pub part: Option<Arc<Part>>,
+    /// The next assignment's part delta, applied ahead ([`ToWorker::Prefetch`]): by a joiner started
+    /// ahead while it waited, by a survivor beside training. An assignment naming that delta trains on
+    /// its part as it is.
+    pub applied: Option<Applied>,
+}
+
+/// A part delta applied ahead: the artifact it was served as (name, checksum), the part it makes, the
+/// rows of its input halo it carried, and the part it was applied to (`None`: a joiner's, applied to
+/// nothing), which must be the part held when the assignment comes.
+pub struct Applied {
+    pub artifact: (String, u64),
+    pub part: Part,
+    pub halo_rows: crate::delta::HaloRows,
+    pub from: Option<Arc<Part>>,
+}
+
+impl Applied {
+    /// Whether this is what assignment `a`'s part delta makes of `held` (the part held now).
+    fn is_for(&self, a: &Assignment, held: Option<&Arc<Part>>) -> bool {
+        let same_from = match (&self.from, held) {
+            (None, None) => true,
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        };
+        match &a.part {
+            PartSource::Served(art) => {
+                a.part_delta && same_from && self.artifact == (art.name.clone(), art.xxh3)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// What a gated worker shares with the thread reading the coordinator's words: the part it trains on
+/// and keeps for the next resize, and the next resize's part delta being applied to it beside training
+/// (the artifact's name and checksum with the thread applying it).
+#[derive(Default)]
+struct Ahead {
+    kept: Mutex<Option<Arc<Part>>>,
+    #[allow(clippy::type_complexity)]
+    applying: Mutex<Option<((String, u64), std::thread::JoinHandle<Option<Applied>>)>>,
+}
+
+impl Ahead {
+    /// The delta applied ahead if it is what `a`'s part delta makes of `held` (waiting for the thread
+    /// applying it); one applied for another assignment is dropped.
+    fn take_for(&self, a: &Assignment, held: Option<&Arc<Part>>) -> Option<Applied> {
+        let (artifact, handle) = self
+            .applying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        let wanted = match &a.part {
+            PartSource::Served(art) => a.part_delta && artifact == (art.name.clone(), art.xxh3),
+            _ => false,
+        };
+        // not wanted: the thread ends by itself, its part dropped
+        let applied = wanted.then(|| handle.join().ok().flatten()).flatten()?;
+        applied.is_for(a, held).then_some(applied)
+    }
 }
 
 /// Reads `ca.pem`, `cert.pem` and `key.pem` from `dir`.
@@ -305,7 +367,7 @@ fn ended(
     failed: Option<anyhow::Error>,
     paused: bool,
     gated: bool,
-    keep: Option<Part>,
+    keep: Option<Arc<Part>>,
 ) -> Result<std::result::Result<(crate::Resume, physalia_gnn::TrainSummary), Segment>> {
     let pause = |state, part| {
         Segment::Paused(Box::new(Held {
@@ -449,19 +511,10 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
     // a joiner started ahead may hold the part this assignment's delta makes (applied while it waited);
     // one made from another delta is no part of this assignment's
-    let preapplied = match (&a.part, held.as_ref().and_then(|h| h.applied.as_ref())) {
-        (PartSource::Served(art), Some((name, xxh3))) => {
-            a.part_delta && (name, *xxh3) == (&art.name, art.xxh3)
-        }
-        _ => false,
-    };
-    let held = held.map(|mut h| {
-        if h.applied.is_some() && !preapplied {
-            h.part = None;
-            h.applied = None;
-        }
-        h
-    });
+    let preapplied = held
+        .as_ref()
+        .and_then(|h| h.applied.as_ref().map(|ap| ap.is_for(a, h.part.as_ref())))
+        .unwrap_or(false);
     let (part_path, part_bytes) = match &a.part {
         PartSource::Served(art) if preapplied => (None, art.size),
         PartSource::Served(art) => (Some(io.artifact(art)?), art.size),
@@ -510,23 +563,28 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     // every mode resizes in place: a gated worker waits for the coordinator's word after each epoch
     let gated = a.gated.then_some(a.train.epochs);
     let mut paused = false;
-    let (mut held, mut held_part) = match held {
-        Some(h) => (h.state, h.part),
+    let (mut held, mut held_part, applied) = match held {
+        Some(h) => (h.state, h.part, h.applied),
+        None => (None, None, None),
+    };
+    // the part its delta made ahead, and the rows of the input halo the delta carried (read with it)
+    let (mut applied_part, mut carried) = match applied.filter(|_| preapplied) {
+        Some(ap) => (Some(ap.part), Some(ap.halo_rows)),
         None => (None, None),
     };
     // what the epochs trained, and the part a gated worker keeps for the next assignment
     let (trained, keep): (
         Result<(crate::Resume, physalia_gnn::TrainSummary)>,
-        Option<Part>,
+        Option<Arc<Part>>,
     ) = match a.mode {
         TrainMode::Partition => {
             // the old model's kept input halo, in the held part's halo order (the state continues
             // without it: its rows seed the new part's halo below)
-            let old_halo = held.as_mut().and_then(|h| h.model.take_input_halo());
+            let kept_halo = held.as_mut().and_then(|h| h.model.take_input_halo());
             let part = match (&a.part, a.part_delta) {
                 // a lost peer replaced: this worker trains on the part it holds
                 (PartSource::Held, _) => {
-                    let part = held_part.take().context(
+                    let part = held_part.take().map(Arc::unwrap_or_clone).context(
                         "the assignment keeps the part this worker holds, and it holds none",
                     )?;
                     eprintln!(
@@ -537,13 +595,13 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     );
                     part
                 }
-                // a joiner started ahead applied its delta while it waited
+                // its delta applied ahead (a joiner's while it waited, a survivor's beside training)
                 (_, true) if preapplied => {
-                    let part = held_part
+                    let part = applied_part
                         .take()
                         .context("the applied delta's part is held")?;
                     eprintln!(
-                        "worker {rank}: part {} of {} ({} rows) made from its delta while it waited",
+                        "worker {rank}: part {} of {} ({} rows) made from its delta ahead",
                         part.part,
                         part.k,
                         part.owned.len()
@@ -554,7 +612,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 (_, true) => {
                     let t = Instant::now();
                     let delta = crate::delta::PartDelta::read(served_path()?)?;
-                    let part = crate::delta::apply(held_part.as_ref(), &delta)?;
+                    let part = crate::delta::apply(held_part.as_deref(), &delta)?;
+                    carried = Some(delta.halo_rows()?);
                     eprintln!(
                         "worker {rank}: part {} of {} from the {} rows held and a delta of {} bytes ({} rows \
                          gained, {} given up) in {:.3} s",
@@ -575,37 +634,59 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             // the rows of the new part's input halo this worker holds (the old part's rows and its
             // halo's), when the model keeps one: only the others are fetched
             let old = match (&held_part, &a.part) {
-                (Some(old), _) => Some(old),
+                (Some(old), _) => Some(&**old),
                 (None, PartSource::Held) => Some(&part),
                 (None, _) => None,
             };
+            // and those its delta carried (a joiner's whole input halo)
+            let carried = carried.take().filter(|c| !c.ids.is_empty());
+            let mut raw: Vec<crate::seed::RawRows<'_>> =
+                old.map(crate::seed::RawRows::owned).into_iter().collect();
+            raw.extend(
+                carried
+                    .as_ref()
+                    .map(|c| crate::seed::RawRows::carried(c, part.feat_dim)),
+            );
+            // the old model's halo rows are in the held part's halo order
+            let old_halo = held_part
+                .as_ref()
+                .zip(kept_halo.as_ref())
+                .map(|(o, h)| (&o.halo[..], h));
             // a model with peers that keeps its input halo fetches one (alone it has no halo)
             let keeps = physalia_gnn::device::keeps_input_halo(&a.model)
                 && !a.exchange.rematerialize
                 && a.peers.len() > 1;
-            if let (Some(r), Some(old), true) = (resume.as_mut(), old, keeps) {
+            if let (Some(r), false, true) =
+                (resume.as_mut(), raw.is_empty() && old_halo.is_none(), keeps)
+            {
                 let t = Instant::now();
                 let seed = crate::seed::input_halo_seed(
                     &part,
-                    old,
-                    old_halo.as_ref(),
+                    &raw,
+                    old_halo,
                     a.row_normalize,
                     a.exchange.dtype,
                 );
                 eprintln!(
-                    "worker {rank}: holds {} of the {} rows of its input halo (gathered in {:.3} s)",
+                    "worker {rank}: holds {} of the {} rows of its input halo ({} carried by its delta; \
+                     gathered in {:.3} s)",
                     seed.len(),
                     part.halo.len(),
+                    carried.as_ref().map_or(0, |c| c.ids.len()),
                     t.elapsed().as_secs_f64()
                 );
                 r.model.seed_input_halo(seed);
             }
-            drop(old_halo);
+            drop(raw);
+            drop(carried);
+            drop(kept_halo);
             drop(held_part);
             // a gated worker may be resized in place: it keeps the rows it trains on for the next delta
+            // (applied to them beside training when it is sent ahead)
             let t_keep = Instant::now();
-            let keep = gated.map(|_| part.clone());
-            if keep.is_some() {
+            let keep = gated.map(|_| Arc::new(part.clone()));
+            if let Some(k) = &keep {
+                io.kept_part(k);
                 eprintln!(
                     "worker {rank}: kept a copy of its part for the next resize in {:.3} s",
                     t_keep.elapsed().as_secs_f64()
@@ -638,7 +719,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let ds = dataset(io)?;
             let part = match &a.part {
                 // a lost peer replaced: this worker samples from the part it holds (checked when loaded)
-                PartSource::Held => held_part.take().context(
+                PartSource::Held => held_part.take().map(Arc::unwrap_or_clone).context(
                     "the assignment keeps the part this worker holds, and it holds none",
                 )?,
                 _ => {
@@ -686,7 +767,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     },
                 )
             };
-            let keep = gated.map(|_| part);
+            let keep = gated.map(|_| Arc::new(part));
             (trained.map_err(Into::into), keep)
         }
         TrainMode::Model => {
@@ -749,6 +830,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
 /// The worker process's [`Coordinator`]: its control connection and work folder.
 struct ControlIo<'a> {
     control: &'a mut ControlClient,
+    /// Where the part kept for the next resize is shared with the thread that applies a delta ahead.
+    ahead: &'a Ahead,
     work: PathBuf,
     rank: usize,
     die_at: Option<usize>,
@@ -762,6 +845,10 @@ struct ControlIo<'a> {
 impl Coordinator for ControlIo<'_> {
     fn artifact(&mut self, artifact: &Artifact) -> Result<PathBuf> {
         Ok(self.control.fetch(artifact, &self.work)?)
+    }
+
+    fn kept_part(&mut self, part: &Arc<Part>) {
+        *self.ahead.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(part.clone());
     }
 
     fn keep(&mut self, what: Upload, path: &Path) -> Result<()> {
@@ -896,12 +983,10 @@ pub fn run_from_env() -> Result<()> {
         match control.recv_timeout(left)? {
             ToWorker::Assign(a) => break a,
             ToWorker::Prefetch { artifacts } => {
-                preload = Some(preload_part(
-                    rank,
-                    prefetcher.clone(),
-                    artifacts,
-                    env.work_dir.clone(),
-                ));
+                // the first artifact is its part delta
+                preload = artifacts.into_iter().next().map(|delta| {
+                    apply_ahead(rank, prefetcher.clone(), delta, env.work_dir.clone(), None)
+                });
             }
             ToWorker::Wait { for_s } => {
                 // a bad value from the coordinator must not turn into a panic or an endless wait
@@ -925,15 +1010,45 @@ pub fn run_from_env() -> Result<()> {
     // the mesh endpoint of the moment (each resize binds a new one): a cancelled epoch closes it, so that
     // no wait on a lost peer outlasts the coordinator's word
     let mesh_abort = Arc::new(Mutex::new(Some(endpoint.abort_handle())));
+    // the part a survivor keeps while it trains, and its next delta applied to it beside training
+    let ahead = Arc::new(Ahead::default());
     if let Some(incoming) = control.take_incoming() {
         let mesh_abort = mesh_abort.clone();
+        let ahead = ahead.clone();
         let own_work_dir = env.work_dir_owned.then(|| env.work_dir.clone());
         let work_dir = env.work_dir.clone();
         std::thread::spawn(move || {
             let why = loop {
                 break match incoming.recv() {
                     Ok(Ok(ToWorker::Prefetch { artifacts })) => {
-                        prefetch(rank, prefetcher.clone(), artifacts, work_dir.clone());
+                        // a survivor's part delta (the first artifact) is applied to the part it
+                        // keeps, beside training; without one kept, it is only fetched
+                        let kept = ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let mut artifacts = artifacts.into_iter();
+                        match (kept, artifacts.next()) {
+                            (Some(from), Some(delta)) => {
+                                let name = (delta.name.clone(), delta.xxh3);
+                                let handle = apply_ahead(
+                                    rank,
+                                    prefetcher.clone(),
+                                    delta,
+                                    work_dir.clone(),
+                                    Some(from),
+                                );
+                                *ahead.applying.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some((name, handle));
+                            }
+                            (None, Some(delta)) => {
+                                prefetch(rank, prefetcher.clone(), vec![delta], work_dir.clone())
+                            }
+                            (_, None) => {}
+                        }
+                        prefetch(
+                            rank,
+                            prefetcher.clone(),
+                            artifacts.collect(),
+                            work_dir.clone(),
+                        );
                         continue;
                     }
                     Ok(Ok(ToWorker::Stop { reason })) => {
@@ -987,7 +1102,13 @@ pub fn run_from_env() -> Result<()> {
         .with_context(|| format!("creating the work folder {}", env.work_dir.display()))?;
     let trained = (|| -> Result<_> {
         // what a joiner applied while it waited (an assignment that names another part ignores it)
-        let preloaded = preload.and_then(|p| p.join().ok().flatten());
+        let preloaded = preload
+            .and_then(|p| p.join().ok().flatten())
+            .map(|applied| Held {
+                state: None,
+                part: None,
+                applied: Some(applied),
+            });
         let (mut endpoint, mut assignment, mut held) = (endpoint, assignment, preloaded);
         for joins in 0usize.. {
             if die_at_join == Some(joins) {
@@ -1013,6 +1134,7 @@ pub fn run_from_env() -> Result<()> {
                     ));
                     let mut io = ControlIo {
                         control: &mut control,
+                        ahead: &ahead,
                         work: env.work_dir.clone(),
                         rank,
                         die_at,
@@ -1072,7 +1194,14 @@ pub fn run_from_env() -> Result<()> {
                     };
                     check_world(&assignment, rank)?;
                     endpoint = next;
-                    held = Some(*state);
+                    let mut state = *state;
+                    // its delta applied beside training, if it is this assignment's (waited for); the
+                    // part it kept is the held one's (no second reference while it is taken)
+                    if let Some(applied) = ahead.take_for(&assignment, state.part.as_ref()) {
+                        state.applied = Some(applied);
+                    }
+                    ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    held = Some(state);
                 }
             }
         }
@@ -1158,20 +1287,20 @@ fn prefetch(
     });
 }
 
-/// [`prefetch`] for a worker waiting for its first assignment (a joiner started ahead): the first
-/// artifact is its part delta, which it also reads and applies on the thread (it holds no part), so an
+/// [`prefetch`] of a part delta, also read and applied on the thread to `from` (the part this worker
+/// holds: a survivor's, kept while it trains; `None` for a joiner started ahead, waiting), so an
 /// assignment naming that delta trains on the part at once. `None` when that fails (logged; the
 /// assignment then reads the delta as usual).
-fn preload_part(
+fn apply_ahead(
     rank: usize,
     prefetcher: physalia_control::Prefetcher,
-    artifacts: Vec<Artifact>,
+    a: Artifact,
     dir: PathBuf,
-) -> std::thread::JoinHandle<Option<Held>> {
+    from: Option<Arc<Part>>,
+) -> std::thread::JoinHandle<Option<Applied>> {
     std::thread::spawn(move || {
-        let a = artifacts.first()?.clone();
         let t = Instant::now();
-        let applied = (|| -> Result<Part> {
+        let applied = (|| -> Result<(Part, crate::delta::HaloRows)> {
             let path = match prefetcher.fetch(&a, &dir)? {
                 Some(copy) => copy,
                 None => prefetcher
@@ -1180,15 +1309,22 @@ fn preload_part(
             };
             let delta = crate::delta::PartDelta::read(&path)?;
             ensure!(
-                delta.held == 0,
+                delta.held == from.as_ref().map_or(0, |p| p.owned.len()),
                 "the delta applies to a part this worker does not hold"
             );
-            crate::delta::apply(None, &delta)
+            Ok((
+                crate::delta::apply(from.as_deref(), &delta)?,
+                delta.halo_rows()?,
+            ))
         })();
+        let when = match from {
+            Some(_) => "beside training",
+            None => "while waiting",
+        };
         match applied {
-            Ok(part) => {
+            Ok((part, halo_rows)) => {
                 eprintln!(
-                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows) while waiting, in {:.3} s",
+                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows) {when}, in {:.3} s",
                     a.name,
                     a.size,
                     part.part,
@@ -1196,15 +1332,16 @@ fn preload_part(
                     part.owned.len(),
                     t.elapsed().as_secs_f64()
                 );
-                Some(Held {
-                    state: None,
-                    part: Some(part),
-                    applied: Some((a.name.clone(), a.xxh3)),
+                Some(Applied {
+                    artifact: (a.name.clone(), a.xxh3),
+                    part,
+                    halo_rows,
+                    from,
                 })
             }
             Err(e) => {
                 eprintln!(
-                    "worker {rank}: applying {} while waiting failed ({e:#}); the assignment reads it",
+                    "worker {rank}: applying {} {when} failed ({e:#}); the assignment reads it",
                     a.name
                 );
                 None
@@ -1349,19 +1486,20 @@ mod tests {
         // a container's view: the coordinator's paths are not on this machine
         delta.path = Some(PathBuf::from("/nonexistent/delta2.bin"));
         bad.path = None;
-        let held = preload_part(
+        let applied = apply_ahead(
             2,
             client.prefetcher(),
-            vec![delta.clone()],
+            delta.clone(),
             work.path().into(),
+            None,
         )
         .join()
         .unwrap()
         .expect("applied");
-        assert_eq!(held.part.as_ref(), Some(&want));
-        assert_eq!(held.applied, Some((delta.name.clone(), delta.xxh3)));
-        assert!(held.state.is_none());
-        let none = preload_part(2, client.prefetcher(), vec![bad], work.path().into())
+        assert_eq!(applied.part, want);
+        assert_eq!(applied.artifact, (delta.name.clone(), delta.xxh3));
+        assert!(applied.from.is_none());
+        let none = apply_ahead(2, client.prefetcher(), bad, work.path().into(), None)
             .join()
             .unwrap();
         assert!(none.is_none());

@@ -5,24 +5,58 @@
 //! holds most of its new halo: the rows it gave up are in the part it held, and rows of its old halo that
 //! stay in the new one came with the old model. [`input_halo_seed`] gathers them, exactly as their new owners
 //! would send them, so only the other rows cross the network ([`physalia_gnn::Exchange::forward_seeded`]).
-//! A survivor of a growth holds every row of its new halo, one of a shrink most of them. A worker that
+//! A survivor of a growth holds every row of its new halo, one of a shrink most of them; the others, and a
+//! joiner's whole input halo, its part delta carries when the coordinator prepared it ahead (it has the
+//! features: [`crate::delta::lacking_halo`]), so they are fetched beside training, not in the pause. A worker that
 //! keeps its part while a lost peer is replaced holds none: its own rows are no halo rows, and the
 //! cancelled epoch's model, with the halo rows it kept, is gone (the checkpoint's model holds none).
 
+use crate::delta::HaloRows;
 use physalia_gnn::{HaloSeed, Matrix};
 use physalia_graph::FeatureView;
 use physalia_graph::partition::Part;
 use physalia_wire::Dtype;
 
-/// The rows of `new`'s halo this worker holds: the features of `old`'s owned nodes (widened to f32 and
-/// row-normalised when `row_normalize`, as the engine prepares its own rows) and the rows of `old`'s halo
-/// that `old_halo` holds (the first layer's kept input halo, in `old.halo`'s order; ignored unless it is
-/// `old.halo.len() x feat_dim`), every row rounded to `dtype` as the wire rounds the rows it carries.
-/// Bitwise what a peer would send, so training is unchanged.
+/// Rows of features a worker holds, as the dataset stores them: its old part's owned rows, or the rows of
+/// its input halo a part delta carried ([`crate::delta::HaloRows`]).
+#[derive(Clone, Copy)]
+pub struct RawRows<'a> {
+    /// Global ids, ascending.
+    pub ids: &'a [u32],
+    /// `ids.len() x feat_dim`, in `ids`' order.
+    pub features: FeatureView<'a>,
+    pub feat_dim: usize,
+}
+
+impl<'a> RawRows<'a> {
+    /// A part's owned rows.
+    pub fn owned(part: &'a Part) -> RawRows<'a> {
+        RawRows {
+            ids: &part.owned,
+            features: part.features.view(),
+            feat_dim: part.feat_dim,
+        }
+    }
+
+    /// The rows a delta carried.
+    pub fn carried(rows: &'a HaloRows, feat_dim: usize) -> RawRows<'a> {
+        RawRows {
+            ids: &rows.ids,
+            features: rows.features.view(),
+            feat_dim,
+        }
+    }
+}
+
+/// The rows of `new`'s halo this worker holds: the rows of `raw` (its old part's own, those a delta
+/// carried; widened to f32 and row-normalised when `row_normalize`, as the engine prepares its own rows)
+/// and the rows of `old_halo` (the old part's halo ids and the first layer's kept input halo, one row
+/// each; ignored unless it is `feat_dim` wide), every row rounded to `dtype` as the wire rounds the rows
+/// it carries. Bitwise what a peer would send, so training is unchanged.
 pub fn input_halo_seed(
     new: &Part,
-    old: &Part,
-    old_halo: Option<&Matrix>,
+    raw: &[RawRows<'_>],
+    old_halo: Option<(&[u32], &Matrix)>,
     row_normalize: bool,
     dtype: Dtype,
 ) -> HaloSeed {
@@ -30,48 +64,57 @@ pub fn input_halo_seed(
     if d == 0 {
         return HaloSeed::default();
     }
-    let old_halo = old_halo.filter(|h| h.shape() == (old.halo.len(), d) && old.feat_dim == d);
+    let old_halo = old_halo.filter(|(ids, h)| h.shape() == (ids.len(), d));
     // the old halo's ids sorted, with their rows in `old_halo`
     let mut by_gid: Vec<(u32, usize)> = match old_halo {
-        Some(_) => old.halo.iter().enumerate().map(|(i, &g)| (g, i)).collect(),
+        Some((ids, _)) => ids.iter().enumerate().map(|(i, &g)| (g, i)).collect(),
         None => Vec::new(),
     };
     by_gid.sort_unstable();
+    let raw: Vec<&RawRows<'_>> = raw
+        .iter()
+        .filter(|r| r.feat_dim == d && r.features.len() == r.ids.len() * d)
+        .collect();
     // the held rows of the new halo in ascending node order (so the seed is built in one copy)
     let mut held: Vec<(u32, Held)> = new
         .halo
         .iter()
-        .filter_map(|&gid| match old.owned.binary_search(&gid) {
-            Ok(r) if old.feat_dim == d => Some((gid, Held::Own(r))),
-            Ok(_) => None,
-            Err(_) => {
-                let i = by_gid.binary_search_by_key(&gid, |&(g, _)| g).ok()?;
-                Some((gid, Held::Halo(by_gid[i].1)))
-            }
+        .filter_map(|&gid| {
+            let found = raw
+                .iter()
+                .enumerate()
+                .find_map(|(s, r)| r.ids.binary_search(&gid).ok().map(|i| Held::Raw(s, i)));
+            found
+                .or_else(|| {
+                    let i = by_gid.binary_search_by_key(&gid, |&(g, _)| g).ok()?;
+                    Some(Held::Halo(by_gid[i].1))
+                })
+                .map(|h| (gid, h))
         })
         .collect();
     held.sort_unstable_by_key(|&(gid, _)| gid);
     // the held features as the engine prepares its rows, then the wire's rounding (the old halo's rows
     // crossed the wire already)
-    let features = old.features.view();
-    let mut own_rows = Vec::new();
+    let mut raw_rows = Vec::new();
     for (_, h) in &held {
-        if let Held::Own(r) = *h {
-            widen_row(features, r, d, &mut own_rows);
+        if let Held::Raw(s, i) = *h {
+            widen_row(raw[s].features, i, d, &mut raw_rows);
         }
     }
-    let mut own = Matrix::from_vec(own_rows.len() / d, d, own_rows);
+    let mut prepared = Matrix::from_vec(raw_rows.len() / d, d, raw_rows);
     if row_normalize {
-        own.row_normalize();
+        prepared.row_normalize();
     }
-    let own = rounded(own, dtype);
-    let mut own_next = own.data().chunks_exact(d);
+    let prepared = rounded(prepared, dtype);
+    let mut prepared_next = prepared.data().chunks_exact(d);
     let mut data = Vec::with_capacity(held.len() * d);
     for (_, h) in &held {
         match *h {
-            Held::Own(_) => data.extend_from_slice(own_next.next().expect("one row per own")),
+            Held::Raw(..) => {
+                data.extend_from_slice(prepared_next.next().expect("one row per raw row"))
+            }
             Held::Halo(i) => {
-                data.extend_from_slice(old_halo.expect("halo rows only with it").row(i))
+                data.extend_from_slice(old_halo.expect("halo rows only with it").1.row(i))
             }
         }
     }
@@ -80,10 +123,10 @@ pub fn input_halo_seed(
     HaloSeed::new(gids, rows).expect("one row per id, built together")
 }
 
-/// Where a held row of the new halo comes from: the old part's row `r`, or the old halo's row `i`.
+/// Where a held row of the new halo comes from: row `i` of raw source `s`, or the old halo's row `i`.
 #[derive(Clone, Copy)]
 enum Held {
-    Own(usize),
+    Raw(usize, usize),
     Halo(usize),
 }
 

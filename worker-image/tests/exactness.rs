@@ -14,6 +14,7 @@ use physalia_gnn::{
 use physalia_graph::partition::{DatasetRef, Partitioning, build_parts, partition_metis};
 use physalia_graph::{OwnedDataset, SbmParams, Split};
 use physalia_wire::{Dtype, MemLink};
+use physalia_worker::seed::RawRows;
 use physalia_worker::{Device, ExchangeOptions, train_part, train_part_on};
 
 const EPOCHS: usize = 30;
@@ -720,19 +721,36 @@ fn seeded_run(
 /// are bitwise those of the unseeded run (row-normalised features and 16-bit rows on the wire included:
 /// the seed is rounded as the wire rounds), epoch 1's layer-0 bytes are exactly the rows asked for plus
 /// the requests, and a seed with wrong values changes the losses (the seeded rows are the ones trained on).
+/// With the rows each lacks carried by its part delta (`delta::lacking_halo`, through a delta file), every
+/// worker, the joiner too, holds its whole input halo, fetches no row, and trains the same.
 #[test]
 fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
     let ds = sbm();
-    let old = build_parts(
-        DatasetRef::from(&ds),
-        &partition_metis(ds.csr(), 2, 0).unwrap(),
-    )
-    .unwrap();
-    let new = build_parts(
-        DatasetRef::from(&ds),
-        &partition_metis(ds.csr(), 3, 1).unwrap(),
-    )
-    .unwrap();
+    let old_p = partition_metis(ds.csr(), 2, 0).unwrap();
+    let new_p = partition_metis(ds.csr(), 3, 1).unwrap();
+    let old = build_parts(DatasetRef::from(&ds), &old_p).unwrap();
+    let new = build_parts(DatasetRef::from(&ds), &new_p).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // the rows of its new halo each worker will not hold, as its delta carries them
+    let carried: Vec<physalia_worker::delta::HaloRows> = new
+        .iter()
+        .map(|part| {
+            let mut delta = physalia_worker::delta::diff(&old_p.parts, &new_p.parts, part);
+            let lacking = physalia_worker::delta::lacking_halo(&old_p.parts, ds.csr(), part, true);
+            delta.carry_halo_rows(lacking, ds.features.view()).unwrap();
+            let path = dir.path().join(format!("delta{}.bin", part.part));
+            delta.write(&path).unwrap();
+            physalia_worker::delta::PartDelta::read(&path)
+                .unwrap()
+                .halo_rows()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        carried[2].ids.len(),
+        new[2].halo.len(),
+        "the joiner's whole halo"
+    );
     let d = ds.meta.feat_dim;
     for (kind, normalize, dtype) in [
         (LayerKind::Sage, false, Dtype::F32),
@@ -755,17 +773,34 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             2,
             vec![None, None],
         );
+        let kept = |r: usize| before[r].2.as_ref().map(|h| (&old[r].halo[..], h));
         let seeds: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
             .map(|r| {
                 (r < 2).then(|| {
                     physalia_worker::seed::input_halo_seed(
                         &new[r],
-                        &old[r],
-                        before[r].2.as_ref(),
+                        &[RawRows::owned(&old[r])],
+                        kept(r),
                         normalize,
                         dtype,
                     )
                 })
+            })
+            .collect();
+        // and with the rows their deltas carry: every row of every halo
+        let full: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
+            .map(|r| {
+                let mut raw = vec![RawRows::carried(&carried[r], d)];
+                raw.extend((r < 2).then(|| RawRows::owned(&old[r])));
+                let seed = physalia_worker::seed::input_halo_seed(
+                    &new[r],
+                    &raw,
+                    if r < 2 { kept(r) } else { None },
+                    normalize,
+                    dtype,
+                );
+                assert_eq!(seed.len(), new[r].halo.len(), "{ctx}: worker {r}");
+                Some(seed)
             })
             .collect();
         for (r, seed) in seeds.iter().enumerate().take(2) {
@@ -783,8 +818,15 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             assert!(!seed.is_empty() && seed.len() < new[r].halo.len(), "{ctx}");
         }
         // the device path too (the GPU's, on the CPU's primitives): the host model hands its seed over
-        for device in [Device::Cpu, Device::Emulated] {
-            let ctx = format!("{ctx} on {device:?}");
+        for (device, seeds) in [
+            (Device::Cpu, &seeds),
+            (Device::Emulated, &seeds),
+            (Device::Cpu, &full),
+        ] {
+            let ctx = format!(
+                "{ctx} on {device:?}, {} rows seeded",
+                seeds.iter().flatten().map(|s| s.len()).sum::<usize>()
+            );
             let plain = seeded_run(
                 device,
                 &new,
@@ -795,6 +837,12 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 vec![None, None, None],
             );
             let seeded = seeded_run(device, &new, &cfg, normalize, &opts, 3, seeds.clone());
+            if std::ptr::eq(seeds, &full) {
+                assert!(
+                    (0..3).all(|r| seeded[r].3 == 0),
+                    "{ctx}: a fully seeded halo fetches nothing"
+                );
+            }
             let row_bytes = (d * dtype.size_bytes()) as u64;
             for r in 0..3 {
                 assert_eq!(seeded[r].0, plain[r].0, "{ctx}: worker {r}'s losses");

@@ -1413,8 +1413,9 @@ impl Driver<'_> {
         let line = format!(
             "resizing in place after epoch {resume_epoch}: {n_old} -> {n} workers, {} rows change owner \
              ({} of features), partitioning {how} ({:.3} s to make, {:.3} s in the pause); the workers \
-             get deltas of {} in all ({} of rows gained, {} of halo bookkeeping) [bytes: deltas {} rows {} \
-             bookkeeping {} moved_features {}]",
+             get deltas of {} in all ({} of rows gained, {} of halo bookkeeping, {} of input-halo rows \
+             they would otherwise fetch from their peers) [bytes: deltas {} rows {} bookkeeping {} \
+             moved_features {} halo_rows {}]",
             prepared.moved,
             summary::fmt_bytes(prepared.moved_feature_bytes),
             prepared.seconds,
@@ -1422,10 +1423,12 @@ impl Driver<'_> {
             summary::fmt_bytes(prepared.file_bytes),
             summary::fmt_bytes(prepared.row_bytes),
             summary::fmt_bytes(prepared.bookkeeping_bytes),
+            summary::fmt_bytes(prepared.halo_bytes),
             prepared.file_bytes,
             prepared.row_bytes,
             prepared.bookkeeping_bytes,
             prepared.moved_feature_bytes,
+            prepared.halo_bytes,
         );
         r.log.line(&line);
         tracing::info!("{line}");
@@ -1788,6 +1791,8 @@ impl Driver<'_> {
             k_old,
             files: self.files.clone(),
             tag: tag.to_string(),
+            input_halo: physalia_gnn::device::keeps_input_halo(self.cfg)
+                && !exchange_options(self.spec).rematerialize,
         }
     }
 
@@ -1817,11 +1822,10 @@ impl Driver<'_> {
 
     /// Once the most likely resize of a launch is prepared (the first count `JobAction::Prepare` named),
     /// serves its deltas and tells each worker that will apply one to fetch it now, while the job trains
-    /// ([`ToWorker::Prefetch`]): the survivors where workers do not read this machine's disk (else their
-    /// deltas are only hashed for serving, out of the pause), and the joiners started ahead for that count
-    /// once they registered, wherever they run (idle, they apply it too). Each delta is offered once.
+    /// ([`ToWorker::Prefetch`]): the survivors, which fetch it (unless they read this machine's disk) and
+    /// apply it to the part they keep beside training, and the joiners started ahead for that count once
+    /// they registered, wherever they run (idle, they apply it too). Each delta is offered once.
     fn prefetch_prepared(&self, r: &mut Running) {
-        let remote = !platform::of_job(self.job).workers_read_coordinator_disk();
         let mut preparing = self.preparing.borrow_mut();
         let mut prefetched = self.prefetched.borrow_mut();
         let mut seen = std::collections::HashSet::new();
@@ -1840,13 +1844,7 @@ impl Driver<'_> {
                 // the worker that will apply it: a survivor, or a joiner started ahead (not registered
                 // yet: later)
                 let survivor = r.live.get(&launch).filter(|l| rank < l.ranks);
-                if survivor.is_some() && !remote {
-                    // read in place: hashed for serving now, the pause does not hash it
-                    let _ = self.serve(&format!("part-{tag}-{rank}"), delta);
-                    prefetched.insert((launch, k, rank));
-                    continue;
-                }
-                // a joiner is told wherever it runs: it applies its delta while it waits
+                // every worker is told wherever it runs: it applies its delta ahead
                 let outbox = match survivor {
                     Some(l) => l.outboxes.get(rank).cloned().flatten(),
                     None => r

@@ -10,6 +10,13 @@
 //!
 //! Deltas, not part files: a survivor keeps the rows it holds, so it is sent only the rows it gains;
 //! a joiner's delta carries its whole part. The bytes a resize moves are the deltas' sizes.
+//!
+//! When the job's model keeps its first layer's input halo (input dropout: the features' halo rows are
+//! fetched once per launch), each delta also carries the rows of its rank's new halo the rank will not
+//! hold (`physalia_worker::delta::lacking_halo`: a joiner's whole halo, a shrink's survivor's rows from the
+//! leavers' parts), so the workers seed their input halo with them instead of fetching them from their
+//! peers in the pause. Counted apart: they are no rows that change owner, and without them the first
+//! epoch after the resize fetches the same rows over the mesh.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +43,8 @@ pub struct Prepared {
     /// the bookkeeping (lost rows' ids, halo ids and degrees, receive and send lists); the files' sizes.
     pub row_bytes: u64,
     pub bookkeeping_bytes: u64,
+    /// The input halo's rows the deltas carry (ids and features; 0 unless [`Input::input_halo`]).
+    pub halo_bytes: u64,
     pub file_bytes: u64,
     /// Seconds it took to make.
     pub seconds: f64,
@@ -59,6 +68,9 @@ pub struct Input {
     pub files: Files,
     /// The artifacts' names: `part-<tag>-<rank>`.
     pub tag: String,
+    /// Whether the job's model keeps its first layer's input halo (then each delta carries the rows of
+    /// it its rank will not hold).
+    pub input_halo: bool,
 }
 
 /// Cuts the partitioning for `k_new` workers that overlaps `input.owner` and writes its deltas into `dir`.
@@ -72,6 +84,7 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         k_old,
         files,
         tag,
+        input_halo,
     } = input;
     let sets =
         physalia_graph::partition::ensure_partitions_reusing(dataset, &[k_new], *seed, method)
@@ -103,6 +116,7 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         moved_feature_bytes: 0,
         row_bytes: 0,
         bookkeeping_bytes: 0,
+        halo_bytes: 0,
         file_bytes: 0,
         seconds: 0.0,
         edge_cut: p.edge_cut,
@@ -115,13 +129,19 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     };
     prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;
     for part in &parts {
-        let delta = physalia_worker::delta::diff(owner, &p.parts, part);
+        let mut delta = physalia_worker::delta::diff(owner, &p.parts, part);
+        // alone a worker has no halo; with peers, its old model kept the old part's halo rows
+        if *input_halo && k_new > 1 {
+            let lacking = physalia_worker::delta::lacking_halo(owner, ds.csr(), part, *k_old > 1);
+            delta.carry_halo_rows(lacking, ds.features())?;
+        }
         let path = dir.join(format!("delta{}.bin", part.part));
         let bytes = delta
             .write(&path)
             .with_context(|| format!("writing {}", path.display()))?;
         prepared.row_bytes += bytes.rows;
         prepared.bookkeeping_bytes += bytes.bookkeeping;
+        prepared.halo_bytes += bytes.halo;
         prepared.file_bytes += bytes.file;
         // the checksum the artifact carries, computed now rather than in the pause
         files
