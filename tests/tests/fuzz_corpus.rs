@@ -104,7 +104,10 @@ fn write_seed_corpus() {
     let old_owner: Vec<u32> = (0..n).map(|v| (v % 2) as u32).collect();
     let new_owner: Vec<u32> = (0..n).map(|v| (v % 3) as u32).collect();
     let new = parts(3, new_owner.clone());
-    let d = physalia_worker::delta::diff(&old_owner, &new_owner, &new[0]);
+    let mut d = physalia_worker::delta::diff(&old_owner, &new_owner, &new[0]);
+    // with the rows of its input halo it will not hold
+    let lacking = physalia_worker::delta::lacking_halo(&old_owner, ds.csr(), &new[0], true);
+    d.carry_halo_rows(lacking, ds.features.view()).unwrap();
     let delta = t.path().join("delta0.bin");
     d.write(&delta).unwrap();
     seed(Kind::PartDelta, "ok-delta0.bin", &fs::read(&delta).unwrap());
