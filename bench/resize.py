@@ -140,7 +140,7 @@ def moved(job_dir):
     """Per in-place resize: (rows that change owner, their feature bytes, what the workers got, how the
     partitioning was made)."""
     log = open(os.path.join(job_dir, "logs", "coordinator.log")).read()
-    new = re.findall(r"(\d+) rows change owner \(([^)]*) of features\), partitioning ([^(]*)\(([\d.]+) s to make, "
+    new = re.findall(r"(\d+) rows change owner \(([^)]*) of features\), partitioning ([^(]*)\(([\d.]+) s to make(?:: [^;]*)?[,;] "
                      r"([\d.]+) s in the pause\).*?\[bytes: deltas (\d+) rows (\d+) bookkeeping (\d+) "
                      r"moved_features (\d+)(?: halo_rows (\d+))?\]", log)
     if new:
@@ -171,6 +171,8 @@ def main():
                    help="data parallelism (mini-batches of 1024 seeds, fan-outs 10, 10) instead of partition")
     p.add_argument("--p3", action="store_true",
                    help="model parallelism (P3, mini-batches as --data-parallel) instead of partition")
+    p.add_argument("--keep", help="run the jobs in this folder and keep it (the workers' logs say where each "
+                   "pause went), instead of a temporary one")
     a = p.parse_args()
     global BACKEND, PARALLELISM
     BACKEND = a.backend
@@ -187,7 +189,7 @@ def main():
                     "--feat-dim", str(a.feat_dim), "--seed", "0", "--out", graph], ROOT)
     if a.lose_worker:
         return lose_worker(a, graph)
-    with tempfile.TemporaryDirectory() as tmp:
+    with jobs_folder(a.keep) as tmp:
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None)
         _, want = pauses(fixed, fixed_dir)
         # computes and stores the METIS sets for 2 and 4 parts, which every run after reuses
@@ -217,6 +219,15 @@ def main():
                   f"between {statistics.median(x[1] for x in r):.3f} s")
 
 
+def jobs_folder(keep):
+    """A temporary folder for the jobs, or `keep` (made, and kept afterwards)."""
+    import contextlib
+    if keep is None:
+        return tempfile.TemporaryDirectory()
+    os.makedirs(keep, exist_ok=True)
+    return contextlib.nullcontext(os.path.abspath(keep))
+
+
 def kill_rank_1_container(tmp, name):
     """Waits for job `name` to record epoch 4, then `docker kill`s its rank 1's container."""
     import time
@@ -237,7 +248,7 @@ def lose_worker(a, graph):
     if a.lose_ranks != "1" and BACKEND == "docker":
         sys.exit("--lose-ranks: only rank 1 is killed on docker")
     kill = {"PHYSALIA_TEST_DIE_AT_EPOCH": "5", "PHYSALIA_TEST_DIE_RANK": a.lose_ranks}
-    with tempfile.TemporaryDirectory() as tmp:
+    with jobs_folder(a.keep) as tmp:
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None, workers=3)
         _, want = pauses(fixed, fixed_dir)
         rows = {"in_place": [], "restart": []}

@@ -595,19 +595,22 @@ impl PartDelta {
                 .collect(),
         };
         let json = serde_json::to_vec(&header)?;
-        let mut out = Vec::with_capacity(
-            16 + json.len() + arrays.iter().map(|a| a.bytes.len()).sum::<usize>(),
-        );
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
-        out.extend_from_slice(&json);
-        for a in &arrays {
-            out.extend_from_slice(&a.bytes);
-        }
+        // the arrays written as they are (no copy of the whole file in memory)
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
+        let written = (|| -> std::io::Result<()> {
+            use std::io::Write;
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            out.write_all(MAGIC)?;
+            out.write_all(&(json.len() as u64).to_le_bytes())?;
+            out.write_all(&json)?;
+            for a in &arrays {
+                out.write_all(&a.bytes)?;
+            }
+            out.flush()
+        })();
+        written.with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
-        sizes.file = out.len() as u64;
+        sizes.file = (16 + json.len() + arrays.iter().map(|a| a.bytes.len()).sum::<usize>()) as u64;
         Ok(sizes)
     }
 

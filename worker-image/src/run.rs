@@ -509,8 +509,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     let ids = |ds: &Dataset, s: Split| ds.split(s).iter().map(|&i| i as u32).collect::<Vec<u32>>();
     let options = || a.minibatch.clone().unwrap_or_default();
     // a served part is fetched (or read in place); a part to cut is cut from the dataset when needed
-    // a joiner started ahead may hold the part this assignment's delta makes (applied while it waited);
-    // one made from another delta is no part of this assignment's
+    // the part this assignment's delta makes may be held, applied ahead (by a joiner while it waited, by
+    // a survivor beside training); one made from another delta, or of another part, is no part of this
+    // assignment's
     let preapplied = held
         .as_ref()
         .and_then(|h| h.applied.as_ref().map(|ap| ap.is_for(a, h.part.as_ref())))

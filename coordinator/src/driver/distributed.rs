@@ -1412,13 +1412,19 @@ impl Driver<'_> {
         self.preparing.borrow_mut().retain(|(l, _)| *l != from);
         let line = format!(
             "resizing in place after epoch {resume_epoch}: {n_old} -> {n} workers, {} rows change owner \
-             ({} of features), partitioning {how} ({:.3} s to make, {:.3} s in the pause); the workers \
+             ({} of features), partitioning {how} ({:.3} s to make: {}; {:.3} s in the pause); the workers \
              get deltas of {} in all ({} of rows gained, {} of halo bookkeeping, {} of input-halo rows \
              they would otherwise fetch from their peers) [bytes: deltas {} rows {} bookkeeping {} \
              moved_features {} halo_rows {}]",
             prepared.moved,
             summary::fmt_bytes(prepared.moved_feature_bytes),
             prepared.seconds,
+            prepared
+                .stages
+                .iter()
+                .map(|(n, s)| format!("{n} {s:.2} s"))
+                .collect::<Vec<_>>()
+                .join(", "),
             t.elapsed().as_secs_f64(),
             summary::fmt_bytes(prepared.file_bytes),
             summary::fmt_bytes(prepared.row_bytes),

@@ -46,8 +46,9 @@ pub struct Prepared {
     /// The input halo's rows the deltas carry (ids and features; 0 unless [`Input::input_halo`]).
     pub halo_bytes: u64,
     pub file_bytes: u64,
-    /// Seconds it took to make.
+    /// Seconds it took to make, and where they went (stage, seconds).
     pub seconds: f64,
+    pub stages: Vec<(&'static str, f64)>,
     /// The new partitioning's undirected cut edges, their share of all, and its balance.
     pub edge_cut: usize,
     pub cut_fraction: f64,
@@ -76,6 +77,12 @@ pub struct Input {
 /// Cuts the partitioning for `k_new` workers that overlaps `input.owner` and writes its deltas into `dir`.
 pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     let t = Instant::now();
+    let mut stages = Vec::new();
+    let mut lap = Instant::now();
+    let mut stage = |name: &'static str| {
+        stages.push((name, lap.elapsed().as_secs_f64()));
+        lap = Instant::now();
+    };
     let Input {
         dataset,
         seed,
@@ -95,17 +102,17 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     let target = set.partitioning()?;
     let new_owner = overlapping_owner(owner, *k_old, &target.parts, k_new);
     drop(target);
+    stage("the set read");
     // checksums were verified when the job loaded the dataset
     let ds = physalia_graph::Dataset::open_unverified(dataset)
         .with_context(|| format!("opening {}", dataset.display()))?;
-    let p = physalia_graph::partition::Partitioning::from_assignment(
-        ds.csr(),
-        k_new,
-        new_owner,
-        "in-place",
-        *seed,
-    )?;
+    let p = match ds.meta().directed {
+        true => physalia_graph::partition::Partitioning::from_assignment,
+        false => physalia_graph::partition::Partitioning::from_symmetric_assignment,
+    }(ds.csr(), k_new, new_owner, "in-place", *seed)?;
+    stage("matched");
     let parts = physalia_graph::partition::build_parts(&ds, &p)?;
+    stage("parts built");
     let feature_row_bytes = (ds.meta().feat_dim * ds.features().dtype().size_bytes()) as u64;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut prepared = Prepared {
@@ -119,6 +126,7 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         halo_bytes: 0,
         file_bytes: 0,
         seconds: 0.0,
+        stages: Vec::new(),
         edge_cut: p.edge_cut,
         cut_fraction: if undirected == 0 {
             0.0
@@ -130,15 +138,18 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     prepared.moved_feature_bytes = prepared.moved as u64 * feature_row_bytes;
     for part in &parts {
         let mut delta = physalia_worker::delta::diff(owner, &p.parts, part);
+        stage("deltas cut");
         // alone a worker has no halo; with peers, its old model kept the old part's halo rows
         if *input_halo && k_new > 1 {
             let lacking = physalia_worker::delta::lacking_halo(owner, ds.csr(), part, *k_old > 1);
             delta.carry_halo_rows(lacking, ds.features())?;
+            stage("halo rows gathered");
         }
         let path = dir.join(format!("delta{}.bin", part.part));
         let bytes = delta
             .write(&path)
             .with_context(|| format!("writing {}", path.display()))?;
+        stage("written");
         prepared.row_bytes += bytes.rows;
         prepared.bookkeeping_bytes += bytes.bookkeeping;
         prepared.halo_bytes += bytes.halo;
@@ -147,10 +158,18 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
         files
             .serve(&format!("part-{tag}-{}", part.part), &path)
             .with_context(|| format!("serving {}", path.display()))?;
+        stage("checksummed");
         prepared.deltas.push(path);
     }
     drop(parts);
     prepared.owner = p.parts;
+    // each stage's seconds summed over the parts, in the order they first came
+    for (name, s) in stages {
+        match prepared.stages.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += s,
+            None => prepared.stages.push((name, s)),
+        }
+    }
     prepared.seconds = t.elapsed().as_secs_f64();
     Ok(prepared)
 }
