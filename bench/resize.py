@@ -23,7 +23,8 @@ files read) is still parsed.
 joiner is a container start; the restart path starts every container again).
 
 `--prewarm`: the same resizes as doublings and a halving, with the policy's prewarm starting the next
-launch's workers (restart) or the joiners (in place) one epoch ahead, so no resize waits for a process start.
+launch's workers (restart) or the joiners (in place) one epoch ahead (`--prewarm-epochs 2`: two), so no
+resize waits for a process start.
 
 `--data-parallel`: the same with data parallelism (mini-batches); in place, the survivors keep their
 processes, models and optimizers and the resized launch takes the stored set for the new count.
@@ -84,7 +85,7 @@ max_workers: 4
 cooldown_epochs: 0
 resize: {resize}
 prewarm:
-  when: epoch == 2 || epoch == 5
+  when: epoch == {first} || epoch == {second}
   rule: two-at-3
 rules:
   - name: two-at-3
@@ -162,6 +163,8 @@ def main():
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--prewarm", action="store_true", help="start the joiners (or the next launch) an epoch ahead")
+    p.add_argument("--prewarm-epochs", type=int, default=1, choices=[1, 2],
+                   help="with --prewarm: how many epochs ahead the joiners start")
     p.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "physalia"))
     p.add_argument("--backend", default="local", choices=["local", "docker"])
     p.add_argument("--lose-worker", action="store_true", help="no resize: rank 1 of 3 is killed after epoch 5")
@@ -193,7 +196,8 @@ def main():
         fixed, fixed_dir = submit(a.bin, tmp, "fixed", graph, a.hidden, None)
         _, want = pauses(fixed, fixed_dir)
         # computes and stores the METIS sets for 2 and 4 parts, which every run after reuses
-        policy = PREWARMED if a.prewarm else POLICY
+        policy = PREWARMED.replace("{first}", str(3 - a.prewarm_epochs)).replace(
+            "{second}", str(6 - a.prewarm_epochs)) if a.prewarm else POLICY
         submit(a.bin, tmp, "warm", graph, a.hidden, "restart", policy)
         rows = {"in_place": [], "restart": []}
         for rep in range(a.reps):
