@@ -105,6 +105,11 @@ impl HaloSeed {
         self.gids.len()
     }
 
+    /// The nodes held, ascending, and their rows in that order.
+    pub fn parts(&self) -> (&[u32], &Matrix) {
+        (&self.gids, &self.rows)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.gids.is_empty()
     }

@@ -126,8 +126,21 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
             || rebuilt[0].contains("part 0 of 2 (1500 rows) made from its delta ahead"),
         "{rank0}"
     );
-    // a delta offered ahead was applied beside training and trained on
+    // a delta offered ahead was applied beside training and trained on, and the rows of the new input
+    // halo the survivor held were gathered beside training too
     physalia_tests::assert_deltas_taken_ahead(&dir);
+    let made_ahead = rank0.matches("made from its delta ahead").count();
+    let gathered_ahead = rank0
+        .lines()
+        .filter_map(|l| {
+            l.split_once(" of them beside training")?
+                .0
+                .rsplit(", ")
+                .next()
+        })
+        .filter(|n| n.parse::<usize>().is_ok_and(|n| n > 0))
+        .count();
+    assert_eq!(gathered_ahead, made_ahead, "{rank0}");
     // each survivor seeds its new input halo with the rows it holds (its old part's features and its
     // old model's halo rows) and the rows its delta carries: a survivor of a growth holds every row and
     // is carried none, the shrink's survivor is carried the leavers' rows of its halo, and a joiner is

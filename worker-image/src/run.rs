@@ -84,9 +84,10 @@ pub trait Coordinator {
         false
     }
     /// The part a gated worker trains on and keeps for its next resize: a delta sent ahead is applied to
-    /// it beside training. Without a coordinator that resizes: nothing.
-    fn kept_part(&mut self, part: &Arc<Part>) {
-        let _ = part;
+    /// it beside training (and, `seed_as`, the new input halo's rows it holds gathered). Without a
+    /// coordinator that resizes: nothing.
+    fn kept_part(&mut self, part: &Arc<Part>, seed_as: Option<crate::seed::SeedAs>) {
+        let _ = (part, seed_as);
     }
 }
 
@@ -123,12 +124,14 @@ pub struct Held {
 
 /// A part delta applied ahead: the artifact it was served as (name, checksum), the part it makes, the
 /// rows of its input halo it carried, and the part it was applied to (`None`: a joiner's, applied to
-/// nothing), which must be the part held when the assignment comes.
+/// nothing), which must be the part held when the assignment comes; with the rows of the new input halo
+/// the part applied to and the carried rows hold, gathered under the settings named (a survivor's).
 pub struct Applied {
     pub artifact: (String, u64),
     pub part: Part,
     pub halo_rows: crate::delta::HaloRows,
     pub from: Option<Arc<Part>>,
+    pub seed: Option<(crate::seed::SeedAs, physalia_gnn::HaloSeed)>,
 }
 
 impl Applied {
@@ -153,7 +156,8 @@ impl Applied {
 /// (the artifact's name and checksum with the thread applying it).
 #[derive(Default)]
 struct Ahead {
-    kept: Mutex<Option<Arc<Part>>>,
+    #[allow(clippy::type_complexity)]
+    kept: Mutex<Option<(Arc<Part>, Option<crate::seed::SeedAs>)>>,
     #[allow(clippy::type_complexity)]
     applying: Mutex<Option<((String, u64), std::thread::JoinHandle<Option<Applied>>)>>,
 }
@@ -568,10 +572,11 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
         Some(h) => (h.state, h.part, h.applied),
         None => (None, None, None),
     };
-    // the part its delta made ahead, and the rows of the input halo the delta carried (read with it)
-    let (mut applied_part, mut carried) = match applied.filter(|_| preapplied) {
-        Some(ap) => (Some(ap.part), Some(ap.halo_rows)),
-        None => (None, None),
+    // the part its delta made ahead, the rows of the input halo the delta carried (read with it) and
+    // those it held gathered ahead
+    let (mut applied_part, mut carried, seed_ahead) = match applied.filter(|_| preapplied) {
+        Some(ap) => (Some(ap.part), Some(ap.halo_rows), ap.seed),
+        None => (None, None, None),
     };
     // what the epochs trained, and the part a gated worker keeps for the next assignment
     let (trained, keep): (
@@ -641,14 +646,24 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             };
             // and those its delta carried (a joiner's whole input halo)
             let carried = carried.take().filter(|c| !c.ids.is_empty());
-            let mut raw: Vec<crate::seed::RawRows<'_>> =
-                old.map(crate::seed::RawRows::owned).into_iter().collect();
-            raw.extend(
-                carried
-                    .as_ref()
-                    .map(|c| crate::seed::RawRows::carried(c, part.feat_dim)),
-            );
-            // the old model's halo rows are in the held part's halo order
+            let seed_as = crate::seed::SeedAs {
+                row_normalize: a.row_normalize,
+                dtype: a.exchange.dtype,
+            };
+            // both gathered ahead when its delta was applied beside training, under these settings
+            let seed_ahead = seed_ahead
+                .filter(|(s, _)| *s == seed_as)
+                .map(|(_, seed)| seed);
+            let mut raw: Vec<crate::seed::RawRows<'_>> = Vec::new();
+            if seed_ahead.is_none() {
+                raw.extend(old.map(crate::seed::RawRows::owned));
+                raw.extend(
+                    carried
+                        .as_ref()
+                        .map(|c| crate::seed::RawRows::carried(c, part.feat_dim)),
+                );
+            }
+            // the old model's halo rows, in the held part's halo order (ready as the wire delivers them)
             let old_halo = held_part
                 .as_ref()
                 .zip(kept_halo.as_ref())
@@ -657,20 +672,29 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let keeps = physalia_gnn::device::keeps_input_halo(&a.model)
                 && !a.exchange.rematerialize
                 && a.peers.len() > 1;
-            if let (Some(r), false, true) =
-                (resume.as_mut(), raw.is_empty() && old_halo.is_none(), keeps)
-            {
+            let holds_some = !raw.is_empty() || seed_ahead.is_some() || old_halo.is_some();
+            if let (Some(r), true, true) = (resume.as_mut(), holds_some, keeps) {
                 let t = Instant::now();
-                let seed = crate::seed::input_halo_seed(
-                    &part,
-                    &raw,
-                    old_halo,
-                    a.row_normalize,
-                    a.exchange.dtype,
-                );
+                let ahead = seed_ahead.as_ref().map_or(0, |s| s.len());
+                let seed = match (seed_ahead, old_halo) {
+                    // gathered ahead and nothing to add: taken as it is
+                    (Some(seed), None) => seed,
+                    (ahead, old_halo) => {
+                        let mut ready: Vec<(&[u32], &physalia_gnn::Matrix)> =
+                            ahead.iter().map(|s| s.parts()).collect();
+                        ready.extend(old_halo);
+                        crate::seed::input_halo_seed(
+                            &part,
+                            &raw,
+                            &ready,
+                            a.row_normalize,
+                            a.exchange.dtype,
+                        )
+                    }
+                };
                 eprintln!(
                     "worker {rank}: holds {} of the {} rows of its input halo ({} carried by its delta; \
-                     gathered in {:.3} s)",
+                     gathered in {:.3} s, {ahead} of them beside training)",
                     seed.len(),
                     part.halo.len(),
                     carried.as_ref().map_or(0, |c| c.ids.len()),
@@ -687,7 +711,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let t_keep = Instant::now();
             let keep = gated.map(|_| Arc::new(part.clone()));
             if let Some(k) = &keep {
-                io.kept_part(k);
+                let keeps_halo =
+                    physalia_gnn::device::keeps_input_halo(&a.model) && !a.exchange.rematerialize;
+                io.kept_part(k, keeps_halo.then_some(seed_as));
                 eprintln!(
                     "worker {rank}: kept a copy of its part for the next resize in {:.3} s",
                     t_keep.elapsed().as_secs_f64()
@@ -848,8 +874,8 @@ impl Coordinator for ControlIo<'_> {
         Ok(self.control.fetch(artifact, &self.work)?)
     }
 
-    fn kept_part(&mut self, part: &Arc<Part>) {
-        *self.ahead.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(part.clone());
+    fn kept_part(&mut self, part: &Arc<Part>, seed_as: Option<crate::seed::SeedAs>) {
+        *self.ahead.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((part.clone(), seed_as));
     }
 
     fn keep(&mut self, what: Upload, path: &Path) -> Result<()> {
@@ -986,7 +1012,14 @@ pub fn run_from_env() -> Result<()> {
             ToWorker::Prefetch { artifacts } => {
                 // the first artifact is its part delta
                 preload = artifacts.into_iter().next().map(|delta| {
-                    apply_ahead(rank, prefetcher.clone(), delta, env.work_dir.clone(), None)
+                    apply_ahead(
+                        rank,
+                        prefetcher.clone(),
+                        delta,
+                        env.work_dir.clone(),
+                        None,
+                        None,
+                    )
                 });
             }
             ToWorker::Wait { for_s } => {
@@ -1027,7 +1060,7 @@ pub fn run_from_env() -> Result<()> {
                         let kept = ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
                         let mut artifacts = artifacts.into_iter();
                         match (kept, artifacts.next()) {
-                            (Some(from), Some(delta)) => {
+                            (Some((from, seed_as)), Some(delta)) => {
                                 let name = (delta.name.clone(), delta.xxh3);
                                 let handle = apply_ahead(
                                     rank,
@@ -1035,6 +1068,7 @@ pub fn run_from_env() -> Result<()> {
                                     delta,
                                     work_dir.clone(),
                                     Some(from),
+                                    seed_as,
                                 );
                                 *ahead.applying.lock().unwrap_or_else(|e| e.into_inner()) =
                                     Some((name, handle));
@@ -1298,6 +1332,7 @@ fn apply_ahead(
     a: Artifact,
     dir: PathBuf,
     from: Option<Arc<Part>>,
+    seed_as: Option<crate::seed::SeedAs>,
 ) -> std::thread::JoinHandle<Option<Applied>> {
     std::thread::spawn(move || {
         let t = Instant::now();
@@ -1324,13 +1359,28 @@ fn apply_ahead(
         };
         match applied {
             Ok((part, halo_rows)) => {
+                // the rows of its new input halo the held part and the carried rows hold, prepared as
+                // the wire delivers them (the old model's halo rows are added in the pause)
+                let seed = seed_as.zip(from.as_deref()).map(|(s, old)| {
+                    let raw = [
+                        crate::seed::RawRows::owned(old),
+                        crate::seed::RawRows::carried(&halo_rows, part.feat_dim),
+                    ];
+                    let seed =
+                        crate::seed::input_halo_seed(&part, &raw, &[], s.row_normalize, s.dtype);
+                    (s, seed)
+                });
                 eprintln!(
-                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows) {when}, in {:.3} s",
+                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows{}) {when}, in {:.3} s",
                     a.name,
                     a.size,
                     part.part,
                     part.k,
                     part.owned.len(),
+                    seed.as_ref().map_or(String::new(), |(_, s)| format!(
+                        ", {} rows of its input halo gathered",
+                        s.len()
+                    )),
                     t.elapsed().as_secs_f64()
                 );
                 Some(Applied {
@@ -1338,6 +1388,7 @@ fn apply_ahead(
                     part,
                     halo_rows,
                     from,
+                    seed,
                 })
             }
             Err(e) => {
@@ -1493,6 +1544,7 @@ mod tests {
             delta.clone(),
             work.path().into(),
             None,
+            None,
         )
         .join()
         .unwrap()
@@ -1500,7 +1552,7 @@ mod tests {
         assert_eq!(applied.part, want);
         assert_eq!(applied.artifact, (delta.name.clone(), delta.xxh3));
         assert!(applied.from.is_none());
-        let none = apply_ahead(2, client.prefetcher(), bad, work.path().into(), None)
+        let none = apply_ahead(2, client.prefetcher(), bad, work.path().into(), None, None)
             .join()
             .unwrap();
         assert!(none.is_none());

@@ -17,6 +17,14 @@ use physalia_graph::FeatureView;
 use physalia_graph::partition::Part;
 use physalia_wire::Dtype;
 
+/// How a worker's input halo rows are prepared: as the engine prepares its own rows (row-normalised or
+/// not) and rounded to the wire's dtype. A seed built ahead is used only under the same settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedAs {
+    pub row_normalize: bool,
+    pub dtype: Dtype,
+}
+
 /// Rows of features a worker holds, as the dataset stores them: its old part's owned rows, or the rows of
 /// its input halo a part delta carried ([`crate::delta::HaloRows`]).
 #[derive(Clone, Copy)]
@@ -49,14 +57,15 @@ impl<'a> RawRows<'a> {
 }
 
 /// The rows of `new`'s halo this worker holds: the rows of `raw` (its old part's own, those a delta
-/// carried; widened to f32 and row-normalised when `row_normalize`, as the engine prepares its own rows)
-/// and the rows of `old_halo` (the old part's halo ids and the first layer's kept input halo, one row
-/// each; ignored unless it is `feat_dim` wide), every row rounded to `dtype` as the wire rounds the rows
-/// it carries. Bitwise what a peer would send, so training is unchanged.
+/// carried; widened to f32 and row-normalised when `row_normalize`, as the engine prepares its own rows,
+/// then rounded to `dtype` as the wire rounds the rows it carries) and the rows of `ready` (rows as the
+/// wire delivers them, each source node ids and one row each, ignored unless `feat_dim` wide: the first
+/// layer's kept input halo in the old part's halo order, or a seed built earlier from raw rows). Bitwise
+/// what a peer would send, so training is unchanged.
 pub fn input_halo_seed(
     new: &Part,
     raw: &[RawRows<'_>],
-    old_halo: Option<(&[u32], &Matrix)>,
+    ready: &[(&[u32], &Matrix)],
     row_normalize: bool,
     dtype: Dtype,
 ) -> HaloSeed {
@@ -64,12 +73,16 @@ pub fn input_halo_seed(
     if d == 0 {
         return HaloSeed::default();
     }
-    let old_halo = old_halo.filter(|(ids, h)| h.shape() == (ids.len(), d));
-    // the old halo's ids sorted, with their rows in `old_halo`
-    let mut by_gid: Vec<(u32, usize)> = match old_halo {
-        Some((ids, _)) => ids.iter().enumerate().map(|(i, &g)| (g, i)).collect(),
-        None => Vec::new(),
-    };
+    let ready: Vec<&(&[u32], &Matrix)> = ready
+        .iter()
+        .filter(|(ids, h)| h.shape() == (ids.len(), d))
+        .collect();
+    // the ready rows' ids sorted, with their source and row
+    let mut by_gid: Vec<(u32, usize, usize)> = ready
+        .iter()
+        .enumerate()
+        .flat_map(|(s, (ids, _))| ids.iter().enumerate().map(move |(i, &g)| (g, s, i)))
+        .collect();
     by_gid.sort_unstable();
     let raw: Vec<&RawRows<'_>> = raw
         .iter()
@@ -86,15 +99,16 @@ pub fn input_halo_seed(
                 .find_map(|(s, r)| r.ids.binary_search(&gid).ok().map(|i| Held::Raw(s, i)));
             found
                 .or_else(|| {
-                    let i = by_gid.binary_search_by_key(&gid, |&(g, _)| g).ok()?;
-                    Some(Held::Halo(by_gid[i].1))
+                    let i = by_gid.partition_point(|&(g, _, _)| g < gid);
+                    let &(g, s, row) = by_gid.get(i)?;
+                    (g == gid).then_some(Held::Ready(s, row))
                 })
                 .map(|h| (gid, h))
         })
         .collect();
     held.sort_unstable_by_key(|&(gid, _)| gid);
-    // the held features as the engine prepares its rows, then the wire's rounding (the old halo's rows
-    // crossed the wire already)
+    // the held features as the engine prepares its rows, then the wire's rounding (the ready rows are
+    // as the wire delivers them already)
     let mut raw_rows = Vec::new();
     for (_, h) in &held {
         if let Held::Raw(s, i) = *h {
@@ -113,9 +127,7 @@ pub fn input_halo_seed(
             Held::Raw(..) => {
                 data.extend_from_slice(prepared_next.next().expect("one row per raw row"))
             }
-            Held::Halo(i) => {
-                data.extend_from_slice(old_halo.expect("halo rows only with it").1.row(i))
-            }
+            Held::Ready(s, i) => data.extend_from_slice(ready[s].1.row(i)),
         }
     }
     let gids: Vec<u32> = held.iter().map(|&(gid, _)| gid).collect();
@@ -123,11 +135,11 @@ pub fn input_halo_seed(
     HaloSeed::new(gids, rows).expect("one row per id, built together")
 }
 
-/// Where a held row of the new halo comes from: row `i` of raw source `s`, or the old halo's row `i`.
+/// Where a held row of the new halo comes from: row `i` of raw source `s`, or row `i` of ready source `s`.
 #[derive(Clone, Copy)]
 enum Held {
     Raw(usize, usize),
-    Halo(usize),
+    Ready(usize, usize),
 }
 
 /// Row `r` of `features` (`d` wide), widened to f32, appended to `out`.

@@ -773,14 +773,21 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             2,
             vec![None, None],
         );
-        let kept = |r: usize| before[r].2.as_ref().map(|h| (&old[r].halo[..], h));
+        let kept = |r: usize| -> Vec<(&[u32], &Matrix)> {
+            before[r]
+                .2
+                .as_ref()
+                .map(|h| (&old[r].halo[..], h))
+                .into_iter()
+                .collect()
+        };
         let seeds: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
             .map(|r| {
                 (r < 2).then(|| {
                     physalia_worker::seed::input_halo_seed(
                         &new[r],
                         &[RawRows::owned(&old[r])],
-                        kept(r),
+                        &kept(r),
                         normalize,
                         dtype,
                     )
@@ -795,7 +802,7 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 let seed = physalia_worker::seed::input_halo_seed(
                     &new[r],
                     &raw,
-                    if r < 2 { kept(r) } else { None },
+                    &if r < 2 { kept(r) } else { Vec::new() },
                     normalize,
                     dtype,
                 );
@@ -816,6 +823,23 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 "{ctx}: worker {r} seeds every row it holds"
             );
             assert!(!seed.is_empty() && seed.len() < new[r].halo.len(), "{ctx}");
+        }
+        // gathered in two steps, as a survivor does (the raw rows beside training, the old model's rows
+        // added in the pause): the same seed
+        for r in 0..2 {
+            let early = physalia_worker::seed::input_halo_seed(
+                &new[r],
+                &[RawRows::owned(&old[r]), RawRows::carried(&carried[r], d)],
+                &[],
+                normalize,
+                dtype,
+            );
+            let mut ready = vec![early.parts()];
+            ready.extend(kept(r));
+            let late =
+                physalia_worker::seed::input_halo_seed(&new[r], &[], &ready, normalize, dtype);
+            let whole = full[r].as_ref().unwrap();
+            assert_eq!(late.parts(), whole.parts(), "{ctx}: worker {r}");
         }
         // the device path too (the GPU's, on the CPU's primitives): the host model hands its seed over
         for (device, seeds) in [
