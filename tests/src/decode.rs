@@ -90,12 +90,13 @@ fn text(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// A part delta as a worker reads it (the file the coordinator serves). Applying it sizes a map by the
-/// header's node count, which only the coordinator writes; the decoder itself allocates no more than the
-/// bytes it holds.
+/// A part delta as a worker reads it (the file the coordinator serves), with the input-halo rows it
+/// carries checked. Applying it sizes a map by the header's node count, which only the coordinator
+/// writes; the decoder itself allocates no more than the bytes it holds.
 pub fn part_delta(data: &[u8]) -> Result<(), String> {
     let path = scratch("part_delta", data)?;
     physalia_worker::delta::PartDelta::read(&path)
+        .and_then(|d| d.halo_rows())
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))
 }

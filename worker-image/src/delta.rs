@@ -227,9 +227,12 @@ impl PartDelta {
 
     /// The carried rows of the input halo, checked (ascending ids of the dataset, one row each).
     pub fn halo_rows(&self) -> Result<HaloRows> {
-        let row_bytes = self.feat_dim * self.feature_dtype.size_bytes();
+        let row_bytes = self
+            .feat_dim
+            .checked_mul(self.feature_dtype.size_bytes())
+            .context("the feature width overflows")?;
         ensure!(
-            self.halo_features.len() == self.halo_rows.len() * row_bytes,
+            self.halo_rows.len().checked_mul(row_bytes) == Some(self.halo_features.len()),
             "{} bytes of features for {} carried halo rows of {row_bytes} bytes",
             self.halo_features.len(),
             self.halo_rows.len()
