@@ -85,16 +85,8 @@ impl Partitioning {
         method: impl Into<String>,
         seed: u64,
     ) -> Result<Partitioning, Error> {
-        check_assignment(csr.num_nodes(), k, &parts)?;
-        let (edge_cut, _) = cut_and_total(csr, &parts);
-        let balance = balance_of(&part_sizes(k, &parts));
-        Ok(Partitioning {
-            k,
-            parts,
-            edge_cut,
-            balance,
-            method: method.into(),
-            seed,
+        Self::counted(csr, k, parts, method.into(), seed, |csr, parts| {
+            cut_and_total(csr, parts).0
         })
     }
 
@@ -108,24 +100,27 @@ impl Partitioning {
         method: impl Into<String>,
         seed: u64,
     ) -> Result<Partitioning, Error> {
+        Self::counted(csr, k, parts, method.into(), seed, symmetric_cut)
+    }
+
+    /// The assignment checked, its edge cut counted by `cut`, its balance.
+    fn counted(
+        csr: Csr<'_>,
+        k: usize,
+        parts: Vec<u32>,
+        method: String,
+        seed: u64,
+        cut: fn(Csr<'_>, &[u32]) -> usize,
+    ) -> Result<Partitioning, Error> {
         check_assignment(csr.num_nodes(), k, &parts)?;
-        let cut2: usize = (0..csr.num_nodes())
-            .into_par_iter()
-            .with_min_len(4096)
-            .map(|v| {
-                csr.neighbors(v)
-                    .iter()
-                    .filter(|&&u| u as usize != v && parts[u as usize] != parts[v])
-                    .count()
-            })
-            .sum();
+        let edge_cut = cut(csr, &parts);
         let balance = balance_of(&part_sizes(k, &parts));
         Ok(Partitioning {
             k,
             parts,
-            edge_cut: cut2 / 2,
+            edge_cut,
             balance,
-            method: method.into(),
+            method,
             seed,
         })
     }
@@ -307,6 +302,22 @@ pub(crate) fn cut_and_total(csr: Csr<'_>, parts: &[u32]) -> (usize, usize) {
         })
         .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     (cut2 / 2, total2 / 2)
+}
+
+/// [`cut_and_total`]'s cut of a CSR holding both directions of every edge: crossing entries / 2 (self
+/// loops left out), with no lookup of each entry's reverse.
+fn symmetric_cut(csr: Csr<'_>, parts: &[u32]) -> usize {
+    let cut2: usize = (0..csr.num_nodes())
+        .into_par_iter()
+        .with_min_len(4096)
+        .map(|v| {
+            csr.neighbors(v)
+                .iter()
+                .filter(|&&u| u as usize != v && parts[u as usize] != parts[v])
+                .count()
+        })
+        .sum();
+    cut2 / 2
 }
 
 /// METIS's input: the symmetrised graph over the nodes that have an edge, renumbered densely.

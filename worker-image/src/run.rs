@@ -142,12 +142,15 @@ impl Applied {
             (Some(x), Some(y)) => Arc::ptr_eq(x, y),
             _ => false,
         };
-        match &a.part {
-            PartSource::Served(art) => {
-                a.part_delta && same_from && self.artifact == (art.name.clone(), art.xxh3)
-            }
-            _ => false,
-        }
+        same_from && is_delta_of(a, &self.artifact)
+    }
+}
+
+/// Whether `artifact` (name, checksum) is assignment `a`'s part delta.
+fn is_delta_of(a: &Assignment, (name, xxh3): &(String, u64)) -> bool {
+    match &a.part {
+        PartSource::Served(art) => a.part_delta && art.name == *name && art.xxh3 == *xxh3,
+        _ => false,
     }
 }
 
@@ -171,12 +174,10 @@ impl Ahead {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        let wanted = match &a.part {
-            PartSource::Served(art) => a.part_delta && artifact == (art.name.clone(), art.xxh3),
-            _ => false,
-        };
-        // not wanted: the thread ends by itself, its part dropped
-        let applied = wanted.then(|| handle.join().ok().flatten()).flatten()?;
+        // another assignment's: the thread ends by itself, its part dropped
+        let applied = is_delta_of(a, &artifact)
+            .then(|| handle.join().ok().flatten())
+            .flatten()?;
         applied.is_for(a, held).then_some(applied)
     }
 }
@@ -669,9 +670,9 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 .zip(kept_halo.as_ref())
                 .map(|(o, h)| (&o.halo[..], h));
             // a model with peers that keeps its input halo fetches one (alone it has no halo)
-            let keeps = physalia_gnn::device::keeps_input_halo(&a.model)
-                && !a.exchange.rematerialize
-                && a.peers.len() > 1;
+            let keeps_halo =
+                physalia_gnn::device::keeps_input_halo(&a.model, a.exchange.rematerialize);
+            let keeps = keeps_halo && a.peers.len() > 1;
             let holds_some = !raw.is_empty() || seed_ahead.is_some() || old_halo.is_some();
             if let (Some(r), true, true) = (resume.as_mut(), holds_some, keeps) {
                 let t = Instant::now();
@@ -711,8 +712,6 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let t_keep = Instant::now();
             let keep = gated.map(|_| Arc::new(part.clone()));
             if let Some(k) = &keep {
-                let keeps_halo =
-                    physalia_gnn::device::keeps_input_halo(&a.model) && !a.exchange.rematerialize;
                 io.kept_part(k, keeps_halo.then_some(seed_as));
                 eprintln!(
                     "worker {rank}: kept a copy of its part for the next resize in {:.3} s",
@@ -1058,32 +1057,22 @@ pub fn run_from_env() -> Result<()> {
                         // a survivor's part delta (the first artifact) is applied to the part it
                         // keeps, beside training; without one kept, it is only fetched
                         let kept = ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                        let mut artifacts = artifacts.into_iter();
-                        match (kept, artifacts.next()) {
-                            (Some((from, seed_as)), Some(delta)) => {
-                                let name = (delta.name.clone(), delta.xxh3);
-                                let handle = apply_ahead(
-                                    rank,
-                                    prefetcher.clone(),
-                                    delta,
-                                    work_dir.clone(),
-                                    Some(from),
-                                    seed_as,
-                                );
-                                *ahead.applying.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some((name, handle));
-                            }
-                            (None, Some(delta)) => {
-                                prefetch(rank, prefetcher.clone(), vec![delta], work_dir.clone())
-                            }
-                            (_, None) => {}
+                        let mut artifacts = artifacts;
+                        if let (Some((from, seed_as)), false) = (kept, artifacts.is_empty()) {
+                            let delta = artifacts.remove(0);
+                            let name = (delta.name.clone(), delta.xxh3);
+                            let handle = apply_ahead(
+                                rank,
+                                prefetcher.clone(),
+                                delta,
+                                work_dir.clone(),
+                                Some(from),
+                                seed_as,
+                            );
+                            *ahead.applying.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some((name, handle));
                         }
-                        prefetch(
-                            rank,
-                            prefetcher.clone(),
-                            artifacts.collect(),
-                            work_dir.clone(),
-                        );
+                        prefetch(rank, prefetcher.clone(), artifacts, work_dir.clone());
                         continue;
                     }
                     Ok(Ok(ToWorker::Stop { reason })) => {
@@ -1298,6 +1287,9 @@ fn prefetch(
     artifacts: Vec<Artifact>,
     dir: PathBuf,
 ) {
+    if artifacts.is_empty() {
+        return;
+    }
     std::thread::spawn(move || {
         for a in artifacts {
             let t = Instant::now();

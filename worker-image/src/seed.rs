@@ -5,9 +5,9 @@
 //! holds most of its new halo: the rows it gave up are in the part it held, and rows of its old halo that
 //! stay in the new one came with the old model. [`input_halo_seed`] gathers them, exactly as their new owners
 //! would send them, so only the other rows cross the network ([`physalia_gnn::Exchange::forward_seeded`]).
-//! A survivor of a growth holds every row of its new halo, one of a shrink most of them; the others, and a
-//! joiner's whole input halo, its part delta carries when the coordinator prepared it ahead (it has the
-//! features: [`crate::delta::lacking_halo`]), so they are fetched beside training, not in the pause. A worker that
+//! A survivor of a growth holds every row of its new halo, one of a shrink most of them; the others, and
+//! a joiner's whole input halo, its part delta carries (the coordinator has the features:
+//! [`crate::delta::lacking_halo`]), fetched beside training when the delta is sent ahead. A worker that
 //! keeps its part while a lost peer is replaced holds none: its own rows are no halo rows, and the
 //! cancelled epoch's model, with the halo rows it kept, is gone (the checkpoint's model holds none).
 

@@ -757,7 +757,7 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
         (LayerKind::Gcn, true, Dtype::F16),
     ] {
         let cfg = wide_cfg(kind, d, ds.meta.num_classes);
-        assert!(physalia_gnn::device::keeps_input_halo(&cfg));
+        assert!(physalia_gnn::device::keeps_input_halo(&cfg, false));
         let opts = ExchangeOptions {
             dtype,
             ..ExchangeOptions::default()

@@ -1797,8 +1797,10 @@ impl Driver<'_> {
             k_old,
             files: self.files.clone(),
             tag: tag.to_string(),
-            input_halo: physalia_gnn::device::keeps_input_halo(self.cfg)
-                && !exchange_options(self.spec).rematerialize,
+            input_halo: physalia_gnn::device::keeps_input_halo(
+                self.cfg,
+                exchange_options(self.spec).rematerialize,
+            ),
         }
     }
 

@@ -106,10 +106,7 @@ pub fn prepare(input: &Input, k_new: usize, dir: &Path) -> Result<Prepared> {
     // checksums were verified when the job loaded the dataset
     let ds = physalia_graph::Dataset::open_unverified(dataset)
         .with_context(|| format!("opening {}", dataset.display()))?;
-    let p = match ds.meta().directed {
-        true => physalia_graph::partition::Partitioning::from_assignment,
-        false => physalia_graph::partition::Partitioning::from_symmetric_assignment,
-    }(ds.csr(), k_new, new_owner, "in-place", *seed)?;
+    let p = in_place_partitioning(&ds, k_new, new_owner, *seed)?;
     stage("matched");
     let parts = physalia_graph::partition::build_parts(&ds, &p)?;
     stage("parts built");
@@ -188,13 +185,7 @@ pub fn cut_part(
     // checksums were verified when the job loaded the dataset
     let ds = physalia_graph::Dataset::open_unverified(dataset)
         .with_context(|| format!("opening {}", dataset.display()))?;
-    let p = physalia_graph::partition::Partitioning::from_assignment(
-        ds.csr(),
-        k,
-        owner.to_vec(),
-        "in-place",
-        seed,
-    )?;
+    let p = in_place_partitioning(&ds, k, owner.to_vec(), seed)?;
     let part = physalia_graph::partition::build_parts(&ds, &p)?
         .into_iter()
         .nth(rank)
@@ -205,6 +196,22 @@ pub fn cut_part(
     part.write(path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// The partitioning `owner` (node -> rank, `k` parts) of `ds`, its cut counted without reverse lookups
+/// when the graph is undirected.
+fn in_place_partitioning(
+    ds: &physalia_graph::Dataset,
+    k: usize,
+    owner: Vec<u32>,
+    seed: u64,
+) -> Result<physalia_graph::partition::Partitioning> {
+    use physalia_graph::partition::Partitioning;
+    let csr = ds.csr();
+    Ok(match ds.meta().directed {
+        true => Partitioning::from_assignment(csr, k, owner, "in-place", seed)?,
+        false => Partitioning::from_symmetric_assignment(csr, k, owner, "in-place", seed)?,
+    })
 }
 
 /// Whose turn it is: a preparation holds its [`Turn`] while it works and lets it go when it is done,

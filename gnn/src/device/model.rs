@@ -84,9 +84,12 @@ impl LayerPlan {
 
 /// Whether a model of `cfg` fetches the input features' halo rows once and keeps them when it trains on a
 /// partition with peers (input dropout, and a first layer that aggregates its input before transforming
-/// it; not with a rematerialising exchange): what [`DeviceModel::seed_input_halo`] can seed.
-pub fn keeps_input_halo(cfg: &ModelConfig) -> bool {
-    cfg.input_dropout > 0.0 && plan(cfg).0.first().is_some_and(|l| l.aggregate_first)
+/// it; not with a rematerialising exchange, `rematerialize`): what [`DeviceModel::seed_input_halo`] can
+/// seed.
+pub fn keeps_input_halo(cfg: &ModelConfig, rematerialize: bool) -> bool {
+    !rematerialize
+        && cfg.input_dropout > 0.0
+        && plan(cfg).0.first().is_some_and(|l| l.aggregate_first)
 }
 
 /// The layer plans of a configuration and every parameter's (name, rows, cols, Glorot-initialised).
