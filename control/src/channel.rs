@@ -118,15 +118,18 @@ pub enum ServerEvent {
         msg: ToCoordinator,
     },
     /// A registered worker is making progress inside an epoch (its heartbeat, a QUIC datagram on its
-    /// authenticated connection): it is not silent, whatever its epoch's length.
+    /// authenticated connection): it is not silent, whatever its epoch's length. `rtt`: the connection's
+    /// round-trip time as QUIC estimates it now (a worker behind a delaying network shows it here).
     Alive {
         rank: usize,
+        rtt: Duration,
     },
     /// A registered worker is blocked waiting for a frame from its peer `on` (its heartbeat while it uses
-    /// no CPU): not progress, but whom to blame if the wait outlasts the timeout.
+    /// no CPU): not progress, but whom to blame if the wait outlasts the timeout. `rtt` as for `Alive`.
     Waiting {
         rank: usize,
         on: usize,
+        rtt: Duration,
     },
     /// A registered worker's connection ended or broke.
     Lost {
@@ -305,9 +308,10 @@ async fn admit(
     let (beats, beat_events) = (conn.clone(), events.clone());
     tokio::spawn(async move {
         while let Ok(beat) = beats.read_datagram().await {
+            let rtt = beats.rtt();
             let event = match decode_beat(&beat) {
-                Beat::Waiting { on } => ServerEvent::Waiting { rank, on },
-                Beat::Alive => ServerEvent::Alive { rank },
+                Beat::Waiting { on } => ServerEvent::Waiting { rank, on, rtt },
+                Beat::Alive => ServerEvent::Alive { rank, rtt },
             };
             if beat_events.send(event).is_err() {
                 return;
@@ -1024,7 +1028,20 @@ mod tests {
             assert!(beat.beat());
             assert!(beat.waiting_on(0));
             while let Some(e) = s.next_event(Duration::from_millis(100)) {
-                got.push(format!("{e:?}"));
+                // each beat carries the connection's round trip: a loopback's, well under a second
+                let e = match e {
+                    ServerEvent::Alive { rank, rtt } | ServerEvent::Waiting { rank, rtt, .. }
+                        if rtt.is_zero() || rtt >= Duration::from_secs(1) =>
+                    {
+                        panic!("worker {rank}'s round trip over loopback: {rtt:?}")
+                    }
+                    ServerEvent::Alive { rank, .. } => format!("Alive {{ rank: {rank} }}"),
+                    ServerEvent::Waiting { rank, on, .. } => {
+                        format!("Waiting {{ rank: {rank}, on: {on} }}")
+                    }
+                    e => format!("{e:?}"),
+                };
+                got.push(e);
             }
             if got.iter().any(|e| e.starts_with("Alive"))
                 && got.iter().any(|e| e.starts_with("Waiting"))
@@ -1398,7 +1415,7 @@ mod tests {
         }
         // about three seconds of arrivals: a beat a second (datagrams; loopback loses none in practice)
         assert!(
-            events.iter().any(|e| e == "Alive { rank: 1 }"),
+            events.iter().any(|e| e.starts_with("Alive { rank: 1, rtt: ")),
             "{events:?}"
         );
     }

@@ -30,6 +30,13 @@ pub const FAILURE_GRACE: Duration = Duration::from_millis(1500);
 /// local processes are polled continuously).
 pub const SIGNAL_GRACE: Duration = Duration::from_millis(250);
 
+/// A worker's control round trip at least this long, and [`SLOW_RTT_FACTOR`] times every other
+/// worker's, marks it as the one behind a slow network when a silence is to be blamed: a region's or a
+/// cluster network's round trips are a few milliseconds, and QUIC's estimate before any sample is 333 ms,
+/// above this, but every beat comes after the handshake's samples.
+const SLOW_RTT: Duration = Duration::from_millis(100);
+const SLOW_RTT_FACTOR: u32 = 5;
+
 #[derive(Debug, Clone)]
 pub enum Event {
     Registered {
@@ -50,15 +57,15 @@ pub enum Event {
         rank: usize,
         error: String,
     },
-    /// The worker's heartbeat: it is computing, inside an epoch however long.
-    Alive {
-        rank: usize,
-    },
+    /// The worker's heartbeat: it is computing, inside an epoch however long. `rtt`: its control
+    /// connection's round-trip time when the beat arrived.
+    Alive { rank: usize, rtt: Duration },
     /// The worker is blocked waiting for a frame from its peer `on` (its heartbeat while it uses no CPU):
-    /// not progress, but whom its silence is to be blamed on.
+    /// not progress, but whom its silence is to be blamed on. `rtt` as for `Alive`.
     Waiting {
         rank: usize,
         on: usize,
+        rtt: Duration,
     },
     /// The worker could not exchange with its peers (its report of a network or peer fault).
     PeerLost {
@@ -120,6 +127,8 @@ struct Worker {
     peer_lost: bool,
     /// The peer it last said it waits on, and when; cleared when it beats (computes) again.
     waits_on: Option<(usize, Instant)>,
+    /// Its control connection's round-trip time at its latest beat or wait.
+    rtt: Option<Duration>,
     /// Its process ended or its control connection did, before it finished.
     gone: bool,
 }
@@ -306,6 +315,17 @@ impl Coordinator {
     /// waits; the peer named by the waits (a delayed, frozen or cut-off worker) is the cause.
     fn waited_on(&self, silent: &[usize], now: Instant) -> Option<(usize, Vec<usize>)> {
         let on = |r: usize| self.waits(r, now);
+        // a worker behind a delaying network waits on its peers as they wait on it (its frames in are
+        // late too), and a peer whose accept it waits on waits passively, unmarked, so the waits alone
+        // can point past it; its round trip to the coordinator, far above everyone else's, does not
+        if let Some((slow, _, _)) = self.slow_link()
+            && silent
+                .iter()
+                .any(|&r| r == slow || self.waits_through(r, slow, now))
+        {
+            let waiters = silent.iter().copied().filter(|&r| on(r) == Some(slow)).collect();
+            return Some((slow, waiters));
+        }
         let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
         // behind the direct waits, whom each silent worker waits on through a chain of waits (`a`
         // waits on `b`, which waits on `c`: `c` stalls both), each rank once
@@ -329,6 +349,24 @@ impl Coordinator {
             .filter(|&r| !waiters[r].is_empty())
             .max_by_key(|&r| (waiters[r].len(), through[r], std::cmp::Reverse(order(r))))
             .map(|r| (r, std::mem::take(&mut waiters[r])))
+    }
+
+    /// The unfinished worker whose control connection's round trip is far above every other's (at
+    /// least [`SLOW_RTT`] and [`SLOW_RTT_FACTOR`] times the others' largest), with its round trip and
+    /// the others' largest: a worker behind a slow or lossy network (a delayed link, a congested or
+    /// distant host). None while fewer than two round trips are known.
+    fn slow_link(&self) -> Option<(usize, Duration, Duration)> {
+        let known: Vec<(usize, Duration)> = (0..self.world)
+            .filter(|&r| self.workers[r].done.is_none())
+            .filter_map(|r| self.workers[r].rtt.map(|rtt| (r, rtt)))
+            .collect();
+        let &(slow, rtt) = known.iter().max_by_key(|(_, rtt)| *rtt)?;
+        let others = known
+            .iter()
+            .filter(|(r, _)| *r != slow)
+            .map(|(_, rtt)| *rtt)
+            .max()?;
+        (rtt >= SLOW_RTT && rtt >= others * SLOW_RTT_FACTOR).then_some((slow, rtt, others))
     }
 
     /// Whether `r` waits on `cause`, directly or through a chain of waits reported within the epoch
@@ -427,6 +465,15 @@ impl Coordinator {
             .partition(|&&r| self.mesh_wait(r, now) == Some(cause));
         let endpoint = self.workers[cause].mesh_addr;
         let mut why = Vec::new();
+        if let Some((slow, rtt, others)) = self.slow_link()
+            && slow == cause
+        {
+            why.push(format!(
+                "its round trip to the coordinator takes {} ms, the other workers' at most {} ms",
+                rtt.as_millis(),
+                others.as_millis()
+            ));
+        }
         if !on_mesh.is_empty() {
             why.push(match endpoint {
                 Some(addr) => format!(
@@ -553,12 +600,18 @@ impl Coordinator {
                     self.suspect_end(now, priority, msg, rank, !by_signal);
                 }
             }
-            Event::Alive { rank } if rank < self.world => {
-                self.workers[rank].last_heard = Some(now);
-                self.workers[rank].waits_on = None;
+            Event::Alive { rank, rtt } if rank < self.world => {
+                let w = &mut self.workers[rank];
+                w.last_heard = Some(now);
+                w.waits_on = None;
+                w.rtt = Some(rtt);
             }
-            Event::Waiting { rank, on } if rank < self.world && on < self.world && on != rank => {
-                self.workers[rank].waits_on = Some((on, now));
+            Event::Waiting { rank, on, rtt }
+                if rank < self.world && on < self.world && on != rank =>
+            {
+                let w = &mut self.workers[rank];
+                w.waits_on = Some((on, now));
+                w.rtt = Some(rtt);
             }
             Event::Tick => {}
             // an out-of-range rank cannot happen: the server checks ranks against the world
@@ -768,6 +821,9 @@ mod tests {
             stopped_early: false,
         }
     }
+
+    /// A round trip within one network.
+    const LAN: Duration = Duration::from_millis(1);
 
     fn started(n: usize, t0: Instant) -> Coordinator {
         let mut c = Coordinator::new(n, Duration::from_secs(30), Duration::from_secs(60), t0);
@@ -1076,7 +1132,7 @@ mod tests {
         // is known to be lost
         let mut c = started(3, t0);
         for (r, s) in [(0, 3), (1, 5), (2, 4)] {
-            c.handle(Event::Alive { rank: r }, t0 + Duration::from_secs(s));
+            c.handle(Event::Alive { rank: r, rtt: LAN }, t0 + Duration::from_secs(s));
         }
         assert_eq!(
             c.handle(Event::Tick, t0 + Duration::from_secs(66)),
@@ -1202,7 +1258,7 @@ mod tests {
         }
         // worker 1 computes epoch 2 for five minutes: its peers' silence is waiting, not a stall
         for s in (10..=300).step_by(10) {
-            assert!(c.handle(Event::Alive { rank: 1 }, at(s)).is_empty());
+            assert!(c.handle(Event::Alive { rank: 1, rtt: LAN }, at(s)).is_empty());
             assert!(c.handle(Event::Tick, at(s)).is_empty(), "at {s} s");
         }
         // then it freezes: it is named, and the workers ahead wait on it
@@ -1231,11 +1287,65 @@ mod tests {
         assert!(c.lost().is_empty(), "{:?}", c.lost());
     }
 
+    /// Worker 1 behind a delaying network during the mesh join (network_faults' tight-timeout delay as
+    /// it once failed): 0 waits on 1, 1 waits on its dial to 2 (its packets are late), and 2, waiting to
+    /// accept 1's connection, waits passively and reports nothing. The waits alone point at 2, at the
+    /// chain's end; worker 1's control round trip, 400 ms against everyone else's 1 ms, names it.
+    #[test]
+    fn a_worker_behind_a_slow_network_is_blamed_by_its_round_trip() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let join = "before the first epoch the workers join the mesh: a firewall, security group or \
+                    NetworkPolicy that does not open UDP port";
+        // 90 ms is not slow (a far region's round trip), nor is 400 ms when everyone's is 100 ms
+        for (rtt_1, rtt_others, blamed) in [
+            (LAN, LAN, 2),
+            (Duration::from_millis(90), LAN, 2),
+            (Duration::from_millis(400), Duration::from_millis(100), 2),
+            (Duration::from_millis(400), LAN, 1),
+        ] {
+            let mut c = started(3, t0);
+            assert!(c.handle(Event::Alive { rank: 2, rtt: rtt_others }, at(1)).is_empty());
+            for s in (10..=60).step_by(10) {
+                let wait = |rank, on, rtt| Event::Waiting { rank, on, rtt };
+                assert!(c.handle(wait(0, 1, rtt_others), at(s)).is_empty());
+                assert!(c.handle(wait(1, 2, rtt_1), at(s)).is_empty());
+            }
+            let error = match &c.handle(Event::Tick, at(64))[..] {
+                [Action::Fail { error, lost: true }] => error.clone(),
+                other => panic!("{other:?}"),
+            };
+            if blamed == 2 {
+                assert!(
+                    error.starts_with(&format!(
+                        "worker 2 (pid 102) sent nothing for 60 s during epoch 1 (worker 1 waited on it \
+                         at its mesh endpoint 127.0.0.1:5002; silent too: worker 0; {join} 5002"
+                    )),
+                    "{error}"
+                );
+                // 0 waits on 2 through 1
+                assert_eq!(c.lost(), [2]);
+            } else {
+                assert_eq!(
+                    error,
+                    format!(
+                        "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (its round trip to the \
+                         coordinator takes 400 ms, the other workers' at most 1 ms; worker 0 waited on it \
+                         at its mesh endpoint 127.0.0.1:5001; silent too: worker 2; {join} 5001 between \
+                         the workers stalls them, as does a slow, frozen or cut-off worker)"
+                    )
+                );
+                // worker 2's silence is not explained by a wait: every worker is relaunched
+                assert!(c.lost().is_empty(), "{:?}", c.lost());
+            }
+        }
+    }
+
     #[test]
     fn the_silence_is_blamed_on_the_worker_its_peers_wait_on() {
         let t0 = Instant::now();
         let wait = |c: &mut Coordinator, rank: usize, on: usize, t: Instant| {
-            assert!(c.handle(Event::Waiting { rank, on }, t).is_empty());
+            assert!(c.handle(Event::Waiting { rank, on, rtt: LAN }, t).is_empty());
         };
         // worker 1 behind a slow link: everyone is silent; 0 and 2 wait on 1, and 1 waits on 0 (its
         // frames in are slow too). Worker 0, silent longest, is not the cause: 1 is.
@@ -1272,7 +1382,7 @@ mod tests {
         let mut c = started(3, t0);
         for s in (10..=300).step_by(10) {
             let t = t0 + Duration::from_secs(s);
-            assert!(c.handle(Event::Alive { rank: 1 }, t).is_empty());
+            assert!(c.handle(Event::Alive { rank: 1, rtt: LAN }, t).is_empty());
             wait(&mut c, 0, 1, t);
             wait(&mut c, 2, 0, t);
             assert!(c.handle(Event::Tick, t).is_empty(), "at {s} s");
@@ -1301,7 +1411,7 @@ mod tests {
         let mut c = started(2, t0);
         wait(&mut c, 0, 1, t0 + Duration::from_secs(1));
         assert!(
-            c.handle(Event::Alive { rank: 1 }, t0 + Duration::from_secs(1))
+            c.handle(Event::Alive { rank: 1, rtt: LAN }, t0 + Duration::from_secs(1))
                 .is_empty()
         );
         assert_eq!(
@@ -1332,14 +1442,14 @@ mod tests {
         for s in (15..=150).step_by(15) {
             let t = t0 + Duration::from_secs(s);
             for rank in 0..2 {
-                assert!(c.handle(Event::Alive { rank }, t).is_empty());
+                assert!(c.handle(Event::Alive { rank, rtt: LAN }, t).is_empty());
             }
             assert!(c.handle(Event::Tick, t).is_empty(), "at {s} s");
         }
         // worker 1 stops beating (frozen): 60 s later it is the silence
         let t = t0 + Duration::from_secs(150);
         for s in (165..=210).step_by(15) {
-            c.handle(Event::Alive { rank: 0 }, t0 + Duration::from_secs(s));
+            c.handle(Event::Alive { rank: 0, rtt: LAN }, t0 + Duration::from_secs(s));
         }
         assert_eq!(
             c.handle(Event::Tick, t + Duration::from_secs(61)),

@@ -2780,7 +2780,11 @@ mod simulation {
                     job.handle(
                         JobEvent::Worker {
                             launch: 0,
-                            event: Event::Waiting { rank: 0, on: 1 },
+                            event: Event::Waiting {
+                                rank: 0,
+                                on: 1,
+                                rtt: Duration::from_millis(1),
+                            },
                         },
                         t0 + Duration::from_secs(s),
                     );

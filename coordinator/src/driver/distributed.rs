@@ -2384,7 +2384,7 @@ pub fn device_request(job: &ResolvedJob) -> physalia_control::DeviceRequest {
 fn event_rank(ev: &ServerEvent) -> Option<usize> {
     match ev {
         ServerEvent::Registered { rank, .. }
-        | ServerEvent::Alive { rank }
+        | ServerEvent::Alive { rank, .. }
         | ServerEvent::Waiting { rank, .. }
         | ServerEvent::Lost { rank, .. }
         | ServerEvent::Transfer { rank, .. } => Some(*rank),
@@ -2466,8 +2466,8 @@ fn worker_event(ev: ServerEvent, l: &mut Live, log: &mut CoordLog, launch: usize
             }
             ToCoordinator::Log { .. } => unreachable!("handled above"),
         },
-        ServerEvent::Alive { rank } => Event::Alive { rank },
-        ServerEvent::Waiting { rank, on } => Event::Waiting { rank, on },
+        ServerEvent::Alive { rank, rtt } => Event::Alive { rank, rtt },
+        ServerEvent::Waiting { rank, on, rtt } => Event::Waiting { rank, on, rtt },
         ServerEvent::Lost { rank, reason } => Event::Lost { rank, reason },
         ServerEvent::Refused { addr, reason } => {
             let line = format!("launch {launch}: refused a connection from {addr}: {reason}");
