@@ -85,8 +85,12 @@ pub enum ToWorker {
     /// part deltas of the resize the coordinator foresees, made while the job trains. A hint: a worker
     /// that shares the coordinator's disk reads them in place anyway, and a fetch that fails is fetched
     /// again when the assignment needs it.
+    /// `layer`: a partition-parallel job's layers, for which the worker builds the engine's graph of the
+    /// part its delta makes, while it waits or beside training (absent from an older coordinator).
     Prefetch {
         artifacts: Vec<Artifact>,
+        #[serde(default)]
+        layer: Option<physalia_gnn::LayerKind>,
     },
     /// Stop now (another worker failed, or the job was cancelled).
     Stop {

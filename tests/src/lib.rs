@@ -406,10 +406,17 @@ pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
             applied += usize::from(workers_log.contains(&format!("applied {name} ")));
         }
     }
-    // a delta applied ahead is the part its assignment trains on
+    // a delta applied ahead is the part its assignment trains on, with the engine's graph built beside
+    // it (a part trained on without a pause before it, a lost peer's, builds its own)
+    let made = workers_log.matches("made from its delta ahead").count();
     assert!(
-        workers_log.matches("made from its delta ahead").count() >= applied,
+        made >= applied,
         "{applied} deltas applied ahead, fewer parts made from them:\n{workers_log}"
+    );
+    assert_eq!(
+        workers_log.matches("(the graph ahead, with the part)").count(),
+        made,
+        "a part made from its delta ahead without its graph, or a graph without its part:\n{workers_log}"
     );
     ahead
 }

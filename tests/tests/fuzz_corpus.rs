@@ -167,6 +167,7 @@ fn write_seed_corpus() {
                     path: None,
                     url: None,
                 }],
+                layer: Some(physalia_gnn::LayerKind::Sage),
             })
             .unwrap(),
         ),

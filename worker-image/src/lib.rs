@@ -14,7 +14,9 @@ pub mod run;
 pub mod secrets;
 pub mod seed;
 
-use physalia_gnn::{LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary};
+use physalia_gnn::{
+    LayerKind, LocalGraph, Matrix, Model, ModelConfig, NodeSets, TrainConfig, TrainSummary,
+};
 use physalia_graph::partition::Part;
 use physalia_wire::Link;
 
@@ -42,28 +44,36 @@ pub fn local_inputs(
     row_normalize_features: bool,
 ) -> (LocalGraph, Matrix, NodeSets) {
     let features = part.features.view().to_f32().into_owned();
-    local_inputs_with(part, features, cfg, row_normalize_features)
+    local_inputs_with(part, features, local_graph(part, cfg.kind), row_normalize_features)
 }
 
-/// [`local_inputs`] with the part's features already as f32 rows (taken out of the part, not copied).
-fn local_inputs_with(
-    part: &Part,
-    features: Vec<f32>,
-    cfg: &ModelConfig,
-    row_normalize_features: bool,
-) -> (LocalGraph, Matrix, NodeSets) {
+/// The engine's local graph of `part` for layers of `kind`: its owned rows, then its halo sources, with
+/// the operators those layers aggregate with. A pure function of the part's structure, so it can be built
+/// ahead of the training that uses it (an in-place resize's part, made beside training).
+pub fn local_graph(part: &Part, kind: LayerKind) -> LocalGraph {
     let n_own = part.owned.len();
     let n_src = n_own + part.halo.len();
     let gids: Vec<u32> = part.owned.iter().chain(&part.halo).copied().collect();
-    let graph = LocalGraph::new(
-        cfg.kind,
+    LocalGraph::new(
+        kind,
         n_own,
         n_src,
         &part.indptr,
         &part.indices,
         Some(&part.src_in_degree),
         Some(gids),
-    );
+    )
+}
+
+/// [`local_inputs`] with the part's features already as f32 rows (taken out of the part, not copied) and
+/// its graph built.
+fn local_inputs_with(
+    part: &Part,
+    features: Vec<f32>,
+    graph: LocalGraph,
+    row_normalize_features: bool,
+) -> (LocalGraph, Matrix, NodeSets) {
+    let n_own = part.owned.len();
     let mut x = Matrix::from_vec(n_own, part.feat_dim, features);
     if row_normalize_features {
         x.row_normalize();
@@ -249,6 +259,7 @@ pub fn train_owned_part<L: Link + ?Sized>(
         device,
         link,
         part,
+        None,
         cfg,
         seed,
         tc,
@@ -262,11 +273,13 @@ pub fn train_owned_part<L: Link + ?Sized>(
 
 /// [`train_owned_part`] returning the whole training state it ends with (model, optimizer, progress), so a
 /// worker that stopped after an epoch can go on from it in memory, on another part (an in-place resize).
+/// `graph`: the part's [`local_graph`] for `cfg.kind`, when it was built ahead (else it is built here).
 #[allow(clippy::too_many_arguments)]
 pub fn train_owned_part_state<L: Link + ?Sized>(
     device: Device,
     link: &mut L,
     mut part: Part,
+    graph: Option<LocalGraph>,
     cfg: &ModelConfig,
     seed: u64,
     tc: &TrainConfig,
@@ -285,12 +298,22 @@ pub fn train_owned_part_state<L: Link + ?Sized>(
         other => other.view().to_f32().into_owned(),
     };
     let t = std::time::Instant::now();
-    let (graph, x, sets) = local_inputs_with(&part, features, cfg, row_normalize_features);
+    let n_src = part.owned.len() + part.halo.len();
+    // a graph built ahead is this part's when its rows are (it was built from the same part)
+    let ahead = graph.filter(|g| g.n_dst() == part.owned.len() && g.n_src() == n_src);
+    let built_ahead = ahead.is_some();
+    let graph = ahead.unwrap_or_else(|| local_graph(&part, cfg.kind));
+    let (graph, x, sets) = local_inputs_with(&part, features, graph, row_normalize_features);
     // the setup's phases are in the worker's log (an in-place resize's pause is mostly setup)
     eprintln!(
-        "worker {}: the engine's local graph and features built in {:.3} s",
+        "worker {}: the engine's local graph and features built in {:.3} s{}",
         link.rank(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        if built_ahead {
+            " (the graph ahead, with the part)"
+        } else {
+            ""
+        }
     );
     // the engine holds its own copies now; the exchange needs only the part's ids and send/receive lists
     part.indptr = Vec::new();

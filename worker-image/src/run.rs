@@ -84,10 +84,10 @@ pub trait Coordinator {
         false
     }
     /// The part a gated worker trains on and keeps for its next resize: a delta sent ahead is applied to
-    /// it beside training (and, `seed_as`, the new input halo's rows it holds gathered). Without a
-    /// coordinator that resizes: nothing.
-    fn kept_part(&mut self, part: &Arc<Part>, seed_as: Option<crate::seed::SeedAs>) {
-        let _ = (part, seed_as);
+    /// it beside training and the part it makes readied as `ready` says. Without a coordinator that
+    /// resizes: nothing.
+    fn kept_part(&mut self, part: &Arc<Part>, ready: ReadyAs) {
+        let _ = (part, ready);
     }
 }
 
@@ -122,16 +122,28 @@ pub struct Held {
     pub applied: Option<Applied>,
 }
 
+/// How a part made ahead from its delta is readied for the assignment that trains on it, beside training
+/// or while a joiner waits: the engine's graph built for the model's layers, and (a survivor's, when the
+/// model keeps its input halo) the rows of the new input halo the held part and the carried rows hold,
+/// gathered under these settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadyAs {
+    pub layer: physalia_gnn::LayerKind,
+    pub seed: Option<crate::seed::SeedAs>,
+}
+
 /// A part delta applied ahead: the artifact it was served as (name, checksum), the part it makes, the
 /// rows of its input halo it carried, and the part it was applied to (`None`: a joiner's, applied to
 /// nothing), which must be the part held when the assignment comes; with the rows of the new input halo
-/// the part applied to and the carried rows hold, gathered under the settings named (a survivor's).
+/// the part applied to and the carried rows hold, gathered under the settings named (a survivor's), and
+/// the engine's graph of the part for the layers named ([`crate::local_graph`]).
 pub struct Applied {
     pub artifact: (String, u64),
     pub part: Part,
     pub halo_rows: crate::delta::HaloRows,
     pub from: Option<Arc<Part>>,
     pub seed: Option<(crate::seed::SeedAs, physalia_gnn::HaloSeed)>,
+    pub graph: Option<(physalia_gnn::LayerKind, physalia_gnn::LocalGraph)>,
 }
 
 impl Applied {
@@ -159,8 +171,7 @@ fn is_delta_of(a: &Assignment, (name, xxh3): &(String, u64)) -> bool {
 /// (the artifact's name and checksum with the thread applying it).
 #[derive(Default)]
 struct Ahead {
-    #[allow(clippy::type_complexity)]
-    kept: Mutex<Option<(Arc<Part>, Option<crate::seed::SeedAs>)>>,
+    kept: Mutex<Option<(Arc<Part>, ReadyAs)>>,
     #[allow(clippy::type_complexity)]
     applying: Mutex<Option<((String, u64), std::thread::JoinHandle<Option<Applied>>)>>,
 }
@@ -575,10 +586,15 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
     };
     // the part its delta made ahead, the rows of the input halo the delta carried (read with it) and
     // those it held gathered ahead
-    let (mut applied_part, mut carried, seed_ahead) = match applied.filter(|_| preapplied) {
-        Some(ap) => (Some(ap.part), Some(ap.halo_rows), ap.seed),
-        None => (None, None, None),
-    };
+    let (mut applied_part, mut carried, seed_ahead, graph_ahead) =
+        match applied.filter(|_| preapplied) {
+            Some(ap) => (Some(ap.part), Some(ap.halo_rows), ap.seed, ap.graph),
+            None => (None, None, None, None),
+        };
+    // its engine graph built ahead, for these layers
+    let graph_ahead = graph_ahead
+        .filter(|(layer, _)| *layer == a.model.kind)
+        .map(|(_, g)| g);
     // what the epochs trained, and the part a gated worker keeps for the next assignment
     let (trained, keep): (
         Result<(crate::Resume, physalia_gnn::TrainSummary)>,
@@ -712,7 +728,11 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let t_keep = Instant::now();
             let keep = gated.map(|_| Arc::new(part.clone()));
             if let Some(k) = &keep {
-                io.kept_part(k, keeps_halo.then_some(seed_as));
+                let ready = ReadyAs {
+                    layer: a.model.kind,
+                    seed: keeps_halo.then_some(seed_as),
+                };
+                io.kept_part(k, ready);
                 eprintln!(
                     "worker {rank}: kept a copy of its part for the next resize in {:.3} s",
                     t_keep.elapsed().as_secs_f64()
@@ -722,6 +742,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 device,
                 link,
                 part,
+                graph_ahead,
                 &a.model,
                 a.seed,
                 &a.train,
@@ -873,8 +894,8 @@ impl Coordinator for ControlIo<'_> {
         Ok(self.control.fetch(artifact, &self.work)?)
     }
 
-    fn kept_part(&mut self, part: &Arc<Part>, seed_as: Option<crate::seed::SeedAs>) {
-        *self.ahead.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((part.clone(), seed_as));
+    fn kept_part(&mut self, part: &Arc<Part>, ready: ReadyAs) {
+        *self.ahead.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some((part.clone(), ready));
     }
 
     fn keep(&mut self, what: Upload, path: &Path) -> Result<()> {
@@ -1008,8 +1029,9 @@ pub fn run_from_env() -> Result<()> {
         let left = deadline.saturating_duration_since(Instant::now());
         match control.recv_timeout(left)? {
             ToWorker::Assign(a) => break a,
-            ToWorker::Prefetch { artifacts } => {
-                // the first artifact is its part delta
+            ToWorker::Prefetch { artifacts, layer } => {
+                // the first artifact is its part delta, readied for the job's layers
+                let ready = layer.map(|layer| ReadyAs { layer, seed: None });
                 preload = artifacts.into_iter().next().map(|delta| {
                     apply_ahead(
                         rank,
@@ -1017,7 +1039,7 @@ pub fn run_from_env() -> Result<()> {
                         delta,
                         env.work_dir.clone(),
                         None,
-                        None,
+                        ready,
                     )
                 });
             }
@@ -1053,12 +1075,12 @@ pub fn run_from_env() -> Result<()> {
         std::thread::spawn(move || {
             let why = loop {
                 break match incoming.recv() {
-                    Ok(Ok(ToWorker::Prefetch { artifacts })) => {
+                    Ok(Ok(ToWorker::Prefetch { artifacts, .. })) => {
                         // a survivor's part delta (the first artifact) is applied to the part it
                         // keeps, beside training; without one kept, it is only fetched
                         let kept = ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
                         let mut artifacts = artifacts;
-                        if let (Some((from, seed_as)), false) = (kept, artifacts.is_empty()) {
+                        if let (Some((from, ready)), false) = (kept, artifacts.is_empty()) {
                             let delta = artifacts.remove(0);
                             let name = (delta.name.clone(), delta.xxh3);
                             let handle = apply_ahead(
@@ -1067,7 +1089,7 @@ pub fn run_from_env() -> Result<()> {
                                 delta,
                                 work_dir.clone(),
                                 Some(from),
-                                seed_as,
+                                Some(ready),
                             );
                             *ahead.applying.lock().unwrap_or_else(|e| e.into_inner()) =
                                 Some((name, handle));
@@ -1324,7 +1346,7 @@ fn apply_ahead(
     a: Artifact,
     dir: PathBuf,
     from: Option<Arc<Part>>,
-    seed_as: Option<crate::seed::SeedAs>,
+    ready: Option<ReadyAs>,
 ) -> std::thread::JoinHandle<Option<Applied>> {
     std::thread::spawn(move || {
         let t = Instant::now();
@@ -1353,6 +1375,7 @@ fn apply_ahead(
             Ok((part, halo_rows)) => {
                 // the rows of its new input halo the held part and the carried rows hold, prepared as
                 // the wire delivers them (the old model's halo rows are added in the pause)
+                let seed_as = ready.and_then(|r| r.seed);
                 let seed = seed_as.zip(from.as_deref()).map(|(s, old)| {
                     let raw = [
                         crate::seed::RawRows::owned(old),
@@ -1362,8 +1385,10 @@ fn apply_ahead(
                         crate::seed::input_halo_seed(&part, &raw, &[], s.row_normalize, s.dtype);
                     (s, seed)
                 });
+                // the engine's graph of the part, which the pause would otherwise build
+                let graph = ready.map(|r| (r.layer, crate::local_graph(&part, r.layer)));
                 eprintln!(
-                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows{}) {when}, in {:.3} s",
+                    "worker {rank}: applied {} ({} bytes, part {} of {}, {} rows{}{}) {when}, in {:.3} s",
                     a.name,
                     a.size,
                     part.part,
@@ -1373,6 +1398,11 @@ fn apply_ahead(
                         ", {} rows of its input halo gathered",
                         s.len()
                     )),
+                    if graph.is_some() {
+                        ", the engine's graph built"
+                    } else {
+                        ""
+                    },
                     t.elapsed().as_secs_f64()
                 );
                 Some(Applied {
@@ -1381,6 +1411,7 @@ fn apply_ahead(
                     halo_rows,
                     from,
                     seed,
+                    graph,
                 })
             }
             Err(e) => {
@@ -1530,13 +1561,17 @@ mod tests {
         // a container's view: the coordinator's paths are not on this machine
         delta.path = Some(PathBuf::from("/nonexistent/delta2.bin"));
         bad.path = None;
+        let ready = ReadyAs {
+            layer: physalia_gnn::LayerKind::Gcn,
+            seed: None,
+        };
         let applied = apply_ahead(
             2,
             client.prefetcher(),
             delta.clone(),
             work.path().into(),
             None,
-            None,
+            Some(ready),
         )
         .join()
         .unwrap()
@@ -1544,6 +1579,26 @@ mod tests {
         assert_eq!(applied.part, want);
         assert_eq!(applied.artifact, (delta.name.clone(), delta.xxh3));
         assert!(applied.from.is_none());
+        // the engine's graph of the part, for the layers asked: the one the pause would build
+        let (layer, graph) = applied.graph.as_ref().expect("the graph built ahead");
+        assert_eq!(*layer, physalia_gnn::LayerKind::Gcn);
+        let x = physalia_gnn::Matrix::from_vec(
+            want.owned.len() + want.halo.len(),
+            3,
+            (0..(want.owned.len() + want.halo.len()) * 3)
+                .map(|i| (i % 7) as f32 - 3.0)
+                .collect(),
+        );
+        let built = crate::local_graph(&want, physalia_gnn::LayerKind::Gcn);
+        assert_eq!(
+            (graph.n_dst(), graph.n_src()),
+            (want.owned.len(), want.owned.len() + want.halo.len())
+        );
+        let gcn = physalia_gnn::LayerKind::Gcn;
+        assert_eq!(
+            graph.op(gcn).spmm(&x).data(),
+            built.op(gcn).spmm(&x).data()
+        );
         let none = apply_ahead(2, client.prefetcher(), bad, work.path().into(), None, None)
             .join()
             .unwrap();

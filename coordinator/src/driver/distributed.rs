@@ -1870,8 +1870,10 @@ impl Driver<'_> {
                             artifact.name,
                             summary::fmt_bytes(artifact.size)
                         ));
+                        // with the layers the part's engine graph is built for while it waits
                         outbox.send(ToWorker::Prefetch {
                             artifacts: vec![artifact],
+                            layer: Some(self.cfg.kind),
                         });
                     }
                     Err(e) => r.log.line(&format!(
