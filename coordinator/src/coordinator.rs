@@ -468,10 +468,15 @@ impl Coordinator {
         if let Some((slow, rtt, others)) = self.slow_link()
             && slow == cause
         {
+            // a network's round trips are often under a millisecond
+            let ms = |d: Duration| match d.as_secs_f64() * 1e3 {
+                ms if ms < 10.0 => format!("{ms:.1} ms"),
+                ms => format!("{ms:.0} ms"),
+            };
             why.push(format!(
-                "its round trip to the coordinator takes {} ms, the other workers' at most {} ms",
-                rtt.as_millis(),
-                others.as_millis()
+                "its round trip to the coordinator takes {}, the other workers' at most {}",
+                ms(rtt),
+                ms(others)
             ));
         }
         if !on_mesh.is_empty() {
@@ -1330,7 +1335,7 @@ mod tests {
                     error,
                     format!(
                         "worker 1 (pid 101) sent nothing for 60 s during epoch 1 (its round trip to the \
-                         coordinator takes 400 ms, the other workers' at most 1 ms; worker 0 waited on it \
+                         coordinator takes 400 ms, the other workers' at most 1.0 ms; worker 0 waited on it \
                          at its mesh endpoint 127.0.0.1:5001; silent too: worker 2; {join} 5001 between \
                          the workers stalls them, as does a slow, frozen or cut-off worker)"
                     )
