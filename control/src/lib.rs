@@ -18,7 +18,8 @@ pub use channel::{
 };
 pub use messages::{
     Artifact, Assignment, DeviceRequest, ExchangeOptions, MiniBatchOptions, PartCut, PartSource,
-    ServedCut, SignedUrl, ToCoordinator, ToWorker, TrainMode, Upload, checkpoint_path,
+    ReadyAs, SeedAs, ServedCut, SignedUrl, ToCoordinator, ToWorker, TrainMode, Upload,
+    checkpoint_path,
 };
 pub use record::{
     Coordinated, CoordinatorRef, EpochEnd, HEARTBEAT_S, JobState, JobStatus, JobSummary,

@@ -85,17 +85,34 @@ pub enum ToWorker {
     /// part deltas of the resize the coordinator foresees, made while the job trains. A hint: a worker
     /// that shares the coordinator's disk reads them in place anyway, and a fetch that fails is fetched
     /// again when the assignment needs it.
-    /// `layer`: a partition-parallel job's layers, for which the worker builds the engine's graph of the
-    /// part its delta makes, while it waits or beside training (absent from an older coordinator).
+    /// `ready`: how the part the delta makes is readied ahead (absent from an older coordinator).
     Prefetch {
         artifacts: Vec<Artifact>,
         #[serde(default)]
-        layer: Option<physalia_gnn::LayerKind>,
+        ready: Option<ReadyAs>,
     },
     /// Stop now (another worker failed, or the job was cancelled).
     Stop {
         reason: String,
     },
+}
+
+/// How a worker readies the part its delta makes, ahead of the assignment that trains on it (while a
+/// joiner waits, beside a survivor's training): the engine's graph built for the job's layers and, when
+/// the model keeps its first layer's input halo, the rows of the part's input halo the worker holds (its
+/// old part's rows, those the delta carried) gathered under `seed`'s settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyAs {
+    pub layer: physalia_gnn::LayerKind,
+    pub seed: Option<SeedAs>,
+}
+
+/// How a worker's input halo rows are prepared: as the engine prepares its own rows (row-normalised or
+/// not) and rounded to the wire's dtype. A seed built ahead is used only under the same settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedAs {
+    pub row_normalize: bool,
+    pub dtype: Dtype,
 }
 
 /// A file the coordinator serves: a worker that shares no disk with the coordinator fetches it by name

@@ -129,17 +129,17 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     // a delta offered ahead was applied beside training and trained on, and the rows of the new input
     // halo the survivor held were gathered beside training too
     physalia_tests::assert_deltas_taken_ahead(&dir);
-    let made_ahead = rank0.matches("made from its delta ahead").count();
-    let gathered_ahead = rank0
-        .lines()
-        .filter_map(|l| {
-            l.split_once(" of them beside training")?
-                .0
-                .rsplit(", ")
-                .next()
-        })
-        .filter(|n| n.parse::<usize>().is_ok_and(|n| n > 0))
-        .count();
+    // (how many parts a worker's log says were made from a delta ahead, and how many seeds gathered
+    // ahead: the same, a joiner's too)
+    let ahead = |log: &str| {
+        let gathered = log
+            .lines()
+            .filter_map(|l| l.split_once(" of them ahead)")?.0.rsplit(", ").next())
+            .filter(|n| n.parse::<usize>().is_ok_and(|n| n > 0))
+            .count();
+        (log.matches("made from its delta ahead").count(), gathered)
+    };
+    let (made_ahead, gathered_ahead) = ahead(&rank0);
     assert_eq!(gathered_ahead, made_ahead, "{rank0}");
     // each survivor seeds its new input halo with the rows it holds (its old part's features and its
     // old model's halo rows) and the rows its delta carries: a survivor of a growth holds every row and
@@ -188,6 +188,8 @@ fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
         joiner[0].2, joiner[0].1,
         "the joiner's whole halo carried: {rank1}"
     );
+    let (made_ahead, gathered_ahead) = ahead(&rank1);
+    assert_eq!(gathered_ahead, made_ahead, "{rank1}");
     let summary = read_json(&dir.join("summary.json"));
     // the ledger: each resize made a launch that continues the one before it, billed from the moment it
     // was ready; the launch it continued, through the pause

@@ -167,7 +167,13 @@ fn write_seed_corpus() {
                     path: None,
                     url: None,
                 }],
-                layer: Some(physalia_gnn::LayerKind::Sage),
+                ready: Some(physalia_control::ReadyAs {
+                    layer: physalia_gnn::LayerKind::Sage,
+                    seed: Some(physalia_control::SeedAs {
+                        row_normalize: true,
+                        dtype: physalia_wire::Dtype::F16,
+                    }),
+                }),
             })
             .unwrap(),
         ),

@@ -39,8 +39,8 @@ use physalia_control::env::{
     ENV_TEST_EMULATE_GPU, WorkerEnv,
 };
 use physalia_control::{
-    Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ToCoordinator, ToWorker,
-    TrainMode, Upload,
+    Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ReadyAs, ToCoordinator,
+    ToWorker, TrainMode, Upload,
 };
 use physalia_gnn::EpochMetrics;
 use physalia_graph::partition::Part;
@@ -122,21 +122,11 @@ pub struct Held {
     pub applied: Option<Applied>,
 }
 
-/// How a part made ahead from its delta is readied for the assignment that trains on it, beside training
-/// or while a joiner waits: the engine's graph built for the model's layers, and (a survivor's, when the
-/// model keeps its input halo) the rows of the new input halo the held part and the carried rows hold,
-/// gathered under these settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadyAs {
-    pub layer: physalia_gnn::LayerKind,
-    pub seed: Option<crate::seed::SeedAs>,
-}
-
 /// A part delta applied ahead: the artifact it was served as (name, checksum), the part it makes, the
 /// rows of its input halo it carried, and the part it was applied to (`None`: a joiner's, applied to
 /// nothing), which must be the part held when the assignment comes; with the rows of the new input halo
-/// the part applied to and the carried rows hold, gathered under the settings named (a survivor's), and
-/// the engine's graph of the part for the layers named ([`crate::local_graph`]).
+/// the part applied to and the carried rows hold, gathered under the settings named, and the engine's
+/// graph of the part for the layers named ([`crate::local_graph`]), as [`ReadyAs`] asked.
 pub struct Applied {
     pub artifact: (String, u64),
     pub part: Part,
@@ -711,7 +701,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 };
                 eprintln!(
                     "worker {rank}: holds {} of the {} rows of its input halo ({} carried by its delta; \
-                     gathered in {:.3} s, {ahead} of them beside training)",
+                     gathered in {:.3} s, {ahead} of them ahead)",
                     seed.len(),
                     part.halo.len(),
                     carried.as_ref().map_or(0, |c| c.ids.len()),
@@ -1029,9 +1019,8 @@ pub fn run_from_env() -> Result<()> {
         let left = deadline.saturating_duration_since(Instant::now());
         match control.recv_timeout(left)? {
             ToWorker::Assign(a) => break a,
-            ToWorker::Prefetch { artifacts, layer } => {
-                // the first artifact is its part delta, readied for the job's layers
-                let ready = layer.map(|layer| ReadyAs { layer, seed: None });
+            ToWorker::Prefetch { artifacts, ready } => {
+                // the first artifact is its part delta, readied as the coordinator says
                 preload = artifacts.into_iter().next().map(|delta| {
                     apply_ahead(
                         rank,
@@ -1373,14 +1362,13 @@ fn apply_ahead(
         };
         match applied {
             Ok((part, halo_rows)) => {
-                // the rows of its new input halo the held part and the carried rows hold, prepared as
-                // the wire delivers them (the old model's halo rows are added in the pause)
-                let seed_as = ready.and_then(|r| r.seed);
-                let seed = seed_as.zip(from.as_deref()).map(|(s, old)| {
-                    let raw = [
-                        crate::seed::RawRows::owned(old),
-                        crate::seed::RawRows::carried(&halo_rows, part.feat_dim),
-                    ];
+                // the rows of its new input halo the held part and the carried rows hold (a joiner's:
+                // the carried rows alone), prepared as the wire delivers them (a survivor's old model's
+                // halo rows are added in the pause)
+                let seed = ready.and_then(|r| r.seed).map(|s| {
+                    let mut raw: Vec<crate::seed::RawRows<'_>> =
+                        from.as_deref().map(crate::seed::RawRows::owned).into_iter().collect();
+                    raw.push(crate::seed::RawRows::carried(&halo_rows, part.feat_dim));
                     let seed =
                         crate::seed::input_halo_seed(&part, &raw, &[], s.row_normalize, s.dtype);
                     (s, seed)

@@ -17,13 +17,7 @@ use physalia_graph::FeatureView;
 use physalia_graph::partition::Part;
 use physalia_wire::Dtype;
 
-/// How a worker's input halo rows are prepared: as the engine prepares its own rows (row-normalised or
-/// not) and rounded to the wire's dtype. A seed built ahead is used only under the same settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeedAs {
-    pub row_normalize: bool,
-    pub dtype: Dtype,
-}
+pub use physalia_control::SeedAs;
 
 /// Rows of features a worker holds, as the dataset stores them: its old part's owned rows, or the rows of
 /// its input halo a part delta carried ([`crate::delta::HaloRows`]).

@@ -1834,6 +1834,18 @@ impl Driver<'_> {
     /// apply it to the part they keep beside training, and the joiners started ahead for that count once
     /// they registered, wherever they run (idle, they apply it too). Each delta is offered once.
     fn prefetch_prepared(&self, r: &mut Running) {
+        // how each readies the part its delta makes: the engine's graph for the job's layers and the
+        // rows of its input halo it holds, under the assignment's settings, when the model keeps them
+        let x = exchange_options(self.spec);
+        let ready = physalia_control::ReadyAs {
+            layer: self.cfg.kind,
+            seed: physalia_gnn::device::keeps_input_halo(self.cfg, x.rematerialize).then_some(
+                physalia_control::SeedAs {
+                    row_normalize: self.spec.dataset.row_normalize,
+                    dtype: x.dtype,
+                },
+            ),
+        };
         let mut preparing = self.preparing.borrow_mut();
         let mut prefetched = self.prefetched.borrow_mut();
         let mut seen = std::collections::HashSet::new();
@@ -1870,10 +1882,9 @@ impl Driver<'_> {
                             artifact.name,
                             summary::fmt_bytes(artifact.size)
                         ));
-                        // with the layers the part's engine graph is built for while it waits
                         outbox.send(ToWorker::Prefetch {
                             artifacts: vec![artifact],
-                            layer: Some(self.cfg.kind),
+                            ready: Some(ready),
                         });
                     }
                     Err(e) => r.log.line(&format!(
