@@ -132,7 +132,7 @@ pub struct Applied {
     pub part: Part,
     pub halo_rows: crate::delta::HaloRows,
     pub from: Option<Arc<Part>>,
-    pub seed: Option<(crate::seed::SeedAs, physalia_gnn::HaloSeed)>,
+    pub seed: Option<(crate::seed::SeedAs, crate::seed::SeedAhead)>,
     pub graph: Option<(physalia_gnn::LayerKind, physalia_gnn::LocalGraph)>,
 }
 
@@ -657,7 +657,8 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                 row_normalize: a.row_normalize,
                 dtype: a.exchange.dtype,
             };
-            // both gathered ahead when its delta was applied beside training, under these settings
+            // the rows its old part and its delta carried, gathered ahead under these settings (a
+            // survivor's beside training, a joiner's while it waited)
             let seed_ahead = seed_ahead
                 .filter(|(s, _)| *s == seed_as)
                 .map(|(_, seed)| seed);
@@ -682,22 +683,17 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
             let holds_some = !raw.is_empty() || seed_ahead.is_some() || old_halo.is_some();
             if let (Some(r), true, true) = (resume.as_mut(), holds_some, keeps) {
                 let t = Instant::now();
-                let ahead = seed_ahead.as_ref().map_or(0, |s| s.len());
-                let seed = match (seed_ahead, old_halo) {
-                    // gathered ahead and nothing to add: taken as it is
-                    (Some(seed), None) => seed,
-                    (ahead, old_halo) => {
-                        let mut ready: Vec<(&[u32], &physalia_gnn::Matrix)> =
-                            ahead.iter().map(|s| s.parts()).collect();
-                        ready.extend(old_halo);
-                        crate::seed::input_halo_seed(
-                            &part,
-                            &raw,
-                            &ready,
-                            a.row_normalize,
-                            a.exchange.dtype,
-                        )
-                    }
+                let ahead = seed_ahead.as_ref().map_or(0, |s| s.gathered());
+                let seed = match seed_ahead {
+                    // gathered ahead: the old model's halo rows filled into the room left for them
+                    Some(seed) => seed.complete(old_halo),
+                    None => crate::seed::input_halo_seed(
+                        &part,
+                        &raw,
+                        &old_halo.into_iter().collect::<Vec<_>>(),
+                        a.row_normalize,
+                        a.exchange.dtype,
+                    ),
                 };
                 eprintln!(
                     "worker {rank}: holds {} of the {} rows of its input halo ({} carried by its delta; \
@@ -1369,8 +1365,14 @@ fn apply_ahead(
                     let mut raw: Vec<crate::seed::RawRows<'_>> =
                         from.as_deref().map(crate::seed::RawRows::owned).into_iter().collect();
                     raw.push(crate::seed::RawRows::carried(&halo_rows, part.feat_dim));
-                    let seed =
-                        crate::seed::input_halo_seed(&part, &raw, &[], s.row_normalize, s.dtype);
+                    let old_halo = from.as_deref().map(|o| &o.halo[..]);
+                    let seed = crate::seed::SeedAhead::gather(
+                        &part,
+                        &raw,
+                        old_halo,
+                        s.row_normalize,
+                        s.dtype,
+                    );
                     (s, seed)
                 });
                 // the engine's graph of the part, which the pause would otherwise build
@@ -1384,7 +1386,7 @@ fn apply_ahead(
                     part.owned.len(),
                     seed.as_ref().map_or(String::new(), |(_, s)| format!(
                         ", {} rows of its input halo gathered",
-                        s.len()
+                        s.gathered()
                     )),
                     if graph.is_some() {
                         ", the engine's graph built"

@@ -71,13 +71,136 @@ pub fn input_halo_seed(
         .iter()
         .filter(|(ids, h)| h.shape() == (ids.len(), d))
         .collect();
-    // the ready rows' ids sorted, with their source and row
-    let mut by_gid: Vec<(u32, usize, usize)> = ready
-        .iter()
-        .enumerate()
-        .flat_map(|(s, (ids, _))| ids.iter().enumerate().map(move |(i, &g)| (g, s, i)))
-        .collect();
-    by_gid.sort_unstable();
+    let index = ReadyIndex::new(ready.iter().map(|(ids, _)| *ids));
+    let (gids, rows, from_ready) = gather(new, raw, &index, row_normalize, dtype);
+    let mut rows = rows;
+    for (row, (s, i)) in from_ready {
+        rows.row_mut(row).copy_from_slice(ready[s].1.row(i));
+    }
+    HaloSeed::new(gids, rows).expect("one row per id, built together")
+}
+
+/// The rows of a new part's input halo a survivor of an in-place resize holds, gathered ahead of the
+/// resize, beside training: the rows of its old part and those its delta carried prepared as
+/// [`input_halo_seed`] prepares them, with room left for the rows of its old part's halo, which its old
+/// model keeps and only the pause can read ([`SeedAhead::complete`] fills them in). A joiner's (no old
+/// part) is complete as gathered.
+pub struct SeedAhead {
+    gids: Vec<u32>,
+    rows: Matrix,
+    /// `(row of rows, row of the old part's halo)`: the rows the old model's kept halo fills in.
+    later: Vec<(usize, usize)>,
+    /// The old part's halo's length (the kept halo's rows are in its order).
+    old_halo: usize,
+}
+
+impl SeedAhead {
+    /// Gathers the rows of `new`'s halo that `raw` holds (the old part's own rows, the carried rows),
+    /// leaving room for those of `old_halo` (the old part's halo ids) that `raw` does not hold.
+    pub fn gather(
+        new: &Part,
+        raw: &[RawRows<'_>],
+        old_halo: Option<&[u32]>,
+        row_normalize: bool,
+        dtype: Dtype,
+    ) -> SeedAhead {
+        let index = ReadyIndex::new(old_halo);
+        let (gids, rows, later) = gather(new, raw, &index, row_normalize, dtype);
+        SeedAhead {
+            gids,
+            rows,
+            later: later.into_iter().map(|(row, (_, i))| (row, i)).collect(),
+            old_halo: old_halo.map_or(0, <[u32]>::len),
+        }
+    }
+
+    /// Rows held now, before the old model's are filled in.
+    pub fn gathered(&self) -> usize {
+        self.gids.len() - self.later.len()
+    }
+
+    /// The seed: the rows gathered, with those of the old model's kept input halo (`old_halo`: the old
+    /// part's halo ids and one row each, as the wire delivers them) filled in. Without it (the model
+    /// kept none, or rows that are not the old halo's), the rows it would have brought are left out, to be
+    /// fetched from their owners. Equal to [`input_halo_seed`] of the same rows in one step.
+    pub fn complete(self, old_halo: Option<(&[u32], &Matrix)>) -> HaloSeed {
+        let SeedAhead {
+            gids,
+            mut rows,
+            later,
+            old_halo: n_old,
+        } = self;
+        let d = rows.cols();
+        match old_halo {
+            _ if later.is_empty() => {}
+            Some((ids, m)) if ids.len() == n_old && m.shape() == (n_old, d) => {
+                for (row, i) in later {
+                    rows.row_mut(row).copy_from_slice(m.row(i));
+                }
+            }
+            _ => {
+                // the rows left out, in place (the kept ones keep their order)
+                let mut drop = vec![false; gids.len()];
+                for &(row, _) in &later {
+                    drop[row] = true;
+                }
+                let mut kept_gids = Vec::with_capacity(gids.len() - later.len());
+                let mut data = Vec::with_capacity(kept_gids.capacity() * d);
+                for (row, &gid) in gids.iter().enumerate() {
+                    if !drop[row] {
+                        kept_gids.push(gid);
+                        data.extend_from_slice(rows.row(row));
+                    }
+                }
+                let n = kept_gids.len();
+                return HaloSeed::new(kept_gids, Matrix::from_vec(n, d, data))
+                    .expect("one row per id, built together");
+            }
+        }
+        HaloSeed::new(gids, rows).expect("one row per id, built together")
+    }
+}
+
+/// The rows of sources of ready rows (their node ids), by node id: the first source's row of a node
+/// listed in several.
+struct ReadyIndex {
+    /// `(gid, source, row)`, sorted (the first source's first row of a gid comes first).
+    by_gid: Vec<(u32, usize, usize)>,
+}
+
+impl ReadyIndex {
+    fn new<'a>(sources: impl IntoIterator<Item = &'a [u32]>) -> ReadyIndex {
+        let mut by_gid: Vec<(u32, usize, usize)> = sources
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, ids)| ids.iter().enumerate().map(move |(i, &g)| (g, s, i)))
+            .collect();
+        by_gid.sort_unstable();
+        ReadyIndex { by_gid }
+    }
+
+    fn find(&self, gid: u32) -> Option<(usize, usize)> {
+        let i = self.by_gid.partition_point(|&(g, _, _)| g < gid);
+        let &(g, s, row) = self.by_gid.get(i)?;
+        (g == gid).then_some((s, row))
+    }
+}
+
+/// The held rows of `new`'s halo in ascending node order: the rows of `raw`, prepared (widened,
+/// row-normalised when `row_normalize`, rounded to `dtype`), and, for the others that `ready` indexes,
+/// a row of zeros to be filled with that ready row: `(row, (source, ready row))` each.
+#[allow(clippy::type_complexity)]
+fn gather(
+    new: &Part,
+    raw: &[RawRows<'_>],
+    ready: &ReadyIndex,
+    row_normalize: bool,
+    dtype: Dtype,
+) -> (Vec<u32>, Matrix, Vec<(usize, (usize, usize))>) {
+    let d = new.feat_dim;
+    if d == 0 {
+        return (Vec::new(), Matrix::zeros(0, 0), Vec::new());
+    }
     let raw: Vec<&RawRows<'_>> = raw
         .iter()
         .filter(|r| r.feat_dim == d && r.features.len() == r.ids.len() * d)
@@ -92,11 +215,7 @@ pub fn input_halo_seed(
                 .enumerate()
                 .find_map(|(s, r)| r.ids.binary_search(&gid).ok().map(|i| Held::Raw(s, i)));
             found
-                .or_else(|| {
-                    let i = by_gid.partition_point(|&(g, _, _)| g < gid);
-                    let &(g, s, row) = by_gid.get(i)?;
-                    (g == gid).then_some(Held::Ready(s, row))
-                })
+                .or_else(|| ready.find(gid).map(|(s, i)| Held::Ready(s, i)))
                 .map(|h| (gid, h))
         })
         .collect();
@@ -116,17 +235,20 @@ pub fn input_halo_seed(
     let prepared = rounded(prepared, dtype);
     let mut prepared_next = prepared.data().chunks_exact(d);
     let mut data = Vec::with_capacity(held.len() * d);
-    for (_, h) in &held {
+    let mut from_ready = Vec::new();
+    for (row, (_, h)) in held.iter().enumerate() {
         match *h {
             Held::Raw(..) => {
                 data.extend_from_slice(prepared_next.next().expect("one row per raw row"))
             }
-            Held::Ready(s, i) => data.extend_from_slice(ready[s].1.row(i)),
+            Held::Ready(s, i) => {
+                data.resize(data.len() + d, 0.0);
+                from_ready.push((row, (s, i)));
+            }
         }
     }
     let gids: Vec<u32> = held.iter().map(|&(gid, _)| gid).collect();
-    let rows = Matrix::from_vec(gids.len(), d, data);
-    HaloSeed::new(gids, rows).expect("one row per id, built together")
+    (gids, Matrix::from_vec(held.len(), d, data), from_ready)
 }
 
 /// Where a held row of the new halo comes from: row `i` of raw source `s`, or row `i` of ready source `s`.

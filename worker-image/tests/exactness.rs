@@ -824,22 +824,34 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             );
             assert!(!seed.is_empty() && seed.len() < new[r].halo.len(), "{ctx}");
         }
-        // gathered in two steps, as a survivor does (the raw rows beside training, the old model's rows
-        // added in the pause): the same seed
-        for r in 0..2 {
-            let early = physalia_worker::seed::input_halo_seed(
-                &new[r],
-                &[RawRows::owned(&old[r]), RawRows::carried(&carried[r], d)],
-                &[],
-                normalize,
-                dtype,
-            );
-            let mut ready = vec![early.parts()];
-            ready.extend(kept(r));
-            let late =
-                physalia_worker::seed::input_halo_seed(&new[r], &[], &ready, normalize, dtype);
+        // gathered in two steps, as a survivor does (the raw rows beside training with room for the old
+        // model's, filled in the pause; a joiner's at once): the same seed. Without the old model's rows
+        // (it kept none) the room is dropped: the seed of the raw rows alone
+        for r in 0..3 {
+            let mut raw = vec![RawRows::carried(&carried[r], d)];
+            raw.extend((r < 2).then(|| RawRows::owned(&old[r])));
+            let old_halo = (r < 2).then(|| &old[r].halo[..]);
+            let gather = || {
+                physalia_worker::seed::SeedAhead::gather(&new[r], &raw, old_halo, normalize, dtype)
+            };
+            let ahead = gather();
+            let kept_halo = if r < 2 { kept(r).first().copied() } else { None };
+            let late = ahead.complete(kept_halo);
             let whole = full[r].as_ref().unwrap();
             assert_eq!(late.parts(), whole.parts(), "{ctx}: worker {r}");
+            let alone = physalia_worker::seed::input_halo_seed(&new[r], &raw, &[], normalize, dtype);
+            let ahead = gather();
+            assert_eq!(ahead.gathered(), alone.len(), "{ctx}: worker {r}");
+            assert_eq!(ahead.complete(None).parts(), alone.parts(), "{ctx}: worker {r}");
+            // rows that are not the old halo's are not taken
+            if let Some((ids, rows)) = kept_halo {
+                let short = Matrix::from_vec(ids.len() - 1, d, rows.data()[d..].to_vec());
+                let wrong = gather().complete(Some((&ids[1..], &short)));
+                assert_eq!(wrong.parts(), alone.parts(), "{ctx}: worker {r}");
+            }
+            if r < 2 {
+                assert!(alone.len() < whole.len(), "{ctx}: worker {r} holds old halo rows");
+            }
         }
         // the device path too (the GPU's, on the CPU's primitives): the host model hands its seed over
         for (device, seeds) in [
