@@ -1147,6 +1147,8 @@ pub fn run_from_env() -> Result<()> {
                 test_die(rank);
             }
             let t_join = Instant::now();
+            // how long the link took to close after training (its peers receiving the last frames)
+            let mut closed_s = 0.0;
             let segment = match endpoint.join(&assignment.peers) {
                 Ok(mut link) => {
                     *mesh_abort.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -1174,7 +1176,9 @@ pub fn run_from_env() -> Result<()> {
                     };
                     let segment = train_segment(&mut link, &assignment, &mut io, held.take())?;
                     // Dropping the link waits for the peers to receive our last frames.
+                    let t_close = Instant::now();
                     drop(link);
+                    closed_s = t_close.elapsed().as_secs_f64();
                     segment
                 }
                 // a peer lost while the mesh formed, and being replaced: the coordinator closed the
@@ -1200,8 +1204,8 @@ pub fn run_from_env() -> Result<()> {
                         Some(next.abort_handle());
                     match &state.state {
                         Some(s) => eprintln!(
-                            "worker {rank}: paused after epoch {} keeping its state; mesh endpoint \
-                             {mesh_addr}",
+                            "worker {rank}: paused after epoch {} keeping its state (its mesh closed in \
+                             {closed_s:.3} s); mesh endpoint {mesh_addr}",
                             s.progress.epoch
                         ),
                         None => eprintln!(
