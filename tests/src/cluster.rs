@@ -377,12 +377,12 @@ impl<'a, C: Cloud> Scenario<'a, C> {
             "the killed worker was not replaced alone: {events}"
         );
         let spans = summary["launches"].as_array().unwrap();
+        let (log, _) = self.ok(&["logs", &id, "--dir", &self.store, "--rank", "coordinator"]);
         assert_eq!(
             spans.iter().filter(|s| s["in_place"] == true).count(),
             2,
-            "the growth and the replacement: {spans:?}"
+            "the growth and the replacement: {spans:?}\n{events}\n{log}"
         );
-        let (log, _) = self.ok(&["logs", &id, "--dir", &self.store, "--rank", "coordinator"]);
         assert!(log.contains("after epoch 2: workers 2 -> 3"), "{log}");
         self.read_from_the_store(&id);
         self.cloud.wait_nothing_left(&[&id]);
