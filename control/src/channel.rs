@@ -1415,7 +1415,9 @@ mod tests {
         }
         // about three seconds of arrivals: a beat a second (datagrams; loopback loses none in practice)
         assert!(
-            events.iter().any(|e| e.starts_with("Alive { rank: 1, rtt: ")),
+            events
+                .iter()
+                .any(|e| e.starts_with("Alive { rank: 1, rtt: ")),
             "{events:?}"
         );
     }

@@ -109,6 +109,9 @@ pub const ENV_TEST_DIE_AT_JOIN: &str = "PHYSALIA_TEST_DIE_AT_JOIN";
 /// machine, those ranks die together: each leaves its pid there and waits, and the last to arrive kills
 /// them all at once (a loaded machine cannot spread the deaths apart).
 pub const ENV_TEST_DIE_TOGETHER_DIR: &str = "PHYSALIA_TEST_DIE_TOGETHER_DIR";
+/// Test hook: a worker takes this many bytes for its memory headroom instead of measuring it (a survivor
+/// applies its next delta beside training only where the headroom holds it).
+pub const ENV_TEST_MEMORY_HEADROOM: &str = "PHYSALIA_TEST_MEMORY_HEADROOM";
 /// Test hook: `1` makes a worker asked for a GPU train on the CUDA engine's host emulation instead of
 /// looking for one, so the GPU path of a whole job runs on machines without a GPU (slowly).
 pub const ENV_TEST_EMULATE_GPU: &str = "PHYSALIA_TEST_EMULATE_GPU";

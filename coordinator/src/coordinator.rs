@@ -59,7 +59,10 @@ pub enum Event {
     },
     /// The worker's heartbeat: it is computing, inside an epoch however long. `rtt`: its control
     /// connection's round-trip time when the beat arrived.
-    Alive { rank: usize, rtt: Duration },
+    Alive {
+        rank: usize,
+        rtt: Duration,
+    },
     /// The worker is blocked waiting for a frame from its peer `on` (its heartbeat while it uses no CPU):
     /// not progress, but whom its silence is to be blamed on. `rtt` as for `Alive`.
     Waiting {
@@ -323,7 +326,11 @@ impl Coordinator {
                 .iter()
                 .any(|&r| r == slow || self.waits_through(r, slow, now))
         {
-            let waiters = silent.iter().copied().filter(|&r| on(r) == Some(slow)).collect();
+            let waiters = silent
+                .iter()
+                .copied()
+                .filter(|&r| on(r) == Some(slow))
+                .collect();
             return Some((slow, waiters));
         }
         let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); self.world];
@@ -1137,7 +1144,10 @@ mod tests {
         // is known to be lost
         let mut c = started(3, t0);
         for (r, s) in [(0, 3), (1, 5), (2, 4)] {
-            c.handle(Event::Alive { rank: r, rtt: LAN }, t0 + Duration::from_secs(s));
+            c.handle(
+                Event::Alive { rank: r, rtt: LAN },
+                t0 + Duration::from_secs(s),
+            );
         }
         assert_eq!(
             c.handle(Event::Tick, t0 + Duration::from_secs(66)),
@@ -1263,7 +1273,10 @@ mod tests {
         }
         // worker 1 computes epoch 2 for five minutes: its peers' silence is waiting, not a stall
         for s in (10..=300).step_by(10) {
-            assert!(c.handle(Event::Alive { rank: 1, rtt: LAN }, at(s)).is_empty());
+            assert!(
+                c.handle(Event::Alive { rank: 1, rtt: LAN }, at(s))
+                    .is_empty()
+            );
             assert!(c.handle(Event::Tick, at(s)).is_empty(), "at {s} s");
         }
         // then it freezes: it is named, and the workers ahead wait on it
@@ -1310,7 +1323,16 @@ mod tests {
             (Duration::from_millis(400), LAN, 1),
         ] {
             let mut c = started(3, t0);
-            assert!(c.handle(Event::Alive { rank: 2, rtt: rtt_others }, at(1)).is_empty());
+            assert!(
+                c.handle(
+                    Event::Alive {
+                        rank: 2,
+                        rtt: rtt_others
+                    },
+                    at(1)
+                )
+                .is_empty()
+            );
             for s in (10..=60).step_by(10) {
                 let wait = |rank, on, rtt| Event::Waiting { rank, on, rtt };
                 assert!(c.handle(wait(0, 1, rtt_others), at(s)).is_empty());
@@ -1350,7 +1372,10 @@ mod tests {
     fn the_silence_is_blamed_on_the_worker_its_peers_wait_on() {
         let t0 = Instant::now();
         let wait = |c: &mut Coordinator, rank: usize, on: usize, t: Instant| {
-            assert!(c.handle(Event::Waiting { rank, on, rtt: LAN }, t).is_empty());
+            assert!(
+                c.handle(Event::Waiting { rank, on, rtt: LAN }, t)
+                    .is_empty()
+            );
         };
         // worker 1 behind a slow link: everyone is silent; 0 and 2 wait on 1, and 1 waits on 0 (its
         // frames in are slow too). Worker 0, silent longest, is not the cause: 1 is.
@@ -1416,8 +1441,11 @@ mod tests {
         let mut c = started(2, t0);
         wait(&mut c, 0, 1, t0 + Duration::from_secs(1));
         assert!(
-            c.handle(Event::Alive { rank: 1, rtt: LAN }, t0 + Duration::from_secs(1))
-                .is_empty()
+            c.handle(
+                Event::Alive { rank: 1, rtt: LAN },
+                t0 + Duration::from_secs(1)
+            )
+            .is_empty()
         );
         assert_eq!(
             c.handle(Event::Tick, t0 + Duration::from_secs(62)),
@@ -1454,7 +1482,10 @@ mod tests {
         // worker 1 stops beating (frozen): 60 s later it is the silence
         let t = t0 + Duration::from_secs(150);
         for s in (165..=210).step_by(15) {
-            c.handle(Event::Alive { rank: 0, rtt: LAN }, t0 + Duration::from_secs(s));
+            c.handle(
+                Event::Alive { rank: 0, rtt: LAN },
+                t0 + Duration::from_secs(s),
+            );
         }
         assert_eq!(
             c.handle(Event::Tick, t + Duration::from_secs(61)),

@@ -414,7 +414,9 @@ pub fn assert_deltas_taken_ahead(dir: &Path) -> usize {
         "{applied} deltas applied ahead, fewer parts made from them:\n{workers_log}"
     );
     assert_eq!(
-        workers_log.matches("(the graph ahead, with the part)").count(),
+        workers_log
+            .matches("(the graph ahead, with the part)")
+            .count(),
         made,
         "a part made from its delta ahead without its graph, or a graph without its part:\n{workers_log}"
     );

@@ -82,6 +82,33 @@ fn assert_same_curve(got: &[(u64, f64, usize)], want: &[(u64, f64, usize)]) {
     }
 }
 
+/// A survivor whose memory would not hold the part its next delta makes beside the one it trains on
+/// (the test hook's headroom of one byte) only fetches the delta ahead and applies it in the pause: the
+/// job resizes in place all the same, with the fixed run's curve.
+#[test]
+fn a_survivor_short_of_memory_applies_its_delta_in_the_pause() {
+    let tmp = TempDir::new().unwrap();
+    let t = tmp.path();
+    write_job(t, "fixed.yaml", JOB);
+    write_job(t, "policy.yaml", STEPS);
+    write_job(t, "job.yaml", &format!("{JOB}scaling_file: policy.yaml\n"));
+    let fixed = submit(t, "fixed.yaml", &[]);
+    let elastic = submit(t, "job.yaml", &[("PHYSALIA_TEST_MEMORY_HEADROOM", "1")]);
+    let want = losses(&t.join(fixed["job_dir"].as_str().unwrap()));
+    let dir = t.join(elastic["job_dir"].as_str().unwrap());
+    assert_same_curve(&losses(&dir), &want);
+    physalia_tests::assert_resized_in_place(&dir, &[(1, 2, 3), (2, 4, 6), (4, 2, 9)]);
+    let rank0 = std::fs::read_to_string(dir.join("logs/worker-0.log")).unwrap();
+    // every delta rank 0 was offered ahead was left for the pause, where it was applied
+    let skipped = rank0
+        .matches("fetching its next delta ahead, applying it in the pause: the part it makes would need about")
+        .count();
+    assert!(skipped > 0, "{rank0}");
+    assert!(!rank0.contains("made from its delta ahead"), "{rank0}");
+    assert!(!rank0.contains("beside training, in"), "{rank0}");
+    assert_eq!(rank0.matches("rows held and a delta").count(), 3, "{rank0}");
+}
+
 #[test]
 fn rescaling_1_2_4_2_keeps_the_fixed_runs_loss_curve() {
     let (_tmp, dir) = rescale_like_fixed(JOB);

@@ -44,7 +44,12 @@ pub fn local_inputs(
     row_normalize_features: bool,
 ) -> (LocalGraph, Matrix, NodeSets) {
     let features = part.features.view().to_f32().into_owned();
-    local_inputs_with(part, features, local_graph(part, cfg.kind), row_normalize_features)
+    local_inputs_with(
+        part,
+        features,
+        local_graph(part, cfg.kind),
+        row_normalize_features,
+    )
 }
 
 /// The engine's local graph of `part` for layers of `kind`: its owned rows, then its halo sources, with

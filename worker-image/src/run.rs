@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use physalia_control::env::{
     ENV_TEST_DIE_AT_EPOCH, ENV_TEST_DIE_AT_JOIN, ENV_TEST_DIE_RANK, ENV_TEST_DIE_TOGETHER_DIR,
-    ENV_TEST_EMULATE_GPU, WorkerEnv,
+    ENV_TEST_EMULATE_GPU, ENV_TEST_MEMORY_HEADROOM, WorkerEnv,
 };
 use physalia_control::{
     Artifact, Assignment, ControlClient, DeviceRequest, PartSource, ReadyAs, ToCoordinator,
@@ -1065,6 +1065,23 @@ pub fn run_from_env() -> Result<()> {
                         // keeps, beside training; without one kept, it is only fetched
                         let kept = ahead.kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
                         let mut artifacts = artifacts;
+                        // and only where this process has the memory to hold the part it makes
+                        // beside the one it trains on; else it is applied in the pause, as before
+                        let kept = kept.filter(|(from, _)| {
+                            let Some(delta) = artifacts.first() else {
+                                return false;
+                            };
+                            match ahead_fits(from, delta.size, memory_headroom()) {
+                                Ok(()) => true,
+                                Err(why) => {
+                                    eprintln!(
+                                        "worker {rank}: fetching its next delta ahead, applying it in \
+                                         the pause: {why}"
+                                    );
+                                    false
+                                }
+                            }
+                        });
                         if let (Some((from, ready)), false) = (kept, artifacts.is_empty()) {
                             let delta = artifacts.remove(0);
                             let name = (delta.name.clone(), delta.xxh3);
@@ -1366,8 +1383,11 @@ fn apply_ahead(
                 // the carried rows alone), prepared as the wire delivers them (a survivor's old model's
                 // halo rows are added in the pause)
                 let seed = ready.and_then(|r| r.seed).map(|s| {
-                    let mut raw: Vec<crate::seed::RawRows<'_>> =
-                        from.as_deref().map(crate::seed::RawRows::owned).into_iter().collect();
+                    let mut raw: Vec<crate::seed::RawRows<'_>> = from
+                        .as_deref()
+                        .map(crate::seed::RawRows::owned)
+                        .into_iter()
+                        .collect();
                     raw.push(crate::seed::RawRows::carried(&halo_rows, part.feat_dim));
                     let old_halo = from.as_deref().map(|o| &o.halo[..]);
                     let seed = crate::seed::SeedAhead::gather(
@@ -1417,6 +1437,71 @@ fn apply_ahead(
             }
         }
     })
+}
+
+/// Whether a survivor may apply its next delta (`delta_bytes` on the wire) to the part it keeps beside
+/// training, with `headroom` bytes it may still allocate (`None`: unknown, taken as enough): the part the
+/// delta makes lives with its engine graph and seed beside the part and engine it trains on until the
+/// resize. The new part is at most the kept part and what the delta brings, its graph and seed at most
+/// as much again, so it asks for twice their bytes.
+fn ahead_fits(kept: &Part, delta_bytes: u64, headroom: Option<u64>) -> Result<(), String> {
+    let need = 2 * (part_bytes(kept) + delta_bytes);
+    match headroom {
+        Some(free) if free < need => Err(format!(
+            "the part it makes would need about {} MiB beside training and {} MiB are free",
+            need >> 20,
+            free >> 20
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The bytes a part holds (its arrays; what the vectors hold, not their spare capacity).
+fn part_bytes(p: &Part) -> u64 {
+    let words = |n: usize, w: usize| (n * w) as u64;
+    let features = words(p.features.view().len(), p.features.dtype().size_bytes());
+    let sends: usize = p.send.iter().map(|(_, rows)| rows.len()).sum();
+    features
+        + words(p.indptr.len(), 8)
+        + words(p.labels.len(), 8)
+        + words(
+            p.owned.len()
+                + p.halo.len()
+                + p.indices.len()
+                + p.src_in_degree.len()
+                + p.train.len()
+                + p.val.len()
+                + p.test.len()
+                + sends,
+            4,
+        )
+}
+
+/// Bytes this process may still allocate: the machine's available memory (`MemAvailable`), or less
+/// where its cgroup's limit leaves less (cgroup v2's `memory.max` less `memory.current`: a container's).
+/// `PHYSALIA_TEST_MEMORY_HEADROOM` stands for it in tests. `None` where neither can be read.
+fn memory_headroom() -> Option<u64> {
+    if let Some(bytes) = std::env::var(ENV_TEST_MEMORY_HEADROOM)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Some(bytes);
+    }
+    let read =
+        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
+        let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    });
+    // "max" (no limit) does not parse: the machine's memory is the bound
+    let cgroup = read("/sys/fs/cgroup/memory.max")
+        .zip(read("/sys/fs/cgroup/memory.current"))
+        .map(|(max, current)| max.saturating_sub(current));
+    match (available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
 }
 
 /// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).
@@ -1589,14 +1674,44 @@ mod tests {
             (want.owned.len(), want.owned.len() + want.halo.len())
         );
         let gcn = physalia_gnn::LayerKind::Gcn;
-        assert_eq!(
-            graph.op(gcn).spmm(&x).data(),
-            built.op(gcn).spmm(&x).data()
-        );
+        assert_eq!(graph.op(gcn).spmm(&x).data(), built.op(gcn).spmm(&x).data());
         let none = apply_ahead(2, client.prefetcher(), bad, work.path().into(), None, None)
             .join()
             .unwrap();
         assert!(none.is_none());
+    }
+
+    /// A survivor applies its next delta beside training only where its memory holds twice the kept part
+    /// and the delta; unknown headroom does not stop it.
+    #[test]
+    fn a_survivor_applies_its_delta_ahead_only_where_its_memory_holds_it() {
+        use physalia_graph::partition::{Partitioning, build_parts};
+        let ds = physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
+            num_nodes: 400,
+            num_classes: 3,
+            feat_dim: 5,
+            seed: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let p =
+            Partitioning::from_assignment(ds.csr(), 2, (0..400).map(|v| v % 2).collect(), "t", 0)
+                .unwrap();
+        let part = build_parts(&ds, &p).unwrap().swap_remove(1);
+        let bytes = part_bytes(&part);
+        // at least its features, its structure and its ids
+        let at_least = (part.owned.len() * 5 * 4
+            + part.indices.len() * 4
+            + part.indptr.len() * 8
+            + (part.owned.len() + part.halo.len()) * 4) as u64;
+        assert!(bytes >= at_least, "{bytes} < {at_least}");
+        let need = 2 * (bytes + 1000);
+        assert_eq!(ahead_fits(&part, 1000, None), Ok(()));
+        assert_eq!(ahead_fits(&part, 1000, Some(need)), Ok(()));
+        assert_eq!(ahead_fits(&part, 1000, Some(u64::MAX)), Ok(()));
+        let short = ahead_fits(&part, 1000, Some(need - 1)).unwrap_err();
+        assert!(short.contains("MiB are free"), "{short}");
+        assert!(ahead_fits(&part, 1 << 40, Some(1 << 39)).is_err());
     }
 
     #[test]

@@ -835,14 +835,23 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 physalia_worker::seed::SeedAhead::gather(&new[r], &raw, old_halo, normalize, dtype)
             };
             let ahead = gather();
-            let kept_halo = if r < 2 { kept(r).first().copied() } else { None };
+            let kept_halo = if r < 2 {
+                kept(r).first().copied()
+            } else {
+                None
+            };
             let late = ahead.complete(kept_halo);
             let whole = full[r].as_ref().unwrap();
             assert_eq!(late.parts(), whole.parts(), "{ctx}: worker {r}");
-            let alone = physalia_worker::seed::input_halo_seed(&new[r], &raw, &[], normalize, dtype);
+            let alone =
+                physalia_worker::seed::input_halo_seed(&new[r], &raw, &[], normalize, dtype);
             let ahead = gather();
             assert_eq!(ahead.gathered(), alone.len(), "{ctx}: worker {r}");
-            assert_eq!(ahead.complete(None).parts(), alone.parts(), "{ctx}: worker {r}");
+            assert_eq!(
+                ahead.complete(None).parts(),
+                alone.parts(),
+                "{ctx}: worker {r}"
+            );
             // rows that are not the old halo's are not taken
             if let Some((ids, rows)) = kept_halo {
                 let short = Matrix::from_vec(ids.len() - 1, d, rows.data()[d..].to_vec());
@@ -850,7 +859,10 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 assert_eq!(wrong.parts(), alone.parts(), "{ctx}: worker {r}");
             }
             if r < 2 {
-                assert!(alone.len() < whole.len(), "{ctx}: worker {r} holds old halo rows");
+                assert!(
+                    alone.len() < whole.len(),
+                    "{ctx}: worker {r} holds old halo rows"
+                );
             }
         }
         // the device path too (the GPU's, on the CPU's primitives): the host model hands its seed over
