@@ -1589,20 +1589,25 @@ fn is_peer_fault(e: &anyhow::Error) -> bool {
 mod tests {
     use super::*;
 
-    /// A joiner waiting for its first assignment applies the delta it is sent ahead on a thread
-    /// (fetched over its control connection, as a container does): the part is exactly the one the delta
-    /// makes, named by the artifact; a file that is no delta leaves nothing held.
-    #[test]
-    fn a_waiting_joiner_applies_the_delta_it_is_sent_ahead() {
-        use physalia_graph::partition::{Partitioning, build_parts};
-        let ds = physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
+    /// 400 nodes, 3 classes, 5 features: the parts of the tests below.
+    fn small_sbm() -> physalia_graph::OwnedDataset {
+        physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
             num_nodes: 400,
             num_classes: 3,
             feat_dim: 5,
             seed: 2,
             ..Default::default()
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    /// A joiner waiting for its first assignment applies the delta it is sent ahead on a thread
+    /// (fetched over its control connection, as a container does): the part is exactly the one the delta
+    /// makes, named by the artifact; a file that is no delta leaves nothing held.
+    #[test]
+    fn a_waiting_joiner_applies_the_delta_it_is_sent_ahead() {
+        use physalia_graph::partition::{Partitioning, build_parts};
+        let ds = small_sbm();
         let old_owner: Vec<u32> = (0..400).map(|v| v % 2).collect();
         let new_owner: Vec<u32> = (0..400).map(|v| v % 3).collect();
         let p = Partitioning::from_assignment(ds.csr(), 3, new_owner.clone(), "t", 0).unwrap();
@@ -1686,14 +1691,7 @@ mod tests {
     #[test]
     fn a_survivor_applies_its_delta_ahead_only_where_its_memory_holds_it() {
         use physalia_graph::partition::{Partitioning, build_parts};
-        let ds = physalia_graph::synth::sbm(&physalia_graph::synth::SbmParams {
-            num_nodes: 400,
-            num_classes: 3,
-            feat_dim: 5,
-            seed: 2,
-            ..Default::default()
-        })
-        .unwrap();
+        let ds = small_sbm();
         let p =
             Partitioning::from_assignment(ds.csr(), 2, (0..400).map(|v| v % 2).collect(), "t", 0)
                 .unwrap();
