@@ -139,7 +139,7 @@ impl SeedAhead {
                 }
             }
             _ => {
-                // the rows left out, in place (the kept ones keep their order)
+                // the rows it would have brought left out (the others keep their order)
                 let mut drop = vec![false; gids.len()];
                 for &(row, _) in &later {
                     drop[row] = true;
