@@ -8,6 +8,7 @@
 
 pub mod channel;
 pub mod env;
+pub mod memory;
 pub mod messages;
 pub mod record;
 pub mod transfer;

@@ -690,7 +690,7 @@ pub fn train_segment<L: physalia_wire::Link + ?Sized>(
                     None => crate::seed::input_halo_seed(
                         &part,
                         &raw,
-                        &old_halo.into_iter().collect::<Vec<_>>(),
+                        old_halo,
                         a.row_normalize,
                         a.exchange.dtype,
                     ),
@@ -1477,31 +1477,13 @@ fn part_bytes(p: &Part) -> u64 {
         )
 }
 
-/// Bytes this process may still allocate: the machine's available memory (`MemAvailable`), or less
-/// where its cgroup's limit leaves less (cgroup v2's `memory.max` less `memory.current`: a container's).
-/// `PHYSALIA_TEST_MEMORY_HEADROOM` stands for it in tests. `None` where neither can be read.
+/// Bytes this process may still allocate ([`physalia_control::memory::headroom_bytes`]), or the test
+/// hook's `PHYSALIA_TEST_MEMORY_HEADROOM`.
 fn memory_headroom() -> Option<u64> {
-    if let Some(bytes) = std::env::var(ENV_TEST_MEMORY_HEADROOM)
+    std::env::var(ENV_TEST_MEMORY_HEADROOM)
         .ok()
         .and_then(|v| v.parse().ok())
-    {
-        return Some(bytes);
-    }
-    let read =
-        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
-        let line = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    });
-    // "max" (no limit) does not parse: the machine's memory is the bound
-    let cgroup = read("/sys/fs/cgroup/memory.max")
-        .zip(read("/sys/fs/cgroup/memory.current"))
-        .map(|(max, current)| max.saturating_sub(current));
-    match (available, cgroup) {
-        (Some(a), Some(c)) => Some(a.min(c)),
-        (a, c) => a.or(c),
-    }
+        .or_else(physalia_control::memory::headroom_bytes)
 }
 
 /// An assignment's world must hold this worker's rank (a resize in place changes the world, not the rank).

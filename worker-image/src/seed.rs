@@ -52,32 +52,19 @@ impl<'a> RawRows<'a> {
 
 /// The rows of `new`'s halo this worker holds: the rows of `raw` (its old part's own, those a delta
 /// carried; widened to f32 and row-normalised when `row_normalize`, as the engine prepares its own rows,
-/// then rounded to `dtype` as the wire rounds the rows it carries) and the rows of `ready` (rows as the
-/// wire delivers them, each source node ids and one row each, ignored unless `feat_dim` wide: the first
-/// layer's kept input halo in the old part's halo order, or a seed built earlier from raw rows). Bitwise
-/// what a peer would send, so training is unchanged.
+/// then rounded to `dtype` as the wire rounds the rows it carries), then those of `old_halo` (the first
+/// layer's kept input halo: the old part's halo ids and one row each, as the wire delivers them; ignored
+/// unless `feat_dim` wide). Bitwise what a peer would send, so training is unchanged. In one step what
+/// [`SeedAhead`] does in two.
 pub fn input_halo_seed(
     new: &Part,
     raw: &[RawRows<'_>],
-    ready: &[(&[u32], &Matrix)],
+    old_halo: Option<(&[u32], &Matrix)>,
     row_normalize: bool,
     dtype: Dtype,
 ) -> HaloSeed {
-    let d = new.feat_dim;
-    if d == 0 {
-        return HaloSeed::default();
-    }
-    let ready: Vec<&(&[u32], &Matrix)> = ready
-        .iter()
-        .filter(|(ids, h)| h.shape() == (ids.len(), d))
-        .collect();
-    let index = ReadyIndex::new(ready.iter().map(|(ids, _)| *ids));
-    let (gids, rows, from_ready) = gather(new, raw, &index, row_normalize, dtype);
-    let mut rows = rows;
-    for (row, (s, i)) in from_ready {
-        rows.row_mut(row).copy_from_slice(ready[s].1.row(i));
-    }
-    HaloSeed::new(gids, rows).expect("one row per id, built together")
+    SeedAhead::gather(new, raw, old_halo.map(|(ids, _)| ids), row_normalize, dtype)
+        .complete(old_halo)
 }
 
 /// The rows of a new part's input halo a survivor of an in-place resize holds, gathered ahead of the
@@ -96,7 +83,8 @@ pub struct SeedAhead {
 
 impl SeedAhead {
     /// Gathers the rows of `new`'s halo that `raw` holds (the old part's own rows, the carried rows),
-    /// leaving room for those of `old_halo` (the old part's halo ids) that `raw` does not hold.
+    /// in ascending node order (so the seed is built in one copy), leaving a row of zeros for each of
+    /// `old_halo` (the old part's halo ids) that `raw` does not hold.
     pub fn gather(
         new: &Part,
         raw: &[RawRows<'_>],
@@ -104,13 +92,81 @@ impl SeedAhead {
         row_normalize: bool,
         dtype: Dtype,
     ) -> SeedAhead {
-        let index = ReadyIndex::new(old_halo);
-        let (gids, rows, later) = gather(new, raw, &index, row_normalize, dtype);
+        let d = new.feat_dim;
+        let n_old = old_halo.map_or(0, <[u32]>::len);
+        if d == 0 {
+            return SeedAhead {
+                gids: Vec::new(),
+                rows: Matrix::zeros(0, 0),
+                later: Vec::new(),
+                old_halo: n_old,
+            };
+        }
+        let raw: Vec<&RawRows<'_>> = raw
+            .iter()
+            .filter(|r| r.feat_dim == d && r.features.len() == r.ids.len() * d)
+            .collect();
+        // the old halo's ids sorted, with their row (the first of an id listed twice)
+        let mut by_gid: Vec<(u32, usize)> = old_halo
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| (g, i))
+            .collect();
+        by_gid.sort_unstable();
+        let in_old = |gid: u32| {
+            let i = by_gid.partition_point(|&(g, _)| g < gid);
+            by_gid
+                .get(i)
+                .filter(|&&(g, _)| g == gid)
+                .map(|&(_, row)| row)
+        };
+        let mut held: Vec<(u32, Held)> = new
+            .halo
+            .iter()
+            .filter_map(|&gid| {
+                let found = raw
+                    .iter()
+                    .enumerate()
+                    .find_map(|(s, r)| r.ids.binary_search(&gid).ok().map(|i| Held::Raw(s, i)));
+                found
+                    .or_else(|| in_old(gid).map(Held::Later))
+                    .map(|h| (gid, h))
+            })
+            .collect();
+        held.sort_unstable_by_key(|&(gid, _)| gid);
+        // the held features as the engine prepares its rows, then the wire's rounding (the old halo's
+        // rows are as the wire delivers them already)
+        let mut raw_rows = Vec::new();
+        for (_, h) in &held {
+            if let Held::Raw(s, i) = *h {
+                widen_row(raw[s].features, i, d, &mut raw_rows);
+            }
+        }
+        let mut prepared = Matrix::from_vec(raw_rows.len() / d, d, raw_rows);
+        if row_normalize {
+            prepared.row_normalize();
+        }
+        let prepared = rounded(prepared, dtype);
+        let mut prepared_next = prepared.data().chunks_exact(d);
+        let mut data = Vec::with_capacity(held.len() * d);
+        let mut later = Vec::new();
+        for (row, (_, h)) in held.iter().enumerate() {
+            match *h {
+                Held::Raw(..) => {
+                    data.extend_from_slice(prepared_next.next().expect("one row per raw row"))
+                }
+                Held::Later(i) => {
+                    data.resize(data.len() + d, 0.0);
+                    later.push((row, i));
+                }
+            }
+        }
         SeedAhead {
-            gids,
-            rows,
-            later: later.into_iter().map(|(row, (_, i))| (row, i)).collect(),
-            old_halo: old_halo.map_or(0, <[u32]>::len),
+            gids: held.iter().map(|&(gid, _)| gid).collect(),
+            rows: Matrix::from_vec(held.len(), d, data),
+            later,
+            old_halo: n_old,
         }
     }
 
@@ -161,101 +217,12 @@ impl SeedAhead {
     }
 }
 
-/// The rows of sources of ready rows (their node ids), by node id: the first source's row of a node
-/// listed in several.
-struct ReadyIndex {
-    /// `(gid, source, row)`, sorted (the first source's first row of a gid comes first).
-    by_gid: Vec<(u32, usize, usize)>,
-}
-
-impl ReadyIndex {
-    fn new<'a>(sources: impl IntoIterator<Item = &'a [u32]>) -> ReadyIndex {
-        let mut by_gid: Vec<(u32, usize, usize)> = sources
-            .into_iter()
-            .enumerate()
-            .flat_map(|(s, ids)| ids.iter().enumerate().map(move |(i, &g)| (g, s, i)))
-            .collect();
-        by_gid.sort_unstable();
-        ReadyIndex { by_gid }
-    }
-
-    fn find(&self, gid: u32) -> Option<(usize, usize)> {
-        let i = self.by_gid.partition_point(|&(g, _, _)| g < gid);
-        let &(g, s, row) = self.by_gid.get(i)?;
-        (g == gid).then_some((s, row))
-    }
-}
-
-/// The held rows of `new`'s halo in ascending node order: the rows of `raw`, prepared (widened,
-/// row-normalised when `row_normalize`, rounded to `dtype`), and, for the others that `ready` indexes,
-/// a row of zeros to be filled with that ready row: `(row, (source, ready row))` each.
-#[allow(clippy::type_complexity)]
-fn gather(
-    new: &Part,
-    raw: &[RawRows<'_>],
-    ready: &ReadyIndex,
-    row_normalize: bool,
-    dtype: Dtype,
-) -> (Vec<u32>, Matrix, Vec<(usize, (usize, usize))>) {
-    let d = new.feat_dim;
-    if d == 0 {
-        return (Vec::new(), Matrix::zeros(0, 0), Vec::new());
-    }
-    let raw: Vec<&RawRows<'_>> = raw
-        .iter()
-        .filter(|r| r.feat_dim == d && r.features.len() == r.ids.len() * d)
-        .collect();
-    // the held rows of the new halo in ascending node order (so the seed is built in one copy)
-    let mut held: Vec<(u32, Held)> = new
-        .halo
-        .iter()
-        .filter_map(|&gid| {
-            let found = raw
-                .iter()
-                .enumerate()
-                .find_map(|(s, r)| r.ids.binary_search(&gid).ok().map(|i| Held::Raw(s, i)));
-            found
-                .or_else(|| ready.find(gid).map(|(s, i)| Held::Ready(s, i)))
-                .map(|h| (gid, h))
-        })
-        .collect();
-    held.sort_unstable_by_key(|&(gid, _)| gid);
-    // the held features as the engine prepares its rows, then the wire's rounding (the ready rows are
-    // as the wire delivers them already)
-    let mut raw_rows = Vec::new();
-    for (_, h) in &held {
-        if let Held::Raw(s, i) = *h {
-            widen_row(raw[s].features, i, d, &mut raw_rows);
-        }
-    }
-    let mut prepared = Matrix::from_vec(raw_rows.len() / d, d, raw_rows);
-    if row_normalize {
-        prepared.row_normalize();
-    }
-    let prepared = rounded(prepared, dtype);
-    let mut prepared_next = prepared.data().chunks_exact(d);
-    let mut data = Vec::with_capacity(held.len() * d);
-    let mut from_ready = Vec::new();
-    for (row, (_, h)) in held.iter().enumerate() {
-        match *h {
-            Held::Raw(..) => {
-                data.extend_from_slice(prepared_next.next().expect("one row per raw row"))
-            }
-            Held::Ready(s, i) => {
-                data.resize(data.len() + d, 0.0);
-                from_ready.push((row, (s, i)));
-            }
-        }
-    }
-    let gids: Vec<u32> = held.iter().map(|&(gid, _)| gid).collect();
-    (gids, Matrix::from_vec(held.len(), d, data), from_ready)
-}
-
-/// Where a held row of the new halo comes from: row `i` of raw source `s`, or row `i` of ready source `s`.
+/// Where a held row of the new halo comes from: row `i` of raw source `s`, or row `i` of the old part's
+/// halo, filled in later.
 #[derive(Clone, Copy)]
 enum Held {
     Raw(usize, usize),
-    Ready(usize, usize),
+    Later(usize),
 }
 
 /// Row `r` of `features` (`d` wide), widened to f32, appended to `out`.

@@ -773,13 +773,8 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
             2,
             vec![None, None],
         );
-        let kept = |r: usize| -> Vec<(&[u32], &Matrix)> {
-            before[r]
-                .2
-                .as_ref()
-                .map(|h| (&old[r].halo[..], h))
-                .into_iter()
-                .collect()
+        let kept = |r: usize| -> Option<(&[u32], &Matrix)> {
+            before[r].2.as_ref().map(|h| (&old[r].halo[..], h))
         };
         let seeds: Vec<Option<physalia_gnn::HaloSeed>> = (0..3)
             .map(|r| {
@@ -787,7 +782,7 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                     physalia_worker::seed::input_halo_seed(
                         &new[r],
                         &[RawRows::owned(&old[r])],
-                        &kept(r),
+                        kept(r),
                         normalize,
                         dtype,
                     )
@@ -802,7 +797,7 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 let seed = physalia_worker::seed::input_halo_seed(
                     &new[r],
                     &raw,
-                    &if r < 2 { kept(r) } else { Vec::new() },
+                    if r < 2 { kept(r) } else { None },
                     normalize,
                     dtype,
                 );
@@ -835,16 +830,12 @@ fn a_seeded_input_halo_fetches_only_the_rows_it_lacks_and_trains_the_same() {
                 physalia_worker::seed::SeedAhead::gather(&new[r], &raw, old_halo, normalize, dtype)
             };
             let ahead = gather();
-            let kept_halo = if r < 2 {
-                kept(r).first().copied()
-            } else {
-                None
-            };
+            let kept_halo = if r < 2 { kept(r) } else { None };
             let late = ahead.complete(kept_halo);
             let whole = full[r].as_ref().unwrap();
             assert_eq!(late.parts(), whole.parts(), "{ctx}: worker {r}");
             let alone =
-                physalia_worker::seed::input_halo_seed(&new[r], &raw, &[], normalize, dtype);
+                physalia_worker::seed::input_halo_seed(&new[r], &raw, None, normalize, dtype);
             let ahead = gather();
             assert_eq!(ahead.gathered(), alone.len(), "{ctx}: worker {r}");
             assert_eq!(
